@@ -1,0 +1,1 @@
+"""The interruption handler: its construct (construct.py) and the Lambda code (handler.py)."""

@@ -1,0 +1,60 @@
+"""IAM policy documents as data sources, so plans show readable JSON and checkov can read them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spotrain.cdk import Construct, aws
+
+
+def statement(
+    sid: str,
+    *,
+    actions: list[str],
+    resources: list[str],
+    effect: str = "Allow",
+    principals: dict[str, list[str]] | None = None,
+    conditions: list[tuple[str, str, list[str]]] | None = None,
+) -> dict[str, Any]:
+    """One statement; `principals` maps a principal type to identifiers, conditions are
+    (test, variable, values) triples."""
+    result: dict[str, Any] = {"sid": sid, "effect": effect, "actions": actions, "resources": resources}
+    if principals:
+        result["principals"] = [
+            {"type": kind, "identifiers": ids} for kind, ids in sorted(principals.items())
+        ]
+    if conditions:
+        result["condition"] = [
+            {"test": test, "variable": variable, "values": values}
+            for test, variable, values in conditions
+        ]
+    return result
+
+
+def policy_document(scope: Construct, id_: str, statements: list[dict[str, Any]]) -> str:
+    """Return the rendered JSON of a policy document data source."""
+    document = aws.data_aws_iam_policy_document.DataAwsIamPolicyDocument(
+        scope, id_, statement=statements
+    )
+    return str(document.json)
+
+
+def assume_role_policy(
+    scope: Construct, id_: str, service: str, *, source_account: str | None
+) -> str:
+    """Trust policy for one AWS service. `source_account` adds the confused-deputy guard for
+    services that send aws:SourceAccount (Lambda, S3, flow logs); EC2 does not send it."""
+    conditions = [("StringEquals", "aws:SourceAccount", [source_account])] if source_account else None
+    return policy_document(
+        scope,
+        id_,
+        [
+            statement(
+                "TrustService",
+                actions=["sts:AssumeRole"],
+                resources=[],
+                principals={"Service": [service]},
+                conditions=conditions,
+            )
+        ],
+    )

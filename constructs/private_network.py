@@ -1,0 +1,138 @@
+"""A private VPC for the fleet: no internet gateway, no public addresses.
+
+Instances reach S3 and DynamoDB through gateway endpoints (free, stay on the AWS network);
+nothing else is routable. Flow logs go to an encrypted log group.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+
+from spotrain.cdk import Construct, aws
+from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+from spotrain.errors import raise_if_problems
+
+
+@dataclass(frozen=True, kw_only=True)
+class PrivateNetworkProps:
+    name: str
+    """Name tag prefix of the VPC and its parts."""
+    region: str
+    """Region of the VPC (names the gateway endpoints' services)."""
+    account_id: str
+    """Account of the flow-log role's trust guard."""
+    cidr: str
+    """Address range of the VPC (a /16); each zone gets a /20 slice."""
+    availability_zones: tuple[str, ...]
+    """Zones that get a private subnet."""
+    log_kms_key_arn: str
+    """Key that encrypts the flow-log group."""
+    log_retention_days: int
+    """Retention of the flow-log group."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        try:
+            network = ipaddress.ip_network(self.cidr)
+            if network.prefixlen != 16:
+                problems.append(f"cidr {self.cidr!r} must be a /16")
+        except ValueError:
+            problems.append(f"cidr {self.cidr!r} is not an address range: use e.g. 10.40.0.0/16")
+        if not 1 <= len(self.availability_zones) <= 16:
+            problems.append("availability_zones must name 1 to 16 zones")
+        raise_if_problems("PrivateNetworkProps", problems)
+
+
+class PrivateNetwork(Construct):
+    def __init__(self, scope: Construct, id_: str, *, props: PrivateNetworkProps) -> None:
+        super().__init__(scope, id_)
+        self.vpc = aws.vpc.Vpc(
+            self,
+            "Vpc",
+            cidr_block=props.cidr,
+            enable_dns_hostnames=True,
+            enable_dns_support=True,
+            tags={"Name": props.name},
+        )
+        # Take over the default security group and leave it without rules.
+        aws.default_security_group.DefaultSecurityGroup(self, "DefaultSecurityGroup", vpc_id=self.vpc.id)
+        slices = list(ipaddress.ip_network(props.cidr).subnets(new_prefix=20))
+        self.route_table = aws.route_table.RouteTable(
+            self, "PrivateRouteTable", vpc_id=self.vpc.id, tags={"Name": f"{props.name}-private"}
+        )
+        self.subnets = []
+        for index, zone in enumerate(props.availability_zones):
+            subnet = aws.subnet.Subnet(
+                self,
+                f"PrivateSubnet{index}",
+                vpc_id=self.vpc.id,
+                cidr_block=str(slices[index]),
+                availability_zone=zone,
+                map_public_ip_on_launch=False,
+                tags={"Name": f"{props.name}-private-{zone}"},
+            )
+            aws.route_table_association.RouteTableAssociation(
+                self,
+                f"PrivateSubnet{index}Routes",
+                subnet_id=subnet.id,
+                route_table_id=self.route_table.id,
+            )
+            self.subnets.append(subnet)
+        for service in ("s3", "dynamodb"):
+            aws.vpc_endpoint.VpcEndpoint(
+                self,
+                f"{service.capitalize()}GatewayEndpoint",
+                vpc_id=self.vpc.id,
+                service_name=f"com.amazonaws.{props.region}.{service}",
+                vpc_endpoint_type="Gateway",
+                route_table_ids=[self.route_table.id],
+                tags={"Name": f"{props.name}-{service}"},
+            )
+
+        log_group = aws.cloudwatch_log_group.CloudwatchLogGroup(
+            self,
+            "FlowLogGroup",
+            name=f"/spotrain/{props.name}/vpc-flow-logs",
+            retention_in_days=props.log_retention_days,
+            kms_key_id=props.log_kms_key_arn,
+        )
+        flow_role = aws.iam_role.IamRole(
+            self,
+            "FlowLogRole",
+            name=f"{props.name}-flow-logs",
+            assume_role_policy=assume_role_policy(
+                self, "FlowLogTrust", "vpc-flow-logs.amazonaws.com", source_account=props.account_id
+            ),
+        )
+        aws.iam_role_policy.IamRolePolicy(
+            self,
+            "FlowLogPolicy",
+            role=flow_role.id,
+            name="write-flow-logs",
+            policy=policy_document(
+                self,
+                "FlowLogPolicyDocument",
+                [
+                    statement(
+                        "WriteFlowLogs",
+                        actions=["logs:CreateLogStream", "logs:PutLogEvents",
+                                 "logs:DescribeLogStreams"],  # fmt: skip
+                        resources=[f"{log_group.arn}:*"],
+                    )
+                ],
+            ),
+        )
+        aws.flow_log.FlowLog(
+            self,
+            "FlowLog",
+            vpc_id=self.vpc.id,
+            traffic_type="ALL",
+            log_destination_type="cloud-watch-logs",
+            log_destination=log_group.arn,
+            iam_role_arn=flow_role.arn,
+        )
+
+    @property
+    def subnet_ids(self) -> list[str]:
+        return [str(s.id) for s in self.subnets]

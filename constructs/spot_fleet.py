@@ -1,0 +1,265 @@
+"""The training fleet: a spot Auto Scaling group over several GPU types with an on-demand
+coordinator, capacity rebalancing, and an instance role scoped to one run.
+
+The on-demand base capacity keeps the coordinator (torchrun rendezvous host) off spot; every
+other instance is spot, placed by price-capacity-optimized allocation across the instance
+types x zones. Instances require IMDSv2, have encrypted volumes, get no public address, and
+may touch only their run's prefix in the checkpoint buckets and their run's catalog items.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+from spotrain.catalog_schema import run_key
+from spotrain.cdk import Construct, TerraformResourceLifecycle, aws
+from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+from spotrain.errors import raise_if_problems
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpotFleetProps:
+    name: str
+    """Name of the group, launch template, role and security group."""
+    run_name: str
+    """Run the fleet trains; IAM allows only this run's prefix and catalog items."""
+    instance_types: tuple[str, ...]
+    """GPU instance types, most preferred first (the on-demand coordinator uses the first)."""
+    subnet_ids: list[str]
+    """Private subnets, one per zone."""
+    vpc_id: str
+    """VPC of the subnets."""
+    image_parameter_name: str
+    """SSM parameter holding the image id; the image build writes it."""
+    min_size: int
+    """Fewest instances."""
+    desired_size: int
+    """Instances at start."""
+    max_size: int
+    """Most instances."""
+    on_demand_base_capacity: int
+    """On-demand instances kept before spot is used (the coordinator)."""
+    checkpoint_bucket_arn: str
+    """Primary checkpoint bucket."""
+    replica_bucket_arn: str
+    """Replica checkpoint bucket (read for cross-region restore)."""
+    checkpoint_bucket_name: str
+    """Primary bucket name, passed to the trainer."""
+    catalog_table_arn: str
+    """Checkpoint catalog table."""
+    catalog_table_name: str
+    """Catalog table name, passed to the trainer."""
+    data_kms_key_arns: tuple[str, ...]
+    """Keys the trainer encrypts and decrypts checkpoints and catalog items with."""
+    region: str
+    """Region of the fleet."""
+    tags: dict[str, str]
+    """Tags on instances and volumes launched by the group."""
+    emulator_drift_tolerance: bool = False
+    """Local cloud only: ignore launch-template tag drift the emulator reports on every read."""
+
+    def __post_init__(self) -> None:
+        problems = []
+        if len(self.instance_types) < 2:
+            problems.append("instance_types needs at least two types so spot can choose a pool")
+        if self.on_demand_base_capacity < 1:
+            problems.append("on_demand_base_capacity must be at least 1 (the coordinator)")
+        if not (self.on_demand_base_capacity <= self.min_size <= self.desired_size <= self.max_size):
+            problems.append(
+                "sizes must satisfy on_demand_base_capacity <= min <= desired <= max, got "
+                f"{self.on_demand_base_capacity} <= {self.min_size} <= {self.desired_size} "
+                f"<= {self.max_size}"
+            )
+        if not self.subnet_ids:
+            problems.append("subnet_ids is empty: give at least one private subnet")
+        raise_if_problems("SpotFleetProps", problems)
+
+
+def user_data(props: SpotFleetProps) -> str:
+    """Boot script: hand the run's coordinates to the trainer service baked into the image."""
+    script = f"""#!/bin/bash
+set -euo pipefail
+install -d -m 0755 /etc/spotrain
+cat > /etc/spotrain/run.env <<'ENV'
+SPOTRAIN_RUN={props.run_name}
+SPOTRAIN_REGION={props.region}
+SPOTRAIN_BUCKET={props.checkpoint_bucket_name}
+SPOTRAIN_CATALOG_TABLE={props.catalog_table_name}
+ENV
+if systemctl list-unit-files spotrain-trainer.service >/dev/null 2>&1; then
+  systemctl enable --now spotrain-trainer.service
+fi
+"""
+    return base64.b64encode(script.encode()).decode()
+
+
+class SpotFleet(Construct):
+    def __init__(self, scope: Construct, id_: str, *, props: SpotFleetProps) -> None:
+        super().__init__(scope, id_)
+        run_prefix = f"runs/{props.run_name}"
+        sg, lt, asg = aws.security_group, aws.launch_template, aws.autoscaling_group
+        self.security_group = sg.SecurityGroup(
+            self,
+            "SecurityGroup",
+            name=props.name,
+            description="Training fleet: ranks talk to each other; out only to AWS endpoints",
+            vpc_id=props.vpc_id,
+            ingress=[
+                sg.SecurityGroupIngress(
+                    description="Collectives and rendezvous between ranks of the fleet",
+                    from_port=0, to_port=0, protocol="-1", self_attribute=True,
+                )  # fmt: skip
+            ],
+            egress=[
+                sg.SecurityGroupEgress(
+                    description="Collectives and rendezvous between ranks of the fleet",
+                    from_port=0, to_port=0, protocol="-1", self_attribute=True,
+                ),
+                sg.SecurityGroupEgress(
+                    description="HTTPS to S3 and DynamoDB through the gateway endpoints",
+                    from_port=443, to_port=443, protocol="tcp",
+                    prefix_list_ids=[
+                        self._prefix_list("S3PrefixList", f"com.amazonaws.{props.region}.s3"),
+                        self._prefix_list(
+                            "DynamodbPrefixList", f"com.amazonaws.{props.region}.dynamodb"
+                        ),
+                    ],
+                ),
+            ],  # fmt: skip
+        )
+        self.role = aws.iam_role.IamRole(
+            self,
+            "InstanceRole",
+            name=props.name,
+            assume_role_policy=assume_role_policy(
+                self, "InstanceTrust", "ec2.amazonaws.com", source_account=None
+            ),
+        )
+        aws.iam_role_policy.IamRolePolicy(
+            self,
+            "RunScopedAccess",
+            role=self.role.id,
+            name="run-scoped-checkpoint-access",
+            policy=policy_document(
+                self,
+                "RunScopedAccessDocument",
+                [
+                    statement(
+                        "ListRunPrefix",
+                        actions=["s3:ListBucket"],
+                        resources=[props.checkpoint_bucket_arn, props.replica_bucket_arn],
+                        conditions=[("StringLike", "s3:prefix", [f"{run_prefix}/*", run_prefix])],
+                    ),
+                    statement(
+                        "ReadWriteRunCheckpoints",
+                        actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
+                                 "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],  # fmt: skip
+                        resources=[f"{props.checkpoint_bucket_arn}/{run_prefix}/*"],
+                    ),
+                    statement(
+                        "ReadRunReplicas",
+                        actions=["s3:GetObject"],
+                        resources=[f"{props.replica_bucket_arn}/{run_prefix}/*"],
+                    ),
+                    statement(
+                        "RunCatalogItems",
+                        actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
+                                 "dynamodb:Query", "dynamodb:ConditionCheckItem"],  # fmt: skip
+                        resources=[props.catalog_table_arn, f"{props.catalog_table_arn}/index/*"],
+                        conditions=[
+                            ("ForAllValues:StringEquals", "dynamodb:LeadingKeys",
+                             [run_key(props.run_name)]),
+                        ],  # fmt: skip
+                    ),
+                    statement(
+                        "UseDataKeys",
+                        actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
+                        resources=list(props.data_kms_key_arns),
+                    ),
+                ],
+            ),
+        )
+        self.instance_profile = aws.iam_instance_profile.IamInstanceProfile(
+            self, "InstanceProfile", name=props.name, role=self.role.name
+        )
+        image = aws.data_aws_ssm_parameter.DataAwsSsmParameter(
+            self, "ImageId", name=props.image_parameter_name
+        )
+        self.launch_template = lt.LaunchTemplate(
+            self,
+            "LaunchTemplate",
+            name=props.name,
+            image_id=image.insecure_value,
+            update_default_version=True,
+            ebs_optimized="true",
+            iam_instance_profile={"arn": self.instance_profile.arn},
+            vpc_security_group_ids=[self.security_group.id],
+            metadata_options={
+                "http_endpoint": "enabled",
+                "http_tokens": "required",
+                # 1 hop: the trainer container runs with host networking.
+                "http_put_response_hop_limit": 1,
+                "instance_metadata_tags": "enabled",
+            },
+            monitoring={"enabled": True},
+            block_device_mappings=[
+                lt.LaunchTemplateBlockDeviceMappings(
+                    device_name="/dev/sda1",
+                    ebs={
+                        "volume_size": 200,
+                        "volume_type": "gp3",
+                        "encrypted": "true",
+                        "delete_on_termination": "true",
+                    },
+                )
+            ],
+            user_data=user_data(props),
+            tag_specifications=[
+                lt.LaunchTemplateTagSpecifications(resource_type=kind, tags=props.tags)
+                for kind in ("instance", "volume")
+            ],
+            lifecycle=(
+                TerraformResourceLifecycle(ignore_changes=["tag_specifications"])
+                if props.emulator_drift_tolerance
+                else None
+            ),
+        )
+        self.group = asg.AutoscalingGroup(
+            self,
+            "Group",
+            name=props.name,
+            min_size=props.min_size,
+            desired_capacity=props.desired_size,
+            max_size=props.max_size,
+            vpc_zone_identifier=props.subnet_ids,
+            capacity_rebalance=True,
+            health_check_type="EC2",
+            mixed_instances_policy={
+                "instances_distribution": {
+                    "on_demand_base_capacity": props.on_demand_base_capacity,
+                    "on_demand_percentage_above_base_capacity": 0,
+                    "on_demand_allocation_strategy": "prioritized",
+                    "spot_allocation_strategy": "price-capacity-optimized",
+                },
+                "launch_template": {
+                    "launch_template_specification": {
+                        "launch_template_id": self.launch_template.id,
+                        "version": "$Latest",
+                    },
+                    "override": [
+                        asg.AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride(
+                            instance_type=t
+                        )
+                        for t in props.instance_types
+                    ],
+                },
+            },
+            tag=[
+                asg.AutoscalingGroupTag(key=key, value=value, propagate_at_launch=True)
+                for key, value in sorted(props.tags.items())
+            ],
+        )
+
+    def _prefix_list(self, id_: str, service: str) -> str:
+        return str(aws.data_aws_prefix_list.DataAwsPrefixList(self, id_, name=service).id)

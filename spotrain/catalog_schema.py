@@ -1,0 +1,59 @@
+"""Item schema shared by the catalog tables (stacks), the trainer and the interruption handler.
+
+docs/catalog.md explains the access patterns; this module is the single source of the names.
+It has no dependencies so it can ship inside the interruption handler's Lambda zip.
+"""
+
+from __future__ import annotations
+
+PARTITION_KEY = "pk"
+SORT_KEY = "sk"
+
+# --- checkpoint catalog -------------------------------------------------------------------
+CHECKPOINTS_TABLE_SUFFIX = "checkpoints"
+LINEAGE_INDEX = "lineage"
+LINEAGE_KEY = "parent"
+"""Lineage index: partition `parent` (the parent checkpoint's id), sort `sk`."""
+
+HEAD_SORT_KEY = "HEAD"
+"""The run's head item: the latest complete checkpoint, moved only by a conditional write."""
+LEASE_SORT_KEY = "LEASE"
+"""The run's writer lease: generation numbers fence off stale writers."""
+
+STATUS_PENDING = "PENDING"
+STATUS_COMPLETE = "COMPLETE"
+STATUS_QUARANTINED = "QUARANTINED"
+
+
+def run_key(run_name: str) -> str:
+    return f"RUN#{run_name}"
+
+
+def checkpoint_sort_key(step: int) -> str:
+    """Step-padded so a query over `CKPT#` returns checkpoints in step order."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"CKPT#{step:012d}"
+
+
+def checkpoint_id(run_name: str, step: int) -> str:
+    return f"{run_name}/step_{step:09d}"
+
+
+# --- interruption events ------------------------------------------------------------------
+EVENTS_TABLE_SUFFIX = "events"
+POOL_INDEX = "by-pool"
+POOL_KEY = "pool"
+OCCURRED_AT_KEY = "occurred_at"
+EXPIRES_AT_KEY = "expires_at"
+"""TTL attribute (epoch seconds) of event items."""
+EVENT_SORT_KEY = "EVENT"
+
+
+def event_key(event_id: str) -> str:
+    return f"EVENT#{event_id}"
+
+
+def pool_key(instance_type: str, availability_zone: str) -> str:
+    """A spot capacity pool: instance type x availability zone."""
+    return f"{instance_type}#{availability_zone}"

@@ -1,0 +1,35 @@
+"""Errors a spotrain user can hit. Each message says what was wrong and what to do.
+
+SpotrainError
+├── ConfigError       bad environment configuration or construct props (lists every problem)
+├── LocalCloudError   the local cloud cannot start, is not running, or did not answer
+└── TerraformError    a terraform command failed (names the stack and the command to rerun)
+"""
+
+from __future__ import annotations
+
+
+class SpotrainError(Exception):
+    """Base of every error spotrain raises on purpose."""
+
+
+class ConfigError(SpotrainError, ValueError):
+    """The configuration has problems; the message lists every one and how to fix it."""
+
+    def __init__(self, subject: str, problems: list[str]) -> None:
+        self.problems = problems
+        lines = "\n".join(f"  - {p}" for p in problems)
+        super().__init__(f"{subject} has {len(problems)} problem(s):\n{lines}")
+
+
+class LocalCloudError(SpotrainError):
+    """The local cloud is not in the state the command needs."""
+
+
+class TerraformError(SpotrainError):
+    """A terraform command failed."""
+
+
+def raise_if_problems(subject: str, problems: list[str]) -> None:
+    if problems:
+        raise ConfigError(subject, problems)

@@ -1,0 +1,132 @@
+"""Running Terraform on synthesized stacks: CLI configuration, environment, dependency order.
+
+The aws provider comes from a filesystem mirror when one is configured (`SPOTRAIN_PROVIDER_MIRROR`,
+or found under a conventional plugin folder), else from the public registry. Either way the
+project writes its own Terraform CLI configuration, so a user's ~/.terraformrc never changes
+what gets installed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from spotrain.errors import TerraformError
+
+PROVIDER_SOURCE = "registry.terraform.io/hashicorp/aws"
+PROVIDER_VERSION = "5.100.0"
+# Conventional places for plugin mirrors; searched a few levels deep when no mirror is named.
+_MIRROR_ROOTS = ("/opt", "/usr/share/terraform", "/usr/local/share/terraform", "~/.terraform.d")
+
+
+def find_provider_mirror() -> Path | None:
+    """The filesystem mirror that holds aws 5.100.0, or None to use the registry."""
+    named = os.environ.get("SPOTRAIN_PROVIDER_MIRROR")
+    if named:
+        mirror = Path(named).expanduser()
+        if not (mirror / PROVIDER_SOURCE / PROVIDER_VERSION).is_dir():
+            raise TerraformError(
+                f"SPOTRAIN_PROVIDER_MIRROR={named} has no {PROVIDER_SOURCE}/{PROVIDER_VERSION}: "
+                "point it at the folder that contains registry.terraform.io/, or unset it to "
+                "download the provider from the registry"
+            )
+        return mirror
+    for root in _MIRROR_ROOTS:
+        base = Path(root).expanduser()
+        for pattern in ("", "*/", "*/*/"):
+            for candidate in sorted(base.glob(f"{pattern}{PROVIDER_SOURCE}/{PROVIDER_VERSION}")):
+                if candidate.is_dir():
+                    return candidate.parents[3]
+    return None
+
+
+def write_cli_config(directory: Path) -> Path:
+    """A Terraform CLI configuration that installs aws from the mirror when there is one."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / "terraform.rc"
+    mirror = find_provider_mirror()
+    plugin_cache = directory / "plugin-cache"
+    plugin_cache.mkdir(exist_ok=True)
+    lines = [f'plugin_cache_dir = "{plugin_cache}"']
+    if mirror is not None:
+        lines += [
+            "provider_installation {",
+            f'  filesystem_mirror {{\n    path    = "{mirror}"\n    include = ["{PROVIDER_SOURCE}"]\n  }}',
+            f'  direct {{\n    exclude = ["{PROVIDER_SOURCE}"]\n  }}',
+            "}",
+        ]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def terraform_env(
+    cli_config: Path, extra: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        {
+            "TF_CLI_CONFIG_FILE": str(cli_config),
+            "CHECKPOINT_DISABLE": "1",
+            "TF_IN_AUTOMATION": "1",
+            "TF_INPUT": "0",
+        }
+    )
+    env.update(extra or {})
+    return env
+
+
+def run(
+    stack_dir: Path, args: Sequence[str], env: Mapping[str, str], *, capture: bool = False
+) -> subprocess.CompletedProcess[str]:
+    """Run `terraform <args>` in a synthesized stack folder; TerraformError if it fails."""
+    command = ["terraform", *args]
+    try:
+        result = subprocess.run(
+            command,
+            cwd=stack_dir,
+            env=dict(env),
+            text=True,
+            capture_output=capture,
+            check=False,
+        )
+    except FileNotFoundError as error:
+        raise TerraformError(
+            "terraform is not on PATH: install Terraform 1.6 or newer and try again"
+        ) from error
+    if result.returncode != 0:
+        detail = (result.stderr or result.stdout or "")[-4000:] if capture else ""
+        raise TerraformError(
+            f"`{' '.join(command)}` failed in {stack_dir.name} (exit {result.returncode})."
+            f"{chr(10) + detail if detail else ' See the output above.'}"
+        )
+    return result
+
+
+def stacks_in_order(outdir: Path, selector: str | None = None) -> list[str]:
+    """Stack names from the cdktf manifest, dependencies first; `selector` is an `env-*` glob
+    or a stack name."""
+    import fnmatch
+
+    manifest = json.loads((outdir / "manifest.json").read_text())["stacks"]
+    names = [n for n in manifest if selector is None or fnmatch.fnmatch(n, selector)]
+    if not names:
+        raise TerraformError(
+            f"no stack matches {selector!r}: choose from {', '.join(sorted(manifest))}"
+        )
+    ordered: list[str] = []
+
+    def visit(name: str, trail: tuple[str, ...]) -> None:
+        if name in ordered:
+            return
+        if name in trail:
+            raise TerraformError(f"stack dependency cycle: {' -> '.join((*trail, name))}")
+        for dependency in manifest[name]["dependencies"]:
+            visit(dependency, (*trail, name))
+        ordered.append(name)
+
+    for name in sorted(names):
+        visit(name, ())
+    return [n for n in ordered if n in names] if selector else ordered

@@ -1,0 +1,95 @@
+"""What every environment stack shares: providers, remote state, account identity, tags."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spotrain.cdk import Construct, S3Backend, TerraformStack, aws
+from spotrain.stacks.config import EnvironmentConfig
+
+# Services the blueprint calls; on the local cloud each is pointed at the emulator.
+LOCAL_ENDPOINT_SERVICES = (
+    "autoscaling", "budgets", "dynamodb", "ec2", "events", "iam", "kms", "lambda_", "logs",
+    "s3", "sns", "sqs", "ssm", "sts",
+)  # fmt: skip
+# The emulator answers quickly or not at all: retrying for minutes only hides a gap.
+LOCAL_MAX_RETRIES = 2
+
+
+def provider_settings(config: EnvironmentConfig, region: str) -> dict[str, Any]:
+    """AwsProvider arguments for a region of this environment."""
+    settings: dict[str, Any] = {
+        "region": region,
+        "default_tags": [{"tags": config.all_tags}],
+    }
+    if config.local is not None:
+        settings |= {
+            "endpoints": [
+                aws.provider.AwsProviderEndpoints(
+                    **{service: config.local.endpoint for service in LOCAL_ENDPOINT_SERVICES}
+                )
+            ],
+            "s3_use_path_style": True,
+            "skip_credentials_validation": True,
+            "skip_metadata_api_check": "true",
+            "skip_region_validation": True,
+            "max_retries": LOCAL_MAX_RETRIES,
+        }
+    return settings
+
+
+def state_backend_settings(config: EnvironmentConfig, stack_name: str) -> dict[str, Any]:
+    """S3Backend arguments: one encrypted state object per stack."""
+    assert config.state is not None
+    settings: dict[str, Any] = {
+        "bucket": config.state.bucket,
+        "key": f"spotrain/{stack_name}.tfstate",
+        "region": config.state.region,
+        "encrypt": True,
+    }
+    if config.local is not None:
+        settings |= {
+            "endpoints": {"s3": config.local.endpoint, "sts": config.local.endpoint},
+            "use_path_style": True,
+            "skip_credentials_validation": True,
+            "skip_metadata_api_check": True,
+            "skip_region_validation": True,
+            "skip_requesting_account_id": True,
+        }
+    return settings
+
+
+class EnvironmentStack(TerraformStack):
+    """A stack named `<environment>-<part>` with the primary-region provider as default."""
+
+    def __init__(self, scope: Construct, part: str, *, config: EnvironmentConfig) -> None:
+        name = config.stack_name(part)
+        super().__init__(scope, name)
+        self.config = config
+        self.primary_provider = aws.provider.AwsProvider(
+            self, "Primary", **provider_settings(config, config.primary_region)
+        )
+        if config.state is not None:
+            S3Backend(self, **state_backend_settings(config, name))
+            # S3-native locking (conditional writes); this cdktf release has no typed field.
+            self.add_override("terraform.backend.s3.use_lockfile", True)
+        self.account_id = str(
+            aws.data_aws_caller_identity.DataAwsCallerIdentity(self, "Caller").account_id
+        )
+        self._replica_provider: Any = None
+
+    @property
+    def replica_provider(self) -> Any:
+        """Provider of the replica region, created on first use."""
+        if self._replica_provider is None:
+            self._replica_provider = aws.provider.AwsProvider(
+                self,
+                "Replica",
+                alias="replica",
+                **provider_settings(self.config, self.config.replica_region),
+            )
+        return self._replica_provider
+
+    def resource_name(self, suffix: str) -> str:
+        """Name for a regional resource of this environment, e.g. `spotrain-dev-events`."""
+        return f"spotrain-{self.config.name}-{suffix}"

@@ -1,0 +1,67 @@
+"""Catalog: the checkpoint catalog table and the interruption events table.
+
+Real environments replicate both tables to the replica region (global tables). The local
+cloud leaves replicas out: the emulator accepts replica blocks but never reports them active,
+so Terraform would wait forever.
+"""
+
+from __future__ import annotations
+
+from spotrain import catalog_schema as schema
+from spotrain.cdk import Construct
+from spotrain.constructs.catalog_table import (
+    CatalogTable,
+    CatalogTableProps,
+    SecondaryIndex,
+    TableReplica,
+)
+from spotrain.stacks.base import EnvironmentStack
+from spotrain.stacks.config import EnvironmentConfig
+
+
+class CatalogStack(EnvironmentStack):
+    def __init__(
+        self, scope: Construct, *, config: EnvironmentConfig, primary_key_arn: str,
+        replica_key_arn: str,
+    ) -> None:  # fmt: skip
+        super().__init__(scope, "catalog", config=config)
+        replicas = (
+            ()
+            if config.is_local
+            else (TableReplica(region=config.replica_region, kms_key_arn=replica_key_arn),)
+        )
+        self.checkpoints = CatalogTable(
+            self,
+            "CheckpointCatalog",
+            props=CatalogTableProps(
+                table_name=self.resource_name(schema.CHECKPOINTS_TABLE_SUFFIX),
+                kms_key_arn=primary_key_arn,
+                indexes=(
+                    SecondaryIndex(
+                        name=schema.LINEAGE_INDEX,
+                        partition_key=schema.LINEAGE_KEY,
+                        sort_key=schema.SORT_KEY,
+                    ),
+                ),
+                replicas=replicas,
+                deletion_protection=not config.is_local,
+            ),
+        )
+        self.events = CatalogTable(
+            self,
+            "InterruptionEvents",
+            props=CatalogTableProps(
+                table_name=self.resource_name(schema.EVENTS_TABLE_SUFFIX),
+                kms_key_arn=primary_key_arn,
+                indexes=(
+                    SecondaryIndex(
+                        name=schema.POOL_INDEX,
+                        partition_key=schema.POOL_KEY,
+                        sort_key=schema.OCCURRED_AT_KEY,
+                    ),
+                ),
+                ttl_attribute=schema.EXPIRES_AT_KEY,
+                replicas=replicas,
+                deletion_protection=not config.is_local,
+            ),
+        )

@@ -1,0 +1,223 @@
+"""Per-environment configuration: one validated, frozen object per environment.
+
+`EnvironmentConfig` is checked as a whole when it is built: every problem is collected and
+raised once, as a `spotrain.errors.ConfigError` whose message lists each problem with its fix, before any
+construct is created.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from spotrain.errors import raise_if_problems
+
+# Commercial regions that offer GPU instances and the services the blueprint uses.
+KNOWN_REGIONS = frozenset(
+    {
+        "us-east-1", "us-east-2", "us-west-1", "us-west-2",
+        "ca-central-1", "sa-east-1",
+        "eu-west-1", "eu-west-2", "eu-west-3", "eu-central-1", "eu-central-2",
+        "eu-north-1", "eu-south-1", "eu-south-2",
+        "ap-northeast-1", "ap-northeast-2", "ap-northeast-3",
+        "ap-southeast-1", "ap-southeast-2", "ap-south-1",
+        "me-central-1", "il-central-1",
+    }
+)  # fmt: skip
+
+_ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{1,14}$")
+_BUCKET_PREFIX = re.compile(r"^[a-z0-9][a-z0-9-]{2,38}[a-z0-9]$")
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
+_RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+_TAG_KEY = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
+_LOOPBACK_ENDPOINT = re.compile(r"^http://(127\.\d+\.\d+\.\d+|localhost):\d{1,5}$")
+
+
+@dataclass(frozen=True, kw_only=True)
+class LocalCloud:
+    """Marks an environment as the local cloud: every AWS client points at `endpoint`."""
+
+    endpoint: str
+    """Loopback URL of the local AWS emulator, e.g. http://127.0.0.1:4566."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class StateBackend:
+    """Where Terraform keeps state: an S3 bucket with native S3 locking (use_lockfile)."""
+
+    bucket: str
+    """Existing, versioned, encrypted bucket that holds every stack's state."""
+    region: str
+    """Region of the state bucket."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnvironmentConfig:
+    """Everything that differs between environments (local, dev, prod, ...)."""
+
+    name: str
+    """Environment name; stacks are named `<name>-<part>` so `cdktf deploy '<name>-*'` works."""
+    primary_region: str
+    """Region that runs the fleet and holds the primary checkpoint bucket and catalog."""
+    replica_region: str
+    """Region that receives replicated checkpoints (and the catalog replica in real clouds)."""
+    bucket_prefix: str
+    """Globally unique prefix for bucket names, e.g. `acme-spotrain-dev`."""
+    run_name: str
+    """The training run this fleet serves; IAM is scoped to its bucket prefix and catalog items."""
+    instance_types: tuple[str, ...]
+    """GPU instance types the spot fleet may use, most preferred first (at least two)."""
+    availability_zones: tuple[str, ...]
+    """Availability zones of the primary region for the fleet's private subnets."""
+    fleet_min_size: int = 1
+    """Fewest instances in the fleet (the on-demand coordinator counts)."""
+    fleet_desired_size: int = 2
+    """Instances the fleet starts with."""
+    fleet_max_size: int = 4
+    """Most instances in the fleet."""
+    on_demand_base_capacity: int = 1
+    """On-demand instances kept before spot is used: the warm coordinator (at least 1)."""
+    vpc_cidr: str = "10.40.0.0/16"
+    """Address range of the fleet's VPC; subnets are /20 slices of it."""
+    monthly_budget_usd: float
+    """Monthly cost budget; alerts fire at 50/80/100% actual and 100% forecast."""
+    alert_emails: tuple[str, ...]
+    """Addresses that receive budget alerts (at least one)."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """Cost allocation tags added to every resource (environment and project are added)."""
+    log_retention_days: int = 365
+    """Retention of the Lambda, VPC flow and other log groups."""
+    noncurrent_version_expiration_days: int = 30
+    """Days a superseded object version is kept before it expires."""
+    state: StateBackend | None = None
+    """Remote state; None keeps state beside the synthesized stack (tests only)."""
+    local: LocalCloud | None = None
+    """Set for the local cloud; None for real AWS environments."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
+        raise_if_problems(f"environment {self.name!r}", self._problems())
+
+    @property
+    def is_local(self) -> bool:
+        return self.local is not None
+
+    @property
+    def all_tags(self) -> dict[str, str]:
+        """Tags on every resource; the two spotrain tags are the cost allocation keys."""
+        return {**self.tags, "spotrain:environment": self.name, "spotrain:project": "spotrain"}
+
+    def stack_name(self, part: str) -> str:
+        return f"{self.name}-{part}"
+
+    def _problems(self) -> list[str]:  # noqa: C901 - one flat list of independent checks
+        problems: list[str] = []
+        if not _ENV_NAME.match(self.name):
+            problems.append(
+                f"name {self.name!r} is not a valid environment name: use 2-15 lowercase "
+                "letters, digits or '-', starting with a letter (e.g. 'dev')"
+            )
+        for label, region in (("primary_region", self.primary_region),
+                              ("replica_region", self.replica_region)):  # fmt: skip
+            if region not in KNOWN_REGIONS:
+                problems.append(
+                    f"{label} {region!r} is not a known AWS region: use one of "
+                    f"{', '.join(sorted(KNOWN_REGIONS))}"
+                )
+        if self.primary_region == self.replica_region:
+            problems.append(
+                f"primary_region and replica_region are both {self.primary_region!r}: choose a "
+                "different replica_region so checkpoints survive the loss of a region"
+            )
+        if not _BUCKET_PREFIX.match(self.bucket_prefix):
+            problems.append(
+                f"bucket_prefix {self.bucket_prefix!r} is not a valid S3 name prefix: use 4-40 "
+                "lowercase letters, digits or '-', starting and ending with a letter or digit"
+            )
+        if not _RUN_NAME.match(self.run_name):
+            problems.append(
+                f"run_name {self.run_name!r} is not valid: use 1-63 lowercase letters, digits "
+                "or '-', starting with a letter or digit"
+            )
+        if len(self.instance_types) < 2:
+            problems.append(
+                f"instance_types has {len(self.instance_types)} entr(ies): list at least two "
+                "GPU instance types (e.g. 'g5.xlarge', 'g6.xlarge') so spot can pick a pool"
+            )
+        for itype in self.instance_types:
+            if not _INSTANCE_TYPE.match(itype):
+                problems.append(
+                    f"instance type {itype!r} is malformed: write it as family.size, "
+                    "e.g. 'g5.xlarge'"
+                )
+        if len(set(self.instance_types)) != len(self.instance_types):
+            problems.append("instance_types lists a type twice: list each type once")
+        if not self.availability_zones:
+            problems.append(
+                f"availability_zones is empty: name at least one zone of {self.primary_region} "
+                f"(e.g. '{self.primary_region}a')"
+            )
+        for zone in self.availability_zones:
+            if not (zone.startswith(self.primary_region) and len(zone) == len(self.primary_region) + 1):
+                problems.append(
+                    f"availability zone {zone!r} is not a zone of primary_region "
+                    f"{self.primary_region!r}: use e.g. '{self.primary_region}a'"
+                )
+        if len(self.availability_zones) > 16:
+            problems.append("availability_zones names more than 16 zones: the VPC has 16 /20 slices")
+        if not self.vpc_cidr.endswith("/16"):
+            problems.append(f"vpc_cidr {self.vpc_cidr!r} must be a /16, e.g. '10.40.0.0/16'")
+        if self.on_demand_base_capacity < 1:
+            problems.append(
+                f"on_demand_base_capacity is {self.on_demand_base_capacity}: keep at least 1 "
+                "so the coordinator runs on on-demand capacity"
+            )
+        if not (0 <= self.fleet_min_size <= self.fleet_desired_size <= self.fleet_max_size):
+            problems.append(
+                f"fleet sizes min={self.fleet_min_size} desired={self.fleet_desired_size} "
+                f"max={self.fleet_max_size} are not ordered: need 0 <= min <= desired <= max"
+            )
+        if self.fleet_min_size < self.on_demand_base_capacity:
+            problems.append(
+                f"fleet_min_size {self.fleet_min_size} is below on_demand_base_capacity "
+                f"{self.on_demand_base_capacity}: raise fleet_min_size so the coordinator "
+                "is always kept"
+            )
+        if not self.monthly_budget_usd > 0:
+            problems.append(
+                f"monthly_budget_usd is {self.monthly_budget_usd}: set a positive amount in USD"
+            )
+        if not self.alert_emails:
+            problems.append("alert_emails is empty: give at least one address for budget alerts")
+        for email in self.alert_emails:
+            if not _EMAIL.match(email):
+                problems.append(f"alert e-mail {email!r} is malformed: use name@example.com")
+        for key, value in self.tags.items():
+            if not _TAG_KEY.match(key) or key.lower().startswith("aws:"):
+                problems.append(
+                    f"tag key {key!r} is not allowed: use 1-128 letters, digits, spaces or "
+                    "_.:/=+-@ and do not start with 'aws:'"
+                )
+            if len(value) > 256:
+                problems.append(f"tag {key!r} has a value over 256 characters: shorten it")
+        if self.log_retention_days < 1:
+            problems.append(f"log_retention_days is {self.log_retention_days}: use 1 or more")
+        if self.noncurrent_version_expiration_days < 1:
+            problems.append(
+                f"noncurrent_version_expiration_days is {self.noncurrent_version_expiration_days}"
+                ": use 1 or more"
+            )
+        if self.local is not None and not _LOOPBACK_ENDPOINT.match(self.local.endpoint):
+            problems.append(
+                f"local endpoint {self.local.endpoint!r} is not a loopback URL: use "
+                "http://127.0.0.1:<port> (the address `spotrain local up` prints)"
+            )
+        if self.local is None and self.state is None:
+            problems.append(
+                "state is not set for a real environment: give a StateBackend(bucket=..., "
+                "region=...) so state is shared and locked"
+            )
+        return problems

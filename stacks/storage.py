@@ -1,0 +1,78 @@
+"""Storage: a KMS key per region, access-log buckets, and the replicated checkpoint buckets."""
+
+from __future__ import annotations
+
+from spotrain.cdk import Construct
+from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
+from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
+from spotrain.constructs.replicated_bucket_pair import (
+    ReplicatedBucketPair,
+    ReplicatedBucketPairProps,
+)
+from spotrain.stacks.base import EnvironmentStack
+from spotrain.stacks.config import EnvironmentConfig
+
+
+class StorageStack(EnvironmentStack):
+    def __init__(self, scope: Construct, *, config: EnvironmentConfig) -> None:
+        super().__init__(scope, "storage", config=config)
+        regions = {
+            "Primary": (config.primary_region, self.primary_provider),
+            "Replica": (config.replica_region, self.replica_provider),
+        }
+        keys: dict[str, EncryptionKey] = {}
+        log_buckets: dict[str, EncryptedBucket] = {}
+        for label, (region, provider) in regions.items():
+            keys[label] = EncryptionKey(
+                self,
+                f"{label}Key",
+                props=EncryptionKeyProps(
+                    alias=f"spotrain-{config.name}-data-{region}",
+                    description=f"spotrain {config.name}: checkpoints, catalog and logs in {region}",
+                    account_id=self.account_id,
+                    region=region,
+                    service_principals=(f"logs.{region}.amazonaws.com",),
+                    deletion_window_days=7 if config.is_local else 30,
+                    provider=provider,
+                ),
+            )
+            log_buckets[label] = EncryptedBucket(
+                self,
+                f"{label}AccessLogBucket",
+                props=EncryptedBucketProps(
+                    bucket_name=f"{config.bucket_prefix}-access-logs-{region}",
+                    account_id=self.account_id,
+                    kms_key_arn=None,
+                    receives_access_logs=True,
+                    noncurrent_version_expiration_days=config.noncurrent_version_expiration_days,
+                    force_destroy=config.is_local,
+                    provider=provider,
+                ),
+            )
+
+        def checkpoint_bucket(label: str) -> EncryptedBucketProps:
+            region, provider = regions[label]
+            return EncryptedBucketProps(
+                bucket_name=f"{config.bucket_prefix}-checkpoints-{region}",
+                account_id=self.account_id,
+                kms_key_arn=keys[label].arn,
+                access_log_bucket=log_buckets[label].name,
+                noncurrent_version_expiration_days=config.noncurrent_version_expiration_days,
+                force_destroy=config.is_local,
+                provider=provider,
+            )
+
+        self.keys = keys
+        self.checkpoints = ReplicatedBucketPair(
+            self,
+            "Checkpoints",
+            props=ReplicatedBucketPairProps(
+                primary=checkpoint_bucket("Primary"),
+                replica=checkpoint_bucket("Replica"),
+                primary_region=config.primary_region,
+                replica_region=config.replica_region,
+                role_name=f"spotrain-{config.name}-replication",
+                replication_time_control=not config.is_local,
+                emulator_drift_tolerance=config.is_local,
+            ),
+        )
