@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import policy_document, statement
+
+from spotrain.cdk import Construct, aws
 from spotrain.errors import raise_if_problems
 
 ALERT_THRESHOLDS: tuple[tuple[str, int], ...] = (
@@ -39,7 +40,9 @@ class BudgetAlertsProps:
     def __post_init__(self) -> None:
         problems = []
         if not self.monthly_limit_usd > 0:
-            problems.append(f"monthly_limit_usd is {self.monthly_limit_usd}: give a positive amount")
+            problems.append(
+                f"monthly_limit_usd is {self.monthly_limit_usd}: give a positive amount"
+            )
         if not self.emails:
             problems.append("emails is empty: give at least one address")
         raise_if_problems("BudgetAlertsProps", problems)
@@ -79,9 +82,12 @@ class BudgetAlerts(Construct):
         )
         for index, email in enumerate(props.emails):
             aws.sns_topic_subscription.SnsTopicSubscription(
-                self, f"EmailSubscription{index}", topic_arn=self.topic.arn, protocol="email",
+                self,
+                f"EmailSubscription{index}",
+                topic_arn=self.topic.arn,
+                protocol="email",
                 endpoint=email,
-            )  # fmt: skip
+            )
         tag_key, tag_value = props.cost_filter_tag
         self.budget = aws.budgets_budget.BudgetsBudget(
             self,

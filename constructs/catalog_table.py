@@ -84,9 +84,11 @@ class CatalogTable(Construct):
             attribute=[{"name": a, "type": "S"} for a in sorted(attributes)],
             global_secondary_index=[
                 dynamodb.DynamodbTableGlobalSecondaryIndex(
-                    name=i.name, hash_key=i.partition_key, range_key=i.sort_key,
+                    name=i.name,
+                    hash_key=i.partition_key,
+                    range_key=i.sort_key,
                     projection_type="ALL",
-                )  # fmt: skip
+                )
                 for i in props.indexes
             ],
             server_side_encryption={"enabled": True, "kms_key_arn": props.kms_key_arn},

@@ -11,8 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import policy_document, statement
+
+from spotrain.cdk import Construct, aws
 from spotrain.errors import raise_if_problems
 
 
@@ -80,7 +81,10 @@ class EncryptedBucket(Construct):
             provider=p,
         )
         if props.kms_key_arn is not None:
-            default_encryption = {"sse_algorithm": "aws:kms", "kms_master_key_id": props.kms_key_arn}
+            default_encryption = {
+                "sse_algorithm": "aws:kms",
+                "kms_master_key_id": props.kms_key_arn,
+            }
         else:
             default_encryption = {"sse_algorithm": "AES256"}
         sse = aws.s3_bucket_server_side_encryption_configuration
@@ -113,7 +117,7 @@ class EncryptedBucket(Construct):
             rule={"object_ownership": "BucketOwnerEnforced"},
             provider=p,
         )
-        aws.s3_bucket_policy.S3BucketPolicy(
+        self.policy = aws.s3_bucket_policy.S3BucketPolicy(
             self,
             "Policy",
             bucket=bucket_id,
@@ -169,6 +173,12 @@ class EncryptedBucket(Construct):
     @property
     def name(self) -> str:
         return str(self.bucket.bucket)
+
+    @property
+    def log_target_name(self) -> str:
+        """The name, read from the bucket policy: a bucket that logs here is configured only
+        after the log-delivery grant exists (S3 refuses the logging setting before)."""
+        return str(self.policy.bucket)
 
     def _statements(self, props: EncryptedBucketProps) -> list[dict[str, Any]]:
         bucket_arn, objects_arn = self.arn, f"{self.arn}/*"

@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import policy_document, statement
+
+from spotrain.cdk import Construct, aws
 from spotrain.errors import raise_if_problems
 
 
@@ -62,11 +63,17 @@ class EncryptionKey(Construct):
                 )
             else:
                 guard = ("StringEquals", "aws:SourceAccount", [props.account_id])
+            service_label = "".join(p.capitalize() for p in service.split(".")[0].split("-"))
             statements.append(
                 statement(
-                    f"ServiceUse{''.join(p.capitalize() for p in service.split('.')[0].split('-'))}",
-                    actions=["kms:Encrypt*", "kms:Decrypt*", "kms:ReEncrypt*",
-                             "kms:GenerateDataKey*", "kms:Describe*"],  # fmt: skip
+                    f"ServiceUse{service_label}",
+                    actions=[
+                        "kms:Encrypt*",
+                        "kms:Decrypt*",
+                        "kms:ReEncrypt*",
+                        "kms:GenerateDataKey*",
+                        "kms:Describe*",
+                    ],
                     resources=["*"],
                     principals={"Service": [service]},
                     conditions=[guard],
@@ -82,7 +89,9 @@ class EncryptionKey(Construct):
             provider=props.provider,
         )
         self.alias = aws.kms_alias.KmsAlias(
-            self, "Alias", name=f"alias/{props.alias}",
+            self,
+            "Alias",
+            name=f"alias/{props.alias}",
             target_key_id=self.key.key_id,
             provider=props.provider,
         )

@@ -18,7 +18,12 @@ def statement(
 ) -> dict[str, Any]:
     """One statement; `principals` maps a principal type to identifiers, conditions are
     (test, variable, values) triples."""
-    result: dict[str, Any] = {"sid": sid, "effect": effect, "actions": actions, "resources": resources}
+    result: dict[str, Any] = {
+        "sid": sid,
+        "effect": effect,
+        "actions": actions,
+        "resources": resources,
+    }
     if principals:
         result["principals"] = [
             {"type": kind, "identifiers": ids} for kind, ids in sorted(principals.items())
@@ -44,7 +49,9 @@ def assume_role_policy(
 ) -> str:
     """Trust policy for one AWS service. `source_account` adds the confused-deputy guard for
     services that send aws:SourceAccount (Lambda, S3, flow logs); EC2 does not send it."""
-    conditions = [("StringEquals", "aws:SourceAccount", [source_account])] if source_account else None
+    conditions = (
+        [("StringEquals", "aws:SourceAccount", [source_account])] if source_account else None
+    )
     return policy_document(
         scope,
         id_,

@@ -9,8 +9,9 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+
+from spotrain.cdk import Construct, aws
 from spotrain.errors import raise_if_problems
 
 
@@ -56,7 +57,9 @@ class PrivateNetwork(Construct):
             tags={"Name": props.name},
         )
         # Take over the default security group and leave it without rules.
-        aws.default_security_group.DefaultSecurityGroup(self, "DefaultSecurityGroup", vpc_id=self.vpc.id)
+        aws.default_security_group.DefaultSecurityGroup(
+            self, "DefaultSecurityGroup", vpc_id=self.vpc.id
+        )
         slices = list(ipaddress.ip_network(props.cidr).subnets(new_prefix=20))
         self.route_table = aws.route_table.RouteTable(
             self, "PrivateRouteTable", vpc_id=self.vpc.id, tags={"Name": f"{props.name}-private"}
@@ -116,8 +119,11 @@ class PrivateNetwork(Construct):
                 [
                     statement(
                         "WriteFlowLogs",
-                        actions=["logs:CreateLogStream", "logs:PutLogEvents",
-                                 "logs:DescribeLogStreams"],  # fmt: skip
+                        actions=[
+                            "logs:CreateLogStream",
+                            "logs:PutLogEvents",
+                            "logs:DescribeLogStreams",
+                        ],
                         resources=[f"{log_group.arn}:*"],
                     )
                 ],

@@ -11,9 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spotrain.cdk import Construct, TerraformResourceLifecycle, aws
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+
+from spotrain.cdk import Construct, TerraformResourceLifecycle, aws
 from spotrain.errors import raise_if_problems
 
 
@@ -79,8 +80,11 @@ class ReplicatedBucketPair(Construct):
                     ),
                     statement(
                         "ReadSourceVersions",
-                        actions=["s3:GetObjectVersionForReplication", "s3:GetObjectVersionAcl",
-                                 "s3:GetObjectVersionTagging"],  # fmt: skip
+                        actions=[
+                            "s3:GetObjectVersionForReplication",
+                            "s3:GetObjectVersionAcl",
+                            "s3:GetObjectVersionTagging",
+                        ],
                         resources=[f"{self.primary.arn}/*"],
                     ),
                     statement(
@@ -92,15 +96,25 @@ class ReplicatedBucketPair(Construct):
                         "DecryptSourceObjects",
                         actions=["kms:Decrypt"],
                         resources=[primary_key],
-                        conditions=[("StringEquals", "kms:ViaService",
-                                     [f"s3.{props.primary_region}.amazonaws.com"])],  # fmt: skip
+                        conditions=[
+                            (
+                                "StringEquals",
+                                "kms:ViaService",
+                                [f"s3.{props.primary_region}.amazonaws.com"],
+                            )
+                        ],
                     ),
                     statement(
                         "EncryptReplicas",
                         actions=["kms:Encrypt", "kms:GenerateDataKey"],
                         resources=[replica_key],
-                        conditions=[("StringEquals", "kms:ViaService",
-                                     [f"s3.{props.replica_region}.amazonaws.com"])],  # fmt: skip
+                        conditions=[
+                            (
+                                "StringEquals",
+                                "kms:ViaService",
+                                [f"s3.{props.replica_region}.amazonaws.com"],
+                            )
+                        ],
                     ),
                 ],
             ),

@@ -12,9 +12,10 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 
+from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+
 from spotrain.catalog_schema import run_key
 from spotrain.cdk import Construct, TerraformResourceLifecycle, aws
-from spotrain.constructs.policy import assume_role_policy, policy_document, statement
 from spotrain.errors import raise_if_problems
 
 
@@ -65,7 +66,9 @@ class SpotFleetProps:
             problems.append("instance_types needs at least two types so spot can choose a pool")
         if self.on_demand_base_capacity < 1:
             problems.append("on_demand_base_capacity must be at least 1 (the coordinator)")
-        if not (self.on_demand_base_capacity <= self.min_size <= self.desired_size <= self.max_size):
+        if not (
+            self.on_demand_base_capacity <= self.min_size <= self.desired_size <= self.max_size
+        ):
             problems.append(
                 "sizes must satisfy on_demand_base_capacity <= min <= desired <= max, got "
                 f"{self.on_demand_base_capacity} <= {self.min_size} <= {self.desired_size} "
@@ -108,17 +111,25 @@ class SpotFleet(Construct):
             ingress=[
                 sg.SecurityGroupIngress(
                     description="Collectives and rendezvous between ranks of the fleet",
-                    from_port=0, to_port=0, protocol="-1", self_attribute=True,
-                )  # fmt: skip
+                    from_port=0,
+                    to_port=0,
+                    protocol="-1",
+                    self_attribute=True,
+                )
             ],
             egress=[
                 sg.SecurityGroupEgress(
                     description="Collectives and rendezvous between ranks of the fleet",
-                    from_port=0, to_port=0, protocol="-1", self_attribute=True,
+                    from_port=0,
+                    to_port=0,
+                    protocol="-1",
+                    self_attribute=True,
                 ),
                 sg.SecurityGroupEgress(
                     description="HTTPS to S3 and DynamoDB through the gateway endpoints",
-                    from_port=443, to_port=443, protocol="tcp",
+                    from_port=443,
+                    to_port=443,
+                    protocol="tcp",
                     prefix_list_ids=[
                         self._prefix_list("S3PrefixList", f"com.amazonaws.{props.region}.s3"),
                         self._prefix_list(
@@ -126,7 +137,7 @@ class SpotFleet(Construct):
                         ),
                     ],
                 ),
-            ],  # fmt: skip
+            ],
         )
         self.role = aws.iam_role.IamRole(
             self,
@@ -153,8 +164,13 @@ class SpotFleet(Construct):
                     ),
                     statement(
                         "ReadWriteRunCheckpoints",
-                        actions=["s3:GetObject", "s3:PutObject", "s3:DeleteObject",
-                                 "s3:AbortMultipartUpload", "s3:ListMultipartUploadParts"],  # fmt: skip
+                        actions=[
+                            "s3:GetObject",
+                            "s3:PutObject",
+                            "s3:DeleteObject",
+                            "s3:AbortMultipartUpload",
+                            "s3:ListMultipartUploadParts",
+                        ],
                         resources=[f"{props.checkpoint_bucket_arn}/{run_prefix}/*"],
                     ),
                     statement(
@@ -164,13 +180,21 @@ class SpotFleet(Construct):
                     ),
                     statement(
                         "RunCatalogItems",
-                        actions=["dynamodb:GetItem", "dynamodb:PutItem", "dynamodb:UpdateItem",
-                                 "dynamodb:Query", "dynamodb:ConditionCheckItem"],  # fmt: skip
+                        actions=[
+                            "dynamodb:GetItem",
+                            "dynamodb:PutItem",
+                            "dynamodb:UpdateItem",
+                            "dynamodb:Query",
+                            "dynamodb:ConditionCheckItem",
+                        ],
                         resources=[props.catalog_table_arn, f"{props.catalog_table_arn}/index/*"],
                         conditions=[
-                            ("ForAllValues:StringEquals", "dynamodb:LeadingKeys",
-                             [run_key(props.run_name)]),
-                        ],  # fmt: skip
+                            (
+                                "ForAllValues:StringEquals",
+                                "dynamodb:LeadingKeys",
+                                [run_key(props.run_name)],
+                            ),
+                        ],
                     ),
                     statement(
                         "UseDataKeys",

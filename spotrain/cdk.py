@@ -21,7 +21,7 @@ from types import ModuleType
 # project runs on; the runtime starts on the first cdktf import below, so this must come first.
 os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "20")
 
-from cdktf import (  # noqa: E402
+from cdktf import (
     App,
     AssetType,
     Fn,
@@ -32,7 +32,8 @@ from cdktf import (  # noqa: E402
     TerraformStack,
     Testing,
 )
-from constructs import Construct  # noqa: E402
+
+from constructs import Construct
 
 PROVIDER_PACKAGE = "cdktf_cdktf_provider_aws"
 

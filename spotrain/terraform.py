@@ -45,6 +45,7 @@ def find_provider_mirror() -> Path | None:
 
 def write_cli_config(directory: Path) -> Path:
     """A Terraform CLI configuration that installs aws from the mirror when there is one."""
+    directory = directory.resolve()  # terraform runs inside each stack's folder
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / "terraform.rc"
     mirror = find_provider_mirror()
@@ -54,17 +55,20 @@ def write_cli_config(directory: Path) -> Path:
     if mirror is not None:
         lines += [
             "provider_installation {",
-            f'  filesystem_mirror {{\n    path    = "{mirror}"\n    include = ["{PROVIDER_SOURCE}"]\n  }}',
-            f'  direct {{\n    exclude = ["{PROVIDER_SOURCE}"]\n  }}',
+            "  filesystem_mirror {",
+            f'    path    = "{mirror}"',
+            f'    include = ["{PROVIDER_SOURCE}"]',
+            "  }",
+            "  direct {",
+            f'    exclude = ["{PROVIDER_SOURCE}"]',
+            "  }",
             "}",
         ]
     path.write_text("\n".join(lines) + "\n")
     return path
 
 
-def terraform_env(
-    cli_config: Path, extra: Mapping[str, str] | None = None
-) -> dict[str, str]:
+def terraform_env(cli_config: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = dict(os.environ)
     env.update(
         {

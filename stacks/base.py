@@ -4,14 +4,27 @@ from __future__ import annotations
 
 from typing import Any
 
-from spotrain.cdk import Construct, S3Backend, TerraformStack, aws
 from spotrain.stacks.config import EnvironmentConfig
+
+from spotrain.cdk import Construct, S3Backend, TerraformStack, aws
 
 # Services the blueprint calls; on the local cloud each is pointed at the emulator.
 LOCAL_ENDPOINT_SERVICES = (
-    "autoscaling", "budgets", "dynamodb", "ec2", "events", "iam", "kms", "lambda_", "logs",
-    "s3", "sns", "sqs", "ssm", "sts",
-)  # fmt: skip
+    "autoscaling",
+    "budgets",
+    "dynamodb",
+    "ec2",
+    "events",
+    "iam",
+    "kms",
+    "lambda_",
+    "logs",
+    "s3",
+    "sns",
+    "sqs",
+    "ssm",
+    "sts",
+)
 # The emulator answers quickly or not at all: retrying for minutes only hides a gap.
 LOCAL_MAX_RETRIES = 2
 

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from spotrain.cdk import Construct
 from spotrain.constructs.budget_alerts import BudgetAlerts, BudgetAlertsProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
+
+from spotrain.cdk import Construct, TerraformOutput
 
 
 class BudgetStack(EnvironmentStack):
@@ -36,3 +37,5 @@ class BudgetStack(EnvironmentStack):
                 account_id=self.account_id,
             ),
         )
+        TerraformOutput(self, "budget", value=self.alerts.budget.name)
+        TerraformOutput(self, "alert_topic", value=self.alerts.topic.arn)

@@ -7,8 +7,6 @@ so Terraform would wait forever.
 
 from __future__ import annotations
 
-from spotrain import catalog_schema as schema
-from spotrain.cdk import Construct
 from spotrain.constructs.catalog_table import (
     CatalogTable,
     CatalogTableProps,
@@ -18,12 +16,19 @@ from spotrain.constructs.catalog_table import (
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
 
+from spotrain import catalog_schema as schema
+from spotrain.cdk import Construct, TerraformOutput
+
 
 class CatalogStack(EnvironmentStack):
     def __init__(
-        self, scope: Construct, *, config: EnvironmentConfig, primary_key_arn: str,
+        self,
+        scope: Construct,
+        *,
+        config: EnvironmentConfig,
+        primary_key_arn: str,
         replica_key_arn: str,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__(scope, "catalog", config=config)
         replicas = (
             ()
@@ -65,3 +70,5 @@ class CatalogStack(EnvironmentStack):
                 deletion_protection=not config.is_local,
             ),
         )
+        TerraformOutput(self, "checkpoint_catalog_table", value=self.checkpoints.name)
+        TerraformOutput(self, "events_table", value=self.events.name)

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from spotrain.cdk import Construct
 from spotrain.constructs.private_network import PrivateNetwork, PrivateNetworkProps
 from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
+
+from spotrain.cdk import Construct, TerraformOutput
 
 
 def image_parameter_name(environment: str) -> str:
@@ -68,3 +69,6 @@ class ComputeStack(EnvironmentStack):
                 emulator_drift_tolerance=config.is_local,
             ),
         )
+        TerraformOutput(self, "fleet_group", value=self.fleet.group.name)
+        TerraformOutput(self, "launch_template", value=self.fleet.launch_template.id)
+        TerraformOutput(self, "vpc", value=self.network.vpc.id)

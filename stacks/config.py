@@ -1,8 +1,8 @@
 """Per-environment configuration: one validated, frozen object per environment.
 
 `EnvironmentConfig` is checked as a whole when it is built: every problem is collected and
-raised once, as a `spotrain.errors.ConfigError` whose message lists each problem with its fix, before any
-construct is created.
+raised once, as a `spotrain.errors.ConfigError` whose message lists each problem with its fix,
+before any construct is created.
 """
 
 from __future__ import annotations
@@ -17,15 +17,30 @@ from spotrain.errors import raise_if_problems
 # Commercial regions that offer GPU instances and the services the blueprint uses.
 KNOWN_REGIONS = frozenset(
     {
-        "us-east-1", "us-east-2", "us-west-1", "us-west-2",
-        "ca-central-1", "sa-east-1",
-        "eu-west-1", "eu-west-2", "eu-west-3", "eu-central-1", "eu-central-2",
-        "eu-north-1", "eu-south-1", "eu-south-2",
-        "ap-northeast-1", "ap-northeast-2", "ap-northeast-3",
-        "ap-southeast-1", "ap-southeast-2", "ap-south-1",
-        "me-central-1", "il-central-1",
+        "us-east-1",
+        "us-east-2",
+        "us-west-1",
+        "us-west-2",
+        "ca-central-1",
+        "sa-east-1",
+        "eu-west-1",
+        "eu-west-2",
+        "eu-west-3",
+        "eu-central-1",
+        "eu-central-2",
+        "eu-north-1",
+        "eu-south-1",
+        "eu-south-2",
+        "ap-northeast-1",
+        "ap-northeast-2",
+        "ap-northeast-3",
+        "ap-southeast-1",
+        "ap-southeast-2",
+        "ap-south-1",
+        "me-central-1",
+        "il-central-1",
     }
-)  # fmt: skip
+)
 
 _ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{1,14}$")
 _BUCKET_PREFIX = re.compile(r"^[a-z0-9][a-z0-9-]{2,38}[a-z0-9]$")
@@ -33,7 +48,7 @@ _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 _RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _TAG_KEY = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
-_LOOPBACK_ENDPOINT = re.compile(r"^http://(127\.\d+\.\d+\.\d+|localhost):\d{1,5}$")
+_LOOPBACK_ENDPOINT = re.compile(r"^https://(127\.\d+\.\d+\.\d+|localhost):\d{1,5}$")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,7 +56,7 @@ class LocalCloud:
     """Marks an environment as the local cloud: every AWS client points at `endpoint`."""
 
     endpoint: str
-    """Loopback URL of the local AWS emulator, e.g. http://127.0.0.1:4566."""
+    """Loopback HTTPS URL of the local AWS emulator, e.g. https://127.0.0.1:4566."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -113,15 +128,17 @@ class EnvironmentConfig:
     def stack_name(self, part: str) -> str:
         return f"{self.name}-{part}"
 
-    def _problems(self) -> list[str]:  # noqa: C901 - one flat list of independent checks
+    def _problems(self) -> list[str]:
         problems: list[str] = []
         if not _ENV_NAME.match(self.name):
             problems.append(
                 f"name {self.name!r} is not a valid environment name: use 2-15 lowercase "
                 "letters, digits or '-', starting with a letter (e.g. 'dev')"
             )
-        for label, region in (("primary_region", self.primary_region),
-                              ("replica_region", self.replica_region)):  # fmt: skip
+        for label, region in (
+            ("primary_region", self.primary_region),
+            ("replica_region", self.replica_region),
+        ):
             if region not in KNOWN_REGIONS:
                 problems.append(
                     f"{label} {region!r} is not a known AWS region: use one of "
@@ -161,13 +178,17 @@ class EnvironmentConfig:
                 f"(e.g. '{self.primary_region}a')"
             )
         for zone in self.availability_zones:
-            if not (zone.startswith(self.primary_region) and len(zone) == len(self.primary_region) + 1):
+            if not (
+                zone.startswith(self.primary_region) and len(zone) == len(self.primary_region) + 1
+            ):
                 problems.append(
                     f"availability zone {zone!r} is not a zone of primary_region "
                     f"{self.primary_region!r}: use e.g. '{self.primary_region}a'"
                 )
         if len(self.availability_zones) > 16:
-            problems.append("availability_zones names more than 16 zones: the VPC has 16 /20 slices")
+            problems.append(
+                "availability_zones names more than 16 zones: the VPC has 16 /20 slices"
+            )
         if not self.vpc_cidr.endswith("/16"):
             problems.append(f"vpc_cidr {self.vpc_cidr!r} must be a /16, e.g. '10.40.0.0/16'")
         if self.on_demand_base_capacity < 1:
@@ -212,8 +233,8 @@ class EnvironmentConfig:
             )
         if self.local is not None and not _LOOPBACK_ENDPOINT.match(self.local.endpoint):
             problems.append(
-                f"local endpoint {self.local.endpoint!r} is not a loopback URL: use "
-                "http://127.0.0.1:<port> (the address `spotrain local up` prints)"
+                f"local endpoint {self.local.endpoint!r} is not a loopback HTTPS URL: use "
+                "https://127.0.0.1:<port> (the address `spotrain local up` prints)"
             )
         if self.local is None and self.state is None:
             problems.append(

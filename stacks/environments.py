@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from spotrain.stacks.config import EnvironmentConfig, LocalCloud, StateBackend
 
-DEFAULT_LOCAL_ENDPOINT = "http://127.0.0.1:4566"
+DEFAULT_LOCAL_ENDPOINT = "https://127.0.0.1:4566"
 LOCAL_STATE_BUCKET = "spotrain-local-terraform-state"
 LOCAL_REGION = "us-east-1"
 

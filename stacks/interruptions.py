@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from spotrain.cdk import Construct
 from spotrain.constructs.interruption_handler.construct import (
     InterruptionHandler,
     InterruptionHandlerProps,
@@ -10,12 +9,19 @@ from spotrain.constructs.interruption_handler.construct import (
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
 
+from spotrain.cdk import Construct, TerraformOutput
+
 
 class InterruptionsStack(EnvironmentStack):
     def __init__(
-        self, scope: Construct, *, config: EnvironmentConfig, primary_key_arn: str,
-        events_table_arn: str, events_table_name: str,
-    ) -> None:  # fmt: skip
+        self,
+        scope: Construct,
+        *,
+        config: EnvironmentConfig,
+        primary_key_arn: str,
+        events_table_arn: str,
+        events_table_name: str,
+    ) -> None:
         super().__init__(scope, "interruptions", config=config)
         self.handler = InterruptionHandler(
             self,
@@ -30,3 +36,5 @@ class InterruptionsStack(EnvironmentStack):
                 emulator_drift_tolerance=config.is_local,
             ),
         )
+        TerraformOutput(self, "handler_function", value=self.handler.function.function_name)
+        TerraformOutput(self, "dead_letter_queue", value=self.handler.dead_letter_queue.url)

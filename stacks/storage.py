@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from spotrain.cdk import Construct
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
 from spotrain.constructs.replicated_bucket_pair import (
@@ -11,6 +10,8 @@ from spotrain.constructs.replicated_bucket_pair import (
 )
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
+
+from spotrain.cdk import Construct, TerraformOutput
 
 
 class StorageStack(EnvironmentStack):
@@ -28,7 +29,7 @@ class StorageStack(EnvironmentStack):
                 f"{label}Key",
                 props=EncryptionKeyProps(
                     alias=f"spotrain-{config.name}-data-{region}",
-                    description=f"spotrain {config.name}: checkpoints, catalog and logs in {region}",
+                    description=f"spotrain {config.name}: checkpoints, catalog, logs in {region}",
                     account_id=self.account_id,
                     region=region,
                     service_principals=(f"logs.{region}.amazonaws.com",),
@@ -56,7 +57,7 @@ class StorageStack(EnvironmentStack):
                 bucket_name=f"{config.bucket_prefix}-checkpoints-{region}",
                 account_id=self.account_id,
                 kms_key_arn=keys[label].arn,
-                access_log_bucket=log_buckets[label].name,
+                access_log_bucket=log_buckets[label].log_target_name,
                 noncurrent_version_expiration_days=config.noncurrent_version_expiration_days,
                 force_destroy=config.is_local,
                 provider=provider,
@@ -76,3 +77,7 @@ class StorageStack(EnvironmentStack):
                 emulator_drift_tolerance=config.is_local,
             ),
         )
+        TerraformOutput(self, "checkpoint_bucket", value=self.checkpoints.primary.name)
+        TerraformOutput(self, "replica_bucket", value=self.checkpoints.replica.name)
+        TerraformOutput(self, "primary_key_alias", value=keys["Primary"].alias.name)
+        TerraformOutput(self, "replica_key_alias", value=keys["Replica"].alias.name)

@@ -18,10 +18,11 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-import spotrain.catalog_schema
-from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
 from spotrain.constructs.interruption_handler import handler as handler_module
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+
+import spotrain.catalog_schema
+from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
 from spotrain.errors import raise_if_problems
 
 HANDLED_EVENTS = {
@@ -110,20 +111,35 @@ class InterruptionHandler(Construct):
                 self,
                 "PolicyDocument",
                 [
-                    statement("WriteOwnLogs", actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                              resources=[f"{log_group.arn}:*"]),  # fmt: skip
-                    statement("RecordEvents", actions=["dynamodb:PutItem"],
-                              resources=[props.events_table_arn]),  # fmt: skip
-                    statement("DeadLetter", actions=["sqs:SendMessage"],
-                              resources=[self.dead_letter_queue.arn]),  # fmt: skip
-                    statement("UseKey", actions=["kms:Decrypt", "kms:GenerateDataKey"],
-                              resources=[props.kms_key_arn]),  # fmt: skip
+                    statement(
+                        "WriteOwnLogs",
+                        actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                        resources=[f"{log_group.arn}:*"],
+                    ),
+                    statement(
+                        "RecordEvents",
+                        actions=["dynamodb:PutItem"],
+                        resources=[props.events_table_arn],
+                    ),
+                    statement(
+                        "DeadLetter",
+                        actions=["sqs:SendMessage"],
+                        resources=[self.dead_letter_queue.arn],
+                    ),
+                    statement(
+                        "UseKey",
+                        actions=["kms:Decrypt", "kms:GenerateDataKey"],
+                        resources=[props.kms_key_arn],
+                    ),
                     # Describe and X-Ray calls do not support resource-level permissions.
-                    statement("LookUpInstancePool", actions=["ec2:DescribeInstances"],
-                              resources=["*"]),  # fmt: skip
-                    statement("Trace", actions=["xray:PutTraceSegments",
-                                                "xray:PutTelemetryRecords"],
-                              resources=["*"]),  # fmt: skip
+                    statement(
+                        "LookUpInstancePool", actions=["ec2:DescribeInstances"], resources=["*"]
+                    ),
+                    statement(
+                        "Trace",
+                        actions=["xray:PutTraceSegments", "xray:PutTelemetryRecords"],
+                        resources=["*"],
+                    ),
                 ],
             ),
         )
@@ -200,8 +216,9 @@ class InterruptionHandler(Construct):
                         actions=["sqs:SendMessage"],
                         resources=[self.dead_letter_queue.arn],
                         principals={"Service": ["events.amazonaws.com"]},
-                        conditions=[("ArnEquals", "aws:SourceArn",
-                                     [r.arn for r in self.rules.values()])],  # fmt: skip
+                        conditions=[
+                            ("ArnEquals", "aws:SourceArn", [r.arn for r in self.rules.values()])
+                        ],
                     ),
                     statement(
                         "DenyInsecureTransport",

@@ -57,7 +57,9 @@ def parse(event: dict[str, Any]) -> dict[str, str]:
         "region": event.get("region"),
         "instance_id": detail.get("instance-id") if isinstance(detail, dict) else None,
     }
-    missing = sorted(name for name, value in fields.items() if not isinstance(value, str) or not value)
+    missing = sorted(
+        name for name, value in fields.items() if not isinstance(value, str) or not value
+    )
     if missing:
         raise UnhandledEvent(f"event lacks {', '.join(missing)}")
     datetime.fromisoformat(fields["time"].replace("Z", "+00:00"))  # rejects a malformed time
@@ -107,6 +109,10 @@ def handle(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
     recorded = record(
         table, boto3.client("ec2"), fields, int(os.environ.get("EVENT_RETENTION_DAYS", "90"))
     )
-    log.info("%s %s for %s", "recorded" if recorded else "duplicate", fields["kind"],
-             fields["instance_id"])  # fmt: skip
+    log.info(
+        "%s %s for %s",
+        "recorded" if recorded else "duplicate",
+        fields["kind"],
+        fields["instance_id"],
+    )
     return {"recorded": recorded, "event_id": fields["event_id"]}

@@ -1,0 +1,59 @@
+# spotrain: `make local` deploys the blueprint to the local cloud; `make test` runs every test.
+# Both install what they need first (pinned), into .venv, .venv-checkov and node_modules.
+
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+
+# Keep tools from calling home; silence jsii's banner for the node this project runs on.
+export CHECKPOINT_DISABLE := 1
+export BC_SKIP_MAPPING := TRUE
+export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+
+.PHONY: setup prerequisites local down test test-fast lint scan clean
+
+setup: prerequisites $(VENV)/.installed .venv-checkov/.installed node_modules/.installed
+
+prerequisites:
+	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || \
+	  { echo "spotrain needs Python 3.11: install it or run make PYTHON=python3.11"; exit 1; }
+	@command -v terraform >/dev/null || \
+	  { echo "terraform is not on PATH: install Terraform 1.6+ (https://developer.hashicorp.com/terraform/install)"; exit 1; }
+	@command -v npm >/dev/null || { echo "npm is not on PATH: install Node.js 20+"; exit 1; }
+
+$(VENV)/.installed: pyproject.toml constraints.txt
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	touch $@
+
+# checkov pins an older boto3 than the project, so it gets a tool environment of its own.
+.venv-checkov/.installed: constraints-checkov.txt
+	$(PYTHON) -m venv .venv-checkov
+	.venv-checkov/bin/pip install --quiet --disable-pip-version-check -c constraints-checkov.txt checkov==3.3.30
+	touch $@
+
+node_modules/.installed: package.json package-lock.json
+	npm ci --no-audit --no-fund --loglevel=error
+	touch $@
+
+local: setup
+	$(VENV)/bin/spotrain deploy local
+
+down: setup
+	$(VENV)/bin/spotrain local down
+
+test: setup
+	$(VENV)/bin/pytest
+
+test-fast: setup
+	$(VENV)/bin/pytest -m "not integration and not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+scan: setup
+	$(VENV)/bin/spotrain scan --synth
+
+clean:
+	rm -rf cdktf.out .spotrain .pytest_cache .ruff_cache

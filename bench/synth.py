@@ -1,0 +1,69 @@
+"""Synthesis time of all environments, in a fresh process as `spotrain synth` runs it, with
+the seam's lazy provider loading vs importing the whole provider package first.
+
+    .venv/bin/python bench/synth.py            # writes bench/synth.md
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+RUNS = 3
+CODE = """
+{preload}
+import pathlib, sys
+from spotrain import deploy
+deploy.synth(pathlib.Path(sys.argv[1]))
+"""
+
+
+def timed(preload: str) -> float:
+    with tempfile.TemporaryDirectory() as out:
+        started = time.perf_counter()
+        subprocess.run(
+            [sys.executable, "-c", CODE.format(preload=preload), f"{out}/cdktf.out"],
+            check=True,
+            capture_output=True,
+        )
+        return time.perf_counter() - started
+
+
+def main() -> None:
+    rows = []
+    for label, preload in (
+        ("lazy (spotrain.cdk seam)", ""),
+        ("whole provider package", "import cdktf_cdktf_provider_aws"),
+    ):
+        times = [timed(preload) for _ in range(RUNS)]
+        rows.append((label, statistics.median(times), min(times), max(times)))
+    lazy = rows[0][1]
+    lines = [
+        "# Synthesis time: all environments (15 stacks), fresh process",
+        "",
+        f"Command: `.venv/bin/python bench/synth.py` ({RUNS} runs each, interleaved by kind)",
+        f"Machine: {platform.machine()}, {os.cpu_count()} cores, "
+        f"Python {platform.python_version()}, {platform.system()} {platform.release()}",
+        "",
+        "| provider loading | median s | min s | max s | ratio to lazy |",
+        "|---|---|---|---|---|",
+        *[
+            f"| {label} | {median:.1f} | {low:.1f} | {high:.1f} | {median / lazy:.1f}x |"
+            for label, median, low, high in rows
+        ],
+        "",
+        "Target: under 15 s for every environment.",
+    ]
+    path = Path(__file__).with_name("synth.md")
+    path.write_text("\n".join(lines) + "\n")
+    print(path.read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,172 @@
+"""`spotrain`: the command line.
+
+spotrain local up|down|status     the local cloud (AWS emulator on loopback)
+spotrain synth                    synthesize every environment into cdktf.out/
+spotrain deploy ENV               apply ENV's stacks (local starts the local cloud)
+spotrain plan ENV                 show whether ENV's stacks would change
+spotrain destroy ENV              destroy ENV's stacks
+spotrain scan                     checkov over every synthesized stack, reasoned skips only
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+from spotrain.errors import SpotrainError
+from spotrain.localcloud import control
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    if args.action == "up":
+        cloud = control.up(port=args.port)
+        _say(f"local cloud running at {cloud.endpoint} (pid {cloud.pid}, log {cloud.log})")
+        _say(
+            f"use it with: export AWS_ENDPOINT_URL={cloud.endpoint} "
+            f"AWS_CA_BUNDLE={cloud.ca_bundle} AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local"
+        )
+    elif args.action == "down":
+        _say("local cloud stopped" if control.down() else "local cloud was not running")
+    else:
+        cloud = control.status()
+        if cloud is None:
+            _say("local cloud is not running (start it with `spotrain local up`)")
+            return 1
+        _say(f"local cloud running at {cloud.endpoint} (pid {cloud.pid})")
+    return 0
+
+
+def _deployment(env_name: str, outdir: Path, *, start_local: bool):  # type: ignore[no-untyped-def]
+    from spotrain import deploy
+
+    config = deploy.environment(env_name)
+    if config.is_local:
+        cloud = control.up() if start_local else control.require()
+        _say(f"local cloud at {cloud.endpoint}")
+        config = deploy.local_environment_ready(cloud.endpoint)
+        endpoint = cloud.endpoint
+    else:
+        endpoint = deploy.resolve_local_endpoint()
+    started = time.monotonic()
+    deploy.synth(outdir, local_endpoint=endpoint)
+    _say(f"synthesized {outdir}/ in {time.monotonic() - started:.1f}s")
+    return deploy.Deployment(config=config, outdir=outdir, log=_say)
+
+
+def cmd_synth(args: argparse.Namespace) -> int:
+    from spotrain import deploy
+
+    started = time.monotonic()
+    out = deploy.synth(Path(args.out), local_endpoint=deploy.resolve_local_endpoint())
+    stacks = sorted(p.name for p in (out / "stacks").iterdir())
+    _say(f"synthesized {len(stacks)} stacks into {out}/ in {time.monotonic() - started:.1f}s:")
+    for name in stacks:
+        _say(f"  {name}")
+    return 0
+
+
+def cmd_deploy(args: argparse.Namespace) -> int:
+    deployment = _deployment(args.env, Path(args.out), start_local=True)
+    started = time.monotonic()
+    results = deployment.apply()
+    _say(
+        f"\n{args.env}: {sum(len(r.resources) for r in results)} resources in "
+        f"{len(results)} stacks, applied in {time.monotonic() - started:.0f}s"
+    )
+    for result in results:
+        _say(f"\n{result.name} ({len(result.resources)} resources)")
+        for key, value in sorted(result.outputs.items()):
+            _say(f"  {key:<28} {value}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    deployment = _deployment(args.env, Path(args.out), start_local=False)
+    changes = deployment.plan_has_changes()
+    for name, changed in changes.items():
+        _say(f"{name}: {'changes' if changed else 'no changes'}")
+    return 2 if any(changes.values()) else 0
+
+
+def cmd_destroy(args: argparse.Namespace) -> int:
+    deployment = _deployment(args.env, Path(args.out), start_local=False)
+    deployment.destroy()
+    _say(f"{args.env}: destroyed")
+    return 0
+
+
+def cmd_scan(args: argparse.Namespace) -> int:
+    from spotrain import deploy, scan
+
+    out = Path(args.out)
+    if not (out / "stacks").exists() or args.synth:
+        deploy.synth(out, local_endpoint=deploy.resolve_local_endpoint())
+    report = scan.scan(out / "stacks")
+    _say(
+        f"checkov: {report.passed} passed, {len(report.findings)} findings, "
+        f"{len(report.explained)} explained by checkov-skips.yaml"
+    )
+    for finding in report.unexplained:
+        _say(f"  FAILED {finding.check_id} {finding.stack}: {finding.resource}")
+    for skip_id in report.unused_skips:
+        _say(f"  STALE  {skip_id}: matches no finding; remove it from checkov-skips.yaml")
+    return 0 if report.ok else 1
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="spotrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    commands = root.add_subparsers(dest="command", required=True)
+
+    local = commands.add_parser("local", help="start, stop or inspect the local cloud")
+    local.add_argument("action", choices=["up", "down", "status"], help="what to do")
+    local.add_argument(
+        "--port",
+        type=int,
+        default=control.DEFAULT_PORT,
+        help="loopback port for `up` (0 picks a free one)",
+    )
+    local.set_defaults(run=cmd_local)
+
+    synth = commands.add_parser("synth", help="synthesize every environment")
+    synth.add_argument("--out", default="cdktf.out", help="output folder")
+    synth.set_defaults(run=cmd_synth)
+
+    scan = commands.add_parser("scan", help="checkov over the synthesized stacks")
+    scan.add_argument("--out", default="cdktf.out", help="synthesis folder")
+    scan.add_argument("--synth", action="store_true", help="synthesize first even if present")
+    scan.set_defaults(run=cmd_scan)
+
+    for name, run, text in (
+        ("deploy", cmd_deploy, "apply an environment's stacks"),
+        ("plan", cmd_plan, "show whether an environment's stacks would change (exit 2 if so)"),
+        ("destroy", cmd_destroy, "destroy an environment's stacks"),
+    ):
+        command = commands.add_parser(name, help=text)
+        command.add_argument("env", help="environment name: local, dev, prod")
+        command.add_argument("--out", default="cdktf.out", help="synthesis folder")
+        command.set_defaults(run=run)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.run(args))
+    except SpotrainError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,154 @@
+"""Synthesize the blueprint and drive Terraform over one environment's stacks, in dependency
+order (the same order `cdktf deploy '<env>-*'` uses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spotrain.stacks.config import EnvironmentConfig
+from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
+
+from spotrain import terraform
+from spotrain.errors import ConfigError
+from spotrain.localcloud import control
+
+DEFAULT_OUTDIR = Path("cdktf.out")
+
+
+def environments(local_endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> dict[str, EnvironmentConfig]:
+    return {c.name: c for c in all_environments(local_endpoint=local_endpoint)}
+
+
+def environment(name: str, local_endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> EnvironmentConfig:
+    known = environments(local_endpoint)
+    if name not in known:
+        raise ConfigError(
+            f"environment {name!r}", [f"it is not defined: choose one of {', '.join(known)}"]
+        )
+    return known[name]
+
+
+def synth(outdir: Path = DEFAULT_OUTDIR, local_endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> Path:
+    """Synthesize every environment into `outdir` (replacing what was there)."""
+    from spotrain.stacks.app import build_app
+
+    if outdir.exists():
+        shutil.rmtree(outdir)
+    build_app(all_environments(local_endpoint=local_endpoint), outdir=str(outdir)).synth()
+    return outdir
+
+
+@dataclass
+class StackResult:
+    name: str
+    resources: list[str] = field(default_factory=list)
+    outputs: dict[str, object] = field(default_factory=dict)
+
+
+@dataclass
+class Deployment:
+    """Terraform over one environment's synthesized stacks."""
+
+    config: EnvironmentConfig
+    outdir: Path = DEFAULT_OUTDIR
+    log: Callable[[str], None] = print
+    _env: dict[str, str] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        cli_config = terraform.write_cli_config(self.outdir.parent / ".spotrain" / "terraform")
+        extra = {}
+        if self.config.local is not None:
+            extra = control.aws_environment(self.config.local.endpoint, self.config.primary_region)
+        self._env = terraform.terraform_env(cli_config, extra)
+        if self.config.local is not None:
+            # A real profile must never be used against the local cloud, or vice versa.
+            self._env.pop("AWS_PROFILE", None)
+
+    @property
+    def stacks(self) -> list[str]:
+        return terraform.stacks_in_order(self.outdir, f"{self.config.name}-*")
+
+    def stack_dir(self, name: str) -> Path:
+        return self.outdir / "stacks" / name
+
+    def init(self, name: str) -> None:
+        lock = self.stack_dir(name) / ".terraform.lock.hcl"
+        if not (self.stack_dir(name) / ".terraform").exists() or not lock.exists():
+            self._tf(name, ["init", "-input=false", "-no-color", "-reconfigure"])
+
+    def apply(self) -> list[StackResult]:
+        results = []
+        for name in self.stacks:
+            self.log(f"==> {name}: apply")
+            self.init(name)
+            self._tf(name, ["apply", "-auto-approve", "-input=false", "-no-color"])
+            results.append(self.describe(name))
+        return results
+
+    def plan_has_changes(self) -> dict[str, bool]:
+        """Per stack: does `terraform plan` want to change anything?"""
+        changes = {}
+        for name in self.stacks:
+            self.init(name)
+            try:
+                self._tf(
+                    name, ["plan", "-detailed-exitcode", "-input=false", "-no-color", "-lock=false"]
+                )
+                changes[name] = False
+            except terraform.TerraformError as error:
+                if "(exit 2)" not in str(error):
+                    raise
+                changes[name] = True
+        return changes
+
+    def destroy(self) -> None:
+        for name in reversed(self.stacks):
+            self.log(f"==> {name}: destroy")
+            self.init(name)
+            self._tf(name, ["destroy", "-auto-approve", "-input=false", "-no-color"])
+
+    def describe(self, name: str) -> StackResult:
+        listed = self._tf(name, ["state", "list"], capture=True).stdout.split()
+        raw = json.loads(self._tf(name, ["output", "-json"], capture=True).stdout or "{}")
+        return StackResult(
+            name=name,
+            resources=[r for r in listed if not r.startswith("data.")],
+            # cdktf's own cross-stack plumbing outputs are not for people.
+            outputs={
+                key: value["value"]
+                for key, value in raw.items()
+                if not key.startswith("cross-stack-output-")
+            },
+        )
+
+    def _tf(self, name: str, args: list[str], capture: bool = False):  # type: ignore[no-untyped-def]
+        return terraform.run(self.stack_dir(name), args, self._env, capture=capture)
+
+
+def local_environment_ready(endpoint: str) -> EnvironmentConfig:
+    """The `local` environment for a running local cloud, with its account prepared."""
+    from spotrain.stacks.compute import image_parameter_name
+
+    config = environment("local", local_endpoint=endpoint)
+    assert config.state is not None
+    control.prepare_account(
+        endpoint,
+        state_bucket=config.state.bucket,
+        region=config.state.region,
+        image_parameter=image_parameter_name(config.name),
+    )
+    return config
+
+
+def resolve_local_endpoint() -> str:
+    cloud = control.status()
+    return (
+        cloud.endpoint
+        if cloud
+        else os.environ.get("SPOTRAIN_LOCAL_ENDPOINT", DEFAULT_LOCAL_ENDPOINT)
+    )

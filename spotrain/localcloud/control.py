@@ -1,0 +1,244 @@
+"""Start, stop and inspect the local cloud, and prepare what real accounts already have.
+
+State lives in `<SPOTRAIN_HOME or .spotrain>/local/`: the server's pid, port and log.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from spotrain.errors import LocalCloudError
+from spotrain.localcloud.tls import create_certificates
+
+DEFAULT_PORT = 4566
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}
+READY_TIMEOUT_S = 60
+# Servers started by this process, kept so they are reaped on `down()` (tests start and stop
+# the cloud in one process; the CLI leaves it running on purpose).
+_started: dict[int, subprocess.Popen[bytes]] = {}
+
+
+@dataclass(frozen=True)
+class RunningCloud:
+    pid: int
+    port: int
+    endpoint: str
+    log: str
+    ca_bundle: str
+    """The authority that signed the server's certificate; clients trust it via AWS_CA_BUNDLE."""
+
+
+def state_dir() -> Path:
+    return Path(os.environ.get("SPOTRAIN_HOME", ".spotrain")) / "local"
+
+
+def aws_environment(endpoint: str, region: str) -> dict[str, str]:
+    """Environment for terraform and AWS clients talking to the local cloud."""
+    return {
+        **CREDENTIALS,
+        "AWS_CA_BUNDLE": str(ca_bundle()),
+        "AWS_REGION": region,
+        "AWS_DEFAULT_REGION": region,
+        "AWS_ENDPOINT_URL": endpoint,
+        # Never fall back to instance credentials (callers also drop AWS_PROFILE).
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+
+
+def ca_bundle() -> Path:
+    """Certificate authority of the local cloud started from this state directory."""
+    return state_dir() / "tls" / "ca.pem"
+
+
+def client(service: str, endpoint: str, region: str) -> Any:
+    import boto3
+    from botocore.config import Config
+
+    return boto3.client(
+        service,
+        endpoint_url=endpoint,
+        region_name=region,
+        verify=str(ca_bundle()),
+        aws_access_key_id=CREDENTIALS["AWS_ACCESS_KEY_ID"],
+        aws_secret_access_key=CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
+        config=Config(
+            retries={"max_attempts": 2, "mode": "standard"}, connect_timeout=5, read_timeout=60
+        ),
+    )
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _port_in_use(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _answers(endpoint: str) -> bool:
+    import ssl
+    import urllib.error
+    import urllib.request
+
+    # A bucket listing: cheap however much the cloud holds.
+    try:
+        context = ssl.create_default_context(cafile=str(ca_bundle()))
+        with urllib.request.urlopen(f"{endpoint}/", timeout=10, context=context) as response:
+            return bool(response.status == 200)
+    except urllib.error.HTTPError:
+        return True  # it answered
+    except OSError:
+        return False
+
+
+def status() -> RunningCloud | None:
+    """The running local cloud, or None. Forgets a cloud whose process has gone."""
+    path = state_dir() / "state.json"
+    if not path.exists():
+        return None
+    cloud = RunningCloud(**json.loads(path.read_text()))
+    if _alive(cloud.pid):
+        return cloud
+    path.unlink()
+    return None
+
+
+def up(port: int = DEFAULT_PORT) -> RunningCloud:
+    """Start the local cloud (or return the one already running)."""
+    running = status()
+    if running is not None:
+        return running
+    if port == 0:
+        port = _free_port()
+    elif _port_in_use(port):
+        raise LocalCloudError(
+            f"port {port} is already in use: stop what listens there, or start the local "
+            "cloud on a free port with `spotrain local up --port 0`"
+        )
+    directory = state_dir()
+    directory.mkdir(parents=True, exist_ok=True)
+    _, cert, key = create_certificates(directory / "tls")
+    log_path = directory / "server.log"
+    with log_path.open("ab") as log:
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "spotrain.localcloud.server",
+                "--port",
+                str(port),
+                "--cert",
+                str(cert),
+                "--key",
+                str(key),
+            ],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # outlives the command that started it
+        )
+    endpoint = f"https://127.0.0.1:{port}"
+    deadline = time.monotonic() + READY_TIMEOUT_S
+    while not _answers(endpoint):
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            tail = log_path.read_text(errors="replace")[-2000:]
+            raise LocalCloudError(
+                f"the local cloud did not start on port {port}; its log ({log_path}) ends:\n{tail}"
+            )
+        time.sleep(0.2)
+    _started[process.pid] = process
+    cloud = RunningCloud(
+        pid=process.pid, port=port, endpoint=endpoint, log=str(log_path), ca_bundle=str(ca_bundle())
+    )
+    (directory / "state.json").write_text(json.dumps(asdict(cloud)))
+    return cloud
+
+
+def down() -> bool:
+    """Stop the local cloud; False if none was running. Its contents are gone with it."""
+    path = state_dir() / "state.json"
+    if not path.exists():
+        return False
+    cloud = RunningCloud(**json.loads(path.read_text()))
+    path.unlink()
+    if not _alive(cloud.pid):
+        return False
+    os.kill(cloud.pid, signal.SIGTERM)
+    child = _started.pop(cloud.pid, None)
+    if child is not None:
+        try:
+            child.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            child.kill()
+            child.wait()
+        return True
+    deadline = time.monotonic() + 10
+    while _alive(cloud.pid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _alive(cloud.pid):
+        os.kill(cloud.pid, signal.SIGKILL)
+    return True
+
+
+def require() -> RunningCloud:
+    cloud = status()
+    if cloud is None:
+        raise LocalCloudError("the local cloud is not running: start it with `spotrain local up`")
+    return cloud
+
+
+def prepare_account(endpoint: str, *, state_bucket: str, region: str, image_parameter: str) -> None:
+    """What a real account has before the first deploy: the Terraform state bucket and the
+    image id parameter the image build writes. Idempotent."""
+    s3 = client("s3", endpoint, region)
+    existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
+    if state_bucket not in existing:
+        s3.create_bucket(Bucket=state_bucket)
+    s3.put_bucket_versioning(Bucket=state_bucket, VersioningConfiguration={"Status": "Enabled"})
+    s3.put_bucket_encryption(
+        Bucket=state_bucket,
+        ServerSideEncryptionConfiguration={
+            "Rules": [{"ApplyServerSideEncryptionByDefault": {"SSEAlgorithm": "AES256"}}]
+        },
+    )
+    s3.put_public_access_block(
+        Bucket=state_bucket,
+        PublicAccessBlockConfiguration={
+            "BlockPublicAcls": True,
+            "IgnorePublicAcls": True,
+            "BlockPublicPolicy": True,
+            "RestrictPublicBuckets": True,
+        },
+    )
+    ec2 = client("ec2", endpoint, region)
+    images = ec2.describe_images(Owners=["amazon"])["Images"]
+    if not images:
+        raise LocalCloudError("the local cloud offers no machine images; restart it")
+    image_id = sorted(image["ImageId"] for image in images)[0]
+    client("ssm", endpoint, region).put_parameter(
+        Name=image_parameter, Value=image_id, Type="String", Overwrite=True
+    )

@@ -1,0 +1,311 @@
+"""What the emulator lacks and spotrain needs, added faithfully to AWS's documented behaviour.
+
+- Budgets: DescribeSubscribersForNotification, CreateSubscriber, DeleteSubscriber,
+  ListTagsForResource, TagResource, UntagResource (moto answers HTTP 500 for these, and the
+  aws provider then retries for minutes).
+- S3 replication: moto stores replication configuration but never copies objects. Here every
+  new object in a bucket with enabled replication rules is copied to each matching rule's
+  destination bucket, re-encrypted with the rule's replica KMS key, and both copies report
+  `x-amz-replication-status` (COMPLETED on the source, REPLICA on the copy). Replication is
+  synchronous: the copy exists when the PUT returns.
+
+- S3 bucket policies: moto denies every request a Deny statement names, ignoring the
+  statement's conditions, so a TLS-only policy would refuse everything. Here object requests
+  are judged as AWS judges them: a Deny applies only when its conditions hold for the request
+  (aws:SecureTransport, s3:x-amz-server-side-encryption and its KMS key id), with AWS's rules
+  for absent keys (negated operators and ...IfExists hold; Null tests absence).
+
+`install()` patches moto in this process; the local cloud server calls it before it serves.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import threading
+from typing import Any
+
+_installed = False
+
+
+# --- Budgets ------------------------------------------------------------------------------
+def _budget_arn(account_id: str, budget_name: str) -> str:
+    return f"arn:aws:budgets::{account_id}:budget/{budget_name}"
+
+
+def _same_notification(stored: dict[str, Any], asked: dict[str, Any]) -> bool:
+    keys = ("NotificationType", "ComparisonOperator", "ThresholdType")
+    return all(stored.get(k) == asked.get(k) for k in keys) and float(
+        stored.get("Threshold", 0)
+    ) == float(asked.get("Threshold", 0))
+
+
+def _install_budgets() -> None:
+    from moto.budgets.exceptions import NotFoundException
+    from moto.budgets.models import BudgetsBackend
+    from moto.budgets.responses import BudgetsResponse
+
+    def tags_of(backend: BudgetsBackend) -> dict[str, dict[str, str]]:
+        if not hasattr(backend, "resource_tags"):
+            backend.resource_tags = {}  # type: ignore[attr-defined]
+        return backend.resource_tags  # type: ignore[attr-defined,no-any-return]
+
+    def requested_notification(response: BudgetsResponse) -> Any:
+        """The stored notification that the request's AccountId, BudgetName and Notification
+        name; NotFoundException as AWS answers when there is none."""
+        name = response._get_param("BudgetName")
+        budget = response.backend.budgets[response._get_param("AccountId")].get(name)
+        if budget is None:
+            raise NotFoundException(f"Unable to get budget: {name} - the budget doesn't exist.")
+        asked = response._get_param("Notification")
+        for notification in budget.notifications:
+            if _same_notification(notification.details, asked):
+                return notification
+        raise NotFoundException("Unable to find the notification for the budget.")
+
+    original_create_budget = BudgetsResponse.create_budget
+    original_delete_budget = BudgetsResponse.delete_budget
+
+    def create_budget(self: BudgetsResponse) -> str:
+        result = original_create_budget(self)
+        account, budget = self._get_param("AccountId"), self._get_param("Budget")
+        tags = {t["Key"]: t["Value"] for t in self._get_param("ResourceTags", [])}
+        tags_of(self.backend)[_budget_arn(account, budget["BudgetName"])] = tags
+        return result
+
+    def delete_budget(self: BudgetsResponse) -> str:
+        result = original_delete_budget(self)
+        arn = _budget_arn(self._get_param("AccountId"), self._get_param("BudgetName"))
+        tags_of(self.backend).pop(arn, None)
+        return result
+
+    def describe_subscribers_for_notification(self: BudgetsResponse) -> str:
+        notification = requested_notification(self)
+        return json.dumps({"Subscribers": list(notification.subscribers), "NextToken": None})
+
+    def create_subscriber(self: BudgetsResponse) -> str:
+        notification = requested_notification(self)
+        subscriber = self._get_param("Subscriber")
+        if subscriber not in notification.subscribers:
+            notification.subscribers = [*notification.subscribers, subscriber]
+        return json.dumps({})
+
+    def delete_subscriber(self: BudgetsResponse) -> str:
+        notification = requested_notification(self)
+        subscriber = self._get_param("Subscriber")
+        notification.subscribers = [s for s in notification.subscribers if s != subscriber]
+        return json.dumps({})
+
+    def list_tags_for_resource(self: BudgetsResponse) -> str:
+        tags = tags_of(self.backend).get(self._get_param("ResourceARN"), {})
+        return json.dumps(
+            {"ResourceTags": [{"Key": k, "Value": v} for k, v in sorted(tags.items())]}
+        )
+
+    def tag_resource(self: BudgetsResponse) -> str:
+        tags = tags_of(self.backend).setdefault(self._get_param("ResourceARN"), {})
+        tags.update({t["Key"]: t["Value"] for t in self._get_param("ResourceTags", [])})
+        return json.dumps({})
+
+    def untag_resource(self: BudgetsResponse) -> str:
+        tags = tags_of(self.backend).setdefault(self._get_param("ResourceARN"), {})
+        for key in self._get_param("ResourceTagKeys", []):
+            tags.pop(key, None)
+        return json.dumps({})
+
+    for function in (
+        create_budget,
+        delete_budget,
+        describe_subscribers_for_notification,
+        create_subscriber,
+        delete_subscriber,
+        list_tags_for_resource,
+        tag_resource,
+        untag_resource,
+    ):
+        setattr(BudgetsResponse, function.__name__, function)
+
+
+# --- S3 replication -----------------------------------------------------------------------
+def _matching_destinations(
+    replication: dict[str, Any] | None, key_name: str
+) -> list[dict[str, Any]]:
+    """Destinations of the enabled rules whose prefix filter matches, highest priority first
+    per destination bucket (as S3 resolves overlapping rules)."""
+    if not replication:
+        return []
+    chosen: dict[str, tuple[int, dict[str, Any]]] = {}
+    for rule in replication.get("Rule", []):
+        if rule.get("Status") != "Enabled":
+            continue
+        rule_filter = rule.get("Filter") or {}
+        prefix = rule_filter.get("Prefix", rule.get("Prefix", "")) or ""
+        if "And" in rule_filter:
+            prefix = rule_filter["And"].get("Prefix", "") or ""
+        if not key_name.startswith(prefix):
+            continue
+        destination = rule["Destination"]
+        priority = int(rule.get("Priority", 0))
+        bucket = destination["Bucket"]
+        if bucket not in chosen or priority > chosen[bucket][0]:
+            chosen[bucket] = (priority, destination)
+    return [destination for _, destination in chosen.values()]
+
+
+def _install_s3_replication() -> None:
+    from moto.s3.models import FakeKey, S3Backend
+
+    original_put_object = S3Backend.put_object
+
+    def put_object(
+        self: S3Backend, bucket_name: str, key_name: str, value: bytes, *args: Any, **kwargs: Any
+    ) -> FakeKey:
+        new_key = original_put_object(self, bucket_name, key_name, value, *args, **kwargs)
+        if getattr(new_key, "replication_status", None) == "REPLICA":
+            return new_key
+        bucket = self.get_bucket(bucket_name)
+        destinations = _matching_destinations(getattr(bucket, "replication", None), key_name)
+        for destination in destinations:
+            target = destination["Bucket"].split(":::")[-1]
+            replica_key_id = (destination.get("EncryptionConfiguration") or {}).get(
+                "ReplicaKmsKeyID"
+            )
+            replica = original_put_object(
+                self,
+                target,
+                key_name,
+                new_key.value,
+                storage=destination.get("StorageClass") or new_key.storage_class,
+                encryption="aws:kms" if replica_key_id else new_key.encryption,
+                kms_key_id=replica_key_id or new_key.kms_key_id,
+                checksum_value=new_key.checksum_value,
+            )
+            replica.set_metadata(new_key.metadata)
+            replica.checksum_algorithm = new_key.checksum_algorithm
+            replica.replication_status = "REPLICA"  # type: ignore[attr-defined]
+        if destinations:
+            new_key.replication_status = "COMPLETED"  # type: ignore[attr-defined]
+        return new_key
+
+    original_response_dict = FakeKey.response_dict
+
+    def response_dict(self: FakeKey) -> dict[str, Any]:
+        headers: dict[str, Any] = original_response_dict.fget(self)  # type: ignore[attr-defined]
+        status = getattr(self, "replication_status", None)
+        if status:
+            headers["x-amz-replication-status"] = status
+        return headers
+
+    S3Backend.put_object = put_object  # type: ignore[method-assign]
+    FakeKey.response_dict = property(response_dict)  # type: ignore[assignment,method-assign]
+
+
+# --- S3 bucket policy conditions -----------------------------------------------------------
+_request = threading.local()
+_NEGATED = ("StringNotEquals", "StringNotLike", "ArnNotEquals", "ArnNotLike")
+
+
+def request_context(full_url: str, headers: Any) -> dict[str, str]:
+    """The condition keys an S3 object request carries."""
+    context = {"aws:SecureTransport": "true" if full_url.startswith("https://") else "false"}
+    for header in ("x-amz-server-side-encryption", "x-amz-server-side-encryption-aws-kms-key-id"):
+        value = headers.get(header)
+        if value:
+            context[f"s3:{header}"] = value
+    return context
+
+
+def condition_holds(operator: str, key: str, expected: list[str], context: dict[str, str]) -> bool:
+    """One condition of a policy statement, as IAM evaluates it."""
+    if operator == "Null":
+        return (key not in context) == (expected[0].lower() == "true")
+    if_exists = operator.endswith("IfExists")
+    base = operator.removesuffix("IfExists")
+    if key not in context:
+        return if_exists or base in _NEGATED
+    actual = context[key]
+    if base == "Bool":
+        return actual.lower() in (value.lower() for value in expected)
+    if base in ("StringEquals", "ArnEquals"):
+        return actual in expected
+    if base in ("StringLike", "ArnLike"):
+        return any(fnmatch.fnmatchcase(actual, pattern) for pattern in expected)
+    if base in ("StringNotEquals", "ArnNotEquals"):
+        return actual not in expected
+    if base in ("StringNotLike", "ArnNotLike"):
+        return not any(fnmatch.fnmatchcase(actual, pattern) for pattern in expected)
+    return False  # an operator we do not model never makes a statement apply
+
+
+def _as_list(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _applies_to_everyone(principal: Any) -> bool:
+    if principal == "*":
+        return True
+    return isinstance(principal, dict) and "*" in _as_list(principal.get("AWS", []))
+
+
+def evaluate_bucket_policy(
+    policy: dict[str, Any], action: str, resource: str, context: dict[str, str]
+) -> str:
+    """ "DENIED", "PERMITTED" or "NEUTRAL" for a request from any principal."""
+    result = "NEUTRAL"
+    statements = policy.get("Statement", [])
+    for statement in statements if isinstance(statements, list) else [statements]:
+        if not _applies_to_everyone(statement.get("Principal")):
+            continue  # names specific principals or services; the emulator has no caller identity
+        if not any(fnmatch.fnmatchcase(action, a) for a in _as_list(statement.get("Action", []))):
+            continue
+        if not any(
+            fnmatch.fnmatchcase(resource, r) for r in _as_list(statement.get("Resource", []))
+        ):
+            continue
+        conditions = statement.get("Condition", {})
+        if not all(
+            condition_holds(operator, key, _as_list(values), context)
+            for operator, keys in conditions.items()
+            for key, values in keys.items()
+        ):
+            continue
+        if statement.get("Effect") == "Deny":
+            return "DENIED"
+        result = "PERMITTED"
+    return result
+
+
+def _install_s3_bucket_policy_conditions() -> None:
+    from moto.iam.access_control import PermissionResult
+    from moto.s3.models import FakeBucket
+    from moto.s3.responses import S3Response
+
+    original_key_response = S3Response._key_response
+
+    def _key_response(self: S3Response, request: Any, full_url: str) -> Any:
+        _request.context = request_context(full_url, request.headers)
+        try:
+            return original_key_response(self, request, full_url)
+        finally:
+            _request.context = None
+
+    def get_permission(self: FakeBucket, action: str, resource: str) -> Any:
+        if self.policy is None:
+            return PermissionResult.NEUTRAL
+        context = getattr(_request, "context", None) or {"aws:SecureTransport": "true"}
+        verdict = evaluate_bucket_policy(json.loads(self.policy), action, resource, context)
+        return PermissionResult[verdict]
+
+    S3Response._key_response = _key_response  # type: ignore[method-assign]
+    FakeBucket.get_permission = get_permission  # type: ignore[method-assign]
+
+
+def install() -> None:
+    """Patch moto in this process (idempotent)."""
+    global _installed
+    if _installed:
+        return
+    _install_budgets()
+    _install_s3_replication()
+    _install_s3_bucket_policy_conditions()
+    _installed = True

@@ -1,0 +1,54 @@
+"""The local cloud process: moto's server with spotrain's extensions, over HTTPS on a loopback
+port.
+
+Run by `spotrain local up` as `python -m spotrain.localcloud.server --port N --cert C --key K`;
+it serves until it receives SIGTERM or SIGINT.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import threading
+
+from spotrain.localcloud import extensions
+
+
+def serve(host: str, port: int, cert: str, key: str) -> None:
+    from moto.moto_server.werkzeug_app import (
+        DomainDispatcherApplication,
+        MotoRequestHandler,
+        create_backend_app,
+    )
+    from werkzeug.serving import make_server
+
+    extensions.install()
+    app = DomainDispatcherApplication(create_backend_app)
+    server = make_server(
+        host, port, app, threaded=True, request_handler=MotoRequestHandler,
+        ssl_context=(cert, key),
+    )  # fmt: skip
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    print(f"local cloud serving on https://{host}:{port}", flush=True)
+    stop.wait()
+    server.shutdown()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1", help="loopback address to listen on")
+    parser.add_argument("--port", type=int, required=True, help="port to listen on")
+    parser.add_argument("--cert", required=True, help="server certificate (PEM)")
+    parser.add_argument("--key", required=True, help="server private key (PEM)")
+    args = parser.parse_args()
+    if not args.host.startswith("127.") and args.host != "localhost":
+        parser.error("the local cloud listens on loopback only: use --host 127.0.0.1")
+    serve(args.host, args.port, args.cert, args.key)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,38 @@
+"""Shared fixtures: one synthesis of every environment, and a local cloud per session."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from spotrain.localcloud import control
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="session")
+def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Every environment synthesized once, as `spotrain synth` does."""
+    from spotrain import deploy
+
+    return deploy.synth(tmp_path_factory.mktemp("synth") / "cdktf.out")
+
+
+@pytest.fixture(scope="session")
+def local_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[control.RunningCloud]:
+    """A local cloud on a free loopback port for the whole session, stopped at the end."""
+    home = tmp_path_factory.mktemp("spotrain-home")
+    previous = os.environ.get("SPOTRAIN_HOME")
+    os.environ["SPOTRAIN_HOME"] = str(home)
+    cloud = control.up(port=0)
+    try:
+        yield cloud
+    finally:
+        control.down()
+        if previous is None:
+            os.environ.pop("SPOTRAIN_HOME", None)
+        else:
+            os.environ["SPOTRAIN_HOME"] = previous

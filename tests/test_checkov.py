@@ -1,0 +1,41 @@
+"""checkov on every synthesized stack of every environment: 0 failed checks beyond the
+reasoned suppressions in checkov-skips.yaml, and no stale suppression."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from spotrain import scan
+
+
+def test_every_finding_is_explained_and_every_skip_is_used(synth_dir: Path) -> None:
+    report = scan.scan(synth_dir / "stacks")
+    assert report.passed > 500
+    assert report.unexplained == []
+    assert report.unused_skips == []
+    stacks = {f.stack for f in report.findings}
+    assert {s.split("-")[0] for s in stacks} == {"local", "dev", "prod"}
+
+
+def test_checkov_with_the_listed_skips_reports_zero_failed(synth_dir: Path) -> None:
+    skip_ids = [entry["id"] for entry in scan.load_skips()]
+    raw = scan.run_checkov(synth_dir / "stacks", skip_ids)
+    assert raw["summary"]["failed"] == 0
+    assert raw["summary"]["parsing_errors"] == 0
+    assert raw["summary"]["passed"] > 500
+
+
+def test_a_finding_without_a_skip_fails_the_scan(synth_dir: Path) -> None:
+    skips = [e for e in scan.load_skips() if e["id"] != "CKV_AWS_117"]
+    report = scan.scan(synth_dir / "stacks", skips)
+    assert {f.check_id for f in report.unexplained} == {"CKV_AWS_117"}
+    assert not report.ok
+
+
+def test_a_skip_without_a_reason_is_refused(tmp_path: Path) -> None:
+    bad = tmp_path / "skips.yaml"
+    bad.write_text("- id: CKV_AWS_18\n  resources: ['*']\n  reason: ''\n")
+    with pytest.raises(scan.SpotrainError, match="written reason"):
+        scan.load_skips(bad)

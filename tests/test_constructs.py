@@ -1,0 +1,298 @@
+"""Properties of the synthesized JSON, construct by construct, and props validation."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import data_sources, load_stack, resources
+from spotrain.constructs.catalog_table import CatalogTableProps, SecondaryIndex
+from spotrain.constructs.encrypted_bucket import EncryptedBucketProps
+from spotrain.constructs.encryption_key import EncryptionKeyProps
+from spotrain.constructs.replicated_bucket_pair import ReplicatedBucketPairProps
+from spotrain.stacks import environments
+
+from spotrain.errors import ConfigError
+
+
+def only(mapping: dict[str, Any]) -> Any:
+    assert len(mapping) == 1, list(mapping)
+    return next(iter(mapping.values()))
+
+
+def statements(stack: dict[str, Any], reference: str) -> list[dict[str, Any]]:
+    name = reference.split(".")[2]
+    return data_sources(stack, "aws_iam_policy_document")[name]["statement"]
+
+
+# --- storage --------------------------------------------------------------------------------
+def test_real_environments_replicate_with_time_control_and_reencryption(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-storage")
+    replication = only(resources(stack, "aws_s3_bucket_replication_configuration"))
+    rule = only({r["id"]: r for r in replication["rule"]})
+    destination = rule["destination"]
+    assert destination["replication_time"] == {"status": "Enabled", "time": {"minutes": 15}}
+    assert destination["encryption_configuration"]["replica_kms_key_id"].startswith(
+        "${aws_kms_key.ReplicaKey"
+    )
+    assert rule["source_selection_criteria"]["sse_kms_encrypted_objects"]["status"] == "Enabled"
+    assert "lifecycle" not in replication  # no drift tolerance outside the local cloud
+    assert replication["provider"] == "aws"
+
+
+def test_local_cloud_tolerates_replication_drift_and_skips_time_control(synth_dir: Path) -> None:
+    replication = only(
+        resources(load_stack(synth_dir, "local-storage"), "aws_s3_bucket_replication_configuration")
+    )
+    assert replication["lifecycle"] == {"ignore_changes": ["rule"]}
+    assert "replication_time" not in replication["rule"][0]["destination"]
+
+
+def test_replica_bucket_and_key_live_in_the_replica_region(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "prod-storage")
+    providers = {p.get("alias", "default"): p["region"] for p in stack["provider"]["aws"]}
+    assert providers == {"default": "us-east-1", "replica": "us-west-2"}
+    buckets = resources(stack, "aws_s3_bucket")
+    replica = next(b for name, b in buckets.items() if "ReplicaBucket" in name)
+    assert replica["bucket"] == "example-spotrain-prod-checkpoints-us-west-2"
+    assert replica["provider"] == "aws.replica"
+    assert replica["force_destroy"] is False
+
+
+def test_checkpoint_bucket_policy_refuses_puts_without_its_kms_key(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-storage")
+    policy = next(
+        p for name, p in resources(stack, "aws_s3_bucket_policy").items() if "Checkpoints" in name
+    )
+    sids = {s["sid"]: s for s in statements(stack, policy["policy"])}
+    assert set(sids) == {"DenyInsecureTransport", "DenyPutWithoutSseKms", "DenyPutWithOtherKey"}
+    assert sids["DenyPutWithoutSseKms"]["condition"][0]["values"] == ["aws:kms"]
+
+
+def test_lifecycle_aborts_multipart_uploads_and_expires_old_versions(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-storage")
+    for lifecycle in resources(stack, "aws_s3_bucket_lifecycle_configuration").values():
+        rules = {r["id"]: r for r in lifecycle["rule"]}
+        abort = rules["abort-incomplete-multipart-uploads"]["abort_incomplete_multipart_upload"]
+        assert abort == [{"days_after_initiation": 2}]
+        expire = rules["expire-noncurrent-versions"]["noncurrent_version_expiration"]
+        assert expire == [{"noncurrent_days": 30}]
+
+
+def test_replication_role_reads_only_the_source_and_writes_only_replicas(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-storage")
+    policy = only(resources(stack, "aws_iam_role_policy"))
+    by_sid = {s["sid"]: s for s in statements(stack, policy["policy"])}
+    assert by_sid["WriteReplicas"]["resources"] == [
+        "${aws_s3_bucket.Checkpoints_ReplicaBucket_D080EEBF.arn}/*"
+    ]
+    assert by_sid["DecryptSourceObjects"]["condition"][0]["values"] == [
+        "s3.us-east-1.amazonaws.com"
+    ]
+
+
+# --- catalog --------------------------------------------------------------------------------
+def test_real_catalog_tables_are_global_with_encrypted_replicas(synth_dir: Path) -> None:
+    tables = resources(load_stack(synth_dir, "prod-catalog"), "aws_dynamodb_table")
+    assert len(tables) == 2
+    for table in tables.values():
+        assert table["replica"][0]["region_name"] == "us-west-2"
+        assert table["replica"][0]["point_in_time_recovery"] is True
+        assert table["deletion_protection_enabled"] is True
+        assert table["stream_view_type"] == "NEW_AND_OLD_IMAGES"
+
+
+def test_local_catalog_tables_have_no_replicas(synth_dir: Path) -> None:
+    tables = resources(load_stack(synth_dir, "local-catalog"), "aws_dynamodb_table")
+    assert all("replica" not in table for table in tables.values())
+
+
+def test_catalog_key_design(synth_dir: Path) -> None:
+    tables = {
+        t["name"]: t
+        for t in resources(load_stack(synth_dir, "dev-catalog"), "aws_dynamodb_table").values()
+    }
+    checkpoints, events = tables["spotrain-dev-checkpoints"], tables["spotrain-dev-events"]
+    assert (checkpoints["hash_key"], checkpoints["range_key"]) == ("pk", "sk")
+    assert checkpoints["global_secondary_index"] == [
+        {"hash_key": "parent", "name": "lineage", "projection_type": "ALL", "range_key": "sk"}
+    ]
+    assert events["ttl"] == {"attribute_name": "expires_at", "enabled": True}
+    assert events["global_secondary_index"][0]["name"] == "by-pool"
+
+
+# --- compute --------------------------------------------------------------------------------
+def test_fleet_is_spot_with_an_on_demand_coordinator_over_several_types(synth_dir: Path) -> None:
+    group = only(resources(load_stack(synth_dir, "prod-compute"), "aws_autoscaling_group"))
+    assert group["capacity_rebalance"] is True
+    distribution = group["mixed_instances_policy"]["instances_distribution"]
+    assert distribution == {
+        "on_demand_allocation_strategy": "prioritized",
+        "on_demand_base_capacity": 1,
+        "on_demand_percentage_above_base_capacity": 0,
+        "spot_allocation_strategy": "price-capacity-optimized",
+    }
+    overrides = group["mixed_instances_policy"]["launch_template"]["override"]
+    assert [o["instance_type"] for o in overrides] == [
+        "p4d.24xlarge",
+        "p5.48xlarge",
+        "g6e.48xlarge",
+    ]
+    assert len(group["vpc_zone_identifier"]) == 4
+
+
+def test_launch_template_image_comes_from_the_image_parameter(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-compute")
+    parameter = only(data_sources(stack, "aws_ssm_parameter"))
+    assert parameter["name"] == "/spotrain/dev/image-id"
+    template = only(resources(stack, "aws_launch_template"))
+    assert template["image_id"].startswith("${data.aws_ssm_parameter.")
+    assert "lifecycle" not in template
+
+
+def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-compute")
+    policy = next(
+        p for name, p in resources(stack, "aws_iam_role_policy").items() if "RunScoped" in name
+    )
+    by_sid = {s["sid"]: s for s in statements(stack, policy["policy"])}
+    assert all(
+        r.endswith("/runs/gpt-small/*") for r in by_sid["ReadWriteRunCheckpoints"]["resources"]
+    )
+    leading_keys = by_sid["RunCatalogItems"]["condition"][0]
+    assert leading_keys["variable"] == "dynamodb:LeadingKeys"
+    assert leading_keys["values"] == ["RUN#gpt-small"]
+
+
+# --- budget ---------------------------------------------------------------------------------
+def test_budget_alerts_at_50_80_100_actual_and_100_forecast(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "prod-budget")
+    budget = only(resources(stack, "aws_budgets_budget"))
+    found = sorted((n["notification_type"], n["threshold"]) for n in budget["notification"])
+    assert found == [("ACTUAL", 50), ("ACTUAL", 80), ("ACTUAL", 100), ("FORECASTED", 100)]
+    for notification in budget["notification"]:
+        assert notification["subscriber_email_addresses"] == [
+            "ml-platform-oncall@example.com",
+            "finops@example.com",
+        ]
+    assert budget["limit_amount"] == "50000.00"
+    assert budget["cost_filter"] == [
+        {"name": "TagKeyValue", "values": ["user:spotrain:environment$prod"]}
+    ]
+
+
+def test_every_provider_tags_resources_for_cost_allocation(synth_dir: Path) -> None:
+    for stack_dir in (synth_dir / "stacks").iterdir():
+        stack = load_stack(synth_dir, stack_dir.name)
+        for provider in stack["provider"]["aws"]:
+            tags = provider["default_tags"][0]["tags"]
+            assert tags["spotrain:environment"] == stack_dir.name.split("-")[0]
+
+
+def test_local_provider_points_every_service_at_the_local_cloud(synth_dir: Path) -> None:
+    provider = load_stack(synth_dir, "local-budget")["provider"]["aws"][0]
+    endpoints = provider["endpoints"][0]
+    assert set(endpoints.values()) == {"https://127.0.0.1:4566"}
+    assert {"budgets", "s3", "lambda", "sts"} <= set(endpoints)
+    assert provider["max_retries"] == 2
+    real = load_stack(synth_dir, "dev-budget")["provider"]["aws"][0]
+    assert "endpoints" not in real and "max_retries" not in real
+
+
+def test_state_backend_is_s3_with_native_locking(synth_dir: Path) -> None:
+    backend = load_stack(synth_dir, "prod-compute")["terraform"]["backend"]["s3"]
+    assert backend["key"] == "spotrain/prod-compute.tfstate"
+    assert backend["use_lockfile"] is True
+    assert backend["encrypt"] is True
+
+
+# --- interruptions --------------------------------------------------------------------------
+def test_rules_match_the_two_ec2_events_and_retry_into_a_dead_letter_queue(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-interruptions")
+    patterns = sorted(
+        json.loads(r["event_pattern"])["detail-type"][0]
+        for r in resources(stack, "aws_cloudwatch_event_rule").values()
+    )
+    assert patterns == [
+        "EC2 Instance Rebalance Recommendation",
+        "EC2 Spot Instance Interruption Warning",
+    ]
+    for target in resources(stack, "aws_cloudwatch_event_target").values():
+        assert target["retry_policy"]["maximum_retry_attempts"] == 8
+        assert target["dead_letter_config"]["arn"].startswith("${aws_sqs_queue.")
+    function = only(resources(stack, "aws_lambda_function"))
+    assert function["dead_letter_config"]["target_arn"].startswith("${aws_sqs_queue.")
+    assert function["tracing_config"] == {"mode": "Active"}
+    assert "lifecycle" not in function
+
+
+# --- props validation -----------------------------------------------------------------------
+def bucket_props(**changes: Any) -> EncryptedBucketProps:
+    base = {"bucket_name": "b-checkpoints", "account_id": "1", "kms_key_arn": "arn:key",
+            "access_log_bucket": "logs"}  # fmt: skip
+    return EncryptedBucketProps(**{**base, **changes})
+
+
+@pytest.mark.parametrize(
+    ("build", "expected"),
+    [
+        (lambda: bucket_props(kms_key_arn=None), "only an access-log bucket may use SSE-S3"),
+        (lambda: bucket_props(receives_access_logs=True), "log delivery writes only SSE-S3"),
+        (lambda: bucket_props(access_log_bucket=None), "name the log bucket"),
+        (lambda: bucket_props(bucket_name="xy"), "3-63 characters"),
+        (
+            lambda: EncryptionKeyProps(
+                alias="alias/x", description="d", account_id="1", region="r"
+            ),
+            "without the 'alias/' prefix",
+        ),
+        (
+            lambda: EncryptionKeyProps(
+                alias="x", description="d", account_id="1", region="r", deletion_window_days=3
+            ),
+            "KMS accepts 7 to 30",
+        ),
+        (
+            lambda: CatalogTableProps(
+                table_name="catalog",
+                kms_key_arn="k",
+                indexes=(SecondaryIndex(name="i", partition_key="a", sort_key="b"),) * 2,
+            ),
+            "give each index its own name",
+        ),
+        (
+            lambda: ReplicatedBucketPairProps(
+                primary=bucket_props(),
+                replica=bucket_props(),
+                primary_region="us-east-1",
+                replica_region="us-east-1",
+                role_name="r",
+            ),
+            "must differ",
+        ),
+    ],
+)
+def test_bad_props_fail_before_synthesis_with_a_fix(build: Any, expected: str) -> None:
+    with pytest.raises(ConfigError, match=expected):
+        build()
+
+
+def test_fleet_props_check_sizes_and_types() -> None:
+    from spotrain.constructs.spot_fleet import SpotFleetProps
+
+    config = environments.dev()
+    base = dict(
+        name="f", run_name="r", instance_types=config.instance_types, subnet_ids=["s"],
+        vpc_id="v", image_parameter_name="/p", min_size=1, desired_size=2, max_size=4,
+        on_demand_base_capacity=1, checkpoint_bucket_arn="a", replica_bucket_arn="b",
+        checkpoint_bucket_name="n", catalog_table_arn="t", catalog_table_name="tn",
+        data_kms_key_arns=("k",), region="us-east-1", tags={},
+    )  # fmt: skip
+    SpotFleetProps(**base)  # type: ignore[arg-type]
+    with pytest.raises(ConfigError) as caught:
+        SpotFleetProps(**{**base, "instance_types": ("g5.xlarge",), "desired_size": 9})  # type: ignore[arg-type]
+    assert len(caught.value.problems) == 2
+    assert dataclasses.is_dataclass(SpotFleetProps)

@@ -1,0 +1,264 @@
+"""The real path: Terraform applies the `local` environment to the local cloud; boto3 checks
+what exists over HTTP; a second plan is empty; destroy leaves nothing behind; and the cdktf
+CLI deploys and destroys a stack too.
+
+One apply per run (about four minutes here): the tests below share it and run in order.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
+from spotrain.stacks.config import EnvironmentConfig
+
+from spotrain import deploy
+from spotrain.localcloud import control
+
+pytestmark = pytest.mark.integration
+
+ROOT = Path(__file__).resolve().parents[1]
+ACCOUNT = "123456789012"
+
+
+class Local:
+    def __init__(self, cloud: control.RunningCloud, config: EnvironmentConfig, outdir: Path):
+        self.cloud, self.config, self.outdir = cloud, config, outdir
+        self.deployment = deploy.Deployment(config=config, outdir=outdir, log=lambda _: None)
+        self.destroyed = False
+
+    def client(self, service: str, region: str | None = None) -> Any:
+        return control.client(service, self.cloud.endpoint, region or self.config.primary_region)
+
+    @property
+    def primary_bucket(self) -> str:
+        return f"{self.config.bucket_prefix}-checkpoints-{self.config.primary_region}"
+
+    @property
+    def replica_bucket(self) -> str:
+        return f"{self.config.bucket_prefix}-checkpoints-{self.config.replica_region}"
+
+
+@pytest.fixture(scope="module")
+def local(
+    local_cloud: control.RunningCloud, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Local]:
+    outdir = tmp_path_factory.mktemp("apply") / "cdktf.out"
+    config = deploy.local_environment_ready(local_cloud.endpoint)
+    deploy.synth(outdir, local_endpoint=local_cloud.endpoint)
+    env = Local(local_cloud, config, outdir)
+    env.results = env.deployment.apply()  # type: ignore[attr-defined]
+    yield env
+    if not env.destroyed:
+        env.deployment.destroy()
+
+
+def test_applies_every_stack_of_the_environment(local: Local) -> None:
+    names = [r.name for r in local.results]  # type: ignore[attr-defined]
+    assert names[0] in ("local-budget", "local-storage")
+    assert set(names) == {
+        f"local-{p}" for p in ("storage", "catalog", "compute", "budget", "interruptions")
+    }
+    assert sum(len(r.resources) for r in local.results) > 60  # type: ignore[attr-defined]
+
+
+def test_checkpoint_buckets_are_private_versioned_and_kms_encrypted(local: Local) -> None:
+    for bucket, region in (
+        (local.primary_bucket, local.config.primary_region),
+        (local.replica_bucket, local.config.replica_region),
+    ):
+        s3 = local.client("s3", region)
+        rule = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"][
+            "Rules"
+        ][0]
+        assert rule["ApplyServerSideEncryptionByDefault"]["SSEAlgorithm"] == "aws:kms"
+        assert rule["BucketKeyEnabled"] is True
+        assert s3.get_bucket_versioning(Bucket=bucket)["Status"] == "Enabled"
+        block = s3.get_public_access_block(Bucket=bucket)["PublicAccessBlockConfiguration"]
+        assert all(block.values())
+        logging = s3.get_bucket_logging(Bucket=bucket)["LoggingEnabled"]
+        assert logging["TargetBucket"] == f"{local.config.bucket_prefix}-access-logs-{region}"
+        assert '"aws:SecureTransport"' in s3.get_bucket_policy(Bucket=bucket)["Policy"]
+
+
+def test_replication_copies_a_checkpoint_to_the_replica_region(local: Local) -> None:
+    key = f"runs/{local.config.run_name}/step_000000001/shard-{uuid.uuid4().hex[:6]}"
+    body = os.urandom(64 * 1024)
+    # The bucket policy refuses puts that do not name the bucket's own key.
+    primary_key = local.client("kms").describe_key(
+        KeyId=f"alias/spotrain-local-data-{local.config.primary_region}"
+    )["KeyMetadata"]["Arn"]
+    local.client("s3").put_object(
+        Bucket=local.primary_bucket, Key=key, Body=body, ServerSideEncryption="aws:kms",
+        SSEKMSKeyId=primary_key,
+    )  # fmt: skip
+    replica = local.client("s3", local.config.replica_region).get_object(
+        Bucket=local.replica_bucket, Key=key
+    )
+    assert replica["Body"].read() == body
+    assert replica["ReplicationStatus"] == "REPLICA"
+    replica_key = local.client("kms", local.config.replica_region).describe_key(
+        KeyId=f"alias/spotrain-local-data-{local.config.replica_region}"
+    )["KeyMetadata"]["Arn"]
+    assert replica["SSEKMSKeyId"] == replica_key
+
+
+def test_checkpoint_bucket_policy_is_enforced(local: Local) -> None:
+    s3 = local.client("s3")
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(Bucket=local.primary_bucket, Key="runs/demo/unencrypted", Body=b"x")
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+
+
+def test_catalog_tables_are_encrypted_with_recovery_and_streams(local: Local) -> None:
+    dynamodb = local.client("dynamodb")
+    for name in ("spotrain-local-checkpoints", "spotrain-local-events"):
+        table = dynamodb.describe_table(TableName=name)["Table"]
+        assert table["SSEDescription"]["SSEType"] == "KMS"
+        assert table["StreamSpecification"]["StreamEnabled"] is True
+        backups = dynamodb.describe_continuous_backups(TableName=name)[
+            "ContinuousBackupsDescription"
+        ]
+        assert backups["PointInTimeRecoveryDescription"]["PointInTimeRecoveryStatus"] == "ENABLED"
+    indexes = dynamodb.describe_table(TableName="spotrain-local-checkpoints")["Table"][
+        "GlobalSecondaryIndexes"
+    ]
+    assert [i["IndexName"] for i in indexes] == ["lineage"]
+
+
+def test_spot_fleet_is_in_service_with_an_on_demand_coordinator(local: Local) -> None:
+    group = local.client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=["spotrain-local-demo-fleet"]
+    )["AutoScalingGroups"][0]
+    assert group["CapacityRebalance"] is True
+    policy = group["MixedInstancesPolicy"]
+    distribution = policy["InstancesDistribution"]
+    assert distribution["OnDemandBaseCapacity"] == 1
+    assert distribution["OnDemandPercentageAboveBaseCapacity"] == 0
+    assert distribution["SpotAllocationStrategy"] == "price-capacity-optimized"
+    overrides = [o["InstanceType"] for o in policy["LaunchTemplate"]["Overrides"]]
+    assert overrides == list(local.config.instance_types)
+    in_service = [i for i in group["Instances"] if i["LifecycleState"] == "InService"]
+    assert len(in_service) == local.config.fleet_desired_size
+
+
+def test_launch_template_requires_imdsv2_and_encrypts_volumes(local: Local) -> None:
+    versions = local.client("ec2").describe_launch_template_versions(
+        LaunchTemplateName="spotrain-local-demo-fleet", Versions=["$Latest"]
+    )["LaunchTemplateVersions"]
+    data = versions[0]["LaunchTemplateData"]
+    assert data["MetadataOptions"]["HttpTokens"] == "required"
+    assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
+    assert data["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
+
+
+def test_budget_alerts_at_every_threshold_to_topic_and_email(local: Local) -> None:
+    budgets = local.client("budgets")
+    budget = budgets.describe_budget(AccountId=ACCOUNT, BudgetName="spotrain-local-budget-monthly")
+    assert budget["Budget"]["BudgetLimit"] == {"Amount": "100.00", "Unit": "USD"}
+    notifications = budgets.describe_notifications_for_budget(
+        AccountId=ACCOUNT, BudgetName="spotrain-local-budget-monthly"
+    )["Notifications"]
+    found = sorted((n["NotificationType"], int(n["Threshold"])) for n in notifications)
+    assert found == sorted(ALERT_THRESHOLDS)
+    subscribers = budgets.describe_subscribers_for_notification(
+        AccountId=ACCOUNT, BudgetName="spotrain-local-budget-monthly", Notification=notifications[0]
+    )["Subscribers"]
+    assert {s["SubscriptionType"] for s in subscribers} == {"EMAIL", "SNS"}
+
+
+def test_interruption_rules_target_the_handler(local: Local) -> None:
+    events = local.client("events")
+    function = local.client("lambda").get_function(
+        FunctionName="spotrain-local-interruption-handler"
+    )["Configuration"]
+    # The emulator does not report DeadLetterConfig (hence ignore_changes in the local profile);
+    # the synthesized configuration carries it (test_constructs).
+    assert function["Handler"] == "interruption_handler.handle"
+    assert function["Environment"]["Variables"]["EVENTS_TABLE"] == "spotrain-local-events"
+    patterns = {}
+    for rule in events.list_rules(NamePrefix="spotrain-local-interruption-handler")["Rules"]:
+        targets = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
+        assert [t["Arn"] for t in targets] == [function["FunctionArn"]]
+        assert targets[0]["RetryPolicy"]["MaximumRetryAttempts"] == 8
+        patterns[rule["Name"]] = rule["EventPattern"]
+    assert len(patterns) == 2
+    joined = " ".join(patterns.values())
+    assert "EC2 Spot Instance Interruption Warning" in joined
+    assert "EC2 Instance Rebalance Recommendation" in joined
+
+
+def test_second_plan_shows_no_changes(local: Local) -> None:
+    assert local.deployment.plan_has_changes() == {name: False for name in local.deployment.stacks}
+
+
+def test_destroy_leaves_nothing_behind(local: Local) -> None:
+    local.deployment.destroy()
+    local.destroyed = True
+    buckets = {b["Name"] for b in local.client("s3").list_buckets()["Buckets"]}
+    assert buckets <= {local.config.state.bucket}  # type: ignore[union-attr]  # bootstrap only
+    assert local.client("dynamodb").list_tables()["TableNames"] == []
+    assert local.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"] == []
+    assert local.client("lambda").list_functions()["Functions"] == []
+    assert local.client("events").list_rules()["Rules"] == []
+    assert local.client("budgets").describe_budgets(AccountId=ACCOUNT).get("Budgets", []) == []
+    assert local.client("sqs").list_queues().get("QueueUrls", []) == []
+    vpcs = local.client("ec2").describe_vpcs()["Vpcs"]
+    assert [v for v in vpcs if not v["IsDefault"]] == []
+    kms = local.client("kms")
+    states = {
+        kms.describe_key(KeyId=k["KeyId"])["KeyMetadata"]["KeyState"]
+        for k in kms.list_keys()["Keys"]
+    }
+    assert states <= {"PendingDeletion"}
+    with pytest.raises(ClientError):
+        local.client("iam").get_role(RoleName="spotrain-local-replication")
+
+
+def test_cdktf_cli_deploys_and_destroys_a_stack(local: Local, tmp_path: Path) -> None:
+    cdktf = ROOT / "node_modules" / ".bin" / "cdktf"
+    if not cdktf.exists():
+        pytest.fail("the cdktf CLI is missing: run `make setup` (npm ci installs it)")
+    assert local.destroyed, "runs after the Terraform round trip, which owns the same names"
+    project = tmp_path / "project"
+    project.mkdir()
+    shutil.copy(ROOT / "cdktf.json", project / "cdktf.json")
+    (project / "cdktf.json").write_text(
+        (project / "cdktf.json")
+        .read_text()
+        .replace(".venv/bin/python", str(ROOT / ".venv/bin/python"))
+    )
+    env = dict(local.deployment._env)  # same CLI config, credentials and endpoint as Terraform
+    env.update(
+        {
+            "SPOTRAIN_LOCAL_ENDPOINT": local.cloud.endpoint,
+            "CI": "1",
+            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+        }
+    )
+    budgets = local.client("budgets")
+
+    def cli(*args: str) -> None:
+        result = subprocess.run(
+            [str(cdktf), *args, "local-budget", "--auto-approve", "--skip-provider-lock"],
+            cwd=project,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+    cli("deploy")
+    names = [b["BudgetName"] for b in budgets.describe_budgets(AccountId=ACCOUNT)["Budgets"]]
+    assert names == ["spotrain-local-budget-monthly"]
+    cli("destroy")
+    assert budgets.describe_budgets(AccountId=ACCOUNT).get("Budgets", []) == []

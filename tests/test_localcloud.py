@@ -1,0 +1,305 @@
+"""The local cloud closes the emulator gaps the blueprint hits, over HTTP with boto3."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from typing import Any
+
+import pytest
+from botocore.exceptions import ClientError
+
+from spotrain.localcloud import control
+
+REGION = "us-east-1"
+ACCOUNT = "123456789012"
+
+
+def client(cloud: control.RunningCloud, service: str, region: str = REGION) -> Any:
+    return control.client(service, cloud.endpoint, region)
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+# --- Budgets --------------------------------------------------------------------------------
+NOTIFICATION = {
+    "NotificationType": "ACTUAL",
+    "ComparisonOperator": "GREATER_THAN",
+    "Threshold": 80.0,
+    "ThresholdType": "PERCENTAGE",
+}
+
+
+@pytest.fixture
+def budget(local_cloud: control.RunningCloud) -> Any:
+    budgets = client(local_cloud, "budgets")
+    name = unique("budget")
+    budgets.create_budget(
+        AccountId=ACCOUNT,
+        Budget={
+            "BudgetName": name,
+            "BudgetLimit": {"Amount": "100", "Unit": "USD"},
+            "TimeUnit": "MONTHLY",
+            "BudgetType": "COST",
+        },
+        NotificationsWithSubscribers=[
+            {
+                "Notification": NOTIFICATION,
+                "Subscribers": [{"SubscriptionType": "EMAIL", "Address": "oncall@example.com"}],
+            }
+        ],
+        ResourceTags=[{"Key": "team", "Value": "ml-platform"}],
+    )
+    yield budgets, name
+    budgets.delete_budget(AccountId=ACCOUNT, BudgetName=name)
+
+
+def test_describes_the_subscribers_of_a_notification(budget: Any) -> None:
+    budgets, name = budget
+    found = budgets.describe_subscribers_for_notification(
+        AccountId=ACCOUNT, BudgetName=name, Notification={**NOTIFICATION, "Threshold": 80}
+    )["Subscribers"]
+    assert found == [{"SubscriptionType": "EMAIL", "Address": "oncall@example.com"}]
+
+
+def test_adds_and_removes_subscribers(budget: Any) -> None:
+    budgets, name = budget
+    sns = {"SubscriptionType": "SNS", "Address": f"arn:aws:sns:{REGION}:{ACCOUNT}:alerts"}
+    budgets.create_subscriber(
+        AccountId=ACCOUNT, BudgetName=name, Notification=NOTIFICATION, Subscriber=sns
+    )
+    budgets.delete_subscriber(
+        AccountId=ACCOUNT,
+        BudgetName=name,
+        Notification=NOTIFICATION,
+        Subscriber={"SubscriptionType": "EMAIL", "Address": "oncall@example.com"},
+    )
+    found = budgets.describe_subscribers_for_notification(
+        AccountId=ACCOUNT, BudgetName=name, Notification=NOTIFICATION
+    )["Subscribers"]
+    assert found == [sns]
+
+
+def test_unknown_notification_is_not_found(budget: Any) -> None:
+    budgets, name = budget
+    with pytest.raises(ClientError) as caught:
+        budgets.describe_subscribers_for_notification(
+            AccountId=ACCOUNT, BudgetName=name, Notification={**NOTIFICATION, "Threshold": 42.0}
+        )
+    assert caught.value.response["Error"]["Code"] == "NotFoundException"
+
+
+def test_budget_tags_round_trip(budget: Any) -> None:
+    budgets, name = budget
+    arn = f"arn:aws:budgets::{ACCOUNT}:budget/{name}"
+    assert budgets.list_tags_for_resource(ResourceARN=arn)["ResourceTags"] == [
+        {"Key": "team", "Value": "ml-platform"}
+    ]
+    budgets.tag_resource(ResourceARN=arn, ResourceTags=[{"Key": "env", "Value": "local"}])
+    budgets.untag_resource(ResourceARN=arn, ResourceTagKeys=["team"])
+    assert budgets.list_tags_for_resource(ResourceARN=arn)["ResourceTags"] == [
+        {"Key": "env", "Value": "local"}
+    ]
+
+
+# --- S3 replication -------------------------------------------------------------------------
+@pytest.fixture
+def replicated_pair(local_cloud: control.RunningCloud) -> Any:
+    s3_primary = client(local_cloud, "s3")
+    s3_replica = client(local_cloud, "s3", "us-west-2")
+    kms = client(local_cloud, "kms", "us-west-2")
+    replica_key = kms.create_key()["KeyMetadata"]["Arn"]
+    source, target = unique("source"), unique("target")
+    s3_primary.create_bucket(Bucket=source)
+    s3_replica.create_bucket(
+        Bucket=target, CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
+    )
+    for s3, bucket in ((s3_primary, source), (s3_replica, target)):
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+    s3_primary.put_bucket_replication(
+        Bucket=source,
+        ReplicationConfiguration={
+            "Role": f"arn:aws:iam::{ACCOUNT}:role/replication",
+            "Rules": [
+                {
+                    "ID": "checkpoints",
+                    "Status": "Enabled",
+                    "Priority": 1,
+                    "Filter": {"Prefix": "runs/"},
+                    "DeleteMarkerReplication": {"Status": "Enabled"},
+                    "SourceSelectionCriteria": {"SseKmsEncryptedObjects": {"Status": "Enabled"}},
+                    "Destination": {
+                        "Bucket": f"arn:aws:s3:::{target}",
+                        "EncryptionConfiguration": {"ReplicaKmsKeyID": replica_key},
+                    },
+                }
+            ],
+        },
+    )
+    return s3_primary, s3_replica, source, target, replica_key
+
+
+def test_new_object_is_copied_to_the_replica_bucket(replicated_pair: Any) -> None:
+    s3_primary, s3_replica, source, target, replica_key = replicated_pair
+    body = uuid.uuid4().bytes * 1000
+    s3_primary.put_object(Bucket=source, Key="runs/demo/step_000000010/shard-0", Body=body)
+    replica = s3_replica.get_object(Bucket=target, Key="runs/demo/step_000000010/shard-0")
+    assert replica["Body"].read() == body
+    assert replica["ReplicationStatus"] == "REPLICA"
+    assert replica["ServerSideEncryption"] == "aws:kms"
+    assert replica["SSEKMSKeyId"] == replica_key
+    original = s3_primary.head_object(Bucket=source, Key="runs/demo/step_000000010/shard-0")
+    assert original["ReplicationStatus"] == "COMPLETED"
+
+
+def test_multipart_upload_is_replicated(replicated_pair: Any) -> None:
+    s3_primary, s3_replica, source, target, _ = replicated_pair
+    key = "runs/demo/step_000000020/shard-big"
+    upload = s3_primary.create_multipart_upload(Bucket=source, Key=key)["UploadId"]
+    parts = []
+    for number in (1, 2):
+        data = bytes([number]) * (5 * 1024 * 1024)
+        etag = s3_primary.upload_part(
+            Bucket=source, Key=key, UploadId=upload, PartNumber=number, Body=data
+        )["ETag"]
+        parts.append({"ETag": etag, "PartNumber": number})
+    s3_primary.complete_multipart_upload(
+        Bucket=source, Key=key, UploadId=upload, MultipartUpload={"Parts": parts}
+    )
+    replica = s3_replica.get_object(Bucket=target, Key=key)["Body"].read()
+    assert replica == bytes([1]) * (5 * 1024 * 1024) + bytes([2]) * (5 * 1024 * 1024)
+
+
+def test_objects_outside_the_rule_filter_stay_put(replicated_pair: Any) -> None:
+    s3_primary, s3_replica, source, target, _ = replicated_pair
+    s3_primary.put_object(Bucket=source, Key="scratch/notes.txt", Body=b"not a checkpoint")
+    with pytest.raises(ClientError) as caught:
+        s3_replica.head_object(Bucket=target, Key="scratch/notes.txt")
+    assert caught.value.response["Error"]["Code"] == "404"
+    head = s3_primary.head_object(Bucket=source, Key="scratch/notes.txt")
+    assert "ReplicationStatus" not in head
+
+
+def test_disabled_rule_replicates_nothing(replicated_pair: Any) -> None:
+    s3_primary, s3_replica, source, target, _ = replicated_pair
+    config = s3_primary.get_bucket_replication(Bucket=source)["ReplicationConfiguration"]
+    config["Rules"][0]["Status"] = "Disabled"
+    s3_primary.put_bucket_replication(Bucket=source, ReplicationConfiguration=config)
+    s3_primary.put_object(Bucket=source, Key="runs/demo/late", Body=b"x")
+    with pytest.raises(ClientError):
+        s3_replica.head_object(Bucket=target, Key="runs/demo/late")
+
+
+# --- lifecycle ------------------------------------------------------------------------------
+def test_status_reports_the_running_cloud(local_cloud: control.RunningCloud) -> None:
+    assert control.status() == local_cloud
+    assert control.up() == local_cloud  # idempotent: no second server
+
+
+def test_second_cloud_on_a_taken_port_gets_a_clear_error(
+    local_cloud: control.RunningCloud, tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SPOTRAIN_HOME", str(tmp_path))
+    with pytest.raises(control.LocalCloudError, match="--port 0"):
+        control.up(port=local_cloud.port)
+
+
+# --- bucket policies ------------------------------------------------------------------------
+TLS_AND_KMS_ONLY = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Sid": "DenyInsecureTransport", "Effect": "Deny", "Principal": {"AWS": "*"},
+         "Action": "s3:*", "Resource": ["arn:aws:s3:::b", "arn:aws:s3:::b/*"],
+         "Condition": {"Bool": {"aws:SecureTransport": "false"}}},
+        {"Sid": "DenyPutWithoutSseKms", "Effect": "Deny", "Principal": {"AWS": "*"},
+         "Action": "s3:PutObject", "Resource": "arn:aws:s3:::b/*",
+         "Condition": {"StringNotEquals": {"s3:x-amz-server-side-encryption": "aws:kms"}}},
+        {"Sid": "DenyPutWithOtherKey", "Effect": "Deny", "Principal": {"AWS": "*"},
+         "Action": "s3:PutObject", "Resource": "arn:aws:s3:::b/*",
+         "Condition": {"StringNotEqualsIfExists": {
+             "s3:x-amz-server-side-encryption-aws-kms-key-id": "arn:aws:kms:us-east-1:1:key/k"}}},
+    ],
+}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("context", "verdict"),
+    [
+        ({"aws:SecureTransport": "false", "s3:x-amz-server-side-encryption": "aws:kms"}, "DENIED"),
+        ({"aws:SecureTransport": "true"}, "DENIED"),  # no SSE header: StringNotEquals holds
+        ({"aws:SecureTransport": "true", "s3:x-amz-server-side-encryption": "AES256"}, "DENIED"),
+        # aws:kms without a key id would get the aws/s3 managed key: ...IfExists holds, denied.
+        ({"aws:SecureTransport": "true", "s3:x-amz-server-side-encryption": "aws:kms"}, "DENIED"),
+        (
+            {
+                "aws:SecureTransport": "true",
+                "s3:x-amz-server-side-encryption": "aws:kms",
+                "s3:x-amz-server-side-encryption-aws-kms-key-id": "arn:aws:kms:us-east-1:1:key/k",
+            },
+            "NEUTRAL",
+        ),
+        (
+            {
+                "aws:SecureTransport": "true",
+                "s3:x-amz-server-side-encryption": "aws:kms",
+                "s3:x-amz-server-side-encryption-aws-kms-key-id": "arn:aws:kms:us-east-1:1:key/x",
+            },
+            "DENIED",
+        ),
+    ],
+)
+def test_bucket_policy_conditions_are_evaluated_like_iam(
+    context: dict[str, str], verdict: str
+) -> None:
+    from spotrain.localcloud.extensions import evaluate_bucket_policy
+
+    assert (
+        evaluate_bucket_policy(TLS_AND_KMS_ONLY, "s3:PutObject", "arn:aws:s3:::b/k", context)
+        == verdict
+    )
+
+
+def test_policy_reads_are_allowed_over_tls_and_refused_without() -> None:
+    from spotrain.localcloud.extensions import evaluate_bucket_policy
+
+    read = ("s3:GetObject", "arn:aws:s3:::b/k")
+    assert (
+        evaluate_bucket_policy(TLS_AND_KMS_ONLY, *read, {"aws:SecureTransport": "true"})
+        == "NEUTRAL"
+    )
+    assert (
+        evaluate_bucket_policy(TLS_AND_KMS_ONLY, *read, {"aws:SecureTransport": "false"})
+        == "DENIED"
+    )
+
+
+def test_local_cloud_enforces_a_kms_only_bucket_policy_over_https(
+    local_cloud: control.RunningCloud,
+) -> None:
+    s3 = client(local_cloud, "s3")
+    kms = client(local_cloud, "kms")
+    key = kms.create_key()["KeyMetadata"]["Arn"]
+    other_key = kms.create_key()["KeyMetadata"]["Arn"]
+    bucket = unique("kms-only")
+    s3.create_bucket(Bucket=bucket)
+    policy = json.loads(
+        json.dumps(TLS_AND_KMS_ONLY)
+        .replace("arn:aws:s3:::b", f"arn:aws:s3:::{bucket}")
+        .replace("arn:aws:kms:us-east-1:1:key/k", key)
+    )
+    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(Bucket=bucket, Key="plain", Body=b"x")
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    for wrong_key in ({"SSEKMSKeyId": other_key}, {}):
+        with pytest.raises(ClientError):
+            s3.put_object(
+                Bucket=bucket, Key="k", Body=b"x", ServerSideEncryption="aws:kms", **wrong_key
+            )
+    s3.put_object(
+        Bucket=bucket, Key="ok", Body=b"x", ServerSideEncryption="aws:kms", SSEKMSKeyId=key
+    )
+    assert s3.get_object(Bucket=bucket, Key="ok")["Body"].read() == b"x"
+    assert local_cloud.endpoint.startswith("https://")
