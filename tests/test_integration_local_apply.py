@@ -201,26 +201,46 @@ def test_second_plan_shows_no_changes(local: Local) -> None:
 
 
 def test_destroy_leaves_nothing_behind(local: Local) -> None:
+    # Other tests share this local cloud, so look for what the stacks made, by name.
+    regions = (local.config.primary_region, local.config.replica_region)
+    aliases = [f"alias/spotrain-local-data-{r}" for r in regions] + ["alias/spotrain-local-alerts"]
+    keys = {}
+    for region in regions:
+        kms = local.client("kms", region)
+        for alias in aliases:
+            try:
+                keys[alias] = (region, kms.describe_key(KeyId=alias)["KeyMetadata"]["KeyId"])
+            except ClientError:
+                continue
+    assert len(keys) == 3
+
     local.deployment.destroy()
     local.destroyed = True
+
+    prefix = local.config.bucket_prefix
     buckets = {b["Name"] for b in local.client("s3").list_buckets()["Buckets"]}
-    assert buckets <= {local.config.state.bucket}  # type: ignore[union-attr]  # bootstrap only
-    assert local.client("dynamodb").list_tables()["TableNames"] == []
+    state_bucket = local.config.state.bucket  # type: ignore[union-attr]  # bootstrap, kept
+    assert {b for b in buckets if b.startswith(prefix)} == {state_bucket}
+    tables = local.client("dynamodb").list_tables()["TableNames"]
+    assert [t for t in tables if t.startswith("spotrain-local-")] == []
     assert local.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"] == []
-    assert local.client("lambda").list_functions()["Functions"] == []
-    assert local.client("events").list_rules()["Rules"] == []
-    assert local.client("budgets").describe_budgets(AccountId=ACCOUNT).get("Budgets", []) == []
-    assert local.client("sqs").list_queues().get("QueueUrls", []) == []
+    functions = local.client("lambda").list_functions()["Functions"]
+    assert [f for f in functions if f["FunctionName"].startswith("spotrain-local-")] == []
+    assert local.client("events").list_rules(NamePrefix="spotrain-local-")["Rules"] == []
+    budgets = local.client("budgets").describe_budgets(AccountId=ACCOUNT).get("Budgets", [])
+    assert [b for b in budgets if b["BudgetName"].startswith("spotrain-local-")] == []
+    assert (
+        local.client("sqs").list_queues(QueueNamePrefix="spotrain-local-").get("QueueUrls", [])
+        == []
+    )
     vpcs = local.client("ec2").describe_vpcs()["Vpcs"]
     assert [v for v in vpcs if not v["IsDefault"]] == []
-    kms = local.client("kms")
-    states = {
-        kms.describe_key(KeyId=k["KeyId"])["KeyMetadata"]["KeyState"]
-        for k in kms.list_keys()["Keys"]
-    }
-    assert states <= {"PendingDeletion"}
-    with pytest.raises(ClientError):
-        local.client("iam").get_role(RoleName="spotrain-local-replication")
+    for region, key_id in keys.values():
+        state = local.client("kms", region).describe_key(KeyId=key_id)["KeyMetadata"]["KeyState"]
+        assert state == "PendingDeletion"
+    for role in ("spotrain-local-replication", "spotrain-local-interruption-handler"):
+        with pytest.raises(ClientError):
+            local.client("iam").get_role(RoleName=role)
 
 
 def test_cdktf_cli_deploys_and_destroys_a_stack(local: Local, tmp_path: Path) -> None:
