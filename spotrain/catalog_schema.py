@@ -23,6 +23,8 @@ LEASE_SORT_KEY = "LEASE"
 STATUS_PENDING = "PENDING"
 STATUS_COMPLETE = "COMPLETE"
 STATUS_QUARANTINED = "QUARANTINED"
+STATUS_COLLECTED = "COLLECTED"
+"""Superseded and garbage-collected: the item stays as history, the data is gone."""
 
 
 def run_key(run_name: str) -> str:

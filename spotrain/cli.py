@@ -119,6 +119,66 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
+def _checkpoint_parts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from spotrain.trainer.catalog import DynamoCatalog, ManifestCatalog
+    from spotrain.trainer.storage import open_storage
+
+    storage = open_storage(args.store)
+    if args.catalog_table:
+        return storage, DynamoCatalog(args.catalog_table, args.run)
+    return storage, ManifestCatalog(storage, args.run)
+
+
+def cmd_checkpoints(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from spotrain.trainer import checkpoint
+    from spotrain.trainer.manifest import manifest_key
+
+    storage, catalog = _checkpoint_parts(args)
+    if args.action == "list":
+        head = catalog.head()
+        entries = catalog.entries()
+        if not entries:
+            _say(f"run {args.run!r} has no checkpoints in {storage.uri}")
+            return 1
+        _say(f"{'step':>10}  {'status':<12} {'bytes':>14}  parent")
+        for entry in entries:
+            marker = "  <- head" if head is not None and entry.step == head.step else ""
+            _say(f"{entry.step:>10}  {entry.status:<12} {entry.total_bytes:>14,}  "
+                 f"{entry.parent or '-'}{marker}")  # fmt: skip
+        return 0
+    if args.action == "gc":
+        report = checkpoint.collect_garbage(storage=storage, catalog=catalog, run=args.run,
+                                            keep=args.keep)  # fmt: skip
+        _say(f"kept steps {report.kept}; collected {report.collected or 'nothing'}; "
+             f"freed {report.freed_bytes:,} bytes")  # fmt: skip
+        return 0
+    if args.action == "restore":
+        if not args.to:
+            _say("error: restore needs --to DIR (where the checkpoint folder goes)")
+            return 2
+        result = checkpoint.restore(Path(args.to), storage=storage, catalog=catalog, run=args.run)
+        for step, reason in result.skipped:
+            _say(f"skipped step {step}: {reason}")
+        _say(f"restored step {result.manifest.step} ({result.manifest.total_bytes:,} bytes, "
+             f"{len(result.manifest.shards)} files) into {args.to}")  # fmt: skip
+        return 0
+    step = args.step if args.step is not None else getattr(catalog.head(), "step", None)
+    if step is None:
+        _say(f"run {args.run!r} has no published checkpoint: name one with --step")
+        return 1
+    if args.action == "show":
+        _say(storage.get_bytes(manifest_key(args.run, step)).decode())
+        return 0
+    with tempfile.TemporaryDirectory() as scratch:
+        manifest = checkpoint.verify(
+            storage, manifest_key(args.run, step), Path(scratch) / "shards"
+        )
+    _say(f"step {step}: all {len(manifest.shards)} files present and match their SHA-256")
+    return 0
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="spotrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -133,16 +193,31 @@ def parser() -> argparse.ArgumentParser:
         default=control.DEFAULT_PORT,
         help="loopback port for `up` (0 picks a free one)",
     )
-    local.set_defaults(run=cmd_local)
+    local.set_defaults(handler=cmd_local)
 
     synth = commands.add_parser("synth", help="synthesize every environment")
     synth.add_argument("--out", default="cdktf.out", help="output folder")
-    synth.set_defaults(run=cmd_synth)
+    synth.set_defaults(handler=cmd_synth)
 
     scan = commands.add_parser("scan", help="checkov over the synthesized stacks")
     scan.add_argument("--out", default="cdktf.out", help="synthesis folder")
     scan.add_argument("--synth", action="store_true", help="synthesize first even if present")
-    scan.set_defaults(run=cmd_scan)
+    scan.set_defaults(handler=cmd_scan)
+
+    checkpoints = commands.add_parser("checkpoints", help="a run's checkpoints")
+    checkpoints.add_argument("action", choices=["list", "show", "verify", "restore", "gc"],
+                             help="what to do")  # fmt: skip
+    checkpoints.add_argument(
+        "--store", required=True, help="where checkpoints live: s3://BUCKET or file:///PATH"
+    )
+    checkpoints.add_argument("--run", required=True, help="run name")
+    checkpoints.add_argument("--catalog-table", help="DynamoDB catalog table (default: manifests)")
+    checkpoints.add_argument(
+        "--step", type=int, help="checkpoint step for show/verify (default: head)"
+    )
+    checkpoints.add_argument("--to", help="restore: folder to restore into")
+    checkpoints.add_argument("--keep", type=int, default=2, help="gc: complete checkpoints to keep")
+    checkpoints.set_defaults(handler=cmd_checkpoints)
 
     for name, run, text in (
         ("deploy", cmd_deploy, "apply an environment's stacks"),
@@ -152,14 +227,14 @@ def parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=text)
         command.add_argument("env", help="environment name: local, dev, prod")
         command.add_argument("--out", default="cdktf.out", help="synthesis folder")
-        command.set_defaults(run=run)
+        command.set_defaults(handler=run)
     return root
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        return int(args.run(args))
+        return int(args.handler(args))
     except SpotrainError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

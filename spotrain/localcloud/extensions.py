@@ -13,7 +13,8 @@
   statement's conditions, so a TLS-only policy would refuse everything. Here object requests
   are judged as AWS judges them: a Deny applies only when its conditions hold for the request
   (aws:SecureTransport, s3:x-amz-server-side-encryption and its KMS key id), with AWS's rules
-  for absent keys (negated operators and ...IfExists hold; Null tests absence).
+  for absent keys (negated operators and ...IfExists hold; Null tests absence). Parts of a
+  multipart upload carry the encryption the upload was started with.
 
 `install()` patches moto in this process; the local cloud server calls it before it serves.
 """
@@ -24,6 +25,7 @@ import fnmatch
 import json
 import threading
 from typing import Any
+from urllib.parse import parse_qs, urlparse
 
 _installed = False
 
@@ -283,7 +285,23 @@ def _install_s3_bucket_policy_conditions() -> None:
     original_key_response = S3Response._key_response
 
     def _key_response(self: S3Response, request: Any, full_url: str) -> Any:
-        _request.context = request_context(full_url, request.headers)
+        context = request_context(full_url, request.headers)
+        upload_id = parse_qs(urlparse(full_url).query).get("uploadId")
+        if upload_id:
+            # Parts and the completion of a multipart upload are judged with the encryption
+            # the upload was started with, as S3 does.
+            try:
+                bucket = self.backend.get_bucket(self.parse_bucket_name_from_url(request, full_url))
+                upload = bucket.multiparts.get(upload_id[0])
+            except Exception:  # an unknown bucket or upload: moto answers it as usual
+                upload = None
+            if upload is not None:
+                for name, value in (("s3:x-amz-server-side-encryption", upload.sse_encryption),
+                                    ("s3:x-amz-server-side-encryption-aws-kms-key-id",
+                                     upload.kms_key_id)):  # fmt: skip
+                    if value:
+                        context[name] = value
+        _request.context = context
         try:
             return original_key_response(self, request, full_url)
         finally:
@@ -293,6 +311,9 @@ def _install_s3_bucket_policy_conditions() -> None:
         if self.policy is None:
             return PermissionResult.NEUTRAL
         context = getattr(_request, "context", None) or {"aws:SecureTransport": "true"}
+        # moto names POST uploads (CreateMultipartUpload, CompleteMultipartUpload, form posts)
+        # s3:PostObject; IAM has no such action: S3 authorizes them as s3:PutObject.
+        action = "s3:PutObject" if action == "s3:PostObject" else action
         verdict = evaluate_bucket_policy(json.loads(self.policy), action, resource, context)
         return PermissionResult[verdict]
 

@@ -1,0 +1,360 @@
+"""The checkpoint core: storage seam, verified publish, catalog fencing, restore with fallback.
+
+Runs against local folders, in-process moto (DynamoDB), and the local cloud over HTTPS (S3
+with the checkpoint bucket policy, DynamoDB with the catalog schema).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import boto3
+import pytest
+from moto import mock_aws
+from spotrain.trainer import checkpoint
+from spotrain.trainer.catalog import DynamoCatalog, ManifestCatalog, StaleWriter
+from spotrain.trainer.manifest import Manifest, manifest_key, shard_key
+from spotrain.trainer.storage import LocalStorage, S3Storage, StorageError, open_storage
+
+from spotrain import catalog_schema as schema
+from spotrain.localcloud import control
+
+RUN = "demo"
+REGION = "us-east-1"
+
+
+def write_folder(folder: Path, files: dict[str, bytes]) -> Path:
+    for name, data in files.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data)
+    return folder
+
+
+def shards_of_step(step: int, frozen: bytes = b"embedding" * 4096) -> dict[str, bytes]:
+    """A checkpoint folder as DeepSpeed lays it out: one changing file per rank, one frozen."""
+    return {
+        f"global_step{step}/mp_rank_00_model_states.pt": frozen,
+        f"global_step{step}/zero_pp_rank_0_mp_rank_00_optim_states.pt": os.urandom(50_000),
+        f"global_step{step}/zero_pp_rank_1_mp_rank_00_optim_states.pt": os.urandom(50_000),
+        "latest": f"global_step{step}".encode(),
+    }
+
+
+def publish(
+    folder: Path, storage: Any, catalog: Any, step: int, generation: int = 1, **kw: Any
+) -> Any:
+    return checkpoint.publish(
+        folder, storage=storage, catalog=catalog, generation=generation, run=RUN, step=step,
+        world_size=2, zero_stage=2, config_hash="c0ffee", code_version="test", **kw,
+    )  # fmt: skip
+
+
+# --- storage seam ---------------------------------------------------------------------------
+def test_open_storage_understands_paths_files_and_buckets(tmp_path: Path) -> None:
+    assert isinstance(open_storage(str(tmp_path)), LocalStorage)
+    assert isinstance(open_storage(f"file://{tmp_path}"), LocalStorage)
+    s3 = open_storage("s3://bucket/some/prefix")
+    assert isinstance(s3, S3Storage) and (s3.bucket, s3.prefix) == ("bucket", "some/prefix")
+    with pytest.raises(StorageError, match="file:// paths or s3:// buckets"):
+        open_storage("gs://bucket/x")
+    with pytest.raises(StorageError, match="names no bucket"):
+        open_storage("s3:///x")
+
+
+def test_local_storage_refuses_keys_outside_its_root(tmp_path: Path) -> None:
+    with pytest.raises(StorageError, match="escapes"):
+        LocalStorage(tmp_path / "root").put_bytes("../outside", b"x")
+
+
+def test_local_storage_leaves_no_partial_file_when_a_write_fails(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path)
+
+    def failing() -> Iterator[bytes]:
+        yield b"half"
+        raise OSError("disk full")
+
+    with pytest.raises(OSError):
+        storage._write_atomically("runs/demo/x", failing())
+    assert storage.list("runs") == []
+
+
+# --- publish and restore --------------------------------------------------------------------
+def test_round_trip_restores_every_file_bit_for_bit(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = ManifestCatalog(storage, RUN)
+    files = shards_of_step(10)
+    publish(write_folder(tmp_path / "ckpt", files), storage, catalog, step=10)
+    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    assert report.manifest.step == 10 and report.skipped == []
+    restored = {p.relative_to(tmp_path / "restored").as_posix(): p.read_bytes()
+                for p in (tmp_path / "restored").rglob("*") if p.is_file()}  # fmt: skip
+    assert restored == files
+
+
+def test_unchanged_shards_are_not_uploaded_again(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = ManifestCatalog(storage, RUN)
+    first = publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, step=10)
+    second = publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, step=20)
+    frozen = len(b"embedding" * 4096)
+    assert first.reused_bytes == 0
+    assert second.reused_bytes == frozen
+    assert second.uploaded_bytes == second.manifest.total_bytes - frozen
+
+
+def test_corrupt_shard_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = ManifestCatalog(storage, RUN)
+    publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, step=10)
+    newest = publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, step=20)
+    victim = next(s for s in newest.manifest.shards if "rank_1" in s.name)
+    path = tmp_path / "bucket" / shard_key(RUN, victim.sha256)
+    data = bytearray(path.read_bytes())
+    data[100] ^= 0xFF
+    path.write_bytes(bytes(data))
+    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    assert report.manifest.step == 10
+    assert report.skipped[0][0] == 20 and "corrupt" in report.skipped[0][1]
+    assert (tmp_path / "restored" / "latest").read_bytes() == b"global_step10"
+
+
+def test_missing_shard_falls_back_and_nothing_restorable_is_a_clear_error(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = ManifestCatalog(storage, RUN)
+    only = publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, step=10)
+    storage.delete([shard_key(RUN, only.manifest.shards[0].sha256)])
+    with pytest.raises(checkpoint.RestoreError, match=r"step 10: .*does not exist"):
+        checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    assert not (tmp_path / "restored").exists()
+
+
+def test_crash_before_the_manifest_leaves_the_last_good_checkpoint(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = ManifestCatalog(storage, RUN)
+    publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, step=10)
+    # A second checkpoint whose shards were uploaded but whose manifest never was.
+    for name, data in shards_of_step(20).items():
+        source = write_folder(tmp_path / "b", {name: data}) / name
+        storage.put_file(source, shard_key(RUN, checkpoint.sha256_of(source)))
+    assert catalog.head().step == 10  # type: ignore[union-attr]
+    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    assert report.manifest.step == 10
+
+
+# --- DynamoDB catalog -----------------------------------------------------------------------
+def create_catalog_table(client: Any, name: str) -> None:
+    client.create_table(
+        TableName=name,
+        BillingMode="PAY_PER_REQUEST",
+        KeySchema=[
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        AttributeDefinitions=[
+            {"AttributeName": a, "AttributeType": "S"} for a in ("pk", "sk", schema.LINEAGE_KEY)
+        ],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": schema.LINEAGE_INDEX,
+                "KeySchema": [
+                    {"AttributeName": schema.LINEAGE_KEY, "KeyType": "HASH"},
+                    {"AttributeName": "sk", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            }
+        ],
+    )
+
+
+@pytest.fixture
+def dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    for key, value in {"AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        client = boto3.client("dynamodb")
+        create_catalog_table(client, "catalog")
+        yield client
+
+
+def test_publish_moves_the_head_and_records_lineage(dynamo: Any, tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    generation = catalog.acquire_lease("host-a")
+    publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, 10, generation)
+    publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, 20, generation,
+            parent="demo/step_000000010")  # fmt: skip
+    assert catalog.head().step == 20  # type: ignore[union-attr]
+    assert [(e.step, e.parent) for e in catalog.entries()] == [
+        (10, None), (20, "demo/step_000000010")
+    ]  # fmt: skip
+    children = dynamo.query(
+        TableName="catalog", IndexName=schema.LINEAGE_INDEX,
+        KeyConditionExpression="#p = :p", ExpressionAttributeNames={"#p": schema.LINEAGE_KEY},
+        ExpressionAttributeValues={":p": {"S": "demo/step_000000010"}},
+    )["Items"]  # fmt: skip
+    assert [c["sk"]["S"] for c in children] == ["CKPT#000000000020"]
+
+
+def test_a_writer_whose_lease_was_taken_cannot_publish(dynamo: Any, tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    old = catalog.acquire_lease("preempted-host")
+    new = catalog.acquire_lease("replacement-host")
+    assert new == old + 1
+    with pytest.raises(StaleWriter, match="taken over"):
+        publish(write_folder(tmp_path / "a", shards_of_step(30)), storage, catalog, 30, old)
+    assert catalog.head() is None and catalog.entries() == []
+    publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, 20, new)
+    assert catalog.head().step == 20  # type: ignore[union-attr]
+
+
+def test_an_older_step_never_replaces_a_newer_head(dynamo: Any, tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    generation = catalog.acquire_lease("host")
+    publish(write_folder(tmp_path / "a", shards_of_step(20)), storage, catalog, 20, generation)
+    with pytest.raises(StaleWriter, match="not newer"):
+        publish(write_folder(tmp_path / "b", shards_of_step(10)), storage, catalog, 10, generation)
+    assert catalog.head().step == 20  # type: ignore[union-attr]
+
+
+def test_quarantined_checkpoint_is_skipped_by_restore(dynamo: Any, tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    generation = catalog.acquire_lease("host")
+    publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, 10, generation)
+    publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, 20, generation)
+    catalog.quarantine(20, "loss spike after step 15")
+    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    assert report.manifest.step == 10
+
+
+def test_missing_catalog_table_names_the_fix(dynamo: Any) -> None:
+    from spotrain.trainer.catalog import CatalogError
+
+    with pytest.raises(CatalogError, match="deploy the environment's catalog stack"):
+        DynamoCatalog("no-such-table", RUN, client=dynamo).entries()
+
+
+# --- the real path: local cloud over HTTPS --------------------------------------------------
+def test_publish_and_restore_through_the_local_cloud(local_cloud: Any, tmp_path: Path) -> None:
+    s3 = control.client("s3", local_cloud.endpoint, REGION)
+    dynamodb = control.client("dynamodb", local_cloud.endpoint, REGION)
+    key = control.client("kms", local_cloud.endpoint, REGION).create_key()["KeyMetadata"]["Arn"]
+    bucket, table = "ckpt-store-test", "ckpt-store-test-catalog"
+    s3.create_bucket(Bucket=bucket)
+    # The checkpoint bucket's own policy: TLS only, SSE-KMS with this key only.
+    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "DenyPutWithoutSseKms", "Effect": "Deny", "Principal": {"AWS": "*"},
+         "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{bucket}/*",
+         "Condition": {"StringNotEquals": {"s3:x-amz-server-side-encryption": "aws:kms"}}},
+        {"Sid": "DenyPutWithOtherKey", "Effect": "Deny", "Principal": {"AWS": "*"},
+         "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{bucket}/*",
+         "Condition": {"StringNotEqualsIfExists": {
+             "s3:x-amz-server-side-encryption-aws-kms-key-id": key}}},
+    ]}))  # fmt: skip
+    create_catalog_table(dynamodb, table)
+    # Small parts so the 12 MB shard goes up as a parallel multipart upload.
+    storage = S3Storage(bucket, "", kms_key_id=key, client=s3, part_size=5 * 1024 * 1024)
+    catalog = DynamoCatalog(table, RUN, client=dynamodb)
+    generation = catalog.acquire_lease("host-a")
+    files = {**shards_of_step(10), "global_step10/big.pt": os.urandom(12 * 1024 * 1024)}
+    report = publish(write_folder(tmp_path / "a", files), storage, catalog, 10, generation)
+    assert report.uploaded_bytes == report.manifest.total_bytes
+    head = s3.head_object(Bucket=bucket, Key=manifest_key(RUN, 10))
+    assert head["SSEKMSKeyId"] == key
+    unencrypted = S3Storage(bucket, "", client=s3)
+    with pytest.raises(Exception, match=r"403|AccessDenied|Forbidden"):
+        unencrypted.put_bytes("runs/demo/stray", b"x")
+    restored = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    assert restored.manifest == Manifest.from_json(storage.get_bytes(manifest_key(RUN, 10)))
+    assert (tmp_path / "restored" / "global_step10" / "big.pt").read_bytes() == files[
+        "global_step10/big.pt"
+    ]
+
+
+# --- retention ------------------------------------------------------------------------------
+def test_gc_keeps_the_newest_two_and_frees_only_what_they_do_not_share(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = ManifestCatalog(storage, RUN)
+    reports = [
+        publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage, catalog, step)
+        for step in (10, 20, 30, 40)
+    ]
+    result = checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
+    assert (result.kept, result.collected) == ([30, 40], [10, 20])
+    assert [e.step for e in catalog.entries()] == [30, 40]
+    frozen = reports[0].manifest.shards[0]
+    assert storage.stat(shard_key(RUN, frozen.sha256)) is not None  # shared with 30 and 40
+    old_optimizer = next(s for s in reports[0].manifest.shards if "rank_0_mp" in s.name)
+    assert storage.stat(shard_key(RUN, old_optimizer.sha256)) is None
+    assert result.freed_bytes == sum(
+        s.size for r in reports[:2] for s in r.manifest.shards if s.sha256 != frozen.sha256
+    )
+    for step in (30, 40):
+        checkpoint.verify(storage, manifest_key(RUN, step), tmp_path / "scratch")
+
+
+def test_gc_refuses_to_keep_fewer_than_two(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    with pytest.raises(checkpoint.SpotrainError, match="keep at least 2"):
+        checkpoint.collect_garbage(
+            storage=storage, catalog=ManifestCatalog(storage, RUN), run=RUN, keep=1
+        )
+
+
+def test_gc_marks_collected_checkpoints_in_the_catalog(dynamo: Any, tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    generation = catalog.acquire_lease("host")
+    for step in (10, 20, 30):
+        publish(
+            write_folder(tmp_path / f"s{step}", shards_of_step(step)),
+            storage,
+            catalog,
+            step,
+            generation,
+        )
+    checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
+    assert [(e.step, e.status) for e in catalog.entries()] == [
+        (10, schema.STATUS_COLLECTED), (20, schema.STATUS_COMPLETE), (30, schema.STATUS_COMPLETE)
+    ]  # fmt: skip
+    assert storage.stat(manifest_key(RUN, 10)) is None
+    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    assert report.manifest.step == 30
+
+
+# --- spotrain checkpoints -------------------------------------------------------------------
+def test_checkpoints_command_lists_verifies_restores_and_collects(
+    tmp_path: Path, capsys: Any
+) -> None:
+    from spotrain import cli
+
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = ManifestCatalog(storage, RUN)
+    for step in (10, 20, 30):
+        publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage, catalog, step)
+    store = ["--store", f"file://{tmp_path / 'bucket'}", "--run", RUN]
+
+    assert cli.main(["checkpoints", "list", *store]) == 0
+    listing = capsys.readouterr().out
+    assert "30  COMPLETE" in listing and "<- head" in listing.splitlines()[-1]
+    assert cli.main(["checkpoints", "verify", *store]) == 0
+    assert "step 30: all 4 files present" in capsys.readouterr().out
+    assert cli.main(["checkpoints", "show", *store, "--step", "20"]) == 0
+    assert Manifest.from_json(capsys.readouterr().out.encode()).step == 20
+
+    newest = Manifest.from_json(storage.get_bytes(manifest_key(RUN, 30)))
+    storage.delete([shard_key(RUN, newest.shards[1].sha256)])
+    assert cli.main(["checkpoints", "verify", *store]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["checkpoints", "restore", *store, "--to", str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "skipped step 30" in out and "restored step 20" in out
+    assert cli.main(["checkpoints", "gc", *store]) == 0
+    assert "collected [10]" in capsys.readouterr().out

@@ -1,0 +1,286 @@
+"""The checkpoint catalog: where a run's latest complete checkpoint is recorded.
+
+`DynamoCatalog` is the real one (schema in docs/catalog.md). Publishing is one DynamoDB
+transaction that (1) checks the writer still holds the run's lease generation, (2) records the
+checkpoint as COMPLETE and (3) moves the run's head to it only if it is newer than the head. A
+writer whose lease was taken over by a newer start, or that is behind the head, cannot publish.
+
+`ManifestCatalog` reads the manifests in storage: used for `file://` runs, and as the fallback
+for finding checkpoints when the catalog table cannot be reached.
+"""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from spotrain.trainer.manifest import Manifest, ManifestError, manifest_key, run_prefix
+from spotrain.trainer.storage import Storage
+
+from spotrain import catalog_schema as schema
+from spotrain.errors import SpotrainError
+
+
+class CatalogError(SpotrainError):
+    """The catalog could not be read or written."""
+
+
+class StaleWriter(CatalogError):
+    """This writer lost the run's lease, or its checkpoint is not newer than the published
+    head: it must stop and never publish."""
+
+
+@dataclass(frozen=True)
+class CatalogEntry:
+    step: int
+    manifest_key: str
+    status: str
+    generation: int
+    parent: str | None = None
+    total_bytes: int = 0
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds")
+
+
+class Catalog(Protocol):
+    def acquire_lease(self, owner: str) -> int: ...
+
+    def publish(self, manifest: Manifest, generation: int) -> None: ...
+
+    def head(self) -> CatalogEntry | None: ...
+
+    def entries(self) -> list[CatalogEntry]: ...
+
+    def quarantine(self, step: int, reason: str) -> None: ...
+
+    def retire(self, step: int) -> None: ...
+
+
+class DynamoCatalog:
+    def __init__(self, table_name: str, run: str, *, client: Any = None) -> None:
+        self.table_name, self.run = table_name, run
+        self._client = client
+        self._pk = {"S": schema.run_key(run)}
+
+    @property
+    def client(self) -> Any:
+        if self._client is None:
+            import boto3
+
+            self._client = boto3.client("dynamodb")
+        return self._client
+
+    def _call(self, operation: str, **kwargs: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self.client, operation)(TableName=self.table_name, **kwargs)
+        except ClientError as error:
+            if error.response["Error"]["Code"] == "ResourceNotFoundException":
+                raise CatalogError(
+                    f"catalog table {self.table_name!r} does not exist: deploy the environment's "
+                    "catalog stack, or pass the table name that `spotrain deploy` printed"
+                ) from error
+            raise
+        except BotoCoreError as error:
+            raise CatalogError(f"catalog table {self.table_name!r} unreachable: {error}") from error
+
+    def acquire_lease(self, owner: str) -> int:
+        """Take the run's lease with a new generation; every older writer is now stale."""
+        result = self._call(
+            "update_item",
+            Key={schema.PARTITION_KEY: self._pk, schema.SORT_KEY: {"S": schema.LEASE_SORT_KEY}},
+            UpdateExpression="ADD #generation :one SET #owner = :owner, acquired_at = :now",
+            ExpressionAttributeNames={"#generation": "generation", "#owner": "owner"},
+            ExpressionAttributeValues={
+                ":one": {"N": "1"},
+                ":owner": {"S": owner},
+                ":now": {"S": _now()},
+            },
+            ReturnValues="UPDATED_NEW",
+        )
+        return int(result["Attributes"]["generation"]["N"])
+
+    def publish(self, manifest: Manifest, generation: int) -> None:
+        from botocore.exceptions import ClientError
+
+        if manifest.run != self.run:
+            raise CatalogError(f"manifest of run {manifest.run!r} offered to run {self.run!r}")
+        sort_key = schema.checkpoint_sort_key(manifest.step)
+        item: dict[str, Any] = {
+            schema.PARTITION_KEY: self._pk,
+            schema.SORT_KEY: {"S": sort_key},
+            "status": {"S": schema.STATUS_COMPLETE},
+            "step": {"N": str(manifest.step)},
+            "manifest": {"S": manifest_key(self.run, manifest.step)},
+            "generation": {"N": str(generation)},
+            "bytes": {"N": str(manifest.total_bytes)},
+            "shards": {"N": str(len(manifest.shards))},
+            "world_size": {"N": str(manifest.world_size)},
+            "zero_stage": {"N": str(manifest.zero_stage)},
+            "config_hash": {"S": manifest.config_hash},
+            "code_version": {"S": manifest.code_version},
+            "tier": {"S": manifest.tier},
+            "created_at": {"S": manifest.created_at},
+        }
+        if manifest.parent:
+            item[schema.LINEAGE_KEY] = {"S": manifest.parent}
+        lease_key = {schema.PARTITION_KEY: self._pk, schema.SORT_KEY: {"S": schema.LEASE_SORT_KEY}}
+        head_key = {schema.PARTITION_KEY: self._pk, schema.SORT_KEY: {"S": schema.HEAD_SORT_KEY}}
+        try:
+            self.client.transact_write_items(
+                TransactItems=[
+                    {
+                        "ConditionCheck": {
+                            "TableName": self.table_name,
+                            "Key": lease_key,
+                            "ConditionExpression": "#generation = :generation",
+                            "ExpressionAttributeNames": {"#generation": "generation"},
+                            "ExpressionAttributeValues": {":generation": {"N": str(generation)}},
+                        }
+                    },
+                    {"Put": {"TableName": self.table_name, "Item": item}},
+                    {
+                        "Update": {
+                            "TableName": self.table_name,
+                            "Key": head_key,
+                            "UpdateExpression": "SET latest = :latest, #step = :step, "
+                            "#generation = :generation, updated_at = :now",
+                            "ConditionExpression": "attribute_not_exists(#step) OR #step < :step",
+                            "ExpressionAttributeNames": {
+                                "#step": "step",
+                                "#generation": "generation",
+                            },
+                            "ExpressionAttributeValues": {
+                                ":latest": {"S": sort_key},
+                                ":step": {"N": str(manifest.step)},
+                                ":generation": {"N": str(generation)},
+                                ":now": {"S": _now()},
+                            },
+                        }
+                    },
+                ]
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "TransactionCanceledException":
+                raise CatalogError(f"publish of step {manifest.step} failed: {error}") from error
+            reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
+            if reasons and reasons[0] == "ConditionalCheckFailed":
+                raise StaleWriter(
+                    f"run {self.run!r}: lease generation {generation} was taken over by a newer "
+                    "start; this writer stops without publishing"
+                ) from error
+            raise StaleWriter(
+                f"run {self.run!r}: step {manifest.step} is not newer than the published head"
+            ) from error
+
+    def head(self) -> CatalogEntry | None:
+        item = self._call(
+            "get_item",
+            Key={schema.PARTITION_KEY: self._pk, schema.SORT_KEY: {"S": schema.HEAD_SORT_KEY}},
+            ConsistentRead=True,
+        ).get("Item")
+        if not item:
+            return None
+        step = int(item["step"]["N"])
+        return next((e for e in self.entries() if e.step == step), None)
+
+    def entries(self) -> list[CatalogEntry]:
+        """Every recorded checkpoint of the run, by step."""
+        found, start = [], None
+        while True:
+            page = self._call(
+                "query",
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :checkpoint)",
+                ExpressionAttributeValues={":pk": self._pk, ":checkpoint": {"S": "CKPT#"}},
+                ConsistentRead=True,
+                **({"ExclusiveStartKey": start} if start else {}),
+            )
+            for item in page.get("Items", []):
+                found.append(
+                    CatalogEntry(
+                        step=int(item["step"]["N"]),
+                        manifest_key=item["manifest"]["S"],
+                        status=item["status"]["S"],
+                        generation=int(item["generation"]["N"]),
+                        parent=item.get(schema.LINEAGE_KEY, {}).get("S"),
+                        total_bytes=int(item["bytes"]["N"]),
+                    )
+                )
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return found
+
+    def retire(self, step: int) -> None:
+        """Mark a garbage-collected checkpoint: its history stays, its data is gone."""
+        self._set_status(step, schema.STATUS_COLLECTED, "collected")
+
+    def quarantine(self, step: int, reason: str) -> None:
+        self._set_status(step, schema.STATUS_QUARANTINED, reason)
+
+    def _set_status(self, step: int, status: str, reason: str) -> None:
+        self._call(
+            "update_item",
+            Key={
+                schema.PARTITION_KEY: self._pk,
+                schema.SORT_KEY: {"S": schema.checkpoint_sort_key(step)},
+            },
+            UpdateExpression="SET #status = :status, status_reason = :reason",
+            ConditionExpression="attribute_exists(pk)",
+            ExpressionAttributeNames={"#status": "status"},
+            ExpressionAttributeValues={":status": {"S": status}, ":reason": {"S": reason}},
+        )
+
+
+class ManifestCatalog:
+    """The checkpoints whose manifests are in storage. A manifest is written only after every
+    shard it names is stored and verified, so its presence is the publish."""
+
+    def __init__(self, storage: Storage, run: str) -> None:
+        self.storage, self.run = storage, run
+
+    def acquire_lease(self, owner: str) -> int:
+        return 0  # one writer per folder; there is no shared lease to take
+
+    def publish(self, manifest: Manifest, generation: int) -> None:
+        # The manifest, already written, is the publish; the head is the highest step.
+        head = self.head()
+        if head is not None and head.step > manifest.step:
+            raise StaleWriter(
+                f"run {self.run!r}: step {manifest.step} is not newer than {head.step}"
+            )
+
+    def entries(self) -> list[CatalogEntry]:
+        found = []
+        for key in self.storage.list(f"{run_prefix(self.run)}/checkpoints/"):
+            if not key.endswith("/manifest.json"):
+                continue
+            try:
+                manifest = Manifest.from_json(self.storage.get_bytes(key))
+            except (ManifestError, SpotrainError):
+                continue  # an unreadable manifest names no usable checkpoint
+            quarantined = self.storage.stat(f"{key}.quarantined") is not None
+            found.append(
+                CatalogEntry(
+                    step=manifest.step,
+                    manifest_key=key,
+                    status=schema.STATUS_QUARANTINED if quarantined else schema.STATUS_COMPLETE,
+                    generation=0,
+                    parent=manifest.parent,
+                    total_bytes=manifest.total_bytes,
+                )
+            )
+        return sorted(found, key=lambda e: e.step)
+
+    def head(self) -> CatalogEntry | None:
+        complete = [e for e in self.entries() if e.status == schema.STATUS_COMPLETE]
+        return complete[-1] if complete else None
+
+    def quarantine(self, step: int, reason: str) -> None:
+        self.storage.put_bytes(f"{manifest_key(self.run, step)}.quarantined", reason.encode())
+
+    def retire(self, step: int) -> None:
+        self.storage.delete([f"{manifest_key(self.run, step)}.quarantined"])

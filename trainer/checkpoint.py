@@ -1,0 +1,219 @@
+"""Publishing a checkpoint folder and restoring the newest good one.
+
+Publish order (nothing is visible to a restore until the last step):
+  1. every shard is uploaded content-addressed and verified (unchanged shards are skipped);
+  2. the manifest naming them is written;
+  3. the catalog records the checkpoint and moves the run's head, in one conditional write.
+A crash anywhere before 3 leaves the previous checkpoint the run's head.
+
+Restore walks the complete checkpoints newest first; the first whose manifest and every shard
+are present with the recorded SHA-256 is restored, and each one passed over is reported with
+its reason.
+
+Garbage collection keeps the newest `keep` (at least 2) complete checkpoints and removes only
+what an older, superseded checkpoint alone referenced. Run it from the run's writer between
+publishes, or while the run is stopped: a publish in flight may be reusing an old shard.
+"""
+
+from __future__ import annotations
+
+import datetime
+import shutil
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from spotrain.trainer.catalog import Catalog
+from spotrain.trainer.manifest import Manifest, Shard, manifest_key, shard_key
+from spotrain.trainer.storage import Storage, sha256_of
+
+from spotrain import catalog_schema as schema
+from spotrain.errors import SpotrainError
+
+UPLOAD_WORKERS = 4
+MIN_KEEP = 2
+
+
+class RestoreError(SpotrainError):
+    """No checkpoint of the run could be restored."""
+
+
+@dataclass(frozen=True)
+class PublishReport:
+    manifest: Manifest
+    uploaded_bytes: int
+    reused_bytes: int
+    """Bytes of shards already stored by an earlier checkpoint, not sent again."""
+
+
+@dataclass
+class RestoreReport:
+    manifest: Manifest
+    skipped: list[tuple[int, str]] = field(default_factory=list)
+    """(step, reason) of each newer checkpoint that could not be used."""
+
+
+def describe_folder(folder: Path) -> list[Shard]:
+    """Every file under the checkpoint folder, with its digest."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file())
+    if not files:
+        raise SpotrainError(f"checkpoint folder {folder} is empty: nothing to publish")
+    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
+        digests = list(pool.map(sha256_of, files))
+    return [
+        Shard(name=p.relative_to(folder).as_posix(), sha256=d, size=p.stat().st_size)
+        for p, d in zip(files, digests, strict=True)
+    ]
+
+
+def publish(
+    folder: Path,
+    *,
+    storage: Storage,
+    catalog: Catalog,
+    generation: int,
+    run: str,
+    step: int,
+    world_size: int,
+    zero_stage: int,
+    config_hash: str,
+    code_version: str,
+    tier: str = "full",
+    parent: str | None = None,
+) -> PublishReport:
+    shards = describe_folder(folder)
+    unique = {s.sha256: s for s in shards}
+
+    def store(shard: Shard) -> int:
+        key = shard_key(run, shard.sha256)
+        existing = storage.stat(key)
+        if existing is not None and existing.size == shard.size and existing.sha256 == shard.sha256:
+            return 0
+        stored = storage.put_file(folder / shard.name, key)
+        if stored.sha256 != shard.sha256:
+            raise SpotrainError(f"{shard.name} changed while it was being published")
+        return shard.size
+
+    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
+        uploaded = sum(pool.map(store, unique.values()))
+        # Reused shards were checked before the uploads; check again just before the manifest
+        # names them, so a concurrent clean-up cannot leave it pointing at nothing.
+        present = list(
+            pool.map(lambda s: storage.stat(shard_key(run, s.sha256)) is not None, unique.values())
+        )
+    missing = [s.name for s, there in zip(unique.values(), present, strict=True) if not there]
+    if missing:
+        raise SpotrainError(f"shards vanished during publish of step {step}: {missing}")
+    manifest = Manifest(
+        run=run,
+        step=step,
+        shards=tuple(shards),
+        world_size=world_size,
+        zero_stage=zero_stage,
+        config_hash=config_hash,
+        code_version=code_version,
+        created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        tier=tier,
+        parent=parent,
+    )
+    storage.put_bytes(manifest_key(run, step), manifest.to_json())
+    catalog.publish(manifest, generation)
+    reused = sum(s.size for s in unique.values()) - uploaded
+    return PublishReport(manifest=manifest, uploaded_bytes=uploaded, reused_bytes=reused)
+
+
+def _fetch(storage: Storage, manifest: Manifest, destination: Path) -> None:
+    """Download every shard into `destination`, checking each digest."""
+
+    def fetch(shard: Shard) -> None:
+        got = storage.get_file(shard_key(manifest.run, shard.sha256), destination / shard.name)
+        if got.sha256 != shard.sha256 or got.size != shard.size:
+            raise SpotrainError(f"shard {shard.name} is corrupt (sha256 {got.sha256[:12]}...)")
+
+    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
+        list(pool.map(fetch, manifest.shards))
+
+
+def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) -> RestoreReport:
+    """Restore the newest complete checkpoint that verifies; fall back past any that do not."""
+    candidates = [e for e in catalog.entries() if e.status == schema.STATUS_COMPLETE]
+    head = catalog.head()
+    if head is not None:  # never restore past the published head (a newer one may be torn)
+        candidates = [e for e in candidates if e.step <= head.step]
+    skipped: list[tuple[int, str]] = []
+    for entry in sorted(candidates, key=lambda e: e.step, reverse=True):
+        staging = destination.with_name(f".{destination.name}.partial")
+        shutil.rmtree(staging, ignore_errors=True)
+        try:
+            manifest = Manifest.from_json(storage.get_bytes(entry.manifest_key))
+            _fetch(storage, manifest, staging)
+        except (SpotrainError, ValueError) as error:
+            skipped.append((entry.step, str(error)))
+            shutil.rmtree(staging, ignore_errors=True)
+            continue
+        shutil.rmtree(destination, ignore_errors=True)
+        staging.rename(destination)
+        return RestoreReport(manifest=manifest, skipped=skipped)
+    reasons = "; ".join(f"step {s}: {r}" for s, r in skipped) or "no complete checkpoint exists"
+    raise RestoreError(f"run {run!r} has no restorable checkpoint ({reasons})")
+
+
+def verify(storage: Storage, manifest_key_: str, scratch: Path) -> Manifest:
+    """Download every shard of one checkpoint into `scratch` and check it; raises if any is
+    missing or corrupt."""
+    manifest = Manifest.from_json(storage.get_bytes(manifest_key_))
+    try:
+        _fetch(storage, manifest, scratch)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return manifest
+
+
+@dataclass(frozen=True)
+class CollectReport:
+    kept: list[int]
+    collected: list[int]
+    freed_bytes: int
+
+
+def collect_garbage(
+    *, storage: Storage, catalog: Catalog, run: str, keep: int = MIN_KEEP
+) -> CollectReport:
+    """Remove superseded checkpoints beyond the newest `keep` complete ones."""
+    if keep < MIN_KEEP:
+        raise SpotrainError(
+            f"keep={keep}: keep at least {MIN_KEEP} complete checkpoints so a corrupt newest one "
+            "still has a fallback"
+        )
+    complete = sorted(
+        (e for e in catalog.entries() if e.status == schema.STATUS_COMPLETE), key=lambda e: e.step
+    )
+    head = catalog.head()
+    kept = [e for e in complete if head is None or e.step <= head.step][-keep:]
+    kept_steps = {e.step for e in kept}
+    superseded = [e for e in complete if e.step < min(kept_steps, default=0)]
+    if not superseded:
+        return CollectReport(kept=sorted(kept_steps), collected=[], freed_bytes=0)
+    referenced = set()
+    for entry in catalog.entries():
+        if entry.step in {e.step for e in superseded}:
+            continue
+        try:
+            referenced |= {
+                s.sha256 for s in Manifest.from_json(storage.get_bytes(entry.manifest_key)).shards
+            }
+        except (SpotrainError, ValueError):
+            continue  # an unreadable manifest protects nothing it cannot name
+    doomed: dict[str, int] = {}
+    for entry in superseded:
+        manifest = Manifest.from_json(storage.get_bytes(entry.manifest_key))
+        doomed |= {s.sha256: s.size for s in manifest.shards if s.sha256 not in referenced}
+    storage.delete([shard_key(run, digest) for digest in doomed])
+    for entry in superseded:
+        catalog.retire(entry.step)
+        storage.delete([entry.manifest_key])
+    return CollectReport(
+        kept=sorted(kept_steps),
+        collected=[e.step for e in superseded],
+        freed_bytes=sum(doomed.values()),
+    )
