@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -303,3 +304,11 @@ def test_local_cloud_enforces_a_kms_only_bucket_policy_over_https(
     )
     assert s3.get_object(Bucket=bucket, Key="ok")["Body"].read() == b"x"
     assert local_cloud.endpoint.startswith("https://")
+
+
+def test_state_and_ca_bundle_paths_are_absolute(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Terraform runs inside each stack's folder: a relative CA path would not resolve there.
+    monkeypatch.setenv("SPOTRAIN_HOME", ".spotrain")
+    assert control.state_dir().is_absolute()
+    env = control.aws_environment("https://127.0.0.1:4566", REGION)
+    assert Path(env["AWS_CA_BUNDLE"]).is_absolute()

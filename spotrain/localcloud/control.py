@@ -38,7 +38,8 @@ class RunningCloud:
 
 
 def state_dir() -> Path:
-    return Path(os.environ.get("SPOTRAIN_HOME", ".spotrain")) / "local"
+    # Absolute: terraform reads AWS_CA_BUNDLE from inside each stack's folder.
+    return (Path(os.environ.get("SPOTRAIN_HOME", ".spotrain")) / "local").resolve()
 
 
 def aws_environment(endpoint: str, region: str) -> dict[str, str]:
