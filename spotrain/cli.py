@@ -159,6 +159,11 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             _say("error: restore needs --to DIR (where the checkpoint folder goes)")
             return 2
         result = checkpoint.restore(Path(args.to), storage=storage, catalog=catalog, run=args.run)
+        if result.catalog_unavailable:
+            _say(
+                f"catalog unavailable ({result.catalog_unavailable}); "
+                "found checkpoints from manifests"
+            )
         for step, reason in result.skipped:
             _say(f"skipped step {step}: {reason}")
         _say(f"restored step {result.manifest.step} ({result.manifest.total_bytes:,} bytes, "

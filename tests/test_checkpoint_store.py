@@ -234,6 +234,21 @@ def test_quarantined_checkpoint_is_skipped_by_restore(dynamo: Any, tmp_path: Pat
     assert report.manifest.step == 10
 
 
+def test_restore_finds_checkpoints_from_manifests_when_the_catalog_is_unreachable(
+    dynamo: Any, tmp_path: Path
+) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    generation = catalog.acquire_lease("host")
+    publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, 10, generation)
+    unreachable = DynamoCatalog("catalog-in-a-region-that-is-down", RUN, client=dynamo)
+    report = checkpoint.restore(
+        tmp_path / "restored", storage=storage, catalog=unreachable, run=RUN
+    )
+    assert report.manifest.step == 10
+    assert "does not exist" in (report.catalog_unavailable or "")
+
+
 def test_missing_catalog_table_names_the_fix(dynamo: Any) -> None:
     from spotrain.trainer.catalog import CatalogError
 

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spotrain.trainer.catalog import Catalog
+from spotrain.trainer.catalog import Catalog, CatalogError, ManifestCatalog
 from spotrain.trainer.manifest import Manifest, Shard, manifest_key, shard_key
 from spotrain.trainer.storage import Storage, sha256_of
 
@@ -51,6 +51,8 @@ class RestoreReport:
     manifest: Manifest
     skipped: list[tuple[int, str]] = field(default_factory=list)
     """(step, reason) of each newer checkpoint that could not be used."""
+    catalog_unavailable: str | None = None
+    """Why checkpoints were found from manifests instead of the catalog, if they were."""
 
 
 def describe_folder(folder: Path) -> list[Shard]:
@@ -135,9 +137,16 @@ def _fetch(storage: Storage, manifest: Manifest, destination: Path) -> None:
 
 
 def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) -> RestoreReport:
-    """Restore the newest complete checkpoint that verifies; fall back past any that do not."""
-    candidates = [e for e in catalog.entries() if e.status == schema.STATUS_COMPLETE]
-    head = catalog.head()
+    """Restore the newest complete checkpoint that verifies; fall back past any that do not.
+    If the catalog cannot be read, the checkpoints are found from their manifests instead."""
+    unavailable = None
+    try:
+        entries, head = catalog.entries(), catalog.head()
+    except CatalogError as error:
+        unavailable = str(error)
+        fallback = ManifestCatalog(storage, run)
+        entries, head = fallback.entries(), fallback.head()
+    candidates = [e for e in entries if e.status == schema.STATUS_COMPLETE]
     if head is not None:  # never restore past the published head (a newer one may be torn)
         candidates = [e for e in candidates if e.step <= head.step]
     skipped: list[tuple[int, str]] = []
@@ -153,7 +162,7 @@ def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) 
             continue
         shutil.rmtree(destination, ignore_errors=True)
         staging.rename(destination)
-        return RestoreReport(manifest=manifest, skipped=skipped)
+        return RestoreReport(manifest=manifest, skipped=skipped, catalog_unavailable=unavailable)
     reasons = "; ".join(f"step {s}: {r}" for s, r in skipped) or "no complete checkpoint exists"
     raise RestoreError(f"run {run!r} has no restorable checkpoint ({reasons})")
 
