@@ -42,7 +42,9 @@ def cmd_local(args: argparse.Namespace) -> int:
     return 0
 
 
-def _deployment(env_name: str, outdir: Path, *, start_local: bool):  # type: ignore[no-untyped-def]
+def _deployment(  # type: ignore[no-untyped-def]
+    env_name: str, outdir: Path, *, start_local: bool, verbose: bool
+):
     from spotrain import deploy
 
     config = deploy.environment(env_name)
@@ -56,7 +58,7 @@ def _deployment(env_name: str, outdir: Path, *, start_local: bool):  # type: ign
     started = time.monotonic()
     deploy.synth(outdir, local_endpoint=endpoint)
     _say(f"synthesized {outdir}/ in {time.monotonic() - started:.1f}s")
-    return deploy.Deployment(config=config, outdir=outdir, log=_say)
+    return deploy.Deployment(config=config, outdir=outdir, log=_say, verbose=verbose)
 
 
 def cmd_synth(args: argparse.Namespace) -> int:
@@ -72,7 +74,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 
 
 def cmd_deploy(args: argparse.Namespace) -> int:
-    deployment = _deployment(args.env, Path(args.out), start_local=True)
+    deployment = _deployment(args.env, Path(args.out), start_local=True, verbose=args.verbose)
     started = time.monotonic()
     results = deployment.apply()
     _say(
@@ -87,7 +89,7 @@ def cmd_deploy(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    deployment = _deployment(args.env, Path(args.out), start_local=False)
+    deployment = _deployment(args.env, Path(args.out), start_local=False, verbose=args.verbose)
     changes = deployment.plan_has_changes()
     for name, changed in changes.items():
         _say(f"{name}: {'changes' if changed else 'no changes'}")
@@ -95,7 +97,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_destroy(args: argparse.Namespace) -> int:
-    deployment = _deployment(args.env, Path(args.out), start_local=False)
+    deployment = _deployment(args.env, Path(args.out), start_local=False, verbose=args.verbose)
     deployment.destroy()
     _say(f"{args.env}: destroyed")
     return 0
@@ -232,6 +234,9 @@ def parser() -> argparse.ArgumentParser:
         command = commands.add_parser(name, help=text)
         command.add_argument("env", help="environment name: local, dev, prod")
         command.add_argument("--out", default="cdktf.out", help="synthesis folder")
+        command.add_argument(
+            "--verbose", action="store_true", help="show Terraform's output, not per-stack logs"
+        )
         command.set_defaults(handler=run)
     return root
 

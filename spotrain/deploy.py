@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -57,6 +58,8 @@ class Deployment:
     config: EnvironmentConfig
     outdir: Path = DEFAULT_OUTDIR
     log: Callable[[str], None] = print
+    verbose: bool = False
+    """Stream Terraform's output to the terminal instead of per-stack log files."""
     _env: dict[str, str] = field(init=False, default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -81,13 +84,21 @@ class Deployment:
         if not (self.stack_dir(name) / ".terraform").exists() or not lock.exists():
             self._tf(name, ["init", "-input=false", "-no-color", "-reconfigure"])
 
+    def log_file(self, name: str) -> Path:
+        return (self.outdir.parent / ".spotrain" / "logs" / f"{name}.log").resolve()
+
     def apply(self) -> list[StackResult]:
         results = []
         for name in self.stacks:
-            self.log(f"==> {name}: apply")
+            started = time.monotonic()
+            self.log(
+                f"==> {name}: applying" + ("" if self.verbose else f" (log: {self.log_file(name)})")
+            )
             self.init(name)
             self._tf(name, ["apply", "-auto-approve", "-input=false", "-no-color"])
             results.append(self.describe(name))
+            self.log(f"    {name}: {len(results[-1].resources)} resources, "
+                     f"{time.monotonic() - started:.0f}s")  # fmt: skip
         return results
 
     def plan_has_changes(self) -> dict[str, bool]:
@@ -108,7 +119,7 @@ class Deployment:
 
     def destroy(self) -> None:
         for name in reversed(self.stacks):
-            self.log(f"==> {name}: destroy")
+            self.log(f"==> {name}: destroying")
             self.init(name)
             self._tf(name, ["destroy", "-auto-approve", "-input=false", "-no-color"])
 
@@ -127,7 +138,8 @@ class Deployment:
         )
 
     def _tf(self, name: str, args: list[str], capture: bool = False):  # type: ignore[no-untyped-def]
-        return terraform.run(self.stack_dir(name), args, self._env, capture=capture)
+        log = None if capture or self.verbose else self.log_file(name)
+        return terraform.run(self.stack_dir(name), args, self._env, capture=capture, log=log)
 
 
 def local_environment_ready(endpoint: str) -> EnvironmentConfig:

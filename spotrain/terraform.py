@@ -83,28 +83,47 @@ def terraform_env(cli_config: Path, extra: Mapping[str, str] | None = None) -> d
 
 
 def run(
-    stack_dir: Path, args: Sequence[str], env: Mapping[str, str], *, capture: bool = False
+    stack_dir: Path,
+    args: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    capture: bool = False,
+    log: Path | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run `terraform <args>` in a synthesized stack folder; TerraformError if it fails."""
+    """Run `terraform <args>` in a synthesized stack folder; TerraformError if it fails.
+
+    `capture` returns the output; `log` appends it to a file instead of the terminal, and a
+    failure then quotes the end of that file."""
     command = ["terraform", *args]
     try:
-        result = subprocess.run(
-            command,
-            cwd=stack_dir,
-            env=dict(env),
-            text=True,
-            capture_output=capture,
-            check=False,
-        )
+        if log is not None:
+            log.parent.mkdir(parents=True, exist_ok=True)
+            with log.open("a") as sink:
+                sink.write(f"\n$ {' '.join(command)}\n")
+                sink.flush()
+                result = subprocess.run(
+                    command, cwd=stack_dir, env=dict(env), text=True, stdout=sink,
+                    stderr=subprocess.STDOUT, check=False,
+                )  # fmt: skip
+        else:
+            result = subprocess.run(
+                command, cwd=stack_dir, env=dict(env), text=True, capture_output=capture,
+                check=False,
+            )  # fmt: skip
     except FileNotFoundError as error:
         raise TerraformError(
             "terraform is not on PATH: install Terraform 1.6 or newer and try again"
         ) from error
     if result.returncode != 0:
-        detail = (result.stderr or result.stdout or "")[-4000:] if capture else ""
+        if log is not None:
+            tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
+            detail = f"\n{tail}\n(whole log: {log})"
+        elif capture:
+            detail = "\n" + (result.stderr or result.stdout or "")[-4000:]
+        else:
+            detail = " See the output above."
         raise TerraformError(
-            f"`{' '.join(command)}` failed in {stack_dir.name} (exit {result.returncode})."
-            f"{chr(10) + detail if detail else ' See the output above.'}"
+            f"`{' '.join(command)}` failed in {stack_dir.name} (exit {result.returncode}).{detail}"
         )
     return result
 
