@@ -20,7 +20,6 @@ HEAD_SORT_KEY = "HEAD"
 LEASE_SORT_KEY = "LEASE"
 """The run's writer lease: generation numbers fence off stale writers."""
 
-STATUS_PENDING = "PENDING"
 STATUS_COMPLETE = "COMPLETE"
 STATUS_QUARANTINED = "QUARANTINED"
 STATUS_COLLECTED = "COLLECTED"
