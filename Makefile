@@ -21,8 +21,14 @@ prerequisites:
 	  { echo "terraform is not on PATH: install Terraform 1.6+ (https://developer.hashicorp.com/terraform/install)"; exit 1; }
 	@command -v npm >/dev/null || { echo "npm is not on PATH: install Node.js 20+"; exit 1; }
 
+# torch goes first and pinned: an unpinned or later torch requirement would download the
+# CUDA build with gigabytes of libraries. Point TORCH_INSTALL_ARGS at another index for a CUDA
+# build (e.g. --index-url https://download.pytorch.org/whl/cu128).
+TORCH_INSTALL_ARGS ?=
+
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_INSTALL_ARGS) torch==2.13.0
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 

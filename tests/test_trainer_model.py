@@ -1,0 +1,99 @@
+"""The model and its data: attention is causal and equals the textbook formula, a fresh model
+predicts uniformly, it learns the synthetic corpus, and the sampler replays exactly."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from spotrain.trainer.data import Sampler, TokenFile, synthetic_corpus, write_token_file
+from spotrain.trainer.model import GPT, CausalSelfAttention, GPTConfig
+from torch.nn import functional as F
+
+TINY = GPTConfig(context=32, layers=2, heads=2, width=64)
+
+
+def test_sdpa_attention_matches_explicit_masked_softmax() -> None:
+    torch.manual_seed(0)
+    attention = CausalSelfAttention(TINY).double()
+    x = torch.randn(3, 16, TINY.width, dtype=torch.float64)
+    q, k, v = attention.qkv(x).split(TINY.width, dim=2)
+    heads = lambda t: t.view(3, 16, TINY.heads, -1).transpose(1, 2)  # noqa: E731
+    q, k, v = heads(q), heads(k), heads(v)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    scores = scores.masked_fill(torch.ones(16, 16).triu(1).bool(), float("-inf"))
+    expected = (F.softmax(scores, dim=-1) @ v).transpose(1, 2).reshape(3, 16, TINY.width)
+    torch.testing.assert_close(attention(x), attention.out(expected))
+
+
+def test_future_tokens_do_not_change_earlier_predictions() -> None:
+    torch.manual_seed(0)
+    model = GPT(TINY).eval()
+    tokens = torch.randint(0, 256, (1, 20))
+    changed = tokens.clone()
+    changed[0, 15:] = (changed[0, 15:] + 1) % 256
+    torch.testing.assert_close(model(tokens)[0, :15], model(changed)[0, :15])
+    assert not torch.allclose(model(tokens)[0, 15:], model(changed)[0, 15:])
+
+
+def test_fresh_model_predicts_close_to_uniform() -> None:
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    tokens, targets = torch.randint(0, 256, (2, 4, 32))
+    assert abs(model(tokens, targets).item() - math.log(256)) < 0.1
+
+
+def test_too_long_a_sequence_is_refused_with_the_limit() -> None:
+    with pytest.raises(ValueError, match="longer than context 32"):
+        GPT(TINY)(torch.zeros(1, 33, dtype=torch.long))
+
+
+@pytest.fixture
+def corpus(tmp_path: Path) -> TokenFile:
+    return TokenFile(write_token_file(tmp_path / "corpus", synthetic_corpus(200_000)))
+
+
+def test_model_learns_the_synthetic_corpus(corpus: TokenFile) -> None:
+    torch.manual_seed(0)
+    model = GPT(TINY)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    sampler = Sampler(corpus, context=32, micro_batch=16, seed=1)
+    losses = []
+    for step in range(60):
+        x, y = sampler.batch(step)
+        loss = model(x, y)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert sum(losses[-10:]) / 10 < 0.6 * sum(losses[:5]) / 5
+
+
+def test_sampler_replays_the_same_batches_in_any_order(corpus: TokenFile) -> None:
+    sampler = Sampler(corpus, context=32, micro_batch=4, seed=7)
+    forward = [sampler.batch(i)[0] for i in range(5)]
+    backward = [sampler.batch(i)[0] for i in reversed(range(5))][::-1]
+    for a, b in zip(forward, backward, strict=True):
+        assert torch.equal(a, b)
+    x, y = sampler.batch(3)
+    assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
+    assert not torch.equal(sampler.batch(3, rank=0)[0], sampler.batch(3, rank=1)[0])
+
+
+def test_corpus_is_reproducible_text() -> None:
+    text = synthetic_corpus(5_000, seed=3)
+    assert text == synthetic_corpus(5_000, seed=3) and len(text) == 5_000
+    first = text.decode().splitlines()[0]
+    words, digits = first.split(" (")
+    a, rest = digits.rstrip(").").split("+")
+    b, total = rest.split("=")
+    assert int(a) + int(b) == int(total) and " plus " in words
+
+
+def test_token_file_that_does_not_match_its_description_is_refused(tmp_path: Path) -> None:
+    path = write_token_file(tmp_path / "c", b"abc" * 100)
+    path.write_bytes(b"abc")
+    with pytest.raises(ValueError, match="its description says 300"):
+        TokenFile(path)
