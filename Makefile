@@ -29,6 +29,11 @@ TORCH_INSTALL_ARGS ?=
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_INSTALL_ARGS) torch==2.13.0
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt setuptools wheel
+	# DeepSpeed builds against the torch above (no isolated build env that would fetch another)
+	# and compiles no ops at install; the trainer avoids the ones it would compile at run time.
+	DS_BUILD_OPS=0 $(VENV)/bin/pip install --quiet --disable-pip-version-check \
+	  --no-build-isolation -c constraints.txt deepspeed==0.19.8
 	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
 	touch $@
 

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from spotrain.constructs.policy import policy_document, statement
-
 from spotrain.cdk import Construct, aws
+from spotrain.constructs.policy import policy_document, statement
 from spotrain.errors import raise_if_problems
 
 ALERT_THRESHOLDS: tuple[tuple[str, int], ...] = (

@@ -5,9 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spotrain.constructs.policy import policy_document, statement
-
 from spotrain.cdk import Construct, aws
+from spotrain.constructs.policy import policy_document, statement
 from spotrain.errors import raise_if_problems
 
 

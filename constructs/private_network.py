@@ -9,9 +9,8 @@ from __future__ import annotations
 import ipaddress
 from dataclasses import dataclass
 
-from spotrain.constructs.policy import assume_role_policy, policy_document, statement
-
 from spotrain.cdk import Construct, aws
+from spotrain.constructs.policy import assume_role_policy, policy_document, statement
 from spotrain.errors import raise_if_problems
 
 

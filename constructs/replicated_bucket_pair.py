@@ -11,10 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from spotrain.cdk import Construct, TerraformResourceLifecycle, aws
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
-
-from spotrain.cdk import Construct, TerraformResourceLifecycle, aws
 from spotrain.errors import raise_if_problems
 
 

@@ -12,10 +12,9 @@ from __future__ import annotations
 import base64
 from dataclasses import dataclass
 
-from spotrain.constructs.policy import assume_role_policy, policy_document, statement
-
 from spotrain.catalog_schema import run_key
 from spotrain.cdk import Construct, TerraformResourceLifecycle, aws
+from spotrain.constructs.policy import assume_role_policy, policy_document, statement
 from spotrain.errors import raise_if_problems
 
 

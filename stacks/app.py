@@ -17,6 +17,8 @@ import os
 import sys
 from collections.abc import Iterable
 
+from spotrain.cdk import App
+from spotrain.errors import SpotrainError
 from spotrain.stacks.budget import BudgetStack
 from spotrain.stacks.catalog import CatalogStack
 from spotrain.stacks.compute import ComputeStack
@@ -24,9 +26,6 @@ from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
 from spotrain.stacks.interruptions import InterruptionsStack
 from spotrain.stacks.storage import StorageStack
-
-from spotrain.cdk import App
-from spotrain.errors import SpotrainError
 
 STACK_PARTS = ("storage", "catalog", "compute", "budget", "interruptions")
 

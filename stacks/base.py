@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from spotrain.stacks.config import EnvironmentConfig
-
 from spotrain.cdk import Construct, S3Backend, TerraformStack, aws
+from spotrain.stacks.config import EnvironmentConfig
 
 # Services the blueprint calls; on the local cloud each is pointed at the emulator.
 LOCAL_ENDPOINT_SERVICES = (

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.budget_alerts import BudgetAlerts, BudgetAlertsProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-
-from spotrain.cdk import Construct, TerraformOutput
 
 
 class BudgetStack(EnvironmentStack):

@@ -7,6 +7,8 @@ so Terraform would wait forever.
 
 from __future__ import annotations
 
+from spotrain import catalog_schema as schema
+from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.catalog_table import (
     CatalogTable,
     CatalogTableProps,
@@ -15,9 +17,6 @@ from spotrain.constructs.catalog_table import (
 )
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-
-from spotrain import catalog_schema as schema
-from spotrain.cdk import Construct, TerraformOutput
 
 
 class CatalogStack(EnvironmentStack):

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
+from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.private_network import PrivateNetwork, PrivateNetworkProps
 from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-
-from spotrain.cdk import Construct, TerraformOutput
 
 
 def image_parameter_name(environment: str) -> str:

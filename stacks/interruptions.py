@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
+from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.interruption_handler.construct import (
     InterruptionHandler,
     InterruptionHandlerProps,
 )
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-
-from spotrain.cdk import Construct, TerraformOutput
 
 
 class InterruptionsStack(EnvironmentStack):

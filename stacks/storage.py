@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
 from spotrain.constructs.replicated_bucket_pair import (
@@ -10,8 +11,6 @@ from spotrain.constructs.replicated_bucket_pair import (
 )
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-
-from spotrain.cdk import Construct, TerraformOutput
 
 
 class StorageStack(EnvironmentStack):

@@ -15,13 +15,13 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
+
+from spotrain import catalog_schema as schema
+from spotrain.localcloud import control
 from spotrain.trainer import checkpoint
 from spotrain.trainer.catalog import DynamoCatalog, ManifestCatalog, StaleWriter
 from spotrain.trainer.manifest import Manifest, manifest_key, shard_key
 from spotrain.trainer.storage import LocalStorage, S3Storage, StorageError, open_storage
-
-from spotrain import catalog_schema as schema
-from spotrain.localcloud import control
 
 RUN = "demo"
 REGION = "us-east-1"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from spotrain.stacks import environments
-from spotrain.stacks.config import EnvironmentConfig, LocalCloud
 
 from spotrain.errors import ConfigError
+from spotrain.stacks import environments
+from spotrain.stacks.config import EnvironmentConfig, LocalCloud
 
 
 def with_changes(**changes: object) -> EnvironmentConfig:

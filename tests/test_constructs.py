@@ -9,13 +9,13 @@ from typing import Any
 
 import pytest
 from helpers import data_sources, load_stack, resources
+
 from spotrain.constructs.catalog_table import CatalogTableProps, SecondaryIndex
 from spotrain.constructs.encrypted_bucket import EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKeyProps
 from spotrain.constructs.replicated_bucket_pair import ReplicatedBucketPairProps
-from spotrain.stacks import environments
-
 from spotrain.errors import ConfigError
+from spotrain.stacks import environments
 
 
 def only(mapping: dict[str, Any]) -> Any:

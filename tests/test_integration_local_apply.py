@@ -17,11 +17,11 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
-from spotrain.stacks.config import EnvironmentConfig
 
 from spotrain import deploy
+from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
 from spotrain.localcloud import control
+from spotrain.stacks.config import EnvironmentConfig
 
 pytestmark = pytest.mark.integration
 

@@ -14,9 +14,9 @@ from typing import Any
 import boto3
 import pytest
 from moto import mock_aws
-from spotrain.constructs.interruption_handler import handler
 
 from spotrain import catalog_schema as schema
+from spotrain.constructs.interruption_handler import handler
 
 FIXTURES = Path(__file__).parent / "fixtures" / "events"
 TABLE = "spotrain-test-events"

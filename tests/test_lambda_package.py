@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 from helpers import load_stack, resources
+
 from spotrain.constructs.interruption_handler.construct import build_handler_zip
 
 

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 import torch
+from torch.nn import functional as F
+
 from spotrain.trainer.data import Sampler, TokenFile, synthetic_corpus, write_token_file
 from spotrain.trainer.model import GPT, CausalSelfAttention, GPTConfig
-from torch.nn import functional as F
 
 TINY = GPTConfig(context=32, layers=2, heads=2, width=64)
 
@@ -97,3 +98,23 @@ def test_token_file_that_does_not_match_its_description_is_refused(tmp_path: Pat
     path.write_bytes(b"abc")
     with pytest.raises(ValueError, match="its description says 300"):
         TokenFile(path)
+
+
+def test_bad_training_configuration_lists_every_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from spotrain.trainer import train
+
+    path = tmp_path / "bad.json"
+    bad = {"run": "r", "store": "file:///tmp/x", "data": "d.bin", "work_dir": "w", "steps": 0}
+    path.write_text(json.dumps({**bad, "zero_stage": 4, "learning_rate": -1.0}))
+    assert train.main([str(path)]) == 2
+    error = capsys.readouterr().err
+    assert "training configuration has 3 problem(s)" in error
+    for fragment in ("train at least 1 step", "stages are 1, 2, 3", "positive rate"):
+        assert fragment in error
+    path.write_text(json.dumps({"run": "r", "stepz": 3}))
+    assert train.main([str(path)]) == 2
+    assert "unknown field 'stepz' in TrainConfig: use one of" in capsys.readouterr().err

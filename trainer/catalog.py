@@ -15,11 +15,10 @@ import datetime
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from spotrain.trainer.manifest import Manifest, ManifestError, manifest_key, run_prefix
-from spotrain.trainer.storage import Storage
-
 from spotrain import catalog_schema as schema
 from spotrain.errors import SpotrainError
+from spotrain.trainer.manifest import Manifest, ManifestError, manifest_key, run_prefix
+from spotrain.trainer.storage import Storage
 
 
 class CatalogError(SpotrainError):

@@ -23,12 +23,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from spotrain import catalog_schema as schema
+from spotrain.errors import SpotrainError
 from spotrain.trainer.catalog import Catalog, CatalogError, ManifestCatalog
 from spotrain.trainer.manifest import Manifest, Shard, manifest_key, shard_key
 from spotrain.trainer.storage import Storage, sha256_of
-
-from spotrain import catalog_schema as schema
-from spotrain.errors import SpotrainError
 
 UPLOAD_WORKERS = 4
 MIN_KEEP = 2

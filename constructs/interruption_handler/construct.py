@@ -18,11 +18,10 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from spotrain.constructs.interruption_handler import handler as handler_module
-from spotrain.constructs.policy import assume_role_policy, policy_document, statement
-
 import spotrain.catalog_schema
 from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
+from spotrain.constructs.interruption_handler import handler as handler_module
+from spotrain.constructs.policy import assume_role_policy, policy_document, statement
 from spotrain.errors import raise_if_problems
 
 HANDLED_EVENTS = {

@@ -1,0 +1,92 @@
+"""Training on DeepSpeed ZeRO with 2 ranks (torchrun, gloo): a run stopped after a checkpoint
+and started again continues with exactly the losses of a run that never stopped, through a
+folder and through the local cloud (S3 with a KMS-only bucket policy, DynamoDB catalog)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotrain.localcloud import control
+from spotrain.trainer.data import synthetic_corpus, write_token_file
+
+pytestmark = pytest.mark.integration
+
+TINY_MODEL = {"context": 32, "layers": 2, "heads": 2, "width": 64}
+
+
+def torchrun(
+    config: dict[str, Any], tmp_path: Path, name: str, env: dict[str, str] | None = None
+) -> list[float]:
+    path = tmp_path / f"{name}.json"
+    metrics = tmp_path / f"{name}.jsonl"
+    path.write_text(
+        json.dumps(
+            {**config, "metrics_file": str(metrics), "work_dir": str(tmp_path / f"work-{name}")}
+        )
+    )
+    result = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
+         "-m", "spotrain.trainer.train", str(path)],
+        capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    return str(
+        write_token_file(tmp_path_factory.mktemp("data") / "corpus", synthetic_corpus(100_000))
+    )
+
+
+def test_resumed_run_has_the_losses_of_an_uninterrupted_one(corpus: str, tmp_path: Path) -> None:
+    base = {"run": "demo", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
+            "zero_stage": 2, "model": TINY_MODEL}  # fmt: skip
+    uninterrupted = torchrun(
+        {**base, "steps": 6, "store": f"file://{tmp_path / 'a'}"}, tmp_path, "full"
+    )
+    first = torchrun({**base, "steps": 3, "store": f"file://{tmp_path / 'b'}"}, tmp_path, "first")
+    second = torchrun({**base, "steps": 6, "store": f"file://{tmp_path / 'b'}"}, tmp_path, "second")
+    assert len(uninterrupted) == 6 and (len(first), len(second)) == (3, 3)
+    assert first + second == uninterrupted  # bit for bit: floats compared exactly
+    assert uninterrupted[-1] < uninterrupted[0]
+
+
+def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
+    corpus: str, tmp_path: Path, local_cloud: control.RunningCloud
+) -> None:
+    from test_checkpoint_store import create_catalog_table
+
+    region = "us-east-1"
+    s3 = control.client("s3", local_cloud.endpoint, region)
+    key = control.client("kms", local_cloud.endpoint, region).create_key()["KeyMetadata"]["Arn"]
+    bucket, table = "trainer-resume-test", "trainer-resume-test-catalog"
+    s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
+        {"Sid": "DenyPutWithOtherKey", "Effect": "Deny", "Principal": {"AWS": "*"},
+         "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{bucket}/*",
+         "Condition": {"StringNotEqualsIfExists": {
+             "s3:x-amz-server-side-encryption-aws-kms-key-id": key}}}]}))  # fmt: skip
+    create_catalog_table(control.client("dynamodb", local_cloud.endpoint, region), table)
+    env = control.aws_environment(local_cloud.endpoint, region)
+    base = {"run": "cloud", "data": corpus, "checkpoint_every": 2, "micro_batch": 4,
+            "store": f"s3://{bucket}", "catalog_table": table, "kms_key_id": key,
+            "model": TINY_MODEL}  # fmt: skip
+    first = torchrun({**base, "steps": 2}, tmp_path, "first", env)
+    second = torchrun({**base, "steps": 4}, tmp_path, "second", env)
+    reference = torchrun({**base, "steps": 4, "run": "reference"}, tmp_path, "reference", env)
+    assert first + second == reference
+    listing = subprocess.run(
+        [sys.executable, "-m", "spotrain.cli", "checkpoints", "list", "--store", f"s3://{bucket}",
+         "--run", "cloud", "--catalog-table", table],
+        capture_output=True, text=True, env={**os.environ, **env}, check=True,
+    ).stdout  # fmt: skip
+    assert "cloud/step_000000002" in listing and "<- head" in listing.splitlines()[-1]
