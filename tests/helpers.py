@@ -1,10 +1,12 @@
-"""Helpers for reading synthesized stacks."""
+"""Helpers shared by tests: reading synthesized stacks, creating the catalog table."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 from typing import Any
+
+from spotrain import catalog_schema as schema
 
 
 def load_stack(synth_dir: Path, name: str) -> dict[str, Any]:
@@ -17,3 +19,27 @@ def resources(stack: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
 
 def data_sources(stack: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
     return stack.get("data", {}).get(kind, {})
+
+
+def create_catalog_table(client: Any, name: str) -> None:
+    client.create_table(
+        TableName=name,
+        BillingMode="PAY_PER_REQUEST",
+        KeySchema=[
+            {"AttributeName": "pk", "KeyType": "HASH"},
+            {"AttributeName": "sk", "KeyType": "RANGE"},
+        ],
+        AttributeDefinitions=[
+            {"AttributeName": a, "AttributeType": "S"} for a in ("pk", "sk", schema.LINEAGE_KEY)
+        ],
+        GlobalSecondaryIndexes=[
+            {
+                "IndexName": schema.LINEAGE_INDEX,
+                "KeySchema": [
+                    {"AttributeName": schema.LINEAGE_KEY, "KeyType": "HASH"},
+                    {"AttributeName": "sk", "KeyType": "RANGE"},
+                ],
+                "Projection": {"ProjectionType": "ALL"},
+            }
+        ],
+    )

@@ -14,6 +14,7 @@ from typing import Any
 
 import boto3
 import pytest
+from helpers import create_catalog_table
 from moto import mock_aws
 
 from spotrain import catalog_schema as schema
@@ -146,30 +147,6 @@ def test_crash_before_the_manifest_leaves_the_last_good_checkpoint(tmp_path: Pat
 
 
 # --- DynamoDB catalog -----------------------------------------------------------------------
-def create_catalog_table(client: Any, name: str) -> None:
-    client.create_table(
-        TableName=name,
-        BillingMode="PAY_PER_REQUEST",
-        KeySchema=[
-            {"AttributeName": "pk", "KeyType": "HASH"},
-            {"AttributeName": "sk", "KeyType": "RANGE"},
-        ],
-        AttributeDefinitions=[
-            {"AttributeName": a, "AttributeType": "S"} for a in ("pk", "sk", schema.LINEAGE_KEY)
-        ],
-        GlobalSecondaryIndexes=[
-            {
-                "IndexName": schema.LINEAGE_INDEX,
-                "KeySchema": [
-                    {"AttributeName": schema.LINEAGE_KEY, "KeyType": "HASH"},
-                    {"AttributeName": "sk", "KeyType": "RANGE"},
-                ],
-                "Projection": {"ProjectionType": "ALL"},
-            }
-        ],
-    )
-
-
 @pytest.fixture
 def dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     for key, value in {"AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import create_catalog_table
 
 from spotrain.localcloud import control
 from spotrain.trainer.data import synthetic_corpus, write_token_file
@@ -63,8 +64,6 @@ def test_resumed_run_has_the_losses_of_an_uninterrupted_one(corpus: str, tmp_pat
 def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
     corpus: str, tmp_path: Path, local_cloud: control.RunningCloud
 ) -> None:
-    from test_checkpoint_store import create_catalog_table
-
     region = "us-east-1"
     s3 = control.client("s3", local_cloud.endpoint, region)
     key = control.client("kms", local_cloud.endpoint, region).create_key()["KeyMetadata"]["Arn"]
