@@ -22,23 +22,30 @@ pytestmark = pytest.mark.integration
 TINY_MODEL = {"context": 32, "layers": 2, "heads": 2, "width": 64}
 
 
+def launch(config: dict[str, Any], tmp_path: Path, name: str) -> tuple[list[str], Path]:
+    """The torchrun command line for a 2-rank run of `config`, and its metrics file."""
+    path = tmp_path / f"{name}.json"
+    metrics = tmp_path / f"{name}.jsonl"
+    work = str(tmp_path / f"work-{name}")
+    path.write_text(json.dumps({**config, "metrics_file": str(metrics), "work_dir": work}))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               "2", "-m", "spotrain.trainer.train", str(path)]  # fmt: skip
+    return command, metrics
+
+
+def losses_of(metrics: Path) -> list[float]:
+    return [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+
+
 def torchrun(
     config: dict[str, Any], tmp_path: Path, name: str, env: dict[str, str] | None = None
 ) -> list[float]:
-    path = tmp_path / f"{name}.json"
-    metrics = tmp_path / f"{name}.jsonl"
-    path.write_text(
-        json.dumps(
-            {**config, "metrics_file": str(metrics), "work_dir": str(tmp_path / f"work-{name}")}
-        )
-    )
+    command, metrics = launch(config, tmp_path, name)
     result = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "spotrain.trainer.train", str(path)],
-        capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})},
-    )  # fmt: skip
+        command, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
+    )
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    return losses_of(metrics)
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +96,34 @@ def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
         capture_output=True, text=True, env={**os.environ, **env}, check=True,
     ).stdout  # fmt: skip
     assert "cloud/step_000000002" in listing and "<- head" in listing.splitlines()[-1]
+
+
+def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exact(
+    corpus: str, tmp_path: Path
+) -> None:
+    import signal
+    import time
+
+    from spotrain.trainer.catalog import ManifestCatalog
+    from spotrain.trainer.storage import LocalStorage
+
+    base = {"run": "demo", "data": corpus, "micro_batch": 4, "model": TINY_MODEL,
+            "checkpoint_every": 1000, "store": f"file://{tmp_path / 'store'}"}  # fmt: skip
+    command, metrics = launch({**base, "steps": 100_000}, tmp_path, "preempted")
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 120
+    while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+        assert process.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.2)
+    process.send_signal(signal.SIGTERM)  # torchrun forwards it to every rank
+    output, _ = process.communicate(timeout=120)
+    first = losses_of(metrics)
+    stopped = len(first)
+    assert f"stopped after step {stopped} (SIGTERM); it is published" in output
+    head = ManifestCatalog(LocalStorage(tmp_path / "store"), "demo").head()
+    assert head is not None and head.step == stopped  # the emergency checkpoint, not an older one
+
+    resumed = torchrun({**base, "steps": stopped + 3}, tmp_path, "resumed")
+    reference = torchrun({**base, "steps": stopped + 3, "store": f"file://{tmp_path / 'ref'}"},
+                         tmp_path, "reference")  # fmt: skip
+    assert first + resumed == reference

@@ -2,7 +2,8 @@
 
 Every rank runs `train(config)` (under torchrun). At start the run's newest good checkpoint is
 restored (rank 0 fetches and verifies it, every rank loads its shards); every
-`checkpoint_every` steps all ranks write a DeepSpeed checkpoint locally and rank 0 publishes it.
+`checkpoint_every` steps, and at once when preemption is signalled (preemption.py), all ranks
+write a DeepSpeed checkpoint locally and rank 0 publishes it.
 A restored run continues with the same batches and the same random state, so its losses equal
 an uninterrupted run's.
 """
@@ -27,6 +28,7 @@ from spotrain.trainer import checkpoint
 from spotrain.trainer.catalog import Catalog, DynamoCatalog, ManifestCatalog
 from spotrain.trainer.data import Sampler, TokenFile
 from spotrain.trainer.model import GPT, GPTConfig
+from spotrain.trainer.preemption import PreemptionFlag
 from spotrain.trainer.storage import open_storage
 
 
@@ -175,6 +177,7 @@ def train(config: TrainConfig) -> list[float]:
         _set_rng_state(torch.load(restore_dir / tag / f"rng_rank{rank}.pt", weights_only=False))
         if rank == 0:
             print(f"[spotrain] resumed {config.run} at step {start_step}", flush=True)
+    preemption = PreemptionFlag().install()
     sampler = Sampler(
         TokenFile(Path(config.data)), config.model.context, config.micro_batch, config.seed
     )
@@ -194,10 +197,18 @@ def train(config: TrainConfig) -> list[float]:
                     + "\n"
                 )
         done = step + 1
-        if done % config.checkpoint_every == 0 or done == config.steps:
+        stopping = preemption.agreed()
+        if stopping or done % config.checkpoint_every == 0 or done == config.steps:
             parent = _save_and_publish(
                 engine, config, storage, catalog, generation, done, parent, rank, world
             )
+        if stopping:
+            if rank == 0:
+                reason = preemption.reason or "another rank was asked to stop"
+                print(
+                    f"[spotrain] stopped after step {done} ({reason}); it is published", flush=True
+                )
+            break
     return losses
 
 
