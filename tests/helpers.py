@@ -43,3 +43,24 @@ def create_catalog_table(client: Any, name: str) -> None:
             }
         ],
     )
+
+
+def kms_only_bucket(s3: Any, kms: Any, bucket: str) -> str:
+    """A bucket with the checkpoint buckets' put policy (SSE-KMS with its own key only), on
+    the local cloud; returns the key's ARN."""
+    key = kms.create_key()["KeyMetadata"]["Arn"]
+    s3.create_bucket(Bucket=bucket)
+    deny_put = {"Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "s3:PutObject",
+                "Resource": f"arn:aws:s3:::{bucket}/*"}  # fmt: skip
+    policy = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {**deny_put, "Sid": "DenyPutWithoutSseKms",
+             "Condition": {"StringNotEquals": {"s3:x-amz-server-side-encryption": "aws:kms"}}},
+            {**deny_put, "Sid": "DenyPutWithOtherKey",
+             "Condition": {"StringNotEqualsIfExists": {
+                 "s3:x-amz-server-side-encryption-aws-kms-key-id": key}}},
+        ],
+    }  # fmt: skip
+    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
+    return str(key)

@@ -6,7 +6,6 @@ with the checkpoint bucket policy, DynamoDB with the catalog schema).
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ from typing import Any
 
 import boto3
 import pytest
-from helpers import create_catalog_table
+from helpers import create_catalog_table, kms_only_bucket
 from moto import mock_aws
 
 from spotrain import catalog_schema as schema
@@ -237,19 +236,8 @@ def test_missing_catalog_table_names_the_fix(dynamo: Any) -> None:
 def test_publish_and_restore_through_the_local_cloud(local_cloud: Any, tmp_path: Path) -> None:
     s3 = control.client("s3", local_cloud.endpoint, REGION)
     dynamodb = control.client("dynamodb", local_cloud.endpoint, REGION)
-    key = control.client("kms", local_cloud.endpoint, REGION).create_key()["KeyMetadata"]["Arn"]
     bucket, table = "ckpt-store-test", "ckpt-store-test-catalog"
-    s3.create_bucket(Bucket=bucket)
-    # The checkpoint bucket's own policy: TLS only, SSE-KMS with this key only.
-    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Sid": "DenyPutWithoutSseKms", "Effect": "Deny", "Principal": {"AWS": "*"},
-         "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{bucket}/*",
-         "Condition": {"StringNotEquals": {"s3:x-amz-server-side-encryption": "aws:kms"}}},
-        {"Sid": "DenyPutWithOtherKey", "Effect": "Deny", "Principal": {"AWS": "*"},
-         "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{bucket}/*",
-         "Condition": {"StringNotEqualsIfExists": {
-             "s3:x-amz-server-side-encryption-aws-kms-key-id": key}}},
-    ]}))  # fmt: skip
+    key = kms_only_bucket(s3, control.client("kms", local_cloud.endpoint, REGION), bucket)
     create_catalog_table(dynamodb, table)
     # Small parts so the 12 MB shard goes up as a parallel multipart upload.
     storage = S3Storage(bucket, "", kms_key_id=key, client=s3, part_size=5 * 1024 * 1024)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import create_catalog_table
+from helpers import create_catalog_table, kms_only_bucket
 
 from spotrain.localcloud import control
 from spotrain.trainer.data import synthetic_corpus, write_token_file
@@ -73,14 +73,8 @@ def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
 ) -> None:
     region = "us-east-1"
     s3 = control.client("s3", local_cloud.endpoint, region)
-    key = control.client("kms", local_cloud.endpoint, region).create_key()["KeyMetadata"]["Arn"]
     bucket, table = "trainer-resume-test", "trainer-resume-test-catalog"
-    s3.create_bucket(Bucket=bucket)
-    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps({"Version": "2012-10-17", "Statement": [
-        {"Sid": "DenyPutWithOtherKey", "Effect": "Deny", "Principal": {"AWS": "*"},
-         "Action": "s3:PutObject", "Resource": f"arn:aws:s3:::{bucket}/*",
-         "Condition": {"StringNotEqualsIfExists": {
-             "s3:x-amz-server-side-encryption-aws-kms-key-id": key}}}]}))  # fmt: skip
+    key = kms_only_bucket(s3, control.client("kms", local_cloud.endpoint, region), bucket)
     create_catalog_table(control.client("dynamodb", local_cloud.endpoint, region), table)
     env = control.aws_environment(local_cloud.endpoint, region)
     base = {"run": "cloud", "data": corpus, "checkpoint_every": 2, "micro_batch": 4,
