@@ -158,7 +158,9 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         return 0
     if args.action == "restore":
         if not args.to:
-            _say("error: restore needs --to DIR (where the checkpoint folder goes)")
+            print(
+                "error: restore needs --to DIR (where the checkpoint folder goes)", file=sys.stderr
+            )
             return 2
         result = checkpoint.restore(Path(args.to), storage=storage, catalog=catalog, run=args.run)
         if result.catalog_unavailable:

@@ -59,17 +59,18 @@ class Deployment:
     log: Callable[[str], None] = print
     verbose: bool = False
     """Stream Terraform's output to the terminal instead of per-stack log files."""
-    _env: dict[str, str] = field(init=False, default_factory=dict)
+    environment: dict[str, str] = field(init=False, default_factory=dict)
+    """Process environment Terraform runs with (CLI configuration, credentials, endpoint)."""
 
     def __post_init__(self) -> None:
         cli_config = terraform.write_cli_config(self.outdir.parent / ".spotrain" / "terraform")
         extra = {}
         if self.config.local is not None:
             extra = control.aws_environment(self.config.local.endpoint, self.config.primary_region)
-        self._env = terraform.terraform_env(cli_config, extra)
+        self.environment = terraform.terraform_env(cli_config, extra)
         if self.config.local is not None:
             # A real profile must never be used against the local cloud, or vice versa.
-            self._env.pop("AWS_PROFILE", None)
+            self.environment.pop("AWS_PROFILE", None)
 
     @property
     def stacks(self) -> list[str]:
@@ -105,15 +106,8 @@ class Deployment:
         changes = {}
         for name in self.stacks:
             self.init(name)
-            try:
-                self._tf(
-                    name, ["plan", "-detailed-exitcode", "-input=false", "-no-color", "-lock=false"]
-                )
-                changes[name] = False
-            except terraform.TerraformError as error:
-                if "(exit 2)" not in str(error):
-                    raise
-                changes[name] = True
+            plan = ["plan", "-detailed-exitcode", "-input=false", "-no-color", "-lock=false"]
+            changes[name] = self._tf(name, plan, success_codes=(0, 2)).returncode == 2
         return changes
 
     def destroy(self) -> None:
@@ -136,9 +130,18 @@ class Deployment:
             },
         )
 
-    def _tf(self, name: str, args: list[str], capture: bool = False):  # type: ignore[no-untyped-def]
+    def _tf(  # type: ignore[no-untyped-def]
+        self,
+        name: str,
+        args: list[str],
+        capture: bool = False,
+        success_codes: tuple[int, ...] = (0,),
+    ):
         log = None if capture or self.verbose else self.log_file(name)
-        return terraform.run(self.stack_dir(name), args, self._env, capture=capture, log=log)
+        return terraform.run(
+            self.stack_dir(name), args, self.environment, capture=capture, log=log,
+            success_codes=success_codes,
+        )  # fmt: skip
 
 
 def local_environment_ready(endpoint: str) -> EnvironmentConfig:

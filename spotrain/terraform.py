@@ -89,11 +89,13 @@ def run(
     *,
     capture: bool = False,
     log: Path | None = None,
+    success_codes: tuple[int, ...] = (0,),
 ) -> subprocess.CompletedProcess[str]:
     """Run `terraform <args>` in a synthesized stack folder; TerraformError if it fails.
 
     `capture` returns the output; `log` appends it to a file instead of the terminal, and a
-    failure then quotes the end of that file."""
+    failure then quotes the end of that file. `success_codes` are the exit statuses that are not
+    failures (`plan -detailed-exitcode` exits 2 when there are changes)."""
     command = ["terraform", *args]
     try:
         if log is not None:
@@ -114,7 +116,7 @@ def run(
         raise TerraformError(
             "terraform is not on PATH: install Terraform 1.6 or newer and try again"
         ) from error
-    if result.returncode != 0:
+    if result.returncode not in success_codes:
         if log is not None:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
             detail = f"\n{tail}\n(whole log: {log})"

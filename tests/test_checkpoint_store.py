@@ -333,6 +333,8 @@ def test_checkpoints_command_lists_verifies_restores_and_collects(
     storage.delete([shard_key(RUN, newest.shards[1].sha256)])
     assert cli.main(["checkpoints", "verify", *store]) == 2
     assert "does not exist" in capsys.readouterr().err
+    assert cli.main(["checkpoints", "restore", *store]) == 2
+    assert "restore needs --to DIR" in capsys.readouterr().err
     assert cli.main(["checkpoints", "restore", *store, "--to", str(tmp_path / "out")]) == 0
     out = capsys.readouterr().out
     assert "skipped step 30" in out and "restored step 20" in out

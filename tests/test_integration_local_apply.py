@@ -256,7 +256,9 @@ def test_cdktf_cli_deploys_and_destroys_a_stack(local: Local, tmp_path: Path) ->
         .read_text()
         .replace(".venv/bin/python", str(ROOT / ".venv/bin/python"))
     )
-    env = dict(local.deployment._env)  # same CLI config, credentials and endpoint as Terraform
+    env = dict(
+        local.deployment.environment
+    )  # same CLI config, credentials and endpoint as Terraform
     env.update(
         {
             "SPOTRAIN_LOCAL_ENDPOINT": local.cloud.endpoint,

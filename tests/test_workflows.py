@@ -53,6 +53,8 @@ def test_pull_requests_synthesize_scan_and_plan_every_real_environment() -> None
     assert any("spotrain synth" in s for s in steps)
     assert any("spotrain scan" in s for s in steps)
     assert plan["jobs"]["plan"]["strategy"]["matrix"]["environment"] == ["dev", "prod"]
+    # The summary comment quotes Terraform's plan, which only --verbose prints.
+    assert any("spotrain plan --verbose" in s for s in steps)
 
 
 def test_merges_deploy_dev_before_prod_one_at_a_time_behind_environments() -> None:

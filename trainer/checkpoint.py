@@ -100,7 +100,7 @@ def publish(
         # Reused shards were checked before the uploads; check again just before the manifest
         # names them, so a concurrent clean-up cannot leave it pointing at nothing.
         present = list(
-            pool.map(lambda s: storage.stat(shard_key(run, s.sha256)) is not None, unique.values())
+            pool.map(lambda s: storage.exists(shard_key(run, s.sha256)), unique.values())
         )
     missing = [s.name for s, there in zip(unique.values(), present, strict=True) if not there]
     if missing:
@@ -193,8 +193,9 @@ def collect_garbage(
             f"keep={keep}: keep at least {MIN_KEEP} complete checkpoints so a corrupt newest one "
             "still has a fallback"
         )
+    entries = catalog.entries()
     complete = sorted(
-        (e for e in catalog.entries() if e.status == schema.STATUS_COMPLETE), key=lambda e: e.step
+        (e for e in entries if e.status == schema.STATUS_COMPLETE), key=lambda e: e.step
     )
     head = catalog.head()
     kept = [e for e in complete if head is None or e.step <= head.step][-keep:]
@@ -202,9 +203,10 @@ def collect_garbage(
     superseded = [e for e in complete if e.step < min(kept_steps, default=0)]
     if not superseded:
         return CollectReport(kept=sorted(kept_steps), collected=[], freed_bytes=0)
+    superseded_steps = {e.step for e in superseded}
     referenced = set()
-    for entry in catalog.entries():
-        if entry.step in {e.step for e in superseded}:
+    for entry in entries:
+        if entry.step in superseded_steps:
             continue
         try:
             referenced |= {

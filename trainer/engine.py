@@ -156,7 +156,7 @@ def train(config: TrainConfig) -> list[float]:
     generation = catalog.acquire_lease(f"{os.uname().nodename}:{os.getpid()}") if rank == 0 else 0
     start_step, parent = 0, None
     restore_dir = work / "restore"
-    found = torch.tensor([0], dtype=torch.long)
+    found = torch.tensor([0], dtype=torch.long, device=engine.device)
     if rank == 0:
         try:
             report = checkpoint.restore(
@@ -197,7 +197,7 @@ def train(config: TrainConfig) -> list[float]:
                     + "\n"
                 )
         done = step + 1
-        stopping = preemption.agreed()
+        stopping = preemption.agreed(engine.device)
         if stopping or done % config.checkpoint_every == 0 or done == config.steps:
             parent = _save_and_publish(
                 engine, config, storage, catalog, generation, done, parent, rank, world

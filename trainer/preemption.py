@@ -30,10 +30,11 @@ class PreemptionFlag:
         """Ask for a stop from code (e.g. a spot interruption notice)."""
         self.reason = reason
 
-    def agreed(self) -> bool:
-        """Collective: True on every rank once any rank was asked to stop."""
+    def agreed(self, device: torch.device | str = "cpu") -> bool:
+        """Collective: True on every rank once any rank was asked to stop. `device` is where
+        the backend reduces (CUDA for NCCL)."""
         import torch.distributed as dist
 
-        flag = torch.tensor([1 if self.reason else 0])
+        flag = torch.tensor([1 if self.reason else 0], device=device)
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())

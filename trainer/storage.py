@@ -59,6 +59,8 @@ class Storage(Protocol):
 
     def stat(self, key: str) -> StoredObject | None: ...
 
+    def exists(self, key: str) -> bool: ...
+
     def list(self, prefix: str) -> list[str]: ...
 
     def delete(self, keys: list[str]) -> None: ...
@@ -127,6 +129,9 @@ class LocalStorage:
         if not path.is_file():
             return None
         return StoredObject(key, path.stat().st_size, sha256_of(path))
+
+    def exists(self, key: str) -> bool:
+        return self._path(key).is_file()
 
     def list(self, prefix: str) -> list[str]:
         base = self._path(prefix) if prefix else self.root
@@ -259,6 +264,9 @@ class S3Storage:
         return StoredObject(
             key, int(head["ContentLength"]), head.get("Metadata", {}).get(DIGEST_METADATA_KEY, "")
         )
+
+    def exists(self, key: str) -> bool:
+        return self.stat(key) is not None
 
     def list(self, prefix: str) -> list[str]:
         paginator = self.client.get_paginator("list_objects_v2")
