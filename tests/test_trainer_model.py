@@ -80,7 +80,14 @@ def test_sampler_replays_the_same_batches_in_any_order(corpus: TokenFile) -> Non
         assert torch.equal(a, b)
     x, y = sampler.batch(3)
     assert torch.equal(x[:, 1:], y[:, :-1])  # targets are the inputs shifted by one
-    assert not torch.equal(sampler.batch(3, rank=0)[0], sampler.batch(3, rank=1)[0])
+    assert not torch.equal(sampler.batch(3, 0, 2)[0], sampler.batch(3, 1, 2)[0])
+
+
+def test_ranks_split_one_global_batch_whatever_the_world_size(corpus: TokenFile) -> None:
+    one_rank = Sampler(corpus, context=32, micro_batch=8, seed=7).batch(5)[0]
+    two_ranks = Sampler(corpus, context=32, micro_batch=4, seed=7)
+    halves = [two_ranks.batch(5, rank, 2)[0] for rank in (0, 1)]
+    assert torch.equal(torch.cat(halves), one_rank)
 
 
 def test_corpus_is_reproducible_text() -> None:

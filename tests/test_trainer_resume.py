@@ -33,8 +33,12 @@ def launch(config: dict[str, Any], tmp_path: Path, name: str) -> tuple[list[str]
     return command, metrics
 
 
+def records_of(metrics: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
 def losses_of(metrics: Path) -> list[float]:
-    return [json.loads(line)["loss"] for line in metrics.read_text().splitlines()]
+    return [record["loss"] for record in records_of(metrics) if "loss" in record]
 
 
 def torchrun(

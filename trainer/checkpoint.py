@@ -25,6 +25,7 @@ from pathlib import Path
 
 from spotrain import catalog_schema as schema
 from spotrain.errors import SpotrainError
+from spotrain.trainer import failpoints
 from spotrain.trainer.catalog import Catalog, CatalogError, ManifestCatalog
 from spotrain.trainer.manifest import Manifest, Shard, manifest_key, shard_key
 from spotrain.trainer.storage import Storage, sha256_of
@@ -35,6 +36,10 @@ MIN_KEEP = 2
 
 class RestoreError(SpotrainError):
     """No checkpoint of the run could be restored."""
+
+
+class NothingPublished(RestoreError):
+    """The run has no complete checkpoint at all (a new run)."""
 
 
 @dataclass(frozen=True)
@@ -67,6 +72,79 @@ def describe_folder(folder: Path) -> list[Shard]:
     ]
 
 
+@dataclass(frozen=True)
+class UploadReport:
+    shards: list[Shard]
+    uploaded_bytes: int
+    reused_bytes: int
+
+
+def upload_folder(folder: Path, *, storage: Storage, run: str) -> UploadReport:
+    """Store every file of `folder` content-addressed, verified, skipping shards already
+    stored. Publishes nothing: `commit` does, once every node's upload is done."""
+    shards = describe_folder(folder)
+    unique = {s.sha256: s for s in shards}
+
+    def store(shard: Shard) -> int:
+        key = shard_key(run, shard.sha256)
+        existing = storage.stat(key)
+        if existing is not None and existing.size == shard.size and existing.sha256 == shard.sha256:
+            return 0
+        stored = storage.put_file(folder / shard.name, key)
+        if stored.sha256 != shard.sha256:
+            raise SpotrainError(f"{shard.name} changed while it was being published")
+        failpoints.hit("after-shard-upload")
+        return shard.size
+
+    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
+        uploaded = sum(pool.map(store, unique.values()))
+    reused = sum(s.size for s in unique.values()) - uploaded
+    return UploadReport(shards=shards, uploaded_bytes=uploaded, reused_bytes=reused)
+
+
+def commit(
+    shards: list[Shard],
+    *,
+    storage: Storage,
+    catalog: Catalog,
+    generation: int,
+    run: str,
+    step: int,
+    world_size: int,
+    zero_stage: int,
+    config_hash: str,
+    code_version: str,
+    tier: str = "full",
+    parent: str | None = None,
+) -> Manifest:
+    """Write the manifest naming `shards` (all uploaded and verified) and make it the run's
+    head in the catalog."""
+    unique = list({s.sha256: s for s in shards}.values())
+    # Reused shards were checked before their uploads were skipped; check again just before the
+    # manifest names them, so a concurrent clean-up cannot leave it pointing at nothing.
+    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
+        present = list(pool.map(lambda s: storage.exists(shard_key(run, s.sha256)), unique))
+    missing = [s.name for s, there in zip(unique, present, strict=True) if not there]
+    if missing:
+        raise SpotrainError(f"shards vanished during publish of step {step}: {missing}")
+    manifest = Manifest(
+        run=run,
+        step=step,
+        shards=tuple(sorted(shards, key=lambda s: s.name)),
+        world_size=world_size,
+        zero_stage=zero_stage,
+        config_hash=config_hash,
+        code_version=code_version,
+        created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        tier=tier,
+        parent=parent,
+    )
+    storage.put_bytes(manifest_key(run, step), manifest.to_json())
+    failpoints.hit("before-catalog-publish")
+    catalog.publish(manifest, generation)
+    return manifest
+
+
 def publish(
     folder: Path,
     *,
@@ -82,45 +160,16 @@ def publish(
     tier: str = "full",
     parent: str | None = None,
 ) -> PublishReport:
-    shards = describe_folder(folder)
-    unique = {s.sha256: s for s in shards}
-
-    def store(shard: Shard) -> int:
-        key = shard_key(run, shard.sha256)
-        existing = storage.stat(key)
-        if existing is not None and existing.size == shard.size and existing.sha256 == shard.sha256:
-            return 0
-        stored = storage.put_file(folder / shard.name, key)
-        if stored.sha256 != shard.sha256:
-            raise SpotrainError(f"{shard.name} changed while it was being published")
-        return shard.size
-
-    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
-        uploaded = sum(pool.map(store, unique.values()))
-        # Reused shards were checked before the uploads; check again just before the manifest
-        # names them, so a concurrent clean-up cannot leave it pointing at nothing.
-        present = list(
-            pool.map(lambda s: storage.exists(shard_key(run, s.sha256)), unique.values())
-        )
-    missing = [s.name for s, there in zip(unique.values(), present, strict=True) if not there]
-    if missing:
-        raise SpotrainError(f"shards vanished during publish of step {step}: {missing}")
-    manifest = Manifest(
-        run=run,
-        step=step,
-        shards=tuple(shards),
-        world_size=world_size,
-        zero_stage=zero_stage,
-        config_hash=config_hash,
-        code_version=code_version,
-        created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        tier=tier,
-        parent=parent,
+    """Upload one folder holding the whole checkpoint, then commit it."""
+    upload = upload_folder(folder, storage=storage, run=run)
+    manifest = commit(
+        upload.shards, storage=storage, catalog=catalog, generation=generation, run=run,
+        step=step, world_size=world_size, zero_stage=zero_stage, config_hash=config_hash,
+        code_version=code_version, tier=tier, parent=parent,
+    )  # fmt: skip
+    return PublishReport(
+        manifest=manifest, uploaded_bytes=upload.uploaded_bytes, reused_bytes=upload.reused_bytes
     )
-    storage.put_bytes(manifest_key(run, step), manifest.to_json())
-    catalog.publish(manifest, generation)
-    reused = sum(s.size for s in unique.values()) - uploaded
-    return PublishReport(manifest=manifest, uploaded_bytes=uploaded, reused_bytes=reused)
 
 
 def _fetch(storage: Storage, manifest: Manifest, destination: Path) -> None:
@@ -150,20 +199,35 @@ def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) 
         candidates = [e for e in candidates if e.step <= head.step]
     skipped: list[tuple[int, str]] = []
     for entry in sorted(candidates, key=lambda e: e.step, reverse=True):
-        staging = destination.with_name(f".{destination.name}.partial")
-        shutil.rmtree(staging, ignore_errors=True)
         try:
-            manifest = Manifest.from_json(storage.get_bytes(entry.manifest_key))
-            _fetch(storage, manifest, staging)
+            manifest = fetch(storage, entry.manifest_key, destination)
         except (SpotrainError, ValueError) as error:
             skipped.append((entry.step, str(error)))
-            shutil.rmtree(staging, ignore_errors=True)
             continue
-        shutil.rmtree(destination, ignore_errors=True)
-        staging.rename(destination)
         return RestoreReport(manifest=manifest, skipped=skipped, catalog_unavailable=unavailable)
-    reasons = "; ".join(f"step {s}: {r}" for s, r in skipped) or "no complete checkpoint exists"
-    raise RestoreError(f"run {run!r} has no restorable checkpoint ({reasons})")
+    if not skipped:
+        raise NothingPublished(f"run {run!r} has no complete checkpoint")
+    reasons = "; ".join(f"step {s}: {r}" for s, r in skipped)
+    raise RestoreError(
+        f"run {run!r} has no restorable checkpoint ({reasons}); check the store with "
+        "`spotrain checkpoints verify`, or start afresh under a new run name"
+    )
+
+
+def fetch(storage: Storage, manifest_key_: str, destination: Path) -> Manifest:
+    """Download one named checkpoint into `destination`, every shard checked; `destination`
+    appears only complete."""
+    manifest = Manifest.from_json(storage.get_bytes(manifest_key_))
+    staging = destination.with_name(f".{destination.name}.partial")
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        _fetch(storage, manifest, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    shutil.rmtree(destination, ignore_errors=True)
+    staging.rename(destination)
+    return manifest
 
 
 def verify(storage: Storage, manifest_key_: str, scratch: Path) -> Manifest:

@@ -1,5 +1,7 @@
 """Training data: pre-tokenized token files read through a memory map, and a sampler whose
 whole state is one integer, so a restored run draws exactly the batches it would have drawn.
+Each step draws one global batch that the ranks split, so the stream of sequences does not
+depend on how many ranks there are (2 ranks x 4 sequences see what 1 rank x 8 sees).
 
 Tokens are bytes (vocabulary 256): no tokenizer to download, and any text can be a corpus.
 `synthetic_corpus` writes a deterministic, learnable text (sums written out in words and
@@ -90,24 +92,24 @@ class TokenFile:
 
 @dataclass(frozen=True)
 class Sampler:
-    """Batch `index` for `rank` depends only on (seed, index, rank): the data position saved in
-    a checkpoint is the next index, and restoring it replays the same stream."""
+    """Batch `index` depends only on (seed, index): the data position saved in a checkpoint is
+    the next index, and restoring it replays the same stream."""
 
     data: TokenFile
     context: int
     micro_batch: int
     seed: int
 
-    def batch(self, index: int, rank: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
-        rng = np.random.default_rng([self.seed, index, rank])
+    def batch(self, index: int, rank: int = 0, world: int = 1) -> tuple[torch.Tensor, torch.Tensor]:
+        """Rank `rank`'s share (`micro_batch` sequences) of global batch `index`."""
+        rng = np.random.default_rng([self.seed, index])
         limit = len(self.data.tokens) - self.context - 1
         if limit <= 0:
             raise ValueError(
                 f"corpus of {len(self.data.tokens)} tokens is shorter than context {self.context}"
             )
-        starts = rng.integers(0, limit, size=self.micro_batch)
-        rows = np.stack([self.data.tokens[s : s + self.context + 1] for s in starts]).astype(
-            np.int64
-        )
+        starts = rng.integers(0, limit, size=self.micro_batch * world)
+        mine = starts[rank * self.micro_batch : (rank + 1) * self.micro_batch]
+        rows = np.stack([self.data.tokens[s : s + self.context + 1] for s in mine]).astype(np.int64)
         chunk = torch.from_numpy(rows)
         return chunk[:, :-1], chunk[:, 1:]

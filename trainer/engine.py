@@ -16,6 +16,7 @@ import random
 import shutil
 import sys
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,13 +24,16 @@ from typing import Any
 import numpy as np
 import torch
 
-from spotrain.errors import raise_if_problems
-from spotrain.trainer import checkpoint
+from spotrain.catalog_schema import checkpoint_id
+from spotrain.errors import SpotrainError, raise_if_problems
+from spotrain.trainer import checkpoint, failpoints
 from spotrain.trainer.catalog import Catalog, DynamoCatalog, ManifestCatalog
 from spotrain.trainer.data import Sampler, TokenFile
+from spotrain.trainer.manifest import Shard, manifest_key
 from spotrain.trainer.model import GPT, GPTConfig
 from spotrain.trainer.preemption import PreemptionFlag
-from spotrain.trainer.storage import open_storage
+from spotrain.trainer.spot_notice import SpotNoticeWatcher
+from spotrain.trainer.storage import Storage, open_storage
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -63,7 +67,14 @@ class TrainConfig:
     model: GPTConfig = field(default_factory=GPTConfig)
     """Model shape."""
     metrics_file: str | None = None
-    """JSON-lines file rank 0 appends one line per step to."""
+    """JSON-lines file rank 0 appends one line per step (and per checkpoint event) to."""
+    log_every: int = 10
+    """Steps between progress lines on the terminal."""
+    spot_notice_endpoint: str | None = None
+    """Instance metadata service to watch for spot notices (on EC2: http://169.254.169.254);
+    None watches nothing (SIGTERM still stops the run)."""
+    spot_notice_poll_seconds: float = 5.0
+    """Seconds between polls of the metadata service."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -73,6 +84,13 @@ class TrainConfig:
             problems.append(f"checkpoint_every is {self.checkpoint_every}: use 1 or more")
         if self.zero_stage not in (1, 2, 3):
             problems.append(f"zero_stage is {self.zero_stage}: DeepSpeed ZeRO stages are 1, 2, 3")
+        if self.log_every < 1:
+            problems.append(f"log_every is {self.log_every}: use 1 or more")
+        if not self.spot_notice_poll_seconds > 0:
+            problems.append(
+                f"spot_notice_poll_seconds is {self.spot_notice_poll_seconds}: use a positive "
+                "interval (EC2 gives two minutes' notice; 5 s is plenty)"
+            )
         if self.micro_batch < 1:
             problems.append(f"micro_batch is {self.micro_batch}: use 1 or more")
         if not self.learning_rate > 0:
@@ -84,7 +102,10 @@ class TrainConfig:
         import hashlib
 
         fields = {
-            k: v for k, v in asdict(self).items() if k not in ("steps", "work_dir", "metrics_file")
+            k: v
+            for k, v in asdict(self).items()
+            if k not in ("steps", "work_dir", "metrics_file", "log_every")
+            and not k.startswith("spot_notice")
         }
         return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[
             :16
@@ -122,10 +143,114 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _catalog(config: TrainConfig, storage: Any) -> Catalog:
+def _catalog(config: TrainConfig, storage: Storage) -> Catalog:
     if config.catalog_table:
         return DynamoCatalog(config.catalog_table, config.run)
     return ManifestCatalog(storage, config.run)
+
+
+@dataclass(frozen=True)
+class _Place:
+    """Where this process sits: one leader per machine fetches, uploads and watches IMDS."""
+
+    rank: int
+    world: int
+    leader: bool
+
+
+@dataclass(frozen=True)
+class _Restored:
+    step: int
+    world_size: int
+    folder: Path
+    """DeepSpeed checkpoint root holding the tag `step_<step>`."""
+
+
+def _restore(
+    config: TrainConfig, storage: Storage, catalog: Catalog, place: _Place
+) -> _Restored | None:
+    """Collective: rank 0 picks the newest good checkpoint (with fallback), every machine's
+    leader fetches and verifies that one, and converts it to DeepSpeed's universal format when
+    the world size changed (plain loading refuses a different data-parallel size)."""
+    import torch.distributed as dist
+
+    folder = Path(config.work_dir) / "restore"
+    chosen = torch.tensor([-1, 0], dtype=torch.long)
+    if place.rank == 0:
+        try:
+            report = checkpoint.restore(folder, storage=storage, catalog=catalog, run=config.run)
+            chosen[0], chosen[1] = report.manifest.step, report.manifest.world_size
+            if report.catalog_unavailable:
+                _say(f"catalog unavailable ({report.catalog_unavailable}); found checkpoints "
+                     "from their manifests")  # fmt: skip
+            for step, reason in report.skipped:
+                _say(f"skipped checkpoint step {step}: {reason}")
+        except checkpoint.NothingPublished:
+            pass  # a new run
+    _broadcast(chosen)
+    step, world_size = int(chosen[0]), int(chosen[1])
+    if step < 0:
+        return None
+    if place.leader and place.rank != 0:
+        checkpoint.fetch(storage, manifest_key(config.run, step), folder)
+    tag = _tag(step)
+    if world_size != place.world:
+        if place.leader:
+            _convert_to_universal(folder, tag)
+            _say(f"converted step {step} from {world_size} to {place.world} ranks")
+        folder = folder / "universal"
+    dist.barrier()
+    return _Restored(step=step, world_size=world_size, folder=folder)
+
+
+def _convert_to_universal(folder: Path, tag: str) -> None:
+    from types import SimpleNamespace
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    output = folder / "universal" / tag
+    shutil.rmtree(output, ignore_errors=True)
+    ds_to_universal.main(
+        SimpleNamespace(
+            input_folder=str(folder / tag),
+            output_folder=str(output),
+            num_extract_workers=1,
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=True,
+        )
+    )
+
+
+def _broadcast(values: torch.Tensor) -> None:
+    import torch.distributed as dist
+
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    )
+    on_device = values.to(device)
+    dist.broadcast(on_device, src=0)
+    values.copy_(on_device.cpu())
+
+
+def _tag(step: int) -> str:
+    return f"step_{step:09d}"
+
+
+def _say(message: str) -> None:
+    print(f"[spotrain] {message}", flush=True)
+
+
+def _deepspeed_config(config: TrainConfig, *, universal: bool) -> dict[str, Any]:
+    return {
+        "train_micro_batch_size_per_gpu": config.micro_batch,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": {"stage": config.zero_stage},
+        "bf16": {"enabled": config.bf16},
+        "checkpoint": {"load_universal": universal},
+        "steps_per_print": 10**9,
+    }
 
 
 def train(config: TrainConfig) -> list[float]:
@@ -136,107 +261,241 @@ def train(config: TrainConfig) -> list[float]:
     _use_gloo_collectives_without_compiling()
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    place = _Place(rank, world, leader=int(os.environ.get("LOCAL_RANK", rank)) == 0)
+    storage = open_storage(config.store, kms_key_id=config.kms_key_id)
+    catalog = _catalog(config, storage)
+    generation = catalog.acquire_lease(f"{os.uname().nodename}:{os.getpid()}") if rank == 0 else 0
+    if place.leader:  # local saves a killed run never published are of no use
+        shutil.rmtree(Path(config.work_dir) / "save", ignore_errors=True)
+    restored = _restore(config, storage, catalog, place)
+    universal = restored is not None and restored.world_size != world
     _seed_everything(config.seed, 0)  # identical initial weights on every rank
     model = GPT(config.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     engine, _, _, _ = deepspeed.initialize(
-        model=model,
-        optimizer=optimizer,
-        config={
-            "train_micro_batch_size_per_gpu": config.micro_batch,
-            "gradient_accumulation_steps": 1,
-            "zero_optimization": {"stage": config.zero_stage},
-            "bf16": {"enabled": config.bf16},
-            "steps_per_print": 10**9,
-        },
+        model=model, optimizer=optimizer, config=_deepspeed_config(config, universal=universal)
     )
-    storage = open_storage(config.store, kms_key_id=config.kms_key_id)
-    catalog = _catalog(config, storage)
-    work = Path(config.work_dir)
-    generation = catalog.acquire_lease(f"{os.uname().nodename}:{os.getpid()}") if rank == 0 else 0
-    start_step, parent = 0, None
-    restore_dir = work / "restore"
-    found = torch.tensor([0], dtype=torch.long, device=engine.device)
-    if rank == 0:
-        try:
-            report = checkpoint.restore(
-                restore_dir, storage=storage, catalog=catalog, run=config.run
-            )
-            found[0] = report.manifest.step
-            for step, reason in report.skipped:
-                print(f"[spotrain] skipped checkpoint step {step}: {reason}", flush=True)
-        except checkpoint.RestoreError:
-            found[0] = -1
-    dist.broadcast(found, src=0)  # ranks share one file system on one machine; see notes
     _seed_everything(config.seed, rank)
-    if found[0] >= 0:
-        tag = f"step_{int(found[0]):09d}"
-        _, client_state = engine.load_checkpoint(str(restore_dir), tag=tag)
-        start_step = int(client_state["step"])
-        parent = f"{config.run}/{tag}"
-        _set_rng_state(torch.load(restore_dir / tag / f"rng_rank{rank}.pt", weights_only=False))
+    start_step, parent = 0, None
+    if restored is not None:
+        tag = _tag(restored.step)
+        _, client_state = engine.load_checkpoint(str(restored.folder), tag=tag)
+        start_step, parent = int(client_state["step"]), checkpoint_id(config.run, restored.step)
+        if not universal:  # a different world has different ranks: their streams start afresh
+            _set_rng_state(
+                torch.load(restored.folder / tag / f"rng_rank{rank}.pt", weights_only=False)
+            )
+        dist.barrier()
+        if place.leader:
+            shutil.rmtree(Path(config.work_dir) / "restore", ignore_errors=True)
         if rank == 0:
-            print(f"[spotrain] resumed {config.run} at step {start_step}", flush=True)
+            _say(f"resumed {config.run} at step {start_step}")
     preemption = PreemptionFlag().install()
+    watcher = None
+    if config.spot_notice_endpoint and place.leader:
+        watcher = SpotNoticeWatcher(
+            config.spot_notice_endpoint,
+            on_interruption=preemption.request,
+            on_rebalance=preemption.request_checkpoint,
+            poll_seconds=config.spot_notice_poll_seconds,
+        ).start()
+    progress = _Progress(config, place)
+    saver = _Saver(engine, config, storage, catalog, generation, place, parent, progress)
     sampler = Sampler(
         TokenFile(Path(config.data)), config.model.context, config.micro_batch, config.seed
     )
-    losses = []
-    for step in range(start_step, config.steps):
-        started = time.perf_counter()
-        x, y = sampler.batch(step, rank)
-        loss = engine(x.to(engine.device), y.to(engine.device))
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
-        if rank == 0 and config.metrics_file:
-            with open(config.metrics_file, "a") as metrics:
-                tokens_per_s = x.numel() * world / (time.perf_counter() - started)
-                metrics.write(
-                    json.dumps({"step": step + 1, "loss": losses[-1], "tokens_per_s": tokens_per_s})
-                    + "\n"
-                )
-        done = step + 1
-        stopping = preemption.agreed(engine.device)
-        if stopping or done % config.checkpoint_every == 0 or done == config.steps:
-            parent = _save_and_publish(
-                engine, config, storage, catalog, generation, done, parent, rank, world
+    losses: list[float] = []
+    try:
+        for step in range(start_step, config.steps):
+            started = time.perf_counter()
+            x, y = sampler.batch(step, rank, world)
+            loss = engine(x.to(engine.device), y.to(engine.device))
+            engine.backward(loss)
+            engine.step()
+            losses.append(loss.item())
+            done = step + 1
+            progress.step(
+                done, losses[-1], x.numel() * world / (time.perf_counter() - started), saver
             )
-        if stopping:
-            if rank == 0:
-                reason = preemption.reason or "another rank was asked to stop"
-                print(
-                    f"[spotrain] stopped after step {done} ({reason}); it is published", flush=True
-                )
-            break
+            asked = preemption.checkpoint_reason
+            agreed = preemption.agree(engine.device, uploading=saver.uploading_here)
+            if saver.in_flight is not None and not agreed.uploading:
+                saver.finish()
+            if agreed.checkpoint_now and rank == 0:
+                _say(f"checkpoint requested after step {done} ({asked or 'on another machine'})")
+            scheduled = done % config.checkpoint_every == 0 or done == config.steps
+            if agreed.stop or agreed.checkpoint_now or scheduled:
+                saver.start(done)
+            if agreed.stop:
+                saver.finish()
+                if rank == 0:
+                    reason = preemption.reason or "another rank was asked to stop"
+                    since = preemption.seconds_since_request()
+                    _say(
+                        f"stopped after step {done} ({reason}); it is published"
+                        + (f", {since:.1f} s after the notice" if since is not None else "")
+                    )
+                    progress.event("stopped", step=done, notice_to_published_s=since)
+                break
+        saver.finish()
+    finally:
+        if watcher is not None:
+            watcher.stop()
     return losses
 
 
-def _save_and_publish(
-    engine: Any, config: TrainConfig, storage: Any, catalog: Catalog, generation: int,
-    step: int, parent: str | None, rank: int, world: int,
-) -> str:  # fmt: skip
-    import torch.distributed as dist
+class _Progress:
+    """Rank 0's terminal lines and metrics file."""
 
-    tag = f"step_{step:09d}"
-    folder = Path(config.work_dir) / "save"  # holds one tag at a time: the one being published
-    engine.save_checkpoint(str(folder), tag=tag, client_state={"step": step})
-    torch.save(_rng_state(), folder / tag / f"rng_rank{rank}.pt")
-    dist.barrier()
-    if rank == 0:
-        report = checkpoint.publish(
-            folder, storage=storage, catalog=catalog, generation=generation, run=config.run,
-            step=step, world_size=world, zero_stage=config.zero_stage,
-            config_hash=config.config_hash, code_version=_code_version(), parent=parent,
+    def __init__(self, config: TrainConfig, place: _Place) -> None:
+        self.config, self.active = config, place.rank == 0
+
+    def event(self, kind: str, **fields: Any) -> None:
+        if self.active and self.config.metrics_file:
+            with open(self.config.metrics_file, "a") as metrics:
+                metrics.write(json.dumps({"event": kind, **fields}) + "\n")
+
+    def step(self, done: int, loss: float, tokens_per_s: float, saver: _Saver) -> None:
+        if not self.active:
+            return
+        if self.config.metrics_file:
+            with open(self.config.metrics_file, "a") as metrics:
+                metrics.write(
+                    json.dumps({"step": done, "loss": loss, "tokens_per_s": tokens_per_s}) + "\n"
+                )
+        if done % self.config.log_every == 0 or done == self.config.steps:
+            _say(f"step {done}/{self.config.steps}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
+                 f"checkpoint: {saver.status}")  # fmt: skip
+
+
+@dataclass
+class _InFlight:
+    step: int
+    root: Path
+    upload: Future[checkpoint.UploadReport] | None
+    """This machine's upload (leaders only)."""
+    stall_s: float
+    """How long training waited for the local save."""
+    began: float
+
+
+class _Saver:
+    """Checkpoints without stopping training for the upload: every rank writes its shards to
+    local disk (the only stall), then each machine's leader uploads them on a background
+    thread while training goes on. When every machine is done (all ranks learn it in the
+    per-step agreement), rank 0 commits: manifest, then the catalog's conditional write. At most
+    one checkpoint is in flight; the next save waits for it to be published."""
+
+    def __init__(
+        self, engine: Any, config: TrainConfig, storage: Storage, catalog: Catalog,
+        generation: int, place: _Place, parent: str | None, progress: _Progress,
+    ) -> None:  # fmt: skip
+        self.engine, self.config, self.storage, self.catalog = engine, config, storage, catalog
+        self.generation, self.place, self.parent, self.progress = (
+            generation,
+            place,
+            parent,
+            progress,
+        )
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="upload") if place.leader else None
+        self.in_flight: _InFlight | None = None
+        self.status = f"resumed from {parent}" if parent else "none yet"
+
+    @property
+    def uploading_here(self) -> bool:
+        upload = self.in_flight.upload if self.in_flight else None
+        return upload is not None and not upload.done()
+
+    def start(self, step: int) -> None:
+        """Collective: save `step` locally on every rank and start uploading it."""
+        import torch.distributed as dist
+
+        if self.in_flight is not None:
+            if self.in_flight.step == step:
+                return
+            self.finish()
+        began = time.perf_counter()
+        tag = _tag(step)
+        root = Path(self.config.work_dir) / "save" / tag
+        self.engine.save_checkpoint(str(root), tag=tag, client_state={"step": step})
+        torch.save(_rng_state(), root / tag / f"rng_rank{self.place.rank}.pt")
+        dist.barrier()
+        if self.place.rank == 0:
+            failpoints.hit("after-local-save")
+        upload = None
+        if self._pool is not None:
+            upload = self._pool.submit(
+                checkpoint.upload_folder, root, storage=self.storage, run=self.config.run
+            )
+        self.in_flight = _InFlight(step, root, upload, time.perf_counter() - began, began)
+        self.status = f"step {step} uploading"
+
+    def finish(self) -> None:
+        """Collective: wait for every machine's upload of the checkpoint in flight, then
+        publish it. Raises on every rank if any upload or the publish failed."""
+        import torch.distributed as dist
+
+        flight, self.in_flight = self.in_flight, None
+        if flight is None:
+            return
+        mine: checkpoint.UploadReport | str | None = None
+        if flight.upload is not None:
+            try:
+                mine = flight.upload.result()
+            except Exception as error:  # reported on every rank below
+                mine = f"upload of step {flight.step} failed: {error}"
+        everyone: list[Any] = [None] * self.place.world
+        dist.all_gather_object(everyone, mine)
+        outcome: list[str | None] = [None]
+        if self.place.rank == 0:
+            outcome[0] = self._commit(flight, [r for r in everyone if r is not None])
+        dist.broadcast_object_list(outcome, src=0)
+        if self.place.leader:
+            shutil.rmtree(flight.root, ignore_errors=True)
+        if outcome[0] is not None:
+            self.status = f"step {flight.step} failed"
+            raise SpotrainError(outcome[0])
+        self.parent = checkpoint_id(self.config.run, flight.step)
+        self.status = f"step {flight.step} published"
+
+    def _commit(self, flight: _InFlight, reports: list[Any]) -> str | None:
+        """Rank 0: publish the union of every machine's shards; the error, if any."""
+        errors = [r for r in reports if isinstance(r, str)]
+        if errors:
+            return "; ".join(errors)
+        shards: dict[str, Shard] = {}
+        for report in reports:
+            for shard in report.shards:
+                if shards.setdefault(shard.name, shard).sha256 != shard.sha256:
+                    return (
+                        f"machines wrote different files named {shard.name} at step {flight.step}"
+                    )
+        try:
+            checkpoint.commit(
+                list(shards.values()), storage=self.storage, catalog=self.catalog,
+                generation=self.generation, run=self.config.run, step=flight.step,
+                world_size=self.place.world, zero_stage=self.config.zero_stage,
+                config_hash=self.config.config_hash, code_version=_code_version(),
+                parent=self.parent,
+            )  # fmt: skip
+        except SpotrainError as error:
+            return str(error)
+        sent = sum(r.uploaded_bytes for r in reports)
+        reused = sum(r.reused_bytes for r in reports)
+        took = time.perf_counter() - flight.began
+        _say(
+            f"published step {flight.step}: {sent:,} bytes sent, {reused:,} reused; training "
+            f"stalled {flight.stall_s:.2f} s, published {took:.1f} s after the save"
+        )
+        self.progress.event(
+            "published", step=flight.step, uploaded_bytes=sent, reused_bytes=reused,
+            stall_s=flight.stall_s, save_to_published_s=took,
         )  # fmt: skip
-        print(f"[spotrain] published step {step}: {report.uploaded_bytes:,} bytes sent, "
-              f"{report.reused_bytes:,} reused", flush=True)  # fmt: skip
-        shutil.rmtree(folder / tag, ignore_errors=True)
-    dist.barrier()
-    return f"{config.run}/{tag}"
+        return None
 
 
 def _code_version() -> str:
     from importlib.metadata import version
 
-    return f"spotrain {version('spotrain')}, torch {torch.__version__}"
+    libraries = {name: version(name) for name in ("spotrain", "torch", "deepspeed")}
+    return ", ".join(f"{name} {number}" for name, number in libraries.items())

@@ -1,23 +1,40 @@
 """Stopping on preemption: every rank stops at the same step.
 
-The SIGTERM handler only sets a flag (nothing else is safe inside a signal handler). Each step
-the ranks agree with an all-reduce MAX of their flags, so one rank's notice stops all of them
-after the same step; the loop then takes an emergency checkpoint, publishes it and exits 0.
+The SIGTERM handler only sets a flag (nothing else is safe inside a signal handler); the
+spot-notice watcher sets the same flag, or asks for a checkpoint on a rebalance
+recommendation. Each step the ranks agree with one all-reduce MAX of their flags (and of
+whether any node is still uploading), so one rank's notice acts on all of them after the same
+step; the loop then takes an emergency checkpoint, publishes it and exits 0.
 torchrun forwards SIGTERM to every worker within milliseconds and SIGKILLs them after its
-`--shutdown-timeout`; keep that longer than a checkpoint takes to publish.
+`--shutdown-timeout`; keep that longer than a checkpoint takes to publish (`spotrain train`
+sets it).
 """
 
 from __future__ import annotations
 
 import signal
+import time
+from dataclasses import dataclass
 from types import FrameType
 
 import torch
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """What every rank decided together after a step."""
+
+    stop: bool
+    checkpoint_now: bool
+    uploading: bool
+    """Some node is still uploading the checkpoint in flight."""
+
+
 class PreemptionFlag:
     def __init__(self) -> None:
         self.reason: str | None = None
+        self.checkpoint_reason: str | None = None
+        self._requested_at: float | None = None
 
     def install(self) -> PreemptionFlag:
         signal.signal(signal.SIGTERM, self._on_signal)
@@ -25,16 +42,33 @@ class PreemptionFlag:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         self.reason = signal.Signals(signum).name
+        self._requested_at = time.monotonic()
 
     def request(self, reason: str) -> None:
-        """Ask for a stop from code (e.g. a spot interruption notice)."""
+        """Ask for a stop from code (a spot interruption notice)."""
         self.reason = reason
+        self._requested_at = time.monotonic()
 
-    def agreed(self, device: torch.device | str = "cpu") -> bool:
-        """Collective: True on every rank once any rank was asked to stop. `device` is where
-        the backend reduces (CUDA for NCCL)."""
+    def seconds_since_request(self) -> float | None:
+        """Since this rank was asked to stop; None if another rank was asked."""
+        return None if self._requested_at is None else time.monotonic() - self._requested_at
+
+    def request_checkpoint(self, reason: str) -> None:
+        """Ask for a checkpoint after this step without stopping (a rebalance recommendation)."""
+        self.checkpoint_reason = reason
+
+    def agree(self, device: torch.device | str = "cpu", *, uploading: bool = False) -> Agreement:
+        """Collective: every rank gets the same answer. `device` is where the backend reduces
+        (CUDA for NCCL)."""
         import torch.distributed as dist
 
-        flag = torch.tensor([1 if self.reason else 0], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        return bool(flag.item())
+        flags = torch.tensor(
+            [bool(self.reason), bool(self.checkpoint_reason), uploading],
+            dtype=torch.int32,
+            device=device,
+        )
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        stop, checkpoint_now, any_uploading = (bool(v) for v in flags.tolist())
+        if checkpoint_now:
+            self.checkpoint_reason = None
+        return Agreement(stop=stop, checkpoint_now=checkpoint_now, uploading=any_uploading)
