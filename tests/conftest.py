@@ -1,4 +1,5 @@
-"""Shared fixtures: one synthesis of every environment, and a local cloud per session."""
+"""Shared fixtures: one synthesis of every environment, a training corpus, and a local cloud
+per session."""
 
 from __future__ import annotations
 
@@ -19,6 +20,15 @@ def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from spotrain import deploy
 
     return deploy.synth(tmp_path_factory.mktemp("synth") / "cdktf.out")
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
+    """A small token file (the synthetic arithmetic text) for training tests."""
+    from spotrain.trainer.data import synthetic_corpus, write_token_file
+
+    folder = tmp_path_factory.mktemp("data")
+    return str(write_token_file(folder / "corpus", synthetic_corpus(100_000)))
 
 
 @pytest.fixture(scope="session")

@@ -4,7 +4,6 @@ folder and through the local cloud (S3 with a KMS-only bucket policy, DynamoDB c
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -12,51 +11,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import training
 from helpers import create_catalog_table, kms_only_bucket
+from training import TINY_MODEL, losses_of, prepare
 
 from spotrain.localcloud import control
-from spotrain.trainer.data import synthetic_corpus, write_token_file
 
 pytestmark = pytest.mark.integration
-
-TINY_MODEL = {"context": 32, "layers": 2, "heads": 2, "width": 64}
-
-
-def launch(config: dict[str, Any], tmp_path: Path, name: str) -> tuple[list[str], Path]:
-    """The torchrun command line for a 2-rank run of `config`, and its metrics file."""
-    path = tmp_path / f"{name}.json"
-    metrics = tmp_path / f"{name}.jsonl"
-    work = str(tmp_path / f"work-{name}")
-    path.write_text(json.dumps({**config, "metrics_file": str(metrics), "work_dir": work}))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-               "2", "-m", "spotrain.trainer.train", str(path)]  # fmt: skip
-    return command, metrics
-
-
-def records_of(metrics: Path) -> list[dict[str, Any]]:
-    return [json.loads(line) for line in metrics.read_text().splitlines()]
-
-
-def losses_of(metrics: Path) -> list[float]:
-    return [record["loss"] for record in records_of(metrics) if "loss" in record]
 
 
 def torchrun(
     config: dict[str, Any], tmp_path: Path, name: str, env: dict[str, str] | None = None
 ) -> list[float]:
-    command, metrics = launch(config, tmp_path, name)
-    result = subprocess.run(
-        command, capture_output=True, text=True, timeout=300, env={**os.environ, **(env or {})}
-    )
-    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-    return losses_of(metrics)
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory: pytest.TempPathFactory) -> str:
-    return str(
-        write_token_file(tmp_path_factory.mktemp("data") / "corpus", synthetic_corpus(100_000))
-    )
+    return training.train(config, tmp_path, name, env=env).losses
 
 
 def test_resumed_run_has_the_losses_of_an_uninterrupted_one(corpus: str, tmp_path: Path) -> None:
@@ -107,7 +74,8 @@ def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exac
 
     base = {"run": "demo", "data": corpus, "micro_batch": 4, "model": TINY_MODEL,
             "checkpoint_every": 1000, "store": f"file://{tmp_path / 'store'}"}  # fmt: skip
-    command, metrics = launch({**base, "steps": 100_000}, tmp_path, "preempted")
+    started = prepare({**base, "steps": 100_000}, tmp_path, "preempted")
+    command, metrics = started.command, started.metrics
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.monotonic() + 120
     while not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
@@ -125,3 +93,24 @@ def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exac
     reference = torchrun({**base, "steps": stopped + 3, "store": f"file://{tmp_path / 'ref'}"},
                          tmp_path, "reference")  # fmt: skip
     assert first + resumed == reference
+
+
+def test_two_rank_checkpoint_restores_on_one_rank(corpus: str, tmp_path: Path) -> None:
+    """World size 2 -> 1: the checkpoint is converted to DeepSpeed's universal format on the
+    way in. One rank with twice the micro batch sees the same global batches, so it continues
+    the 2-rank run's losses up to float rounding (sums in another order)."""
+    base = {"run": "elastic", "data": corpus, "checkpoint_every": 4, "micro_batch": 4,
+            "zero_stage": 2, "model": TINY_MODEL,
+            "store": f"file://{tmp_path / 'store'}"}  # fmt: skip
+    two_ranks = training.train(
+        {**base, "steps": 8, "store": f"file://{tmp_path / 'ref'}"}, tmp_path, "reference"
+    )
+    first = training.train({**base, "steps": 4}, tmp_path, "first")
+    one_rank = training.train(
+        {**base, "steps": 8}, tmp_path, "one-rank", nproc=1, overrides=("micro_batch=8",)
+    )
+    assert "converted step 4 from 2 to 1 ranks" in one_rank.output
+    assert "resumed elastic at step 4" in one_rank.output
+    assert first.losses == two_ranks.losses[:4]
+    assert one_rank.losses == pytest.approx(two_ranks.losses[4:], rel=1e-5)
+    assert one_rank.losses != pytest.approx(first.losses, rel=1e-3)  # it did not start over

@@ -234,6 +234,15 @@ def _broadcast(values: torch.Tensor) -> None:
     values.copy_(on_device.cpu())
 
 
+def _mean_over_ranks(loss: torch.Tensor, world: int) -> float:
+    """The step's loss over the whole global batch, whatever the number of ranks."""
+    import torch.distributed as dist
+
+    total = loss.detach().clone()
+    dist.all_reduce(total)
+    return total.item() / world
+
+
 def _tag(step: int) -> str:
     return f"step_{step:09d}"
 
@@ -254,7 +263,7 @@ def _deepspeed_config(config: TrainConfig, *, universal: bool) -> dict[str, Any]
 
 
 def train(config: TrainConfig) -> list[float]:
-    """Train to `config.steps`; returns this process's losses, one per step it ran."""
+    """Train to `config.steps`; returns the loss of each step it ran (mean over all ranks)."""
     import deepspeed
     import torch.distributed as dist
 
@@ -312,7 +321,7 @@ def train(config: TrainConfig) -> list[float]:
             loss = engine(x.to(engine.device), y.to(engine.device))
             engine.backward(loss)
             engine.step()
-            losses.append(loss.item())
+            losses.append(_mean_over_ranks(loss, world))
             done = step + 1
             progress.step(
                 done, losses[-1], x.numel() * world / (time.perf_counter() - started), saver
@@ -341,6 +350,11 @@ def train(config: TrainConfig) -> list[float]:
     finally:
         if watcher is not None:
             watcher.stop()
+        saver.close()
+    # Tear the process group down before the interpreter exits: left to exit handlers, gloo's
+    # threads can be destroyed still running (the process then aborts after its work is done).
+    dist.barrier()
+    dist.destroy_process_group()
     return losses
 
 
@@ -401,6 +415,10 @@ class _Saver:
         self.in_flight: _InFlight | None = None
         self.status = f"resumed from {parent}" if parent else "none yet"
 
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+
     @property
     def uploading_here(self) -> bool:
         upload = self.in_flight.upload if self.in_flight else None
@@ -415,6 +433,7 @@ class _Saver:
                 return
             self.finish()
         began = time.perf_counter()
+        failpoints.saving(step)
         tag = _tag(step)
         root = Path(self.config.work_dir) / "save" / tag
         self.engine.save_checkpoint(str(root), tag=tag, client_state={"step": step})

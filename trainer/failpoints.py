@@ -1,10 +1,11 @@
 """Named points where tests (and rehearsals) make a run fail the way machines do.
 
-`SPOTRAIN_FAILPOINTS="after-shard-upload=sigkill@2,before-catalog-publish=sigterm"` makes the
+`SPOTRAIN_FAILPOINTS="after-shard-upload=sigkill@6,before-catalog-publish=sigterm"` makes the
 process act at those points: `sigterm` sends SIGTERM to the launcher (torchrun forwards it to
-every rank, as when a spot machine shuts down), `sigkill` kills the launcher's whole process
-group at once (the machine vanished), `sleep:S` waits S seconds (a slow link). `@N` acts on the
-N-th time the point is reached instead of the first. Unset, every point is a no-op.
+every rank, as when a spot machine shuts down), `sigkill` kills the launcher and every worker
+it started at once (the machine vanished), `sleep:S` waits S seconds (a slow link). `@N` acts
+only while the checkpoint of step N is being saved; each point acts once. Unset, every point
+is a no-op.
 
 Points: `after-local-save` (every rank wrote its shards, before any upload),
 `after-shard-upload` (one shard stored), `before-catalog-publish` (manifest written, catalog
@@ -13,39 +14,65 @@ not yet updated).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 ENVIRONMENT_VARIABLE = "SPOTRAIN_FAILPOINTS"
-_counts: dict[str, int] = {}
+_fired: set[str] = set()
 _lock = threading.Lock()
+_saving_step: int | None = None
 
 
-def _plan() -> dict[str, tuple[str, int]]:
+def _plan() -> dict[str, tuple[str, int | None]]:
     plan = {}
     for item in filter(None, os.environ.get(ENVIRONMENT_VARIABLE, "").split(",")):
         name, _, action = item.partition("=")
-        action, _, count = action.partition("@")
-        plan[name.strip()] = (action.strip(), int(count or 1))
+        action, _, step = action.partition("@")
+        plan[name.strip()] = (action.strip(), int(step) if step else None)
     return plan
+
+
+def saving(step: int) -> None:
+    """The checkpoint of `step` is being saved (until the next call)."""
+    global _saving_step
+    _saving_step = step
 
 
 def hit(name: str) -> None:
     planned = _plan().get(name)
     if planned is None:
         return
-    action, on_count = planned
+    action, step = planned
     with _lock:
-        _counts[name] = _counts.get(name, 0) + 1
-        if _counts[name] != on_count:
+        if name in _fired or (step is not None and step != _saving_step):
             return
+        _fired.add(name)
     if action == "sigterm":
         os.kill(os.getppid(), signal.SIGTERM)
     elif action == "sigkill":
-        os.killpg(os.getpgid(os.getppid()), signal.SIGKILL)
+        kill_launcher_and_workers(os.getppid())
     elif action.startswith("sleep:"):
         time.sleep(float(action.removeprefix("sleep:")))
     else:
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: unknown action {action!r} for {name!r}")
+
+
+def kill_launcher_and_workers(launcher: int) -> None:
+    """SIGKILL torchrun and its workers (each runs in its own session, so a process group kill
+    would miss them). The launcher goes first so it cannot react."""
+    workers = []
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = status.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[1]) == launcher:
+            workers.append(int(status.parent.name))
+    os.kill(launcher, signal.SIGKILL)
+    for pid in sorted(workers, key=lambda p: p == os.getpid()):  # this process last
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

@@ -1,0 +1,190 @@
+"""Preemption conformance: a run is interrupted at every dangerous point (SIGTERM and SIGKILL,
+mid-save, mid-upload, between manifest and catalog, at a random moment; a spot notice from the
+metadata service) and started again. Each time the resumed step is the run's published head,
+nothing torn is restored, and the losses continue bit for bit those of a run never interrupted.
+
+Failpoints (spotrain.trainer.failpoints) put the signal at an exact point; `sigkill` takes
+torchrun and both ranks at once, like a lost machine.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from helpers import create_catalog_table, kms_only_bucket
+from training import TINY_MODEL, losses_of, prepare, train
+
+from spotrain.localcloud import control
+from spotrain.localcloud.imds import LocalMetadataService
+from spotrain.trainer.catalog import DynamoCatalog, ManifestCatalog
+from spotrain.trainer.failpoints import kill_launcher_and_workers
+from spotrain.trainer.manifest import manifest_key
+from spotrain.trainer.storage import LocalStorage, open_storage
+
+pytestmark = pytest.mark.integration
+
+STEPS, EVERY = 12, 3
+
+
+def base(corpus: str) -> dict[str, Any]:
+    return {"run": "conformance", "data": corpus, "micro_batch": 4, "model": TINY_MODEL,
+            "steps": STEPS, "checkpoint_every": EVERY}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def reference(corpus: str, tmp_path_factory: pytest.TempPathFactory) -> list[float]:
+    """Losses of the run that nobody interrupts."""
+    folder = tmp_path_factory.mktemp("reference")
+    run = train({**base(corpus), "store": f"file://{folder / 'store'}"}, folder, "reference")
+    assert len(run.losses) == STEPS
+    return run.losses
+
+
+@pytest.fixture(scope="module")
+def cloud_store(local_cloud: control.RunningCloud) -> dict[str, Any]:
+    """A KMS-only bucket and a catalog table on the local cloud, and the environment to reach
+    them."""
+    region = "us-east-1"
+    bucket, table = "conformance-checkpoints", "conformance-catalog"
+    s3 = control.client("s3", local_cloud.endpoint, region)
+    key = kms_only_bucket(s3, control.client("kms", local_cloud.endpoint, region), bucket)
+    create_catalog_table(control.client("dynamodb", local_cloud.endpoint, region), table)
+    return {
+        "config": {"store": f"s3://{bucket}", "catalog_table": table, "kms_key_id": key},
+        "env": control.aws_environment(local_cloud.endpoint, region),
+    }
+
+
+def head_step(config: dict[str, Any], env: dict[str, str]) -> int | None:
+    if config.get("catalog_table"):
+        client = control.client("dynamodb", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
+        head = DynamoCatalog(config["catalog_table"], config["run"], client=client).head()
+    else:
+        storage = LocalStorage(Path(config["store"].removeprefix("file://")))
+        head = ManifestCatalog(storage, config["run"]).head()
+    return None if head is None else head.step
+
+
+def resume_and_compare(
+    config: dict[str, Any], interrupted: list[float], reference: list[float], tmp_path: Path,
+    env: dict[str, str] | None = None,
+) -> int:  # fmt: skip
+    """Start the run again: it must resume at the published head and continue exactly.
+    Returns the step it resumed at."""
+    head = head_step(config, env or {})
+    resumed = train(config, tmp_path, "resumed", env=env)
+    if head is None:
+        assert "resumed" not in resumed.output
+    else:
+        assert f"resumed {config['run']} at step {head}" in resumed.output, resumed.output[-3000:]
+    kept = head or 0
+    assert interrupted[:kept] + resumed.losses == reference  # bit for bit
+    return kept
+
+
+# (id, failpoint, head expected after a SIGKILL (None: nothing published); after a SIGTERM the
+# head is the step the run stopped after)
+FAILPOINT_SCENARIOS = [
+    ("sigterm-mid-save", f"after-local-save=sigterm@{2 * EVERY}", None),
+    ("sigterm-mid-upload", f"after-shard-upload=sigterm@{2 * EVERY}", None),
+    ("sigterm-during-publish", f"before-catalog-publish=sigterm@{2 * EVERY}", None),
+    ("sigkill-mid-save", f"after-local-save=sigkill@{2 * EVERY}", EVERY),
+    ("sigkill-mid-upload", f"after-shard-upload=sigkill@{2 * EVERY}", EVERY),
+    ("sigkill-mid-first-upload", f"after-shard-upload=sigkill@{EVERY}", None),
+    ("sigkill-during-publish", f"before-catalog-publish=sigkill@{2 * EVERY}", EVERY),
+]
+
+
+@pytest.mark.parametrize(
+    ("scenario", "failpoint", "expected_head"),
+    [pytest.param(*s, id=s[0]) for s in FAILPOINT_SCENARIOS],
+)
+def test_interrupted_at_a_failpoint_resumes_from_the_published_head(
+    scenario: str, failpoint: str, expected_head: int | None, corpus: str,
+    reference: list[float], cloud_store: dict[str, Any], tmp_path: Path,
+) -> None:  # fmt: skip
+    # Through the real path: S3 (KMS-only bucket) and the DynamoDB catalog on the local cloud.
+    config = {**base(corpus), **cloud_store["config"], "run": scenario}
+    env = cloud_store["env"]
+    interrupted = train(
+        config, tmp_path, "interrupted", env={**env, "SPOTRAIN_FAILPOINTS": failpoint}, check=False
+    )
+    if "sigkill" in failpoint:
+        assert interrupted.returncode == -signal.SIGKILL, interrupted.output[-3000:]
+        assert head_step(config, env) == expected_head  # the save in flight was never published
+    else:
+        stopped = re.search(r"stopped after step (\d+) \(SIGTERM\); it is", interrupted.output)
+        assert stopped, interrupted.output[-3000:]
+        # The signal came during the second checkpoint; that one and the emergency one publish.
+        assert head_step(config, env) == int(stopped.group(1)) >= 2 * EVERY
+    if failpoint.startswith("before-catalog-publish=sigkill"):
+        # The unfinished publish left its manifest, but the catalog never named it.
+        s3 = control.client("s3", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
+        storage = open_storage(config["store"], kms_key_id=config["kms_key_id"], client=s3)
+        assert storage.exists(manifest_key(scenario, 2 * EVERY))
+    resume_and_compare(config, interrupted.losses, reference, tmp_path, env)
+
+
+def test_sigkill_at_a_random_moment_loses_only_unpublished_steps(
+    corpus: str, reference: list[float], tmp_path: Path
+) -> None:
+    config = {**base(corpus), "store": f"file://{tmp_path / 'store'}", "checkpoint_every": 2}
+    launch = prepare(config, tmp_path, "killed")
+    process = subprocess.Popen(launch.command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                               start_new_session=True)  # fmt: skip
+    kill_after = random.uniform(0.0, 1.5)
+    deadline = time.monotonic() + 120
+    while len(losses_of(launch.metrics)) < 3:
+        assert process.poll() is None and time.monotonic() < deadline, "training did not start"
+        time.sleep(0.05)
+    time.sleep(kill_after)
+    kill_launcher_and_workers(process.pid)  # the machine is gone
+    process.wait(timeout=30)
+    resumed_at = resume_and_compare(config, losses_of(launch.metrics), reference, tmp_path)
+    print(f"killed {kill_after:.2f} s after step 3; resumed at step {resumed_at}")
+
+
+def test_spot_interruption_notice_stops_the_run_before_any_signal(
+    corpus: str, reference: list[float], tmp_path: Path
+) -> None:
+    with LocalMetadataService() as imds:
+        config = {**base(corpus), "steps": 100_000, "store": f"file://{tmp_path / 'store'}",
+                  "spot_notice_endpoint": imds.endpoint,
+                  "spot_notice_poll_seconds": 0.2}  # fmt: skip
+        launch = prepare(config, tmp_path, "noticed")
+        process = subprocess.Popen(
+            launch.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        deadline = time.monotonic() + 120
+        while len(losses_of(launch.metrics)) < 4:
+            assert process.poll() is None and time.monotonic() < deadline, "training did not start"
+            time.sleep(0.05)
+        imds.announce_interruption()
+        output, _ = process.communicate(timeout=120)
+    assert process.returncode == 0, output[-3000:]  # no signal: torchrun exits cleanly
+    stopped = re.search(r"stopped after step (\d+) \(spot interruption notice: terminate", output)
+    assert stopped, output[-3000:]
+    assert head_step(config, {}) == int(stopped.group(1))
+    resume_and_compare({**config, "steps": STEPS}, losses_of(launch.metrics), reference, tmp_path)
+
+
+def test_rebalance_recommendation_checkpoints_now_and_training_goes_on(
+    corpus: str, reference: list[float], tmp_path: Path
+) -> None:
+    with LocalMetadataService() as imds:
+        imds.recommend_rebalance()  # already there when training starts
+        config = {**base(corpus), "store": f"file://{tmp_path / 'store'}",
+                  "checkpoint_every": 1000, "spot_notice_endpoint": imds.endpoint,
+                  "spot_notice_poll_seconds": 0.2}  # fmt: skip
+        finished = train(config, tmp_path, "rebalanced")
+    assert finished.losses == reference
+    published = [r["step"] for r in finished.records if r.get("event") == "published"]
+    assert len(published) == 2 and published[0] < STEPS and published[1] == STEPS
+    assert "checkpoint requested after step" in finished.output

@@ -1,0 +1,78 @@
+"""Helpers for tests that train for real: tiny configurations launched with torchrun (gloo)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+TINY_MODEL = {"context": 32, "layers": 2, "heads": 2, "width": 64}
+TIMEOUT_S = 300
+
+
+@dataclass
+class Launch:
+    command: list[str]
+    metrics: Path
+
+
+def prepare(
+    config: dict[str, Any],
+    tmp_path: Path,
+    name: str,
+    *,
+    nproc: int = 2,
+    overrides: tuple[str, ...] = (),
+) -> Launch:
+    """Write `config` (with its own metrics file and work folder) and the torchrun command."""
+    path = tmp_path / f"{name}.json"
+    metrics = tmp_path / f"{name}.jsonl"
+    work = str(tmp_path / f"work-{name}")
+    path.write_text(json.dumps({"metrics_file": str(metrics), "work_dir": work, **config}))
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
+               str(nproc), "-m", "spotrain.trainer.train", str(path)]  # fmt: skip
+    for override in overrides:
+        command += ["--set", override]
+    return Launch(command, metrics)
+
+
+def records_of(metrics: Path) -> list[dict[str, Any]]:
+    if not metrics.exists():
+        return []
+    return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+
+def losses_of(metrics: Path) -> list[float]:
+    return [record["loss"] for record in records_of(metrics) if "loss" in record]
+
+
+@dataclass
+class Finished:
+    losses: list[float]
+    output: str
+    returncode: int
+    records: list[dict[str, Any]]
+
+
+def train(
+    config: dict[str, Any], tmp_path: Path, name: str, *, env: dict[str, str] | None = None,
+    nproc: int = 2, overrides: tuple[str, ...] = (), check: bool = True,
+) -> Finished:  # fmt: skip
+    """Run to completion. The launcher gets its own process group, so a failpoint's SIGKILL
+    takes it and its workers, nothing else."""
+    launch = prepare(config, tmp_path, name, nproc=nproc, overrides=overrides)
+    result = subprocess.run(
+        launch.command, capture_output=True, text=True, timeout=TIMEOUT_S,
+        env={**os.environ, **(env or {})}, start_new_session=True,
+    )  # fmt: skip
+    output = result.stdout + result.stderr
+    (tmp_path / f"{name}.log").write_text(output)
+    if check:
+        assert result.returncode == 0, output[-4000:]
+    return Finished(
+        losses_of(launch.metrics), output, result.returncode, records_of(launch.metrics)
+    )
