@@ -6,11 +6,14 @@ spotrain deploy ENV               apply ENV's stacks (local starts the local clo
 spotrain plan ENV                 show whether ENV's stacks would change
 spotrain destroy ENV              destroy ENV's stacks
 spotrain scan                     checkov over every synthesized stack, reasoned skips only
+spotrain train CONFIG             train (torchrun on this machine, or one node of many)
+spotrain checkpoints ...          list, show, verify, restore, gc a run's checkpoints
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from pathlib import Path
@@ -188,6 +191,47 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     return 0
 
 
+DEFAULT_SHUTDOWN_TIMEOUT_S = 90
+
+
+def torchrun_command(args: argparse.Namespace) -> list[str]:
+    """The torchrun command line `spotrain train` runs."""
+    launcher = [sys.executable, "-m", "torch.distributed.run",
+                "--nproc-per-node", str(args.nproc_per_node),
+                # SIGTERM -> emergency checkpoint -> exit: torchrun must wait that long before
+                # it SIGKILLs the ranks (its own default is 30 s).
+                "--shutdown-timeout", str(args.shutdown_timeout)]  # fmt: skip
+    if args.nnodes == "1":
+        launcher.append("--standalone")
+    else:
+        if not args.rdzv_endpoint:
+            raise SpotrainError(
+                f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the coordinator's "
+                "address that every node can reach)"
+            )
+        launcher += ["--nnodes", args.nnodes, "--rdzv-backend", "c10d",
+                     "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id]  # fmt: skip
+    launcher += ["-m", "spotrain.trainer.train", str(args.config)]
+    for override in args.set:
+        launcher += ["--set", override]
+    return launcher
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from spotrain.trainer.train import load_config
+
+    config = load_config(args.config, args.set)  # every problem now, before any process starts
+    if args.nproc_per_node is None:
+        import torch
+
+        args.nproc_per_node = torch.cuda.device_count() or 1
+    command = torchrun_command(args)
+    _say(f"training {config.run}: {' '.join(command[1:])}")
+    sys.stdout.flush()
+    os.execv(sys.executable, command)  # torchrun takes this process: signals reach it directly
+    return 0  # not reached
+
+
 def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="spotrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -212,6 +256,21 @@ def parser() -> argparse.ArgumentParser:
     scan.add_argument("--out", default="cdktf.out", help="synthesis folder")
     scan.add_argument("--synth", action="store_true", help="synthesize first even if present")
     scan.set_defaults(handler=cmd_scan)
+
+    train = commands.add_parser("train", help="train: torchrun over spotrain.trainer")
+    train.add_argument("config", type=Path, help="training configuration (JSON)")
+    train.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                       help="override one configuration field (model.width=128)")  # fmt: skip
+    train.add_argument("--nproc-per-node", type=int,
+                       help="ranks on this machine (default: its GPUs, or 1 without)")  # fmt: skip
+    train.add_argument("--nnodes", default="1",
+                       help="machines: N, or MIN:MAX for an elastic run")  # fmt: skip
+    train.add_argument("--rdzv-endpoint", help="HOST:PORT every machine meets at (nnodes > 1)")
+    train.add_argument("--rdzv-id", default="spotrain", help="rendezvous id shared by the run")
+    train.add_argument("--shutdown-timeout", type=int, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+                       help="seconds between SIGTERM and SIGKILL of the ranks; longer than an "
+                       "emergency checkpoint takes to publish")  # fmt: skip
+    train.set_defaults(handler=cmd_train)
 
     checkpoints = commands.add_parser("checkpoints", help="a run's checkpoints")
     checkpoints.add_argument("action", choices=["list", "show", "verify", "restore", "gc"],

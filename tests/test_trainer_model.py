@@ -125,3 +125,53 @@ def test_bad_training_configuration_lists_every_problem(
     path.write_text(json.dumps({"run": "r", "stepz": 3}))
     assert train.main([str(path)]) == 2
     assert "unknown field 'stepz' in TrainConfig: use one of" in capsys.readouterr().err
+
+
+def test_overrides_and_wrong_types_are_reported_together(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from spotrain.trainer import train
+
+    path = tmp_path / "run.json"
+    good = {"run": "r", "store": "file:///tmp/x", "data": "d.bin", "work_dir": "w", "steps": 5}
+    path.write_text(json.dumps(good))
+    config = train.load_config(path, ["steps=9", "model.width=128", "kms_key_id=alias/k"])
+    assert (config.steps, config.model.width, config.kms_key_id) == (9, 128, "alias/k")
+    assert train.main([str(path), "--set", "steps=many", "--set", "model.layers=1.5",
+                       "--set", "nonsense"]) == 2  # fmt: skip
+    error = capsys.readouterr().err
+    assert "has 3 problem(s)" in error
+    assert "steps is 'many': it must be int" in error
+    assert "model.layers is 1.5: it must be int" in error
+    assert "--set 'nonsense': write FIELD=VALUE" in error
+
+
+def test_spotrain_train_refuses_a_bad_configuration_before_starting_torchrun(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spotrain import cli
+
+    path = tmp_path / "run.json"
+    path.write_text('{"run": "r"}')
+    assert cli.main(["train", str(path), "--nproc-per-node", "2"]) == 2
+    error = capsys.readouterr()
+    assert "store is missing" in error.err and "training r" not in error.out
+
+
+def test_spotrain_train_builds_a_multi_node_launch_and_needs_a_rendezvous() -> None:
+    from spotrain import cli
+    from spotrain.errors import SpotrainError
+
+    args = cli.parser().parse_args(
+        ["train", "run.json", "--nproc-per-node", "8", "--nnodes", "2:4", "--set", "steps=3"]
+    )
+    with pytest.raises(SpotrainError, match="needs --rdzv-endpoint HOST:PORT"):
+        cli.torchrun_command(args)
+    args.rdzv_endpoint = "10.0.0.5:29400"
+    command = cli.torchrun_command(args)
+    joined = " ".join(command)
+    assert "--nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint 10.0.0.5:29400" in joined
+    assert f"--shutdown-timeout {cli.DEFAULT_SHUTDOWN_TIMEOUT_S}" in joined
+    assert command[-4:] == ["spotrain.trainer.train", "run.json", "--set", "steps=3"]

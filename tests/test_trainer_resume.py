@@ -96,9 +96,9 @@ def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exac
 
 
 def test_two_rank_checkpoint_restores_on_one_rank(corpus: str, tmp_path: Path) -> None:
-    """World size 2 -> 1: the checkpoint is converted to DeepSpeed's universal format on the
-    way in. One rank with twice the micro batch sees the same global batches, so it continues
-    the 2-rank run's losses up to float rounding (sums in another order)."""
+    """World size 2 -> 1 (started with `spotrain train`): the checkpoint is converted to
+    DeepSpeed's universal format on the way in. One rank with twice the micro batch sees the
+    same global batches, so it continues the 2-rank run's losses up to float rounding."""
     base = {"run": "elastic", "data": corpus, "checkpoint_every": 4, "micro_batch": 4,
             "zero_stage": 2, "model": TINY_MODEL,
             "store": f"file://{tmp_path / 'store'}"}  # fmt: skip
@@ -106,8 +106,13 @@ def test_two_rank_checkpoint_restores_on_one_rank(corpus: str, tmp_path: Path) -
         {**base, "steps": 8, "store": f"file://{tmp_path / 'ref'}"}, tmp_path, "reference"
     )
     first = training.train({**base, "steps": 4}, tmp_path, "first")
-    one_rank = training.train(
-        {**base, "steps": 8}, tmp_path, "one-rank", nproc=1, overrides=("micro_batch=8",)
+    one_rank = training.train(  # the way users start runs
+        {**base, "steps": 8},
+        tmp_path,
+        "one-rank",
+        nproc=1,
+        overrides=("micro_batch=8",),
+        via_cli=True,
     )
     assert "converted step 4 from 2 to 1 ranks" in one_rank.output
     assert "resumed elastic at step 4" in one_rank.output

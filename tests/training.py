@@ -27,14 +27,21 @@ def prepare(
     *,
     nproc: int = 2,
     overrides: tuple[str, ...] = (),
+    via_cli: bool = False,
 ) -> Launch:
-    """Write `config` (with its own metrics file and work folder) and the torchrun command."""
+    """Write `config` (with its own metrics file and work folder) and the command that trains
+    it: torchrun itself, or `spotrain train` (which runs torchrun) when `via_cli`."""
     path = tmp_path / f"{name}.json"
     metrics = tmp_path / f"{name}.jsonl"
     work = str(tmp_path / f"work-{name}")
     path.write_text(json.dumps({"metrics_file": str(metrics), "work_dir": work, **config}))
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",
-               str(nproc), "-m", "spotrain.trainer.train", str(path)]  # fmt: skip
+    if via_cli:
+        command = [sys.executable, "-m", "spotrain.cli", "train", str(path),
+                   "--nproc-per-node", str(nproc)]  # fmt: skip
+    else:
+        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+                   "--nproc_per_node", str(nproc),
+                   "-m", "spotrain.trainer.train", str(path)]  # fmt: skip
     for override in overrides:
         command += ["--set", override]
     return Launch(command, metrics)
@@ -60,11 +67,11 @@ class Finished:
 
 def train(
     config: dict[str, Any], tmp_path: Path, name: str, *, env: dict[str, str] | None = None,
-    nproc: int = 2, overrides: tuple[str, ...] = (), check: bool = True,
+    nproc: int = 2, overrides: tuple[str, ...] = (), check: bool = True, via_cli: bool = False,
 ) -> Finished:  # fmt: skip
     """Run to completion. The launcher gets its own process group, so a failpoint's SIGKILL
     takes it and its workers, nothing else."""
-    launch = prepare(config, tmp_path, name, nproc=nproc, overrides=overrides)
+    launch = prepare(config, tmp_path, name, nproc=nproc, overrides=overrides, via_cli=via_cli)
     result = subprocess.run(
         launch.command, capture_output=True, text=True, timeout=TIMEOUT_S,
         env={**os.environ, **(env or {})}, start_new_session=True,

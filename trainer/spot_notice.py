@@ -55,6 +55,7 @@ class SpotNoticeWatcher:
             with urllib.request.urlopen(request, timeout=2) as response:
                 return bytes(response.read())
         except urllib.error.HTTPError as error:
+            error.close()
             if error.code == 401:  # token expired: take a new one next time
                 self._token = None
             if error.code in (401, 404):
