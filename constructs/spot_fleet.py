@@ -88,6 +88,7 @@ SPOTRAIN_RUN={props.run_name}
 SPOTRAIN_REGION={props.region}
 SPOTRAIN_BUCKET={props.checkpoint_bucket_name}
 SPOTRAIN_CATALOG_TABLE={props.catalog_table_name}
+SPOTRAIN_KMS_KEY_ID={props.data_kms_key_arns[0]}
 ENV
 if systemctl list-unit-files spotrain-trainer.service >/dev/null 2>&1; then
   systemctl enable --now spotrain-trainer.service

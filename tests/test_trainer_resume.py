@@ -26,9 +26,12 @@ def torchrun(
     return training.train(config, tmp_path, name, env=env).losses
 
 
-def test_resumed_run_has_the_losses_of_an_uninterrupted_one(corpus: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+def test_resumed_run_has_the_losses_of_an_uninterrupted_one(
+    zero_stage: int, corpus: str, tmp_path: Path
+) -> None:
     base = {"run": "demo", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
-            "zero_stage": 2, "model": TINY_MODEL}  # fmt: skip
+            "zero_stage": zero_stage, "model": TINY_MODEL}  # fmt: skip
     uninterrupted = torchrun(
         {**base, "steps": 6, "store": f"file://{tmp_path / 'a'}"}, tmp_path, "full"
     )
@@ -119,3 +122,62 @@ def test_two_rank_checkpoint_restores_on_one_rank(corpus: str, tmp_path: Path) -
     assert first.losses == two_ranks.losses[:4]
     assert one_rank.losses == pytest.approx(two_ranks.losses[4:], rel=1e-5)
     assert one_rank.losses != pytest.approx(first.losses, rel=1e-3)  # it did not start over
+
+
+def test_two_machines_each_upload_their_shards_and_each_fetch_on_restore(
+    corpus: str, tmp_path: Path
+) -> None:
+    """Two torchrun agents on one host play two machines (c10d rendezvous, separate work
+    disks): each machine's leader uploads only its own shards, rank 0 publishes their union,
+    and on restart each machine fetches the checkpoint for itself."""
+    import socket
+
+    base = {"run": "nodes", "data": corpus, "checkpoint_every": 2, "micro_batch": 4,
+            "model": TINY_MODEL, "store": f"file://{tmp_path / 'store'}"}  # fmt: skip
+
+    def two_machines(steps: int, name: str) -> list[training.Finished]:
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        launches = []
+        for node in (0, 1):
+            launch = training.prepare(
+                {**base, "steps": steps}, tmp_path, f"{name}-{node}", nproc=1, via_cli=True,
+                overrides=(f"work_dir={tmp_path / f'disk-{node}'}",),
+            )  # fmt: skip
+            launch.command += ["--nnodes", "2", "--rdzv-endpoint", f"127.0.0.1:{port}",
+                               "--rdzv-id", name]  # fmt: skip
+            launches.append(launch)
+        processes = [
+            subprocess.Popen(
+                launch.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+            )
+            for launch in launches
+        ]
+        finished = []
+        for process, launch in zip(processes, launches, strict=True):
+            output, _ = process.communicate(timeout=300)
+            assert process.returncode == 0, output[-3000:]
+            records = training.records_of(launch.metrics)
+            losses = [r["loss"] for r in records if "loss" in r]
+            finished.append(training.Finished(losses, output, 0, records))
+        return finished
+
+    reference = training.train({**base, "steps": 4, "store": f"file://{tmp_path / 'ref'}"},
+                               tmp_path, "reference")  # fmt: skip
+    first = two_machines(2, "first")
+    second = two_machines(4, "second")
+    from spotrain.trainer.catalog import ManifestCatalog
+    from spotrain.trainer.manifest import Manifest
+    from spotrain.trainer.storage import LocalStorage
+
+    storage = LocalStorage(tmp_path / "store")
+    head = ManifestCatalog(storage, "nodes").head()
+    assert head is not None and head.step == 4
+    names = {s.name for s in Manifest.from_json(storage.get_bytes(head.manifest_key)).shards}
+    assert {"step_000000004/rng_rank0.pt", "step_000000004/rng_rank1.pt"} <= names
+    # each machine wrote only its own rank's files to its own disk; the manifest has both
+    leader_output = first[0].output + second[0].output
+    assert "resumed nodes at step 2" in leader_output
+    losses = [r.losses for r in first + second if r.losses]
+    assert losses[0] + losses[1] == reference.losses

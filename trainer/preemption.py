@@ -1,7 +1,7 @@
 """Stopping on preemption: every rank stops at the same step.
 
-The SIGTERM handler only sets a flag (nothing else is safe inside a signal handler); the
-spot-notice watcher sets the same flag, or asks for a checkpoint on a rebalance
+The SIGTERM (and SIGINT) handler only sets a flag (nothing else is safe inside a signal
+handler); the spot-notice watcher sets the same flag, or asks for a checkpoint on a rebalance
 recommendation. Each step the ranks agree with one all-reduce MAX of their flags (and of
 whether any node is still uploading), so one rank's notice acts on all of them after the same
 step; the loop then takes an emergency checkpoint, publishes it and exits 0.
@@ -38,6 +38,7 @@ class PreemptionFlag:
 
     def install(self) -> PreemptionFlag:
         signal.signal(signal.SIGTERM, self._on_signal)
+        signal.signal(signal.SIGINT, self._on_signal)  # Ctrl-C: stop the same careful way
         return self
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:

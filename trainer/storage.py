@@ -160,13 +160,19 @@ class S3Storage:
         kms_key_id: str | None = None,
         client: Any = None,
         max_concurrency: int = 8,
-        part_size: int = 64 * 1024 * 1024,
+        # Measured against the local cloud (bench/checkpoint.py): uploads ran 3x faster in
+        # 16 MiB parts than in 64 MiB ones, downloads 3x faster in 64 MiB ranges than in
+        # 16 MiB ones. Both are in AWS's recommended range; the transfer manager grows parts
+        # for files that would need more than 10,000.
+        part_size: int = 16 * 1024 * 1024,
+        download_part_size: int = 64 * 1024 * 1024,
     ) -> None:
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.kms_key_id = kms_key_id
         self._client = client
         self._max_concurrency, self._part_size = max_concurrency, part_size
+        self._download_part_size = download_part_size
 
     @property
     def client(self) -> Any:
@@ -179,12 +185,13 @@ class S3Storage:
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
 
-    def _transfer_config(self) -> Any:
+    def transfer_config(self, *, download: bool = False) -> Any:
         from boto3.s3.transfer import TransferConfig
 
+        part = self._download_part_size if download else self._part_size
         return TransferConfig(
-            multipart_threshold=self._part_size,
-            multipart_chunksize=self._part_size,
+            multipart_threshold=part,
+            multipart_chunksize=part,
             max_concurrency=self._max_concurrency,
         )
 
@@ -208,7 +215,7 @@ class S3Storage:
                 self.bucket,
                 self._key(key),
                 ExtraArgs=extra,
-                Config=self._transfer_config(),
+                Config=self.transfer_config(),
             )
         except (ClientError, OSError) as error:
             raise StorageError(f"upload of {path} to {self.uri}/{key} failed: {error}") from error
@@ -226,7 +233,7 @@ class S3Storage:
         path.parent.mkdir(parents=True, exist_ok=True)
         try:
             self.client.download_file(
-                self.bucket, self._key(key), str(path), Config=self._transfer_config()
+                self.bucket, self._key(key), str(path), Config=self.transfer_config(download=True)
             )
         except ClientError as error:
             raise StorageError(f"download of {self.uri}/{key} failed: {error}") from error

@@ -1,0 +1,95 @@
+#!/bin/bash
+# Starts training on boot (run by spotrain-trainer.service). The launch template's user data
+# wrote the run's coordinates to /etc/spotrain/run.env; this script reads the instance's own
+# facts from the metadata service (IMDSv2 only), then runs `spotrain train` in the baked
+# container with every machine-specific setting passed as --set overrides of the run's
+# configuration. A restarted machine runs the same command and resumes from the catalog.
+#
+# Settings (run.env or the environment):
+#   SPOTRAIN_RUN, SPOTRAIN_REGION, SPOTRAIN_BUCKET, SPOTRAIN_CATALOG_TABLE, SPOTRAIN_KMS_KEY_ID
+#                                 required: the run and where its checkpoints go
+#   SPOTRAIN_CONFIG               training configuration (default /etc/spotrain/train.json)
+#   SPOTRAIN_NNODES               machines in the run: N or MIN:MAX (default 1)
+#   SPOTRAIN_RDZV_ENDPOINT        HOST:PORT of the rendezvous (needed when NNODES is not 1)
+#   SPOTRAIN_WORK_DIR             fast local disk for shards before upload (default /mnt/spotrain)
+#   SPOTRAIN_IMAGE                container image (default: the one baked in, see spotrain.pkr.hcl)
+#   SPOTRAIN_CONTAINER_RUNTIME    docker (default) or none (run spotrain from PATH)
+#   SPOTRAIN_IMDS_ENDPOINT        metadata service (default http://169.254.169.254)
+#   SPOTRAIN_RUN_ENV              the settings file (default /etc/spotrain/run.env)
+set -euo pipefail
+
+RUN_ENV=${SPOTRAIN_RUN_ENV:-/etc/spotrain/run.env}
+if [[ -f "$RUN_ENV" ]]; then
+  set -a
+  # shellcheck source=/dev/null
+  source "$RUN_ENV"
+  set +a
+fi
+
+IMDS=${SPOTRAIN_IMDS_ENDPOINT:-http://169.254.169.254}
+CONFIG=${SPOTRAIN_CONFIG:-/etc/spotrain/train.json}
+NNODES=${SPOTRAIN_NNODES:-1}
+WORK_DIR=${SPOTRAIN_WORK_DIR:-/mnt/spotrain}
+RUNTIME=${SPOTRAIN_CONTAINER_RUNTIME:-docker}
+IMAGE=${SPOTRAIN_IMAGE:-spotrain-trainer:baked}
+
+fail() {
+  echo "spotrain bootstrap: $*" >&2
+  exit 2
+}
+
+missing=()
+for name in SPOTRAIN_RUN SPOTRAIN_REGION SPOTRAIN_BUCKET SPOTRAIN_CATALOG_TABLE SPOTRAIN_KMS_KEY_ID; do
+  [[ -n "${!name:-}" ]] || missing+=("$name")
+done
+if ((${#missing[@]})); then
+  fail "missing ${missing[*]}: the launch template's user data writes them to $RUN_ENV (redeploy the compute stack)"
+fi
+[[ -f "$CONFIG" ]] || fail "training configuration $CONFIG not found: bake it into the image or set SPOTRAIN_CONFIG"
+if [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]; then
+  fail "SPOTRAIN_NNODES=$NNODES needs SPOTRAIN_RDZV_ENDPOINT=HOST:PORT (the coordinator's address)"
+fi
+
+# IMDSv2: a session token first; the instance refuses token-less reads (http_tokens=required).
+token=$(curl -sf -X PUT "$IMDS/latest/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 300") ||
+  fail "metadata service $IMDS unreachable: is this an EC2 instance with IMDS enabled?"
+metadata() { curl -sf -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-data/$1"; }
+instance_id=$(metadata instance-id)
+instance_type=$(metadata instance-type)
+zone=$(metadata placement/availability-zone)
+echo "spotrain bootstrap: $instance_id ($instance_type in $zone) joins run $SPOTRAIN_RUN"
+
+mkdir -p "$WORK_DIR"
+train=(spotrain train "$CONFIG"
+  --set "run=$SPOTRAIN_RUN"
+  --set "store=s3://$SPOTRAIN_BUCKET"
+  --set "catalog_table=$SPOTRAIN_CATALOG_TABLE"
+  --set "kms_key_id=$SPOTRAIN_KMS_KEY_ID"
+  --set "work_dir=$WORK_DIR/work"
+  --set "spot_notice_endpoint=$IMDS"
+  --nnodes "$NNODES")
+if [[ "$NNODES" != "1" ]]; then
+  train+=(--rdzv-endpoint "$SPOTRAIN_RDZV_ENDPOINT" --rdzv-id "$SPOTRAIN_RUN")
+fi
+if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
+  train+=(--nproc-per-node "$SPOTRAIN_NPROC_PER_NODE")
+fi
+
+export AWS_REGION=$SPOTRAIN_REGION AWS_DEFAULT_REGION=$SPOTRAIN_REGION
+case "$RUNTIME" in
+  docker)
+    # Host networking: the ranks rendezvous across machines and IMDS stays one hop away
+    # (the launch template's hop limit is 1).
+    exec docker run --rm --gpus all --network host --ipc host --init \
+      --stop-signal SIGTERM --stop-timeout 110 \
+      -e AWS_REGION -e AWS_DEFAULT_REGION \
+      -v "$WORK_DIR:$WORK_DIR" -v "$CONFIG:$CONFIG:ro" \
+      "$IMAGE" "${train[@]}"
+    ;;
+  none)
+    exec "${train[@]}"
+    ;;
+  *)
+    fail "SPOTRAIN_CONTAINER_RUNTIME=$RUNTIME: use docker or none"
+    ;;
+esac

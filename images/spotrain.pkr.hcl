@@ -1,0 +1,114 @@
+# Machine image for the training fleet: the Deep Learning Base GPU AMI (NVIDIA driver,
+# Docker, NVIDIA container toolkit) plus the trainer container and the boot service.
+#   packer init images && packer build -var environment=dev -var trainer_image=ECR_URI images
+# The build writes the new image id to /spotrain/<environment>/image-id, where the fleet's
+# launch template reads it.
+
+packer {
+  required_plugins {
+    amazon = {
+      source  = "github.com/hashicorp/amazon"
+      version = "= 1.3.9"
+    }
+  }
+}
+
+variable "environment" {
+  type        = string
+  description = "spotrain environment whose image-id parameter the build updates"
+}
+
+variable "region" {
+  type    = string
+  default = "us-east-1"
+}
+
+variable "trainer_image" {
+  type        = string
+  description = "URI of the trainer container built from images/Dockerfile (ECR, pinned by digest)"
+}
+
+variable "instance_type" {
+  type    = string
+  default = "g5.xlarge"
+}
+
+locals {
+  timestamp = regex_replace(timestamp(), "[- TZ:]", "")
+}
+
+source "amazon-ebs" "trainer" {
+  region        = var.region
+  instance_type = var.instance_type
+  ami_name      = "spotrain-${var.environment}-${local.timestamp}"
+  ssh_username  = "ubuntu"
+  encrypt_boot  = true
+
+  source_ami_filter {
+    filters = {
+      name                = "Deep Learning Base OSS Nvidia Driver GPU AMI (Ubuntu 22.04) *"
+      virtualization-type = "hvm"
+      architecture        = "x86_64"
+    }
+    owners      = ["amazon"]
+    most_recent = true
+  }
+
+  metadata_options {
+    http_endpoint               = "enabled"
+    http_tokens                 = "required"
+    http_put_response_hop_limit = 1
+  }
+
+  imds_support = "v2.0"
+
+  launch_block_device_mappings {
+    device_name           = "/dev/sda1"
+    volume_size           = 200
+    volume_type           = "gp3"
+    encrypted             = true
+    delete_on_termination = true
+  }
+
+  tags = {
+    "spotrain:environment" = var.environment
+    "spotrain:component"   = "trainer-image"
+  }
+}
+
+build {
+  sources = ["source.amazon-ebs.trainer"]
+
+  provisioner "file" {
+    source      = "${path.root}/bootstrap.sh"
+    destination = "/tmp/bootstrap.sh"
+  }
+
+  provisioner "file" {
+    source      = "${path.root}/spotrain-trainer.service"
+    destination = "/tmp/spotrain-trainer.service"
+  }
+
+  provisioner "shell" {
+    inline = [
+      "set -euo pipefail",
+      "sudo install -D -m 0755 /tmp/bootstrap.sh /opt/spotrain/bootstrap.sh",
+      "sudo install -D -m 0644 /tmp/spotrain-trainer.service /etc/systemd/system/spotrain-trainer.service",
+      "sudo systemctl daemon-reload",
+      "aws ecr get-login-password --region ${var.region} | sudo docker login --username AWS --password-stdin ${split("/", var.trainer_image)[0]}",
+      "sudo docker pull ${var.trainer_image}",
+      "sudo docker tag ${var.trainer_image} spotrain-trainer:baked",
+    ]
+  }
+
+  post-processor "manifest" {
+    output = "packer-manifest.json"
+  }
+
+  post-processor "shell-local" {
+    inline = [
+      "ami=$(python3 -c 'import json; print(json.load(open(\"packer-manifest.json\"))[\"builds\"][-1][\"artifact_id\"].split(\":\")[1])')",
+      "aws ssm put-parameter --region ${var.region} --name /spotrain/${var.environment}/image-id --type String --data-type aws:ec2:image --overwrite --value \"$ami\"",
+    ]
+  }
+}

@@ -1,0 +1,187 @@
+"""The image: Dockerfile pins, the Packer recipe's security settings, the boot service, and the
+bootstrap script run for real under a harness (local metadata service, local cloud, the
+trainer from PATH instead of the container; Docker and Packer have no engine here)."""
+
+from __future__ import annotations
+
+import configparser
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import hcl2
+import pytest
+from helpers import create_catalog_table, kms_only_bucket
+from training import TINY_MODEL
+
+from spotrain import cli
+from spotrain.constructs.spot_fleet import user_data
+from spotrain.localcloud import control
+from spotrain.localcloud.imds import LocalMetadataService
+from spotrain.stacks.compute import image_parameter_name
+from spotrain.trainer.catalog import DynamoCatalog
+
+ROOT = Path(__file__).resolve().parents[1]
+IMAGES = ROOT / "images"
+BOOTSTRAP = IMAGES / "bootstrap.sh"
+
+
+def pins() -> dict[str, str]:
+    lines = (ROOT / "constraints.txt").read_text().splitlines()
+    return dict(line.split("==", 1) for line in lines if "==" in line)
+
+
+def dockerfile() -> list[tuple[str, str]]:
+    """(instruction, arguments): comment lines dropped first (as Docker does, also inside a
+    continued instruction), then continuation lines joined."""
+    kept = [
+        line
+        for line in (IMAGES / "Dockerfile").read_text().splitlines()
+        if not line.strip().startswith("#")
+    ]
+    text = re.sub(r"\\\n", " ", "\n".join(kept))
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return [(line.split(None, 1)[0].upper(), line.split(None, 1)[1]) for line in lines]
+
+
+def unquote(value: Any) -> Any:
+    return value.strip('"') if isinstance(value, str) else value
+
+
+def test_dockerfile_pins_the_versions_the_tests_run_with() -> None:
+    instructions = dockerfile()
+    base = next(args for kind, args in instructions if kind == "FROM")
+    assert re.fullmatch(r"nvidia/cuda:\d+\.\d+\.\d+-[\w.-]+", base), "base image needs an exact tag"
+    args = dict(a.split("=", 1) for kind, a in instructions if kind == "ARG" and "=" in a)
+    assert args["TORCH_VERSION"] == pins()["torch"]
+    assert args["DEEPSPEED_VERSION"] == pins()["deepspeed"]
+    runs = " ".join(a for kind, a in instructions if kind == "RUN")
+    assert 'pip install "torch==${TORCH_VERSION}"' in runs  # torch first, pinned
+    deepspeed = 'DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}"'
+    assert deepspeed in runs
+    assert "-c /tmp/constraints.txt" in runs  # everything else from the same pins
+    user = [a for kind, a in instructions if kind == "USER"]
+    assert user and user[-1] not in ("root", "0")
+
+
+def test_dockerfile_copies_every_package_folder_that_exists() -> None:
+    copied = [a.split()[0].rstrip("/") for kind, a in dockerfile() if kind == "COPY"]
+    for source in copied:
+        assert (ROOT / source).exists(), f"COPY {source}: not in the repository"
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    folders = set(re.findall(r'"spotrain\.\w+" = "(\w+)"', pyproject))
+    assert folders and folders <= set(copied)
+
+
+def test_packer_recipe_bakes_an_imdsv2_only_encrypted_image_and_publishes_its_id() -> None:
+    recipe = hcl2.loads((IMAGES / "spotrain.pkr.hcl").read_text())
+    plugin = recipe["packer"][0]["required_plugins"][0]["amazon"]
+    assert unquote(plugin["version"]).startswith("= ")  # pinned exactly
+    source = recipe["source"][0]['"amazon-ebs"']['"trainer"']
+    metadata = source["metadata_options"][0]
+    assert unquote(metadata["http_tokens"]) == "required"
+    assert metadata["http_put_response_hop_limit"] == 1
+    assert unquote(source["imds_support"]) == "v2.0"
+    assert source["encrypt_boot"] is True
+    assert all(d["encrypted"] is True for d in source["launch_block_device_mappings"])
+    build = recipe["build"][0]
+    files = [p['"file"'] for p in build["provisioner"] if '"file"' in p]
+    for file in files:
+        local = unquote(file["source"]).replace("${path.root}", str(IMAGES))
+        assert Path(local).exists(), local
+    shell = " ".join(unquote(c) for p in build["provisioner"] if '"shell"' in p
+                     for c in p['"shell"']["inline"])  # fmt: skip
+    unit = configparser.ConfigParser(strict=False)
+    unit.read(IMAGES / "spotrain-trainer.service")
+    assert "/opt/spotrain/bootstrap.sh /opt/spotrain/bootstrap.sh" not in shell
+    assert unit["Service"]["ExecStart"] in shell  # the service runs what the recipe installs
+    publish = " ".join(
+        unquote(c) for p in build["post-processor"] if '"shell-local"' in p
+        for c in p['"shell-local"']["inline"]
+    )  # fmt: skip
+    parameter = image_parameter_name("${var.environment}")
+    assert f"--name {parameter}" in publish  # where the fleet's launch template reads it
+
+
+def test_boot_service_waits_longer_than_an_emergency_checkpoint_and_stops_crash_loops() -> None:
+    unit = configparser.ConfigParser(strict=False)
+    unit.read(IMAGES / "spotrain-trainer.service")
+    assert int(unit["Service"]["TimeoutStopSec"]) > cli.DEFAULT_SHUTDOWN_TIMEOUT_S
+    assert unit["Service"]["KillSignal"] == "SIGTERM"
+    assert unit["Service"]["Restart"] == "on-failure"
+    assert int(unit["Unit"]["StartLimitBurst"]) >= 1
+
+
+def test_launch_template_user_data_writes_every_setting_the_bootstrap_requires() -> None:
+    import base64
+    from dataclasses import fields
+
+    from spotrain.constructs.spot_fleet import SpotFleetProps
+
+    required = re.search(r"for name in ([A-Z_ ]+); do", BOOTSTRAP.read_text())
+    assert required is not None
+    values: dict[str, Any] = {f.name: f"x-{f.name}" for f in fields(SpotFleetProps)}
+    values |= {"instance_types": ("g5.xlarge", "g6.xlarge"), "subnet_ids": ["s"], "min_size": 1,
+               "desired_size": 1, "max_size": 2, "on_demand_base_capacity": 1,
+               "data_kms_key_arns": ("arn:key", "arn:replica-key"), "tags": {},
+               "emulator_drift_tolerance": False}  # fmt: skip
+    script = base64.b64decode(user_data(SpotFleetProps(**values))).decode()
+    written = set(re.findall(r"^(SPOTRAIN_\w+)=", script, flags=re.MULTILINE))
+    assert set(required.group(1).split()) <= written
+    assert "SPOTRAIN_KMS_KEY_ID=arn:key" in script  # the primary region's key
+
+
+def test_bootstrap_names_what_is_missing() -> None:
+    result = subprocess.run(
+        ["bash", str(BOOTSTRAP)], capture_output=True, text=True,
+        env={"PATH": os.environ["PATH"], "SPOTRAIN_RUN_ENV": "/nonexistent",
+             "SPOTRAIN_RUN": "r", "SPOTRAIN_REGION": "us-east-1"},
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert "missing SPOTRAIN_BUCKET SPOTRAIN_CATALOG_TABLE SPOTRAIN_KMS_KEY_ID" in result.stderr
+    assert "redeploy the compute stack" in result.stderr
+
+
+@pytest.mark.integration
+def test_bootstrap_starts_training_that_publishes_to_the_environment(
+    corpus: str, tmp_path: Path, local_cloud: control.RunningCloud
+) -> None:
+    import json
+
+    region = "us-east-1"
+    bucket, table = "bootstrap-checkpoints", "bootstrap-catalog"
+    key = kms_only_bucket(
+        control.client("s3", local_cloud.endpoint, region),
+        control.client("kms", local_cloud.endpoint, region),
+        bucket,
+    )
+    dynamodb = control.client("dynamodb", local_cloud.endpoint, region)
+    create_catalog_table(dynamodb, table)
+    config = tmp_path / "train.json"
+    config.write_text(json.dumps({"run": "placeholder", "store": "file:///placeholder",
+                                  "data": corpus, "work_dir": "/placeholder", "steps": 2,
+                                  "checkpoint_every": 2, "micro_batch": 4,
+                                  "model": TINY_MODEL}))  # fmt: skip
+    run_env = tmp_path / "run.env"
+    run_env.write_text(
+        f"SPOTRAIN_RUN=booted\nSPOTRAIN_REGION={region}\nSPOTRAIN_BUCKET={bucket}\n"
+        f"SPOTRAIN_CATALOG_TABLE={table}\nSPOTRAIN_KMS_KEY_ID={key}\n"
+    )
+    with LocalMetadataService(instance_id="i-0feedface", instance_type="g6.xlarge") as imds:
+        result = subprocess.run(
+            ["bash", str(BOOTSTRAP)], capture_output=True, text=True, timeout=300,
+            env={**os.environ, **control.aws_environment(local_cloud.endpoint, region),
+                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                 "SPOTRAIN_RUN_ENV": str(run_env), "SPOTRAIN_CONFIG": str(config),
+                 "SPOTRAIN_IMDS_ENDPOINT": imds.endpoint, "SPOTRAIN_CONTAINER_RUNTIME": "none",
+                 "SPOTRAIN_NPROC_PER_NODE": "1", "SPOTRAIN_WORK_DIR": str(tmp_path / "disk")},
+        )  # fmt: skip
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output[-3000:]
+    assert "i-0feedface (g6.xlarge in us-east-1a) joins run booted" in output
+    assert f"spot_notice_endpoint={imds.endpoint}" in output  # the trainer watches IMDS
+    head = DynamoCatalog(table, "booted", client=dynamodb).head()
+    assert head is not None and head.step == 2
