@@ -188,3 +188,21 @@ def test_rebalance_recommendation_checkpoints_now_and_training_goes_on(
     published = [r["step"] for r in finished.records if r.get("event") == "published"]
     assert len(published) == 2 and published[0] < STEPS and published[1] == STEPS
     assert "checkpoint requested after step" in finished.output
+
+
+def test_light_checkpoint_on_the_work_disk_resumes_a_crashed_run_without_the_store(
+    corpus: str, reference: list[float], tmp_path: Path
+) -> None:
+    """Processes die (the machine stays): the restart resumes from the light checkpoint on the
+    work disk, newer than anything published, and continues exactly."""
+    config = {**base(corpus), "store": f"file://{tmp_path / 'store'}", "checkpoint_every": 1000,
+              "light_every": 2, "work_dir": str(tmp_path / "work-disk")}  # fmt: skip
+    crashed = train(config, tmp_path, "crashed", check=False,
+                    env={"SPOTRAIN_FAILPOINTS": "after-light-seal=sigkill@6"})  # fmt: skip
+    assert crashed.returncode == -signal.SIGKILL, crashed.output[-3000:]
+    assert head_step(config, {}) is None  # nothing was ever published
+    resumed = train(config, tmp_path, "restarted")  # on the same work disk
+    assert "restoring step 6 from this machine's light checkpoint" in resumed.output
+    assert "resumed conformance at step 6 (light checkpoint)" in resumed.output
+    assert crashed.losses[:6] + resumed.losses == reference
+    assert head_step(config, {}) == STEPS  # the run's end is published as a full checkpoint

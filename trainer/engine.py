@@ -26,8 +26,8 @@ import torch
 
 from spotrain.catalog_schema import checkpoint_id
 from spotrain.errors import SpotrainError, raise_if_problems
-from spotrain.trainer import checkpoint, failpoints
-from spotrain.trainer.catalog import Catalog, DynamoCatalog, ManifestCatalog
+from spotrain.trainer import checkpoint, failpoints, local_tier
+from spotrain.trainer.catalog import Catalog, CatalogError, DynamoCatalog, ManifestCatalog
 from spotrain.trainer.data import Sampler, TokenFile
 from spotrain.trainer.manifest import Shard, manifest_key
 from spotrain.trainer.model import GPT, GPTConfig
@@ -53,7 +53,10 @@ class TrainConfig:
     kms_key_id: str | None = None
     """KMS key the checkpoint bucket requires on writes."""
     checkpoint_every: int = 50
-    """Steps between checkpoints."""
+    """Steps between full checkpoints (uploaded to the store and published)."""
+    light_every: int | None = None
+    """Steps between light checkpoints (kept on this machine's work disk only: a restart on the
+    same machines resumes from there); None takes none."""
     micro_batch: int = 8
     """Sequences per rank per step."""
     learning_rate: float = 3e-4
@@ -84,6 +87,8 @@ class TrainConfig:
             problems.append(f"checkpoint_every is {self.checkpoint_every}: use 1 or more")
         if self.zero_stage not in (1, 2, 3):
             problems.append(f"zero_stage is {self.zero_stage}: DeepSpeed ZeRO stages are 1, 2, 3")
+        if self.light_every is not None and self.light_every < 1:
+            problems.append(f"light_every is {self.light_every}: use 1 or more, or null for none")
         if self.log_every < 1:
             problems.append(f"log_every is {self.log_every}: use 1 or more")
         if not self.spot_notice_poll_seconds > 0:
@@ -175,8 +180,16 @@ def _restore(
     import torch.distributed as dist
 
     folder = Path(config.work_dir) / "restore"
-    chosen = torch.tensor([-1, 0], dtype=torch.long)
+    chosen = torch.tensor([-1, 0, 0], dtype=torch.long)  # step, its world size, 1 if light
+    light_root = Path(config.work_dir) / "light"
+    light = local_tier.newest(light_root) if place.leader else None
+    offers: list[Any] = [None] * place.world
+    dist.all_gather_object(offers, (place.leader, (light.step, light.parent) if light else None))
     if place.rank == 0:
+        light_step = _light_step_to_use(config, catalog, [o for lead, o in offers if lead])
+        if light_step is not None:
+            chosen[0], chosen[1], chosen[2] = light_step, place.world, 1
+    if place.rank == 0 and not chosen[2]:
         try:
             report = checkpoint.restore(folder, storage=storage, catalog=catalog, run=config.run)
             chosen[0], chosen[1] = report.manifest.step, report.manifest.world_size
@@ -188,9 +201,17 @@ def _restore(
         except checkpoint.NothingPublished:
             pass  # a new run
     _broadcast(chosen)
-    step, world_size = int(chosen[0]), int(chosen[1])
+    step, world_size, from_light = (int(v) for v in chosen)
+    if place.leader:  # light checkpoints older than the one restored are of no more use
+        local_tier.prune(light_root, keep=step if from_light else None)
     if step < 0:
         return None
+    if from_light:
+        if place.rank == 0:
+            _say(f"restoring step {step} from this machine's light checkpoint (newer than the "
+                 "published head, descended from it)")  # fmt: skip
+        dist.barrier()
+        return _Restored(step=step, world_size=world_size, folder=light_root / _tag(step))
     if place.leader and place.rank != 0:
         checkpoint.fetch(storage, manifest_key(config.run, step), folder)
     tag = _tag(step)
@@ -201,6 +222,21 @@ def _restore(
         folder = folder / "universal"
     dist.barrier()
     return _Restored(step=step, world_size=world_size, folder=folder)
+
+
+def _light_step_to_use(
+    config: TrainConfig, catalog: Catalog, offers: list[tuple[int, str | None] | None]
+) -> int | None:
+    """Rank 0: the light step every machine can restore, if it is newer than the published
+    head and descends from it."""
+    if not any(offers):
+        return None
+    try:
+        head = catalog.head()
+    except CatalogError:
+        return None  # without the head, descent cannot be checked: restore from the store
+    head_id = checkpoint_id(config.run, head.step) if head else None
+    return local_tier.usable_step(offers, head.step if head else None, head_id)
 
 
 def _convert_to_universal(folder: Path, tag: str) -> None:
@@ -297,8 +333,10 @@ def train(config: TrainConfig) -> list[float]:
         dist.barrier()
         if place.leader:
             shutil.rmtree(Path(config.work_dir) / "restore", ignore_errors=True)
+        restored_from = "light" if restored.folder.parent.name == "light" else "store"
         if rank == 0:
-            _say(f"resumed {config.run} at step {start_step}")
+            _say(f"resumed {config.run} at step {start_step}"
+                 + (" (light checkpoint)" if restored_from == "light" else ""))  # fmt: skip
     preemption = PreemptionFlag().install()
     watcher = None
     if config.spot_notice_endpoint and place.leader:
@@ -335,6 +373,8 @@ def train(config: TrainConfig) -> list[float]:
             scheduled = done % config.checkpoint_every == 0 or done == config.steps
             if agreed.stop or agreed.checkpoint_now or scheduled:
                 saver.start(done)
+            elif config.light_every and done % config.light_every == 0:
+                saver.save_light(done)
             if agreed.stop:
                 saver.finish()
                 if rank == 0:
@@ -426,19 +466,12 @@ class _Saver:
 
     def start(self, step: int) -> None:
         """Collective: save `step` locally on every rank and start uploading it."""
-        import torch.distributed as dist
-
         if self.in_flight is not None:
             if self.in_flight.step == step:
                 return
             self.finish()
         began = time.perf_counter()
-        failpoints.saving(step)
-        tag = _tag(step)
-        root = Path(self.config.work_dir) / "save" / tag
-        self.engine.save_checkpoint(str(root), tag=tag, client_state={"step": step})
-        torch.save(_rng_state(), root / tag / f"rng_rank{self.place.rank}.pt")
-        dist.barrier()
+        root = self._write_locally(step, "save")
         if self.place.rank == 0:
             failpoints.hit("after-local-save")
         upload = None
@@ -448,6 +481,39 @@ class _Saver:
             )
         self.in_flight = _InFlight(step, root, upload, time.perf_counter() - began, began)
         self.status = f"step {step} uploading"
+
+    def _write_locally(self, step: int, tier_folder: str) -> Path:
+        """Collective: every rank writes its state of `step` under work_dir/<tier_folder>/;
+        returns the DeepSpeed checkpoint root."""
+        import torch.distributed as dist
+
+        failpoints.saving(step)
+        tag = _tag(step)
+        root = Path(self.config.work_dir) / tier_folder / tag
+        self.engine.save_checkpoint(str(root), tag=tag, client_state={"step": step})
+        torch.save(_rng_state(), root / tag / f"rng_rank{self.place.rank}.pt")
+        dist.barrier()
+        return root
+
+    def save_light(self, step: int) -> None:
+        """Collective: a light checkpoint of `step` on this machine's work disk; the leader
+        seals it (hashes every file) in the background, after any upload in flight."""
+
+        began = time.perf_counter()
+        root = self._write_locally(step, "light")
+        # Descends from the checkpoint in flight if there is one: once published it is the head.
+        parent = (
+            checkpoint_id(self.config.run, self.in_flight.step) if self.in_flight else self.parent
+        )
+        if self._pool is not None:
+            self._pool.submit(self._seal_light, root, step, parent)
+        self.progress.event("light", step=step, stall_s=time.perf_counter() - began)
+
+    @staticmethod
+    def _seal_light(root: Path, step: int, parent: str | None) -> None:
+        local_tier.seal(root, step=step, parent=parent)
+        local_tier.prune(root.parent, keep=step)
+        failpoints.hit("after-light-seal", step=step)
 
     def finish(self) -> None:
         """Collective: wait for every machine's upload of the checkpoint in flight, then

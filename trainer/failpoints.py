@@ -9,7 +9,7 @@ is a no-op.
 
 Points: `after-local-save` (every rank wrote its shards, before any upload),
 `after-shard-upload` (one shard stored), `before-catalog-publish` (manifest written, catalog
-not yet updated).
+not yet updated), `after-light-seal` (a light checkpoint was sealed on the work disk).
 """
 
 from __future__ import annotations
@@ -42,13 +42,16 @@ def saving(step: int) -> None:
     _saving_step = step
 
 
-def hit(name: str) -> None:
+def hit(name: str, *, step: int | None = None) -> None:
+    """Act if `name` is planned; `step` is the checkpoint's step when the caller knows it
+    better than `saving` (background work may lag behind the training loop)."""
     planned = _plan().get(name)
     if planned is None:
         return
-    action, step = planned
+    action, planned_step = planned
+    current = _saving_step if step is None else step
     with _lock:
-        if name in _fired or (step is not None and step != _saving_step):
+        if name in _fired or (planned_step is not None and planned_step != current):
             return
         _fired.add(name)
     if action == "sigterm":
