@@ -22,6 +22,8 @@ LEASE_SORT_KEY = "LEASE"
 
 STATUS_COMPLETE = "COMPLETE"
 STATUS_QUARANTINED = "QUARANTINED"
+STATUS_ROLLED_BACK = "ROLLED_BACK"
+"""Newer than a checkpoint the run was rolled back to: never restored, kept as history."""
 STATUS_COLLECTED = "COLLECTED"
 """Superseded and garbage-collected: the item stays as history, the data is gone."""
 

@@ -128,7 +128,7 @@ def _checkpoint_parts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from spotrain.trainer.catalog import DynamoCatalog, ManifestCatalog
     from spotrain.trainer.storage import open_storage
 
-    storage = open_storage(args.store)
+    storage = open_storage(args.store, kms_key_id=args.kms_key_id)
     if args.catalog_table:
         return storage, DynamoCatalog(args.catalog_table, args.run)
     return storage, ManifestCatalog(storage, args.run)
@@ -175,6 +175,20 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
             _say(f"skipped step {step}: {reason}")
         _say(f"restored step {result.manifest.step} ({result.manifest.total_bytes:,} bytes, "
              f"{len(result.manifest.shards)} files) into {args.to}")  # fmt: skip
+        return 0
+    if args.action in ("quarantine", "rollback"):
+        if args.step is None or not args.reason:
+            print(f"error: {args.action} needs --step N and --reason TEXT (kept with the "
+                  "checkpoint for whoever looks next)", file=sys.stderr)  # fmt: skip
+            return 2
+        if args.action == "quarantine":
+            catalog.quarantine(args.step, args.reason)
+            _say(f"step {args.step} quarantined: restores pass over it")
+            return 0
+        owner = f"spotrain checkpoints rollback ({os.environ.get('USER', 'unknown')})"
+        generation = catalog.acquire_lease(owner)  # any writer still running is now stale
+        undone = catalog.roll_back(args.step, generation, args.reason)
+        _say(f"head of {args.run} is step {args.step}; rolled back {undone or 'nothing'}")
         return 0
     step = args.step if args.step is not None else getattr(catalog.head(), "step", None)
     if step is None:
@@ -273,17 +287,27 @@ def parser() -> argparse.ArgumentParser:
     train.set_defaults(handler=cmd_train)
 
     checkpoints = commands.add_parser("checkpoints", help="a run's checkpoints")
-    checkpoints.add_argument("action", choices=["list", "show", "verify", "restore", "gc"],
-                             help="what to do")  # fmt: skip
+    checkpoints.add_argument(
+        "action",
+        choices=["list", "show", "verify", "restore", "gc", "quarantine", "rollback"],
+        help="what to do",
+    )
     checkpoints.add_argument(
         "--store", required=True, help="where checkpoints live: s3://BUCKET or file:///PATH"
     )
     checkpoints.add_argument("--run", required=True, help="run name")
     checkpoints.add_argument("--catalog-table", help="DynamoDB catalog table (default: manifests)")
     checkpoints.add_argument(
-        "--step", type=int, help="checkpoint step for show/verify (default: head)"
+        "--step",
+        type=int,
+        help="checkpoint step for show/verify (default: head), quarantine, rollback (the step "
+        "that becomes the head)",
     )
     checkpoints.add_argument("--to", help="restore: folder to restore into")
+    checkpoints.add_argument("--reason", help="quarantine/rollback: why, kept in the catalog")
+    checkpoints.add_argument(
+        "--kms-key-id", help="the bucket's KMS key, for actions that write to an s3:// store"
+    )
     checkpoints.add_argument("--keep", type=int, default=2, help="gc: complete checkpoints to keep")
     checkpoints.set_defaults(handler=cmd_checkpoints)
 

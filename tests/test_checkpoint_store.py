@@ -19,7 +19,7 @@ from moto import mock_aws
 from spotrain import catalog_schema as schema
 from spotrain.localcloud import control
 from spotrain.trainer import checkpoint
-from spotrain.trainer.catalog import DynamoCatalog, ManifestCatalog, StaleWriter
+from spotrain.trainer.catalog import CatalogError, DynamoCatalog, ManifestCatalog, StaleWriter
 from spotrain.trainer.manifest import Manifest, manifest_key, shard_key
 from spotrain.trainer.storage import LocalStorage, S3Storage, StorageError, open_storage
 
@@ -340,3 +340,38 @@ def test_checkpoints_command_lists_verifies_restores_and_collects(
     assert "skipped step 30" in out and "restored step 20" in out
     assert cli.main(["checkpoints", "gc", *store]) == 0
     assert "collected [10]" in capsys.readouterr().out
+
+
+def test_roll_back_moves_the_head_back_and_a_new_publish_follows_it(
+    dynamo: Any, tmp_path: Path
+) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    generation = catalog.acquire_lease("host")
+    for step in (10, 20, 30):
+        publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage, catalog,
+                step, generation)  # fmt: skip
+    with pytest.raises(StaleWriter, match="taken over"):
+        catalog.roll_back(10, generation - 1, "loss spike")
+    assert catalog.roll_back(10, generation, "loss spike") == [20, 30]
+    assert catalog.head().step == 10  # type: ignore[union-attr]
+    statuses = {e.step: e.status for e in catalog.entries()}
+    assert statuses == {10: schema.STATUS_COMPLETE, 20: schema.STATUS_ROLLED_BACK,
+                        30: schema.STATUS_ROLLED_BACK}  # fmt: skip
+    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    assert report.manifest.step == 10
+    # The run goes on from 10 and publishes 20 again, which the old head would have refused.
+    publish(write_folder(tmp_path / "again", shards_of_step(21)), storage, catalog, 20, generation)
+    assert catalog.head().step == 20  # type: ignore[union-attr]
+    with pytest.raises(CatalogError, match="not a complete checkpoint"):
+        catalog.roll_back(30, generation, "rolled back checkpoints cannot become the head")
+
+
+def test_roll_back_of_a_folder_run_quarantines_the_newer_manifests(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = ManifestCatalog(storage, RUN)
+    for step in (10, 20):
+        folder = write_folder(tmp_path / f"s{step}", shards_of_step(step))
+        publish(folder, storage, catalog, step, 0)
+    assert catalog.roll_back(10, 0, "bad data") == [20]
+    assert catalog.head().step == 10  # type: ignore[union-attr]

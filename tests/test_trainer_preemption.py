@@ -25,7 +25,7 @@ from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
 from spotrain.trainer.catalog import DynamoCatalog, ManifestCatalog
 from spotrain.trainer.failpoints import kill_launcher_and_workers
-from spotrain.trainer.manifest import manifest_key
+from spotrain.trainer.manifest import Manifest, manifest_key, shard_key
 from spotrain.trainer.storage import LocalStorage, open_storage
 
 pytestmark = pytest.mark.integration
@@ -206,3 +206,28 @@ def test_light_checkpoint_on_the_work_disk_resumes_a_crashed_run_without_the_sto
     assert "resumed conformance at step 6 (light checkpoint)" in resumed.output
     assert crashed.losses[:6] + resumed.losses == reference
     assert head_step(config, {}) == STEPS  # the run's end is published as a full checkpoint
+
+
+def test_corrupt_head_is_passed_over_the_head_follows_and_the_run_goes_on(
+    corpus: str, reference: list[float], cloud_store: dict[str, Any], tmp_path: Path
+) -> None:
+    """A shard of the newest checkpoint is damaged in the bucket: the restart says so, resumes
+    from the one before, moves the catalog's head back to it (else its own next publish would be
+    refused as not newer) and publishes to the end with the uninterrupted run's losses."""
+    config = {**base(corpus), **cloud_store["config"], "run": "corrupt-head"}
+    env = cloud_store["env"]
+    first = train({**config, "steps": 2 * EVERY}, tmp_path, "first", env=env)
+    assert head_step(config, env) == 2 * EVERY
+    s3 = control.client("s3", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
+    storage = open_storage(config["store"], kms_key_id=config["kms_key_id"], client=s3)
+    manifest = Manifest.from_json(storage.get_bytes(manifest_key("corrupt-head", 2 * EVERY)))
+    victim = next(s for s in manifest.shards if s.name.endswith("model_states.pt"))
+    damaged = tmp_path / "damaged"
+    damaged.write_bytes(b"\0" * victim.size)
+    storage.put_file(damaged, shard_key("corrupt-head", victim.sha256))  # bit rot in the bucket
+    resumed = train(config, tmp_path, "resumed", env=env)
+    assert f"skipped checkpoint step {2 * EVERY}: shard" in resumed.output
+    assert f"head moved back from step {2 * EVERY} to {EVERY}" in resumed.output
+    assert f"resumed corrupt-head at step {EVERY}" in resumed.output
+    assert first.losses[:EVERY] + resumed.losses == reference
+    assert head_step(config, env) == STEPS

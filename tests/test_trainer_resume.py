@@ -26,12 +26,15 @@ def torchrun(
     return training.train(config, tmp_path, name, env=env).losses
 
 
-@pytest.mark.parametrize("zero_stage", [1, 2, 3])
+@pytest.mark.parametrize(
+    ("zero_stage", "bf16"), [(1, False), (2, False), (3, False), (2, True)],
+    ids=["zero1", "zero2", "zero3", "zero2-bf16"],
+)  # fmt: skip
 def test_resumed_run_has_the_losses_of_an_uninterrupted_one(
-    zero_stage: int, corpus: str, tmp_path: Path
+    zero_stage: int, bf16: bool, corpus: str, tmp_path: Path
 ) -> None:
     base = {"run": "demo", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
-            "zero_stage": zero_stage, "model": TINY_MODEL}  # fmt: skip
+            "zero_stage": zero_stage, "bf16": bf16, "model": TINY_MODEL}  # fmt: skip
     uninterrupted = torchrun(
         {**base, "steps": 6, "store": f"file://{tmp_path / 'a'}"}, tmp_path, "full"
     )

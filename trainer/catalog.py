@@ -57,6 +57,8 @@ class Catalog(Protocol):
 
     def retire(self, step: int) -> None: ...
 
+    def roll_back(self, step: int, generation: int, reason: str) -> list[int]: ...
+
 
 class DynamoCatalog:
     def __init__(self, table_name: str, run: str, *, client: Any = None) -> None:
@@ -217,6 +219,89 @@ class DynamoCatalog:
         """Mark a garbage-collected checkpoint: its history stays, its data is gone."""
         self._set_status(step, schema.STATUS_COLLECTED, "collected")
 
+    def roll_back(self, step: int, generation: int, reason: str) -> list[int]:
+        """Make complete checkpoint `step` the run's head again; every complete checkpoint
+        after it becomes ROLLED_BACK (never restored). Only the lease holder `generation` may;
+        returns the steps rolled back. Safe to repeat after a crash halfway."""
+        newer = [
+            e.step for e in self.entries() if e.step > step and e.status == schema.STATUS_COMPLETE
+        ]
+        key = {schema.PARTITION_KEY: self._pk}
+        lease_check = {
+            "ConditionCheck": {
+                "TableName": self.table_name,
+                "Key": {**key, schema.SORT_KEY: {"S": schema.LEASE_SORT_KEY}},
+                "ConditionExpression": "#generation = :generation",
+                "ExpressionAttributeNames": {"#generation": "generation"},
+                "ExpressionAttributeValues": {":generation": {"N": str(generation)}},
+            }
+        }
+        # Newer ones first, so a crash halfway never leaves one restorable past the head; each
+        # write checks the lease (a transaction holds at most 100 items).
+        for start in range(0, len(newer), 99):
+            marks = [
+                {
+                    "Update": {
+                        "TableName": self.table_name,
+                        "Key": {**key, schema.SORT_KEY: {"S": schema.checkpoint_sort_key(later)}},
+                        "UpdateExpression": "SET #status = :status, status_reason = :reason",
+                        "ExpressionAttributeNames": {"#status": "status"},
+                        "ExpressionAttributeValues": {
+                            ":status": {"S": schema.STATUS_ROLLED_BACK},
+                            ":reason": {"S": reason},
+                        },
+                    }
+                }
+                for later in newer[start : start + 99]
+            ]
+            self._transact(step, [lease_check, *marks])
+        target_check = {
+            "ConditionCheck": {
+                "TableName": self.table_name,
+                "Key": {**key, schema.SORT_KEY: {"S": schema.checkpoint_sort_key(step)}},
+                "ConditionExpression": "#status = :complete",
+                "ExpressionAttributeNames": {"#status": "status"},
+                "ExpressionAttributeValues": {":complete": {"S": schema.STATUS_COMPLETE}},
+            }
+        }
+        head_update = {
+            "Update": {
+                "TableName": self.table_name,
+                "Key": {**key, schema.SORT_KEY: {"S": schema.HEAD_SORT_KEY}},
+                "UpdateExpression": "SET latest = :latest, #step = :step, "
+                "#generation = :generation, updated_at = :now, rolled_back = :reason",
+                "ExpressionAttributeNames": {"#step": "step", "#generation": "generation"},
+                "ExpressionAttributeValues": {
+                    ":latest": {"S": schema.checkpoint_sort_key(step)},
+                    ":step": {"N": str(step)},
+                    ":generation": {"N": str(generation)},
+                    ":now": {"S": _now()},
+                    ":reason": {"S": reason},
+                },
+            }
+        }
+        self._transact(step, [lease_check, target_check, head_update])
+        return newer
+
+    def _transact(self, step: int, items: list[dict[str, Any]]) -> None:
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.transact_write_items(TransactItems=items)
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "TransactionCanceledException":
+                raise CatalogError(f"roll back to step {step} failed: {error}") from error
+            reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
+            if reasons and reasons[0] == "ConditionalCheckFailed":
+                raise StaleWriter(
+                    f"run {self.run!r}: the lease was taken over; roll back from the run's "
+                    "current holder"
+                ) from error
+            raise CatalogError(
+                f"run {self.run!r}: step {step} is not a complete checkpoint; pick one that "
+                "`spotrain checkpoints list` shows COMPLETE"
+            ) from error
+
     def quarantine(self, step: int, reason: str) -> None:
         self._set_status(step, schema.STATUS_QUARANTINED, reason)
 
@@ -283,3 +368,15 @@ class ManifestCatalog:
 
     def retire(self, step: int) -> None:
         self.storage.delete([f"{manifest_key(self.run, step)}.quarantined"])
+
+    def roll_back(self, step: int, generation: int, reason: str) -> list[int]:
+        complete = [e.step for e in self.entries() if e.status == schema.STATUS_COMPLETE]
+        if step not in complete:
+            raise CatalogError(
+                f"run {self.run!r}: step {step} is not a complete checkpoint; pick one that "
+                "`spotrain checkpoints list` shows COMPLETE"
+            )
+        newer = [later for later in complete if later > step]
+        for later in newer:  # the head is the newest complete manifest: mark the rest
+            self.quarantine(later, f"rolled back: {reason}")
+        return newer

@@ -57,6 +57,8 @@ class RestoreReport:
     """(step, reason) of each newer checkpoint that could not be used."""
     catalog_unavailable: str | None = None
     """Why checkpoints were found from manifests instead of the catalog, if they were."""
+    head_step: int | None = None
+    """The published head when the restore began (newer than `manifest` after a fallback)."""
 
 
 def describe_folder(folder: Path) -> list[Shard]:
@@ -204,7 +206,12 @@ def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) 
         except (SpotrainError, ValueError) as error:
             skipped.append((entry.step, str(error)))
             continue
-        return RestoreReport(manifest=manifest, skipped=skipped, catalog_unavailable=unavailable)
+        return RestoreReport(
+            manifest=manifest,
+            skipped=skipped,
+            catalog_unavailable=unavailable,
+            head_step=head.step if head else None,
+        )
     if not skipped:
         raise NothingPublished(f"run {run!r} has no complete checkpoint")
     reasons = "; ".join(f"step {s}: {r}" for s, r in skipped)

@@ -172,7 +172,7 @@ class _Restored:
 
 
 def _restore(
-    config: TrainConfig, storage: Storage, catalog: Catalog, place: _Place
+    config: TrainConfig, storage: Storage, catalog: Catalog, place: _Place, generation: int
 ) -> _Restored | None:
     """Collective: rank 0 picks the newest good checkpoint (with fallback), every machine's
     leader fetches and verifies that one, and converts it to DeepSpeed's universal format when
@@ -198,6 +198,15 @@ def _restore(
                      "from their manifests")  # fmt: skip
             for step, reason in report.skipped:
                 _say(f"skipped checkpoint step {step}: {reason}")
+            fell_back = report.head_step is not None and report.manifest.step < report.head_step
+            if fell_back and not report.catalog_unavailable:
+                # The head must follow, or this run could never publish until it passed the
+                # unusable one; rolling back also keeps anyone from restoring that one again.
+                catalog.roll_back(
+                    report.manifest.step, generation,
+                    f"restore fell back past it: {report.skipped[0][1] if report.skipped else ''}",
+                )  # fmt: skip
+                _say(f"head moved back from step {report.head_step} to {report.manifest.step}")
         except checkpoint.NothingPublished:
             pass  # a new run
     _broadcast(chosen)
@@ -312,7 +321,7 @@ def train(config: TrainConfig) -> list[float]:
     generation = catalog.acquire_lease(f"{os.uname().nodename}:{os.getpid()}") if rank == 0 else 0
     if place.leader:  # local saves a killed run never published are of no use
         shutil.rmtree(Path(config.work_dir) / "save", ignore_errors=True)
-    restored = _restore(config, storage, catalog, place)
+    restored = _restore(config, storage, catalog, place, generation)
     universal = restored is not None and restored.world_size != world
     _seed_everything(config.seed, 0)  # identical initial weights on every rank
     model = GPT(config.model)
