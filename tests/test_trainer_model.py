@@ -3,6 +3,7 @@ predicts uniformly, it learns the synthetic corpus, and the sampler replays exac
 
 from __future__ import annotations
 
+import itertools
 import math
 from pathlib import Path
 
@@ -175,3 +176,17 @@ def test_spotrain_train_builds_a_multi_node_launch_and_needs_a_rendezvous() -> N
     assert "--nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint 10.0.0.5:29400" in joined
     assert f"--shutdown-timeout {cli.DEFAULT_SHUTDOWN_TIMEOUT_S}" in joined
     assert command[-4:] == ["spotrain.trainer.train", "run.json", "--set", "steps=3"]
+
+
+def test_learning_rate_warms_up_then_decays_to_a_tenth_and_holds() -> None:
+    from spotrain.trainer.engine import TrainConfig, lr_factor
+
+    config = TrainConfig(run="r", store="file:///x", data="d", steps=100, work_dir="w",
+                         warmup_steps=4, decay_steps=10)  # fmt: skip
+    factors = [lr_factor(config, step) for step in range(20)]
+    assert factors[:4] == [0.25, 0.5, 0.75, 1.0]
+    decaying = factors[4:15]
+    assert decaying[0] == 1.0 and all(a > b for a, b in itertools.pairwise(decaying))
+    assert factors[14:] == [pytest.approx(0.1)] * 6
+    constant = TrainConfig(run="r", store="file:///x", data="d", steps=100, work_dir="w")
+    assert {lr_factor(constant, step) for step in range(50)} == {1.0}

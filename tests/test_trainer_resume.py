@@ -27,14 +27,16 @@ def torchrun(
 
 
 @pytest.mark.parametrize(
-    ("zero_stage", "bf16"), [(1, False), (2, False), (3, False), (2, True)],
-    ids=["zero1", "zero2", "zero3", "zero2-bf16"],
+    ("zero_stage", "bf16", "schedule"),
+    [(1, False, {}), (2, False, {}), (3, False, {}), (2, True, {}),
+     (2, False, {"warmup_steps": 2, "decay_steps": 3, "learning_rate": 1e-3})],
+    ids=["zero1", "zero2", "zero3", "zero2-bf16", "zero2-warmup-cosine"],
 )  # fmt: skip
 def test_resumed_run_has_the_losses_of_an_uninterrupted_one(
-    zero_stage: int, bf16: bool, corpus: str, tmp_path: Path
+    zero_stage: int, bf16: bool, schedule: dict[str, Any], corpus: str, tmp_path: Path
 ) -> None:
     base = {"run": "demo", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
-            "zero_stage": zero_stage, "bf16": bf16, "model": TINY_MODEL}  # fmt: skip
+            "zero_stage": zero_stage, "bf16": bf16, "model": TINY_MODEL, **schedule}  # fmt: skip
     uninterrupted = torchrun(
         {**base, "steps": 6, "store": f"file://{tmp_path / 'a'}"}, tmp_path, "full"
     )

@@ -11,6 +11,7 @@ an uninterrupted run's.
 from __future__ import annotations
 
 import json
+import math
 import os
 import random
 import shutil
@@ -18,6 +19,7 @@ import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +62,12 @@ class TrainConfig:
     micro_batch: int = 8
     """Sequences per rank per step."""
     learning_rate: float = 3e-4
-    """AdamW learning rate."""
+    """AdamW peak learning rate."""
+    warmup_steps: int = 0
+    """Steps over which the learning rate rises linearly to `learning_rate`."""
+    decay_steps: int | None = None
+    """Steps after warmup of cosine decay to a tenth of `learning_rate` (then held); None keeps
+    it constant. Independent of `steps`, so extending a run does not change its past."""
     seed: int = 0
     """Seed of initialisation, data order and every rank's random state."""
     zero_stage: int = 2
@@ -98,6 +105,10 @@ class TrainConfig:
             )
         if self.micro_batch < 1:
             problems.append(f"micro_batch is {self.micro_batch}: use 1 or more")
+        if self.warmup_steps < 0:
+            problems.append(f"warmup_steps is {self.warmup_steps}: use 0 or more")
+        if self.decay_steps is not None and self.decay_steps < 1:
+            problems.append(f"decay_steps is {self.decay_steps}: use 1 or more, or null")
         if not self.learning_rate > 0:
             problems.append(f"learning_rate is {self.learning_rate}: use a positive rate")
         raise_if_problems("training configuration", problems)
@@ -115,6 +126,16 @@ class TrainConfig:
         return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[
             :16
         ]
+
+
+def lr_factor(config: TrainConfig, step: int) -> float:
+    """Multiplier of the peak learning rate at `step`: linear warmup, then cosine decay."""
+    if step < config.warmup_steps:
+        return (step + 1) / config.warmup_steps
+    if config.decay_steps is None:
+        return 1.0
+    progress = min(1.0, (step - config.warmup_steps) / config.decay_steps)
+    return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
 def _use_gloo_collectives_without_compiling() -> None:
@@ -326,9 +347,11 @@ def train(config: TrainConfig) -> list[float]:
     _seed_everything(config.seed, 0)  # identical initial weights on every rank
     model = GPT(config.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
-    engine, _, _, _ = deepspeed.initialize(
-        model=model, optimizer=optimizer, config=_deepspeed_config(config, universal=universal)
-    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, config))
+    engine, _, _, _ = deepspeed.initialize(  # DeepSpeed steps, saves and restores the schedule
+        model=model, optimizer=optimizer, lr_scheduler=schedule,
+        config=_deepspeed_config(config, universal=universal),
+    )  # fmt: skip
     _seed_everything(config.seed, rank)
     start_step, parent = 0, None
     if restored is not None:
@@ -499,7 +522,9 @@ class _Saver:
         failpoints.saving(step)
         tag = _tag(step)
         root = Path(self.config.work_dir) / tier_folder / tag
-        self.engine.save_checkpoint(str(root), tag=tag, client_state={"step": step})
+        # The configuration rides along, so a checkpoint says what trained it.
+        state = {"step": step, "config": asdict(self.config)}
+        self.engine.save_checkpoint(str(root), tag=tag, client_state=state)
         torch.save(_rng_state(), root / tag / f"rng_rank{self.place.rank}.pt")
         dist.barrier()
         return root

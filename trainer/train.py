@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import sys
 import typing
 from collections.abc import Sequence
@@ -105,5 +106,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def run_process() -> None:
+    """Run one rank and end its process without interpreter teardown: by then every checkpoint
+    is published, and the C++ threads of torch.distributed and DeepSpeed can still be running
+    when static destructors fire, which aborts a finished process ("terminate called without
+    an active exception") and makes torchrun report a failure."""
+    code = main()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_process()
