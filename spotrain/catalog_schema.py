@@ -39,8 +39,13 @@ def checkpoint_sort_key(step: int) -> str:
     return f"CKPT#{step:012d}"
 
 
+def checkpoint_tag(step: int) -> str:
+    """A checkpoint's folder name: its DeepSpeed tag and its prefix in the bucket."""
+    return f"step_{step:09d}"
+
+
 def checkpoint_id(run_name: str, step: int) -> str:
-    return f"{run_name}/step_{step:09d}"
+    return f"{run_name}/{checkpoint_tag(step)}"
 
 
 # --- interruption events ------------------------------------------------------------------

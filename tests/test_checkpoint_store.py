@@ -249,7 +249,7 @@ def test_publish_and_restore_through_the_local_cloud(local_cloud: Any, tmp_path:
     head = s3.head_object(Bucket=bucket, Key=manifest_key(RUN, 10))
     assert head["SSEKMSKeyId"] == key
     unencrypted = S3Storage(bucket, "", client=s3)
-    with pytest.raises(Exception, match=r"403|AccessDenied|Forbidden"):
+    with pytest.raises(StorageError, match=r"(403|AccessDenied).*pass the bucket's key"):
         unencrypted.put_bytes("runs/demo/stray", b"x")
     restored = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
     assert restored.manifest == Manifest.from_json(storage.get_bytes(manifest_key(RUN, 10)))

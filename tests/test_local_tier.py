@@ -14,7 +14,7 @@ def light(root: Path, step: int, parent: str | None, *, seal: bool = True) -> Pa
     (folder / f"step_{step:09d}" / "model.pt").write_bytes(b"weights %d" % step)
     (folder / "latest").write_text(f"step_{step:09d}")
     if seal:
-        local_tier.seal(folder, step=step, parent=parent)
+        local_tier.seal(folder, step=step, parent=parent, world_size=2)
     return folder
 
 
@@ -23,7 +23,8 @@ def test_newest_sealed_and_intact_light_checkpoint_is_found(tmp_path: Path) -> N
     light(tmp_path, 6, "run/step_000000002")
     light(tmp_path, 8, "run/step_000000002", seal=False)  # the process died while saving
     found = local_tier.newest(tmp_path)
-    assert found is not None and (found.step, found.parent) == (6, "run/step_000000002")
+    assert found is not None
+    assert (found.step, found.parent, found.world_size) == (6, "run/step_000000002", 2)
 
 
 def test_a_corrupt_light_checkpoint_is_passed_over(tmp_path: Path) -> None:

@@ -190,3 +190,20 @@ def test_learning_rate_warms_up_then_decays_to_a_tenth_and_holds() -> None:
     assert factors[14:] == [pytest.approx(0.1)] * 6
     constant = TrainConfig(run="r", store="file:///x", data="d", steps=100, work_dir="w")
     assert {lr_factor(constant, step) for step in range(50)} == {1.0}
+
+
+def test_sigint_and_sigterm_only_raise_the_stop_flag() -> None:
+    import os
+    import signal
+
+    from spotrain.trainer.preemption import PreemptionFlag
+
+    saved = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for sig in (signal.SIGINT, signal.SIGTERM):  # Ctrl-C stops as carefully as a reclaim
+            flag = PreemptionFlag().install()
+            os.kill(os.getpid(), sig)
+            assert flag.reason == sig.name and flag.seconds_since_request() is not None
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)

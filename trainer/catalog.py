@@ -106,14 +106,10 @@ class DynamoCatalog:
         return int(result["Attributes"]["generation"]["N"])
 
     def publish(self, manifest: Manifest, generation: int) -> None:
-        from botocore.exceptions import ClientError
-
         if manifest.run != self.run:
             raise CatalogError(f"manifest of run {manifest.run!r} offered to run {self.run!r}")
-        sort_key = schema.checkpoint_sort_key(manifest.step)
         item: dict[str, Any] = {
-            schema.PARTITION_KEY: self._pk,
-            schema.SORT_KEY: {"S": sort_key},
+            **self._key(schema.checkpoint_sort_key(manifest.step)),
             "status": {"S": schema.STATUS_COMPLETE},
             "step": {"N": str(manifest.step)},
             "manifest": {"S": manifest_key(self.run, manifest.step)},
@@ -129,65 +125,105 @@ class DynamoCatalog:
         }
         if manifest.parent:
             item[schema.LINEAGE_KEY] = {"S": manifest.parent}
-        lease_key = {schema.PARTITION_KEY: self._pk, schema.SORT_KEY: {"S": schema.LEASE_SORT_KEY}}
-        head_key = {schema.PARTITION_KEY: self._pk, schema.SORT_KEY: {"S": schema.HEAD_SORT_KEY}}
+        self._transact(
+            [
+                self._lease_check(generation),
+                {"Put": {"TableName": self.table_name, "Item": item}},
+                self._head_update(
+                    manifest.step,
+                    generation,
+                    condition="attribute_not_exists(#step) OR #step < :step",
+                ),
+            ],
+            action=f"publish of step {manifest.step}",
+            refused=StaleWriter(
+                f"run {self.run!r}: step {manifest.step} is not newer than the published head"
+            ),
+        )
+
+    def _key(self, sort_key: str) -> dict[str, Any]:
+        return {schema.PARTITION_KEY: self._pk, schema.SORT_KEY: {"S": sort_key}}
+
+    def _lease_check(self, generation: int) -> dict[str, Any]:
+        """Transaction item: the writer still holds lease `generation` (always item 0)."""
+        return {
+            "ConditionCheck": {
+                "TableName": self.table_name,
+                "Key": self._key(schema.LEASE_SORT_KEY),
+                "ConditionExpression": "#generation = :generation",
+                "ExpressionAttributeNames": {"#generation": "generation"},
+                "ExpressionAttributeValues": {":generation": {"N": str(generation)}},
+            }
+        }
+
+    def _head_update(
+        self, step: int, generation: int, *, condition: str | None = None, reason: str | None = None
+    ) -> dict[str, Any]:
+        """Transaction item: the run's head names checkpoint `step`."""
+        values = {
+            ":latest": {"S": schema.checkpoint_sort_key(step)},
+            ":step": {"N": str(step)},
+            ":generation": {"N": str(generation)},
+            ":now": {"S": _now()},
+        }
+        expression = (
+            "SET latest = :latest, #step = :step, #generation = :generation, updated_at = :now"
+        )
+        if reason is not None:
+            expression += ", rolled_back = :reason"
+            values[":reason"] = {"S": reason}
+        update: dict[str, Any] = {
+            "TableName": self.table_name,
+            "Key": self._key(schema.HEAD_SORT_KEY),
+            "UpdateExpression": expression,
+            "ExpressionAttributeNames": {"#step": "step", "#generation": "generation"},
+            "ExpressionAttributeValues": values,
+        }
+        if condition:
+            update["ConditionExpression"] = condition
+        return {"Update": update}
+
+    def _transact(self, items: list[dict[str, Any]], *, action: str, refused: CatalogError) -> None:
+        """One transaction whose first item is the lease check: a failed lease check raises
+        StaleWriter, any other failed condition raises `refused`."""
+        from botocore.exceptions import ClientError
+
         try:
-            self.client.transact_write_items(
-                TransactItems=[
-                    {
-                        "ConditionCheck": {
-                            "TableName": self.table_name,
-                            "Key": lease_key,
-                            "ConditionExpression": "#generation = :generation",
-                            "ExpressionAttributeNames": {"#generation": "generation"},
-                            "ExpressionAttributeValues": {":generation": {"N": str(generation)}},
-                        }
-                    },
-                    {"Put": {"TableName": self.table_name, "Item": item}},
-                    {
-                        "Update": {
-                            "TableName": self.table_name,
-                            "Key": head_key,
-                            "UpdateExpression": "SET latest = :latest, #step = :step, "
-                            "#generation = :generation, updated_at = :now",
-                            "ConditionExpression": "attribute_not_exists(#step) OR #step < :step",
-                            "ExpressionAttributeNames": {
-                                "#step": "step",
-                                "#generation": "generation",
-                            },
-                            "ExpressionAttributeValues": {
-                                ":latest": {"S": sort_key},
-                                ":step": {"N": str(manifest.step)},
-                                ":generation": {"N": str(generation)},
-                                ":now": {"S": _now()},
-                            },
-                        }
-                    },
-                ]
-            )
+            self.client.transact_write_items(TransactItems=items)
         except ClientError as error:
             if error.response["Error"]["Code"] != "TransactionCanceledException":
-                raise CatalogError(f"publish of step {manifest.step} failed: {error}") from error
+                raise CatalogError(f"{action} failed: {error}") from error
             reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
             if reasons and reasons[0] == "ConditionalCheckFailed":
                 raise StaleWriter(
-                    f"run {self.run!r}: lease generation {generation} was taken over by a newer "
-                    "start; this writer stops without publishing"
+                    f"run {self.run!r}: the lease this writer held was taken over by a newer "
+                    f"start; {action} did not happen (it must come from the run's current holder)"
                 ) from error
-            raise StaleWriter(
-                f"run {self.run!r}: step {manifest.step} is not newer than the published head"
-            ) from error
+            raise refused from error
 
     def head(self) -> CatalogEntry | None:
-        item = self._call(
-            "get_item",
-            Key={schema.PARTITION_KEY: self._pk, schema.SORT_KEY: {"S": schema.HEAD_SORT_KEY}},
-            ConsistentRead=True,
-        ).get("Item")
-        if not item:
+        head = self._get(schema.HEAD_SORT_KEY)
+        if not head:
             return None
-        step = int(item["step"]["N"])
-        return next((e for e in self.entries() if e.step == step), None)
+        item = self._get(schema.checkpoint_sort_key(int(head["step"]["N"])))
+        return self._entry(item) if item else None
+
+    def _get(self, sort_key: str) -> dict[str, Any] | None:
+        item: dict[str, Any] | None = self._call(
+            "get_item", Key=self._key(sort_key), ConsistentRead=True
+        ).get("Item")
+        return item
+
+    @staticmethod
+    def _entry(item: dict[str, Any]) -> CatalogEntry:
+        return CatalogEntry(
+            step=int(item["step"]["N"]),
+            manifest_key=item["manifest"]["S"],
+            status=item["status"]["S"],
+            generation=int(item["generation"]["N"]),
+            parent=item.get(schema.LINEAGE_KEY, {}).get("S"),
+            total_bytes=int(item["bytes"]["N"]),
+        )
 
     def entries(self) -> list[CatalogEntry]:
         """Every recorded checkpoint of the run, by step."""
@@ -200,17 +236,7 @@ class DynamoCatalog:
                 ConsistentRead=True,
                 **({"ExclusiveStartKey": start} if start else {}),
             )
-            for item in page.get("Items", []):
-                found.append(
-                    CatalogEntry(
-                        step=int(item["step"]["N"]),
-                        manifest_key=item["manifest"]["S"],
-                        status=item["status"]["S"],
-                        generation=int(item["generation"]["N"]),
-                        parent=item.get(schema.LINEAGE_KEY, {}).get("S"),
-                        total_bytes=int(item["bytes"]["N"]),
-                    )
-                )
+            found += [self._entry(item) for item in page.get("Items", [])]
             start = page.get("LastEvaluatedKey")
             if not start:
                 return found
@@ -226,16 +252,11 @@ class DynamoCatalog:
         newer = [
             e.step for e in self.entries() if e.step > step and e.status == schema.STATUS_COMPLETE
         ]
-        key = {schema.PARTITION_KEY: self._pk}
-        lease_check = {
-            "ConditionCheck": {
-                "TableName": self.table_name,
-                "Key": {**key, schema.SORT_KEY: {"S": schema.LEASE_SORT_KEY}},
-                "ConditionExpression": "#generation = :generation",
-                "ExpressionAttributeNames": {"#generation": "generation"},
-                "ExpressionAttributeValues": {":generation": {"N": str(generation)}},
-            }
-        }
+        action = f"roll back of run {self.run!r} to step {step}"
+        not_complete = CatalogError(
+            f"run {self.run!r}: step {step} is not a complete checkpoint; pick one that "
+            "`spotrain checkpoints list` shows COMPLETE"
+        )
         # Newer ones first, so a crash halfway never leaves one restorable past the head; each
         # write checks the lease (a transaction holds at most 100 items).
         for start in range(0, len(newer), 99):
@@ -243,7 +264,7 @@ class DynamoCatalog:
                 {
                     "Update": {
                         "TableName": self.table_name,
-                        "Key": {**key, schema.SORT_KEY: {"S": schema.checkpoint_sort_key(later)}},
+                        "Key": self._key(schema.checkpoint_sort_key(later)),
                         "UpdateExpression": "SET #status = :status, status_reason = :reason",
                         "ExpressionAttributeNames": {"#status": "status"},
                         "ExpressionAttributeValues": {
@@ -254,53 +275,28 @@ class DynamoCatalog:
                 }
                 for later in newer[start : start + 99]
             ]
-            self._transact(step, [lease_check, *marks])
-        target_check = {
+            self._transact(
+                [self._lease_check(generation), *marks], action=action, refused=not_complete
+            )
+        target_is_complete = {
             "ConditionCheck": {
                 "TableName": self.table_name,
-                "Key": {**key, schema.SORT_KEY: {"S": schema.checkpoint_sort_key(step)}},
+                "Key": self._key(schema.checkpoint_sort_key(step)),
                 "ConditionExpression": "#status = :complete",
                 "ExpressionAttributeNames": {"#status": "status"},
                 "ExpressionAttributeValues": {":complete": {"S": schema.STATUS_COMPLETE}},
             }
         }
-        head_update = {
-            "Update": {
-                "TableName": self.table_name,
-                "Key": {**key, schema.SORT_KEY: {"S": schema.HEAD_SORT_KEY}},
-                "UpdateExpression": "SET latest = :latest, #step = :step, "
-                "#generation = :generation, updated_at = :now, rolled_back = :reason",
-                "ExpressionAttributeNames": {"#step": "step", "#generation": "generation"},
-                "ExpressionAttributeValues": {
-                    ":latest": {"S": schema.checkpoint_sort_key(step)},
-                    ":step": {"N": str(step)},
-                    ":generation": {"N": str(generation)},
-                    ":now": {"S": _now()},
-                    ":reason": {"S": reason},
-                },
-            }
-        }
-        self._transact(step, [lease_check, target_check, head_update])
+        self._transact(
+            [
+                self._lease_check(generation),
+                target_is_complete,
+                self._head_update(step, generation, reason=reason),
+            ],
+            action=action,
+            refused=not_complete,
+        )
         return newer
-
-    def _transact(self, step: int, items: list[dict[str, Any]]) -> None:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.transact_write_items(TransactItems=items)
-        except ClientError as error:
-            if error.response["Error"]["Code"] != "TransactionCanceledException":
-                raise CatalogError(f"roll back to step {step} failed: {error}") from error
-            reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
-            if reasons and reasons[0] == "ConditionalCheckFailed":
-                raise StaleWriter(
-                    f"run {self.run!r}: the lease was taken over; roll back from the run's "
-                    "current holder"
-                ) from error
-            raise CatalogError(
-                f"run {self.run!r}: step {step} is not a complete checkpoint; pick one that "
-                "`spotrain checkpoints list` shows COMPLETE"
-            ) from error
 
     def quarantine(self, step: int, reason: str) -> None:
         self._set_status(step, schema.STATUS_QUARANTINED, reason)
@@ -308,10 +304,7 @@ class DynamoCatalog:
     def _set_status(self, step: int, status: str, reason: str) -> None:
         self._call(
             "update_item",
-            Key={
-                schema.PARTITION_KEY: self._pk,
-                schema.SORT_KEY: {"S": schema.checkpoint_sort_key(step)},
-            },
+            Key=self._key(schema.checkpoint_sort_key(step)),
             UpdateExpression="SET #status = :status, status_reason = :reason",
             ConditionExpression="attribute_exists(pk)",
             ExpressionAttributeNames={"#status": "status"},

@@ -22,6 +22,7 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from spotrain import catalog_schema as schema
 from spotrain.errors import SpotrainError
@@ -116,7 +117,6 @@ def commit(
     zero_stage: int,
     config_hash: str,
     code_version: str,
-    tier: str = "full",
     parent: str | None = None,
 ) -> Manifest:
     """Write the manifest naming `shards` (all uploaded and verified) and make it the run's
@@ -138,7 +138,6 @@ def commit(
         config_hash=config_hash,
         code_version=code_version,
         created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
-        tier=tier,
         parent=parent,
     )
     storage.put_bytes(manifest_key(run, step), manifest.to_json())
@@ -147,28 +146,11 @@ def commit(
     return manifest
 
 
-def publish(
-    folder: Path,
-    *,
-    storage: Storage,
-    catalog: Catalog,
-    generation: int,
-    run: str,
-    step: int,
-    world_size: int,
-    zero_stage: int,
-    config_hash: str,
-    code_version: str,
-    tier: str = "full",
-    parent: str | None = None,
-) -> PublishReport:
-    """Upload one folder holding the whole checkpoint, then commit it."""
+def publish(folder: Path, *, storage: Storage, run: str, **commit_args: Any) -> PublishReport:
+    """Upload one folder holding the whole checkpoint, then commit it (`commit_args` as for
+    `commit`)."""
     upload = upload_folder(folder, storage=storage, run=run)
-    manifest = commit(
-        upload.shards, storage=storage, catalog=catalog, generation=generation, run=run,
-        step=step, world_size=world_size, zero_stage=zero_stage, config_hash=config_hash,
-        code_version=code_version, tier=tier, parent=parent,
-    )  # fmt: skip
+    manifest = commit(upload.shards, storage=storage, run=run, **commit_args)
     return PublishReport(
         manifest=manifest, uploaded_bytes=upload.uploaded_bytes, reused_bytes=upload.reused_bytes
     )

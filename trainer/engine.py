@@ -1,9 +1,11 @@
 """The training loop on DeepSpeed ZeRO, with checkpoints published through the checkpoint core.
 
 Every rank runs `train(config)` (under torchrun). At start the run's newest good checkpoint is
-restored (rank 0 fetches and verifies it, every rank loads its shards); every
+restored: a light one on this machine's disk if it may be used (local_tier.py), else the
+published head (rank 0 chooses, each machine's leader fetches and verifies it). Every
 `checkpoint_every` steps, and at once when preemption is signalled (preemption.py), all ranks
-write a DeepSpeed checkpoint locally and rank 0 publishes it.
+write a DeepSpeed checkpoint locally; the leaders upload it while training goes on and rank 0
+publishes it once every upload is verified (`_Saver`).
 A restored run continues with the same batches and the same random state, so its losses equal
 an uninterrupted run's.
 """
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spotrain.catalog_schema import checkpoint_id
+from spotrain.catalog_schema import checkpoint_id, checkpoint_tag
 from spotrain.errors import SpotrainError, raise_if_problems
 from spotrain.trainer import checkpoint, failpoints, local_tier
 from spotrain.trainer.catalog import Catalog, CatalogError, DynamoCatalog, ManifestCatalog
@@ -190,20 +192,26 @@ class _Restored:
     world_size: int
     folder: Path
     """DeepSpeed checkpoint root holding the tag `step_<step>`."""
+    from_light: bool = False
+    """Restored from this machine's light checkpoint rather than from the store."""
 
 
 def _restore(
     config: TrainConfig, storage: Storage, catalog: Catalog, place: _Place, generation: int
 ) -> _Restored | None:
-    """Collective: rank 0 picks the newest good checkpoint (with fallback), every machine's
-    leader fetches and verifies that one, and converts it to DeepSpeed's universal format when
-    the world size changed (plain loading refuses a different data-parallel size)."""
+    """Collective: every machine offers its newest light checkpoint; rank 0 uses it if it may,
+    else picks the newest good published one (with fallback, moving the head back past what it
+    skipped); every machine's leader fetches and verifies that one, and converts it to
+    DeepSpeed's universal format when the world size changed (plain loading refuses a
+    different data-parallel size)."""
     import torch.distributed as dist
 
     folder = Path(config.work_dir) / "restore"
     chosen = torch.tensor([-1, 0, 0], dtype=torch.long)  # step, its world size, 1 if light
     light_root = Path(config.work_dir) / "light"
     light = local_tier.newest(light_root) if place.leader else None
+    if light is not None and light.world_size != place.world:
+        light = None  # written by another number of ranks: only the store's copy converts
     offers: list[Any] = [None] * place.world
     dist.all_gather_object(offers, (place.leader, (light.step, light.parent) if light else None))
     if place.rank == 0:
@@ -223,10 +231,10 @@ def _restore(
             if fell_back and not report.catalog_unavailable:
                 # The head must follow, or this run could never publish until it passed the
                 # unusable one; rolling back also keeps anyone from restoring that one again.
+                why = "; ".join(reason for _, reason in report.skipped) or "not complete"
                 catalog.roll_back(
-                    report.manifest.step, generation,
-                    f"restore fell back past it: {report.skipped[0][1] if report.skipped else ''}",
-                )  # fmt: skip
+                    report.manifest.step, generation, f"a restore fell back past it: {why}"
+                )
                 _say(f"head moved back from step {report.head_step} to {report.manifest.step}")
         except checkpoint.NothingPublished:
             pass  # a new run
@@ -241,10 +249,11 @@ def _restore(
             _say(f"restoring step {step} from this machine's light checkpoint (newer than the "
                  "published head, descended from it)")  # fmt: skip
         dist.barrier()
-        return _Restored(step=step, world_size=world_size, folder=light_root / _tag(step))
+        folder = light_root / checkpoint_tag(step)
+        return _Restored(step=step, world_size=world_size, folder=folder, from_light=True)
     if place.leader and place.rank != 0:
         checkpoint.fetch(storage, manifest_key(config.run, step), folder)
-    tag = _tag(step)
+    tag = checkpoint_tag(step)
     if world_size != place.world:
         if place.leader:
             _convert_to_universal(folder, tag)
@@ -309,10 +318,6 @@ def _mean_over_ranks(loss: torch.Tensor, world: int) -> float:
     return total.item() / world
 
 
-def _tag(step: int) -> str:
-    return f"step_{step:09d}"
-
-
 def _say(message: str) -> None:
     print(f"[spotrain] {message}", flush=True)
 
@@ -355,7 +360,7 @@ def train(config: TrainConfig) -> list[float]:
     _seed_everything(config.seed, rank)
     start_step, parent = 0, None
     if restored is not None:
-        tag = _tag(restored.step)
+        tag = checkpoint_tag(restored.step)
         _, client_state = engine.load_checkpoint(str(restored.folder), tag=tag)
         start_step, parent = int(client_state["step"]), checkpoint_id(config.run, restored.step)
         if not universal:  # a different world has different ranks: their streams start afresh
@@ -365,10 +370,9 @@ def train(config: TrainConfig) -> list[float]:
         dist.barrier()
         if place.leader:
             shutil.rmtree(Path(config.work_dir) / "restore", ignore_errors=True)
-        restored_from = "light" if restored.folder.parent.name == "light" else "store"
         if rank == 0:
             _say(f"resumed {config.run} at step {start_step}"
-                 + (" (light checkpoint)" if restored_from == "light" else ""))  # fmt: skip
+                 + (" (light checkpoint)" if restored.from_light else ""))  # fmt: skip
     preemption = PreemptionFlag().install()
     watcher = None
     if config.spot_notice_endpoint and place.leader:
@@ -423,6 +427,7 @@ def train(config: TrainConfig) -> list[float]:
         if watcher is not None:
             watcher.stop()
         saver.close()
+        progress.close()
     # Tear the process group down before the interpreter exits: left to exit handlers, gloo's
     # threads can be destroyed still running (the process then aborts after its work is done).
     dist.barrier()
@@ -431,27 +436,33 @@ def train(config: TrainConfig) -> list[float]:
 
 
 class _Progress:
-    """Rank 0's terminal lines and metrics file."""
+    """Rank 0's terminal lines and metrics file (one JSON line per step and per checkpoint
+    event; line-buffered, so a killed run leaves every line it finished)."""
 
     def __init__(self, config: TrainConfig, place: _Place) -> None:
         self.config, self.active = config, place.rank == 0
+        self._metrics = (
+            open(config.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run)
+            if self.active and config.metrics_file
+            else None
+        )
+
+    def _record(self, fields: dict[str, Any]) -> None:
+        if self._metrics is not None:
+            self._metrics.write(json.dumps(fields) + "\n")
 
     def event(self, kind: str, **fields: Any) -> None:
-        if self.active and self.config.metrics_file:
-            with open(self.config.metrics_file, "a") as metrics:
-                metrics.write(json.dumps({"event": kind, **fields}) + "\n")
+        self._record({"event": kind, **fields})
 
     def step(self, done: int, loss: float, tokens_per_s: float, saver: _Saver) -> None:
-        if not self.active:
-            return
-        if self.config.metrics_file:
-            with open(self.config.metrics_file, "a") as metrics:
-                metrics.write(
-                    json.dumps({"step": done, "loss": loss, "tokens_per_s": tokens_per_s}) + "\n"
-                )
-        if done % self.config.log_every == 0 or done == self.config.steps:
+        self._record({"step": done, "loss": loss, "tokens_per_s": tokens_per_s})
+        if self.active and (done % self.config.log_every == 0 or done == self.config.steps):
             _say(f"step {done}/{self.config.steps}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
                  f"checkpoint: {saver.status}")  # fmt: skip
+
+    def close(self) -> None:
+        if self._metrics is not None:
+            self._metrics.close()
 
 
 @dataclass
@@ -520,7 +531,7 @@ class _Saver:
         import torch.distributed as dist
 
         failpoints.saving(step)
-        tag = _tag(step)
+        tag = checkpoint_tag(step)
         root = Path(self.config.work_dir) / tier_folder / tag
         # The configuration rides along, so a checkpoint says what trained it.
         state = {"step": step, "config": asdict(self.config)}
@@ -532,7 +543,6 @@ class _Saver:
     def save_light(self, step: int) -> None:
         """Collective: a light checkpoint of `step` on this machine's work disk; the leader
         seals it (hashes every file) in the background, after any upload in flight."""
-
         began = time.perf_counter()
         root = self._write_locally(step, "light")
         # Descends from the checkpoint in flight if there is one: once published it is the head.
@@ -540,12 +550,12 @@ class _Saver:
             checkpoint_id(self.config.run, self.in_flight.step) if self.in_flight else self.parent
         )
         if self._pool is not None:
-            self._pool.submit(self._seal_light, root, step, parent)
+            self._pool.submit(self._seal_light, root, step, parent, self.place.world)
         self.progress.event("light", step=step, stall_s=time.perf_counter() - began)
 
     @staticmethod
-    def _seal_light(root: Path, step: int, parent: str | None) -> None:
-        local_tier.seal(root, step=step, parent=parent)
+    def _seal_light(root: Path, step: int, parent: str | None, world_size: int) -> None:
+        local_tier.seal(root, step=step, parent=parent, world_size=world_size)
         local_tier.prune(root.parent, keep=step)
         failpoints.hit("after-light-seal", step=step)
 

@@ -6,8 +6,9 @@ processes but not the machine: a crash, an out-of-memory kill, a restart by the 
 A light checkpoint is complete once its local manifest (every file with its SHA-256) is in
 place, written by rename. It records the published checkpoint it descends from; a restart uses
 it only if that is still the run's published head (so a machine whose lease passed to another
-start never forks the run's history), only if every machine of the run has it, and only if
-every file still verifies. Otherwise the run restores from the store as usual.
+start never forks the run's history), only if every machine of the run has it, only if the
+same number of ranks wrote it, and only if every file still verifies. Otherwise the run
+restores from the store as usual.
 """
 
 from __future__ import annotations
@@ -30,15 +31,18 @@ class LightCheckpoint:
     step: int
     parent: str | None
     """Id of the published checkpoint this one descends from (None: nothing published yet)."""
+    world_size: int
+    """Ranks that wrote it: only the same number can load it."""
     folder: Path
     """DeepSpeed checkpoint root holding the tag `step_<step>`."""
 
 
-def seal(folder: Path, *, step: int, parent: str | None) -> None:
+def seal(folder: Path, *, step: int, parent: str | None, world_size: int) -> None:
     """Mark the light checkpoint in `folder` complete (run after every rank wrote its files)."""
     shards = [asdict(s) for s in describe_folder(folder)]
     partial = folder / f".{MANIFEST}.partial"
-    partial.write_text(json.dumps({"step": step, "parent": parent, "shards": shards}))
+    document = {"step": step, "parent": parent, "world_size": world_size, "shards": shards}
+    partial.write_text(json.dumps(document))
     os.replace(partial, folder / MANIFEST)
 
 
@@ -51,7 +55,9 @@ def newest(root: Path) -> LightCheckpoint | None:
         except (OSError, ValueError, KeyError, TypeError):
             continue  # never sealed (the process died while saving), or unreadable
         if all(_intact(folder / s.name, s) for s in shards):
-            return LightCheckpoint(int(document["step"]), document["parent"], folder)
+            return LightCheckpoint(
+                int(document["step"]), document["parent"], int(document["world_size"]), folder
+            )
     return None
 
 

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spotrain.catalog_schema import checkpoint_id
+from spotrain.catalog_schema import checkpoint_id, checkpoint_tag
 
 FORMAT_VERSION = 1
 
@@ -81,4 +81,4 @@ def shard_key(run: str, sha256: str) -> str:
 
 
 def manifest_key(run: str, step: int) -> str:
-    return f"{run_prefix(run)}/checkpoints/step_{step:09d}/manifest.json"
+    return f"{run_prefix(run)}/checkpoints/{checkpoint_tag(step)}/manifest.json"

@@ -218,7 +218,7 @@ class S3Storage:
                 Config=self.transfer_config(),
             )
         except (ClientError, OSError) as error:
-            raise StorageError(f"upload of {path} to {self.uri}/{key} failed: {error}") from error
+            raise self._write_error(f"upload of {path} to {self.uri}/{key}", error) from error
         stored = self.stat(key)
         if stored is None or stored.size != size or stored.sha256 != digest:
             raise StorageError(
@@ -240,14 +240,31 @@ class S3Storage:
         return StoredObject(key, path.stat().st_size, sha256_of(path))
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self.client.put_object(
-            Bucket=self.bucket,
-            Key=self._key(key),
-            Body=data,
-            ChecksumAlgorithm="SHA256",
-            Metadata={DIGEST_METADATA_KEY: hashlib.sha256(data).hexdigest()},
-            **self._encryption(),
-        )
+        from botocore.exceptions import ClientError
+
+        try:
+            self.client.put_object(
+                Bucket=self.bucket,
+                Key=self._key(key),
+                Body=data,
+                ChecksumAlgorithm="SHA256",
+                Metadata={DIGEST_METADATA_KEY: hashlib.sha256(data).hexdigest()},
+                **self._encryption(),
+            )
+        except ClientError as error:
+            raise self._write_error(f"write of {self.uri}/{key}", error) from error
+
+    def _write_error(self, what: str, error: Exception) -> StorageError:
+        """The write's failure, with the usual fix when the bucket refused it."""
+        hint = ""
+        status = getattr(error, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if status == 403 and self.kms_key_id is None:
+            hint = (
+                "; spotrain's checkpoint buckets accept only SSE-KMS writes with their own key: "
+                "pass the bucket's key (kms_key_id in the training configuration, --kms-key-id "
+                "on the command line)"
+            )
+        return StorageError(f"{what} failed: {error}{hint}")
 
     def get_bytes(self, key: str) -> bytes:
         from botocore.exceptions import ClientError
