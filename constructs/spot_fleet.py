@@ -1,5 +1,6 @@
 """The training fleet: a spot Auto Scaling group over several GPU types with an on-demand
-coordinator, capacity rebalancing, and an instance role scoped to one run.
+coordinator, capacity rebalancing, an empty on-demand fallback group for when spot capacity
+cannot be had, and an instance role scoped to one run.
 
 The on-demand base capacity keeps the coordinator (torchrun rendezvous host) off spot; every
 other instance is spot, placed by price-capacity-optimized allocation across the instance
@@ -50,6 +51,10 @@ class SpotFleetProps:
     """Checkpoint catalog table."""
     catalog_table_name: str
     """Catalog table name, passed to the trainer."""
+    events_table_arn: str
+    """Interruption events table; machines read and update their run's fleet state there."""
+    events_table_name: str
+    """Its name, passed to the boot service."""
     data_kms_key_arns: tuple[str, ...]
     """Keys the trainer encrypts and decrypts checkpoints and catalog items with."""
     region: str
@@ -89,12 +94,17 @@ SPOTRAIN_REGION={props.region}
 SPOTRAIN_BUCKET={props.checkpoint_bucket_name}
 SPOTRAIN_CATALOG_TABLE={props.catalog_table_name}
 SPOTRAIN_KMS_KEY_ID={props.data_kms_key_arns[0]}
+SPOTRAIN_EVENTS_TABLE={props.events_table_name}
 ENV
 if systemctl list-unit-files spotrain-trainer.service >/dev/null 2>&1; then
   systemctl enable --now spotrain-trainer.service
 fi
 """
     return base64.b64encode(script.encode()).decode()
+
+
+def on_demand_group_name(fleet_name: str) -> str:
+    return f"{fleet_name}-on-demand"
 
 
 class SpotFleet(Construct):
@@ -197,6 +207,18 @@ class SpotFleet(Construct):
                         ],
                     ),
                     statement(
+                        "RunFleetState",
+                        actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+                        resources=[props.events_table_arn],
+                        conditions=[
+                            (
+                                "ForAllValues:StringEquals",
+                                "dynamodb:LeadingKeys",
+                                [run_key(props.run_name)],
+                            ),
+                        ],
+                    ),
+                    statement(
                         "UseDataKeys",
                         actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
                         resources=list(props.data_kms_key_arns),
@@ -249,6 +271,24 @@ class SpotFleet(Construct):
                 else None
             ),
         )
+        overrides = [
+            asg.AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride(instance_type=t)
+            for t in props.instance_types
+        ]
+        launch_template = {
+            "launch_template_specification": {
+                "launch_template_id": self.launch_template.id,
+                "version": "$Latest",
+            },
+            "override": overrides,
+        }
+        tags = [
+            asg.AutoscalingGroupTag(key=key, value=value, propagate_at_launch=True)
+            for key, value in sorted(props.tags.items())
+        ]
+        # The interruption handler moves desired capacity between the groups at run time;
+        # a later deploy must not move it back.
+        handler_owned = TerraformResourceLifecycle(ignore_changes=["desired_capacity"])
         self.group = asg.AutoscalingGroup(
             self,
             "Group",
@@ -266,23 +306,32 @@ class SpotFleet(Construct):
                     "on_demand_allocation_strategy": "prioritized",
                     "spot_allocation_strategy": "price-capacity-optimized",
                 },
-                "launch_template": {
-                    "launch_template_specification": {
-                        "launch_template_id": self.launch_template.id,
-                        "version": "$Latest",
-                    },
-                    "override": [
-                        asg.AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride(
-                            instance_type=t
-                        )
-                        for t in props.instance_types
-                    ],
-                },
+                "launch_template": launch_template,
             },
-            tag=[
-                asg.AutoscalingGroupTag(key=key, value=value, propagate_at_launch=True)
-                for key, value in sorted(props.tags.items())
-            ],
+            tag=tags,
+            lifecycle=handler_owned,
+        )
+        # Empty until spot capacity cannot be had for the handler's deadline; then it runs
+        # the shortfall on demand, and is emptied again when spot returns.
+        self.on_demand_group = asg.AutoscalingGroup(
+            self,
+            "OnDemandFallbackGroup",
+            name=on_demand_group_name(props.name),
+            min_size=0,
+            desired_capacity=0,
+            max_size=props.max_size,
+            vpc_zone_identifier=props.subnet_ids,
+            health_check_type="EC2",
+            mixed_instances_policy={
+                "instances_distribution": {
+                    "on_demand_base_capacity": 0,
+                    "on_demand_percentage_above_base_capacity": 100,
+                    "on_demand_allocation_strategy": "prioritized",
+                },
+                "launch_template": launch_template,
+            },
+            tag=tags,
+            lifecycle=handler_owned,
         )
 
     def _prefix_list(self, id_: str, service: str) -> str:

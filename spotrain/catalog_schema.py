@@ -65,3 +65,15 @@ def event_key(event_id: str) -> str:
 def pool_key(instance_type: str, availability_zone: str) -> str:
     """A spot capacity pool: instance type x availability zone."""
     return f"{instance_type}#{availability_zone}"
+
+
+# Run state in the events table, under the run's key (`run_key`): what the handler and the
+# fleet's boot service know about a run's machines.
+RUN_STATE_SORT_KEY = "STATE"
+"""`crashes`, `failed`, `short_since` (epoch seconds the run has been short of spot capacity)."""
+INSTANCE_STATUS_INTERRUPTING = "INTERRUPTING"
+INSTANCE_STATUS_REBALANCING = "REBALANCING"
+
+
+def instance_sort_key(instance_id: str) -> str:
+    return f"INSTANCE#{instance_id}"

@@ -36,6 +36,9 @@ def cmd_local(args: argparse.Namespace) -> int:
         )
     elif args.action == "down":
         _say("local cloud stopped" if control.down() else "local cloud was not running")
+    elif args.action == "fault":
+        control.require()
+        _say(_set_fault(args.fault))
     else:
         cloud = control.status()
         if cloud is None:
@@ -43,6 +46,37 @@ def cmd_local(args: argparse.Namespace) -> int:
             return 1
         _say(f"local cloud running at {cloud.endpoint} (pid {cloud.pid})")
     return 0
+
+
+FAULT_USAGE = (
+    "name a fault: region-down REGION, region-up REGION, replication-pending BUCKET/KEY-PATTERN, "
+    "replication-resumed, or clear"
+)
+
+
+def _set_fault(words: list[str]) -> str:
+    current = control.set_faults()
+    match words:
+        case ["region-down", region]:
+            current = control.set_faults(regions_down=[*current.regions_down, region])
+        case ["region-up", region]:
+            current = control.set_faults(
+                regions_down=[r for r in current.regions_down if r != region]
+            )
+        case ["replication-pending", pattern]:
+            current = control.set_faults(
+                replication_pending=[*current.replication_pending, pattern]
+            )
+        case ["replication-resumed"]:
+            current = control.set_faults(replication_pending=[])
+        case ["clear"]:
+            current = control.set_faults(regions_down=[], replication_pending=[])
+        case _:
+            raise SpotrainError(f"`spotrain local fault {' '.join(words)}`: {FAULT_USAGE}")
+    return (
+        f"regions down: {', '.join(current.regions_down) or 'none'}; replication pending for: "
+        f"{', '.join(current.replication_pending) or 'nothing'}"
+    )
 
 
 def _deployment(  # type: ignore[no-untyped-def]
@@ -253,7 +287,16 @@ def parser() -> argparse.ArgumentParser:
     commands = root.add_subparsers(dest="command", required=True)
 
     local = commands.add_parser("local", help="start, stop or inspect the local cloud")
-    local.add_argument("action", choices=["up", "down", "status"], help="what to do")
+    local.add_argument(
+        "action", choices=["up", "down", "status", "fault"], help="what to do (`fault`: see below)"
+    )
+    local.add_argument(
+        "fault",
+        nargs="*",
+        metavar="FAULT",
+        help="with `fault`: region-down REGION | region-up REGION | replication-pending "
+        "BUCKET/KEY-PATTERN | replication-resumed | clear",
+    )
     local.add_argument(
         "--port",
         type=int,

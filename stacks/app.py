@@ -48,6 +48,8 @@ def add_environment(app: App, config: EnvironmentConfig) -> dict[str, object]:
         replica_bucket_arn=storage.checkpoints.replica.arn,
         catalog_table_arn=catalog.checkpoints.arn,
         catalog_table_name=catalog.checkpoints.name,
+        events_table_arn=catalog.events.arn,
+        events_table_name=catalog.events.name,
     )
     budget = BudgetStack(app, config=config)
     interruptions = InterruptionsStack(

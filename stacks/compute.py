@@ -14,6 +14,11 @@ def image_parameter_name(environment: str) -> str:
     return f"/spotrain/{environment}/image-id"
 
 
+def fleet_group_name(config: EnvironmentConfig) -> str:
+    """The spot group's name; the interruption handler is told it without a stack reference."""
+    return f"spotrain-{config.name}-{config.run_name}-fleet"
+
+
 class ComputeStack(EnvironmentStack):
     def __init__(
         self,
@@ -27,9 +32,11 @@ class ComputeStack(EnvironmentStack):
         replica_bucket_arn: str,
         catalog_table_arn: str,
         catalog_table_name: str,
+        events_table_arn: str,
+        events_table_name: str,
     ) -> None:
         super().__init__(scope, "compute", config=config)
-        name = self.resource_name(f"{config.run_name}-fleet")
+        name = fleet_group_name(config)
         self.network = PrivateNetwork(
             self,
             "Network",
@@ -62,6 +69,8 @@ class ComputeStack(EnvironmentStack):
                 replica_bucket_arn=replica_bucket_arn,
                 catalog_table_arn=catalog_table_arn,
                 catalog_table_name=catalog_table_name,
+                events_table_arn=events_table_arn,
+                events_table_name=events_table_name,
                 data_kms_key_arns=(primary_key_arn, replica_key_arn),
                 region=config.primary_region,
                 tags={**config.all_tags, "spotrain:run": config.run_name},
@@ -69,5 +78,6 @@ class ComputeStack(EnvironmentStack):
             ),
         )
         TerraformOutput(self, "fleet_group", value=self.fleet.group.name)
+        TerraformOutput(self, "on_demand_group", value=self.fleet.on_demand_group.name)
         TerraformOutput(self, "launch_template", value=self.fleet.launch_template.id)
         TerraformOutput(self, "vpc", value=self.network.vpc.id)

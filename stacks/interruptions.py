@@ -1,14 +1,33 @@
-"""Interruptions: EventBridge rules for spot warnings and rebalance recommendations -> Lambda."""
+"""Interruptions: EventBridge rules for spot warnings, rebalance recommendations and a capacity
+check -> the handler Lambda, which records, marks, requeues and notifies."""
 
 from __future__ import annotations
 
 from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.interruption_handler.construct import (
+    CapacityGroup,
     InterruptionHandler,
     InterruptionHandlerProps,
 )
+from spotrain.constructs.spot_fleet import on_demand_group_name
 from spotrain.stacks.base import EnvironmentStack
+from spotrain.stacks.compute import fleet_group_name
 from spotrain.stacks.config import EnvironmentConfig
+
+
+def capacity_groups(config: EnvironmentConfig) -> tuple[CapacityGroup, ...]:
+    """The fleet's groups the handler may scale: spot first, on-demand as the fallback. Both
+    run in the primary region, which holds the run's data."""
+    spot = fleet_group_name(config)
+    return (
+        CapacityGroup(name=spot, region=config.primary_region, lifecycle="spot", holds_data=True),
+        CapacityGroup(
+            name=on_demand_group_name(spot),
+            region=config.primary_region,
+            lifecycle="on-demand",
+            holds_data=True,
+        ),
+    )
 
 
 class InterruptionsStack(EnvironmentStack):
@@ -31,9 +50,13 @@ class InterruptionsStack(EnvironmentStack):
                 events_table_name=events_table_name,
                 kms_key_arn=primary_key_arn,
                 account_id=self.account_id,
+                run_name=config.run_name,
+                capacity_groups=capacity_groups(config),
+                alert_emails=config.alert_emails,
                 log_retention_days=config.log_retention_days,
                 emulator_drift_tolerance=config.is_local,
             ),
         )
         TerraformOutput(self, "handler_function", value=self.handler.function.function_name)
         TerraformOutput(self, "dead_letter_queue", value=self.handler.dead_letter_queue.url)
+        TerraformOutput(self, "notice_topic", value=self.handler.topic.arn)

@@ -124,7 +124,12 @@ def queues_topics_and_logs_are_encrypted(stack: Stack) -> list[str]:
 
 
 # Actions AWS does not scope to resources; every other Allow must name its resources.
-UNSCOPED_ACTIONS = {"ec2:DescribeInstances", "xray:PutTraceSegments", "xray:PutTelemetryRecords"}
+UNSCOPED_ACTIONS = {
+    "autoscaling:DescribeAutoScalingGroups",
+    "ec2:DescribeInstances",
+    "xray:PutTraceSegments",
+    "xray:PutTelemetryRecords",
+}
 
 
 def iam_policies_are_scoped(stack: Stack) -> list[str]:

@@ -126,8 +126,10 @@ def test_catalog_key_design(synth_dir: Path) -> None:
 
 # --- compute --------------------------------------------------------------------------------
 def test_fleet_is_spot_with_an_on_demand_coordinator_over_several_types(synth_dir: Path) -> None:
-    group = only(resources(load_stack(synth_dir, "prod-compute"), "aws_autoscaling_group"))
+    groups = resources(load_stack(synth_dir, "prod-compute"), "aws_autoscaling_group")
+    group = next(g for g in groups.values() if g["name"] == "spotrain-prod-gpt-large-fleet")
     assert group["capacity_rebalance"] is True
+    assert group["lifecycle"] == {"ignore_changes": ["desired_capacity"]}
     distribution = group["mixed_instances_policy"]["instances_distribution"]
     assert distribution == {
         "on_demand_allocation_strategy": "prioritized",
@@ -142,6 +144,21 @@ def test_fleet_is_spot_with_an_on_demand_coordinator_over_several_types(synth_di
         "g6e.48xlarge",
     ]
     assert len(group["vpc_zone_identifier"]) == 4
+
+
+def test_on_demand_fallback_group_starts_empty_with_the_same_template(synth_dir: Path) -> None:
+    groups = resources(load_stack(synth_dir, "prod-compute"), "aws_autoscaling_group")
+    spot = next(g for g in groups.values() if g["name"] == "spotrain-prod-gpt-large-fleet")
+    fallback = next(g for g in groups.values() if g["name"].endswith("-fleet-on-demand"))
+    assert (fallback["min_size"], fallback["desired_capacity"]) == (0, 0)
+    assert fallback["max_size"] == spot["max_size"]
+    distribution = fallback["mixed_instances_policy"]["instances_distribution"]
+    assert distribution["on_demand_percentage_above_base_capacity"] == 100
+    assert (
+        fallback["mixed_instances_policy"]["launch_template"]
+        == spot["mixed_instances_policy"]["launch_template"]
+    )
+    assert fallback["lifecycle"] == {"ignore_changes": ["desired_capacity"]}
 
 
 def test_launch_template_image_comes_from_the_image_parameter(synth_dir: Path) -> None:
@@ -212,13 +229,16 @@ def test_state_backend_is_s3_with_native_locking(synth_dir: Path) -> None:
 # --- interruptions --------------------------------------------------------------------------
 def test_rules_match_the_two_ec2_events_and_retry_into_a_dead_letter_queue(synth_dir: Path) -> None:
     stack = load_stack(synth_dir, "dev-interruptions")
+    rules = resources(stack, "aws_cloudwatch_event_rule").values()
     patterns = sorted(
-        json.loads(r["event_pattern"])["detail-type"][0]
-        for r in resources(stack, "aws_cloudwatch_event_rule").values()
+        json.loads(r["event_pattern"])["detail-type"][0] for r in rules if "event_pattern" in r
     )
     assert patterns == [
         "EC2 Instance Rebalance Recommendation",
         "EC2 Spot Instance Interruption Warning",
+    ]
+    assert [r["schedule_expression"] for r in rules if "schedule_expression" in r] == [
+        "rate(5 minutes)"
     ]
     for target in resources(stack, "aws_cloudwatch_event_target").values():
         assert target["retry_policy"]["maximum_retry_attempts"] == 8
@@ -227,6 +247,32 @@ def test_rules_match_the_two_ec2_events_and_retry_into_a_dead_letter_queue(synth
     assert function["dead_letter_config"]["target_arn"].startswith("${aws_sqs_queue.")
     assert function["tracing_config"] == {"mode": "Active"}
     assert "lifecycle" not in function
+
+
+def test_handler_is_told_the_run_its_groups_topic_and_queue(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-interruptions")
+    variables = only(resources(stack, "aws_lambda_function"))["environment"]["variables"]
+    assert variables["RUN_NAME"] == "gpt-small"
+    groups = json.loads(variables["CAPACITY_GROUPS"])
+    assert [(g["name"], g["lifecycle"], g["region"]) for g in groups] == [
+        ("spotrain-dev-gpt-small-fleet", "spot", "us-east-1"),
+        ("spotrain-dev-gpt-small-fleet-on-demand", "on-demand", "us-east-1"),
+    ]
+    assert variables["ALERT_TOPIC_ARN"].startswith("${aws_sns_topic.")
+    assert variables["DEAD_LETTER_QUEUE_URL"].startswith("${aws_sqs_queue.")
+    statements = {
+        s["sid"]: s
+        for d in data_sources(stack, "aws_iam_policy_document").values()
+        for s in d["statement"]
+    }
+    assert statements["ScaleTheRunsGroups"]["resources"] == [
+        "arn:aws:autoscaling:us-east-1:${data.aws_caller_identity.Caller.account_id}"
+        f":autoScalingGroup:*:autoScalingGroupName/{g['name']}"
+        for g in groups
+    ]
+    tag_condition = statements["TagTheRunsInstances"]["condition"][0]
+    assert tag_condition["variable"] == "aws:ResourceTag/spotrain:run"
+    assert tag_condition["values"] == ["gpt-small"]
 
 
 # --- props validation -----------------------------------------------------------------------
@@ -289,7 +335,8 @@ def test_fleet_props_check_sizes_and_types() -> None:
         vpc_id="v", image_parameter_name="/p", min_size=1, desired_size=2, max_size=4,
         on_demand_base_capacity=1, checkpoint_bucket_arn="a", replica_bucket_arn="b",
         checkpoint_bucket_name="n", catalog_table_arn="t", catalog_table_name="tn",
-        data_kms_key_arns=("k",), region="us-east-1", tags={},
+        data_kms_key_arns=("k",), region="us-east-1", tags={}, events_table_arn="e",
+        events_table_name="en",
     )  # fmt: skip
     SpotFleetProps(**base)  # type: ignore[arg-type]
     with pytest.raises(ConfigError) as caught:

@@ -1,13 +1,17 @@
-"""The interruption handler records each event once, and rejects what it does not handle.
+"""The interruption handler records each event once, marks, tags, requeues and notifies, and
+sends what it cannot handle to the dead-letter queue without raising.
 
-Unit tests use in-process moto; the last test talks to the local cloud over HTTP.
+Unit tests use in-process moto; the last tests talk to the local cloud over HTTP.
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import random
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +20,7 @@ import pytest
 from moto import mock_aws
 
 from spotrain import catalog_schema as schema
+from spotrain import fleet_state
 from spotrain.constructs.interruption_handler import handler
 
 FIXTURES = Path(__file__).parent / "fixtures" / "events"
@@ -57,7 +62,7 @@ def create_events_table(dynamodb: Any) -> Any:
     )
 
 
-def launch_instance(ec2: Any) -> str:
+def launch_instance(ec2: Any, tags: dict[str, str] | None = None) -> str:
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     reservation = ec2.run_instances(
         ImageId=image,
@@ -65,51 +70,243 @@ def launch_instance(ec2: Any) -> str:
         MaxCount=1,
         InstanceType="g5.xlarge",
         Placement={"AvailabilityZone": "us-east-1b"},
-    )
+        TagSpecifications=[
+            {"ResourceType": "instance",
+             "Tags": [{"Key": k, "Value": v} for k, v in (tags or {}).items()]}
+        ] if tags else [],
+    )  # fmt: skip
     return str(reservation["Instances"][0]["InstanceId"])
 
 
+RUN = "gpt-small"
+HOT_POOL = "g5.xlarge#us-east-1b"
+
+
+@dataclass
+class Cloud:
+    table: Any
+    queue_url: str
+    notices_url: str
+
+    def dead_letters(self) -> list[dict[str, Any]]:
+        return _drain(self.queue_url)
+
+    def notices(self) -> list[dict[str, Any]]:
+        return [json.loads(json.loads(m["Body"])["Message"]) for m in _drain(self.notices_url)]
+
+
+def _drain(url: str) -> list[dict[str, Any]]:
+    sqs, messages = boto3.client("sqs"), []
+    while batch := sqs.receive_message(
+        QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
+    ).get("Messages", []):
+        messages += batch
+        for message in batch:
+            sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
+    return messages
+
+
+def create_group(name: str, region: str, zone: str, desired: int) -> None:
+    ec2 = boto3.client("ec2", region_name=region)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    template = ec2.create_launch_template(
+        LaunchTemplateName=name, LaunchTemplateData={"ImageId": image}
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    boto3.client("autoscaling", region_name=region).create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=0, MaxSize=4, DesiredCapacity=desired,
+        AvailabilityZones=[zone],
+        MixedInstancesPolicy={
+            "LaunchTemplate": {
+                "LaunchTemplateSpecification": {"LaunchTemplateId": template},
+                "Overrides": [{"InstanceType": "g5.xlarge"}, {"InstanceType": "g6.xlarge"}],
+            }
+        },
+    )  # fmt: skip
+
+
+def desired(name: str, region: str) -> int:
+    groups = boto3.client("autoscaling", region_name=region).describe_auto_scaling_groups(
+        AutoScalingGroupNames=[name]
+    )["AutoScalingGroups"]
+    return int(groups[0]["DesiredCapacity"])
+
+
 @pytest.fixture
-def cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+def cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
     monkeypatch.setenv("AWS_DEFAULT_REGION", REGION)
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("EVENTS_TABLE", TABLE)
     with mock_aws():
-        table = create_events_table(boto3.resource("dynamodb"))
-        yield table
+        yield _handler_environment(boto3.resource("dynamodb"), monkeypatch)
 
 
-def for_instance(name: str, instance_id: str) -> dict[str, Any]:
+def _handler_environment(dynamodb: Any, monkeypatch: pytest.MonkeyPatch) -> Cloud:
+    """The events table, dead-letter queue and notice topic (read through a queue), and the
+    handler's environment variables as the stack sets them."""
+    table = create_events_table(dynamodb)
+    sqs, sns = boto3.client("sqs"), boto3.client("sns")
+    queue_url = sqs.create_queue(QueueName=f"dlq-{random.getrandbits(32)}")["QueueUrl"]
+    notices_url = sqs.create_queue(QueueName=f"notices-{random.getrandbits(32)}")["QueueUrl"]
+    topic = sns.create_topic(Name=f"notices-{random.getrandbits(32)}")["TopicArn"]
+    notices_arn = sqs.get_queue_attributes(QueueUrl=notices_url, AttributeNames=["QueueArn"])[
+        "Attributes"
+    ]["QueueArn"]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=notices_arn)
+    for key, value in {
+        "EVENTS_TABLE": TABLE, "RUN_NAME": RUN, "ALERT_TOPIC_ARN": topic,
+        "DEAD_LETTER_QUEUE_URL": queue_url, "HOT_POOL_THRESHOLD": "2",
+        "ON_DEMAND_DEADLINE_MINUTES": "10",
+        "CAPACITY_GROUPS": json.dumps([
+            {"name": "east-spot", "region": "us-east-1", "lifecycle": "spot", "holds_data": True},
+            {"name": "west-spot", "region": "us-west-2", "lifecycle": "spot", "holds_data": False},
+            {"name": "east-on-demand", "region": "us-east-1", "lifecycle": "on-demand",
+             "holds_data": True},
+        ]),
+    }.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    return Cloud(table, queue_url, notices_url)
+
+
+def for_instance(name: str, instance_id: str, **changes: str) -> dict[str, Any]:
     e = event(name)
     e["detail"]["instance-id"] = instance_id
+    e.update(changes)
     return e
 
 
-def test_records_a_spot_warning_with_its_pool(cloud: Any) -> None:
-    instance = launch_instance(boto3.client("ec2"))
+def run_instance(group: str = "east-spot") -> str:
+    return launch_instance(
+        boto3.client("ec2"), {"spotrain:run": RUN, "aws:autoscaling:groupName": group}
+    )
+
+
+def test_records_a_spot_warning_with_its_pool_and_marks_tags_and_notifies(cloud: Cloud) -> None:
+    instance = run_instance()
     result = handler.handle(for_instance("spot-interruption-warning", instance))
-    assert result == {"recorded": True, "event_id": "12345678-1234-1234-1234-123456789012"}
-    item = cloud.get_item(Key={"pk": "EVENT#12345678-1234-1234-1234-123456789012", "sk": "EVENT"})[
-        "Item"
-    ]
-    assert item["kind"] == "interruption-warning"
-    assert item["instance_id"] == instance
-    assert item["pool"] == "g5.xlarge#us-east-1b"
-    assert item["occurred_at"] == "2026-11-21T12:00:00Z"
+    assert result["recorded"] is True
+    assert (result["run"], result["pool"]) == (RUN, HOT_POOL)
+    item = cloud.table.get_item(
+        Key={"pk": "EVENT#12345678-1234-1234-1234-123456789012", "sk": "EVENT"}
+    )["Item"]
+    assert (item["kind"], item["instance_id"], item["pool"], item["occurred_at"]) == (
+        "interruption-warning", instance, HOT_POOL, "2026-11-21T12:00:00Z",
+    )  # fmt: skip
+    assert fleet_state.instance_status(cloud.table, RUN, instance) == "INTERRUPTING"
+    tags = boto3.client("ec2").describe_tags(
+        Filters=[{"Name": "resource-id", "Values": [instance]}]
+    )["Tags"]
+    assert {t["Key"]: t["Value"] for t in tags}["spotrain:interruption"] == (
+        "interruption-warning@2026-11-21T12:00:00Z"
+    )
+    [notice] = cloud.notices()
+    assert (notice["instance_id"], notice["decision"]) == (instance, "replace-in-place")
+    assert cloud.dead_letters() == []
 
 
-def test_records_a_rebalance_recommendation(cloud: Any) -> None:
-    handler.handle(event("rebalance-recommendation"))
-    items = cloud.scan()["Items"]
-    assert [(i["kind"], i["pool"]) for i in items] == [("rebalance-recommendation", "unknown")]
+def test_a_rebalance_recommendation_marks_but_never_requeues(cloud: Cloud) -> None:
+    create_group("east-spot", "us-east-1", "us-east-1b", 2)
+    instance = run_instance()
+    result = handler.handle(for_instance("rebalance-recommendation", instance))
+    assert (result["decision"], result["desired"]) == ("none", {})
+    assert fleet_state.instance_status(cloud.table, RUN, instance) == "REBALANCING"
+    handler.handle(for_instance("spot-interruption-warning", instance))
+    assert fleet_state.instance_status(cloud.table, RUN, instance) == "INTERRUPTING"
+    # a late rebalance notice never downgrades an interruption
+    handler.handle(for_instance("rebalance-recommendation", instance, id="late-rebalance"))
+    assert fleet_state.instance_status(cloud.table, RUN, instance) == "INTERRUPTING"
 
 
-def test_redelivered_event_is_recorded_once(cloud: Any) -> None:
-    first = handler.handle(event("spot-interruption-warning"))
-    second = handler.handle(event("spot-interruption-warning"))
+def test_redelivered_event_is_recorded_and_acted_on_once(cloud: Cloud) -> None:
+    instance = run_instance()
+    first = handler.handle(for_instance("spot-interruption-warning", instance))
+    second = handler.handle(for_instance("spot-interruption-warning", instance))
     assert (first["recorded"], second["recorded"]) == (True, False)
-    assert cloud.scan()["Count"] == 1
+    assert cloud.table.scan(FilterExpression="sk = :e",
+                            ExpressionAttributeValues={":e": "EVENT"})["Count"] == 1  # fmt: skip
+    assert len(cloud.notices()) == 1
+
+
+def test_a_hot_pool_shifts_capacity_to_the_other_region(cloud: Cloud) -> None:
+    create_group("east-spot", "us-east-1", "us-east-1b", 2)
+    create_group("west-spot", "us-west-2", "us-west-2a", 0)
+    create_group("east-on-demand", "us-east-1", "us-east-1b", 0)
+    first, second = run_instance(), run_instance()
+    quiet = handler.handle(for_instance("spot-interruption-warning", first, id="w-1"))
+    assert quiet["decision"] == "replace-in-place"
+    hot = handler.handle(for_instance("spot-interruption-warning", second, id="w-2",
+                                      time="2026-11-21T12:10:00Z"))  # fmt: skip
+    assert hot["decision"] == "shift", hot["reason"]
+    assert (desired("east-spot", "us-east-1"), desired("west-spot", "us-west-2")) == (1, 1)
+    assert desired("east-on-demand", "us-east-1") == 0
+
+
+def test_interruptions_outside_the_window_do_not_make_a_pool_hot(cloud: Cloud) -> None:
+    create_group("east-spot", "us-east-1", "us-east-1b", 2)
+    create_group("west-spot", "us-west-2", "us-west-2a", 0)
+    instance = run_instance()
+    handler.handle(for_instance("spot-interruption-warning", instance, id="old",
+                                time="2026-11-21T09:00:00Z"))  # fmt: skip
+    later = handler.handle(for_instance("spot-interruption-warning", instance, id="new"))
+    assert later["decision"] == "replace-in-place"
+    assert desired("west-spot", "us-west-2") == 0
+
+
+def test_a_run_that_crashed_too_often_is_held(cloud: Cloud) -> None:
+    create_group("east-spot", "us-east-1", "us-east-1b", 2)
+    create_group("west-spot", "us-west-2", "us-west-2a", 0)
+    crashing = run_instance()
+    verdicts = [
+        fleet_state.record_exit(cloud.table, RUN, crashing, 1, max_crashes=3) for _ in range(3)
+    ]
+    assert [(v.kind, v.crashes, v.failed) for v in verdicts] == [
+        ("crash", 1, False), ("crash", 2, False), ("crash", 3, True),
+    ]  # fmt: skip
+    for n in range(2):
+        result = handler.handle(for_instance("spot-interruption-warning", run_instance(),
+                                             id=f"w-{n}"))  # fmt: skip
+    assert result["decision"] == "hold"
+    assert desired("west-spot", "us-west-2") == 0
+
+
+def test_an_exit_of_an_interrupted_machine_is_a_preemption_not_a_crash(cloud: Cloud) -> None:
+    instance = run_instance()
+    handler.handle(for_instance("spot-interruption-warning", instance))
+    verdict = fleet_state.record_exit(cloud.table, RUN, instance, 143, max_crashes=1)
+    assert (verdict.kind, verdict.crashes, verdict.failed) == ("preempted", 0, False)
+    finished = fleet_state.record_exit(cloud.table, RUN, run_instance(), 0, max_crashes=1)
+    assert finished.kind == "finished"
+    assert fleet_state.run_state(cloud.table, RUN).failed is False
+
+
+def test_capacity_check_falls_back_to_on_demand_after_the_deadline(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    create_group("east-spot", "us-east-1", "us-east-1b", 2)
+    create_group("east-on-demand", "us-east-1", "us-east-1b", 0)
+    boto3.client("autoscaling").update_auto_scaling_group(
+        AutoScalingGroupName="east-spot", DesiredCapacity=3
+    )
+    # moto fills desired capacity at once: play a group that spot cannot fill
+    monkeypatch.setattr(handler.requeue, "reconcile", _with_spot_missing(handler.requeue.reconcile))
+    clock = iter([1000.0, 1700.0])
+    monkeypatch.setattr(handler, "_now", lambda: next(clock))
+    check = event("scheduled-capacity-check")
+    assert handler.handle(check)["decision"] == "wait-for-spot"
+    assert fleet_state.run_state(cloud.table, RUN).short_since == 1000.0
+    assert handler.handle(check)["decision"] == "on-demand"
+    assert desired("east-on-demand", "us-east-1") == 1
+
+
+def _with_spot_missing(reconcile: Any) -> Any:
+    def short_by_one(*, groups: Any, **kwargs: Any) -> Any:
+        played = [
+            handler.requeue.Group(**{**g.__dict__, "in_service": g.desired - 1})
+            if g.lifecycle == "spot" else g
+            for g in groups
+        ]  # fmt: skip
+        return reconcile(groups=played, **kwargs)
+
+    return short_by_one
 
 
 @pytest.mark.parametrize(
@@ -119,43 +316,102 @@ def test_redelivered_event_is_recorded_once(cloud: Any) -> None:
             lambda e: e.update({"detail-type": "EC2 Instance State-change Notification"}),
             "not handled",
         ),
+        (lambda e: e.update({"source": "my.app"}), "not handled"),
         (lambda e: e.pop("id"), "lacks event_id"),
         (lambda e: e.update({"detail": "not-a-dict"}), "lacks instance_id"),
         (lambda e: e["detail"].pop("instance-id"), "lacks instance_id"),
-        (lambda e: e.update({"time": "yesterday"}), "Invalid isoformat"),
+        (lambda e: e.update({"time": "yesterday"}), "not ISO 8601"),
     ],
 )
-def test_malformed_events_are_rejected_and_not_recorded(
-    cloud: Any, breakage: Any, message: str
+def test_malformed_events_go_to_the_dead_letter_queue_and_are_not_recorded(
+    cloud: Cloud, breakage: Any, message: str
 ) -> None:
     bad = copy.deepcopy(event("spot-interruption-warning"))
     breakage(bad)
-    with pytest.raises(handler.UnhandledEvent, match=message):
-        handler.handle(bad)
-    assert cloud.scan()["Count"] == 0
+    result = handler.handle(bad)
+    assert message in result["rejected"]
+    [dead] = cloud.dead_letters()
+    assert json.loads(dead["Body"]) == bad
+    assert message in dead["MessageAttributes"]["reason"]["StringValue"]
+    assert cloud.table.scan()["Count"] == 0
 
 
-def test_records_through_the_local_cloud_over_http(
-    local_cloud: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_an_event_that_is_not_an_object_is_rejected(cloud: Cloud) -> None:
+    assert "JSON object" in handler.handle(["not", "an", "event"])["rejected"]
+    assert len(cloud.dead_letters()) == 1
+
+
+def test_a_failure_half_way_goes_to_the_dead_letter_queue(cloud: Cloud) -> None:
+    cloud.table.delete()  # DynamoDB answers ResourceNotFound
+    result = handler.handle(event("spot-interruption-warning"))
+    assert "ResourceNotFoundException" in result["rejected"]
+    assert len(cloud.dead_letters()) == 1
+
+
+def burst(count: int, distinct: int, seed: int) -> list[dict[str, Any]]:
+    """`count` events, `distinct` of them different, the rest redeliveries, shuffled."""
+    rng = random.Random(seed)
+    originals = [
+        for_instance(
+            "spot-interruption-warning" if n % 3 else "rebalance-recommendation",
+            f"i-{n:017x}", id=f"burst-{seed}-{n}",
+        )
+        for n in range(distinct)
+    ]  # fmt: skip
+    events = originals + [rng.choice(originals) for _ in range(count - distinct)]
+    rng.shuffle(events)
+    return events
+
+
+def test_a_burst_with_duplicates_is_recorded_exactly(cloud: Cloud) -> None:
+    # 1,000 events run over HTTP below; in-process moto answers the pool queries by scanning.
+    events = burst(200, 130, seed=7)
+    results = [handler.handle(e) for e in events]
+    assert sum(r["recorded"] for r in results) == 130
+    assert cloud.table.scan(FilterExpression="sk = :e",
+                            ExpressionAttributeValues={":e": "EVENT"})["Count"] == 130  # fmt: skip
+    assert cloud.dead_letters() == []
+
+
+# --- through the local cloud, over HTTP ----------------------------------------------------
+@pytest.fixture
+def http_cloud(local_cloud: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
     from spotrain.localcloud import control
 
     for key, value in control.aws_environment(local_cloud.endpoint, REGION).items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setenv("EVENTS_TABLE", TABLE)
-    dynamodb = boto3.resource("dynamodb", endpoint_url=local_cloud.endpoint, region_name=REGION)
-    table = create_events_table(dynamodb)
+    monkeypatch.setattr(handler.boto3, "DEFAULT_SESSION", None)
+    cloud = _handler_environment(boto3.resource("dynamodb"), monkeypatch)
     try:
-        instance = launch_instance(control.client("ec2", local_cloud.endpoint, REGION))
-        warning = for_instance("spot-interruption-warning", instance)
-        assert handler.handle(warning)["recorded"] is True
-        assert handler.handle(warning)["recorded"] is False
-        by_pool = table.query(
-            IndexName=schema.POOL_INDEX,
-            KeyConditionExpression="#p = :pool",
-            ExpressionAttributeNames={"#p": schema.POOL_KEY},
-            ExpressionAttributeValues={":pool": "g5.xlarge#us-east-1b"},
-        )["Items"]
-        assert [i["instance_id"] for i in by_pool] == [instance]
+        yield cloud
     finally:
-        table.delete()
+        cloud.table.delete()
+
+
+@pytest.mark.integration
+def test_records_through_the_local_cloud_over_http(http_cloud: Cloud) -> None:
+    instance = run_instance()
+    warning = for_instance("spot-interruption-warning", instance)
+    assert handler.handle(warning)["recorded"] is True
+    assert handler.handle(warning)["recorded"] is False
+    by_pool = http_cloud.table.query(
+        IndexName=schema.POOL_INDEX,
+        KeyConditionExpression="#p = :pool",
+        ExpressionAttributeNames={"#p": schema.POOL_KEY},
+        ExpressionAttributeValues={":pool": HOT_POOL},
+    )["Items"]
+    assert [i["instance_id"] for i in by_pool] == [instance]
+    assert fleet_state.instance_status(http_cloud.table, RUN, instance) == "INTERRUPTING"
+    assert len(http_cloud.notices()) == 1
+
+
+@pytest.mark.integration
+def test_a_concurrent_burst_over_http_is_recorded_exactly(http_cloud: Cloud) -> None:
+    events = burst(1000, 700, seed=11)
+    with ThreadPoolExecutor(max_workers=8) as pool:  # concurrent Lambda invocations
+        results = list(pool.map(handler.handle, events))
+    assert [r for r in results if "rejected" in r] == []
+    assert sum(r["recorded"] for r in results) == 700
+    assert http_cloud.table.scan(FilterExpression="sk = :e",
+                                 ExpressionAttributeValues={":e": "EVENT"},
+                                 Select="COUNT")["Count"] == 700  # fmt: skip

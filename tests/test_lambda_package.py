@@ -23,8 +23,10 @@ def test_zip_entries_are_sorted_with_fixed_times_and_permissions() -> None:
     assert names == sorted(names)
     assert names == [
         "interruption_handler.py",
+        "requeue.py",
         "spotrain/__init__.py",
         "spotrain/catalog_schema.py",
+        "spotrain/fleet_state.py",
     ]
     for info in archive.infolist():
         assert info.date_time == (1980, 1, 1, 0, 0, 0)
@@ -39,15 +41,18 @@ def test_zip_imports_and_exposes_the_handler(tmp_path: Path) -> None:
     # Only the unpacked zip on the path first, as in the Lambda runtime.
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
-        "import interruption_handler as h, spotrain.catalog_schema as s; "
-        "print(callable(h.handle)); print(s.__file__)"
+        "import interruption_handler as h, spotrain.catalog_schema as s, "
+        "spotrain.fleet_state as f; "
+        "print(callable(h.handle)); print(s.__file__); print(f.__file__); "
+        "print(h.requeue.__file__)"
     )
     check = subprocess.run(
         [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True
     )
-    handler_is_callable, schema_file = check.stdout.split()
+    handler_is_callable, *module_files = check.stdout.split()
     assert handler_is_callable == "True"
-    assert Path(schema_file).is_relative_to(tmp_path)
+    for module_file in module_files:
+        assert Path(module_file).is_relative_to(tmp_path), module_file
 
 
 def test_source_code_hash_matches_the_deployed_asset(synth_dir: Path) -> None:

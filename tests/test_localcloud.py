@@ -193,6 +193,46 @@ def test_disabled_rule_replicates_nothing(replicated_pair: Any) -> None:
         s3_replica.head_object(Bucket=target, Key="runs/demo/late")
 
 
+# --- faults ---------------------------------------------------------------------------------
+@pytest.fixture
+def faults_cleared(local_cloud: control.RunningCloud) -> Any:
+    yield
+    control.set_faults(regions_down=[], replication_pending=[])
+
+
+def test_held_replication_leaves_the_replica_missing_until_resumed(
+    replicated_pair: Any, faults_cleared: None
+) -> None:
+    s3_primary, s3_replica, source, target, _ = replicated_pair
+    control.set_faults(replication_pending=[f"{source}/runs/demo/step_000000030/*"])
+    s3_primary.put_object(Bucket=source, Key="runs/demo/step_000000030/shard-0", Body=b"late")
+    s3_primary.put_object(Bucket=source, Key="runs/demo/step_000000020/shard-0", Body=b"on time")
+    with pytest.raises(ClientError):
+        s3_replica.head_object(Bucket=target, Key="runs/demo/step_000000030/shard-0")
+    held = s3_primary.head_object(Bucket=source, Key="runs/demo/step_000000030/shard-0")
+    assert held["ReplicationStatus"] == "PENDING"
+    assert (
+        s3_replica.get_object(Bucket=target, Key="runs/demo/step_000000020/shard-0")["Body"].read()
+        == b"on time"
+    )
+    control.set_faults(replication_pending=[])
+    s3_primary.put_object(Bucket=source, Key="runs/demo/step_000000030/shard-1", Body=b"now")
+    assert s3_replica.head_object(Bucket=target, Key="runs/demo/step_000000030/shard-1")
+
+
+def test_a_region_that_is_down_answers_503_and_the_others_serve(
+    local_cloud: control.RunningCloud, faults_cleared: None
+) -> None:
+    control.set_faults(regions_down=["us-east-1"])
+    primary = client(local_cloud, "dynamodb", "us-east-1")
+    with pytest.raises(ClientError) as refused:
+        primary.list_tables()
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 503
+    assert "TableNames" in client(local_cloud, "dynamodb", "us-west-2").list_tables()
+    control.set_faults(regions_down=[])
+    assert "TableNames" in primary.list_tables()
+
+
 # --- lifecycle ------------------------------------------------------------------------------
 def test_status_reports_the_running_cloud(local_cloud: control.RunningCloud) -> None:
     assert control.status() == local_cloud

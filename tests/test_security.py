@@ -65,7 +65,7 @@ def _plain_log_group(s: dict[str, Any]) -> None:
 def _wildcard_policy(s: dict[str, Any]) -> None:
     for document in s["data"]["aws_iam_policy_document"].values():
         for statement in document["statement"]:
-            if statement.get("sid") == "RecordEvents":
+            if statement.get("sid") == "RecordEventsAndFleetState":
                 statement["resources"] = ["*"]
 
 

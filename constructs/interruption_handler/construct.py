@@ -1,6 +1,7 @@
-"""EventBridge rules for spot interruption warnings and rebalance recommendations, feeding the
-handler Lambda, with a dead-letter queue, retries, an encrypted log group and a role that may
-only write the events table.
+"""EventBridge rules for spot interruption warnings, rebalance recommendations and a scheduled
+capacity check, feeding the handler Lambda, with a dead-letter queue, retries, an encrypted
+log group and notice topic, and a role that may only touch the events table, the run's
+instances and Auto Scaling groups, the topic and the queue.
 
 The Lambda zip is built here in Python at synth time, byte-for-byte reproducible (fixed
 timestamps and permissions, sorted entries), so `source_code_hash` changes only when the code
@@ -15,12 +16,14 @@ import io
 import json
 import tempfile
 import zipfile
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import spotrain.catalog_schema
+import spotrain.fleet_state
 from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
 from spotrain.constructs.interruption_handler import handler as handler_module
+from spotrain.constructs.interruption_handler import requeue
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
 from spotrain.errors import raise_if_problems
 
@@ -32,11 +35,14 @@ _ZIP_TIMESTAMP = (1980, 1, 1, 0, 0, 0)
 
 
 def build_handler_zip() -> bytes:
-    """The deployment package: the handler and the catalog schema it imports."""
+    """The deployment package: the handler, its requeue rules, and the spotrain modules it
+    imports (standard library and boto3 only)."""
     files = {
         "interruption_handler.py": Path(handler_module.__file__).read_bytes(),
+        "requeue.py": Path(requeue.__file__).read_bytes(),
         "spotrain/__init__.py": b"",
         "spotrain/catalog_schema.py": Path(spotrain.catalog_schema.__file__).read_bytes(),
+        "spotrain/fleet_state.py": Path(spotrain.fleet_state.__file__).read_bytes(),
     }
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
@@ -46,6 +52,18 @@ def build_handler_zip() -> bytes:
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, files[name], compresslevel=9)
     return buffer.getvalue()
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityGroup:
+    """An Auto Scaling group the handler may move the run's capacity to."""
+
+    name: str
+    region: str
+    lifecycle: str
+    """`spot` or `on-demand` (the fallback after the deadline)."""
+    holds_data: bool
+    """In the region the run writes its checkpoints to (preferred: no egress)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -60,10 +78,24 @@ class InterruptionHandlerProps:
     """Key for the log group, queue and function environment."""
     account_id: str
     """Account of the role's trust guard."""
+    run_name: str
+    """The run the environment's fleet trains (instance tag `spotrain:run`)."""
+    capacity_groups: tuple[CapacityGroup, ...]
+    """Groups the handler may scale: at least one spot group; an on-demand one for fallback."""
+    alert_emails: tuple[str, ...]
+    """Who hears of interruptions and capacity moves (notice topic subscriptions)."""
     log_retention_days: int
     """Retention of the function's log group."""
     event_retention_days: int = 90
     """Days an event record is kept (table TTL)."""
+    hot_pool_threshold: int = 2
+    """Interruptions in the window that make a pool hot (its capacity moves elsewhere)."""
+    rate_window_minutes: int = 60
+    """Window over which a pool's interruptions are counted."""
+    on_demand_deadline_minutes: int = 10
+    """How long the run may lack spot capacity before the on-demand group covers it."""
+    capacity_check_minutes: int = 5
+    """How often the scheduled capacity check runs."""
     emulator_drift_tolerance: bool = False
     """Local cloud only: ignore dead-letter config drift the emulator reports on every read."""
 
@@ -73,6 +105,20 @@ class InterruptionHandlerProps:
             problems.append(f"name {self.name!r} is over 50 characters: Lambda names are limited")
         if self.event_retention_days < 1:
             problems.append("event_retention_days must be 1 or more")
+        lifecycles = [g.lifecycle for g in self.capacity_groups]
+        if requeue.SPOT not in lifecycles:
+            problems.append("capacity_groups needs at least one spot group")
+        for group in self.capacity_groups:
+            if group.lifecycle not in (requeue.SPOT, requeue.ON_DEMAND):
+                problems.append(
+                    f"capacity group {group.name!r} has lifecycle {group.lifecycle!r}: "
+                    f"use {requeue.SPOT!r} or {requeue.ON_DEMAND!r}"
+                )
+        for field_name in ("hot_pool_threshold", "rate_window_minutes", "capacity_check_minutes"):
+            if getattr(self, field_name) < 1:
+                problems.append(f"{field_name} must be 1 or more")
+        if self.on_demand_deadline_minutes < 0:
+            problems.append("on_demand_deadline_minutes must be 0 or more")
         raise_if_problems("InterruptionHandlerProps", problems)
 
 
@@ -93,6 +139,38 @@ class InterruptionHandler(Construct):
             retention_in_days=props.log_retention_days,
             kms_key_id=props.kms_key_arn,
         )
+        self.topic = aws.sns_topic.SnsTopic(
+            self, "NoticeTopic", name=f"{props.name}-notices", kms_master_key_id=props.kms_key_arn
+        )
+        aws.sns_topic_policy.SnsTopicPolicy(
+            self,
+            "NoticeTopicPolicy",
+            arn=self.topic.arn,
+            policy=policy_document(
+                self,
+                "NoticeTopicPolicyDocument",
+                [
+                    statement(
+                        "DenyInsecureTransport",
+                        effect="Deny",
+                        actions=["sns:Publish"],
+                        resources=[self.topic.arn],
+                        principals={"AWS": ["*"]},
+                        conditions=[("Bool", "aws:SecureTransport", ["false"])],
+                    )
+                ],
+            ),
+        )
+        for index, email in enumerate(props.alert_emails):
+            aws.sns_topic_subscription.SnsTopicSubscription(
+                self, f"NoticeSubscription{index}", topic_arn=self.topic.arn, protocol="email",
+                endpoint=email,
+            )  # fmt: skip
+        group_arns = [
+            f"arn:aws:autoscaling:{g.region}:{props.account_id}:autoScalingGroup:*:"
+            f"autoScalingGroupName/{g.name}"
+            for g in props.capacity_groups
+        ]
         role = aws.iam_role.IamRole(
             self,
             "Role",
@@ -116,10 +194,29 @@ class InterruptionHandler(Construct):
                         resources=[f"{log_group.arn}:*"],
                     ),
                     statement(
-                        "RecordEvents",
-                        actions=["dynamodb:PutItem"],
-                        resources=[props.events_table_arn],
+                        "RecordEventsAndFleetState",
+                        actions=[
+                            "dynamodb:PutItem",
+                            "dynamodb:GetItem",
+                            "dynamodb:UpdateItem",
+                            "dynamodb:Query",
+                        ],
+                        resources=[props.events_table_arn, f"{props.events_table_arn}/index/*"],
                     ),
+                    statement(
+                        "TagTheRunsInstances",
+                        actions=["ec2:CreateTags"],
+                        resources=[f"arn:aws:ec2:*:{props.account_id}:instance/*"],
+                        conditions=[
+                            ("StringEquals", "aws:ResourceTag/spotrain:run", [props.run_name])
+                        ],
+                    ),
+                    statement(
+                        "ScaleTheRunsGroups",
+                        actions=["autoscaling:SetDesiredCapacity"],
+                        resources=group_arns,
+                    ),
+                    statement("Notify", actions=["sns:Publish"], resources=[self.topic.arn]),
                     statement(
                         "DeadLetter",
                         actions=["sqs:SendMessage"],
@@ -132,7 +229,12 @@ class InterruptionHandler(Construct):
                     ),
                     # Describe and X-Ray calls do not support resource-level permissions.
                     statement(
-                        "LookUpInstancePool", actions=["ec2:DescribeInstances"], resources=["*"]
+                        "LookUpInstancesAndGroups",
+                        actions=[
+                            "ec2:DescribeInstances",
+                            "autoscaling:DescribeAutoScalingGroups",
+                        ],
+                        resources=["*"],
                     ),
                     statement(
                         "Trace",
@@ -166,6 +268,15 @@ class InterruptionHandler(Construct):
                 "variables": {
                     "EVENTS_TABLE": props.events_table_name,
                     "EVENT_RETENTION_DAYS": str(props.event_retention_days),
+                    "RUN_NAME": props.run_name,
+                    "CAPACITY_GROUPS": json.dumps(
+                        [asdict(g) for g in props.capacity_groups], sort_keys=True
+                    ),
+                    "ALERT_TOPIC_ARN": self.topic.arn,
+                    "DEAD_LETTER_QUEUE_URL": self.dead_letter_queue.url,
+                    "HOT_POOL_THRESHOLD": str(props.hot_pool_threshold),
+                    "RATE_WINDOW_MINUTES": str(props.rate_window_minutes),
+                    "ON_DEMAND_DEADLINE_MINUTES": str(props.on_demand_deadline_minutes),
                 }
             },
             depends_on=[log_group],
@@ -176,13 +287,20 @@ class InterruptionHandler(Construct):
             ),
         )
         self.rules = {}
-        for rule_id, detail_type in HANDLED_EVENTS.items():
+        rule_settings: dict[str, dict[str, str]] = {
+            rule_id: {
+                "description": f"Send '{detail_type}' events to the interruption handler",
+                "event_pattern": json.dumps({"source": ["aws.ec2"], "detail-type": [detail_type]}),
+            }
+            for rule_id, detail_type in HANDLED_EVENTS.items()
+        }
+        rule_settings["CapacityCheck"] = {
+            "description": "Cover a spot shortfall with on-demand after the deadline, and back",
+            "schedule_expression": f"rate({props.capacity_check_minutes} minutes)",
+        }
+        for rule_id, settings in rule_settings.items():
             rule = aws.cloudwatch_event_rule.CloudwatchEventRule(
-                self,
-                f"{rule_id}Rule",
-                name=f"{props.name}-{rule_id}",
-                description=f"Send '{detail_type}' events to the interruption handler",
-                event_pattern=json.dumps({"source": ["aws.ec2"], "detail-type": [detail_type]}),
+                self, f"{rule_id}Rule", name=f"{props.name}-{rule_id}", **settings
             )
             aws.cloudwatch_event_target.CloudwatchEventTarget(
                 self,

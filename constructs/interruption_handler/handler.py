@@ -1,11 +1,21 @@
-"""Lambda: records EC2 spot interruption warnings and rebalance recommendations.
+"""Lambda: acts on EC2 spot interruption warnings and rebalance recommendations, and on a
+scheduled capacity check.
 
-Each event is written once to the events table, keyed by the EventBridge event id, so a
-redelivered event (EventBridge delivers at least once) does not create a second record.
-Events that are not one of the two handled kinds raise `UnhandledEvent`; after the retries
-Lambda moves them to the dead-letter queue.
+For a warning or recommendation it
+1. records the event once, keyed by the EventBridge event id (EventBridge delivers at least
+   once: a redelivered event is recognised and nothing is done twice);
+2. marks the instance in the run's fleet state (interrupting / rebalancing) and tags it;
+3. for a warning, requeues: keeps the capacity in place, shifts it to a healthier group, or
+   after a deadline falls back to on-demand (`requeue.py` decides);
+4. notifies the alert topic.
+The scheduled check (EventBridge schedule) covers a shortfall with on-demand after the
+deadline and gives on-demand back when spot returns.
 
-Runs with only boto3 and the standard library; ships with spotrain/catalog_schema.py.
+Nothing raises: an event that is malformed, of an unknown kind, or that fails half-way is
+logged and sent to the dead-letter queue with the reason, from where it can be redriven.
+
+Runs with boto3 and the standard library only; ships with spotrain/catalog_schema.py,
+spotrain/fleet_state.py and requeue.py.
 """
 
 from __future__ import annotations
@@ -14,28 +24,45 @@ import json
 import logging
 import os
 import time
-from datetime import datetime
+from collections.abc import Callable
+from dataclasses import asdict
+from datetime import datetime, timedelta
 from typing import Any
 
 import boto3
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
+try:  # packaged: the modules sit side by side in the zip
+    import requeue  # type: ignore[import-not-found,no-redef]
+except ImportError:
+    from spotrain.constructs.interruption_handler import requeue  # type: ignore[no-redef]
+
+from spotrain import fleet_state
 from spotrain.catalog_schema import (
     EVENT_SORT_KEY,
     EXPIRES_AT_KEY,
+    INSTANCE_STATUS_INTERRUPTING,
+    INSTANCE_STATUS_REBALANCING,
     OCCURRED_AT_KEY,
     PARTITION_KEY,
+    POOL_INDEX,
     POOL_KEY,
     SORT_KEY,
     event_key,
     pool_key,
 )
 
+INTERRUPTION_WARNING = "interruption-warning"
+REBALANCE_RECOMMENDATION = "rebalance-recommendation"
+CAPACITY_CHECK = "capacity-check"
 HANDLED_DETAIL_TYPES = {
-    "EC2 Spot Instance Interruption Warning": "interruption-warning",
-    "EC2 Instance Rebalance Recommendation": "rebalance-recommendation",
+    "EC2 Spot Instance Interruption Warning": INTERRUPTION_WARNING,
+    "EC2 Instance Rebalance Recommendation": REBALANCE_RECOMMENDATION,
+    "Scheduled Event": CAPACITY_CHECK,
 }
 UNKNOWN_POOL = "unknown"
+RUN_TAG = "spotrain:run"
+GROUP_TAG = "aws:autoscaling:groupName"
 
 log = logging.getLogger()
 log.setLevel(logging.INFO)
@@ -45,40 +72,142 @@ class UnhandledEvent(ValueError):
     """The event is malformed or of a kind this handler does not take."""
 
 
-def parse(event: dict[str, Any]) -> dict[str, str]:
-    """The fields we record, or UnhandledEvent naming what is missing."""
-    kind = HANDLED_DETAIL_TYPES.get(str(event.get("detail-type")))
-    if kind is None:
-        raise UnhandledEvent(f"detail-type {event.get('detail-type')!r} is not handled")
-    detail = event.get("detail")
-    fields = {
-        "event_id": event.get("id"),
-        "time": event.get("time"),
-        "region": event.get("region"),
-        "instance_id": detail.get("instance-id") if isinstance(detail, dict) else None,
+# --- configuration -----------------------------------------------------------------------------
+def _settings() -> dict[str, Any]:
+    env = os.environ
+    return {
+        "events_table": env["EVENTS_TABLE"],
+        "retention_days": int(env.get("EVENT_RETENTION_DAYS", "90")),
+        "run": env.get("RUN_NAME", ""),
+        "groups": json.loads(env.get("CAPACITY_GROUPS", "[]")),
+        "topic": env.get("ALERT_TOPIC_ARN"),
+        "dead_letter_queue": env.get("DEAD_LETTER_QUEUE_URL"),
+        "hot_threshold": int(env.get("HOT_POOL_THRESHOLD", "2")),
+        "window_s": 60 * float(env.get("RATE_WINDOW_MINUTES", "60")),
+        "deadline_s": 60 * float(env.get("ON_DEMAND_DEADLINE_MINUTES", "10")),
     }
+
+
+def _now() -> float:
+    """Wall clock of requeue decisions (the deadline); one seam for tests."""
+    return time.time()
+
+
+# --- parsing -----------------------------------------------------------------------------------
+def _parse_time(value: str) -> datetime:
+    return datetime.fromisoformat(value.replace("Z", "+00:00"))
+
+
+def parse(event: Any) -> dict[str, str]:
+    """The fields we act on, or UnhandledEvent naming what is wrong."""
+    if not isinstance(event, dict):
+        raise UnhandledEvent(f"an event is a JSON object, got {type(event).__name__}")
+    kind = HANDLED_DETAIL_TYPES.get(str(event.get("detail-type")))
+    expected_source = "aws.events" if kind == CAPACITY_CHECK else "aws.ec2"
+    if kind is None or event.get("source") != expected_source:
+        raise UnhandledEvent(
+            f"detail-type {event.get('detail-type')!r} from {event.get('source')!r} is not handled"
+        )
+    detail = event.get("detail")
+    fields = {"event_id": event.get("id"), "time": event.get("time"), "region": event.get("region")}
+    if kind != CAPACITY_CHECK:
+        fields["instance_id"] = detail.get("instance-id") if isinstance(detail, dict) else None
     missing = sorted(
         name for name, value in fields.items() if not isinstance(value, str) or not value
     )
     if missing:
         raise UnhandledEvent(f"event lacks {', '.join(missing)}")
-    datetime.fromisoformat(fields["time"].replace("Z", "+00:00"))  # rejects a malformed time
+    try:
+        _parse_time(fields["time"])  # type: ignore[arg-type]
+    except ValueError as error:
+        raise UnhandledEvent(f"time {fields['time']!r} is not ISO 8601: {error}") from error
     return {"kind": kind, **fields}  # type: ignore[dict-item]
 
 
-def instance_pool(ec2: Any, instance_id: str) -> str:
-    """instance type x zone of the instance, or 'unknown' if it is already gone."""
+# --- AWS lookups -------------------------------------------------------------------------------
+def describe_instance(ec2: Any, instance_id: str) -> dict[str, str]:
+    """pool, run and group of the instance; an instance already gone has an unknown pool."""
     try:
         reservations = ec2.describe_instances(InstanceIds=[instance_id])["Reservations"]
     except ClientError:
-        return UNKNOWN_POOL
+        return {"pool": UNKNOWN_POOL}
     for reservation in reservations:
         for instance in reservation["Instances"]:
-            return pool_key(instance["InstanceType"], instance["Placement"]["AvailabilityZone"])
-    return UNKNOWN_POOL
+            tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+            return {
+                "pool": pool_key(
+                    instance["InstanceType"], instance["Placement"]["AvailabilityZone"]
+                ),
+                "run": tags.get(RUN_TAG, ""),
+                "group": tags.get(GROUP_TAG, ""),
+            }
+    return {"pool": UNKNOWN_POOL}
 
 
-def record(table: Any, ec2: Any, fields: dict[str, str], retention_days: int) -> bool:
+def capacity_groups(
+    settings: dict[str, Any], autoscaling: Callable[[str], Any]
+) -> list[requeue.Group]:
+    """The run's groups as they are now (configured in CAPACITY_GROUPS, read from each region)."""
+    groups = []
+    for spec in settings["groups"]:
+        found = autoscaling(spec["region"]).describe_auto_scaling_groups(
+            AutoScalingGroupNames=[spec["name"]]
+        )["AutoScalingGroups"]
+        if not found:
+            log.warning("capacity group %s in %s does not exist", spec["name"], spec["region"])
+            continue
+        group = found[0]
+        policy = group.get("MixedInstancesPolicy", {}).get("LaunchTemplate", {})
+        types = [o["InstanceType"] for o in policy.get("Overrides", []) if "InstanceType" in o]
+        pools = tuple(pool_key(t, zone) for t in types for zone in group["AvailabilityZones"])
+        groups.append(
+            requeue.Group(
+                name=spec["name"],
+                region=spec["region"],
+                lifecycle=spec["lifecycle"],
+                holds_data=bool(spec.get("holds_data")),
+                pools=pools,
+                desired=int(group["DesiredCapacity"]),
+                min_size=int(group["MinSize"]),
+                max_size=int(group["MaxSize"]),
+                in_service=sum(
+                    i.get("LifecycleState") == "InService" for i in group.get("Instances", [])
+                ),
+            )
+        )
+    return groups
+
+
+def recent_interruptions(
+    table: Any, pools: set[str], until: str, window_s: float
+) -> dict[str, int]:
+    """Interruption warnings per pool in the window that ends at `until`."""
+    since = (_parse_time(until) - timedelta(seconds=window_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    counts = {}
+    for pool in sorted(pools - {UNKNOWN_POOL}):
+        query: dict[str, Any] = {
+            "IndexName": POOL_INDEX,
+            "KeyConditionExpression": "#p = :pool AND #t BETWEEN :since AND :until",
+            "FilterExpression": "#k = :kind",
+            "ExpressionAttributeNames": {"#p": POOL_KEY, "#t": OCCURRED_AT_KEY, "#k": "kind"},
+            "ExpressionAttributeValues": {
+                ":pool": pool, ":since": since, ":until": until, ":kind": INTERRUPTION_WARNING,
+            },
+            "Select": "COUNT",
+        }  # fmt: skip
+        count = 0
+        while True:
+            page = table.query(**query)
+            count += int(page["Count"])
+            if "LastEvaluatedKey" not in page:
+                break
+            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        counts[pool] = count
+    return counts
+
+
+# --- actions -----------------------------------------------------------------------------------
+def record(table: Any, fields: dict[str, str], pool: str, retention_days: int) -> bool:
     """Write the event once; False if it was already recorded."""
     item = {
         PARTITION_KEY: event_key(fields["event_id"]),
@@ -86,7 +215,7 @@ def record(table: Any, ec2: Any, fields: dict[str, str], retention_days: int) ->
         "kind": fields["kind"],
         "instance_id": fields["instance_id"],
         "region": fields["region"],
-        POOL_KEY: instance_pool(ec2, fields["instance_id"]),
+        POOL_KEY: pool,
         OCCURRED_AT_KEY: fields["time"],
         EXPIRES_AT_KEY: int(time.time()) + retention_days * 86400,
     }
@@ -99,20 +228,129 @@ def record(table: Any, ec2: Any, fields: dict[str, str], retention_days: int) ->
     return True
 
 
-def handle(event: dict[str, Any], context: Any = None) -> dict[str, Any]:
+def apply(
+    decision: requeue.Decision,
+    groups: list[requeue.Group],
+    table: Any,
+    run: str,
+    autoscaling: Callable[[str], Any],
+) -> None:
+    regions = {g.name: g.region for g in groups}
+    for name, desired in sorted(decision.desired.items()):
+        autoscaling(regions[name]).set_desired_capacity(
+            AutoScalingGroupName=name, DesiredCapacity=desired, HonorCooldown=False
+        )
+    if run:
+        fleet_state.set_short_since(table, run, decision.short_since)
+
+
+def notify(topic: str | None, subject: str, message: dict[str, Any]) -> None:
+    if topic:
+        boto3.client("sns").publish(
+            TopicArn=topic, Subject=subject[:100], Message=json.dumps(message, default=str)
+        )
+
+
+def reject(event: Any, reason: str, queue_url: str | None) -> dict[str, Any]:
+    body = json.dumps(event, default=str)
+    log.error("rejected event %s: %s", body[:2000], reason)
+    if queue_url:
+        boto3.client("sqs").send_message(
+            QueueUrl=queue_url,
+            MessageBody=body,
+            MessageAttributes={"reason": {"DataType": "String", "StringValue": reason[:1000]}},
+        )
+    return {"rejected": reason}
+
+
+# --- entry point -------------------------------------------------------------------------------
+def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
+    table = boto3.resource("dynamodb").Table(settings["events_table"])
+    instance = describe_instance(boto3.client("ec2"), fields["instance_id"])
+    if not record(table, fields, instance["pool"], settings["retention_days"]):
+        log.info(
+            "duplicate %s %s for %s", fields["kind"], fields["event_id"], fields["instance_id"]
+        )
+        return {"recorded": False, "event_id": fields["event_id"]}
+    run = instance.get("run") or settings["run"]
+    interrupting = fields["kind"] == INTERRUPTION_WARNING
+    if run:
+        fleet_state.mark_instance(
+            table, run, fields["instance_id"],
+            status=INSTANCE_STATUS_INTERRUPTING if interrupting else INSTANCE_STATUS_REBALANCING,
+            pool=instance["pool"], event_id=fields["event_id"], at=fields["time"],
+        )  # fmt: skip
+    if instance["pool"] != UNKNOWN_POOL:
+        boto3.client("ec2").create_tags(
+            Resources=[fields["instance_id"]],
+            Tags=[{"Key": "spotrain:interruption", "Value": f"{fields['kind']}@{fields['time']}"}],
+        )
+    decision = requeue.Decision("none", "a rebalance recommendation: capacity rebalancing "
+                                "launches the replacement, the trainer checkpointed")  # fmt: skip
+    if interrupting:
+        clients: dict[str, Any] = {}
+
+        def autoscaling(region: str) -> Any:
+            return clients.setdefault(region, boto3.client("autoscaling", region_name=region))
+
+        groups = capacity_groups(settings, autoscaling)
+        pools = {p for g in groups for p in g.pools} | {instance["pool"]}
+        state = fleet_state.run_state(table, run) if run else fleet_state.RunState()
+        decision = requeue.after_interruption(
+            group=instance.get("group") or None,
+            pool=instance["pool"],
+            groups=groups,
+            pool_interruptions=recent_interruptions(
+                table, pools, fields["time"], settings["window_s"]
+            ),
+            hot_threshold=settings["hot_threshold"],
+            run_failed=state.failed,
+            short_since=state.short_since,
+            now=_now(),
+            on_demand_deadline_s=settings["deadline_s"],
+        )
+        apply(decision, groups, table, run, autoscaling)
+    result = {
+        "recorded": True, "event_id": fields["event_id"], "run": run, "pool": instance["pool"],
+        "decision": decision.action, "reason": decision.reason, "desired": decision.desired,
+    }  # fmt: skip
+    notify(settings["topic"], f"spotrain: {fields['kind']} for {fields['instance_id']} "
+           f"(run {run or 'unknown'})", {**fields, **result})  # fmt: skip
+    log.info("%s", json.dumps(result))
+    return result
+
+
+def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
+    table = boto3.resource("dynamodb").Table(settings["events_table"])
+    clients: dict[str, Any] = {}
+
+    def autoscaling(region: str) -> Any:
+        return clients.setdefault(region, boto3.client("autoscaling", region_name=region))
+
+    groups = capacity_groups(settings, autoscaling)
+    state = fleet_state.run_state(table, settings["run"])
+    decision = requeue.reconcile(
+        groups=groups, run_failed=state.failed, short_since=state.short_since,
+        now=_now(), on_demand_deadline_s=settings["deadline_s"],
+    )  # fmt: skip
+    apply(decision, groups, table, settings["run"], autoscaling)
+    if decision.desired:
+        notify(settings["topic"], f"spotrain: {decision.action} (run {settings['run']})",
+               asdict(decision))  # fmt: skip
+    return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired}
+
+
+def handle(event: Any, context: Any = None) -> dict[str, Any]:
+    settings = _settings()
     try:
         fields = parse(event)
-    except (UnhandledEvent, ValueError, AttributeError) as error:
-        log.error("rejected event %s: %s", json.dumps(event, default=str)[:2000], error)
-        raise UnhandledEvent(str(error)) from error
-    table = boto3.resource("dynamodb").Table(os.environ["EVENTS_TABLE"])
-    recorded = record(
-        table, boto3.client("ec2"), fields, int(os.environ.get("EVENT_RETENTION_DAYS", "90"))
-    )
-    log.info(
-        "%s %s for %s",
-        "recorded" if recorded else "duplicate",
-        fields["kind"],
-        fields["instance_id"],
-    )
-    return {"recorded": recorded, "event_id": fields["event_id"]}
+    except UnhandledEvent as error:
+        return reject(event, str(error), settings["dead_letter_queue"])
+    try:
+        if fields["kind"] == CAPACITY_CHECK:
+            return _on_capacity_check(settings)
+        return _on_instance_event(settings, fields)
+    except (ClientError, BotoCoreError, KeyError, ValueError) as error:
+        # Half-handled: the record (if written) stays; the dead-letter copy can be redriven.
+        return reject(event, f"failed while handling: {type(error).__name__}: {error}",
+                      settings["dead_letter_queue"])  # fmt: skip

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.errors import LocalCloudError
+from spotrain.localcloud import faults
 from spotrain.localcloud.tls import create_certificates
 
 DEFAULT_PORT = 4566
@@ -58,6 +59,24 @@ def aws_environment(endpoint: str, region: str) -> dict[str, str]:
 def ca_bundle() -> Path:
     """Certificate authority of the local cloud started from this state directory."""
     return state_dir() / "tls" / "ca.pem"
+
+
+def faults_file() -> Path:
+    """Faults the local cloud started from this state directory plays (see `faults`)."""
+    return state_dir() / "faults.json"
+
+
+def set_faults(
+    *, regions_down: list[str] | None = None, replication_pending: list[str] | None = None
+) -> faults.Faults:
+    """Replace the named kinds of fault (None leaves a kind as it is); returns all of them."""
+    current = faults.read(faults_file())
+    if regions_down is not None:
+        current.regions_down = sorted(set(regions_down))
+    if replication_pending is not None:
+        current.replication_pending = list(dict.fromkeys(replication_pending))
+    faults.write(faults_file(), current)
+    return current
 
 
 def client(service: str, endpoint: str, region: str) -> Any:
@@ -141,6 +160,7 @@ def up(port: int = DEFAULT_PORT) -> RunningCloud:
     directory = state_dir()
     directory.mkdir(parents=True, exist_ok=True)
     _, cert, key = create_certificates(directory / "tls")
+    faults.write(faults_file(), faults.Faults())  # a new cloud starts healthy
     log_path = directory / "server.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(
@@ -158,6 +178,7 @@ def up(port: int = DEFAULT_PORT) -> RunningCloud:
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
+            env={**os.environ, faults.FAULTS_FILE_VARIABLE: str(faults_file())},
             start_new_session=True,  # outlives the command that started it
         )
     endpoint = f"https://127.0.0.1:{port}"

@@ -10,8 +10,9 @@ from __future__ import annotations
 import argparse
 import signal
 import threading
+from typing import Any
 
-from spotrain.localcloud import extensions
+from spotrain.localcloud import extensions, faults
 
 
 def serve(host: str, port: int, cert: str, key: str) -> None:
@@ -23,7 +24,10 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
     from werkzeug.serving import make_server
 
     extensions.install()
-    app = DomainDispatcherApplication(create_backend_app)
+    app: Any = DomainDispatcherApplication(create_backend_app)
+    faults_file = faults.served_file()
+    if faults_file is not None:
+        app = faults.region_outage(app, faults_file)
     server = make_server(
         host, port, app, threaded=True, request_handler=MotoRequestHandler,
         ssl_context=(cert, key),

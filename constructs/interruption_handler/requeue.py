@@ -1,0 +1,171 @@
+"""Where the fleet's lost capacity goes: pure decisions, no AWS calls (the handler makes them).
+
+Rules, in order:
+1. A run that crashed too often is held: nothing is requeued (no restart loop).
+2. A pool interrupted less than `hot_threshold` times in the window is healthy enough: the
+   group's capacity rebalancing replaces the instance in place (no change here).
+3. A hot pool moves one unit of capacity to another spot group (another region, or the same
+   region's other pools) that has room and a pool that is not hot, preferring groups in the
+   region that holds the run's data (reading checkpoints across regions costs egress), then
+   the fewest hot pools.
+4. No spot group can take it: the run is short of spot capacity. After `on_demand_deadline_s`
+   of that, the on-demand fallback group is raised by the shortfall.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+SPOT = "spot"
+ON_DEMAND = "on-demand"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group:
+    """An Auto Scaling group the run may use, as it is now."""
+
+    name: str
+    region: str
+    lifecycle: str
+    """`spot` or `on-demand`."""
+    holds_data: bool
+    """The run's checkpoints are written in this region (reading them costs no egress)."""
+    pools: tuple[str, ...]
+    """Pools it launches into: instance type x zone."""
+    desired: int
+    min_size: int
+    max_size: int
+    in_service: int = 0
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str
+    """hold | replace-in-place | shift | wait-for-spot | on-demand | spot-is-back | none"""
+    reason: str
+    desired: dict[str, int] = field(default_factory=dict)
+    """New desired capacity per group name (only groups that change)."""
+    short_since: float | None = None
+    """When the run became short of spot capacity (None: it is not)."""
+
+
+def hot_pools(pool_interruptions: Mapping[str, int], threshold: int) -> set[str]:
+    return {pool for pool, count in pool_interruptions.items() if count >= threshold}
+
+
+def _spot_home(groups: Sequence[Group], exclude: str, hot: set[str]) -> Group | None:
+    candidates = [
+        g
+        for g in groups
+        if g.lifecycle == SPOT
+        and g.name != exclude
+        and g.desired < g.max_size
+        and any(pool not in hot for pool in g.pools)
+    ]
+    candidates.sort(key=lambda g: (not g.holds_data, sum(p in hot for p in g.pools), g.name))
+    return candidates[0] if candidates else None
+
+
+def _on_demand(
+    groups: Sequence[Group], shortfall: int, short_since: float, now: float, deadline_s: float
+) -> Decision:
+    waited = now - short_since
+    fallback = next(
+        (g for g in groups if g.lifecycle == ON_DEMAND and g.desired < g.max_size), None
+    )
+    if waited < deadline_s or fallback is None:
+        why = (
+            f"on-demand in {deadline_s - waited:.0f} s if still short"
+            if fallback is not None
+            else "no on-demand group has room: raise its max_size"
+        )
+        return Decision("wait-for-spot", f"short of spot capacity by {shortfall}; {why}",
+                        short_since=short_since)  # fmt: skip
+    new = min(fallback.max_size, fallback.desired + shortfall)
+    return Decision(
+        "on-demand",
+        f"short of spot capacity for {waited:.0f} s (deadline {deadline_s:.0f} s): "
+        f"{fallback.name} {fallback.desired} -> {new} on-demand",
+        {fallback.name: new},
+        short_since=short_since,
+    )
+
+
+def after_interruption(
+    *,
+    group: str | None,
+    pool: str,
+    groups: Sequence[Group],
+    pool_interruptions: Mapping[str, int],
+    hot_threshold: int,
+    run_failed: bool,
+    short_since: float | None,
+    now: float,
+    on_demand_deadline_s: float,
+) -> Decision:
+    """What to do when an instance of `group` in `pool` gets an interruption warning."""
+    if run_failed:
+        return Decision("hold", "the run crashed too often: not requeued (fix it, then "
+                        "`spotrain fleet reset-crashes`)")  # fmt: skip
+    count = pool_interruptions.get(pool, 0)
+    hot = hot_pools(pool_interruptions, hot_threshold)
+    if pool not in hot:
+        return Decision(
+            "replace-in-place",
+            f"pool {pool} interrupted {count}x in the window (< {hot_threshold}): capacity "
+            "rebalancing replaces the instance in the group's pools",
+            short_since=short_since,
+        )
+    source = next((g for g in groups if g.name == group), None)
+    home = _spot_home(groups, exclude=group or "", hot=hot)
+    if home is not None:
+        desired = {home.name: home.desired + 1}
+        if source is not None and source.desired - 1 >= source.min_size:
+            desired[source.name] = source.desired - 1
+        return Decision(
+            "shift",
+            f"pool {pool} is hot ({count} interruptions in the window): one instance moves "
+            f"to {home.name} ({home.region}{', holds the data' if home.holds_data else ''})",
+            desired,
+            short_since=None,
+        )
+    return _on_demand(groups, 1, short_since if short_since is not None else now, now,
+                      on_demand_deadline_s)  # fmt: skip
+
+
+def reconcile(
+    *,
+    groups: Sequence[Group],
+    run_failed: bool,
+    short_since: float | None,
+    now: float,
+    on_demand_deadline_s: float,
+) -> Decision:
+    """Scheduled check: spot groups that cannot fill their desired capacity make the run
+    short; past the deadline the on-demand group covers the shortfall."""
+    if run_failed:
+        return Decision("hold", "the run crashed too often: nothing is started")
+    shortfall = sum(max(0, g.desired - g.in_service) for g in groups if g.lifecycle == SPOT)
+    fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
+    covering = sum(g.desired for g in fallbacks)
+    if shortfall < covering:
+        # Spot came back: give the on-demand capacity up again, it costs several times more.
+        desired, excess = {}, covering - shortfall
+        for g in fallbacks:
+            cut = min(excess, g.desired - g.min_size)
+            if cut > 0:
+                desired[g.name], excess = g.desired - cut, excess - cut
+        return Decision(
+            "spot-is-back", f"spot capacity is back: on-demand lowered by {covering - shortfall}",
+            desired, short_since=None if shortfall == 0 else short_since,
+        )  # fmt: skip
+    if shortfall == 0:
+        return Decision("none", "every spot group runs its desired capacity")
+    if shortfall == covering:
+        return Decision("none", f"on-demand covers the spot shortfall of {shortfall}",
+                        short_since=short_since)  # fmt: skip
+    return _on_demand(
+        groups, shortfall - covering, short_since if short_since is not None else now, now,
+        on_demand_deadline_s,
+    )  # fmt: skip

@@ -1,0 +1,138 @@
+"""A run's fleet state in the events table: which machines are being interrupted, how often
+the trainer crashed, and since when the run lacks spot capacity.
+
+Shared by the interruption handler (it ships in the Lambda zip: boto3 and the standard
+library only) and `spotrain fleet` on the machines and on-call laptops.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from spotrain.catalog_schema import (
+    INSTANCE_STATUS_INTERRUPTING,
+    PARTITION_KEY,
+    RUN_STATE_SORT_KEY,
+    SORT_KEY,
+    instance_sort_key,
+    run_key,
+)
+
+DEFAULT_MAX_CRASHES = 3
+
+
+@dataclass(frozen=True)
+class RunState:
+    crashes: int = 0
+    failed: bool = False
+    short_since: float | None = None
+
+
+@dataclass(frozen=True)
+class ExitVerdict:
+    kind: str
+    """finished | preempted | crash"""
+    crashes: int
+    failed: bool
+
+
+def _state_key(run: str) -> dict[str, str]:
+    return {PARTITION_KEY: run_key(run), SORT_KEY: RUN_STATE_SORT_KEY}
+
+
+def run_state(table: Any, run: str) -> RunState:
+    item = table.get_item(Key=_state_key(run), ConsistentRead=True).get("Item") or {}
+    short_since = item.get("short_since")
+    return RunState(
+        crashes=int(item.get("crashes", 0)),
+        failed=bool(item.get("failed", False)),
+        short_since=float(short_since) if short_since is not None else None,
+    )
+
+
+def set_short_since(table: Any, run: str, since: float | None) -> None:
+    if since is None:
+        table.update_item(Key=_state_key(run), UpdateExpression="REMOVE short_since")
+    else:
+        table.update_item(
+            Key=_state_key(run),
+            UpdateExpression="SET short_since = if_not_exists(short_since, :since)",
+            ExpressionAttributeValues={":since": Decimal(str(round(since, 3)))},
+        )
+
+
+def mark_instance(
+    table: Any, run: str, instance_id: str, *, status: str, pool: str, event_id: str, at: str
+) -> None:
+    """Say the instance is being interrupted (or rebalanced), for the boot service's exit
+    accounting, the coordinator and dashboards (`Query pk=RUN#<run>, sk begins_with
+    INSTANCE#`). An interruption is never downgraded by a later rebalance notice."""
+    status_value = (
+        ":status" if status == INSTANCE_STATUS_INTERRUPTING else "if_not_exists(#s, :status)"
+    )
+    table.update_item(
+        Key={PARTITION_KEY: run_key(run), SORT_KEY: instance_sort_key(instance_id)},
+        UpdateExpression=(
+            f"SET #s = {status_value}, #pool = :pool, event_id = :event, updated_at = :at"
+        ),
+        ExpressionAttributeNames={"#s": "status", "#pool": "pool"},
+        ExpressionAttributeValues={
+            ":status": status, ":pool": pool, ":event": event_id, ":at": at,
+        },
+    )  # fmt: skip
+
+
+def instance_status(table: Any, run: str, instance_id: str) -> str | None:
+    item = table.get_item(
+        Key={PARTITION_KEY: run_key(run), SORT_KEY: instance_sort_key(instance_id)},
+        ConsistentRead=True,
+    ).get("Item")
+    return str(item["status"]) if item else None
+
+
+def instances(table: Any, run: str) -> list[dict[str, Any]]:
+    items = table.query(
+        KeyConditionExpression="#pk = :run AND begins_with(#sk, :prefix)",
+        ExpressionAttributeNames={"#pk": PARTITION_KEY, "#sk": SORT_KEY},
+        ExpressionAttributeValues={":run": run_key(run), ":prefix": instance_sort_key("")},
+    )["Items"]
+    return list(items)
+
+
+def record_exit(
+    table: Any, run: str, instance_id: str, exit_code: int, *, max_crashes: int
+) -> ExitVerdict:
+    """Account for a trainer exit. A clean exit, or any exit of a machine being interrupted,
+    is not a failure; other exits count as crashes, and `max_crashes` of them fail the run."""
+    if exit_code == 0 or instance_status(table, run, instance_id) == INSTANCE_STATUS_INTERRUPTING:
+        state = run_state(table, run)
+        return ExitVerdict(
+            "finished" if exit_code == 0 else "preempted", state.crashes, state.failed
+        )
+    item = table.update_item(
+        Key=_state_key(run),
+        UpdateExpression="ADD #c :one SET last_crash_at = :now, last_crash_code = :code",
+        ExpressionAttributeNames={"#c": "crashes"},
+        ExpressionAttributeValues={":one": 1, ":now": int(time.time()), ":code": exit_code},
+        ReturnValues="ALL_NEW",
+    )["Attributes"]
+    crashes = int(item["crashes"])
+    failed = crashes >= max_crashes
+    if failed and not item.get("failed"):
+        table.update_item(
+            Key=_state_key(run),
+            UpdateExpression="SET #f = :yes",
+            ExpressionAttributeNames={"#f": "failed"},
+            ExpressionAttributeValues={":yes": True},
+        )
+    return ExitVerdict("crash", crashes, failed)
+
+
+def reset_crashes(table: Any, run: str) -> None:
+    """After the cause of the crashes is fixed: the run may start (and be requeued) again."""
+    table.update_item(Key=_state_key(run), UpdateExpression="SET #c = :zero, #f = :no",
+                      ExpressionAttributeNames={"#c": "crashes", "#f": "failed"},
+                      ExpressionAttributeValues={":zero": 0, ":no": False})  # fmt: skip

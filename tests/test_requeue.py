@@ -1,0 +1,109 @@
+"""Where lost capacity goes: the requeue rules, decision by decision."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spotrain.constructs.interruption_handler import requeue
+from spotrain.constructs.interruption_handler.requeue import Group
+
+PRIMARY = Group(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True,
+                pools=("g5.xlarge#us-east-1a", "g6.xlarge#us-east-1a"), desired=2, min_size=1,
+                max_size=4, in_service=2)  # fmt: skip
+REPLICA = Group(name="west-spot", region="us-west-2", lifecycle="spot", holds_data=False,
+                pools=("g5.xlarge#us-west-2a",), desired=0, min_size=0, max_size=4)  # fmt: skip
+SECOND_EAST = Group(name="east-spot-b", region="us-east-1", lifecycle="spot", holds_data=True,
+                    pools=("g6.2xlarge#us-east-1b",), desired=0, min_size=0,
+                    max_size=2)  # fmt: skip
+ON_DEMAND = Group(name="east-on-demand", region="us-east-1", lifecycle="on-demand",
+                  holds_data=True, pools=("g5.xlarge#us-east-1a",), desired=0, min_size=0,
+                  max_size=4)  # fmt: skip
+
+
+def decide(**changes: Any) -> requeue.Decision:
+    arguments: dict[str, Any] = {
+        "group": "east-spot", "pool": "g5.xlarge#us-east-1a",
+        "groups": [PRIMARY, REPLICA, ON_DEMAND], "pool_interruptions": {},
+        "hot_threshold": 2, "run_failed": False, "short_since": None, "now": 1000.0,
+        "on_demand_deadline_s": 600.0,
+    }  # fmt: skip
+    return requeue.after_interruption(**{**arguments, **changes})
+
+
+def test_a_quiet_pool_is_replaced_in_place() -> None:
+    decision = decide(pool_interruptions={"g5.xlarge#us-east-1a": 1})
+    assert decision.action == "replace-in-place"
+    assert decision.desired == {}
+
+
+def test_a_hot_pool_moves_one_instance_to_another_group() -> None:
+    decision = decide(pool_interruptions={"g5.xlarge#us-east-1a": 2})
+    assert decision.action == "shift"
+    assert decision.desired == {"west-spot": 1, "east-spot": 1}
+
+
+def test_the_region_holding_the_data_is_preferred_over_fewer_hot_pools() -> None:
+    decision = decide(
+        groups=[PRIMARY, REPLICA, SECOND_EAST, ON_DEMAND],
+        pool_interruptions={"g5.xlarge#us-east-1a": 3},
+    )
+    assert decision.desired == {"east-spot-b": 1, "east-spot": 1}
+
+
+def test_a_group_whose_pools_are_all_hot_is_no_home() -> None:
+    decision = decide(
+        groups=[PRIMARY, SECOND_EAST, REPLICA, ON_DEMAND],
+        pool_interruptions={"g5.xlarge#us-east-1a": 2, "g6.2xlarge#us-east-1b": 2},
+    )
+    assert decision.desired == {"west-spot": 1, "east-spot": 1}
+
+
+def test_the_source_group_never_drops_below_its_minimum() -> None:
+    at_minimum = Group(**{**PRIMARY.__dict__, "desired": 1})
+    decision = decide(groups=[at_minimum, REPLICA], pool_interruptions={"g5.xlarge#us-east-1a": 2})
+    assert decision.desired == {"west-spot": 1}
+
+
+def test_no_spot_home_waits_then_falls_back_to_on_demand_after_the_deadline() -> None:
+    full = Group(**{**REPLICA.__dict__, "desired": 4})
+    hot = {"g5.xlarge#us-east-1a": 2}
+    waiting = decide(groups=[PRIMARY, full, ON_DEMAND], pool_interruptions=hot, now=1000.0)
+    assert (waiting.action, waiting.desired, waiting.short_since) == ("wait-for-spot", {}, 1000.0)
+    still = decide(groups=[PRIMARY, full, ON_DEMAND], pool_interruptions=hot, now=1500.0,
+                   short_since=1000.0)  # fmt: skip
+    assert still.action == "wait-for-spot"
+    fallback = decide(groups=[PRIMARY, full, ON_DEMAND], pool_interruptions=hot, now=1600.0,
+                      short_since=1000.0)  # fmt: skip
+    assert (fallback.action, fallback.desired) == ("on-demand", {"east-on-demand": 1})
+
+
+def test_a_run_that_crashed_too_often_is_not_requeued() -> None:
+    decision = decide(run_failed=True, pool_interruptions={"g5.xlarge#us-east-1a": 5})
+    assert (decision.action, decision.desired) == ("hold", {})
+
+
+def test_capacity_check_covers_a_shortfall_only_after_the_deadline() -> None:
+    short = Group(**{**PRIMARY.__dict__, "in_service": 0})
+    early = requeue.reconcile(groups=[short, ON_DEMAND], run_failed=False, short_since=None,
+                              now=50.0, on_demand_deadline_s=600.0)  # fmt: skip
+    assert (early.action, early.short_since) == ("wait-for-spot", 50.0)
+    late = requeue.reconcile(groups=[short, ON_DEMAND], run_failed=False, short_since=50.0,
+                             now=700.0, on_demand_deadline_s=600.0)  # fmt: skip
+    assert (late.action, late.desired) == ("on-demand", {"east-on-demand": 2})
+
+
+def test_capacity_check_does_not_raise_on_demand_twice_for_one_shortfall() -> None:
+    short = Group(**{**PRIMARY.__dict__, "in_service": 0})
+    covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
+    decision = requeue.reconcile(groups=[short, covering], run_failed=False, short_since=50.0,
+                                 now=9000.0, on_demand_deadline_s=600.0)  # fmt: skip
+    assert (decision.action, decision.desired) == ("none", {})
+
+
+def test_capacity_check_gives_on_demand_back_when_spot_returns() -> None:
+    covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
+    decision = requeue.reconcile(groups=[PRIMARY, covering], run_failed=False, short_since=50.0,
+                                 now=9000.0, on_demand_deadline_s=600.0)  # fmt: skip
+    assert decision.action == "spot-is-back"
+    assert decision.desired == {"east-on-demand": 0}
+    assert decision.short_since is None
