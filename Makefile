@@ -1,4 +1,5 @@
-# spotrain: `make local` deploys the blueprint to the local cloud; `make test` runs every test.
+# spotrain: `make local` runs the rehearsal on the local cloud (deploy, train, spot interruption,
+# resume, replica-region restore, report); `make test` runs every test.
 # Both install what they need first (pinned), into .venv, .venv-checkov and node_modules.
 
 SHELL := /bin/bash
@@ -47,8 +48,9 @@ node_modules/.installed: package.json package-lock.json
 	npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
+# KEEP=1 leaves the local cloud running afterwards, with the `local` environment deployed.
 local: setup
-	$(VENV)/bin/spotrain deploy local
+	$(VENV)/bin/spotrain rehearse $(if $(KEEP),--keep-cloud)
 
 down: setup
 	$(VENV)/bin/spotrain local down

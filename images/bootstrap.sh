@@ -8,6 +8,8 @@
 # Settings (run.env or the environment):
 #   SPOTRAIN_RUN, SPOTRAIN_REGION, SPOTRAIN_BUCKET, SPOTRAIN_CATALOG_TABLE, SPOTRAIN_KMS_KEY_ID
 #                                 required: the run and where its checkpoints go
+#   SPOTRAIN_EVENTS_TABLE         the run's fleet state: a run held after repeated crashes does
+#                                 not start, and each exit is accounted (crash or preemption)
 #   SPOTRAIN_CONFIG               training configuration (default /etc/spotrain/train.json)
 #   SPOTRAIN_NNODES               machines in the run: N or MIN:MAX (default 1)
 #   SPOTRAIN_RDZV_ENDPOINT        HOST:PORT of the rendezvous (needed when NNODES is not 1)
@@ -76,20 +78,37 @@ if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
 fi
 
 export AWS_REGION=$SPOTRAIN_REGION AWS_DEFAULT_REGION=$SPOTRAIN_REGION
-case "$RUNTIME" in
-  docker)
-    # Host networking: the ranks rendezvous across machines and IMDS stays one hop away
-    # (the launch template's hop limit is 1).
-    exec docker run --rm --gpus all --network host --ipc host --init \
-      --stop-signal SIGTERM --stop-timeout 110 \
-      -e AWS_REGION -e AWS_DEFAULT_REGION \
-      -v "$WORK_DIR:$WORK_DIR" -v "$CONFIG:$CONFIG:ro" \
-      "$IMAGE" "${train[@]}"
-    ;;
-  none)
-    exec "${train[@]}"
-    ;;
-  *)
-    fail "SPOTRAIN_CONTAINER_RUNTIME=$RUNTIME: use docker or none"
-    ;;
-esac
+# spotrain, in the baked container or from PATH.
+spotrain_run() {
+  case "$RUNTIME" in
+    docker)
+      # Host networking: the ranks rendezvous across machines and IMDS stays one hop away
+      # (the launch template's hop limit is 1).
+      docker run --rm --gpus all --network host --ipc host --init \
+        --stop-signal SIGTERM --stop-timeout 110 \
+        -e AWS_REGION -e AWS_DEFAULT_REGION \
+        -v "$WORK_DIR:$WORK_DIR" -v "$CONFIG:$CONFIG:ro" \
+        "$IMAGE" "$@"
+      ;;
+    none)
+      "$@"
+      ;;
+    *)
+      fail "SPOTRAIN_CONTAINER_RUNTIME=$RUNTIME: use docker or none"
+      ;;
+  esac
+}
+
+# Crash accounting in the run's fleet state: a run held after repeated crashes does not start
+# (no restart loop on any machine); an exit of a machine being interrupted is a preemption.
+fleet=()
+if [[ -n "${SPOTRAIN_EVENTS_TABLE:-}" ]]; then
+  fleet=(spotrain fleet --events-table "$SPOTRAIN_EVENTS_TABLE" --run "$SPOTRAIN_RUN")
+  spotrain_run "${fleet[@]}" may-start || exit 3
+fi
+status=0
+spotrain_run "${train[@]}" || status=$?
+if ((${#fleet[@]})); then
+  spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" || status=3
+fi
+exit "$status"

@@ -98,6 +98,110 @@ def _deployment(  # type: ignore[no-untyped-def]
     return deploy.Deployment(config=config, outdir=outdir, log=_say, verbose=verbose)
 
 
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    import shutil
+
+    from spotrain.rehearsal import Rehearsal
+
+    work = control.state_dir().parent / "rehearsal"
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    began = time.monotonic()
+    report = Rehearsal(work, say=_say).run(keep_cloud=args.keep_cloud, port=args.port)
+    _say(f"\n{report.render()}\n")
+    _say(
+        f"rehearsal {'passed' if report.passed else 'FAILED'} in "
+        f"{time.monotonic() - began:.0f} s (logs and configurations: {work})"
+    )
+    return 0 if report.passed else 1
+
+
+def cmd_fleet(args: argparse.Namespace) -> int:
+    import boto3
+
+    from spotrain import fleet_state
+
+    autoscaling = boto3.client("autoscaling")
+    table = boto3.resource("dynamodb").Table(args.events_table) if args.events_table else None
+    if args.action in ("exit", "reset-crashes", "may-start") and (table is None or not args.run):
+        raise SpotrainError(f"`spotrain fleet {args.action}` needs --events-table and --run")
+    if args.action == "scale":
+        if len(args.group) != 1 or args.desired is None:
+            raise SpotrainError("`spotrain fleet scale` needs one --group and --desired N")
+        autoscaling.set_desired_capacity(
+            AutoScalingGroupName=args.group[0], DesiredCapacity=args.desired, HonorCooldown=False
+        )
+        _say(f"{args.group[0]}: desired capacity set to {args.desired}")
+        return 0
+    if args.action == "exit":
+        if args.instance is None or args.code is None:
+            raise SpotrainError("`spotrain fleet exit` needs --instance ID and --code N")
+        verdict = fleet_state.record_exit(
+            table, args.run, args.instance, args.code, max_crashes=args.max_crashes
+        )
+        held = ", and is held: too many" if verdict.failed else ""
+        _say(f"trainer exit {args.code} on {args.instance}: {verdict.kind}; run {args.run} has "
+             f"{verdict.crashes} crash(es){held}")  # fmt: skip
+        return 3 if verdict.failed else 0
+    if args.action == "reset-crashes":
+        fleet_state.reset_crashes(table, args.run)
+        _say(f"run {args.run}: crash count reset; it may start and be requeued again")
+        return 0
+    if args.action == "may-start":
+        failed = fleet_state.run_state(table, args.run).failed
+        _say(
+            f"run {args.run} is held after repeated crashes: fix the cause, then "
+            "`spotrain fleet reset-crashes`"
+            if failed
+            else f"run {args.run} may start"
+        )
+        return 3 if failed else 0
+    found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=args.group)[
+        "AutoScalingGroups"
+    ]
+    missing = set(args.group) - {g["AutoScalingGroupName"] for g in found}
+    if missing:
+        raise SpotrainError(f"no Auto Scaling group named {', '.join(sorted(missing))} in "
+                            "this region: check --group and AWS_REGION")  # fmt: skip
+    _say(f"{'group':<44} {'desired':>7} {'min':>4} {'max':>4} {'in service':>10}")
+    for group in found:
+        in_service = sum(i["LifecycleState"] == "InService" for i in group.get("Instances", []))
+        _say(f"{group['AutoScalingGroupName']:<44} {group['DesiredCapacity']:>7} "
+             f"{group['MinSize']:>4} {group['MaxSize']:>4} {in_service:>10}")  # fmt: skip
+    if table is not None and args.run:
+        state = fleet_state.run_state(table, args.run)
+        short = (
+            f"short of spot capacity for {time.time() - state.short_since:.0f} s"
+            if state.short_since is not None else "not short of spot capacity"
+        )  # fmt: skip
+        _say(f"run {args.run}: {state.crashes} crash(es){' (held)' if state.failed else ''}, "
+             f"{short}")  # fmt: skip
+        for item in fleet_state.instances(table, args.run):
+            _say(f"  {item['sk'].split('#', 1)[1]:<22} {item['status']:<13} pool "
+                 f"{item.get('pool', '-')} since {item.get('updated_at', '-')}")  # fmt: skip
+    return 0
+
+
+def cmd_budget(args: argparse.Namespace) -> int:
+    import boto3
+
+    account = boto3.client("sts").get_caller_identity()["Account"]
+    budget = boto3.client("budgets").describe_budget(AccountId=account, BudgetName=args.name)[
+        "Budget"
+    ]
+    limit = budget["BudgetLimit"]
+    spend = budget.get("CalculatedSpend", {})
+    actual = spend.get("ActualSpend", {}).get("Amount", "0")
+    forecast = spend.get("ForecastedSpend", {}).get("Amount", "n/a")
+    period = budget["TimeUnit"].lower()
+    _say(f"{args.name}: limit {float(limit['Amount']):,.2f} {limit['Unit']} per {period}; "
+         f"actual {float(actual):,.2f}; forecast {forecast}")  # fmt: skip
+    filters = budget.get("CostFilters", {})
+    if filters:
+        _say(f"  counts costs tagged {filters}")
+    return 0
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from spotrain import deploy
 
@@ -304,6 +408,47 @@ def parser() -> argparse.ArgumentParser:
         help="loopback port for `up` (0 picks a free one)",
     )
     local.set_defaults(handler=cmd_local)
+
+    rehearse = commands.add_parser(
+        "rehearse",
+        help="the whole story on the local cloud: deploy, train, spot interruption, resume, "
+        "replica-region restore, report",
+    )
+    rehearse.add_argument(
+        "--keep-cloud", action="store_true", help="leave the local cloud running afterwards"
+    )
+    rehearse.add_argument(
+        "--port",
+        type=int,
+        default=control.DEFAULT_PORT,
+        help="loopback port for the local cloud if it is not running (0 picks a free one)",
+    )
+    rehearse.set_defaults(handler=cmd_rehearse)
+
+    fleet = commands.add_parser(
+        "fleet", help="the run's Auto Scaling groups and fleet state (AWS_REGION: their region)"
+    )
+    fleet.add_argument(
+        "action",
+        choices=["status", "scale", "exit", "may-start", "reset-crashes"],
+        help="status: groups and the run's state; scale: set one group's desired capacity; "
+        "exit: account for a trainer exit (boot service); may-start: exit 3 if the run is "
+        "held after crashes; reset-crashes: release a held run",
+    )
+    fleet.add_argument("--group", action="append", default=[], help="Auto Scaling group name")
+    fleet.add_argument("--desired", type=int, help="desired capacity for `scale`")
+    fleet.add_argument("--events-table", help="interruption events table (fleet state)")
+    fleet.add_argument("--run", help="run name")
+    fleet.add_argument("--instance", help="instance id for `exit`")
+    fleet.add_argument("--code", type=int, help="trainer exit status for `exit`")
+    fleet.add_argument(
+        "--max-crashes", type=int, default=3, help="crashes that hold the run (`exit`)"
+    )
+    fleet.set_defaults(handler=cmd_fleet)
+
+    budget = commands.add_parser("budget", help="a budget's limit, actual and forecast spend")
+    budget.add_argument("name", help="budget name, e.g. spotrain-prod-monthly")
+    budget.set_defaults(handler=cmd_budget)
 
     synth = commands.add_parser("synth", help="synthesize every environment")
     synth.add_argument("--out", default="cdktf.out", help="output folder")

@@ -12,12 +12,13 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import boto3
 import hcl2
 import pytest
 from helpers import create_catalog_table, kms_only_bucket
 from training import TINY_MODEL
 
-from spotrain import cli
+from spotrain import cli, fleet_state
 from spotrain.constructs.spot_fleet import user_data
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
@@ -160,6 +161,7 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     )
     dynamodb = control.client("dynamodb", local_cloud.endpoint, region)
     create_catalog_table(dynamodb, table)
+    create_catalog_table(dynamodb, "bootstrap-events")  # the fleet state uses the same keys
     config = tmp_path / "train.json"
     config.write_text(json.dumps({"run": "placeholder", "store": "file:///placeholder",
                                   "data": corpus, "work_dir": "/placeholder", "steps": 2,
@@ -169,19 +171,37 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     run_env.write_text(
         f"SPOTRAIN_RUN=booted\nSPOTRAIN_REGION={region}\nSPOTRAIN_BUCKET={bucket}\n"
         f"SPOTRAIN_CATALOG_TABLE={table}\nSPOTRAIN_KMS_KEY_ID={key}\n"
+        "SPOTRAIN_EVENTS_TABLE=bootstrap-events\n"
     )
-    with LocalMetadataService(instance_id="i-0feedface", instance_type="g6.xlarge") as imds:
-        result = subprocess.run(
-            ["bash", str(BOOTSTRAP)], capture_output=True, text=True, timeout=300,
-            env={**os.environ, **control.aws_environment(local_cloud.endpoint, region),
-                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                 "SPOTRAIN_RUN_ENV": str(run_env), "SPOTRAIN_CONFIG": str(config),
-                 "SPOTRAIN_IMDS_ENDPOINT": imds.endpoint, "SPOTRAIN_CONTAINER_RUNTIME": "none",
-                 "SPOTRAIN_NPROC_PER_NODE": "1", "SPOTRAIN_WORK_DIR": str(tmp_path / "disk")},
-        )  # fmt: skip
+
+    def boot() -> subprocess.CompletedProcess[str]:
+        with LocalMetadataService(instance_id="i-0feedface", instance_type="g6.xlarge") as imds:
+            return subprocess.run(
+                ["bash", str(BOOTSTRAP)], capture_output=True, text=True, timeout=300,
+                env={**os.environ, **control.aws_environment(local_cloud.endpoint, region),
+                     "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                     "SPOTRAIN_RUN_ENV": str(run_env), "SPOTRAIN_CONFIG": str(config),
+                     "SPOTRAIN_IMDS_ENDPOINT": imds.endpoint,
+                     "SPOTRAIN_CONTAINER_RUNTIME": "none", "SPOTRAIN_NPROC_PER_NODE": "1",
+                     "SPOTRAIN_WORK_DIR": str(tmp_path / "disk")},
+            )  # fmt: skip
+
+    result = boot()
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "i-0feedface (g6.xlarge in us-east-1a) joins run booted" in output
-    assert f"spot_notice_endpoint={imds.endpoint}" in output  # the trainer watches IMDS
+    assert "spot_notice_endpoint=http://127.0.0.1:" in output  # the trainer watches IMDS
+    assert "trainer exit 0 on i-0feedface: finished" in output
     head = DynamoCatalog(table, "booted", client=dynamodb).head()
     assert head is not None and head.step == 2
+    # After repeated crashes the run is held: the machine does not start the trainer again.
+    events = boto3.resource("dynamodb", endpoint_url=local_cloud.endpoint, region_name=region,
+                            verify=local_cloud.ca_bundle,
+                            aws_access_key_id="local", aws_secret_access_key="local")  # fmt: skip
+    for _ in range(3):
+        fleet_state.record_exit(events.Table("bootstrap-events"), "booted", "i-0dead", 1,
+                                max_crashes=3)  # fmt: skip
+    held = boot()
+    assert held.returncode == 3
+    assert "held after repeated crashes" in held.stdout
+    assert "spotrain train" not in held.stdout + held.stderr

@@ -8,10 +8,12 @@ import os
 import re
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import boto3
 import pytest
 from helpers import create_catalog_table, kms_only_bucket
 
@@ -26,6 +28,7 @@ pytestmark = pytest.mark.integration
 
 RUNBOOKS = Path(__file__).resolve().parents[1] / "runbooks"
 REGION = "us-east-1"
+REPLICA_REGION = "us-west-2"
 
 
 def bash_blocks(runbook: Path) -> list[str]:
@@ -41,19 +44,31 @@ def run_runbook(runbook: Path, env: dict[str, str]) -> subprocess.CompletedProce
 
 
 class Run:
-    """A run with published checkpoints at steps 10, 20, 30 on the local cloud."""
+    """A run with published checkpoints at steps 10, 20, 30 on the local cloud, its fleet's
+    groups (spot and on-demand fallback), fleet state table and budget. With `held_replica`,
+    the bucket replicates to a replica region whose copy of step 30's new shard never
+    arrives."""
 
-    def __init__(self, cloud: control.RunningCloud, name: str, tmp_path: Path) -> None:
-        self.name = name
+    def __init__(
+        self, cloud: control.RunningCloud, name: str, tmp_path: Path, *, held_replica: bool
+    ) -> None:
+        self.name, self.cloud = name, cloud
         s3 = control.client("s3", cloud.endpoint, REGION)
         self.dynamodb = control.client("dynamodb", cloud.endpoint, REGION)
         bucket, table = f"runbook-{name}", f"runbook-{name}-catalog"
         key = kms_only_bucket(s3, control.client("kms", cloud.endpoint, REGION), bucket)
         create_catalog_table(self.dynamodb, table)
+        self.events = f"runbook-{name}-events"
+        create_catalog_table(self.dynamodb, self.events)  # fleet state uses the same keys
+        replica = f"runbook-{name}-replica"
+        if held_replica:
+            replicate(cloud, bucket, replica)
         self.storage = open_storage(f"s3://{bucket}", kms_key_id=key, client=s3)
         self.catalog = DynamoCatalog(table, name, client=self.dynamodb)
         generation = self.catalog.acquire_lease("trainer")
         for step in (10, 20, 30):
+            if held_replica and step == 30:  # step 30's new shard has not replicated yet
+                control.set_faults(replication_pending=[f"{bucket}/runs/{name}/shards/*"])
             folder = tmp_path / f"step{step}"
             (folder / f"step_{step:09d}").mkdir(parents=True)
             (folder / f"step_{step:09d}" / "model.pt").write_bytes(os.urandom(40_000))
@@ -63,11 +78,75 @@ class Run:
                 run=name, step=step, world_size=2, zero_stage=2, config_hash="c0ffee",
                 code_version="test",
             )  # fmt: skip
+        self.groups = create_fleet_groups(cloud, name)
+        self.budget = f"runbook-{name}-monthly"
+        create_budget(cloud, self.budget)
         self.env = {**control.aws_environment(cloud.endpoint, REGION), "RUN": name,
-                    "STORE": f"s3://{bucket}", "CATALOG": table, "KMS_KEY": key}  # fmt: skip
+                    "STORE": f"s3://{bucket}", "CATALOG": table, "KMS_KEY": key,
+                    "EVENTS": self.events, "FLEET_GROUP": self.groups[0],
+                    "ON_DEMAND_GROUP": self.groups[1], "BUDGET": self.budget,
+                    "REPLICA_STORE": f"s3://{replica}", "REPLICA_REGION": REPLICA_REGION,
+                    "SCRATCH": str(tmp_path / "scratch")}  # fmt: skip
 
     def statuses(self) -> dict[int, str]:
         return {e.step: e.status for e in self.catalog.entries()}
+
+    def desired(self, group: str) -> int:
+        autoscaling = control.client("autoscaling", self.cloud.endpoint, REGION)
+        found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])
+        return int(found["AutoScalingGroups"][0]["DesiredCapacity"])
+
+
+def replicate(cloud: control.RunningCloud, bucket: str, replica: str) -> None:
+    s3 = control.client("s3", cloud.endpoint, REGION)
+    replica_s3 = control.client("s3", cloud.endpoint, REPLICA_REGION)
+    replica_key = control.client("kms", cloud.endpoint, REPLICA_REGION).create_key()["KeyMetadata"][
+        "Arn"
+    ]
+    replica_s3.create_bucket(
+        Bucket=replica, CreateBucketConfiguration={"LocationConstraint": REPLICA_REGION}
+    )
+    for client, name in ((s3, bucket), (replica_s3, replica)):
+        client.put_bucket_versioning(Bucket=name, VersioningConfiguration={"Status": "Enabled"})
+    s3.put_bucket_replication(
+        Bucket=bucket,
+        ReplicationConfiguration={
+            "Role": "arn:aws:iam::123456789012:role/replication",
+            "Rules": [{"ID": "runs", "Status": "Enabled", "Priority": 1,
+                       "Filter": {"Prefix": "runs/"},
+                       "DeleteMarkerReplication": {"Status": "Enabled"},
+                       "Destination": {"Bucket": f"arn:aws:s3:::{replica}",
+                                       "EncryptionConfiguration":
+                                           {"ReplicaKmsKeyID": replica_key}}}],
+        },
+    )  # fmt: skip
+
+
+def create_fleet_groups(cloud: control.RunningCloud, name: str) -> tuple[str, str]:
+    """The fleet's spot group (lost: 0 machines) and its empty on-demand fallback group."""
+    ec2 = control.client("ec2", cloud.endpoint, REGION)
+    autoscaling = control.client("autoscaling", cloud.endpoint, REGION)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    template = ec2.create_launch_template(
+        LaunchTemplateName=f"runbook-{name}",
+        LaunchTemplateData={"ImageId": image, "InstanceType": "g5.xlarge"},
+    )["LaunchTemplate"]["LaunchTemplateId"]
+    groups = (f"runbook-{name}-fleet", f"runbook-{name}-fleet-on-demand")
+    for group in groups:
+        autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=group, MinSize=0, MaxSize=4, DesiredCapacity=0,
+            AvailabilityZones=[f"{REGION}a"],
+            LaunchTemplate={"LaunchTemplateId": template, "Version": "$Latest"},
+        )  # fmt: skip
+    return groups
+
+
+def create_budget(cloud: control.RunningCloud, name: str) -> None:
+    control.client("budgets", cloud.endpoint, REGION).create_budget(
+        AccountId="123456789012",
+        Budget={"BudgetName": name, "BudgetType": "COST", "TimeUnit": "MONTHLY",
+                "BudgetLimit": {"Amount": "100.0", "Unit": "USD"}},
+    )  # fmt: skip
 
 
 def damage_head(run: Run) -> dict[str, str]:
@@ -95,9 +174,69 @@ def check_rolled_back(run: Run, result: subprocess.CompletedProcess[str]) -> Non
                               30: schema.STATUS_ROLLED_BACK}  # fmt: skip
 
 
+def fleet_lost(run: Run) -> dict[str, str]:
+    Path(run.env["SCRATCH"]).mkdir(parents=True)
+    return {"WORKERS": "2"}
+
+
+def check_new_fleet(run: Run, result: subprocess.CompletedProcess[str]) -> None:
+    assert run.desired(run.groups[0]) == 2
+    assert "step 30: all 2 files present and match their SHA-256" in result.stdout
+    assert "restored step 30" in result.stdout
+
+
+def primary_region_down(run: Run) -> dict[str, str]:
+    Path(run.env["SCRATCH"]).mkdir(parents=True)
+    control.set_faults(regions_down=[REGION])
+    return {}
+
+
+def check_replica_restore(run: Run, result: subprocess.CompletedProcess[str]) -> None:
+    control.set_faults(regions_down=[], replication_pending=[])
+    assert "newest replica checkpoint is incomplete" in result.stdout
+    assert "skipped step 30" in result.stdout
+    assert "restored step 20" in result.stdout
+
+
+def interruptions_in_every_pool(run: Run) -> dict[str, str]:
+    from spotrain import fleet_state
+
+    table = boto3.resource(
+        "dynamodb", endpoint_url=run.cloud.endpoint, region_name=REGION,
+        verify=run.cloud.ca_bundle, aws_access_key_id="local", aws_secret_access_key="local",
+    ).Table(run.events)  # fmt: skip
+    fleet_state.mark_instance(table, run.name, "i-0123456789abcdef0", status="INTERRUPTING",
+                              pool="g5.xlarge#us-east-1a", event_id="e-1",
+                              at="2026-11-21T12:00:00Z")  # fmt: skip
+    fleet_state.set_short_since(table, run.name, time.time() - 900)
+    return {"SHORTFALL": "1"}
+
+
+def check_on_demand(run: Run, result: subprocess.CompletedProcess[str]) -> None:
+    assert "i-0123456789abcdef0" in result.stdout and "INTERRUPTING" in result.stdout
+    assert "short of spot capacity for" in result.stdout
+    assert run.desired(run.groups[1]) == 1
+
+
+def over_budget(run: Run) -> dict[str, str]:
+    autoscaling = control.client("autoscaling", run.cloud.endpoint, REGION)
+    autoscaling.set_desired_capacity(AutoScalingGroupName=run.groups[0], DesiredCapacity=3)
+    autoscaling.set_desired_capacity(AutoScalingGroupName=run.groups[1], DesiredCapacity=2)
+    return {"KEEP": "1"}
+
+
+def check_shrunk(run: Run, result: subprocess.CompletedProcess[str]) -> None:
+    assert f"{run.budget}: limit 100.00 USD per monthly" in result.stdout
+    assert (run.desired(run.groups[0]), run.desired(run.groups[1])) == (1, 0)
+
+
 SCENARIOS: dict[str, tuple[Callable[[Run], dict[str, str]], Callable[[Run, Any], None]]] = {
     "corrupted-checkpoint": (damage_head, check_corrupted),
     "roll-back": (spike_after_step_10, check_rolled_back),
+    "restore-onto-new-fleet": (fleet_lost, check_new_fleet),
+    "region-down": (primary_region_down, check_replica_restore),
+    "spot-capacity": (interruptions_in_every_pool, check_on_demand),
+    "budget-alert": (over_budget, check_shrunk),
 }
 
 
@@ -113,8 +252,11 @@ def test_runbook_commands_work_on_the_local_cloud(
     name: str, local_cloud: control.RunningCloud, tmp_path: Path
 ) -> None:
     arrange, check = SCENARIOS[name]
-    run = Run(local_cloud, name, tmp_path)
-    extra = arrange(run)
-    result = run_runbook(RUNBOOKS / f"{name}.md", {**run.env, **extra})
+    try:
+        run = Run(local_cloud, name, tmp_path, held_replica=name == "region-down")
+        extra = arrange(run)
+        result = run_runbook(RUNBOOKS / f"{name}.md", {**run.env, **extra})
+    finally:
+        control.set_faults(regions_down=[], replication_pending=[])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     check(run, result)

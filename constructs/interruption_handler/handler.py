@@ -134,10 +134,9 @@ def describe_instance(ec2: Any, instance_id: str) -> dict[str, str]:
     for reservation in reservations:
         for instance in reservation["Instances"]:
             tags = {t["Key"]: t["Value"] for t in instance.get("Tags", [])}
+            kind, zone = instance.get("InstanceType"), instance["Placement"]["AvailabilityZone"]
             return {
-                "pool": pool_key(
-                    instance["InstanceType"], instance["Placement"]["AvailabilityZone"]
-                ),
+                "pool": pool_key(kind, zone) if kind else UNKNOWN_POOL,
                 "run": tags.get(RUN_TAG, ""),
                 "group": tags.get(GROUP_TAG, ""),
             }
@@ -263,6 +262,18 @@ def reject(event: Any, reason: str, queue_url: str | None) -> dict[str, Any]:
     return {"rejected": reason}
 
 
+def _autoscaling_by_region() -> Callable[[str], Any]:
+    """One Auto Scaling client per region, made when first needed (groups may be anywhere)."""
+    clients: dict[str, Any] = {}
+
+    def client(region: str) -> Any:
+        if region not in clients:
+            clients[region] = boto3.client("autoscaling", region_name=region)
+        return clients[region]
+
+    return client
+
+
 # --- entry point -------------------------------------------------------------------------------
 def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
     table = boto3.resource("dynamodb").Table(settings["events_table"])
@@ -288,11 +299,7 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
     decision = requeue.Decision("none", "a rebalance recommendation: capacity rebalancing "
                                 "launches the replacement, the trainer checkpointed")  # fmt: skip
     if interrupting:
-        clients: dict[str, Any] = {}
-
-        def autoscaling(region: str) -> Any:
-            return clients.setdefault(region, boto3.client("autoscaling", region_name=region))
-
+        autoscaling = _autoscaling_by_region()
         groups = capacity_groups(settings, autoscaling)
         pools = {p for g in groups for p in g.pools} | {instance["pool"]}
         state = fleet_state.run_state(table, run) if run else fleet_state.RunState()
@@ -322,11 +329,7 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
 
 def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
     table = boto3.resource("dynamodb").Table(settings["events_table"])
-    clients: dict[str, Any] = {}
-
-    def autoscaling(region: str) -> Any:
-        return clients.setdefault(region, boto3.client("autoscaling", region_name=region))
-
+    autoscaling = _autoscaling_by_region()
     groups = capacity_groups(settings, autoscaling)
     state = fleet_state.run_state(table, settings["run"])
     decision = requeue.reconcile(

@@ -1,0 +1,405 @@
+"""The rehearsal: the whole story of a spot run on the local cloud, in one command.
+
+1. bring up the local cloud and deploy the `local` environment;
+2. train a small GPT on CPU, checkpointing to the local S3 with the DynamoDB catalog;
+3. announce a spot interruption (the local IMDS endpoint, and the EventBridge event to the
+   deployed handler's code with its deployed configuration): the trainer publishes an
+   emergency checkpoint and exits, the handler records, marks and requeues;
+4. restart: the run resumes from the published checkpoint;
+5. take the primary region down and restore from the replica region, then finish there;
+6. report steps lost, notice-to-published seconds, restore seconds, bytes uploaded against a
+   full upload of every checkpoint, and the final loss against an uninterrupted run's.
+
+Run by `spotrain rehearse` (and `make local`).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spotrain.errors import SpotrainError
+from spotrain.localcloud import control
+
+# Small enough for a laptop CPU, big enough that a step outlasts the notice poll several times.
+MODEL = {"context": 64, "layers": 4, "heads": 4, "width": 128}
+STEPS = 30
+INTERRUPT_AFTER_STEP = 6
+REGION_LOSS_AT_STEP = 20
+CHECKPOINT_EVERY = 5
+TRAINER_TIMEOUT_S = 600
+# Lines of the trainer's output worth showing while it runs.
+SHOWN = ("step ", "published", "stopped", "restored", "resum", "spot ", "rolled", "no checkpoint")
+
+
+class RehearsalFailed(SpotrainError):
+    """A step of the rehearsal did not do what it must."""
+
+
+@dataclass
+class Phase:
+    name: str
+    metrics: Path
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.metrics.exists():
+            return []
+        return [json.loads(line) for line in self.metrics.read_text().splitlines() if line]
+
+    def losses(self) -> dict[int, float]:
+        return {r["step"]: r["loss"] for r in self.records() if "loss" in r}
+
+    def events(self, kind: str) -> list[dict[str, Any]]:
+        return [r for r in self.records() if r.get("event") == kind]
+
+
+@dataclass(frozen=True)
+class Report:
+    steps: int
+    stopped_at: int
+    resumed_from: int
+    notice_to_published_s: float
+    replica_step: int
+    primary_head_step: int
+    restore_s: float
+    uploaded_bytes: int
+    full_bytes: int
+    final_loss: float
+    reference_loss: float
+    max_loss_difference: float
+    handler: dict[str, Any]
+
+    @property
+    def steps_lost(self) -> int:
+        return self.stopped_at - self.resumed_from
+
+    @property
+    def committed_work_lost(self) -> int:
+        return self.primary_head_step - self.replica_step
+
+    def render(self) -> str:
+        identical = self.max_loss_difference == 0.0
+        lines = [
+            "rehearsal report",
+            f"  steps lost to preemption      {self.steps_lost} (stopped at step "
+            f"{self.stopped_at}, resumed from step {self.resumed_from})",
+            f"  notice to published           {self.notice_to_published_s:.1f} s",
+            f"  handler                       {self.handler['decision']}: "
+            f"{self.handler['reason']}",
+            f"  committed work lost           {self.committed_work_lost} steps (primary head "
+            f"{self.primary_head_step}, replica restored step {self.replica_step})",
+            f"  restore from replica region   {self.restore_s:.1f} s (every shard checked)",
+            f"  bytes uploaded vs full        {self.uploaded_bytes:,} of {self.full_bytes:,} "
+            f"({self.uploaded_bytes / max(self.full_bytes, 1):.0%}; unchanged shards reused)",
+            f"  final loss (step {self.steps})         {self.final_loss:.6f} vs uninterrupted "
+            f"{self.reference_loss:.6f}: "
+            + ("identical at every step" if identical
+               else f"differs by up to {self.max_loss_difference:.2e}"),
+        ]  # fmt: skip
+        return "\n".join(lines)
+
+    @property
+    def passed(self) -> bool:
+        return (
+            self.steps_lost == 0
+            and self.committed_work_lost == 0
+            and (self.max_loss_difference == 0.0)
+        )
+
+
+class Rehearsal:
+    def __init__(self, work: Path, *, say: Callable[[str], None] = print) -> None:
+        self.work, self.say = work, say
+
+    # --- the steps -----------------------------------------------------------------------
+    def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> Report:
+        started_here = control.status() is None
+        cloud = control.up(port=port)
+        self.say(f"[1/6] local cloud at {cloud.endpoint}; deploying the `local` environment")
+        os.environ.update(control.aws_environment(cloud.endpoint, "us-east-1"))
+        try:
+            with self._reference_run() as reference:
+                outputs = self._deploy(cloud.endpoint)
+                report = self._story(cloud, outputs, reference)
+        finally:
+            control.set_faults(regions_down=[], replication_pending=[])
+            if started_here and not keep_cloud:
+                control.down()
+                self.say("local cloud stopped (pass --keep-cloud to leave it running)")
+        return report
+
+    def _deploy(self, endpoint: str) -> dict[str, Any]:
+        from spotrain import deploy
+
+        config = deploy.local_environment_ready(endpoint)
+        out = self.work / "cdktf.out"
+        deploy.synth(out, local_endpoint=endpoint)
+        began = time.monotonic()
+        deployment = deploy.Deployment(config=config, outdir=out, log=self._indented)
+        results = deployment.apply()
+        outputs: dict[str, Any] = {"config": config}
+        for result in results:
+            outputs.update(result.outputs)
+        self.say(f"      {sum(len(r.resources) for r in results)} resources applied in "
+                 f"{time.monotonic() - began:.0f} s")  # fmt: skip
+        return outputs
+
+    def _story(
+        self,
+        cloud: control.RunningCloud,
+        outputs: dict[str, Any],
+        reference: tuple[Phase, Trainer],
+    ) -> Report:
+        from spotrain.localcloud.imds import LocalMetadataService
+
+        config = outputs["config"]
+        primary, replica = config.primary_region, config.replica_region
+        keys = {
+            region: control.client("kms", cloud.endpoint, region).describe_key(KeyId=alias)[
+                "KeyMetadata"
+            ]["Arn"]
+            for region, alias in (
+                (primary, outputs["primary_key_alias"]),
+                (replica, outputs["replica_key_alias"]),
+            )
+        }
+        run = config.run_name
+        instance = self._fleet_instance(cloud, outputs["fleet_group"], primary)
+        settings = {**self._settings(), "run": run}
+        on_primary = {
+            **settings,
+            "store": f"s3://{outputs['checkpoint_bucket']}",
+            "catalog_table": outputs["checkpoint_catalog_table"],
+            "kms_key_id": keys[primary],
+        }
+        self.say(f"[2/6] training run `{run}` on CPU: {STEPS} steps, checkpoints every "
+                 f"{CHECKPOINT_EVERY} to s3://{outputs['checkpoint_bucket']}")  # fmt: skip
+        first = Phase("first", self.work / "first.jsonl")
+        with LocalMetadataService(instance_id=instance, availability_zone=f"{primary}b") as imds:
+            trainer = self._start(first, {**on_primary, "steps": REGION_LOSS_AT_STEP,
+                                          "spot_notice_endpoint": imds.endpoint,
+                                          "spot_notice_poll_seconds": 0.2},
+                                  region=primary)  # fmt: skip
+            self._wait_for(trainer, lambda: max(first.losses(), default=0) >= INTERRUPT_AFTER_STEP)
+            self.say(f"[3/6] spot interruption notice for {instance} (IMDS, and the "
+                     "EventBridge event to the handler)")  # fmt: skip
+            imds.announce_interruption()
+            handled = self._deliver_interruption(cloud, outputs, instance, primary)
+            trainer.finish()
+        stopped = first.events("stopped")
+        if not stopped:
+            raise RehearsalFailed(f"the trainer did not stop on the notice; see {trainer.log}")
+        stopped_at = int(stopped[-1]["step"])
+        self.say("[4/6] restarting: the run resumes from the published checkpoint")
+        second = Phase("second", self.work / "second.jsonl")
+        self._start(second, {**on_primary, "steps": REGION_LOSS_AT_STEP}, region=primary).finish()
+        resumed_from = min(second.losses()) - 1
+        head_step = int(second.events("published")[-1]["step"])
+        self.say(f"[5/6] primary region {primary} down; restoring from the replica region "
+                 f"{replica}")  # fmt: skip
+        control.set_faults(regions_down=[primary])
+        replica_step, restore_s = self._restore_from_replica(
+            cloud, outputs["replica_bucket"], replica, run
+        )
+        on_replica = {
+            **settings, "store": f"s3://{outputs['replica_bucket']}", "kms_key_id": keys[replica],
+            "steps": STEPS,
+        }  # fmt: skip
+        third = Phase("third", self.work / "third.jsonl")
+        self._start(third, on_replica, region=replica).finish()
+        self.say("[6/6] finished; comparing with the uninterrupted run")
+        reference_phase, reference_trainer = reference
+        reference_trainer.finish()
+        combined = {**first.losses(), **second.losses(), **third.losses()}
+        expected = reference_phase.losses()
+        if sorted(combined) != sorted(expected):
+            raise RehearsalFailed(
+                f"steps trained {sorted(combined)} differ from the uninterrupted run's "
+                f"{sorted(expected)}"
+            )
+        published = first.events("published") + second.events("published")
+        published += third.events("published")
+        uploaded = sum(int(p["uploaded_bytes"]) for p in published)
+        reused = sum(int(p["reused_bytes"]) for p in published)
+        return Report(
+            steps=STEPS, stopped_at=stopped_at, resumed_from=resumed_from,
+            notice_to_published_s=float(stopped[-1]["notice_to_published_s"]),
+            replica_step=replica_step, primary_head_step=head_step, restore_s=restore_s,
+            uploaded_bytes=uploaded, full_bytes=uploaded + reused,
+            final_loss=combined[STEPS], reference_loss=expected[STEPS],
+            max_loss_difference=max(abs(combined[s] - expected[s]) for s in expected),
+            handler=handled,
+        )  # fmt: skip
+
+    # --- helpers -------------------------------------------------------------------------
+    def _indented(self, message: str) -> None:
+        self.say(f"      {message.strip()}")
+
+    def _settings(self) -> dict[str, Any]:
+        from spotrain.trainer.data import synthetic_corpus, write_token_file
+
+        corpus = self.work / "data" / "corpus.bin"
+        if not corpus.exists():
+            corpus = write_token_file(corpus.with_suffix(""), synthetic_corpus(200_000))
+        return {
+            "run": "rehearsal", "data": str(corpus), "model": MODEL,
+            "checkpoint_every": CHECKPOINT_EVERY, "micro_batch": 4, "log_every": 5, "seed": 7,
+        }  # fmt: skip
+
+    def _fleet_instance(self, cloud: control.RunningCloud, group: str, region: str) -> str:
+        groups = control.client("autoscaling", cloud.endpoint, region).describe_auto_scaling_groups(
+            AutoScalingGroupNames=[group]
+        )["AutoScalingGroups"]
+        instances = [i["InstanceId"] for g in groups for i in g.get("Instances", [])]
+        if not instances:
+            raise RehearsalFailed(f"the fleet group {group} launched no instance")
+        return str(instances[-1])
+
+    def _deliver_interruption(
+        self, cloud: control.RunningCloud, outputs: dict[str, Any], instance: str, region: str
+    ) -> dict[str, Any]:
+        """The deployed handler's code with the deployed function's configuration (the
+        emulator stores Lambdas but cannot run them)."""
+        from spotrain.constructs.interruption_handler import handler
+
+        function = control.client("lambda", cloud.endpoint, region).get_function_configuration(
+            FunctionName=outputs["handler_function"]
+        )
+        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        event = {
+            "version": "0", "id": f"rehearsal-{int(time.time())}",
+            "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2",
+            "account": "123456789012", "time": now, "region": region,
+            "resources": [f"arn:aws:ec2:{region}:123456789012:instance/{instance}"],
+            "detail": {"instance-id": instance, "instance-action": "terminate"},
+        }  # fmt: skip
+        with _environment(function["Environment"]["Variables"]):
+            result = handler.handle(event)
+            again = handler.handle(event)  # EventBridge delivers at least once
+        if "rejected" in result:
+            raise RehearsalFailed(f"the handler rejected the interruption: {result['rejected']}")
+        self.say(f"      handler: recorded={result['recorded']} (redelivery recorded="
+                 f"{again['recorded']}), pool {result['pool']}, {result['decision']}: "
+                 f"{result['reason']}")  # fmt: skip
+        return result
+
+    def _restore_from_replica(
+        self, cloud: control.RunningCloud, bucket: str, region: str, run: str
+    ) -> tuple[int, float]:
+        from spotrain.trainer import checkpoint
+        from spotrain.trainer.catalog import ManifestCatalog
+        from spotrain.trainer.storage import open_storage
+
+        storage = open_storage(
+            f"s3://{bucket}", client=control.client("s3", cloud.endpoint, region)
+        )
+        target = self.work / "replica-restore"
+        began = time.perf_counter()
+        report = checkpoint.restore(
+            target, storage=storage, catalog=ManifestCatalog(storage, run), run=run
+        )
+        took = time.perf_counter() - began
+        shutil.rmtree(target, ignore_errors=True)
+        self.say(f"      restored step {report.manifest.step} from s3://{bucket} in {took:.1f} s "
+                 f"({len(report.manifest.shards)} shards verified); skipped: "
+                 f"{report.skipped or 'none'}")  # fmt: skip
+        return report.manifest.step, took
+
+    def _config_file(self, phase: Phase, fields: dict[str, Any]) -> Path:
+        path = self.work / f"{phase.name}.json"
+        work_dir = self.work / f"{phase.name}-work"
+        path.write_text(
+            json.dumps({**fields, "metrics_file": str(phase.metrics), "work_dir": str(work_dir)})
+        )
+        return path
+
+    def _start(
+        self, phase: Phase, fields: dict[str, Any], *, region: str, shown: bool = True
+    ) -> Trainer:
+        command = [sys.executable, "-m", "spotrain.cli", "train",
+                   str(self._config_file(phase, fields)), "--nproc-per-node", "1"]  # fmt: skip
+        env = {**os.environ, "AWS_REGION": region, "AWS_DEFAULT_REGION": region}
+        return Trainer(command, env, self.work / f"{phase.name}.log",
+                       self._indented if shown else None)  # fmt: skip
+
+    def _wait_for(self, trainer: Trainer, condition: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + TRAINER_TIMEOUT_S
+        while not condition():
+            if trainer.process.poll() is not None:
+                raise RehearsalFailed(f"training ended early; see {trainer.log}")
+            if time.monotonic() > deadline:
+                trainer.process.kill()
+                raise RehearsalFailed(f"training made no progress; see {trainer.log}")
+            time.sleep(0.2)
+
+    @contextmanager
+    def _reference_run(self) -> Iterator[tuple[Phase, Trainer]]:
+        """The same run without interruptions, on a local folder, alongside the deploy."""
+        phase = Phase("uninterrupted", self.work / "uninterrupted.jsonl")
+        fields = {**self._settings(), "steps": STEPS,
+                  "store": str(self.work / "uninterrupted-store")}  # fmt: skip
+        trainer = self._start(phase, fields, region="us-east-1", shown=False)
+        try:
+            yield phase, trainer
+        finally:
+            if trainer.process.poll() is None:
+                trainer.process.kill()
+                trainer.process.wait()
+
+
+class Trainer:
+    """`spotrain train` in a child process; its output goes to a log, chosen lines to `show`."""
+
+    def __init__(
+        self, command: list[str], env: dict[str, str], log: Path,
+        show: Callable[[str], None] | None,
+    ) -> None:  # fmt: skip
+        self.log, self.show = log, show
+        self.process = subprocess.Popen(
+            command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self._reader = threading.Thread(target=self._copy, daemon=True)
+        self._reader.start()
+
+    def _copy(self) -> None:
+        assert self.process.stdout is not None
+        with self.log.open("w") as log:
+            for line in self.process.stdout:
+                log.write(line)
+                said = line.removeprefix("[spotrain] ")
+                if self.show is not None and said != line and said.startswith(SHOWN):
+                    self.show(said)
+
+    def finish(self) -> None:
+        try:
+            self.process.wait(timeout=TRAINER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(timeout=10)
+        if self.process.returncode != 0:
+            raise RehearsalFailed(f"training exited with {self.process.returncode}; see {self.log}")
+
+
+@contextmanager
+def _environment(variables: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in variables}
+    os.environ.update(variables)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
