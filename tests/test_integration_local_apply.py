@@ -184,13 +184,17 @@ def test_interruption_rules_target_the_handler(local: Local) -> None:
     # the synthesized configuration carries it (test_constructs).
     assert function["Handler"] == "interruption_handler.handle"
     assert function["Environment"]["Variables"]["EVENTS_TABLE"] == "spotrain-local-events"
-    patterns = {}
+    patterns, schedules = {}, []
     for rule in events.list_rules(NamePrefix="spotrain-local-interruption-handler")["Rules"]:
         targets = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
         assert [t["Arn"] for t in targets] == [function["FunctionArn"]]
         assert targets[0]["RetryPolicy"]["MaximumRetryAttempts"] == 8
-        patterns[rule["Name"]] = rule["EventPattern"]
+        if "EventPattern" in rule:
+            patterns[rule["Name"]] = rule["EventPattern"]
+        else:
+            schedules.append(rule["ScheduleExpression"])
     assert len(patterns) == 2
+    assert schedules == ["rate(5 minutes)"]  # the capacity check
     joined = " ".join(patterns.values())
     assert "EC2 Spot Instance Interruption Warning" in joined
     assert "EC2 Instance Rebalance Recommendation" in joined
