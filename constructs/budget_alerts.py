@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from spotrain.cdk import Construct, aws
-from spotrain.constructs.policy import policy_document, statement
+from spotrain.constructs.policy import deny_insecure_transport, policy_document, statement
 from spotrain.errors import raise_if_problems
 
 ALERT_THRESHOLDS: tuple[tuple[str, int], ...] = (
@@ -68,14 +68,7 @@ class BudgetAlerts(Construct):
                         principals={"Service": ["budgets.amazonaws.com"]},
                         conditions=[("StringEquals", "aws:SourceAccount", [props.account_id])],
                     ),
-                    statement(
-                        "DenyInsecureTransport",
-                        effect="Deny",
-                        actions=["sns:Publish"],
-                        resources=[self.topic.arn],
-                        principals={"AWS": ["*"]},
-                        conditions=[("Bool", "aws:SecureTransport", ["false"])],
-                    ),
+                    deny_insecure_transport(["sns:Publish"], [self.topic.arn]),
                 ],
             ),
         )

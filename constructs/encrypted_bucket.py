@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrain.cdk import Construct, aws
-from spotrain.constructs.policy import policy_document, statement
+from spotrain.constructs.policy import deny_insecure_transport, policy_document, statement
 from spotrain.errors import raise_if_problems
 
 
@@ -181,16 +181,7 @@ class EncryptedBucket(Construct):
 
     def _statements(self, props: EncryptedBucketProps) -> list[dict[str, Any]]:
         bucket_arn, objects_arn = self.arn, f"{self.arn}/*"
-        statements = [
-            statement(
-                "DenyInsecureTransport",
-                effect="Deny",
-                actions=["s3:*"],
-                resources=[bucket_arn, objects_arn],
-                principals={"AWS": ["*"]},
-                conditions=[("Bool", "aws:SecureTransport", ["false"])],
-            )
-        ]
+        statements = [deny_insecure_transport(["s3:*"], [bucket_arn, objects_arn])]
         if props.kms_key_arn is not None:
             statements += [
                 statement(

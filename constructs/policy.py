@@ -36,6 +36,18 @@ def statement(
     return result
 
 
+def deny_insecure_transport(actions: list[str], resources: list[str]) -> dict[str, Any]:
+    """The statement every resource policy carries: refuse requests not made over TLS."""
+    return statement(
+        "DenyInsecureTransport",
+        effect="Deny",
+        actions=actions,
+        resources=resources,
+        principals={"AWS": ["*"]},
+        conditions=[("Bool", "aws:SecureTransport", ["false"])],
+    )
+
+
 def policy_document(scope: Construct, id_: str, statements: list[dict[str, Any]]) -> str:
     """Return the rendered JSON of a policy document data source."""
     document = aws.data_aws_iam_policy_document.DataAwsIamPolicyDocument(

@@ -16,10 +16,13 @@ import argparse
 import os
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from spotrain.errors import SpotrainError
-from spotrain.localcloud import control
+from spotrain.localcloud import control, faults
 
 
 def _say(message: str) -> None:
@@ -55,7 +58,7 @@ FAULT_USAGE = (
 
 
 def _set_fault(words: list[str]) -> str:
-    current = control.set_faults()
+    current = faults.read(control.faults_file())
     match words:
         case ["region-down", region]:
             current = control.set_faults(regions_down=[*current.regions_down, region])
@@ -116,7 +119,27 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+@contextmanager
+def _aws_errors(what: str, fix: str) -> Iterator[None]:
+    """An AWS refusal as one line that names what was asked and what to check."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (ClientError, BotoCoreError) as error:
+        raise SpotrainError(f"{what}: {error}; {fix}") from error
+
+
 def cmd_fleet(args: argparse.Namespace) -> int:
+    with _aws_errors(
+        f"`spotrain fleet {args.action}`",
+        "check the --group and --events-table names, AWS_REGION (the fleet's region) and "
+        "your credentials",
+    ):
+        return _fleet(args)
+
+
+def _fleet(args: argparse.Namespace) -> int:
     import boto3
 
     from spotrain import fleet_state
@@ -128,6 +151,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     if args.action == "scale":
         if len(args.group) != 1 or args.desired is None:
             raise SpotrainError("`spotrain fleet scale` needs one --group and --desired N")
+        _groups(autoscaling, args.group)
         autoscaling.set_desired_capacity(
             AutoScalingGroupName=args.group[0], DesiredCapacity=args.desired, HonorCooldown=False
         )
@@ -156,13 +180,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
             else f"run {args.run} may start"
         )
         return 3 if failed else 0
-    found = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=args.group)[
-        "AutoScalingGroups"
-    ]
-    missing = set(args.group) - {g["AutoScalingGroupName"] for g in found}
-    if missing:
-        raise SpotrainError(f"no Auto Scaling group named {', '.join(sorted(missing))} in "
-                            "this region: check --group and AWS_REGION")  # fmt: skip
+    found = _groups(autoscaling, args.group)
     _say(f"{'group':<44} {'desired':>7} {'min':>4} {'max':>4} {'in service':>10}")
     for group in found:
         in_service = sum(i["LifecycleState"] == "InService" for i in group.get("Instances", []))
@@ -182,7 +200,29 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+def _groups(autoscaling: Any, names: list[str]) -> list[dict[str, Any]]:
+    """The named groups (every group in the region if none is named), or an error naming the
+    ones that do not exist."""
+    found: list[dict[str, Any]] = autoscaling.describe_auto_scaling_groups(
+        AutoScalingGroupNames=names
+    )["AutoScalingGroups"]
+    missing = set(names) - {g["AutoScalingGroupName"] for g in found}
+    if missing:
+        raise SpotrainError(f"no Auto Scaling group named {', '.join(sorted(missing))} in "
+                            "this region: check --group and AWS_REGION")  # fmt: skip
+    return found
+
+
 def cmd_budget(args: argparse.Namespace) -> int:
+    with _aws_errors(
+        f"budget {args.name!r}",
+        "budgets are named spotrain-<env>-monthly (the budget stack's output); check your "
+        "credentials",
+    ):
+        return _budget(args)
+
+
+def _budget(args: argparse.Namespace) -> int:
     import boto3
 
     account = boto3.client("sts").get_caller_identity()["Account"]

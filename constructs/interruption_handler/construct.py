@@ -24,7 +24,12 @@ import spotrain.fleet_state
 from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
 from spotrain.constructs.interruption_handler import handler as handler_module
 from spotrain.constructs.interruption_handler import requeue
-from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+from spotrain.constructs.policy import (
+    assume_role_policy,
+    deny_insecure_transport,
+    policy_document,
+    statement,
+)
 from spotrain.errors import raise_if_problems
 
 HANDLED_EVENTS = {
@@ -149,16 +154,7 @@ class InterruptionHandler(Construct):
             policy=policy_document(
                 self,
                 "NoticeTopicPolicyDocument",
-                [
-                    statement(
-                        "DenyInsecureTransport",
-                        effect="Deny",
-                        actions=["sns:Publish"],
-                        resources=[self.topic.arn],
-                        principals={"AWS": ["*"]},
-                        conditions=[("Bool", "aws:SecureTransport", ["false"])],
-                    )
-                ],
+                [deny_insecure_transport(["sns:Publish"], [self.topic.arn])],
             ),
         )
         for index, email in enumerate(props.alert_emails):
@@ -337,14 +333,7 @@ class InterruptionHandler(Construct):
                             ("ArnEquals", "aws:SourceArn", [r.arn for r in self.rules.values()])
                         ],
                     ),
-                    statement(
-                        "DenyInsecureTransport",
-                        effect="Deny",
-                        actions=["sqs:*"],
-                        resources=[self.dead_letter_queue.arn],
-                        principals={"AWS": ["*"]},
-                        conditions=[("Bool", "aws:SecureTransport", ["false"])],
-                    ),
+                    deny_insecure_transport(["sqs:*"], [self.dead_letter_queue.arn]),
                 ],
             ),
         )

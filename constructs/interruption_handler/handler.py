@@ -277,7 +277,8 @@ def _autoscaling_by_region() -> Callable[[str], Any]:
 # --- entry point -------------------------------------------------------------------------------
 def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict[str, Any]:
     table = boto3.resource("dynamodb").Table(settings["events_table"])
-    instance = describe_instance(boto3.client("ec2"), fields["instance_id"])
+    ec2 = boto3.client("ec2")
+    instance = describe_instance(ec2, fields["instance_id"])
     if not record(table, fields, instance["pool"], settings["retention_days"]):
         log.info(
             "duplicate %s %s for %s", fields["kind"], fields["event_id"], fields["instance_id"]
@@ -292,7 +293,7 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
             pool=instance["pool"], event_id=fields["event_id"], at=fields["time"],
         )  # fmt: skip
     if instance["pool"] != UNKNOWN_POOL:
-        boto3.client("ec2").create_tags(
+        ec2.create_tags(
             Resources=[fields["instance_id"]],
             Tags=[{"Key": "spotrain:interruption", "Value": f"{fields['kind']}@{fields['time']}"}],
         )

@@ -1,0 +1,61 @@
+"""`spotrain fleet` and `spotrain budget`: what the runbooks and the boot script call, and the
+errors an on-call engineer can hit (in-process moto; the runbook tests run them over HTTP)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import boto3
+import pytest
+from helpers import create_catalog_table
+from moto import mock_aws
+
+from spotrain import cli
+
+
+@pytest.fixture
+def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    for key, value in {"AWS_DEFAULT_REGION": "us-east-1", "AWS_REGION": "us-east-1",
+                       "AWS_ACCESS_KEY_ID": "t", "AWS_SECRET_ACCESS_KEY": "t"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        create_catalog_table(boto3.client("dynamodb"), "events")
+        yield
+
+
+def test_crashes_hold_the_run_until_reset(aws: None, capsys: pytest.CaptureFixture[str]) -> None:
+    state = ["--events-table", "events", "--run", "r"]
+    assert cli.main(["fleet", "may-start", *state]) == 0
+    exits = [cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "1",
+                       "--max-crashes", "2"]) for _ in range(2)]  # fmt: skip
+    assert exits == [0, 3]
+    assert cli.main(["fleet", "may-start", *state]) == 3
+    assert "held after repeated crashes" in capsys.readouterr().out
+    assert cli.main(["fleet", "reset-crashes", *state]) == 0
+    assert cli.main(["fleet", "may-start", *state]) == 0
+
+
+def test_a_clean_exit_is_not_a_crash(aws: None, capsys: pytest.CaptureFixture[str]) -> None:
+    state = ["--events-table", "events", "--run", "r"]
+    assert cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "0",
+                     "--max-crashes", "1"]) == 0  # fmt: skip
+    assert "finished; run r has 0 crash(es)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["budget", "spotrain-nope-monthly"], "spotrain-<env>-monthly"),
+        (["fleet", "scale", "--group", "no-such-group", "--desired", "1"], "no Auto Scaling group"),
+        (["fleet", "status", "--group", "no-such-group"], "no Auto Scaling group named"),
+        (["fleet", "may-start", "--events-table", "no-such-table", "--run", "r"], "AWS_REGION"),
+        (["fleet", "exit", "--events-table", "events", "--run", "r"], "--instance ID"),
+    ],
+)
+def test_mistakes_get_one_line_that_names_the_fix(
+    aws: None, capsys: pytest.CaptureFixture[str], argv: list[str], names: str
+) -> None:
+    assert cli.main(argv) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: ") and names in error
+    assert "Traceback" not in error
