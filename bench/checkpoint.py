@@ -122,15 +122,14 @@ def restore_times(work: Path, s3: Any, dynamodb: Any, key_id: str) -> dict[str, 
 
     from spotrain.trainer import checkpoint
     from spotrain.trainer.catalog import DynamoCatalog
-    from spotrain.trainer.manifest import shard_key
     from spotrain.trainer.storage import S3Storage
 
     storage = S3Storage(BUCKET, "", kms_key_id=key_id, client=s3)
-    catalog = DynamoCatalog(TABLE, "bench", client=dynamodb)
+    catalog = DynamoCatalog(TABLE, "bench", storage, client=dynamodb)
     started = time.perf_counter()
     report = checkpoint.restore(work / "restored", storage=storage, catalog=catalog, run="bench")
     ours = time.perf_counter() - started
-    keys = [shard_key("bench", s.sha256) for s in report.manifest.shards]
+    keys = [s.keys[0] for s in report.manifest.shards]
     config = transfer_config(download=True)
     raw_dir = work / "raw-download"
     raw_dir.mkdir()

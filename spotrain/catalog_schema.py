@@ -6,6 +6,22 @@ It has no dependencies so it can ship inside the interruption handler's Lambda z
 
 from __future__ import annotations
 
+import re
+
+_RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
+
+
+def run_name_problem(name: object) -> str | None:
+    """Why `name` cannot name a run, or None. A run's name goes into bucket keys, catalog keys,
+    IAM conditions and tags, so it is kept to what all of them accept."""
+    if isinstance(name, str) and _RUN_NAME.match(name):
+        return None
+    return (
+        f"run name {name!r} is not valid: use 1-63 lowercase letters, digits or '-', starting "
+        "with a letter or digit (e.g. 'gpt-small')"
+    )
+
+
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
 

@@ -16,6 +16,8 @@ import argparse
 import os
 import sys
 import time
+import traceback
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -40,8 +42,9 @@ def cmd_local(args: argparse.Namespace) -> int:
     elif args.action == "down":
         _say("local cloud stopped" if control.down() else "local cloud was not running")
     elif args.action == "fault":
+        changes = _fault_changes(args.fault)  # a mistake is named before anything else
         control.require()
-        _say(_set_fault(args.fault))
+        _say(_describe_faults(control.set_faults(**changes)))
     else:
         cloud = control.status()
         if cloud is None:
@@ -53,33 +56,68 @@ def cmd_local(args: argparse.Namespace) -> int:
 
 FAULT_USAGE = (
     "name a fault: region-down REGION, region-up REGION, replication-pending BUCKET/KEY-PATTERN, "
-    "replication-resumed, or clear"
+    "replication-resumed, unavailable BUCKET/KEY-PATTERN REQUESTS, or clear"
 )
 
 
-def _set_fault(words: list[str]) -> str:
+def _region(region: str) -> str:
+    from spotrain.stacks.config import KNOWN_REGIONS
+
+    if region not in KNOWN_REGIONS:
+        raise SpotrainError(
+            f"{region!r} is not an AWS region spotrain knows: use one of "
+            f"{', '.join(sorted(KNOWN_REGIONS))}"
+        )
+    return region
+
+
+def _object_pattern(pattern: str) -> str:
+    if "/" not in pattern.strip("/"):
+        raise SpotrainError(
+            f"{pattern!r} names no objects: write BUCKET/KEY-PATTERN, e.g. my-bucket/runs/*"
+        )
+    return pattern
+
+
+def _fault_changes(words: list[str]) -> dict[str, Any]:
+    """The `control.set_faults` arguments `spotrain local fault WORDS` asks for."""
     current = faults.read(control.faults_file())
     match words:
         case ["region-down", region]:
-            current = control.set_faults(regions_down=[*current.regions_down, region])
+            return {"regions_down": [*current.regions_down, _region(region)]}
         case ["region-up", region]:
-            current = control.set_faults(
-                regions_down=[r for r in current.regions_down if r != region]
-            )
+            return {"regions_down": [r for r in current.regions_down if r != _region(region)]}
         case ["replication-pending", pattern]:
-            current = control.set_faults(
-                replication_pending=[*current.replication_pending, pattern]
-            )
+            return {"replication_pending": [*current.replication_pending, _object_pattern(pattern)]}
         case ["replication-resumed"]:
-            current = control.set_faults(replication_pending=[])
+            return {"replication_pending": []}
+        case ["unavailable", pattern, requests]:
+            entry = {"id": uuid.uuid4().hex, "pattern": _object_pattern(pattern),
+                     "requests": _positive_int(requests, "REQUESTS")}  # fmt: skip
+            return {"unavailable": [*current.unavailable, entry]}
         case ["clear"]:
-            current = control.set_faults(regions_down=[], replication_pending=[])
-        case _:
-            raise SpotrainError(f"`spotrain local fault {' '.join(words)}`: {FAULT_USAGE}")
+            return {"regions_down": [], "replication_pending": [], "unavailable": []}
+    raise SpotrainError(f"`spotrain local fault {' '.join(words)}`: {FAULT_USAGE}")
+
+
+def _describe_faults(current: faults.Faults) -> str:
+    unavailable = ", ".join(f"{u['pattern']} (next {u['requests']} requests)"
+                            for u in current.unavailable)  # fmt: skip
     return (
         f"regions down: {', '.join(current.regions_down) or 'none'}; replication pending for: "
-        f"{', '.join(current.replication_pending) or 'nothing'}"
+        f"{', '.join(current.replication_pending) or 'nothing'}; unavailable: "
+        f"{unavailable or 'nothing'}"
     )
+
+
+def _positive_int(text: str, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SpotrainError(f"{what} is {text!r}: give a whole number of 1 or more")
+    return value
 
 
 def _deployment(  # type: ignore[no-untyped-def]
@@ -303,20 +341,21 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_parts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from spotrain.trainer.catalog import DynamoCatalog, ManifestCatalog
+    from spotrain.catalog_schema import run_name_problem
+    from spotrain.trainer.catalog import open_catalog
     from spotrain.trainer.storage import open_storage
 
+    problem = run_name_problem(args.run)
+    if problem:
+        raise SpotrainError(f"--run: {problem}")
     storage = open_storage(args.store, kms_key_id=args.kms_key_id)
-    if args.catalog_table:
-        return storage, DynamoCatalog(args.catalog_table, args.run)
-    return storage, ManifestCatalog(storage, args.run)
+    return storage, open_catalog(storage, args.run, table=args.catalog_table)
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     import tempfile
 
     from spotrain.trainer import checkpoint
-    from spotrain.trainer.manifest import manifest_key
 
     storage, catalog = _checkpoint_parts(args)
     if args.action == "list":
@@ -328,8 +367,9 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         _say(f"{'step':>10}  {'status':<12} {'bytes':>14}  parent")
         for entry in entries:
             marker = "  <- head" if head is not None and entry.step == head.step else ""
+            reason = f"  ({entry.reason})" if entry.reason and entry.status != "COMPLETE" else ""
             _say(f"{entry.step:>10}  {entry.status:<12} {entry.total_bytes:>14,}  "
-                 f"{entry.parent or '-'}{marker}")  # fmt: skip
+                 f"{entry.parent or '-'}{marker}{reason}")  # fmt: skip
         return 0
     if args.action == "gc":
         report = checkpoint.collect_garbage(storage=storage, catalog=catalog, run=args.run,
@@ -339,26 +379,23 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         return 0
     if args.action == "restore":
         if not args.to:
-            print(
-                "error: restore needs --to DIR (where the checkpoint folder goes)", file=sys.stderr
-            )
-            return 2
+            raise SpotrainError("restore needs --to DIR (an empty or new folder, or one an "
+                                "earlier restore of this run filled)")  # fmt: skip
         result = checkpoint.restore(Path(args.to), storage=storage, catalog=catalog, run=args.run)
         if result.catalog_unavailable:
-            _say(
-                f"catalog unavailable ({result.catalog_unavailable}); "
-                "found checkpoints from manifests"
-            )
+            _say(f"catalog unavailable ({result.catalog_unavailable}); found checkpoints from "
+                 "the store's records")  # fmt: skip
         for step, reason in result.skipped:
             _say(f"skipped step {step}: {reason}")
+        for note in result.notes:
+            _say(f"damaged copy passed over (another copy served): {note}")
         _say(f"restored step {result.manifest.step} ({result.manifest.total_bytes:,} bytes, "
              f"{len(result.manifest.shards)} files) into {args.to}")  # fmt: skip
         return 0
     if args.action in ("quarantine", "rollback"):
-        if args.step is None or not args.reason:
-            print(f"error: {args.action} needs --step N and --reason TEXT (kept with the "
-                  "checkpoint for whoever looks next)", file=sys.stderr)  # fmt: skip
-            return 2
+        if args.step is None or not (args.reason or "").strip():
+            raise SpotrainError(f"{args.action} needs --step N and --reason TEXT (kept with the "
+                                "checkpoint for whoever looks next)")  # fmt: skip
         if args.action == "quarantine":
             catalog.quarantine(args.step, args.reason)
             _say(f"step {args.step} quarantined: restores pass over it")
@@ -368,22 +405,60 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         undone = catalog.roll_back(args.step, generation, args.reason)
         _say(f"head of {args.run} is step {args.step}; rolled back {undone or 'nothing'}")
         return 0
-    step = args.step if args.step is not None else getattr(catalog.head(), "step", None)
-    if step is None:
-        _say(f"run {args.run!r} has no published checkpoint: name one with --step")
-        return 1
+    entry = checkpoint.entry_at(catalog, args.step)
     if args.action == "show":
-        _say(storage.get_bytes(manifest_key(args.run, step)).decode())
+        _say(checkpoint.read_manifest(storage, entry.manifest_key).to_json().decode())
         return 0
     with tempfile.TemporaryDirectory() as scratch:
-        manifest = checkpoint.verify(
-            storage, manifest_key(args.run, step), Path(scratch) / "shards"
-        )
-    _say(f"step {step}: all {len(manifest.shards)} files present and match their SHA-256")
+        manifest, notes = checkpoint.verify(storage, entry.manifest_key, Path(scratch) / "shards")
+    for note in notes:
+        _say(f"damaged copy (another copy of the same bytes is good): {note}")
+    copies = sum(len(s.keys) for s in manifest.shards)
+    _say(f"step {entry.step}: all {len(manifest.shards)} files present and match their SHA-256 "
+         f"({copies} stored objects checked)")  # fmt: skip
     return 0
 
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 90
+
+
+def _nnodes(text: str) -> str:
+    """N, or MIN:MAX, machines (whole numbers, 1 <= MIN <= MAX)."""
+    parts = text.split(":")
+    try:
+        numbers = [int(p) for p in parts]
+    except ValueError:
+        numbers = []
+    if len(numbers) not in (1, 2) or min(numbers) < 1 or numbers != sorted(numbers):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: give N machines, or MIN:MAX for an elastic run (1 <= MIN <= MAX)"
+        )
+    return text
+
+
+def _endpoint(text: str) -> str:
+    host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise argparse.ArgumentTypeError(f"{text!r}: write HOST:PORT, e.g. 10.0.1.5:29400")
+    return text
+
+
+def _whole(minimum: int, maximum: int | None = None):  # type: ignore[no-untyped-def]
+    """An argparse type: a whole number in [minimum, maximum]."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            upper = f" and at most {maximum}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give a whole number of at least {minimum}{upper}"
+            )
+        return value
+
+    return parse
 
 
 def torchrun_command(args: argparse.Namespace) -> list[str]:
@@ -410,9 +485,11 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from spotrain.trainer.engine import preflight
     from spotrain.trainer.train import load_config
 
     config = load_config(args.config, args.set)  # every problem now, before any process starts
+    preflight(config)  # and the store, data and folders, before any rank takes the run's lease
     if args.nproc_per_node is None:
         import torch
 
@@ -428,6 +505,9 @@ def parser() -> argparse.ArgumentParser:
     root = argparse.ArgumentParser(
         prog="spotrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    root.add_argument(
+        "--debug", action="store_true", help="show the traceback of any error (for bug reports)"
+    )
     commands = root.add_subparsers(dest="command", required=True)
 
     local = commands.add_parser("local", help="start, stop or inspect the local cloud")
@@ -439,11 +519,12 @@ def parser() -> argparse.ArgumentParser:
         nargs="*",
         metavar="FAULT",
         help="with `fault`: region-down REGION | region-up REGION | replication-pending "
-        "BUCKET/KEY-PATTERN | replication-resumed | clear",
+        "BUCKET/KEY-PATTERN | replication-resumed | unavailable BUCKET/KEY-PATTERN REQUESTS "
+        "(the next REQUESTS requests for those objects get 503) | clear",
     )
     local.add_argument(
         "--port",
-        type=int,
+        type=_whole(0, 65535),
         default=control.DEFAULT_PORT,
         help="loopback port for `up` (0 picks a free one)",
     )
@@ -459,7 +540,7 @@ def parser() -> argparse.ArgumentParser:
     )
     rehearse.add_argument(
         "--port",
-        type=int,
+        type=_whole(0, 65535),
         default=control.DEFAULT_PORT,
         help="loopback port for the local cloud if it is not running (0 picks a free one)",
     )
@@ -476,13 +557,13 @@ def parser() -> argparse.ArgumentParser:
         "held after crashes; reset-crashes: release a held run",
     )
     fleet.add_argument("--group", action="append", default=[], help="Auto Scaling group name")
-    fleet.add_argument("--desired", type=int, help="desired capacity for `scale`")
+    fleet.add_argument("--desired", type=_whole(0), help="desired capacity for `scale`")
     fleet.add_argument("--events-table", help="interruption events table (fleet state)")
     fleet.add_argument("--run", help="run name")
     fleet.add_argument("--instance", help="instance id for `exit`")
     fleet.add_argument("--code", type=int, help="trainer exit status for `exit`")
     fleet.add_argument(
-        "--max-crashes", type=int, default=3, help="crashes that hold the run (`exit`)"
+        "--max-crashes", type=_whole(1), default=3, help="crashes that hold the run (`exit`)"
     )
     fleet.set_defaults(handler=cmd_fleet)
 
@@ -503,13 +584,14 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("config", type=Path, help="training configuration (JSON)")
     train.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                        help="override one configuration field (model.width=128)")  # fmt: skip
-    train.add_argument("--nproc-per-node", type=int,
+    train.add_argument("--nproc-per-node", type=_whole(1),
                        help="ranks on this machine (default: its GPUs, or 1 without)")  # fmt: skip
-    train.add_argument("--nnodes", default="1",
+    train.add_argument("--nnodes", default="1", type=_nnodes,
                        help="machines: N, or MIN:MAX for an elastic run")  # fmt: skip
-    train.add_argument("--rdzv-endpoint", help="HOST:PORT every machine meets at (nnodes > 1)")
+    train.add_argument("--rdzv-endpoint", type=_endpoint,
+                       help="HOST:PORT every machine meets at (nnodes > 1)")  # fmt: skip
     train.add_argument("--rdzv-id", default="spotrain", help="rendezvous id shared by the run")
-    train.add_argument("--shutdown-timeout", type=int, default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+    train.add_argument("--shutdown-timeout", type=_whole(1), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
                        help="seconds between SIGTERM and SIGKILL of the ranks; longer than an "
                        "emergency checkpoint takes to publish")  # fmt: skip
     train.set_defaults(handler=cmd_train)
@@ -527,16 +609,21 @@ def parser() -> argparse.ArgumentParser:
     checkpoints.add_argument("--catalog-table", help="DynamoDB catalog table (default: manifests)")
     checkpoints.add_argument(
         "--step",
-        type=int,
+        type=_whole(0),
         help="checkpoint step for show/verify (default: head), quarantine, rollback (the step "
         "that becomes the head)",
     )
-    checkpoints.add_argument("--to", help="restore: folder to restore into")
+    checkpoints.add_argument(
+        "--to",
+        help="restore: folder to restore into (empty, new, or an earlier restore of the run)",
+    )
     checkpoints.add_argument("--reason", help="quarantine/rollback: why, kept in the catalog")
     checkpoints.add_argument(
         "--kms-key-id", help="the bucket's KMS key, for actions that write to an s3:// store"
     )
-    checkpoints.add_argument("--keep", type=int, default=2, help="gc: complete checkpoints to keep")
+    checkpoints.add_argument(
+        "--keep", type=_whole(2), default=2, help="gc: complete checkpoints to keep (2 or more)"
+    )
     checkpoints.set_defaults(handler=cmd_checkpoints)
 
     for name, run, text in (
@@ -559,11 +646,38 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return int(args.handler(args))
     except SpotrainError as error:
+        if args.debug:
+            traceback.print_exc()
         print(f"error: {error}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except Exception as error:  # the last line of defence: one line, not a trace
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if args.debug:
+            traceback.print_exc()
+        if isinstance(error, ClientError | BotoCoreError):
+            print(f"error: AWS refused or could not be reached: {error}; check your "
+                  "credentials, AWS_REGION and the names you gave", file=sys.stderr)  # fmt: skip
+            return 2
+        print(
+            f"error: {type(error).__name__}: {error}\nThis is a bug in spotrain "
+            f"{_version()}: please report it with the command you ran and its output with "
+            "--debug (which shows where it happened).",
+            file=sys.stderr,
+        )
+        return 70
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spotrain")
+    except PackageNotFoundError:
+        return "(not installed)"
 
 
 if __name__ == "__main__":

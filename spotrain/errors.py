@@ -1,9 +1,15 @@
 """Errors a spotrain user can hit. Each message says what was wrong and what to do.
 
 SpotrainError
-├── ConfigError       bad environment configuration or construct props (lists every problem)
+├── ConfigError       bad environment or training configuration, construct props (lists every
+│                     problem)
 ├── LocalCloudError   the local cloud cannot start, is not running, or did not answer
-└── TerraformError    a terraform command failed (names the stack and the command to rerun)
+├── TerraformError    a terraform command failed (names the stack and the command to rerun)
+└── the trainer's own, documented where they are raised: StorageError (ObjectMissing,
+    AlreadyExists) in trainer/storage.py, CatalogError (StaleWriter) in trainer/catalog.py,
+    ManifestError in trainer/manifest.py, RestoreError (NothingPublished, StoreUnreadable),
+    DamagedCheckpoint and DestinationError in trainer/checkpoint.py, DataError in
+    trainer/data.py
 """
 
 from __future__ import annotations

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
@@ -64,25 +65,49 @@ def set_short_since(table: Any, run: str, since: float | None) -> None:
         )
 
 
+def event_time(value: str) -> str:
+    """An event time (ISO 8601) in one fixed-width UTC form, so stored times compare as text."""
+    moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
+    if moment.tzinfo is None:
+        moment = moment.replace(tzinfo=UTC)
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
 def mark_instance(
     table: Any, run: str, instance_id: str, *, status: str, pool: str, event_id: str, at: str
 ) -> None:
     """Say the instance is being interrupted (or rebalanced), for the boot service's exit
     accounting, the coordinator and dashboards (`Query pk=RUN#<run>, sk begins_with
-    INSTANCE#`). An interruption is never downgraded by a later rebalance notice."""
-    status_value = (
-        ":status" if status == INSTANCE_STATUS_INTERRUPTING else "if_not_exists(#s, :status)"
-    )
-    table.update_item(
-        Key={PARTITION_KEY: run_key(run), SORT_KEY: instance_sort_key(instance_id)},
-        UpdateExpression=(
-            f"SET #s = {status_value}, #pool = :pool, event_id = :event, updated_at = :at"
-        ),
-        ExpressionAttributeNames={"#s": "status", "#pool": "pool"},
-        ExpressionAttributeValues={
-            ":status": status, ":pool": pool, ":event": event_id, ":at": at,
-        },
-    )  # fmt: skip
+    INSTANCE#`). The mark keeps the newest event by event time, whatever order they arrive in,
+    and an interruption is never downgraded by a rebalance notice, older or newer."""
+    from botocore.exceptions import ClientError
+
+    key = {PARTITION_KEY: run_key(run), SORT_KEY: instance_sort_key(instance_id)}
+    interrupting = status == INSTANCE_STATUS_INTERRUPTING
+    when = event_time(at)
+    try:
+        table.update_item(
+            Key=key,
+            UpdateExpression=(
+                f"SET #s = {':status' if interrupting else 'if_not_exists(#s, :status)'}, "
+                "#pool = :pool, event_id = :event, updated_at = :at"
+            ),
+            ConditionExpression="attribute_not_exists(updated_at) OR updated_at <= :at",
+            ExpressionAttributeNames={"#s": "status", "#pool": "pool"},
+            ExpressionAttributeValues={
+                ":status": status, ":pool": pool, ":event": event_id, ":at": when,
+            },
+        )  # fmt: skip
+    except ClientError as error:
+        if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise
+        if interrupting:  # older than the mark, but the machine is still going away
+            table.update_item(
+                Key=key,
+                UpdateExpression="SET #s = :status",
+                ExpressionAttributeNames={"#s": "status"},
+                ExpressionAttributeValues={":status": status},
+            )
 
 
 def instance_status(table: Any, run: str, instance_id: str) -> str | None:

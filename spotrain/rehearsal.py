@@ -297,7 +297,7 @@ class Rehearsal:
         self, cloud: control.RunningCloud, bucket: str, region: str, run: str
     ) -> tuple[int, float]:
         from spotrain.trainer import checkpoint
-        from spotrain.trainer.catalog import ManifestCatalog
+        from spotrain.trainer.catalog import StoreCatalog
         from spotrain.trainer.storage import open_storage
 
         storage = open_storage(
@@ -306,7 +306,7 @@ class Rehearsal:
         target = self.work / "replica-restore"
         began = time.perf_counter()
         report = checkpoint.restore(
-            target, storage=storage, catalog=ManifestCatalog(storage, run), run=run
+            target, storage=storage, catalog=StoreCatalog(storage, run), run=run
         )
         took = time.perf_counter() - began
         shutil.rmtree(target, ignore_errors=True)

@@ -7,12 +7,15 @@ before any construct is created.
 
 from __future__ import annotations
 
+import ipaddress
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from spotrain.catalog_schema import run_name_problem
 from spotrain.errors import raise_if_problems
+from spotrain.validation import instance_type_problems
 
 # Commercial regions that offer GPU instances and the services the blueprint uses.
 KNOWN_REGIONS = frozenset(
@@ -42,11 +45,16 @@ KNOWN_REGIONS = frozenset(
     }
 )
 
+# The retention periods CloudWatch Logs accepts (PutRetentionPolicy).
+LOG_RETENTION_DAYS = frozenset(
+    {1, 3, 5, 7, 14, 30, 60, 90, 120, 150, 180, 365, 400, 545, 731, 1096, 1827, 2192, 2557,
+     2922, 3288, 3653}
+)  # fmt: skip
+
 _ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{1,14}$")
 _BUCKET_PREFIX = re.compile(r"^[a-z0-9][a-z0-9-]{2,38}[a-z0-9]$")
 _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
-_RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 _TAG_KEY = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
 _LOOPBACK_ENDPOINT = re.compile(r"^https://(127\.\d+\.\d+\.\d+|localhost):\d{1,5}$")
 
@@ -113,6 +121,11 @@ class EnvironmentConfig:
     """Set for the local cloud; None for real AWS environments."""
 
     def __post_init__(self) -> None:
+        # Types first: the value checks below would misread a budget given as a string, or
+        # instance types given as one string (its letters).
+        raise_if_problems(f"environment {self.name!r}", instance_type_problems(self))
+        for name in ("instance_types", "availability_zones", "alert_emails"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
         raise_if_problems(f"environment {self.name!r}", self._problems())
 
@@ -154,11 +167,9 @@ class EnvironmentConfig:
                 f"bucket_prefix {self.bucket_prefix!r} is not a valid S3 name prefix: use 4-40 "
                 "lowercase letters, digits or '-', starting and ending with a letter or digit"
             )
-        if not _RUN_NAME.match(self.run_name):
-            problems.append(
-                f"run_name {self.run_name!r} is not valid: use 1-63 lowercase letters, digits "
-                "or '-', starting with a letter or digit"
-            )
+        run_problem = run_name_problem(self.run_name)
+        if run_problem:
+            problems.append(f"run_name: {run_problem}")
         if len(self.instance_types) < 2:
             problems.append(
                 f"instance_types has {len(self.instance_types)} entr(ies): list at least two "
@@ -170,6 +181,8 @@ class EnvironmentConfig:
                     f"instance type {itype!r} is malformed: write it as family.size, "
                     "e.g. 'g5.xlarge'"
                 )
+        if len(set(self.availability_zones)) != len(self.availability_zones):
+            problems.append("availability_zones lists a zone twice: list each zone once")
         if len(set(self.instance_types)) != len(self.instance_types):
             problems.append("instance_types lists a type twice: list each type once")
         if not self.availability_zones:
@@ -189,8 +202,7 @@ class EnvironmentConfig:
             problems.append(
                 "availability_zones names more than 16 zones: the VPC has 16 /20 slices"
             )
-        if not self.vpc_cidr.endswith("/16"):
-            problems.append(f"vpc_cidr {self.vpc_cidr!r} must be a /16, e.g. '10.40.0.0/16'")
+        problems += _vpc_cidr_problems(self.vpc_cidr)
         if self.on_demand_base_capacity < 1:
             problems.append(
                 f"on_demand_base_capacity is {self.on_demand_base_capacity}: keep at least 1 "
@@ -224,8 +236,11 @@ class EnvironmentConfig:
                 )
             if len(value) > 256:
                 problems.append(f"tag {key!r} has a value over 256 characters: shorten it")
-        if self.log_retention_days < 1:
-            problems.append(f"log_retention_days is {self.log_retention_days}: use 1 or more")
+        if self.log_retention_days not in LOG_RETENTION_DAYS:
+            problems.append(
+                f"log_retention_days is {self.log_retention_days}: CloudWatch Logs keeps logs for "
+                f"one of {', '.join(map(str, sorted(LOG_RETENTION_DAYS)))} days; pick one"
+            )
         if self.noncurrent_version_expiration_days < 1:
             problems.append(
                 f"noncurrent_version_expiration_days is {self.noncurrent_version_expiration_days}"
@@ -242,3 +257,16 @@ class EnvironmentConfig:
                 "region=...) so state is shared and locked"
             )
         return problems
+
+
+def _vpc_cidr_problems(cidr: str) -> list[str]:
+    example = "use a private /16 such as '10.40.0.0/16'"
+    try:
+        network = ipaddress.ip_network(cidr, strict=True)
+    except ValueError as error:
+        return [f"vpc_cidr {cidr!r} is not a network address ({error}): {example}"]
+    if network.version != 4 or network.prefixlen != 16:
+        return [f"vpc_cidr {cidr!r} is not an IPv4 /16: {example}"]
+    if not network.is_private:
+        return [f"vpc_cidr {cidr!r} is not a private range: {example}"]
+    return []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +47,20 @@ def local_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[control.Ru
             os.environ.pop("SPOTRAIN_HOME", None)
         else:
             os.environ["SPOTRAIN_HOME"] = previous
+
+
+@pytest.fixture
+def dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
+    """In-process moto (fast unit tests) with a checkpoint catalog table named `catalog`."""
+    import boto3
+    from helpers import create_catalog_table
+    from moto import mock_aws
+
+    for key, value in {"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "testing",
+                       "AWS_SECRET_ACCESS_KEY": "testing"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        client = boto3.client("dynamodb")
+        create_catalog_table(client, "catalog")
+        yield client

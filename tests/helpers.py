@@ -50,6 +50,11 @@ def kms_only_bucket(s3: Any, kms: Any, bucket: str) -> str:
     the local cloud; returns the key's ARN."""
     key = kms.create_key()["KeyMetadata"]["Arn"]
     s3.create_bucket(Bucket=bucket)
+    s3.put_bucket_encryption(  # as the storage stack sets it
+        Bucket=bucket,
+        ServerSideEncryptionConfiguration={"Rules": [{"ApplyServerSideEncryptionByDefault": {
+            "SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key}, "BucketKeyEnabled": True}]},
+    )  # fmt: skip
     deny_put = {"Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "s3:PutObject",
                 "Resource": f"arn:aws:s3:::{bucket}/*"}  # fmt: skip
     policy = {

@@ -6,22 +6,28 @@ with the checkpoint bucket policy, DynamoDB with the catalog schema).
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
 from helpers import create_catalog_table, kms_only_bucket
-from moto import mock_aws
 
 from spotrain import catalog_schema as schema
 from spotrain.localcloud import control
 from spotrain.trainer import checkpoint
-from spotrain.trainer.catalog import CatalogError, DynamoCatalog, ManifestCatalog, StaleWriter
-from spotrain.trainer.manifest import Manifest, manifest_key, shard_key
-from spotrain.trainer.storage import LocalStorage, S3Storage, StorageError, open_storage
+from spotrain.trainer.catalog import CatalogError, DynamoCatalog, StaleWriter, StoreCatalog
+from spotrain.trainer.manifest import Manifest, shard_key
+from spotrain.trainer.storage import (
+    AlreadyExists,
+    LocalStorage,
+    S3Storage,
+    StorageError,
+    open_storage,
+    sha256_of,
+)
 
 RUN = "demo"
 REGION = "us-east-1"
@@ -77,38 +83,50 @@ def test_local_storage_leaves_no_partial_file_when_a_write_fails(tmp_path: Path)
         yield b"half"
         raise OSError("disk full")
 
-    with pytest.raises(OSError):
-        storage._write_atomically("runs/demo/x", failing())
+    with pytest.raises(StorageError, match="disk full"):
+        storage._write_once("runs/demo/x", failing())
     assert storage.list("runs") == []
 
 
 # --- publish and restore --------------------------------------------------------------------
 def test_round_trip_restores_every_file_bit_for_bit(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = ManifestCatalog(storage, RUN)
+    catalog = StoreCatalog(storage, RUN)
     files = shards_of_step(10)
     publish(write_folder(tmp_path / "ckpt", files), storage, catalog, step=10)
     report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
     assert report.manifest.step == 10 and report.skipped == []
     restored = {p.relative_to(tmp_path / "restored").as_posix(): p.read_bytes()
-                for p in (tmp_path / "restored").rglob("*") if p.is_file()}  # fmt: skip
+                for p in (tmp_path / "restored").rglob("*")
+                if p.is_file() and p.name != checkpoint.RESTORE_MARKER}  # fmt: skip
     assert restored == files
 
 
-def test_unchanged_shards_are_not_uploaded_again(tmp_path: Path) -> None:
+def test_unchanged_shards_are_not_uploaded_again_and_shared_ones_have_two_copies(
+    tmp_path: Path,
+) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = ManifestCatalog(storage, RUN)
-    first = publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, step=10)
-    second = publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, step=20)
+    catalog = StoreCatalog(storage, RUN)
+    first, second, third = (
+        publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage, catalog, step)
+        for step in (10, 20, 30)
+    )
     frozen = len(b"embedding" * 4096)
-    assert first.reused_bytes == 0
-    assert second.reused_bytes == frozen
-    assert second.uploaded_bytes == second.manifest.total_bytes - frozen
+    assert (first.reused_bytes, first.uploaded_bytes) == (0, first.manifest.total_bytes)
+    # The second checkpoint shares the frozen shard: its bytes get a second, independent object.
+    assert (second.reused_bytes, second.uploaded_bytes) == (frozen, second.manifest.total_bytes)
+    assert (third.reused_bytes, third.uploaded_bytes) == (
+        frozen,
+        third.manifest.total_bytes - frozen,
+    )
+    shared = [s for s in third.manifest.shards if s.size == frozen]
+    assert len(shared) == 1 and len(shared[0].keys) == 2
+    assert shared[0].keys == next(s for s in second.manifest.shards if s.size == frozen).keys
 
 
 def test_corrupt_shard_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = ManifestCatalog(storage, RUN)
+    catalog = StoreCatalog(storage, RUN)
     publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, step=10)
     newest = publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, step=20)
     victim = next(s for s in newest.manifest.shards if "rank_1" in s.name)
@@ -124,7 +142,7 @@ def test_corrupt_shard_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> 
 
 def test_missing_shard_falls_back_and_nothing_restorable_is_a_clear_error(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = ManifestCatalog(storage, RUN)
+    catalog = StoreCatalog(storage, RUN)
     only = publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, step=10)
     storage.delete([shard_key(RUN, only.manifest.shards[0].sha256)])
     with pytest.raises(checkpoint.RestoreError, match=r"step 10: .*does not exist"):
@@ -134,32 +152,22 @@ def test_missing_shard_falls_back_and_nothing_restorable_is_a_clear_error(tmp_pa
 
 def test_crash_before_the_manifest_leaves_the_last_good_checkpoint(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = ManifestCatalog(storage, RUN)
+    catalog = StoreCatalog(storage, RUN)
     publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, step=10)
     # A second checkpoint whose shards were uploaded but whose manifest never was.
     for name, data in shards_of_step(20).items():
         source = write_folder(tmp_path / "b", {name: data}) / name
-        storage.put_file(source, shard_key(RUN, checkpoint.sha256_of(source)))
+        with contextlib.suppress(AlreadyExists):  # the frozen shard is stored already
+            storage.put_file(source, shard_key(RUN, sha256_of(source)))
     assert catalog.head().step == 10  # type: ignore[union-attr]
     report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
     assert report.manifest.step == 10
 
 
 # --- DynamoDB catalog -----------------------------------------------------------------------
-@pytest.fixture
-def dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    for key, value in {"AWS_DEFAULT_REGION": REGION, "AWS_ACCESS_KEY_ID": "testing",
-                       "AWS_SECRET_ACCESS_KEY": "testing"}.items():  # fmt: skip
-        monkeypatch.setenv(key, value)
-    with mock_aws():
-        client = boto3.client("dynamodb")
-        create_catalog_table(client, "catalog")
-        yield client
-
-
 def test_publish_moves_the_head_and_records_lineage(dynamo: Any, tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    catalog = DynamoCatalog("catalog", RUN, storage, client=dynamo)
     generation = catalog.acquire_lease("host-a")
     publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, 10, generation)
     publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, 20, generation,
@@ -178,7 +186,7 @@ def test_publish_moves_the_head_and_records_lineage(dynamo: Any, tmp_path: Path)
 
 def test_a_writer_whose_lease_was_taken_cannot_publish(dynamo: Any, tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    catalog = DynamoCatalog("catalog", RUN, storage, client=dynamo)
     old = catalog.acquire_lease("preempted-host")
     new = catalog.acquire_lease("replacement-host")
     assert new == old + 1
@@ -191,7 +199,7 @@ def test_a_writer_whose_lease_was_taken_cannot_publish(dynamo: Any, tmp_path: Pa
 
 def test_an_older_step_never_replaces_a_newer_head(dynamo: Any, tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    catalog = DynamoCatalog("catalog", RUN, storage, client=dynamo)
     generation = catalog.acquire_lease("host")
     publish(write_folder(tmp_path / "a", shards_of_step(20)), storage, catalog, 20, generation)
     with pytest.raises(StaleWriter, match="not newer"):
@@ -201,7 +209,7 @@ def test_an_older_step_never_replaces_a_newer_head(dynamo: Any, tmp_path: Path) 
 
 def test_quarantined_checkpoint_is_skipped_by_restore(dynamo: Any, tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    catalog = DynamoCatalog("catalog", RUN, storage, client=dynamo)
     generation = catalog.acquire_lease("host")
     publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, 10, generation)
     publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, 20, generation)
@@ -210,26 +218,12 @@ def test_quarantined_checkpoint_is_skipped_by_restore(dynamo: Any, tmp_path: Pat
     assert report.manifest.step == 10
 
 
-def test_restore_finds_checkpoints_from_manifests_when_the_catalog_is_unreachable(
-    dynamo: Any, tmp_path: Path
-) -> None:
-    storage = LocalStorage(tmp_path / "bucket")
-    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
-    generation = catalog.acquire_lease("host")
-    publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, 10, generation)
-    unreachable = DynamoCatalog("catalog-in-a-region-that-is-down", RUN, client=dynamo)
-    report = checkpoint.restore(
-        tmp_path / "restored", storage=storage, catalog=unreachable, run=RUN
-    )
-    assert report.manifest.step == 10
-    assert "does not exist" in (report.catalog_unavailable or "")
-
-
-def test_missing_catalog_table_names_the_fix(dynamo: Any) -> None:
+def test_missing_catalog_table_names_the_fix(dynamo: Any, tmp_path: Path) -> None:
     from spotrain.trainer.catalog import CatalogError
 
+    storage = LocalStorage(tmp_path / "bucket")
     with pytest.raises(CatalogError, match="deploy the environment's catalog stack"):
-        DynamoCatalog("no-such-table", RUN, client=dynamo).entries()
+        DynamoCatalog("no-such-table", RUN, storage, client=dynamo).entries()
 
 
 # --- the real path: local cloud over HTTPS --------------------------------------------------
@@ -241,18 +235,21 @@ def test_publish_and_restore_through_the_local_cloud(local_cloud: Any, tmp_path:
     create_catalog_table(dynamodb, table)
     # Small parts so the 12 MB shard goes up as a parallel multipart upload.
     storage = S3Storage(bucket, "", kms_key_id=key, client=s3, part_size=5 * 1024 * 1024)
-    catalog = DynamoCatalog(table, RUN, client=dynamodb)
+    catalog = DynamoCatalog(table, RUN, storage, client=dynamodb)
     generation = catalog.acquire_lease("host-a")
     files = {**shards_of_step(10), "global_step10/big.pt": os.urandom(12 * 1024 * 1024)}
     report = publish(write_folder(tmp_path / "a", files), storage, catalog, 10, generation)
     assert report.uploaded_bytes == report.manifest.total_bytes
-    head = s3.head_object(Bucket=bucket, Key=manifest_key(RUN, 10))
+    head = s3.head_object(Bucket=bucket, Key=checkpoint.key_of(report.manifest))
     assert head["SSEKMSKeyId"] == key
-    unencrypted = S3Storage(bucket, "", client=s3)
+    # Without a key named (operators' commands), writes name the bucket's default key.
+    S3Storage(bucket, "", client=s3).put_bytes("runs/demo/by-default", b"x")
+    assert s3.head_object(Bucket=bucket, Key="runs/demo/by-default")["SSEKMSKeyId"] == key
+    s3.delete_bucket_encryption(Bucket=bucket)
     with pytest.raises(StorageError, match=r"(403|AccessDenied).*pass the bucket's key"):
-        unencrypted.put_bytes("runs/demo/stray", b"x")
+        S3Storage(bucket, "", client=s3).put_bytes("runs/demo/stray", b"x")
     restored = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
-    assert restored.manifest == Manifest.from_json(storage.get_bytes(manifest_key(RUN, 10)))
+    assert restored.manifest == report.manifest
     assert (tmp_path / "restored" / "global_step10" / "big.pt").read_bytes() == files[
         "global_step10/big.pt"
     ]
@@ -261,14 +258,17 @@ def test_publish_and_restore_through_the_local_cloud(local_cloud: Any, tmp_path:
 # --- retention ------------------------------------------------------------------------------
 def test_gc_keeps_the_newest_two_and_frees_only_what_they_do_not_share(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = ManifestCatalog(storage, RUN)
+    catalog = StoreCatalog(storage, RUN)
     reports = [
         publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage, catalog, step)
         for step in (10, 20, 30, 40)
     ]
     result = checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
     assert (result.kept, result.collected) == ([30, 40], [10, 20])
-    assert [e.step for e in catalog.entries()] == [30, 40]
+    assert [(e.step, e.status) for e in catalog.entries()] == [
+        (10, schema.STATUS_COLLECTED), (20, schema.STATUS_COLLECTED),
+        (30, schema.STATUS_COMPLETE), (40, schema.STATUS_COMPLETE),
+    ]  # fmt: skip
     frozen = reports[0].manifest.shards[0]
     assert storage.stat(shard_key(RUN, frozen.sha256)) is not None  # shared with 30 and 40
     old_optimizer = next(s for s in reports[0].manifest.shards if "rank_0_mp" in s.name)
@@ -276,21 +276,34 @@ def test_gc_keeps_the_newest_two_and_frees_only_what_they_do_not_share(tmp_path:
     assert result.freed_bytes == sum(
         s.size for r in reports[:2] for s in r.manifest.shards if s.sha256 != frozen.sha256
     )
-    for step in (30, 40):
-        checkpoint.verify(storage, manifest_key(RUN, step), tmp_path / "scratch")
+    for report in reports[2:]:
+        checkpoint.verify(storage, checkpoint.key_of(report.manifest), tmp_path / "scratch")
+
+
+def test_gc_deletes_nothing_when_a_manifest_it_must_judge_cannot_be_read(tmp_path: Path) -> None:
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = StoreCatalog(storage, RUN)
+    for step in (10, 20, 30):
+        publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage, catalog, step)
+    retained = storage.root / catalog.head().manifest_key  # type: ignore[union-attr]
+    retained.write_bytes(retained.read_bytes()[:-10])
+    before = storage.list("runs")
+    with pytest.raises(checkpoint.SpotrainError, match="stopped before deleting anything"):
+        checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
+    assert storage.list("runs") == before
 
 
 def test_gc_refuses_to_keep_fewer_than_two(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
     with pytest.raises(checkpoint.SpotrainError, match="keep at least 2"):
         checkpoint.collect_garbage(
-            storage=storage, catalog=ManifestCatalog(storage, RUN), run=RUN, keep=1
+            storage=storage, catalog=StoreCatalog(storage, RUN), run=RUN, keep=1
         )
 
 
 def test_gc_marks_collected_checkpoints_in_the_catalog(dynamo: Any, tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    catalog = DynamoCatalog("catalog", RUN, storage, client=dynamo)
     generation = catalog.acquire_lease("host")
     for step in (10, 20, 30):
         publish(
@@ -300,11 +313,12 @@ def test_gc_marks_collected_checkpoints_in_the_catalog(dynamo: Any, tmp_path: Pa
             step,
             generation,
         )
+    first = catalog.entries()[0]
     checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
     assert [(e.step, e.status) for e in catalog.entries()] == [
         (10, schema.STATUS_COLLECTED), (20, schema.STATUS_COMPLETE), (30, schema.STATUS_COMPLETE)
     ]  # fmt: skip
-    assert storage.stat(manifest_key(RUN, 10)) is None
+    assert storage.stat(first.manifest_key) is None
     report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
     assert report.manifest.step == 30
 
@@ -316,7 +330,7 @@ def test_checkpoints_command_lists_verifies_restores_and_collects(
     from spotrain import cli
 
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = ManifestCatalog(storage, RUN)
+    catalog = StoreCatalog(storage, RUN)
     for step in (10, 20, 30):
         publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage, catalog, step)
     store = ["--store", f"file://{tmp_path / 'bucket'}", "--run", RUN]
@@ -329,8 +343,8 @@ def test_checkpoints_command_lists_verifies_restores_and_collects(
     assert cli.main(["checkpoints", "show", *store, "--step", "20"]) == 0
     assert Manifest.from_json(capsys.readouterr().out.encode()).step == 20
 
-    newest = Manifest.from_json(storage.get_bytes(manifest_key(RUN, 30)))
-    storage.delete([shard_key(RUN, newest.shards[1].sha256)])
+    newest = Manifest.from_json(storage.get_bytes(catalog.head().manifest_key))  # type: ignore[union-attr]
+    storage.delete(list(next(s for s in newest.shards if "rank_1" in s.name).keys))
     assert cli.main(["checkpoints", "verify", *store]) == 2
     assert "does not exist" in capsys.readouterr().err
     assert cli.main(["checkpoints", "restore", *store]) == 2
@@ -346,7 +360,7 @@ def test_roll_back_moves_the_head_back_and_a_new_publish_follows_it(
     dynamo: Any, tmp_path: Path
 ) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = DynamoCatalog("catalog", RUN, client=dynamo)
+    catalog = DynamoCatalog("catalog", RUN, storage, client=dynamo)
     generation = catalog.acquire_lease("host")
     for step in (10, 20, 30):
         publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage, catalog,
@@ -369,7 +383,7 @@ def test_roll_back_moves_the_head_back_and_a_new_publish_follows_it(
 
 def test_roll_back_of_a_folder_run_quarantines_the_newer_manifests(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    catalog = ManifestCatalog(storage, RUN)
+    catalog = StoreCatalog(storage, RUN)
     for step in (10, 20):
         folder = write_folder(tmp_path / f"s{step}", shards_of_step(step))
         publish(folder, storage, catalog, step, 0)

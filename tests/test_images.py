@@ -24,6 +24,7 @@ from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
 from spotrain.stacks.compute import image_parameter_name
 from spotrain.trainer.catalog import DynamoCatalog
+from spotrain.trainer.storage import LocalStorage
 
 ROOT = Path(__file__).resolve().parents[1]
 IMAGES = ROOT / "images"
@@ -192,7 +193,7 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     assert "i-0feedface (g6.xlarge in us-east-1a) joins run booted" in output
     assert "spot_notice_endpoint=http://127.0.0.1:" in output  # the trainer watches IMDS
     assert "trainer exit 0 on i-0feedface: finished" in output
-    head = DynamoCatalog(table, "booted", client=dynamodb).head()
+    head = DynamoCatalog(table, "booted", LocalStorage(tmp_path / "unused"), client=dynamodb).head()
     assert head is not None and head.step == 2
     # After repeated crashes the run is held: the machine does not start the trainer again.
     events = boto3.resource("dynamodb", endpoint_url=local_cloud.endpoint, region_name=region,

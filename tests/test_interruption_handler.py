@@ -331,7 +331,7 @@ def test_malformed_events_go_to_the_dead_letter_queue_and_are_not_recorded(
     result = handler.handle(bad)
     assert message in result["rejected"]
     [dead] = cloud.dead_letters()
-    assert json.loads(dead["Body"]) == bad
+    assert json.loads(dead["Body"])["event"] == bad  # whole, for redrive
     assert message in dead["MessageAttributes"]["reason"]["StringValue"]
     assert cloud.table.scan()["Count"] == 0
 
@@ -415,3 +415,44 @@ def test_a_concurrent_burst_over_http_is_recorded_exactly(http_cloud: Cloud) -> 
     assert http_cloud.table.scan(FilterExpression="sk = :e",
                                  ExpressionAttributeValues={":e": "EVENT"},
                                  Select="COUNT")["Count"] == 700  # fmt: skip
+
+
+def test_a_large_malformed_event_is_dead_lettered_as_a_summary_and_nothing_raises(
+    cloud: Cloud,
+) -> None:
+    sqs = boto3.client("sqs")
+    # As Terraform creates the queue (the provider's default maximum message size).
+    sqs.set_queue_attributes(QueueUrl=cloud.queue_url, Attributes={"MaximumMessageSize": "262144"})
+    bad = event("spot-interruption-warning")
+    bad["detail"].pop("instance-id")
+    bad["detail"]["note"] = "é" * 75_000  # 150 KB in UTF-8; six times that as escaped JSON
+    result = handler.handle(bad)
+    assert "lacks instance_id" in result["rejected"]
+    [dead] = cloud.dead_letters()
+    summary = json.loads(dead["Body"])
+    assert (summary["id"], summary["source"], summary["detail-type"]) == (
+        bad["id"], "aws.ec2", "EC2 Spot Instance Interruption Warning",
+    )  # fmt: skip
+    assert "event" not in summary and summary["size"] > 262144 and len(summary["sha256"]) == 64
+    assert "lacks instance_id" in summary["reason"]
+    sqs.delete_queue(QueueUrl=cloud.queue_url)  # a dead-letter queue that cannot take it
+    assert "JSON object" in handler.handle(["not", "an", "event"])["rejected"]
+
+
+def test_the_mark_keeps_the_newest_event_whatever_order_they_arrive_in(cloud: Cloud) -> None:
+    def mark(instance: str) -> dict[str, Any]:
+        return dict(
+            cloud.table.get_item(Key={"pk": f"RUN#{RUN}", "sk": f"INSTANCE#{instance}"})["Item"]
+        )
+
+    early, late = "2026-11-21T12:00:00Z", "2026-11-21T12:05:00Z"
+    first = run_instance()
+    handler.handle(for_instance("spot-interruption-warning", first, id="late-1", time=late))
+    handler.handle(for_instance("rebalance-recommendation", first, id="early-1", time=early))
+    assert (mark(first)["status"], mark(first)["event_id"]) == ("INTERRUPTING", "late-1")
+    assert mark(first)["updated_at"].startswith("2026-11-21T12:05:00")
+    second = run_instance()
+    handler.handle(for_instance("rebalance-recommendation", second, id="late-2", time=late))
+    handler.handle(for_instance("spot-interruption-warning", second, id="early-2", time=early))
+    # The machine is still going away (never downgraded); the newest event is still the mark's.
+    assert (mark(second)["status"], mark(second)["event_id"]) == ("INTERRUPTING", "late-2")

@@ -21,7 +21,7 @@ from spotrain import catalog_schema as schema
 from spotrain.localcloud import control
 from spotrain.trainer import checkpoint
 from spotrain.trainer.catalog import DynamoCatalog
-from spotrain.trainer.manifest import Manifest, manifest_key, shard_key
+from spotrain.trainer.manifest import Manifest
 from spotrain.trainer.storage import open_storage
 
 pytestmark = pytest.mark.integration
@@ -64,7 +64,7 @@ class Run:
         if held_replica:
             replicate(cloud, bucket, replica)
         self.storage = open_storage(f"s3://{bucket}", kms_key_id=key, client=s3)
-        self.catalog = DynamoCatalog(table, name, client=self.dynamodb)
+        self.catalog = DynamoCatalog(table, name, self.storage, client=self.dynamodb)
         generation = self.catalog.acquire_lease("trainer")
         for step in (10, 20, 30):
             if held_replica and step == 30:  # step 30's new shard has not replicated yet
@@ -150,9 +150,11 @@ def create_budget(cloud: control.RunningCloud, name: str) -> None:
 
 
 def damage_head(run: Run) -> dict[str, str]:
-    manifest = Manifest.from_json(run.storage.get_bytes(manifest_key(run.name, 30)))
+    head = run.catalog.head()
+    assert head is not None and head.step == 30
+    manifest = Manifest.from_json(run.storage.get_bytes(head.manifest_key))
     shard = manifest.shards[-1]
-    run.storage.delete([shard_key(run.name, shard.sha256)])  # a lifecycle rule gone wrong
+    run.storage.delete(list(shard.keys))  # a lifecycle rule gone wrong
     return {}
 
 

@@ -11,7 +11,13 @@ import pytest
 import torch
 from torch.nn import functional as F
 
-from spotrain.trainer.data import Sampler, TokenFile, synthetic_corpus, write_token_file
+from spotrain.trainer.data import (
+    DataError,
+    Sampler,
+    TokenFile,
+    synthetic_corpus,
+    write_token_file,
+)
 from spotrain.trainer.model import GPT, CausalSelfAttention, GPTConfig
 
 TINY = GPTConfig(context=32, layers=2, heads=2, width=64)
@@ -104,7 +110,7 @@ def test_corpus_is_reproducible_text() -> None:
 def test_token_file_that_does_not_match_its_description_is_refused(tmp_path: Path) -> None:
     path = write_token_file(tmp_path / "c", b"abc" * 100)
     path.write_bytes(b"abc")
-    with pytest.raises(ValueError, match="its description says 300"):
+    with pytest.raises(DataError, match="its description says 300"):
         TokenFile(path)
 
 
@@ -120,12 +126,12 @@ def test_bad_training_configuration_lists_every_problem(
     path.write_text(json.dumps({**bad, "zero_stage": 4, "learning_rate": -1.0}))
     assert train.main([str(path)]) == 2
     error = capsys.readouterr().err
-    assert "training configuration has 3 problem(s)" in error
+    assert f"training configuration {path} has 3 problem(s)" in error
     for fragment in ("train at least 1 step", "stages are 1, 2, 3", "positive rate"):
         assert fragment in error
     path.write_text(json.dumps({"run": "r", "stepz": 3}))
     assert train.main([str(path)]) == 2
-    assert "unknown field 'stepz' in TrainConfig: use one of" in capsys.readouterr().err
+    assert "unknown field 'stepz': use one of" in capsys.readouterr().err
 
 
 def test_overrides_and_wrong_types_are_reported_together(
@@ -144,8 +150,8 @@ def test_overrides_and_wrong_types_are_reported_together(
                        "--set", "nonsense"]) == 2  # fmt: skip
     error = capsys.readouterr().err
     assert "has 3 problem(s)" in error
-    assert "steps is 'many': it must be int" in error
-    assert "model.layers is 1.5: it must be int" in error
+    assert "steps is 'many': it must be an integer" in error
+    assert "model.layers is 1.5: it must be an integer" in error
     assert "--set 'nonsense': write FIELD=VALUE" in error
 
 

@@ -21,11 +21,12 @@ import pytest
 from helpers import create_catalog_table, kms_only_bucket
 from training import TINY_MODEL, losses_of, prepare, train
 
+from spotrain.catalog_schema import checkpoint_tag
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
-from spotrain.trainer.catalog import DynamoCatalog, ManifestCatalog
+from spotrain.trainer.catalog import DynamoCatalog, StoreCatalog
 from spotrain.trainer.failpoints import kill_launcher_and_workers
-from spotrain.trainer.manifest import Manifest, manifest_key, shard_key
+from spotrain.trainer.manifest import Manifest, checkpoints_prefix
 from spotrain.trainer.storage import LocalStorage, open_storage
 
 pytestmark = pytest.mark.integration
@@ -65,10 +66,12 @@ def cloud_store(local_cloud: control.RunningCloud) -> dict[str, Any]:
 def head_step(config: dict[str, Any], env: dict[str, str]) -> int | None:
     if config.get("catalog_table"):
         client = control.client("dynamodb", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
-        head = DynamoCatalog(config["catalog_table"], config["run"], client=client).head()
+        s3 = control.client("s3", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
+        storage = open_storage(config["store"], client=s3)
+        head = DynamoCatalog(config["catalog_table"], config["run"], storage, client=client).head()
     else:
         storage = LocalStorage(Path(config["store"].removeprefix("file://")))
-        head = ManifestCatalog(storage, config["run"]).head()
+        head = StoreCatalog(storage, config["run"]).head()
     return None if head is None else head.step
 
 
@@ -128,7 +131,7 @@ def test_interrupted_at_a_failpoint_resumes_from_the_published_head(
         # The unfinished publish left its manifest, but the catalog never named it.
         s3 = control.client("s3", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
         storage = open_storage(config["store"], kms_key_id=config["kms_key_id"], client=s3)
-        assert storage.exists(manifest_key(scenario, 2 * EVERY))
+        assert storage.list(f"{checkpoints_prefix(scenario)}{checkpoint_tag(2 * EVERY)}/")
     resume_and_compare(config, interrupted.losses, reference, tmp_path, env)
 
 
@@ -220,11 +223,14 @@ def test_corrupt_head_is_passed_over_the_head_follows_and_the_run_goes_on(
     assert head_step(config, env) == 2 * EVERY
     s3 = control.client("s3", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
     storage = open_storage(config["store"], kms_key_id=config["kms_key_id"], client=s3)
-    manifest = Manifest.from_json(storage.get_bytes(manifest_key("corrupt-head", 2 * EVERY)))
+    client = control.client("dynamodb", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
+    head = DynamoCatalog(config["catalog_table"], "corrupt-head", storage, client=client).head()
+    manifest = Manifest.from_json(storage.get_bytes(head.manifest_key))  # type: ignore[union-attr]
     victim = next(s for s in manifest.shards if s.name.endswith("model_states.pt"))
-    damaged = tmp_path / "damaged"
-    damaged.write_bytes(b"\0" * victim.size)
-    storage.put_file(damaged, shard_key("corrupt-head", victim.sha256))  # bit rot in the bucket
+    for key in victim.keys:  # bit rot in the bucket, past the store's write-once rule
+        s3.put_object(Bucket=config["store"].removeprefix("s3://"), Key=key,
+                      Body=b"\0" * victim.size, ServerSideEncryption="aws:kms",
+                      SSEKMSKeyId=config["kms_key_id"])  # fmt: skip
     resumed = train(config, tmp_path, "resumed", env=env)
     assert f"skipped checkpoint step {2 * EVERY}: shard" in resumed.output
     assert f"head moved back from step {2 * EVERY} to {EVERY}" in resumed.output

@@ -77,7 +77,7 @@ def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exac
     import signal
     import time
 
-    from spotrain.trainer.catalog import ManifestCatalog
+    from spotrain.trainer.catalog import StoreCatalog
     from spotrain.trainer.storage import LocalStorage
 
     base = {"run": "demo", "data": corpus, "micro_batch": 4, "model": TINY_MODEL,
@@ -94,7 +94,7 @@ def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exac
     first = losses_of(metrics)
     stopped = len(first)
     assert f"stopped after step {stopped} (SIGTERM); it is published" in output
-    head = ManifestCatalog(LocalStorage(tmp_path / "store"), "demo").head()
+    head = StoreCatalog(LocalStorage(tmp_path / "store"), "demo").head()
     assert head is not None and head.step == stopped  # the emergency checkpoint, not an older one
 
     resumed = torchrun({**base, "steps": stopped + 3}, tmp_path, "resumed")
@@ -172,12 +172,12 @@ def test_two_machines_each_upload_their_shards_and_each_fetch_on_restore(
                                tmp_path, "reference")  # fmt: skip
     first = two_machines(2, "first")
     second = two_machines(4, "second")
-    from spotrain.trainer.catalog import ManifestCatalog
+    from spotrain.trainer.catalog import StoreCatalog
     from spotrain.trainer.manifest import Manifest
     from spotrain.trainer.storage import LocalStorage
 
     storage = LocalStorage(tmp_path / "store")
-    head = ManifestCatalog(storage, "nodes").head()
+    head = StoreCatalog(storage, "nodes").head()
     assert head is not None and head.step == 4
     names = {s.name for s in Manifest.from_json(storage.get_bytes(head.manifest_key)).shards}
     assert {"step_000000004/rng_rank0.pt", "step_000000004/rng_rank1.pt"} <= names

@@ -1,14 +1,20 @@
 """Publishing a checkpoint folder and restoring the newest good one.
 
 Publish order (nothing is visible to a restore until the last step):
-  1. every shard is uploaded content-addressed and verified (unchanged shards are skipped);
-  2. the manifest naming them is written;
-  3. the catalog records the checkpoint and moves the run's head, in one conditional write.
+  1. every shard is stored content-addressed and verified; a shard whose bytes are already
+     stored is reused only if the store's own checksum of the stored object matches, and a
+     shard that becomes shared by two checkpoints is kept in two independent objects;
+  2. the manifest naming them is written under a key made from its own digest (never over
+     another manifest);
+  3. the catalog records the checkpoint and moves the run's head, in one conditional write
+     (and records that decision in the store).
 A crash anywhere before 3 leaves the previous checkpoint the run's head.
 
-Restore walks the complete checkpoints newest first; the first whose manifest and every shard
-are present with the recorded SHA-256 is restored, and each one passed over is reported with
-its reason.
+Restore walks the published checkpoints newest first; the first whose manifest and every shard
+verify is restored, and each one passed over is reported with its reason. Only proof of damage
+(a digest that does not match, an object that is not there, a malformed manifest) passes over
+a checkpoint; any other failure to read it stops the restore, so a store that is briefly
+unreachable never costs a run its newest checkpoint.
 
 Garbage collection keeps the newest `keep` (at least 2) complete checkpoints and removes only
 what an older, superseded checkpoint alone referenced. Run it from the run's writer between
@@ -17,22 +23,46 @@ publishes, or while the run is stopped: a publish in flight may be reusing an ol
 
 from __future__ import annotations
 
+import contextlib
 import datetime
+import json
+import os
 import shutil
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from spotrain import catalog_schema as schema
 from spotrain.errors import SpotrainError
 from spotrain.trainer import failpoints
-from spotrain.trainer.catalog import Catalog, CatalogError, ManifestCatalog
-from spotrain.trainer.manifest import Manifest, Shard, manifest_key, shard_key
-from spotrain.trainer.storage import Storage, sha256_of
+from spotrain.trainer.catalog import Catalog, CatalogEntry, CatalogError, StoreCatalog
+from spotrain.trainer.manifest import (
+    Manifest,
+    ManifestError,
+    Shard,
+    check_manifest_bytes,
+    manifest_key,
+    shard_copy_key,
+    shard_key,
+)
+from spotrain.trainer.storage import (
+    AlreadyExists,
+    ObjectMissing,
+    Storage,
+    StorageError,
+    digests_of,
+)
 
 UPLOAD_WORKERS = 4
 MIN_KEEP = 2
+SHARED_COPIES = 2
+"""Independent objects kept of a shard that more than one checkpoint uses."""
+RESTORE_MARKER = ".spotrain-restore.json"
+"""Written into a folder restored by `restore` or `fetch`: which run and step, and what it put
+there, so a later restore replaces exactly that and nothing else."""
+_STAGING = ".spotrain-restore.partial"
 
 
 class RestoreError(SpotrainError):
@@ -41,6 +71,23 @@ class RestoreError(SpotrainError):
 
 class NothingPublished(RestoreError):
     """The run has no complete checkpoint at all (a new run)."""
+
+
+class StoreUnreadable(RestoreError):
+    """A checkpoint could not be read, and nothing shows it is damaged (an unreachable store,
+    refused credentials): the restore stops rather than passing over it."""
+
+
+class DamagedCheckpoint(SpotrainError):
+    """Proof that a checkpoint cannot be restored: a shard whose every copy is missing or does
+    not match its digest."""
+
+
+class DestinationError(SpotrainError):
+    """The folder to restore into holds something a restore must not touch."""
+
+
+_PROOF_OF_DAMAGE = (DamagedCheckpoint, ObjectMissing, ManifestError)
 
 
 @dataclass(frozen=True)
@@ -57,20 +104,28 @@ class RestoreReport:
     skipped: list[tuple[int, str]] = field(default_factory=list)
     """(step, reason) of each newer checkpoint that could not be used."""
     catalog_unavailable: str | None = None
-    """Why checkpoints were found from manifests instead of the catalog, if they were."""
+    """Why checkpoints were found from the store's records instead of the catalog, if they were."""
     head_step: int | None = None
     """The published head when the restore began (newer than `manifest` after a fallback)."""
+    notes: list[str] = field(default_factory=list)
+    """Damaged copies passed over while another copy of the same bytes served."""
+    rolled_back_from: int | None = None
+    """The head this restore moved back from (`restore_as_writer` after a fallback)."""
+
+    @property
+    def fell_back(self) -> bool:
+        return self.head_step is not None and self.manifest.step < self.head_step
 
 
 def describe_folder(folder: Path) -> list[Shard]:
-    """Every file under the checkpoint folder, with its digest."""
+    """Every file under the checkpoint folder, with its digests (each file read once)."""
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     if not files:
         raise SpotrainError(f"checkpoint folder {folder} is empty: nothing to publish")
     with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
-        digests = list(pool.map(sha256_of, files))
+        digests = list(pool.map(digests_of, files))
     return [
-        Shard(name=p.relative_to(folder).as_posix(), sha256=d, size=p.stat().st_size)
+        Shard(name=p.relative_to(folder).as_posix(), sha256=d.sha256, size=d.size, crc32=d.crc32)
         for p, d in zip(files, digests, strict=True)
     ]
 
@@ -78,31 +133,57 @@ def describe_folder(folder: Path) -> list[Shard]:
 @dataclass(frozen=True)
 class UploadReport:
     shards: list[Shard]
+    """Every file of the folder, each with the objects that hold it."""
     uploaded_bytes: int
+    """Bytes sent, second copies of newly shared shards included."""
     reused_bytes: int
+    """Bytes of shards an object already held, not sent as new content."""
+
+
+def _holds(storage: Storage, key: str, shard: Shard) -> bool:
+    """Whether the object at `key` holds the shard's bytes, by the checksum the store computed
+    over what it stores (never by metadata a writer set)."""
+    stored = storage.stat(key)
+    return stored is not None and stored.size == shard.size and stored.crc32 == shard.crc32
+
+
+def _store_shard(folder: Path, shard: Shard, storage: Storage, run: str) -> tuple[Shard, int, bool]:
+    """Make sure the shard's bytes are stored: reused if an object already holds them (then in
+    two independent objects, since an earlier checkpoint shares them), else uploaded. Returns
+    the shard with its object keys, the bytes sent, and whether stored bytes were reused."""
+    existing = storage.list(shard_key(run, shard.sha256))  # the first object and its copies
+    good = [key for key in existing if _holds(storage, key, shard)]
+    reused = bool(good)
+    wanted = SHARED_COPIES if reused else 1
+    sent = 0
+    while len(good) < wanted:
+        key = shard_copy_key(run, shard.sha256) if existing else shard_key(run, shard.sha256)
+        existing.append(key)
+        try:
+            storage.put_file(folder / shard.name, key, crc32=shard.crc32)
+            sent += shard.size
+            failpoints.hit("after-shard-upload")
+        except AlreadyExists:
+            # Another machine stored the same bytes at the same moment: use it if it holds them.
+            if not _holds(storage, key, shard):
+                continue
+        good.append(key)
+    return replace(shard, keys=tuple(good[:wanted])), sent, reused
 
 
 def upload_folder(folder: Path, *, storage: Storage, run: str) -> UploadReport:
-    """Store every file of `folder` content-addressed, verified, skipping shards already
-    stored. Publishes nothing: `commit` does, once every node's upload is done."""
+    """Store every file of `folder` content-addressed and verified, reusing bytes already
+    stored. Publishes nothing: `commit` does, once every machine's upload is done."""
     shards = describe_folder(folder)
-    unique = {s.sha256: s for s in shards}
-
-    def store(shard: Shard) -> int:
-        key = shard_key(run, shard.sha256)
-        existing = storage.stat(key)
-        if existing is not None and existing.size == shard.size and existing.sha256 == shard.sha256:
-            return 0
-        stored = storage.put_file(folder / shard.name, key)
-        if stored.sha256 != shard.sha256:
-            raise SpotrainError(f"{shard.name} changed while it was being published")
-        failpoints.hit("after-shard-upload")
-        return shard.size
-
+    unique = list({s.sha256: s for s in shards}.values())
     with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
-        uploaded = sum(pool.map(store, unique.values()))
-    reused = sum(s.size for s in unique.values()) - uploaded
-    return UploadReport(shards=shards, uploaded_bytes=uploaded, reused_bytes=reused)
+        stored = list(pool.map(lambda s: _store_shard(folder, s, storage, run), unique))
+    keys = {shard.sha256: shard.keys for shard, _, _ in stored}
+    return UploadReport(
+        shards=[replace(s, keys=keys[s.sha256]) for s in shards],
+        uploaded_bytes=sum(sent for _, sent, _ in stored),
+        reused_bytes=sum(shard.size for shard, _, reused in stored if reused),
+    )
 
 
 def commit(
@@ -119,14 +200,16 @@ def commit(
     code_version: str,
     parent: str | None = None,
 ) -> Manifest:
-    """Write the manifest naming `shards` (all uploaded and verified) and make it the run's
-    head in the catalog."""
-    unique = list({s.sha256: s for s in shards}.values())
+    """Write the manifest naming `shards` (all stored and verified) and make it the run's head
+    in the catalog."""
+    keys = sorted({key for s in shards for key in s.keys})
+    if not all(s.keys for s in shards):
+        raise SpotrainError(f"step {step}: every shard must be stored before it is committed")
     # Reused shards were checked before their uploads were skipped; check again just before the
     # manifest names them, so a concurrent clean-up cannot leave it pointing at nothing.
     with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
-        present = list(pool.map(lambda s: storage.exists(shard_key(run, s.sha256)), unique))
-    missing = [s.name for s, there in zip(unique, present, strict=True) if not there]
+        present = list(pool.map(storage.exists, keys))
+    missing = [key for key, there in zip(keys, present, strict=True) if not there]
     if missing:
         raise SpotrainError(f"shards vanished during publish of step {step}: {missing}")
     manifest = Manifest(
@@ -137,13 +220,21 @@ def commit(
         zero_stage=zero_stage,
         config_hash=config_hash,
         code_version=code_version,
-        created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
         parent=parent,
     )
-    storage.put_bytes(manifest_key(run, step), manifest.to_json())
+    content = manifest.to_json()
+    key = manifest_key(run, step, content)
+    with contextlib.suppress(AlreadyExists):  # named by its digest: the same bytes are there
+        storage.put_bytes(key, content)
     failpoints.hit("before-catalog-publish")
-    catalog.publish(manifest, generation)
+    catalog.publish(manifest, key, generation)
     return manifest
+
+
+def key_of(manifest: Manifest) -> str:
+    """Where `manifest` is stored."""
+    return manifest_key(manifest.run, manifest.step, manifest.to_json())
 
 
 def publish(folder: Path, *, storage: Storage, run: str, **commit_args: Any) -> PublishReport:
@@ -156,78 +247,213 @@ def publish(folder: Path, *, storage: Storage, run: str, **commit_args: Any) -> 
     )
 
 
-def _fetch(storage: Storage, manifest: Manifest, destination: Path) -> None:
-    """Download every shard into `destination`, checking each digest."""
+def read_manifest(storage: Storage, key: str) -> Manifest:
+    """The manifest at `key`: ObjectMissing or ManifestError prove it unusable; any other
+    StorageError proves nothing."""
+    return check_manifest_bytes(key, storage.get_bytes(key))
 
-    def fetch(shard: Shard) -> None:
-        got = storage.get_file(shard_key(manifest.run, shard.sha256), destination / shard.name)
-        if got.sha256 != shard.sha256 or got.size != shard.size:
-            raise SpotrainError(f"shard {shard.name} is corrupt (sha256 {got.sha256[:12]}...)")
+
+def _download(
+    storage: Storage, manifest: Manifest, into: Path, *, every_copy: bool = False
+) -> list[str]:
+    """Download every shard into `into`, each checked against its digest, trying its copies in
+    turn; returns notes on damaged copies that another copy stood in for."""
+    notes: list[str] = []
+
+    def fetch_one(shard: Shard) -> None:
+        target = into / shard.name
+        damage, doubt = [], []
+        served = False
+        for key in shard.keys:
+            if served and not every_copy:
+                break
+            try:
+                got = storage.get_file(key, target if not served else target.with_name(
+                    f".{target.name}.check"))  # fmt: skip
+            except ObjectMissing as error:
+                damage.append(str(error))
+                continue
+            except StorageError as error:
+                doubt.append(str(error))
+                continue
+            if got.sha256 != shard.sha256 or got.size != shard.size:
+                damage.append(f"{storage.uri}/{key} is corrupt (sha256 {got.sha256[:12]}...)")
+                continue
+            served = True
+        target.with_name(f".{target.name}.check").unlink(missing_ok=True)
+        if not served:
+            if doubt:
+                raise StorageError(f"shard {shard.name}: {'; '.join(doubt + damage)}")
+            raise DamagedCheckpoint(f"shard {shard.name}: {'; '.join(damage)}")
+        notes.extend(f"shard {shard.name}: {problem}" for problem in damage + doubt)
 
     with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
-        list(pool.map(fetch, manifest.shards))
+        list(pool.map(fetch_one, manifest.shards))
+    return notes
+
+
+def _claimed_by_earlier_restore(destination: Path, run: str, incoming: set[str]) -> list[str]:
+    """What in `destination` an earlier restore of `run` put there (to be replaced). Raises if
+    it holds anything else the new one would have to touch, or anything at all that is not an
+    earlier restore of the run."""
+    if destination.exists() and not destination.is_dir():
+        raise DestinationError(f"{destination} is a file: name a folder to restore into")
+    present = (
+        {p.name for p in destination.iterdir()} - {_STAGING} if destination.is_dir() else set()
+    )
+    if not present:
+        return []
+    try:
+        earlier = json.loads((destination / RESTORE_MARKER).read_text())
+        claimed = set(earlier["entries"]) if earlier.get("run") == run else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        claimed = None
+    if claimed is None:
+        raise DestinationError(
+            f"{destination} is not empty and holds no earlier restore of run {run!r}: restore "
+            "into an empty or new folder (nothing in it was touched)"
+        )
+    strangers = (present - claimed - {RESTORE_MARKER}) & incoming
+    if strangers:
+        raise DestinationError(
+            f"{destination} holds {', '.join(sorted(strangers))}, which an earlier restore did "
+            "not put there: restore into an empty or new folder (nothing was touched)"
+        )
+    return sorted(present & claimed)
+
+
+def _write_marker(destination: Path, run: str, step: int, entries: set[str]) -> None:
+    partial = destination / f"{RESTORE_MARKER}.partial"
+    partial.write_text(json.dumps({"run": run, "step": step, "entries": sorted(entries)}))
+    os.replace(partial, destination / RESTORE_MARKER)
+
+
+def fetch(
+    storage: Storage, manifest_key_: str, destination: Path, *, run: str,
+    notes: list[str] | None = None,
+) -> Manifest:  # fmt: skip
+    """Download one checkpoint into `destination` (absent, empty, or an earlier restore of the
+    same run, which it replaces), every shard checked. Nothing else in the folder is touched;
+    until the last step the folder holds either the earlier restore or this one."""
+    destination = destination.absolute()
+    manifest = read_manifest(storage, manifest_key_)
+    incoming = {shard.name.split("/", 1)[0] for shard in manifest.shards}
+    earlier = _claimed_by_earlier_restore(destination, run, incoming)
+    staging = destination / _STAGING
+    created = not destination.exists()
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir(parents=True)
+    try:
+        damaged_copies = _download(storage, manifest, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            destination.rmdir()
+        raise
+    # The marker claims both restores while one replaces the other, so a crash here leaves a
+    # folder the next restore may still clean up.
+    _write_marker(destination, run, manifest.step, set(earlier) | incoming)
+    for name in set(earlier) | incoming:
+        old = destination / name
+        if old.is_dir() and not old.is_symlink():
+            shutil.rmtree(old)
+        else:
+            old.unlink(missing_ok=True)
+    for name in incoming:
+        (staging / name).rename(destination / name)
+    staging.rmdir()
+    _write_marker(destination, run, manifest.step, incoming)
+    if notes is not None:
+        notes.extend(damaged_copies)
+    return manifest
 
 
 def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) -> RestoreReport:
-    """Restore the newest complete checkpoint that verifies; fall back past any that do not.
-    If the catalog cannot be read, the checkpoints are found from their manifests instead."""
+    """Restore the newest published checkpoint that verifies, passing over any proven damaged.
+    If the catalog cannot be read, the checkpoints are found from the store's records."""
     unavailable = None
     try:
         entries, head = catalog.entries(), catalog.head()
     except CatalogError as error:
+        if isinstance(catalog, StoreCatalog):
+            raise
         unavailable = str(error)
-        fallback = ManifestCatalog(storage, run)
+        fallback = StoreCatalog(storage, run)
         entries, head = fallback.entries(), fallback.head()
     candidates = [e for e in entries if e.status == schema.STATUS_COMPLETE]
     if head is not None:  # never restore past the published head (a newer one may be torn)
         candidates = [e for e in candidates if e.step <= head.step]
     skipped: list[tuple[int, str]] = []
+    notes: list[str] = []
     for entry in sorted(candidates, key=lambda e: e.step, reverse=True):
         try:
-            manifest = fetch(storage, entry.manifest_key, destination)
-        except (SpotrainError, ValueError) as error:
+            manifest = fetch(storage, entry.manifest_key, destination, run=run, notes=notes)
+        except _PROOF_OF_DAMAGE as error:
             skipped.append((entry.step, str(error)))
             continue
+        except StorageError as error:
+            raise StoreUnreadable(
+                f"run {run!r}: checkpoint step {entry.step} could not be read from "
+                f"{storage.uri}, and nothing shows it is damaged ({error}). Nothing was passed "
+                "over or rolled back; check that the store is reachable and that these "
+                "credentials may read it, then start again"
+            ) from error
         return RestoreReport(
             manifest=manifest,
             skipped=skipped,
             catalog_unavailable=unavailable,
             head_step=head.step if head else None,
+            notes=notes,
         )
     if not skipped:
-        raise NothingPublished(f"run {run!r} has no complete checkpoint")
+        raise NothingPublished(f"run {run!r} has no complete checkpoint in {storage.uri}")
     reasons = "; ".join(f"step {s}: {r}" for s, r in skipped)
     raise RestoreError(
         f"run {run!r} has no restorable checkpoint ({reasons}); check the store with "
-        "`spotrain checkpoints verify`, or start afresh under a new run name"
+        "`spotrain checkpoints verify`, restore the replica region's copy, or start afresh "
+        "under a new run name"
     )
 
 
-def fetch(storage: Storage, manifest_key_: str, destination: Path) -> Manifest:
-    """Download one named checkpoint into `destination`, every shard checked; `destination`
-    appears only complete."""
-    manifest = Manifest.from_json(storage.get_bytes(manifest_key_))
-    staging = destination.with_name(f".{destination.name}.partial")
-    shutil.rmtree(staging, ignore_errors=True)
-    try:
-        _fetch(storage, manifest, staging)
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    shutil.rmtree(destination, ignore_errors=True)
-    staging.rename(destination)
-    return manifest
+def restore_as_writer(
+    destination: Path, *, storage: Storage, catalog: Catalog, run: str, generation: int
+) -> RestoreReport:
+    """`restore` for the run's lease holder: after passing over damaged checkpoints it moves
+    the catalog's head back to the one restored (fenced by the lease), or this run could never
+    publish until it passed the damaged one again, and nobody restores that one again. Not when
+    the catalog could not be read: its head is left for when it can."""
+    report = restore(destination, storage=storage, catalog=catalog, run=run)
+    if report.fell_back and not report.catalog_unavailable:
+        why = "; ".join(reason for _, reason in report.skipped) or "not complete"
+        catalog.roll_back(report.manifest.step, generation, f"a restore fell back past it: {why}")
+        report.rolled_back_from = report.head_step
+    return report
 
 
-def verify(storage: Storage, manifest_key_: str, scratch: Path) -> Manifest:
-    """Download every shard of one checkpoint into `scratch` and check it; raises if any is
-    missing or corrupt."""
-    manifest = Manifest.from_json(storage.get_bytes(manifest_key_))
+def entry_at(catalog: Catalog, step: int | None) -> CatalogEntry:
+    """The catalog's entry for `step` (the head if None), or a CatalogError saying what exists."""
+    if step is None:
+        head = catalog.head()
+        if head is None:
+            raise CatalogError("the run has no published checkpoint: name one with --step")
+        return head
+    matching = [e for e in catalog.entries() if e.step == step]
+    if not matching:
+        raise CatalogError(f"no checkpoint at step {step}: `spotrain checkpoints list` shows them")
+    complete = [e for e in matching if e.status == schema.STATUS_COMPLETE]
+    return (complete or matching)[-1]
+
+
+def verify(storage: Storage, manifest_key_: str, scratch: Path) -> tuple[Manifest, list[str]]:
+    """Download every copy of every shard of one checkpoint into `scratch` and check it; raises
+    DamagedCheckpoint if a shard has no good copy. Returns the manifest and notes on copies
+    that are damaged while another serves."""
+    manifest = read_manifest(storage, manifest_key_)
     try:
-        _fetch(storage, manifest, scratch)
+        notes = _download(storage, manifest, scratch, every_copy=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return manifest
+    return manifest, notes
 
 
 @dataclass(frozen=True)
@@ -238,9 +464,12 @@ class CollectReport:
 
 
 def collect_garbage(
-    *, storage: Storage, catalog: Catalog, run: str, keep: int = MIN_KEEP
-) -> CollectReport:
-    """Remove superseded checkpoints beyond the newest `keep` complete ones."""
+    *, storage: Storage, catalog: Catalog, run: str, keep: int = MIN_KEEP,
+    say: Callable[[str], None] | None = None,
+) -> CollectReport:  # fmt: skip
+    """Remove superseded checkpoints beyond the newest `keep` complete ones: objects only they
+    reference, and their manifests. Stops before deleting anything if a manifest it must read
+    cannot be read."""
     if keep < MIN_KEEP:
         raise SpotrainError(
             f"keep={keep}: keep at least {MIN_KEEP} complete checkpoints so a corrupt newest one "
@@ -256,25 +485,37 @@ def collect_garbage(
     superseded = [e for e in complete if e.step < min(kept_steps, default=0)]
     if not superseded:
         return CollectReport(kept=sorted(kept_steps), collected=[], freed_bytes=0)
-    superseded_steps = {e.step for e in superseded}
-    referenced = set()
+    manifests = {}
     for entry in entries:
-        if entry.step in superseded_steps:
+        if entry.status == schema.STATUS_COLLECTED:
             continue
         try:
-            referenced |= {
-                s.sha256 for s in Manifest.from_json(storage.get_bytes(entry.manifest_key)).shards
-            }
-        except (SpotrainError, ValueError):
-            continue  # an unreadable manifest protects nothing it cannot name
+            manifests[entry.manifest_key] = read_manifest(storage, entry.manifest_key)
+        except SpotrainError as error:
+            if isinstance(error, _PROOF_OF_DAMAGE) and entry.status != schema.STATUS_COMPLETE:
+                continue  # quarantined or rolled back, and damaged: never restored, protects none
+            raise SpotrainError(
+                f"garbage collection stopped before deleting anything: the manifest of step "
+                f"{entry.step} could not be read ({error}); verify and quarantine it, or retry"
+            ) from error
+    doomed_keys = {e.manifest_key for e in superseded}
+    referenced = {
+        key
+        for manifest_key_, manifest in manifests.items()
+        if manifest_key_ not in doomed_keys
+        for shard in manifest.shards
+        for key in shard.keys
+    }
     doomed: dict[str, int] = {}
     for entry in superseded:
-        manifest = Manifest.from_json(storage.get_bytes(entry.manifest_key))
-        doomed |= {s.sha256: s.size for s in manifest.shards if s.sha256 not in referenced}
-    storage.delete([shard_key(run, digest) for digest in doomed])
-    for entry in superseded:
-        catalog.retire(entry.step)
-        storage.delete([entry.manifest_key])
+        for shard in manifests[entry.manifest_key].shards:
+            doomed |= {key: shard.size for key in shard.keys if key not in referenced}
+    for entry in superseded:  # retired first: nothing listed complete ever lacks its data
+        catalog.retire(entry)
+    storage.delete(sorted(doomed))
+    storage.delete(sorted(doomed_keys))
+    if say is not None:
+        say(f"collected {len(superseded)} checkpoint(s), {len(doomed)} object(s)")
     return CollectReport(
         kept=sorted(kept_steps),
         collected=[e.step for e in superseded],

@@ -17,6 +17,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from spotrain.errors import SpotrainError
+
 ONES = [
     "zero",
     "one",
@@ -71,23 +73,56 @@ def write_token_file(path: Path, data: bytes) -> Path:
     return path.with_suffix(".bin")
 
 
+class DataError(SpotrainError):
+    """The training data is missing, malformed, or does not fit the model."""
+
+
 class TokenFile:
     """A token file opened as a read-only memory map: nothing is loaded up front."""
 
     def __init__(self, path: Path) -> None:
         meta_path = path.with_suffix(".json")
-        if not path.exists() or not meta_path.exists():
-            raise FileNotFoundError(
-                f"token file {path} (with {meta_path.name}) not found: create it with "
+        if not path.is_file() or not meta_path.is_file():
+            raise DataError(
+                f"token file {path} (with {meta_path.name} beside it) not found: check `data` "
+                "in the training configuration, or create it with "
                 "spotrain.trainer.data.write_token_file"
             )
-        meta = json.loads(meta_path.read_text())
-        self.vocab_size = int(meta["vocab_size"])
-        self.tokens = np.memmap(path, dtype=np.dtype(meta["dtype"]), mode="r")
-        if len(self.tokens) != int(meta["tokens"]):
-            raise ValueError(
-                f"{path} holds {len(self.tokens)} tokens, its description says {meta['tokens']}"
+        try:
+            meta = json.loads(meta_path.read_text())
+            self.vocab_size = int(meta["vocab_size"])
+            dtype = np.dtype(meta["dtype"])
+            expected = int(meta["tokens"])
+            if dtype.kind != "u" or self.vocab_size < 1:
+                raise ValueError(f"dtype {dtype} / vocab_size {self.vocab_size}")
+        except (OSError, ValueError, KeyError, TypeError) as error:
+            raise DataError(
+                f"{meta_path} does not describe a token file ({error}): it needs dtype "
+                "(an unsigned integer type), vocab_size and tokens, as write_token_file writes"
+            ) from error
+        if path.stat().st_size % dtype.itemsize or path.stat().st_size == 0:
+            raise DataError(f"{path} is empty or not a whole number of {dtype} tokens")
+        self.tokens = np.memmap(path, dtype=dtype, mode="r")
+        if len(self.tokens) != expected:
+            raise DataError(
+                f"{path} holds {len(self.tokens)} tokens, its description says {expected}: "
+                "write the file and its description again"
             )
+
+    def problems_with(self, *, context: int, vocab_size: int) -> list[str]:
+        """What keeps a model of this context and vocabulary from training on the file."""
+        problems = []
+        if self.vocab_size > vocab_size:
+            problems.append(
+                f"the data has {self.vocab_size} token ids but model.vocab_size is {vocab_size}: "
+                f"set model.vocab_size to at least {self.vocab_size}"
+            )
+        if len(self.tokens) <= context + 1:
+            problems.append(
+                f"the data holds {len(self.tokens)} tokens, too few for context {context}: use "
+                "more data or a shorter model.context"
+            )
+        return problems
 
 
 @dataclass(frozen=True)

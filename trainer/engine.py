@@ -18,6 +18,7 @@ import os
 import random
 import shutil
 import sys
+import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -28,16 +29,23 @@ from typing import Any
 import numpy as np
 import torch
 
-from spotrain.catalog_schema import checkpoint_id, checkpoint_tag
+from spotrain.catalog_schema import checkpoint_id, checkpoint_tag, run_name_problem
 from spotrain.errors import SpotrainError, raise_if_problems
 from spotrain.trainer import checkpoint, failpoints, local_tier
-from spotrain.trainer.catalog import Catalog, CatalogError, DynamoCatalog, ManifestCatalog
+from spotrain.trainer.catalog import Catalog, CatalogError, open_catalog
 from spotrain.trainer.data import Sampler, TokenFile
-from spotrain.trainer.manifest import Shard, manifest_key
+from spotrain.trainer.manifest import Shard
 from spotrain.trainer.model import GPT, GPTConfig
 from spotrain.trainer.preemption import PreemptionFlag
 from spotrain.trainer.spot_notice import SpotNoticeWatcher
 from spotrain.trainer.storage import Storage, open_storage
+from spotrain.validation import instance_type_problems
+
+TRAIN_FIELD_HINTS = {
+    "store": "give s3://BUCKET or file:///PATH",
+    "data": "give the token file (.bin) to train on",
+    "work_dir": "give a folder on the machine's fast local disk",
+}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,7 +97,19 @@ class TrainConfig:
     """Seconds between polls of the metadata service."""
 
     def __post_init__(self) -> None:
-        problems = []
+        problems = instance_type_problems(self)
+        raise_if_problems("training configuration", problems)  # the checks below need types
+        run_problem = run_name_problem(self.run)
+        if run_problem:
+            problems.append(f"run: {run_problem}")
+        for name in ("store", "data", "work_dir"):
+            if not getattr(self, name).strip():
+                problems.append(f"{name} is empty: {TRAIN_FIELD_HINTS[name]}")
+        for name in ("catalog_table", "kms_key_id", "metrics_file", "spot_notice_endpoint"):
+            if getattr(self, name) is not None and not getattr(self, name).strip():
+                problems.append(f"{name} is empty: give a value or null")
+        if self.seed < 0:
+            problems.append(f"seed is {self.seed}: use 0 or more")
         if self.steps < 1:
             problems.append(f"steps is {self.steps}: train at least 1 step")
         if self.checkpoint_every < 1:
@@ -128,6 +148,39 @@ class TrainConfig:
         return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[
             :16
         ]
+
+
+def preflight(config: TrainConfig) -> TokenFile:
+    """Everything about the run that can be checked on this machine before it starts (and
+    before it takes the run's lease): the store's address, the data and how it fits the model,
+    the work folder. Raises one error listing every problem; returns the opened data."""
+    problems = []
+    try:
+        open_storage(config.store, kms_key_id=config.kms_key_id)
+    except SpotrainError as error:
+        problems.append(f"store: {error}")
+    tokens = None
+    try:
+        tokens = TokenFile(Path(config.data))
+        problems += tokens.problems_with(
+            context=config.model.context, vocab_size=config.model.vocab_size
+        )
+    except SpotrainError as error:
+        problems.append(f"data: {error}")
+    for name in ("work_dir", "metrics_file"):
+        value = getattr(config, name)
+        if value is None:
+            continue
+        folder = Path(value) if name == "work_dir" else Path(value).parent
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+            probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".spotrain-probe.")  # noqa: SIM115
+            probe.close()
+        except OSError as error:
+            problems.append(f"{name} {value!r} cannot be written here: {error}")
+    raise_if_problems("training configuration", problems)
+    assert tokens is not None
+    return tokens
 
 
 def lr_factor(config: TrainConfig, step: int) -> float:
@@ -171,12 +224,6 @@ def _set_rng_state(state: dict[str, Any]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _catalog(config: TrainConfig, storage: Storage) -> Catalog:
-    if config.catalog_table:
-        return DynamoCatalog(config.catalog_table, config.run)
-    return ManifestCatalog(storage, config.run)
-
-
 @dataclass(frozen=True)
 class _Place:
     """Where this process sits: one leader per machine fetches, uploads and watches IMDS."""
@@ -207,7 +254,10 @@ def _restore(
     import torch.distributed as dist
 
     folder = Path(config.work_dir) / "restore"
+    if place.leader:  # this machine's own scratch: whatever a crashed start left goes
+        shutil.rmtree(folder, ignore_errors=True)
     chosen = torch.tensor([-1, 0, 0], dtype=torch.long)  # step, its world size, 1 if light
+    manifest_of_chosen: list[str | None] = [None]
     light_root = Path(config.work_dir) / "light"
     light = local_tier.newest(light_root) if place.leader else None
     if light is not None and light.world_size != place.world:
@@ -220,25 +270,25 @@ def _restore(
             chosen[0], chosen[1], chosen[2] = light_step, place.world, 1
     if place.rank == 0 and not chosen[2]:
         try:
-            report = checkpoint.restore(folder, storage=storage, catalog=catalog, run=config.run)
+            report = checkpoint.restore_as_writer(
+                folder, storage=storage, catalog=catalog, run=config.run, generation=generation
+            )
             chosen[0], chosen[1] = report.manifest.step, report.manifest.world_size
+            manifest_of_chosen[0] = checkpoint.key_of(report.manifest)
             if report.catalog_unavailable:
                 _say(f"catalog unavailable ({report.catalog_unavailable}); found checkpoints "
-                     "from their manifests")  # fmt: skip
+                     "from the store's records")  # fmt: skip
             for step, reason in report.skipped:
                 _say(f"skipped checkpoint step {step}: {reason}")
-            fell_back = report.head_step is not None and report.manifest.step < report.head_step
-            if fell_back and not report.catalog_unavailable:
-                # The head must follow, or this run could never publish until it passed the
-                # unusable one; rolling back also keeps anyone from restoring that one again.
-                why = "; ".join(reason for _, reason in report.skipped) or "not complete"
-                catalog.roll_back(
-                    report.manifest.step, generation, f"a restore fell back past it: {why}"
-                )
-                _say(f"head moved back from step {report.head_step} to {report.manifest.step}")
+            for note in report.notes:
+                _say(f"damaged copy passed over (another copy served): {note}")
+            if report.rolled_back_from is not None:
+                _say(f"head moved back from step {report.rolled_back_from} to "
+                     f"{report.manifest.step}")  # fmt: skip
         except checkpoint.NothingPublished:
             pass  # a new run
     _broadcast(chosen)
+    dist.broadcast_object_list(manifest_of_chosen, src=0)
     step, world_size, from_light = (int(v) for v in chosen)
     if place.leader:  # light checkpoints older than the one restored are of no more use
         local_tier.prune(light_root, keep=step if from_light else None)
@@ -252,7 +302,7 @@ def _restore(
         folder = light_root / checkpoint_tag(step)
         return _Restored(step=step, world_size=world_size, folder=folder, from_light=True)
     if place.leader and place.rank != 0:
-        checkpoint.fetch(storage, manifest_key(config.run, step), folder)
+        checkpoint.fetch(storage, str(manifest_of_chosen[0]), folder, run=config.run)
     tag = checkpoint_tag(step)
     if world_size != place.world:
         if place.leader:
@@ -335,6 +385,7 @@ def _deepspeed_config(config: TrainConfig, *, universal: bool) -> dict[str, Any]
 
 def train(config: TrainConfig) -> list[float]:
     """Train to `config.steps`; returns the loss of each step it ran (mean over all ranks)."""
+    tokens = preflight(config)  # a run that cannot start takes no lease, nor a process group
     import deepspeed
     import torch.distributed as dist
 
@@ -343,7 +394,7 @@ def train(config: TrainConfig) -> list[float]:
     rank, world = dist.get_rank(), dist.get_world_size()
     place = _Place(rank, world, leader=int(os.environ.get("LOCAL_RANK", rank)) == 0)
     storage = open_storage(config.store, kms_key_id=config.kms_key_id)
-    catalog = _catalog(config, storage)
+    catalog = open_catalog(storage, config.run, table=config.catalog_table)
     generation = catalog.acquire_lease(f"{os.uname().nodename}:{os.getpid()}") if rank == 0 else 0
     if place.leader:  # local saves a killed run never published are of no use
         shutil.rmtree(Path(config.work_dir) / "save", ignore_errors=True)
@@ -384,9 +435,7 @@ def train(config: TrainConfig) -> list[float]:
         ).start()
     progress = _Progress(config, place)
     saver = _Saver(engine, config, storage, catalog, generation, place, parent, progress)
-    sampler = Sampler(
-        TokenFile(Path(config.data)), config.model.context, config.micro_batch, config.seed
-    )
+    sampler = Sampler(tokens, config.model.context, config.micro_batch, config.seed)
     losses: list[float] = []
     try:
         for step in range(start_step, config.steps):

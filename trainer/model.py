@@ -12,6 +12,9 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from spotrain.errors import raise_if_problems
+from spotrain.validation import instance_type_problems
+
 
 @dataclass(frozen=True)
 class GPTConfig:
@@ -29,8 +32,21 @@ class GPTConfig:
     """Dropout on residual branches (attention itself never drops)."""
 
     def __post_init__(self) -> None:
-        if self.width % self.heads:
-            raise ValueError(f"width {self.width} is not a multiple of heads {self.heads}")
+        problems = instance_type_problems(self, "model.")
+        if not problems:
+            problems = [
+                f"model.{name} is {getattr(self, name)}: use 1 or more"
+                for name in ("vocab_size", "context", "layers", "heads", "width")
+                if getattr(self, name) < 1
+            ]
+        if not problems and self.width % self.heads:
+            problems.append(
+                f"model.width {self.width} is not a multiple of model.heads {self.heads}: "
+                f"use e.g. width {self.heads * max(1, round(self.width / self.heads))}"
+            )
+        if not problems and not 0 <= self.dropout < 1:
+            problems.append(f"model.dropout is {self.dropout}: use a fraction in [0, 1)")
+        raise_if_problems("model", problems)
 
 
 class CausalSelfAttention(nn.Module):

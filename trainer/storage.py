@@ -1,18 +1,29 @@
 """The one storage seam for checkpoints: `file://` paths and `s3://` buckets behind one
-interface. Nothing else in the trainer talks to boto3.
+interface. Nothing else in the trainer talks to boto3 for S3.
 
-Every upload is verified: the SHA-256 of the bytes sent is computed while reading them, S3
-checks each part in transit (`ChecksumAlgorithm=SHA256`), and the stored object's size and
-recorded digest are read back before `put_file` returns. Writes to S3 name the bucket's KMS key,
-as the checkpoint buckets' policies require.
+Objects are written once and never overwritten: S3 writes are conditional (`If-None-Match: *`),
+folder writes are exclusive creates (a hard link of a finished temporary file), and a write to
+a key that exists fails with `AlreadyExists`. Every upload is verified without reading it back:
+the file's CRC32, computed while it was hashed for its content address, goes with the upload as
+a full-object checksum that S3 checks against the bytes it stored, and the CRC32 S3 then
+reports for the object must be the same. Writes to S3 name the bucket's KMS key, as the
+checkpoint buckets' policies require.
+
+Errors say whether they prove anything about the data: `ObjectMissing` (the object is not
+there) does; any other `StorageError` (an unreachable store, a refused request) does not, and
+callers must not treat it as damage. Transient S3 errors (5xx, throttling, broken connections)
+are retried by botocore's standard retry mode before they surface.
 """
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import os
-import shutil
+import re
 import tempfile
+import threading
+import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,26 +33,71 @@ from urllib.parse import urlparse
 from spotrain.errors import SpotrainError
 
 _CHUNK = 8 * 1024 * 1024
-DIGEST_METADATA_KEY = "sha256"
+DEFAULT_MAX_ATTEMPTS = 6
+"""Tries of each AWS request (botocore standard retry mode) unless AWS_MAX_ATTEMPTS says."""
+_BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 class StorageError(SpotrainError):
-    """A storage location is unusable, or an object is missing or not what was written."""
+    """A storage location is unusable, or a request to it failed. Proves nothing about the data
+    stored there."""
+
+
+class ObjectMissing(StorageError):
+    """The object does not exist: proof that whatever needs it cannot be restored from it."""
+
+
+class AlreadyExists(StorageError):
+    """A write was refused because the key already holds an object (nothing is overwritten)."""
 
 
 @dataclass(frozen=True)
 class StoredObject:
     key: str
     size: int
+    crc32: str | None = None
+    """Full-object CRC32 the store computed over the bytes it holds (None: it has none)."""
+    sha256: str = ""
+    """SHA-256 of the bytes as fetched (set by `get_file`)."""
+
+
+@dataclass(frozen=True)
+class FileDigests:
     sha256: str
+    crc32: str
+    size: int
+
+
+def crc32_text(value: int) -> str:
+    """A CRC32 as S3 writes it: base64 of the 4 big-endian bytes."""
+    return base64.b64encode(value.to_bytes(4, "big")).decode()
+
+
+def digests_of(path: Path) -> FileDigests:
+    """SHA-256 (the content address) and CRC32 (the transfer checksum) in one read."""
+    sha, crc, size = hashlib.sha256(), 0, 0
+    with path.open("rb") as source:
+        while chunk := source.read(_CHUNK):
+            sha.update(chunk)
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+    return FileDigests(sha.hexdigest(), crc32_text(crc), size)
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as source:
-        while chunk := source.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
+    return digests_of(path).sha256
+
+
+def aws_client(service: str) -> Any:
+    """A boto3 client with the retry policy every spotrain AWS call uses: botocore's standard
+    mode (5xx, throttling and connection errors retried with jittered backoff)."""
+    import boto3
+    from botocore.config import Config
+
+    retries: dict[str, Any] = {"mode": os.environ.get("AWS_RETRY_MODE", "standard")}
+    if "AWS_MAX_ATTEMPTS" not in os.environ:
+        retries["total_max_attempts"] = DEFAULT_MAX_ATTEMPTS
+    return boto3.client(service, config=Config(retries=retries))
 
 
 class Storage(Protocol):
@@ -49,7 +105,7 @@ class Storage(Protocol):
 
     uri: str
 
-    def put_file(self, path: Path, key: str) -> StoredObject: ...
+    def put_file(self, path: Path, key: str, *, crc32: str | None = None) -> StoredObject: ...
 
     def get_file(self, key: str, path: Path) -> StoredObject: ...
 
@@ -67,12 +123,13 @@ class Storage(Protocol):
 
 
 class LocalStorage:
-    """A folder. Writes go to a temporary file first and are renamed into place, so a reader
-    never sees half an object."""
+    """A folder. Each object is written to a temporary file, synced, then linked into place,
+    which fails if the name exists: a reader never sees half an object, and nothing is
+    overwritten."""
 
     def __init__(self, root: Path) -> None:
-        self.root = root
-        self.uri = f"file://{root}"
+        self.root = root.absolute()
+        self.uri = f"file://{self.root}"
 
     def _path(self, key: str) -> Path:
         path = (self.root / key).resolve()
@@ -80,73 +137,114 @@ class LocalStorage:
             raise StorageError(f"key {key!r} escapes the storage root {self.root}")
         return path
 
-    def _write_atomically(self, key: str, chunks: Iterator[bytes]) -> StoredObject:
+    def _write_once(
+        self, key: str, chunks: Iterator[bytes], *, expect_crc32: str | None = None,
+        source: Path | None = None,
+    ) -> int:  # fmt: skip
         target = self._path(key)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        digest, size = hashlib.sha256(), 0
-        handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
         try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            handle, temporary = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+        except OSError as error:
+            raise StorageError(f"cannot write {self.uri}/{key}: {error}") from error
+        try:
+            crc, size = 0, 0
             with os.fdopen(handle, "wb") as out:
                 for chunk in chunks:
-                    digest.update(chunk)
+                    crc = zlib.crc32(chunk, crc)
                     size += len(chunk)
                     out.write(chunk)
                 out.flush()
                 os.fsync(out.fileno())
-            os.replace(temporary, target)
-        except BaseException:
+            if expect_crc32 is not None and crc32_text(crc) != expect_crc32:
+                raise StorageError(
+                    f"{source} changed while it was being stored as {key}: nothing was written"
+                )
+            os.link(temporary, target)
+        except FileExistsError:
+            raise AlreadyExists(f"{self.uri}/{key} exists; objects are never overwritten") from None
+        except OSError as error:
+            raise StorageError(f"cannot write {self.uri}/{key}: {error}") from error
+        finally:
             Path(temporary).unlink(missing_ok=True)
-            raise
-        return StoredObject(key, size, digest.hexdigest())
+        return size
 
-    def put_file(self, path: Path, key: str) -> StoredObject:
+    def put_file(self, path: Path, key: str, *, crc32: str | None = None) -> StoredObject:
         def chunks() -> Iterator[bytes]:
             with path.open("rb") as source:
                 while chunk := source.read(_CHUNK):
                     yield chunk
 
-        return self._write_atomically(key, chunks())
+        size = self._write_once(key, chunks(), expect_crc32=crc32, source=path)
+        return StoredObject(key, size, crc32)
 
     def get_file(self, key: str, path: Path) -> StoredObject:
         source = self._path(key)
-        if not source.is_file():
-            raise StorageError(f"{self.uri}/{key} does not exist")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(source, path)
-        return StoredObject(key, path.stat().st_size, sha256_of(path))
+        sha, size = hashlib.sha256(), 0
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with source.open("rb") as reader, path.open("wb") as writer:
+                while chunk := reader.read(_CHUNK):
+                    sha.update(chunk)
+                    size += len(chunk)
+                    writer.write(chunk)
+        except FileNotFoundError:
+            raise ObjectMissing(f"{self.uri}/{key} does not exist") from None
+        except OSError as error:
+            raise StorageError(f"{self.uri}/{key} could not be read: {error}") from error
+        return StoredObject(key, size, sha256=sha.hexdigest())
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        self._write_atomically(key, iter([data]))
+        self._write_once(key, iter([data]))
 
     def get_bytes(self, key: str) -> bytes:
-        path = self._path(key)
-        if not path.is_file():
-            raise StorageError(f"{self.uri}/{key} does not exist")
-        return path.read_bytes()
+        try:
+            return self._path(key).read_bytes()
+        except (FileNotFoundError, IsADirectoryError):
+            raise ObjectMissing(f"{self.uri}/{key} does not exist") from None
+        except OSError as error:
+            raise StorageError(f"{self.uri}/{key} could not be read: {error}") from error
 
     def stat(self, key: str) -> StoredObject | None:
         path = self._path(key)
         if not path.is_file():
             return None
-        return StoredObject(key, path.stat().st_size, sha256_of(path))
+        try:
+            crc = 0
+            with path.open("rb") as source:
+                while chunk := source.read(_CHUNK):
+                    crc = zlib.crc32(chunk, crc)
+            return StoredObject(key, path.stat().st_size, crc32_text(crc))
+        except OSError as error:
+            raise StorageError(f"{self.uri}/{key} could not be read: {error}") from error
 
     def exists(self, key: str) -> bool:
         return self._path(key).is_file()
 
     def list(self, prefix: str) -> list[str]:
-        base = self._path(prefix) if prefix else self.root
-        if not base.exists():
-            return []
         root = self.root.resolve()
+        base = self._path(prefix) if prefix else root
+        if not prefix or prefix.endswith("/"):
+            found = base.rglob("*") if base.is_dir() else iter(())
+        elif base.parent.is_dir():  # a prefix may end inside a name: shards/<sha256> and copies
+            found = (
+                p for match in base.parent.glob(f"{base.name}*")
+                for p in (match.rglob("*") if match.is_dir() else [match])
+            )  # fmt: skip
+        else:
+            found = iter(())
         return sorted(
             str(p.resolve().relative_to(root))
-            for p in base.rglob("*")
+            for p in found
             if p.is_file() and not p.name.startswith(".")
         )
 
     def delete(self, keys: list[str]) -> None:
         for key in keys:
-            self._path(key).unlink(missing_ok=True)
+            try:
+                self._path(key).unlink(missing_ok=True)
+            except OSError as error:
+                raise StorageError(f"could not delete {self.uri}/{key}: {error}") from error
 
 
 class S3Storage:
@@ -170,17 +268,36 @@ class S3Storage:
         self.bucket, self.prefix = bucket, prefix.strip("/")
         self.uri = f"s3://{bucket}/{self.prefix}" if self.prefix else f"s3://{bucket}"
         self.kms_key_id = kms_key_id
-        self._client = client
+        self._client: Any = None
+        self._client_lock = threading.Lock()
         self._max_concurrency, self._part_size = max_concurrency, part_size
         self._download_part_size = download_part_size
+        self._writing_once: set[str] = set()
+        self._default_key_looked_up = kms_key_id is not None
+        if client is not None:
+            self._adopt(client)
 
     @property
     def client(self) -> Any:
-        if self._client is None:
-            import boto3
-
-            self._client = boto3.client("s3")
+        with self._client_lock:
+            if self._client is None:
+                self._adopt(aws_client("s3"))
         return self._client
+
+    def _adopt(self, client: Any) -> None:
+        # The transfer manager takes no If-None-Match: add it to the requests that create our
+        # objects (a single PUT, or the completion of a multipart upload).
+        for operation in ("PutObject", "CompleteMultipartUpload"):
+            client.meta.events.register(
+                f"before-parameter-build.s3.{operation}",
+                self._only_if_absent,
+                unique_id=f"spotrain-write-once-{id(self)}-{operation}",
+            )
+        self._client = client
+
+    def _only_if_absent(self, params: dict[str, Any], **_: Any) -> None:
+        if params.get("Bucket") == self.bucket and params.get("Key") in self._writing_once:
+            params["IfNoneMatch"] = "*"
 
     def _key(self, key: str) -> str:
         return f"{self.prefix}/{key}" if self.prefix else key
@@ -197,122 +314,204 @@ class S3Storage:
 
     def _encryption(self) -> dict[str, str]:
         if self.kms_key_id is None:
+            self.kms_key_id = self._default_kms_key()
+        if self.kms_key_id is None:
             return {}
         return {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": self.kms_key_id}
 
-    def put_file(self, path: Path, key: str) -> StoredObject:
-        from botocore.exceptions import ClientError
+    def _default_kms_key(self) -> str | None:
+        """The bucket's default SSE-KMS key, for writers not told which key to name (operators'
+        commands): spotrain's buckets refuse writes that do not name it. None if the bucket
+        has none, or these credentials may not read its encryption settings."""
+        from botocore.exceptions import BotoCoreError, ClientError
 
-        digest, size = sha256_of(path), path.stat().st_size
-        extra = {
-            **self._encryption(),
-            "ChecksumAlgorithm": "SHA256",
-            "Metadata": {DIGEST_METADATA_KEY: digest},
-        }
+        if self._default_key_looked_up:
+            return None
+        self._default_key_looked_up = True
+        try:
+            rules = self.client.get_bucket_encryption(Bucket=self.bucket)[
+                "ServerSideEncryptionConfiguration"
+            ]["Rules"]
+        except (ClientError, BotoCoreError, KeyError):
+            return None
+        for rule in rules:
+            default = rule.get("ApplyServerSideEncryptionByDefault", {})
+            if default.get("SSEAlgorithm") == "aws:kms" and default.get("KMSMasterKeyID"):
+                return str(default["KMSMasterKeyID"])
+        return None
+
+    def _error(self, what: str, key: str, error: Exception, *, writing: bool) -> StorageError:
+        """The failure as one message that says what to check; ObjectMissing or AlreadyExists
+        where S3's answer proves it."""
+        from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError
+
+        where = f"{self.uri}/{key}"
+        if isinstance(error, NoCredentialsError):
+            return StorageError(
+                f"{what} {where} failed: no AWS credentials; configure them (an instance role "
+                "on the fleet, AWS_PROFILE or the AWS_* variables)"
+            )
+        if isinstance(error, NoRegionError):
+            return StorageError(
+                f"{what} {where} failed: no AWS region; set AWS_REGION to the bucket's region"
+            )
+        if not isinstance(error, ClientError):
+            return StorageError(f"{what} {where} failed: {error}; check the network path to S3")
+        code = str(error.response.get("Error", {}).get("Code", ""))
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if code == "NoSuchBucket":
+            return StorageError(
+                f"{what} {where} failed: bucket {self.bucket!r} does not exist: check the store "
+                "URI (the storage stack's output names the bucket) and AWS_REGION"
+            )
+        if code in ("404", "NoSuchKey", "NotFound"):
+            return ObjectMissing(f"{where} does not exist")
+        if code == "PreconditionFailed" or status == 412:
+            return AlreadyExists(f"{where} exists; objects are never overwritten")
+        hint = "check your credentials' permissions on the bucket and its KMS key"
+        if writing and status == 403 and self.kms_key_id is None:
+            # Named the key neither here nor in the bucket's default encryption.
+            hint = (
+                "spotrain's checkpoint buckets accept only SSE-KMS writes with their own key: "
+                "pass the bucket's key (kms_key_id in the training configuration, --kms-key-id "
+                "on the command line)"
+            )
+        elif isinstance(status, int) and status >= 500:
+            hint = "S3 kept failing after retries: try again later"
+        return StorageError(f"{what} {where} failed: {error}; {hint}")
+
+    def _call(self, what: str, key: str, operation: str, *, writing: bool = False,
+              **kwargs: Any) -> Any:  # fmt: skip
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self.client, operation)(Bucket=self.bucket, **kwargs)
+        except (ClientError, BotoCoreError) as error:
+            raise self._error(what, key, error, writing=writing) from error
+
+    def put_file(self, path: Path, key: str, *, crc32: str | None = None) -> StoredObject:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if crc32 is None:
+            crc32 = digests_of(path).crc32
+        size = path.stat().st_size
+        extra = {**self._encryption(), "ChecksumCRC32": crc32}
+        full_key = self._key(key)
+        self._writing_once.add(full_key)
         try:
             self.client.upload_file(
-                str(path),
-                self.bucket,
-                self._key(key),
-                ExtraArgs=extra,
-                Config=self.transfer_config(),
+                str(path), self.bucket, full_key, ExtraArgs=extra, Config=self.transfer_config()
             )
-        except (ClientError, OSError) as error:
-            raise self._write_error(f"upload of {path} to {self.uri}/{key}", error) from error
+        except (ClientError, BotoCoreError) as error:
+            raise self._error(f"upload of {path} to", key, error, writing=True) from error
+        except OSError as error:
+            raise StorageError(f"upload of {path} to {self.uri}/{key} failed: {error}") from error
+        finally:
+            self._writing_once.discard(full_key)
         stored = self.stat(key)
-        if stored is None or stored.size != size or stored.sha256 != digest:
+        if stored is None or stored.size != size or stored.crc32 != crc32:
             raise StorageError(
-                f"{self.uri}/{key} does not match what was sent (size {size}, sha256 {digest}); "
-                "the upload is not usable"
+                f"{self.uri}/{key} does not hold what was sent (size {size}, CRC32 {crc32}; "
+                f"stored: {stored}); it must not be used"
             )
         return stored
 
     def get_file(self, key: str, path: Path) -> StoredObject:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
-        path.parent.mkdir(parents=True, exist_ok=True)
         try:
+            path.parent.mkdir(parents=True, exist_ok=True)
             self.client.download_file(
                 self.bucket, self._key(key), str(path), Config=self.transfer_config(download=True)
             )
-        except ClientError as error:
-            raise StorageError(f"download of {self.uri}/{key} failed: {error}") from error
-        return StoredObject(key, path.stat().st_size, sha256_of(path))
+        except (ClientError, BotoCoreError) as error:
+            raise self._error("download of", key, error, writing=False) from error
+        except OSError as error:
+            raise StorageError(f"download of {self.uri}/{key} to {path} failed: {error}") from error
+        digests = digests_of(path)
+        return StoredObject(key, digests.size, digests.crc32, digests.sha256)
 
     def put_bytes(self, key: str, data: bytes) -> None:
-        from botocore.exceptions import ClientError
-
-        try:
-            self.client.put_object(
-                Bucket=self.bucket,
-                Key=self._key(key),
-                Body=data,
-                ChecksumAlgorithm="SHA256",
-                Metadata={DIGEST_METADATA_KEY: hashlib.sha256(data).hexdigest()},
-                **self._encryption(),
-            )
-        except ClientError as error:
-            raise self._write_error(f"write of {self.uri}/{key}", error) from error
-
-    def _write_error(self, what: str, error: Exception) -> StorageError:
-        """The write's failure, with the usual fix when the bucket refused it."""
-        hint = ""
-        status = getattr(error, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if status == 403 and self.kms_key_id is None:
-            hint = (
-                "; spotrain's checkpoint buckets accept only SSE-KMS writes with their own key: "
-                "pass the bucket's key (kms_key_id in the training configuration, --kms-key-id "
-                "on the command line)"
-            )
-        return StorageError(f"{what} failed: {error}{hint}")
+        self._call(
+            "write of", key, "put_object", writing=True, Key=self._key(key), Body=data,
+            IfNoneMatch="*", ChecksumCRC32=crc32_text(zlib.crc32(data)), **self._encryption(),
+        )  # fmt: skip
 
     def get_bytes(self, key: str) -> bytes:
-        from botocore.exceptions import ClientError
+        from botocore.exceptions import BotoCoreError, ClientError
 
+        answer = self._call("read of", key, "get_object", Key=self._key(key))
         try:
-            return bytes(
-                self.client.get_object(Bucket=self.bucket, Key=self._key(key))["Body"].read()
-            )
-        except ClientError as error:
-            raise StorageError(f"{self.uri}/{key} could not be read: {error}") from error
+            return bytes(answer["Body"].read())
+        except (ClientError, BotoCoreError, OSError) as error:
+            raise StorageError(f"read of {self.uri}/{key} broke off: {error}") from error
 
     def stat(self, key: str) -> StoredObject | None:
-        from botocore.exceptions import ClientError
-
         try:
-            head = self.client.head_object(Bucket=self.bucket, Key=self._key(key))
-        except ClientError as error:
-            if error.response["Error"]["Code"] in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise StorageError(f"{self.uri}/{key} could not be inspected: {error}") from error
-        return StoredObject(
-            key, int(head["ContentLength"]), head.get("Metadata", {}).get(DIGEST_METADATA_KEY, "")
-        )
+            head = self._call(
+                "inspection of", key, "head_object", Key=self._key(key), ChecksumMode="ENABLED"
+            )
+        except ObjectMissing:
+            return None
+        return StoredObject(key, int(head["ContentLength"]), head.get("ChecksumCRC32"))
 
     def exists(self, key: str) -> bool:
         return self.stat(key) is not None
 
     def list(self, prefix: str) -> list[str]:
-        paginator = self.client.get_paginator("list_objects_v2")
+        from botocore.exceptions import BotoCoreError, ClientError
+
         start = len(self.prefix) + 1 if self.prefix else 0
         keys = []
-        for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
-            keys += [item["Key"][start:] for item in page.get("Contents", [])]
+        try:
+            paginator = self.client.get_paginator("list_objects_v2")
+            for page in paginator.paginate(Bucket=self.bucket, Prefix=self._key(prefix)):
+                keys += [item["Key"][start:] for item in page.get("Contents", [])]
+        except (ClientError, BotoCoreError) as error:
+            raise self._error("listing of", prefix, error, writing=False) from error
         return sorted(keys)
 
     def delete(self, keys: list[str]) -> None:
         for start in range(0, len(keys), 1000):
             batch = [{"Key": self._key(k)} for k in keys[start : start + 1000]]
-            self.client.delete_objects(Bucket=self.bucket, Delete={"Objects": batch, "Quiet": True})
+            answer = self._call(
+                "deletion in", "", "delete_objects", Delete={"Objects": batch, "Quiet": True}
+            )
+            failed = answer.get("Errors", [])
+            if failed:
+                first = failed[0]
+                raise StorageError(
+                    f"{len(failed)} object(s) of {self.uri} could not be deleted, e.g. "
+                    f"{first.get('Key')}: {first.get('Code')} {first.get('Message')}; deleting "
+                    "checkpoints is an operator action: use credentials that may delete"
+                )
 
 
 def open_storage(uri: str, *, kms_key_id: str | None = None, client: Any = None) -> Storage:
-    """`file:///path` or a plain path, or `s3://bucket/prefix`."""
+    """`file:///path`, a plain path (relative to the current folder), or `s3://bucket/prefix`."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise StorageError("the store is empty: give s3://BUCKET[/PREFIX] or file:///PATH")
     parsed = urlparse(uri)
     if parsed.scheme in ("", "file"):
-        return LocalStorage(Path(parsed.path if parsed.scheme else uri))
+        if parsed.scheme == "file" and parsed.netloc not in ("", "localhost"):
+            raise StorageError(
+                f"{uri!r} names the host {parsed.netloc!r}, not a folder: write "
+                f"file:///absolute/path (three slashes), or a plain relative path such as "
+                f"{parsed.netloc}{parsed.path}"
+            )
+        path = Path(parsed.path if parsed.scheme else uri).expanduser()
+        if path.exists() and not path.is_dir():
+            raise StorageError(f"store {uri!r} is a file, not a folder: name a folder")
+        return LocalStorage(path)
     if parsed.scheme == "s3":
         if not parsed.netloc:
             raise StorageError(f"{uri!r} names no bucket: write s3://<bucket>/<prefix>")
+        if not _BUCKET_NAME.match(parsed.netloc):
+            raise StorageError(
+                f"{parsed.netloc!r} is not an S3 bucket name (3-63 lowercase letters, digits, "
+                "'.' or '-'): check the store URI"
+            )
         return S3Storage(parsed.netloc, parsed.path, kms_key_id=kms_key_id, client=client)
-    raise StorageError(f"{uri!r}: checkpoints go to file:// paths or s3:// buckets")
+    raise StorageError(
+        f"{uri!r}: checkpoints go to file:// paths or s3:// buckets, not {parsed.scheme}://"
+    )

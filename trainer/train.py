@@ -14,14 +14,14 @@ import dataclasses
 import json
 import os
 import sys
-import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import SpotrainError, raise_if_problems
+from spotrain.errors import ConfigError, SpotrainError, raise_if_problems
 from spotrain.trainer.engine import TrainConfig, train
 from spotrain.trainer.model import GPTConfig
+from spotrain.validation import type_problems
 
 
 def _value(text: str) -> Any:
@@ -31,51 +31,48 @@ def _value(text: str) -> Any:
         return text
 
 
-def _type_problems(cls: type, given: dict[str, Any], prefix: str) -> list[str]:
-    """Fields whose JSON value has the wrong type, named with the type they need."""
-    hints, problems = typing.get_type_hints(cls), []
-    for name, value in given.items():
-        wanted = hints.get(name)
-        if wanted is None or dataclasses.is_dataclass(wanted):
-            continue
-        allowed = typing.get_args(wanted) or (wanted,)
-        if float in allowed:
-            allowed += (int,)
-        if isinstance(value, bool) and bool not in allowed:
-            allowed = ()
-        if not isinstance(value, tuple(type(None) if a is None else a for a in allowed)):
-            need = " or ".join(
-                "null" if a is type(None) else a.__name__
-                for a in typing.get_args(wanted) or (wanted,)
-            )
-            problems.append(f"{prefix}{name} is {value!r}: it must be {need}")
-    return problems
-
-
 def load_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The configuration in `path` with `overrides`, checked as a whole: one ConfigError
+    lists every problem (unknown, missing and mistyped fields, values out of range)."""
     try:
         document = json.loads(path.read_text())
     except FileNotFoundError:
         raise SpotrainError(f"training configuration {path} not found") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise SpotrainError(f"training configuration {path} cannot be read: {error}") from None
     except json.JSONDecodeError as error:
         raise SpotrainError(f"training configuration {path} is not JSON: {error}") from None
+    subject = f"training configuration {path}"
+    if not isinstance(document, dict):
+        kind = {list: "array", str: "string"}.get(type(document), type(document).__name__)
+        example = '{"run": ..., "store": ..., ...}'
+        raise ConfigError(subject, [f"it holds a JSON {kind}, not an object: write {example}"])
     problems = []
     for override in overrides:
         name, equals, text = override.partition("=")
-        if not equals:
+        if not equals or not name:
             problems.append(f"--set {override!r}: write FIELD=VALUE, e.g. steps=1000")
         elif name.startswith("model."):
-            document.setdefault("model", {})[name.removeprefix("model.")] = _value(text)
+            model = document.setdefault("model", {})
+            if isinstance(model, dict):
+                model[name.removeprefix("model.")] = _value(text)
         else:
             document[name] = _value(text)
     model_fields = document.get("model", {})
+    if not isinstance(model_fields, dict):
+        problems.append(
+            f"model is {model_fields!r}: it must be an object of model fields, e.g. "
+            '{"layers": 4, "width": 256, "heads": 4, "context": 128}'
+        )
+        model_fields = {}
     for cls, given, prefix in ((TrainConfig, document, ""), (GPTConfig, model_fields, "model.")):
         known = {f.name for f in dataclasses.fields(cls)}
         problems += [
-            f"unknown field {name!r} in {cls.__name__}: use one of {', '.join(sorted(known))}"
+            f"unknown field {prefix}{name!r}: use one of {', '.join(sorted(known))}"
             for name in sorted(set(given) - known)
         ]
-        problems += _type_problems(cls, {k: v for k, v in given.items() if k in known}, prefix)
+        typed = {k: v for k, v in given.items() if k in known and k != "model"}
+        problems += type_problems(cls, typed, prefix)
     missing = [
         f.name
         for f in dataclasses.fields(TrainConfig)
@@ -86,9 +83,24 @@ def load_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
     problems += [
         f"{name} is missing: set it in the file or with --set {name}=..." for name in missing
     ]
-    raise_if_problems(f"training configuration {path}", problems)
-    model = GPTConfig(**document.pop("model", {}))
-    return TrainConfig(**document, model=model)
+    # Each part's own checks too, so one message lists every problem.
+    known_model = {f.name for f in dataclasses.fields(GPTConfig)}
+    try:
+        model = GPTConfig(**{k: v for k, v in model_fields.items() if k in known_model})
+    except ConfigError as error:
+        problems += error.problems
+        model = GPTConfig()
+    config = None
+    if not missing:
+        known_train = {f.name for f in dataclasses.fields(TrainConfig)} - {"model"}
+        try:
+            config = TrainConfig(**{k: v for k, v in document.items() if k in known_train},
+                                 model=model)  # fmt: skip
+        except ConfigError as error:
+            problems += error.problems
+    raise_if_problems(subject, list(dict.fromkeys(problems)))
+    assert config is not None  # no problems: every field was there and right
+    return config
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -100,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
         train(load_config(args.config, args.set))
-    except (SpotrainError, TypeError, ValueError) as error:
+    except SpotrainError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     return 0

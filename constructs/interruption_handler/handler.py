@@ -20,6 +20,7 @@ spotrain/fleet_state.py and requeue.py.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -250,15 +251,47 @@ def notify(topic: str | None, subject: str, message: dict[str, Any]) -> None:
         )
 
 
+DEAD_LETTER_EVENT_LIMIT = 200_000
+"""Bytes of an event's JSON a dead letter carries whole (for redrive); SQS takes 256 KiB per
+message, and a larger event goes as its summary alone."""
+
+
+def dead_letter(event: Any, reason: str) -> str:
+    """The dead-letter message: the event's id, source, detail type, size, digest and the
+    reason, with the event itself when it fits."""
+    try:
+        body = json.dumps(event, default=str)
+    except (TypeError, ValueError) as error:  # e.g. a circular structure
+        body = f"<unserialisable: {error}>"
+    fields = event if isinstance(event, dict) else {}
+    message: dict[str, Any] = {
+        "id": str(fields.get("id"))[:200],
+        "source": str(fields.get("source"))[:200],
+        "detail-type": str(fields.get("detail-type"))[:200],
+        "size": len(body),
+        "sha256": hashlib.sha256(body.encode()).hexdigest(),
+        "reason": reason[:1000],
+    }
+    if len(body) <= DEAD_LETTER_EVENT_LIMIT:
+        message["event"] = event
+    else:
+        message["truncated"] = "the event is too large for a dead letter; this is its summary"
+    return json.dumps(message, default=str)
+
+
 def reject(event: Any, reason: str, queue_url: str | None) -> dict[str, Any]:
-    body = json.dumps(event, default=str)
-    log.error("rejected event %s: %s", body[:2000], reason)
+    """Log the event and send its dead letter; never raises (the Lambda's last step)."""
+    message = dead_letter(event, reason)
+    log.error("rejected event: %s", message[:2000])
     if queue_url:
-        boto3.client("sqs").send_message(
-            QueueUrl=queue_url,
-            MessageBody=body,
-            MessageAttributes={"reason": {"DataType": "String", "StringValue": reason[:1000]}},
-        )
+        try:
+            boto3.client("sqs").send_message(
+                QueueUrl=queue_url,
+                MessageBody=message,
+                MessageAttributes={"reason": {"DataType": "String", "StringValue": reason[:1000]}},
+            )
+        except (ClientError, BotoCoreError) as error:
+            log.error("the dead letter could not be sent to %s: %s", queue_url, error)
     return {"rejected": reason}
 
 
@@ -345,7 +378,11 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
 
 
 def handle(event: Any, context: Any = None) -> dict[str, Any]:
-    settings = _settings()
+    try:
+        settings = _settings()
+    except (KeyError, ValueError) as error:
+        return reject(event, f"the handler is misconfigured: {type(error).__name__}: {error}",
+                      os.environ.get("DEAD_LETTER_QUEUE_URL"))  # fmt: skip
     try:
         fields = parse(event)
     except UnhandledEvent as error:
@@ -354,7 +391,7 @@ def handle(event: Any, context: Any = None) -> dict[str, Any]:
         if fields["kind"] == CAPACITY_CHECK:
             return _on_capacity_check(settings)
         return _on_instance_event(settings, fields)
-    except (ClientError, BotoCoreError, KeyError, ValueError) as error:
+    except Exception as error:  # the last line of defence: nothing escapes to a retry storm
         # Half-handled: the record (if written) stays; the dead-letter copy can be redriven.
         return reject(event, f"failed while handling: {type(error).__name__}: {error}",
                       settings["dead_letter_queue"])  # fmt: skip

@@ -67,7 +67,10 @@ def faults_file() -> Path:
 
 
 def set_faults(
-    *, regions_down: list[str] | None = None, replication_pending: list[str] | None = None
+    *,
+    regions_down: list[str] | None = None,
+    replication_pending: list[str] | None = None,
+    unavailable: list[dict[str, Any]] | None = None,
 ) -> faults.Faults:
     """Replace the named kinds of fault (None leaves a kind as it is); returns all of them."""
     current = faults.read(faults_file())
@@ -75,6 +78,8 @@ def set_faults(
         current.regions_down = sorted(set(regions_down))
     if replication_pending is not None:
         current.replication_pending = list(dict.fromkeys(replication_pending))
+    if unavailable is not None:
+        current.unavailable = unavailable
     faults.write(faults_file(), current)
     return current
 

@@ -328,6 +328,45 @@ def _install_s3_bucket_policy_conditions() -> None:
     FakeBucket.get_permission = get_permission  # type: ignore[method-assign]
 
 
+# --- S3 checksums ---------------------------------------------------------------------------
+# S3 takes a checksum sent as its header alone (x-amz-checksum-crc32: ...), records it for the
+# object, and refuses the write (400 BadDigest) when the bytes do not match it. moto records a
+# checksum only when the SDK also names the algorithm, and never checks it.
+_VERIFIABLE = ("CRC32", "SHA1", "SHA256")  # computed exactly here without optional libraries
+
+
+def _install_s3_checksums() -> None:
+    from moto.s3.exceptions import S3ClientError
+    from moto.s3.responses import S3Response
+    from moto.s3.utils import compute_checksum
+
+    class BadDigest(S3ClientError):
+        def __init__(self, algorithm: str) -> None:
+            super().__init__(
+                "BadDigest", f"The {algorithm} you specified did not match the calculated checksum."
+            )
+
+    original = S3Response._get_checksum
+
+    def _get_checksum(self: S3Response, response_headers: dict[str, Any]) -> tuple[str, Any]:
+        algorithm = self.headers.get("x-amz-sdk-checksum-algorithm", "")
+        named = [a for a in _VERIFIABLE if self.headers.get(f"x-amz-checksum-{a.lower()}")]
+        if not algorithm and not named:
+            return original(self, response_headers)  # type: ignore[no-any-return]
+        algorithm = (algorithm or named[0]).upper()
+        sent = self.headers.get(f"x-amz-checksum-{algorithm.lower()}")
+        if sent and algorithm in _VERIFIABLE:
+            actual = compute_checksum(self.body or b"", algorithm).decode()
+            if actual != sent:
+                raise BadDigest(algorithm)
+        if not sent:
+            return original(self, response_headers)  # type: ignore[no-any-return]
+        response_headers[f"x-amz-checksum-{algorithm.lower()}"] = sent
+        return algorithm, sent
+
+    S3Response._get_checksum = _get_checksum  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Patch moto in this process (idempotent)."""
     global _installed
@@ -336,4 +375,5 @@ def install() -> None:
     _install_budgets()
     _install_s3_replication()
     _install_s3_bucket_policy_conditions()
+    _install_s3_checksums()
     _installed = True

@@ -1,5 +1,5 @@
-"""Faults the local cloud can play, for rehearsals and runbook tests: a region that is down,
-and S3 replication that has not caught up yet.
+"""Faults the local cloud can play, for rehearsals and tests: a region that is down, S3
+replication that has not caught up yet, and S3 objects that fail their next requests.
 
 The running server re-reads `faults.json` in its state directory on every request it could
 affect, so `spotrain local fault ...` takes effect at once without a restart.
@@ -11,6 +11,7 @@ import fnmatch
 import json
 import os
 import re
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 FAULTS_FILE_VARIABLE = "SPOTRAIN_LOCALCLOUD_FAULTS"
 # SigV4: Credential=<key id>/<date>/<region>/<service>/aws4_request
-_CREDENTIAL_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/")
+_CREDENTIAL_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/([a-z0-9-]+)/")
 
 
 @dataclass
@@ -29,6 +30,11 @@ class Faults:
     """`bucket/key` patterns (fnmatch) of new objects whose replica does not arrive (their
     status stays PENDING, as while S3 replication lags); clearing a pattern affects only
     objects written after it."""
+
+    unavailable: list[dict[str, Any]] = field(default_factory=list)
+    """`{"id", "pattern", "requests"}`: the next `requests` S3 requests for objects matching
+    `pattern` (`bucket/key`, fnmatch) get 503 SlowDown, as S3 answers under load; later ones
+    are served."""
 
     def replication_held(self, bucket: str, key: str) -> bool:
         return any(fnmatch.fnmatchcase(f"{bucket}/{key}", p) for p in self.replication_pending)
@@ -53,28 +59,49 @@ def served_file() -> Path | None:
     return Path(value) if value else None
 
 
-def signed_region(authorization: str | None) -> str | None:
+def signed_scope(authorization: str | None) -> tuple[str, str] | None:
+    """(region, service) a SigV4 request is signed for."""
     match = _CREDENTIAL_SCOPE.search(authorization or "")
-    return match.group(1) if match else None
+    return (match.group(1), match.group(2)) if match else None
 
 
-_OUTAGE_BODY = (
-    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>ServiceUnavailable</Code>'
-    b"<Message>The region is unavailable (local cloud fault: region down)</Message></Error>"
-)
+def _error_body(code: str, message: str) -> bytes:
+    return (
+        f'<?xml version="1.0" encoding="UTF-8"?><Error><Code>{code}</Code>'
+        f"<Message>{message} (local cloud fault)</Message></Error>"
+    ).encode()
 
 
-def region_outage(app: Callable[..., Iterable[bytes]], path: Path) -> Callable[..., Any]:
-    """WSGI middleware: answer 503 to requests signed for a region that is down."""
+def injected(app: Callable[..., Iterable[bytes]], path: Path) -> Callable[..., Any]:
+    """WSGI middleware: answer 503 to requests signed for a region that is down, and to the
+    next requests for objects made unavailable."""
+    served: dict[str, int] = {}  # requests failed so far, per `unavailable` entry
+    lock = threading.Lock()
+
+    def refuse(start_response: Callable[..., Any], body: bytes) -> list[bytes]:
+        start_response(
+            "503 Service Unavailable",
+            [("Content-Type", "application/xml"), ("Content-Length", str(len(body)))],
+        )
+        return [body]
 
     def middleware(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
-        region = signed_region(environ.get("HTTP_AUTHORIZATION"))
-        if region is not None and region in read(path).regions_down:
-            start_response(
-                "503 Service Unavailable",
-                [("Content-Type", "application/xml"), ("Content-Length", str(len(_OUTAGE_BODY)))],
-            )
-            return [_OUTAGE_BODY]
+        scope = signed_scope(environ.get("HTTP_AUTHORIZATION"))
+        if scope is None:
+            return app(environ, start_response)
+        current = read(path)
+        if scope[0] in current.regions_down:
+            return refuse(start_response, _error_body("ServiceUnavailable", "region down"))
+        if scope[1] == "s3" and current.unavailable:
+            target = environ.get("PATH_INFO", "").lstrip("/")
+            for entry in current.unavailable:
+                if not fnmatch.fnmatchcase(target, entry["pattern"]):
+                    continue
+                with lock:
+                    failed = served.get(entry["id"], 0)
+                    if failed < int(entry["requests"]):
+                        served[entry["id"]] = failed + 1
+                        return refuse(start_response, _error_body("SlowDown", "unavailable"))
         return app(environ, start_response)
 
     return middleware

@@ -27,7 +27,7 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
     app: Any = DomainDispatcherApplication(create_backend_app)
     faults_file = faults.served_file()
     if faults_file is not None:
-        app = faults.region_outage(app, faults_file)
+        app = faults.injected(app, faults_file)
     server = make_server(
         host, port, app, threaded=True, request_handler=MotoRequestHandler,
         ssl_context=(cert, key),

@@ -1,0 +1,228 @@
+"""Bad input on every surface of `spotrain` ends with one message that names the fix and a
+non-zero exit: never a traceback, never silent acceptance. (The environment configuration's
+own battery is in test_config.py.)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotrain import cli
+from spotrain.trainer import checkpoint
+from spotrain.trainer.catalog import StoreCatalog
+from spotrain.trainer.data import synthetic_corpus, write_token_file
+from spotrain.trainer.storage import LocalStorage
+
+RUN = "bad-input"
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory: pytest.TempPathFactory) -> str:
+    folder = tmp_path_factory.mktemp("data")
+    return str(write_token_file(folder / "corpus", synthetic_corpus(5_000)))
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every case must stop before torchrun would take over the process."""
+
+    def launched(*args: Any) -> None:
+        raise AssertionError(f"torchrun was started: {args}")
+
+    monkeypatch.setattr(cli.os, "execv", launched)
+
+
+def fails_clearly(capsys: pytest.CaptureFixture[str], argv: list[str], *expected: str) -> str:
+    """Run `spotrain ARGV`: it must exit non-zero with one error message (no traceback) that
+    holds every `expected` fragment."""
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:  # argparse's own usage errors
+        code = int(exit_.code or 0)
+    out = capsys.readouterr()
+    assert code != 0, out.out
+    assert "Traceback" not in out.err and out.err.count("error:") == 1, out.err
+    for fragment in expected:
+        assert fragment in out.err, out.err
+    return out.err
+
+
+def good_config(tmp_path: Path, data: str, **changes: Any) -> dict[str, Any]:
+    return {"run": RUN, "store": f"file://{tmp_path / 'store'}", "data": data, "steps": 4,
+            "work_dir": str(tmp_path / "work"),
+            "model": {"context": 16, "layers": 1, "heads": 1, "width": 16}, **changes}  # fmt: skip
+
+
+TRAIN_CASES = [
+    ("array", [1, 2], [], ["holds a JSON array, not an object"]),
+    ("heads-zero", {"model": {"heads": 0}}, [], ["model.heads is 0: use 1 or more"]),
+    ("width-not-multiple", {"model": {"width": 30, "heads": 4}}, [],
+     ["model.width 30 is not a multiple of model.heads 4"]),
+    ("model-string", {"model": "small"}, [], ["model is 'small': it must be an object"]),
+    ("set-model-number", {}, ["--set", "model=5"], ["model is 5: it must be an object"]),
+    ("layers-negative", {"model": {"layers": -1}}, [], ["model.layers is -1: use 1 or more"]),
+    ("run-empty", {"run": ""}, [], ["run name '' is not valid"]),
+    ("run-with-slash", {"run": "a/b"}, [], ["run name 'a/b' is not valid"]),
+    ("steps-float", {"steps": 2.5}, [], ["steps is 2.5: it must be an integer"]),
+    ("steps-bool", {"steps": True}, [], ["steps is True: it must be an integer"]),
+    ("learning-rate-inf", {"learning_rate": 1e999}, [], ["learning_rate is inf"]),
+    ("seed-negative", {"seed": -1}, [], ["seed is -1: use 0 or more"]),
+    ("store-scheme", {"store": "gs://bucket/x"}, [], ["not gs://"]),
+    ("store-relative-file-url", {"store": "file://rel/dir"}, [],
+     ["names the host 'rel', not a folder"]),
+    ("store-bucket-name", {"store": "s3://Bad_Bucket"}, [], ["is not an S3 bucket name"]),
+    ("data-missing", {"data": "/no/such/corpus.bin"}, [], ["token file /no/such/corpus.bin"]),
+    ("vocab-too-small", {"model": {"vocab_size": 100}}, [],
+     ["the data has 256 token ids but model.vocab_size is 100"]),
+    ("context-too-long", {"model": {"context": 100_000, "heads": 1, "width": 16}}, [],
+     ["too few for context 100000"]),
+    ("unknown-model-field", {"model": {"depth": 3}}, [], ["unknown field model.'depth'"]),
+    ("nproc-zero", {}, ["--nproc-per-node", "0"], ["give a whole number of at least 1"]),
+    ("nnodes-backwards", {}, ["--nnodes", "4:2"], ["1 <= MIN <= MAX"]),
+    ("rendezvous-without-port", {}, ["--nnodes", "2", "--rdzv-endpoint", "host"],
+     ["write HOST:PORT"]),
+    ("shutdown-timeout-zero", {}, ["--shutdown-timeout", "0"], ["at least 1"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("changes", "flags", "expected"),
+                         [pytest.param(*c[1:], id=c[0]) for c in TRAIN_CASES])  # fmt: skip
+@pytest.mark.usefixtures("no_launch")
+def test_spotrain_train_refuses_bad_input_before_anything_starts(
+    changes: Any, flags: list[str], expected: list[str], tmp_path: Path, data: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    document: Any = changes
+    if isinstance(changes, dict):
+        base = good_config(tmp_path, data)
+        model = changes.get("model", {})
+        merged = {**base["model"], **model} if isinstance(model, dict) else model
+        document = {**base, **changes, "model": merged}
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(document))
+    fails_clearly(capsys, ["train", str(path), *flags], *expected)
+    assert not (tmp_path / "store").exists()  # nothing touched the run
+
+
+def test_the_good_configuration_of_those_cases_would_start(
+    tmp_path: Path, data: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The battery above changes one thing at a time from a configuration that passes."""
+    started: list[list[str]] = []
+    monkeypatch.setattr(cli.os, "execv", lambda _, command: started.append(command))
+    path = tmp_path / "run.json"
+    path.write_text(json.dumps(good_config(tmp_path, data)))
+    assert cli.main(["train", str(path), "--nproc-per-node", "1"]) == 0
+    assert started and started[0][-2:] == ["spotrain.trainer.train", str(path)]
+
+
+def test_a_rank_that_cannot_start_takes_no_lease(tmp_path: Path) -> None:
+    """A rank started by hand (or an older launcher) with a missing data file stops before it
+    reaches the catalog: the catalog here is unreachable, and the error is about the data."""
+    path = tmp_path / "run.json"
+    config = good_config(tmp_path, "/no/such/data.bin", catalog_table="catalog")
+    path.write_text(json.dumps(config))
+    unreachable = {"AWS_ENDPOINT_URL": "https://127.0.0.1:9", "AWS_DEFAULT_REGION": "us-east-1",
+                   "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+                   "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0"}  # fmt: skip
+    result = subprocess.run(
+        [sys.executable, "-m", "spotrain.trainer.train", str(path)], capture_output=True,
+        text=True, env={**os.environ, **unreachable}, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr
+    assert "token file /no/such/data.bin" in result.stderr
+    assert "catalog" not in result.stderr and "Traceback" not in result.stderr
+
+
+# --- spotrain checkpoints -------------------------------------------------------------------
+@pytest.fixture
+def folder_run(tmp_path: Path) -> list[str]:
+    storage = LocalStorage(tmp_path / "store")
+    folder = tmp_path / "ckpt"
+    (folder / "step_000000010").mkdir(parents=True)
+    (folder / "step_000000010" / "model.pt").write_bytes(b"weights" * 100)
+    checkpoint.publish(folder, storage=storage, catalog=StoreCatalog(storage, RUN),
+                       generation=0, run=RUN, step=10, world_size=1, zero_stage=2,
+                       config_hash="x", code_version="test")  # fmt: skip
+    return ["--store", f"file://{tmp_path / 'store'}", "--run", RUN]
+
+
+def test_checkpoint_commands_name_the_fix_for_bad_arguments(
+    folder_run: list[str], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = folder_run
+    for argv, expected in [
+        (["quarantine", *store, "--step", "11", "--reason", "x"], "no checkpoint at step 11"),
+        (["rollback", *store, "--step", "11", "--reason", "x"], "step 11 is not a complete"),
+        (["quarantine", *store, "--step", "10"], "needs --step N and --reason TEXT"),
+        (["show", *store, "--step", "-1"], "at least 0"),
+        (["verify", *store, "--step", "99"], "no checkpoint at step 99"),
+        (["gc", *store, "--keep", "1"], "at least 2"),
+        (["restore", *store], "restore needs --to DIR"),
+        (["restore", *store, "--to", str(Path(store[1].removeprefix("file://")))],
+         "not empty and holds no earlier restore"),
+        (["list", "--store", "file://rel/dir", "--run", RUN], "file:///absolute/path"),
+        (["list", "--store", "gs://b", "--run", RUN], "file:// paths or s3:// buckets"),
+        (["list", *store[:2], "--run", "Bad Run"], "run name 'Bad Run' is not valid"),
+    ]:  # fmt: skip
+        fails_clearly(capsys, ["checkpoints", *argv], expected)
+    # A manifest that is not one (written by hand, damaged): one message, not a traceback.
+    catalog = StoreCatalog(LocalStorage(tmp_path / "store"), RUN)
+    manifest = tmp_path / "store" / catalog.head().manifest_key  # type: ignore[union-attr]
+    manifest.write_text("[1, 2")
+    fails_clearly(capsys, ["checkpoints", "show", *store], "is damaged")
+    fails_clearly(capsys, ["checkpoints", "verify", *store], "is damaged")
+
+
+def test_checkpoint_commands_name_the_fix_for_missing_aws_resources(
+    dynamo: Any, folder_run: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing_bucket = ["--store", "s3://no-such-bucket", "--run", RUN]
+    fails_clearly(capsys, ["checkpoints", "list", *missing_bucket],
+                  "bucket 'no-such-bucket' does not exist")  # fmt: skip
+    fails_clearly(capsys, ["checkpoints", "list", *folder_run, "--catalog-table", "nope"],
+                  "catalog table 'nope' does not exist")  # fmt: skip
+    with_table = [*folder_run, "--catalog-table", "catalog"]
+    fails_clearly(capsys, ["checkpoints", "quarantine", *with_table, "--step", "5",
+                           "--reason", "x"], "no checkpoint at step 5")  # fmt: skip
+    fails_clearly(capsys, ["checkpoints", "rollback", *with_table, "--step", "5",
+                           "--reason", "x"], "step 5 is not a complete checkpoint")  # fmt: skip
+
+
+# --- spotrain local, and the entry point itself ---------------------------------------------
+def test_local_cloud_commands_refuse_bad_ports_regions_and_patterns(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fails_clearly(capsys, ["local", "up", "--port", "70000"], "at most 65535")
+    fails_clearly(capsys, ["local", "up", "--port", "-1"], "at least 0")
+    fails_clearly(capsys, ["rehearse", "--port", "http"], "give a whole number")
+    fails_clearly(capsys, ["local", "fault", "region-down", "not-a-region"],
+                  "'not-a-region' is not an AWS region")  # fmt: skip
+    fails_clearly(capsys, ["local", "fault", "replication-pending", "bucket-only"],
+                  "write BUCKET/KEY-PATTERN")  # fmt: skip
+    fails_clearly(capsys, ["local", "fault", "unavailable", "b/k", "none"],
+                  "REQUESTS is 'none'")  # fmt: skip
+    fails_clearly(capsys, ["local", "fault", "sideways"], "name a fault")
+    fails_clearly(capsys, ["deploy", "staging"], "choose one of local, dev, prod")
+    fails_clearly(capsys, ["fleet", "scale", "--group", "g", "--desired", "-2"], "at least 0")
+
+
+def test_an_unexpected_error_says_it_is_a_bug_and_shows_the_trace_only_under_debug(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def broken(args: Any) -> int:
+        raise KeyError("surprise")
+
+    monkeypatch.setattr(cli, "cmd_synth", broken)
+    assert cli.main(["synth"]) == 70
+    err = capsys.readouterr().err
+    assert "This is a bug in spotrain" in err and "--debug" in err and "Traceback" not in err
+    assert cli.main(["--debug", "synth"]) == 70
+    assert "Traceback" in capsys.readouterr().err
