@@ -10,11 +10,10 @@ may touch only their run's prefix in the checkpoint buckets and their run's cata
 
 from __future__ import annotations
 
-import base64
 from dataclasses import dataclass
 
 from spotrain.catalog_schema import run_key
-from spotrain.cdk import Construct, TerraformResourceLifecycle, aws
+from spotrain.cdk import Construct, Fn, TerraformResourceLifecycle, aws
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
 from spotrain.errors import raise_if_problems
 
@@ -83,24 +82,38 @@ class SpotFleetProps:
         raise_if_problems("SpotFleetProps", problems)
 
 
-def user_data(props: SpotFleetProps) -> str:
-    """Boot script: hand the run's coordinates to the trainer service baked into the image."""
-    script = f"""#!/bin/bash
+USER_DATA = """#!/bin/bash
 set -euo pipefail
-install -d -m 0755 /etc/spotrain
-cat > /etc/spotrain/run.env <<'ENV'
-SPOTRAIN_RUN={props.run_name}
-SPOTRAIN_REGION={props.region}
-SPOTRAIN_BUCKET={props.checkpoint_bucket_name}
-SPOTRAIN_CATALOG_TABLE={props.catalog_table_name}
-SPOTRAIN_KMS_KEY_ID={props.data_kms_key_arns[0]}
-SPOTRAIN_EVENTS_TABLE={props.events_table_name}
+root=$(printenv SPOTRAIN_ROOT || true)
+install -d -m 0755 "$root/etc/spotrain"
+cat > "$root/etc/spotrain/run.env" <<'ENV'
+SPOTRAIN_RUN=%s
+SPOTRAIN_REGION=%s
+SPOTRAIN_BUCKET=%s
+SPOTRAIN_CATALOG_TABLE=%s
+SPOTRAIN_KMS_KEY_ID=%s
+SPOTRAIN_EVENTS_TABLE=%s
 ENV
-if systemctl list-unit-files spotrain-trainer.service >/dev/null 2>&1; then
+if [ -z "$root" ] && systemctl list-unit-files spotrain-trainer.service >/dev/null 2>&1; then
   systemctl enable --now spotrain-trainer.service
 fi
 """
-    return base64.b64encode(script.encode()).decode()
+"""Boot script: hand the run's coordinates to the trainer service baked into the image.
+SPOTRAIN_ROOT, empty on a machine, lets a test run the deployed script into a scratch folder.
+The values (`user_data_values`) are Terraform references: Terraform fills them in and encodes
+the result (`format`, `base64encode`), never Python, which sees only unresolved tokens."""
+
+
+def user_data_values(props: SpotFleetProps) -> list[str]:
+    """What fills USER_DATA's placeholders, in order."""
+    return [
+        props.run_name,
+        props.region,
+        props.checkpoint_bucket_name,
+        props.catalog_table_name,
+        props.data_kms_key_arns[0],  # the primary region's key
+        props.events_table_name,
+    ]
 
 
 def on_demand_group_name(fleet_name: str) -> str:
@@ -260,7 +273,7 @@ class SpotFleet(Construct):
                     },
                 )
             ],
-            user_data=user_data(props),
+            user_data=Fn.base64encode(Fn.format(Fn.raw_string(USER_DATA), user_data_values(props))),
             tag_specifications=[
                 lt.LaunchTemplateTagSpecifications(resource_type=kind, tags=props.tags)
                 for kind in ("instance", "volume")

@@ -170,6 +170,31 @@ def test_launch_template_image_comes_from_the_image_parameter(synth_dir: Path) -
     assert "lifecycle" not in template
 
 
+def test_no_stack_carries_an_unresolved_token(synth_dir: Path) -> None:
+    """A value Python built from a token (encoding it, say) would reach Terraform as the
+    token's placeholder text: every machine would boot with `${TfToken[...]}` settings."""
+    for stack in sorted((synth_dir / "stacks").iterdir()):
+        assert "TfToken[" not in (stack / "cdk.tf.json").read_text(), stack.name
+
+
+def test_launch_template_user_data_is_encoded_by_terraform_from_deployed_names(
+    synth_dir: Path,
+) -> None:
+    for env in ("local", "dev", "prod"):
+        [template] = resources(
+            load_stack(synth_dir, f"{env}-compute"), "aws_launch_template"
+        ).values()
+        user_data = template["user_data"]
+        assert user_data.startswith("${base64encode(format(")
+        for reference in (
+            "aws_s3_bucketCheckpoints_PrimaryBucket",
+            "aws_kms_keyPrimaryKey",
+            "aws_dynamodb_tableCheckpoint",
+            "aws_dynamodb_tableInterruptionEvents",
+        ):
+            assert reference in user_data, (env, reference)
+
+
 def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     stack = load_stack(synth_dir, "dev-compute")
     policy = next(

@@ -19,7 +19,7 @@ from helpers import create_catalog_table, kms_only_bucket
 from training import TINY_MODEL
 
 from spotrain import cli, fleet_state
-from spotrain.constructs.spot_fleet import user_data
+from spotrain.constructs.spot_fleet import USER_DATA, user_data_values
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
 from spotrain.stacks.compute import image_parameter_name
@@ -118,7 +118,6 @@ def test_boot_service_waits_longer_than_an_emergency_checkpoint_and_stops_crash_
 
 
 def test_launch_template_user_data_writes_every_setting_the_bootstrap_requires() -> None:
-    import base64
     from dataclasses import fields
 
     from spotrain.constructs.spot_fleet import SpotFleetProps
@@ -130,7 +129,7 @@ def test_launch_template_user_data_writes_every_setting_the_bootstrap_requires()
                "desired_size": 1, "max_size": 2, "on_demand_base_capacity": 1,
                "data_kms_key_arns": ("arn:key", "arn:replica-key"), "tags": {},
                "emulator_drift_tolerance": False}  # fmt: skip
-    script = base64.b64decode(user_data(SpotFleetProps(**values))).decode()
+    script = USER_DATA % tuple(user_data_values(SpotFleetProps(**values)))
     written = set(re.findall(r"^(SPOTRAIN_\w+)=", script, flags=re.MULTILINE))
     assert set(required.group(1).split()) <= written
     assert "SPOTRAIN_KMS_KEY_ID=arn:key" in script  # the primary region's key

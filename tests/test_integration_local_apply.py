@@ -7,6 +7,7 @@ One apply per run (about four minutes here): the tests below share it and run in
 
 from __future__ import annotations
 
+import base64
 import os
 import shutil
 import subprocess
@@ -158,6 +159,31 @@ def test_launch_template_requires_imdsv2_and_encrypts_volumes(local: Local) -> N
     assert data["MetadataOptions"]["HttpTokens"] == "required"
     assert data["MetadataOptions"]["HttpPutResponseHopLimit"] == 1
     assert data["BlockDeviceMappings"][0]["Ebs"]["Encrypted"] is True
+
+
+def test_deployed_user_data_runs_and_writes_the_deployed_names(
+    local: Local, tmp_path: Path
+) -> None:
+    """What a machine boots with is what Terraform deployed: the launch template's user data
+    as the local cloud holds it, decoded and run (into a scratch root instead of /)."""
+    versions = local.client("ec2").describe_launch_template_versions(
+        LaunchTemplateName="spotrain-local-demo-fleet", Versions=["$Latest"]
+    )["LaunchTemplateVersions"]
+    script = base64.b64decode(versions[0]["LaunchTemplateData"]["UserData"]).decode()
+    subprocess.run(["bash", "-c", script], env={**os.environ, "SPOTRAIN_ROOT": str(tmp_path)},
+                   check=True, timeout=60)  # fmt: skip
+    written = (tmp_path / "etc" / "spotrain" / "run.env").read_text().splitlines()
+    settings = dict(line.split("=", 1) for line in written)
+    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    key = local.client("kms").describe_key(KeyId=outputs["primary_key_alias"])["KeyMetadata"]
+    assert settings == {
+        "SPOTRAIN_RUN": local.config.run_name,
+        "SPOTRAIN_REGION": local.config.primary_region,
+        "SPOTRAIN_BUCKET": outputs["checkpoint_bucket"],
+        "SPOTRAIN_CATALOG_TABLE": outputs["checkpoint_catalog_table"],
+        "SPOTRAIN_KMS_KEY_ID": key["Arn"],
+        "SPOTRAIN_EVENTS_TABLE": outputs["events_table"],
+    }
 
 
 def test_budget_alerts_at_every_threshold_to_topic_and_email(local: Local) -> None:
