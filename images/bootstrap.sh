@@ -1,16 +1,19 @@
 #!/bin/bash
 # Starts training on boot (run by spotrain-trainer.service). The launch template's user data
 # wrote the run's coordinates to /etc/spotrain/run.env; this script reads the instance's own
-# facts from the metadata service (IMDSv2 only), then runs `spotrain train` in the baked
-# container with every machine-specific setting passed as --set overrides of the run's
-# configuration. A restarted machine runs the same command and resumes from the catalog.
+# facts from the metadata service (IMDSv2 only), fetches the run's newest training
+# configuration from the checkpoint bucket (`spotrain config put` stores it there), then runs
+# `spotrain train` in the baked container with every machine-specific setting passed as --set
+# overrides of that configuration. A restarted machine runs the same command and resumes from
+# the catalog.
 #
 # Settings (run.env or the environment):
 #   SPOTRAIN_RUN, SPOTRAIN_REGION, SPOTRAIN_BUCKET, SPOTRAIN_CATALOG_TABLE, SPOTRAIN_KMS_KEY_ID
 #                                 required: the run and where its checkpoints go
 #   SPOTRAIN_EVENTS_TABLE         the run's fleet state: a run held after repeated crashes does
 #                                 not start, and each exit is accounted (crash or preemption)
-#   SPOTRAIN_CONFIG               training configuration (default /etc/spotrain/train.json)
+#   SPOTRAIN_CONFIG               a training configuration file to use instead of the run's
+#                                 newest stored one (default: fetched from the bucket)
 #   SPOTRAIN_NNODES               machines in the run: N or MIN:MAX (default 1)
 #   SPOTRAIN_RDZV_ENDPOINT        HOST:PORT of the rendezvous (needed when NNODES is not 1)
 #   SPOTRAIN_WORK_DIR             fast local disk for shards before upload (default /mnt/spotrain)
@@ -29,7 +32,7 @@ if [[ -f "$RUN_ENV" ]]; then
 fi
 
 IMDS=${SPOTRAIN_IMDS_ENDPOINT:-http://169.254.169.254}
-CONFIG=${SPOTRAIN_CONFIG:-/etc/spotrain/train.json}
+CONFIG=${SPOTRAIN_CONFIG:-}
 NNODES=${SPOTRAIN_NNODES:-1}
 WORK_DIR=${SPOTRAIN_WORK_DIR:-/mnt/spotrain}
 RUNTIME=${SPOTRAIN_CONTAINER_RUNTIME:-docker}
@@ -47,7 +50,7 @@ done
 if ((${#missing[@]})); then
   fail "missing ${missing[*]}: the launch template's user data writes them to $RUN_ENV (redeploy the compute stack)"
 fi
-[[ -f "$CONFIG" ]] || fail "training configuration $CONFIG not found: bake it into the image or set SPOTRAIN_CONFIG"
+[[ -z "$CONFIG" || -f "$CONFIG" ]] || fail "training configuration $CONFIG (SPOTRAIN_CONFIG) not found"
 if [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]; then
   fail "SPOTRAIN_NNODES=$NNODES needs SPOTRAIN_RDZV_ENDPOINT=HOST:PORT (the coordinator's address)"
 fi
@@ -62,6 +65,11 @@ zone=$(metadata placement/availability-zone)
 echo "spotrain bootstrap: $instance_id ($instance_type in $zone) joins run $SPOTRAIN_RUN"
 
 mkdir -p "$WORK_DIR"
+export AWS_REGION=$SPOTRAIN_REGION AWS_DEFAULT_REGION=$SPOTRAIN_REGION
+if [[ -z "$CONFIG" ]]; then
+  CONFIG=$WORK_DIR/train.json
+  fetch_config=1
+fi
 train=(spotrain train "$CONFIG"
   --set "run=$SPOTRAIN_RUN"
   --set "store=s3://$SPOTRAIN_BUCKET"
@@ -77,17 +85,17 @@ if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
   train+=(--nproc-per-node "$SPOTRAIN_NPROC_PER_NODE")
 fi
 
-export AWS_REGION=$SPOTRAIN_REGION AWS_DEFAULT_REGION=$SPOTRAIN_REGION
 # spotrain, in the baked container or from PATH.
 spotrain_run() {
   case "$RUNTIME" in
     docker)
       # Host networking: the ranks rendezvous across machines and IMDS stays one hop away
       # (the launch template's hop limit is 1).
+      mounts=(-v "$WORK_DIR:$WORK_DIR")
+      [[ "$CONFIG" == "$WORK_DIR"/* ]] || mounts+=(-v "$CONFIG:$CONFIG:ro")
       docker run --rm --gpus all --network host --ipc host --init \
         --stop-signal SIGTERM --stop-timeout 110 \
-        -e AWS_REGION -e AWS_DEFAULT_REGION \
-        -v "$WORK_DIR:$WORK_DIR" -v "$CONFIG:$CONFIG:ro" \
+        -e AWS_REGION -e AWS_DEFAULT_REGION "${mounts[@]}" \
         "$IMAGE" "$@"
       ;;
     none)
@@ -107,7 +115,11 @@ if [[ -n "${SPOTRAIN_EVENTS_TABLE:-}" ]]; then
   spotrain_run "${fleet[@]}" may-start || exit 3
 fi
 status=0
-spotrain_run "${train[@]}" || status=$?
+if [[ -n "${fetch_config:-}" ]]; then
+  spotrain_run spotrain config get --store "s3://$SPOTRAIN_BUCKET" --run "$SPOTRAIN_RUN" \
+    --to "$CONFIG" || status=$?
+fi
+((status)) || spotrain_run "${train[@]}" || status=$?
 if ((${#fleet[@]})); then
   spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" || status=3
 fi

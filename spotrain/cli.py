@@ -7,6 +7,7 @@ spotrain plan ENV                 show whether ENV's stacks would change
 spotrain destroy ENV              destroy ENV's stacks
 spotrain scan                     checkov over every synthesized stack, reasoned skips only
 spotrain train CONFIG             train (torchrun on this machine, or one node of many)
+spotrain config put|get|history   the run's configuration, stored where the fleet reads it
 spotrain checkpoints ...          list, show, verify, restore, gc a run's checkpoints
 """
 
@@ -341,13 +342,10 @@ def cmd_scan(args: argparse.Namespace) -> int:
 
 
 def _checkpoint_parts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from spotrain.catalog_schema import run_name_problem
     from spotrain.trainer.catalog import open_catalog
     from spotrain.trainer.storage import open_storage
 
-    problem = run_name_problem(args.run)
-    if problem:
-        raise SpotrainError(f"--run: {problem}")
+    _checked_run(args.run)
     storage = open_storage(args.store, kms_key_id=args.kms_key_id)
     return storage, open_catalog(storage, args.run, table=args.catalog_table)
 
@@ -417,6 +415,51 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
     _say(f"step {entry.step}: all {len(manifest.shards)} files present and match their SHA-256 "
          f"({copies} stored objects checked)")  # fmt: skip
     return 0
+
+
+def cmd_config(args: argparse.Namespace) -> int:
+    from dataclasses import asdict
+
+    from spotrain.trainer import run_config
+    from spotrain.trainer.storage import open_storage
+
+    storage = open_storage(args.store, kms_key_id=args.kms_key_id)
+    if args.action == "put":
+        if args.config is None:
+            raise SpotrainError("`spotrain config put` needs the configuration file: "
+                                "spotrain config put CONFIG --store URI")  # fmt: skip
+        from spotrain.trainer.train import load_config
+
+        config = load_config(args.config, args.set)  # every problem, before anything is stored
+        stored = run_config.put(storage, asdict(config))
+        _say(f"run {config.run}: configuration stored as {storage.uri}/{stored.key}; machines "
+             "that start from now on train with it")  # fmt: skip
+        return 0
+    run = _checked_run(args.run)
+    if args.action == "get":
+        if not args.to:
+            raise SpotrainError("`spotrain config get` needs --to FILE (where to write it)")
+        stored = run_config.newest(storage, run)
+        run_config.write(stored, Path(args.to))
+        _say(f"run {run}: {storage.uri}/{stored.key} -> {args.to}")
+        return 0
+    versions = run_config.history(storage, run)
+    if not versions:
+        _say(f"run {run!r} has no stored configuration in {storage.uri}")
+        return 1
+    for key in versions:
+        _say(f"{key}{'  <- machines use this one' if key == versions[-1] else ''}")
+    return 0
+
+
+def _checked_run(run: str | None) -> str:
+    from spotrain.catalog_schema import run_name_problem
+
+    problem = run_name_problem(run)
+    if problem:
+        raise SpotrainError(f"--run: {problem}")
+    assert run is not None  # a valid name
+    return run
 
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 90
@@ -595,6 +638,25 @@ def parser() -> argparse.ArgumentParser:
                        help="seconds between SIGTERM and SIGKILL of the ranks; longer than an "
                        "emergency checkpoint takes to publish")  # fmt: skip
     train.set_defaults(handler=cmd_train)
+
+    config = commands.add_parser(
+        "config", help="the run's training configuration, stored where the fleet reads it"
+    )
+    config.add_argument(
+        "action", choices=["put", "get", "history"],
+        help="put: check CONFIG and store it as the run's newest version; get: write the newest "
+        "to --to FILE (the boot script does); history: list every version",
+    )  # fmt: skip
+    config.add_argument("config", nargs="?", type=Path, help="put: the configuration (JSON)")
+    config.add_argument(
+        "--store", required=True, help="the run's store: s3://BUCKET or file:///PATH"
+    )
+    config.add_argument("--run", help="run name (get, history)")
+    config.add_argument("--to", help="get: file to write the configuration to")
+    config.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
+                        help="put: override one field before storing")  # fmt: skip
+    config.add_argument("--kms-key-id", help="the bucket's KMS key (default: its default key)")
+    config.set_defaults(handler=cmd_config)
 
     checkpoints = commands.add_parser("checkpoints", help="a run's checkpoints")
     checkpoints.add_argument(

@@ -148,8 +148,9 @@ def test_bootstrap_names_what_is_missing() -> None:
 
 @pytest.mark.integration
 def test_bootstrap_starts_training_that_publishes_to_the_environment(
-    corpus: str, tmp_path: Path, local_cloud: control.RunningCloud
-) -> None:
+    corpus: str, tmp_path: Path, local_cloud: control.RunningCloud,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
     import json
 
     region = "us-east-1"
@@ -162,11 +163,15 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     dynamodb = control.client("dynamodb", local_cloud.endpoint, region)
     create_catalog_table(dynamodb, table)
     create_catalog_table(dynamodb, "bootstrap-events")  # the fleet state uses the same keys
+    # The run's configuration lives in the bucket, where every machine of the fleet reads it.
     config = tmp_path / "train.json"
-    config.write_text(json.dumps({"run": "placeholder", "store": "file:///placeholder",
-                                  "data": corpus, "work_dir": "/placeholder", "steps": 2,
+    config.write_text(json.dumps({"run": "booted", "store": f"s3://{bucket}", "data": corpus,
+                                  "work_dir": "/placeholder", "steps": 2,
                                   "checkpoint_every": 2, "micro_batch": 4,
                                   "model": TINY_MODEL}))  # fmt: skip
+    for name, value in control.aws_environment(local_cloud.endpoint, region).items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["config", "put", str(config), "--store", f"s3://{bucket}"]) == 0
     run_env = tmp_path / "run.env"
     run_env.write_text(
         f"SPOTRAIN_RUN=booted\nSPOTRAIN_REGION={region}\nSPOTRAIN_BUCKET={bucket}\n"
@@ -180,7 +185,7 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
                 ["bash", str(BOOTSTRAP)], capture_output=True, text=True, timeout=300,
                 env={**os.environ, **control.aws_environment(local_cloud.endpoint, region),
                      "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                     "SPOTRAIN_RUN_ENV": str(run_env), "SPOTRAIN_CONFIG": str(config),
+                     "SPOTRAIN_RUN_ENV": str(run_env),
                      "SPOTRAIN_IMDS_ENDPOINT": imds.endpoint,
                      "SPOTRAIN_CONTAINER_RUNTIME": "none", "SPOTRAIN_NPROC_PER_NODE": "1",
                      "SPOTRAIN_WORK_DIR": str(tmp_path / "disk")},
@@ -190,6 +195,7 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     output = result.stdout + result.stderr
     assert result.returncode == 0, output[-3000:]
     assert "i-0feedface (g6.xlarge in us-east-1a) joins run booted" in output
+    assert f"s3://{bucket}/runs/booted/config/" in output  # fetched, not baked in
     assert "spot_notice_endpoint=http://127.0.0.1:" in output  # the trainer watches IMDS
     assert "trainer exit 0 on i-0feedface: finished" in output
     head = DynamoCatalog(table, "booted", LocalStorage(tmp_path / "unused"), client=dynamodb).head()

@@ -101,6 +101,14 @@ def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exac
     reference = torchrun({**base, "steps": stopped + 3, "store": f"file://{tmp_path / 'ref'}"},
                          tmp_path, "reference")  # fmt: skip
     assert first + resumed == reference
+    # The run's definition changed behind its back: the start is refused and names the change.
+    changed = training.train({**base, "steps": stopped + 5, "learning_rate": 1e-3}, tmp_path,
+                             "changed", check=False)  # fmt: skip
+    assert changed.returncode != 0 and changed.losses == []
+    assert "learning_rate: 0.0003 -> 0.001" in changed.output
+    assert "set allow_config_change=true" in changed.output
+    head = StoreCatalog(LocalStorage(tmp_path / "store"), "demo").head()
+    assert head is not None and head.step == stopped + 3  # nothing published was touched
 
 
 def test_two_rank_checkpoint_restores_on_one_rank(corpus: str, tmp_path: Path) -> None:

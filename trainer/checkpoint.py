@@ -199,9 +199,11 @@ def commit(
     config_hash: str,
     code_version: str,
     parent: str | None = None,
+    config: dict[str, Any] | None = None,
 ) -> Manifest:
     """Write the manifest naming `shards` (all stored and verified) and make it the run's head
-    in the catalog."""
+    in the catalog. `config`: the definition the checkpoint was trained with, kept in the
+    manifest so a later start can tell whether it changed."""
     keys = sorted({key for s in shards for key in s.keys})
     if not all(s.keys for s in shards):
         raise SpotrainError(f"step {step}: every shard must be stored before it is committed")
@@ -222,6 +224,7 @@ def commit(
         code_version=code_version,
         created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
         parent=parent,
+        extra={"config": config} if config is not None else {},
     )
     content = manifest.to_json()
     key = manifest_key(run, step, content)
@@ -416,13 +419,17 @@ def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) 
 
 
 def restore_as_writer(
-    destination: Path, *, storage: Storage, catalog: Catalog, run: str, generation: int
-) -> RestoreReport:
+    destination: Path, *, storage: Storage, catalog: Catalog, run: str, generation: int,
+    accept: Callable[[Manifest], None] | None = None,
+) -> RestoreReport:  # fmt: skip
     """`restore` for the run's lease holder: after passing over damaged checkpoints it moves
     the catalog's head back to the one restored (fenced by the lease), or this run could never
     publish until it passed the damaged one again, and nobody restores that one again. Not when
-    the catalog could not be read: its head is left for when it can."""
+    the catalog could not be read: its head is left for when it can. `accept` may refuse the
+    restored checkpoint (by raising) before anything in the catalog changes."""
     report = restore(destination, storage=storage, catalog=catalog, run=run)
+    if accept is not None:
+        accept(report.manifest)
     if report.fell_back and not report.catalog_unavailable:
         why = "; ".join(reason for _, reason in report.skipped) or "not complete"
         catalog.roll_back(report.manifest.step, generation, f"a restore fell back past it: {why}")

@@ -95,6 +95,10 @@ class TrainConfig:
     None watches nothing (SIGTERM still stops the run)."""
     spot_notice_poll_seconds: float = 5.0
     """Seconds between polls of the metadata service."""
+    allow_config_change: bool = False
+    """Resume a run whose head checkpoint was trained with a different definition (learning
+    rate, schedule, seed, global batch, ...): the new values apply from the next step. Without
+    it such a start is refused and the differences are listed."""
 
     def __post_init__(self) -> None:
         problems = instance_type_problems(self)
@@ -135,19 +139,59 @@ class TrainConfig:
             problems.append(f"learning_rate is {self.learning_rate}: use a positive rate")
         raise_if_problems("training configuration", problems)
 
-    @property
-    def config_hash(self) -> str:
+    def definition(self, world_size: int) -> dict[str, Any]:
+        """What makes the run the run: every field but where it runs, how often it saves and
+        what it prints, with the global batch (what the data order depends on) instead of the
+        per-rank one. A resumed run continues exactly only under the same definition."""
+        fields = {k: v for k, v in asdict(self).items() if k not in _NOT_DEFINITION}
+        return {**fields, "global_batch": self.micro_batch * world_size}
+
+    def config_hash(self, world_size: int) -> str:
         import hashlib
 
-        fields = {
-            k: v
-            for k, v in asdict(self).items()
-            if k not in ("steps", "work_dir", "metrics_file", "log_every")
-            and not k.startswith("spot_notice")
-        }
-        return hashlib.sha256(json.dumps(fields, sort_keys=True, default=str).encode()).hexdigest()[
-            :16
-        ]
+        text = json.dumps(self.definition(world_size), sort_keys=True, default=str)
+        return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+_NOT_DEFINITION = frozenset(
+    {"steps", "store", "catalog_table", "kms_key_id", "work_dir", "checkpoint_every",
+     "light_every", "micro_batch", "metrics_file", "log_every", "spot_notice_endpoint",
+     "spot_notice_poll_seconds", "allow_config_change",
+     # The path of the token file differs between machines; its content is the data.
+     "data"}
+)  # fmt: skip
+
+
+class ConfigChanged(SpotrainError):
+    """The run's checkpoint was trained with another definition, and the change was not
+    declared intended."""
+
+
+def definition_changes(trained: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The fields whose values differ between the definition a checkpoint was trained with and
+    the one starting now, as `field: old -> new`."""
+    changes = []
+    for name in sorted(set(trained) | set(now)):
+        if trained.get(name) != now.get(name):
+            changes.append(f"{name}: {trained.get(name)!r} -> {now.get(name)!r}")
+    return changes
+
+
+def refuse_unintended_change(
+    config: TrainConfig, trained: dict[str, Any] | None, world_size: int, step: int
+) -> None:
+    """Raise if the checkpoint at `step` was trained with another definition and the change
+    was not declared intended."""
+    if trained is None or config.allow_config_change:
+        return
+    changes = definition_changes(trained, config.definition(world_size))
+    if changes:
+        listed = "".join(f"\n  - {change}" for change in changes)
+        raise ConfigChanged(
+            f"run {config.run!r}: its checkpoint at step {step} was trained with another "
+            f"configuration:{listed}\nset allow_config_change=true to continue with the new "
+            "values, or start again with the old ones; nothing was changed"
+        )
 
 
 def preflight(config: TrainConfig) -> TokenFile:
@@ -266,13 +310,17 @@ def _restore(
     dist.all_gather_object(offers, (place.leader, (light.step, light.parent) if light else None))
     if place.rank == 0:
         light_step = _light_step_to_use(config, catalog, [o for lead, o in offers if lead])
-        if light_step is not None:
+        if light_step is not None and light is not None:
+            refuse_unintended_change(config, light.config, place.world, light_step)
             chosen[0], chosen[1], chosen[2] = light_step, place.world, 1
     if place.rank == 0 and not chosen[2]:
         try:
             report = checkpoint.restore_as_writer(
-                folder, storage=storage, catalog=catalog, run=config.run, generation=generation
-            )
+                folder, storage=storage, catalog=catalog, run=config.run, generation=generation,
+                accept=lambda manifest: refuse_unintended_change(
+                    config, manifest.extra.get("config"), place.world, manifest.step
+                ),
+            )  # fmt: skip
             chosen[0], chosen[1] = report.manifest.step, report.manifest.world_size
             manifest_of_chosen[0] = checkpoint.key_of(report.manifest)
             if report.catalog_unavailable:
@@ -599,12 +647,15 @@ class _Saver:
             checkpoint_id(self.config.run, self.in_flight.step) if self.in_flight else self.parent
         )
         if self._pool is not None:
-            self._pool.submit(self._seal_light, root, step, parent, self.place.world)
+            self._pool.submit(self._seal_light, root, step, parent, self.place.world,
+                              self.config.definition(self.place.world))  # fmt: skip
         self.progress.event("light", step=step, stall_s=time.perf_counter() - began)
 
     @staticmethod
-    def _seal_light(root: Path, step: int, parent: str | None, world_size: int) -> None:
-        local_tier.seal(root, step=step, parent=parent, world_size=world_size)
+    def _seal_light(
+        root: Path, step: int, parent: str | None, world_size: int, config: dict[str, Any]
+    ) -> None:
+        local_tier.seal(root, step=step, parent=parent, world_size=world_size, config=config)
         local_tier.prune(root.parent, keep=step)
         failpoints.hit("after-light-seal", step=step)
 
@@ -653,8 +704,9 @@ class _Saver:
                 list(shards.values()), storage=self.storage, catalog=self.catalog,
                 generation=self.generation, run=self.config.run, step=flight.step,
                 world_size=self.place.world, zero_stage=self.config.zero_stage,
-                config_hash=self.config.config_hash, code_version=_code_version(),
-                parent=self.parent,
+                config_hash=self.config.config_hash(self.place.world),
+                code_version=_code_version(), parent=self.parent,
+                config=self.config.definition(self.place.world),
             )  # fmt: skip
         except SpotrainError as error:
             return str(error)

@@ -18,6 +18,7 @@ import os
 import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from spotrain.trainer.checkpoint import describe_folder
 from spotrain.trainer.manifest import Shard
@@ -35,13 +36,19 @@ class LightCheckpoint:
     """Ranks that wrote it: only the same number can load it."""
     folder: Path
     """DeepSpeed checkpoint root holding the tag `step_<step>`."""
+    config: dict[str, Any] | None = None
+    """The run's definition it was trained with (TrainConfig.definition)."""
 
 
-def seal(folder: Path, *, step: int, parent: str | None, world_size: int) -> None:
+def seal(
+    folder: Path, *, step: int, parent: str | None, world_size: int,
+    config: dict[str, Any] | None = None,
+) -> None:  # fmt: skip
     """Mark the light checkpoint in `folder` complete (run after every rank wrote its files)."""
     shards = [asdict(s) for s in describe_folder(folder)]
     partial = folder / f".{MANIFEST}.partial"
-    document = {"step": step, "parent": parent, "world_size": world_size, "shards": shards}
+    document = {"step": step, "parent": parent, "world_size": world_size, "shards": shards,
+                "config": config}  # fmt: skip
     partial.write_text(json.dumps(document))
     os.replace(partial, folder / MANIFEST)
 
@@ -56,8 +63,9 @@ def newest(root: Path) -> LightCheckpoint | None:
             continue  # never sealed (the process died while saving), or unreadable
         if all(_intact(folder / s.name, s) for s in shards):
             return LightCheckpoint(
-                int(document["step"]), document["parent"], int(document["world_size"]), folder
-            )
+                int(document["step"]), document["parent"], int(document["world_size"]), folder,
+                document.get("config"),
+            )  # fmt: skip
     return None
 
 

@@ -166,3 +166,14 @@ def parse_record_key(key: str) -> tuple[int, str, str] | None:
         kind,
         f"{prefix}/checkpoints/{tag}/manifest-{digest}.json",
     )
+
+
+def configs_prefix(run: str) -> str:
+    """Versions of the run's training configuration (run_config.py), oldest first by key."""
+    return f"{run_prefix(run)}/config/"
+
+
+def config_key(run: str, stored_at: str, content: bytes) -> str:
+    """A version of the configuration: when it was stored (UTC, sortable) and its digest."""
+    digest = hashlib.sha256(content).hexdigest()[:_MANIFEST_DIGEST_CHARS]
+    return f"{configs_prefix(run)}{stored_at}-{digest}.json"
