@@ -86,7 +86,7 @@ def naive_save(work: Path, s3: Any, key_id: str) -> dict[str, float]:
     from spotrain.trainer.model import GPT, GPTConfig
 
     torch.manual_seed(0)
-    model = GPT(GPTConfig(**MODEL))
+    model = GPT(GPTConfig(vocab_size=256, **MODEL))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4)
     x = torch.randint(0, 256, (2, MODEL["context"]))
     model(x, x).backward()

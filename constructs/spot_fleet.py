@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spotrain import catalog_schema
 from spotrain.catalog_schema import run_key
 from spotrain.cdk import Construct, Fn, TerraformResourceLifecycle, aws
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
@@ -123,7 +124,8 @@ def on_demand_group_name(fleet_name: str) -> str:
 class SpotFleet(Construct):
     def __init__(self, scope: Construct, id_: str, *, props: SpotFleetProps) -> None:
         super().__init__(scope, id_)
-        run_prefix = f"runs/{props.run_name}"
+        run_prefix = catalog_schema.run_prefix(props.run_name)
+        datasets = catalog_schema.DATASETS_PREFIX
         sg, lt, asg = aws.security_group, aws.launch_template, aws.autoscaling_group
         self.security_group = sg.SecurityGroup(
             self,
@@ -183,7 +185,22 @@ class SpotFleet(Construct):
                         "ListRunPrefix",
                         actions=["s3:ListBucket"],
                         resources=[props.checkpoint_bucket_arn, props.replica_bucket_arn],
-                        conditions=[("StringLike", "s3:prefix", [f"{run_prefix}/*", run_prefix])],
+                        conditions=[
+                            (
+                                "StringLike",
+                                "s3:prefix",
+                                [f"{run_prefix}/*", run_prefix, f"{datasets}/*"],
+                            )
+                        ],
+                    ),
+                    statement(
+                        # Prepared datasets are shared by runs: read, never written, by machines.
+                        "ReadDatasets",
+                        actions=["s3:GetObject"],
+                        resources=[
+                            f"{props.checkpoint_bucket_arn}/{datasets}/*",
+                            f"{props.replica_bucket_arn}/{datasets}/*",
+                        ],
                     ),
                     statement(
                         "ReadWriteRunCheckpoints",

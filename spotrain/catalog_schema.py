@@ -11,15 +11,29 @@ import re
 _RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
 
-def run_name_problem(name: object) -> str | None:
-    """Why `name` cannot name a run, or None. A run's name goes into bucket keys, catalog keys,
-    IAM conditions and tags, so it is kept to what all of them accept."""
+def run_name_problem(name: object, kind: str = "run") -> str | None:
+    """Why `name` cannot name a run (or a dataset), or None. A run's name goes into bucket
+    keys, catalog keys, IAM conditions and tags, so it is kept to what all of them accept."""
     if isinstance(name, str) and _RUN_NAME.match(name):
         return None
     return (
-        f"run name {name!r} is not valid: use 1-63 lowercase letters, digits or '-', starting "
-        "with a letter or digit (e.g. 'gpt-small')"
+        f"{kind} name {name!r} is not valid: use 1-63 lowercase letters, digits or '-', "
+        "starting with a letter or digit (e.g. 'gpt-small')"
     )
+
+
+# --- the checkpoint bucket's layout --------------------------------------------------------
+def run_prefix(run_name: str) -> str:
+    """Everything a run writes to the bucket is under this prefix (IAM scopes machines to it)."""
+    return f"runs/{run_name}"
+
+
+DATASETS_PREFIX = "datasets"
+"""Prepared datasets, shared by runs: machines may read them, never write."""
+
+
+def dataset_prefix(name: str) -> str:
+    return f"{DATASETS_PREFIX}/{name}"
 
 
 PARTITION_KEY = "pk"

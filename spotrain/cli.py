@@ -8,6 +8,7 @@ spotrain destroy ENV              destroy ENV's stacks
 spotrain scan                     checkov over every synthesized stack, reasoned skips only
 spotrain train CONFIG             train (torchrun on this machine, or one node of many)
 spotrain config put|get|history   the run's configuration, stored where the fleet reads it
+spotrain data prepare|show        datasets: text into token shards in the store
 spotrain checkpoints ...          list, show, verify, restore, gc a run's checkpoints
 """
 
@@ -452,6 +453,41 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_data(args: argparse.Namespace) -> int:
+    import tempfile
+
+    from spotrain.catalog_schema import run_name_problem
+    from spotrain.trainer import datasets
+    from spotrain.trainer.storage import open_storage
+
+    problem = run_name_problem(args.name, "dataset")
+    if problem:
+        raise SpotrainError(f"--name: {problem}")
+    storage = open_storage(args.store, kms_key_id=args.kms_key_id)
+    if args.action == "show":
+        manifest = datasets.read_manifest(storage, args.name)
+        _say(manifest.to_json().decode())
+        return 0
+    from tqdm import tqdm
+
+    sources = [Path(p) for p in args.inputs]
+    with tempfile.TemporaryDirectory() as scratch, tqdm(
+        total=len(sources), unit="file", desc=f"tokenizing ({args.tokenizer})", disable=None
+    ) as bar:  # fmt: skip
+        report = datasets.prepare(
+            sources, storage=storage, name=args.name, tokenizer=args.tokenizer,
+            vocab_size=args.vocab_size, text_field=args.text_field,
+            shard_tokens=args.shard_tokens, workers=args.workers, scratch=Path(scratch),
+            progress=lambda done: bar.update(done - bar.n),
+        )  # fmt: skip
+    manifest = report.manifest
+    _say(f"dataset {manifest.name}: {manifest.documents:,} documents, {manifest.tokens:,} "
+         f"{manifest.tokenizer['kind']} tokens (vocabulary {manifest.vocab_size:,}) in "
+         f"{len(manifest.shards)} shard(s), {report.uploaded_bytes:,} bytes stored; train on "
+         f'it with "data": "dataset:{manifest.name}"')  # fmt: skip
+    return 0
+
+
 def _checked_run(run: str | None) -> str:
     from spotrain.catalog_schema import run_name_problem
 
@@ -657,6 +693,27 @@ def parser() -> argparse.ArgumentParser:
                         help="put: override one field before storing")  # fmt: skip
     config.add_argument("--kms-key-id", help="the bucket's KMS key (default: its default key)")
     config.set_defaults(handler=cmd_config)
+
+    data = commands.add_parser("data", help="datasets: text into token shards in the store")
+    data.add_argument("action", choices=["prepare", "show"],
+                      help="prepare: tokenize INPUTS and store them as dataset NAME; show: "
+                      "its manifest")  # fmt: skip
+    data.add_argument("inputs", nargs="*", metavar="INPUT",
+                      help="prepare: text files, or JSONL (.jsonl) with a text field")  # fmt: skip
+    data.add_argument("--store", required=True, help="s3://BUCKET or file:///PATH")
+    data.add_argument("--name", required=True, help="the dataset's name (never overwritten)")
+    data.add_argument("--tokenizer", choices=["bytes", "bpe"], default="bytes",
+                      help="bytes: one token per byte; bpe: a byte-pair tokenizer trained on "
+                      "the input (kept with the dataset)")  # fmt: skip
+    data.add_argument("--vocab-size", type=_whole(257), default=8192,
+                      help="bpe: vocabulary size")  # fmt: skip
+    data.add_argument("--text-field", default="text", help="JSONL: the field holding the text")
+    data.add_argument("--shard-tokens", type=_whole(1), default=64 * 1024 * 1024,
+                      help="tokens per shard file")  # fmt: skip
+    data.add_argument("--workers", type=_whole(1), default=os.cpu_count() or 1,
+                      help="tokenizing processes")  # fmt: skip
+    data.add_argument("--kms-key-id", help="the bucket's KMS key (default: its default key)")
+    data.set_defaults(handler=cmd_data)
 
     checkpoints = commands.add_parser("checkpoints", help="a run's checkpoints")
     checkpoints.add_argument(

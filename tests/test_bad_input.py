@@ -79,6 +79,8 @@ TRAIN_CASES = [
      ["names the host 'rel', not a folder"]),
     ("store-bucket-name", {"store": "s3://Bad_Bucket"}, [], ["is not an S3 bucket name"]),
     ("data-missing", {"data": "/no/such/corpus.bin"}, [], ["token file /no/such/corpus.bin"]),
+    ("dataset-missing", {"data": "dataset:nope"}, [], ["dataset 'nope' is not in file://"]),
+    ("dataset-uri-names-none", {"data": "s3://bucket/corpus"}, [], ["names no dataset"]),
     ("vocab-too-small", {"model": {"vocab_size": 100}}, [],
      ["the data has 256 token ids but model.vocab_size is 100"]),
     ("context-too-long", {"model": {"context": 100_000, "heads": 1, "width": 16}}, [],

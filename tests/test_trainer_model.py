@@ -20,7 +20,7 @@ from spotrain.trainer.data import (
 )
 from spotrain.trainer.model import GPT, CausalSelfAttention, GPTConfig
 
-TINY = GPTConfig(context=32, layers=2, heads=2, width=64)
+TINY = GPTConfig(vocab_size=256, context=32, layers=2, heads=2, width=64)
 
 
 def test_sdpa_attention_matches_explicit_masked_softmax() -> None:

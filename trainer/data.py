@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -111,18 +112,63 @@ class TokenFile:
 
     def problems_with(self, *, context: int, vocab_size: int) -> list[str]:
         """What keeps a model of this context and vocabulary from training on the file."""
-        problems = []
-        if self.vocab_size > vocab_size:
-            problems.append(
-                f"the data has {self.vocab_size} token ids but model.vocab_size is {vocab_size}: "
-                f"set model.vocab_size to at least {self.vocab_size}"
-            )
-        if len(self.tokens) <= context + 1:
-            problems.append(
-                f"the data holds {len(self.tokens)} tokens, too few for context {context}: use "
-                "more data or a shorter model.context"
-            )
-        return problems
+        return fit_problems(self.vocab_size, len(self.tokens), context=context,
+                            vocab_size=vocab_size)  # fmt: skip
+
+
+def fit_problems(data_vocab: int, tokens: int, *, context: int, vocab_size: int) -> list[str]:
+    """What keeps a model of this context and vocabulary from training on data with this
+    vocabulary and this many tokens."""
+    problems = []
+    if data_vocab > vocab_size:
+        problems.append(
+            f"the data has {data_vocab} token ids but model.vocab_size is {vocab_size}: set "
+            f"model.vocab_size to at least {data_vocab}, or leave it out to take the data's"
+        )
+    if tokens <= context + 1:
+        problems.append(
+            f"the data holds {tokens} tokens, too few for context {context}: use more data or "
+            "a shorter model.context"
+        )
+    return problems
+
+
+class _Concatenated:
+    """Several token arrays read as one: indexing by a slice that crosses a boundary joins
+    the pieces (only slices are needed: the sampler reads windows)."""
+
+    def __init__(self, parts: list[Any]) -> None:
+        self.parts = parts
+        self.starts = np.cumsum([0] + [len(p) for p in parts])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, window: slice) -> Any:
+        start, stop, _ = window.indices(len(self))
+        pieces = []
+        index = int(np.searchsorted(self.starts, start, side="right")) - 1
+        while start < stop:
+            part, offset = self.parts[index], start - int(self.starts[index])
+            piece = part[offset : offset + (stop - start)]
+            pieces.append(piece)
+            start += len(piece)
+            index += 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces)
+
+
+class TokenStream:
+    """A dataset's token files (shards, in order) read as one stream of tokens; one file reads
+    exactly as a TokenFile does."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        files = [TokenFile(p) for p in paths]
+        if not files:
+            raise DataError("no token files to read")
+        self.vocab_size = max(f.vocab_size for f in files)
+        self.tokens: Any = files[0].tokens if len(files) == 1 else _Concatenated(
+            [f.tokens for f in files]
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -130,7 +176,7 @@ class Sampler:
     """Batch `index` depends only on (seed, index): the data position saved in a checkpoint is
     the next index, and restoring it replays the same stream."""
 
-    data: TokenFile
+    data: TokenFile | TokenStream
     context: int
     micro_batch: int
     seed: int

@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -31,9 +31,9 @@ import torch
 
 from spotrain.catalog_schema import checkpoint_id, checkpoint_tag, run_name_problem
 from spotrain.errors import SpotrainError, raise_if_problems
-from spotrain.trainer import checkpoint, failpoints, local_tier
+from spotrain.trainer import checkpoint, datasets, failpoints, local_tier
 from spotrain.trainer.catalog import Catalog, CatalogError, open_catalog
-from spotrain.trainer.data import Sampler, TokenFile
+from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
 from spotrain.trainer.manifest import Shard
 from spotrain.trainer.model import GPT, GPTConfig
 from spotrain.trainer.preemption import PreemptionFlag
@@ -144,7 +144,11 @@ class TrainConfig:
         what it prints, with the global batch (what the data order depends on) instead of the
         per-rank one. A resumed run continues exactly only under the same definition."""
         fields = {k: v for k, v in asdict(self).items() if k not in _NOT_DEFINITION}
-        return {**fields, "global_batch": self.micro_batch * world_size}
+        return {
+            **fields,
+            "global_batch": self.micro_batch * world_size,
+            "dataset": datasets.dataset_name(self.data),
+        }
 
     def config_hash(self, world_size: int) -> str:
         import hashlib
@@ -157,7 +161,7 @@ _NOT_DEFINITION = frozenset(
     {"steps", "store", "catalog_table", "kms_key_id", "work_dir", "checkpoint_every",
      "light_every", "micro_batch", "metrics_file", "log_every", "spot_notice_endpoint",
      "spot_notice_poll_seconds", "allow_config_change",
-     # The path of the token file differs between machines; its content is the data.
+     # A token file's path differs between machines; a dataset's name is its identity.
      "data"}
 )  # fmt: skip
 
@@ -194,21 +198,39 @@ def refuse_unintended_change(
         )
 
 
-def preflight(config: TrainConfig) -> TokenFile:
-    """Everything about the run that can be checked on this machine before it starts (and
-    before it takes the run's lease): the store's address, the data and how it fits the model,
-    the work folder. Raises one error listing every problem; returns the opened data."""
+@dataclass(frozen=True)
+class Prepared:
+    """A configuration that passed the preflight, and where its data comes from."""
+
+    config: TrainConfig
+    """With the model's vocabulary taken from the data when the configuration left it out."""
+    dataset: tuple[Storage, datasets.DatasetManifest] | None
+    """A dataset in a store, fetched to each machine's work disk; None: a token file here."""
+
+
+def preflight(config: TrainConfig) -> Prepared:
+    """Everything about the run that can be checked before it starts (and before it takes the
+    run's lease): the store's address, the data (a token file here, or a dataset's manifest in
+    its store) and how it fits the model, the work folder. Raises one error listing every
+    problem."""
     problems = []
     try:
         open_storage(config.store, kms_key_id=config.kms_key_id)
     except SpotrainError as error:
         problems.append(f"store: {error}")
-    tokens = None
+    model, dataset = config.model, None
     try:
-        tokens = TokenFile(Path(config.data))
-        problems += tokens.problems_with(
-            context=config.model.context, vocab_size=config.model.vocab_size
-        )
+        if datasets.is_dataset(config.data):
+            store, name = datasets.locate(config.data, config.store, kms_key_id=config.kms_key_id)
+            manifest = datasets.read_manifest(store, name)
+            vocab, count, dataset = manifest.vocab_size, manifest.tokens, (store, manifest)
+        else:
+            local = TokenFile(Path(config.data))
+            vocab, count = local.vocab_size, len(local.tokens)
+        if model.vocab_size is None:
+            model = replace(model, vocab_size=vocab)
+        problems += fit_problems(vocab, count, context=model.context,
+                                 vocab_size=int(model.vocab_size or 0))  # fmt: skip
     except SpotrainError as error:
         problems.append(f"data: {error}")
     for name in ("work_dir", "metrics_file"):
@@ -223,8 +245,37 @@ def preflight(config: TrainConfig) -> TokenFile:
         except OSError as error:
             problems.append(f"{name} {value!r} cannot be written here: {error}")
     raise_if_problems("training configuration", problems)
-    assert tokens is not None
-    return tokens
+    return Prepared(replace(config, model=model), dataset)
+
+
+def _open_data(config: TrainConfig, prepared: Prepared, place: _Place) -> TokenFile | TokenStream:
+    """Collective: the run's tokens on this machine. A dataset's shards are fetched by each
+    machine's leader to its work disk (verified once, kept for later starts)."""
+    import torch.distributed as dist
+
+    if prepared.dataset is None:
+        return TokenFile(Path(config.data))
+    store, manifest = prepared.dataset
+    folder = Path(config.work_dir) / "data" / manifest.name
+    failure = None
+    if place.leader:
+        try:
+            began = time.perf_counter()
+            fetched = datasets.fetch(store, manifest, folder)
+            took = time.perf_counter() - began
+            if place.rank == 0:
+                _say(f"dataset {manifest.name}: {manifest.tokens:,} tokens in "
+                     f"{len(manifest.shards)} shard(s), {fetched.downloaded} fetched, "
+                     f"{len(manifest.shards) - fetched.downloaded} already on this disk "
+                     f"({took:.1f} s)")  # fmt: skip
+        except SpotrainError as error:
+            failure = str(error)
+    failures: list[Any] = [None] * place.world
+    dist.all_gather_object(failures, failure)
+    failed = [f for f in failures if f]
+    if failed:
+        raise datasets.DatasetError(failed[0])
+    return TokenStream([folder / shard.key.rsplit("/", 1)[-1] for shard in manifest.shards])
 
 
 def lr_factor(config: TrainConfig, step: int) -> float:
@@ -433,7 +484,8 @@ def _deepspeed_config(config: TrainConfig, *, universal: bool) -> dict[str, Any]
 
 def train(config: TrainConfig) -> list[float]:
     """Train to `config.steps`; returns the loss of each step it ran (mean over all ranks)."""
-    tokens = preflight(config)  # a run that cannot start takes no lease, nor a process group
+    prepared = preflight(config)  # a run that cannot start takes no lease, nor a process group
+    config = prepared.config
     import deepspeed
     import torch.distributed as dist
 
@@ -483,7 +535,10 @@ def train(config: TrainConfig) -> list[float]:
         ).start()
     progress = _Progress(config, place)
     saver = _Saver(engine, config, storage, catalog, generation, place, parent, progress)
-    sampler = Sampler(tokens, config.model.context, config.micro_batch, config.seed)
+    sampler = Sampler(
+        _open_data(config, prepared, place), config.model.context, config.micro_batch,
+        config.seed,
+    )  # fmt: skip
     losses: list[float] = []
     try:
         for step in range(start_step, config.steps):

@@ -21,7 +21,7 @@ import uuid
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spotrain.catalog_schema import checkpoint_id, checkpoint_tag
+from spotrain.catalog_schema import checkpoint_id, checkpoint_tag, run_prefix
 from spotrain.errors import SpotrainError
 
 FORMAT_VERSION = 2
@@ -95,10 +95,6 @@ class Manifest:
             if isinstance(error, ManifestError):
                 raise
             raise ManifestError(f"manifest is malformed: {error}") from error
-
-
-def run_prefix(run: str) -> str:
-    return f"runs/{run}"
 
 
 def shard_key(run: str, sha256: str) -> str:

@@ -18,8 +18,9 @@ from spotrain.validation import instance_type_problems
 
 @dataclass(frozen=True)
 class GPTConfig:
-    vocab_size: int = 256
-    """Tokens the model knows (256: one per byte)."""
+    vocab_size: int | None = None
+    """Tokens the model knows; None takes the training data's vocabulary (256 for byte
+    tokens, the tokenizer's for a byte-pair dataset)."""
     context: int = 128
     """Longest sequence the model reads."""
     layers: int = 4
@@ -37,7 +38,7 @@ class GPTConfig:
             problems = [
                 f"model.{name} is {getattr(self, name)}: use 1 or more"
                 for name in ("vocab_size", "context", "layers", "heads", "width")
-                if getattr(self, name) < 1
+                if getattr(self, name) is not None and getattr(self, name) < 1
             ]
         if not problems and self.width % self.heads:
             problems.append(
@@ -87,6 +88,8 @@ class Block(nn.Module):
 class GPT(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
+        if config.vocab_size is None:
+            raise ValueError("model.vocab_size is not known yet: take it from the data first")
         self.config = config
         self.tokens = nn.Embedding(config.vocab_size, config.width)
         self.positions = nn.Embedding(config.context, config.width)
