@@ -94,6 +94,8 @@ SPOTRAIN_BUCKET=%s
 SPOTRAIN_CATALOG_TABLE=%s
 SPOTRAIN_KMS_KEY_ID=%s
 SPOTRAIN_EVENTS_TABLE=%s
+SPOTRAIN_NNODES=%s
+SPOTRAIN_RDZV_PORT=%s
 ENV
 if [ -z "$root" ] && systemctl list-unit-files spotrain-trainer.service >/dev/null 2>&1; then
   systemctl enable --now spotrain-trainer.service
@@ -114,7 +116,18 @@ def user_data_values(props: SpotFleetProps) -> list[str]:
         props.catalog_table_name,
         props.data_kms_key_arns[0],  # the primary region's key
         props.events_table_name,
+        nnodes(props.min_size, props.max_size),
+        str(RENDEZVOUS_PORT),
     ]
+
+
+RENDEZVOUS_PORT = 29400
+"""Where the coordinator's torchrun hosts the run's rendezvous (c10d)."""
+
+
+def nnodes(min_size: int, max_size: int) -> str:
+    """torchrun's --nnodes for a group of these sizes: elastic between them (at least one)."""
+    return "1" if max_size <= 1 else f"{max(1, min_size)}:{max_size}"
 
 
 def on_demand_group_name(fleet_name: str) -> str:

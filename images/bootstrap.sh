@@ -14,8 +14,14 @@
 #                                 not start, and each exit is accounted (crash or preemption)
 #   SPOTRAIN_CONFIG               a training configuration file to use instead of the run's
 #                                 newest stored one (default: fetched from the bucket)
-#   SPOTRAIN_NNODES               machines in the run: N or MIN:MAX (default 1)
-#   SPOTRAIN_RDZV_ENDPOINT        HOST:PORT of the rendezvous (needed when NNODES is not 1)
+#   SPOTRAIN_NNODES               machines in the run: N or MIN:MAX (default 1; the user data
+#                                 gives the fleet's sizes)
+#   SPOTRAIN_RDZV_ENDPOINT        HOST:PORT of the rendezvous; default: the run's coordinator
+#                                 from the fleet state (an on-demand machine claims the role,
+#                                 the others wait for it up to SPOTRAIN_COORDINATOR_WAIT s)
+#   SPOTRAIN_RDZV_PORT            port the coordinator hosts the rendezvous on (default 29400)
+#   SPOTRAIN_RDZV_LAST_CALL       seconds the rendezvous waits for more machines once the
+#                                 fewest it needs have come (default 30)
 #   SPOTRAIN_WORK_DIR             fast local disk for shards before upload (default /mnt/spotrain)
 #   SPOTRAIN_IMAGE                container image (default: the one baked in, see spotrain.pkr.hcl)
 #   SPOTRAIN_CONTAINER_RUNTIME    docker (default) or none (run spotrain from PATH)
@@ -51,8 +57,8 @@ if ((${#missing[@]})); then
   fail "missing ${missing[*]}: the launch template's user data writes them to $RUN_ENV (redeploy the compute stack)"
 fi
 [[ -z "$CONFIG" || -f "$CONFIG" ]] || fail "training configuration $CONFIG (SPOTRAIN_CONFIG) not found"
-if [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]; then
-  fail "SPOTRAIN_NNODES=$NNODES needs SPOTRAIN_RDZV_ENDPOINT=HOST:PORT (the coordinator's address)"
+if [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" && -z "${SPOTRAIN_EVENTS_TABLE:-}" ]]; then
+  fail "SPOTRAIN_NNODES=$NNODES needs SPOTRAIN_RDZV_ENDPOINT=HOST:PORT or the run's fleet state (SPOTRAIN_EVENTS_TABLE) to find the coordinator"
 fi
 
 # IMDSv2: a session token first; the instance refuses token-less reads (http_tokens=required).
@@ -62,7 +68,9 @@ metadata() { curl -sf -H "X-aws-ec2-metadata-token: $token" "$IMDS/latest/meta-d
 instance_id=$(metadata instance-id)
 instance_type=$(metadata instance-type)
 zone=$(metadata placement/availability-zone)
-echo "spotrain bootstrap: $instance_id ($instance_type in $zone) joins run $SPOTRAIN_RUN"
+lifecycle=$(metadata instance-life-cycle || echo on-demand)
+address=$(metadata local-ipv4)
+echo "spotrain bootstrap: $instance_id ($instance_type in $zone, $lifecycle) joins run $SPOTRAIN_RUN"
 
 mkdir -p "$WORK_DIR"
 export AWS_REGION=$SPOTRAIN_REGION AWS_DEFAULT_REGION=$SPOTRAIN_REGION
@@ -70,21 +78,6 @@ if [[ -z "$CONFIG" ]]; then
   CONFIG=$WORK_DIR/train.json
   fetch_config=1
 fi
-train=(spotrain train "$CONFIG"
-  --set "run=$SPOTRAIN_RUN"
-  --set "store=s3://$SPOTRAIN_BUCKET"
-  --set "catalog_table=$SPOTRAIN_CATALOG_TABLE"
-  --set "kms_key_id=$SPOTRAIN_KMS_KEY_ID"
-  --set "work_dir=$WORK_DIR/work"
-  --set "spot_notice_endpoint=$IMDS"
-  --nnodes "$NNODES")
-if [[ "$NNODES" != "1" ]]; then
-  train+=(--rdzv-endpoint "$SPOTRAIN_RDZV_ENDPOINT" --rdzv-id "$SPOTRAIN_RUN")
-fi
-if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
-  train+=(--nproc-per-node "$SPOTRAIN_NPROC_PER_NODE")
-fi
-
 # spotrain, in the baked container or from PATH.
 spotrain_run() {
   case "$RUNTIME" in
@@ -114,12 +107,46 @@ if [[ -n "${SPOTRAIN_EVENTS_TABLE:-}" ]]; then
   fleet=(spotrain fleet --events-table "$SPOTRAIN_EVENTS_TABLE" --run "$SPOTRAIN_RUN")
   spotrain_run "${fleet[@]}" may-start || exit 3
 fi
+# Several machines meet at the run's coordinator: the first on-demand machine claims the role
+# (and renews it while it runs); the others, spot ones included, wait for it.
+heartbeat=
+if [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]; then
+  port=${SPOTRAIN_RDZV_PORT:-29400}
+  claim=("${fleet[@]}" coordinator --claim --instance "$instance_id" --address "$address" --port "$port")
+  if [[ "$lifecycle" != "spot" ]] && SPOTRAIN_RDZV_ENDPOINT=$(spotrain_run "${claim[@]}"); then
+    echo "spotrain bootstrap: $instance_id coordinates run $SPOTRAIN_RUN at $SPOTRAIN_RDZV_ENDPOINT"
+    (while sleep "${SPOTRAIN_COORDINATOR_HEARTBEAT:-60}"; do spotrain_run "${claim[@]}" >/dev/null || exit; done) &
+    heartbeat=$!
+  else
+    SPOTRAIN_RDZV_ENDPOINT=$(spotrain_run "${fleet[@]}" coordinator --wait "${SPOTRAIN_COORDINATOR_WAIT:-600}") ||
+      exit 2
+    echo "spotrain bootstrap: run $SPOTRAIN_RUN meets at $SPOTRAIN_RDZV_ENDPOINT"
+  fi
+fi
+
+train=(spotrain train "$CONFIG"
+  --set "run=$SPOTRAIN_RUN"
+  --set "store=s3://$SPOTRAIN_BUCKET"
+  --set "catalog_table=$SPOTRAIN_CATALOG_TABLE"
+  --set "kms_key_id=$SPOTRAIN_KMS_KEY_ID"
+  --set "work_dir=$WORK_DIR/work"
+  --set "spot_notice_endpoint=$IMDS"
+  --nnodes "$NNODES")
+if [[ "$NNODES" != "1" ]]; then
+  train+=(--rdzv-endpoint "$SPOTRAIN_RDZV_ENDPOINT" --rdzv-id "$SPOTRAIN_RUN"
+    --rdzv-last-call "${SPOTRAIN_RDZV_LAST_CALL:-30}")
+fi
+if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
+  train+=(--nproc-per-node "$SPOTRAIN_NPROC_PER_NODE")
+fi
+
 status=0
 if [[ -n "${fetch_config:-}" ]]; then
   spotrain_run spotrain config get --store "s3://$SPOTRAIN_BUCKET" --run "$SPOTRAIN_RUN" \
     --to "$CONFIG" || status=$?
 fi
 ((status)) || spotrain_run "${train[@]}" || status=$?
+[[ -z "$heartbeat" ]] || kill "$heartbeat" 2>/dev/null || true
 if ((${#fleet[@]})); then
   spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" || status=3
 fi

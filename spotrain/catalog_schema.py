@@ -101,6 +101,9 @@ def pool_key(instance_type: str, availability_zone: str) -> str:
 # fleet's boot service know about a run's machines.
 RUN_STATE_SORT_KEY = "STATE"
 """`crashes`, `failed`, `short_since` (epoch seconds the run has been short of spot capacity)."""
+COORDINATOR_SORT_KEY = "COORDINATOR"
+"""The run's coordinator: `address`, `port`, `instance_id`, `heartbeat_at` (epoch seconds);
+the machines of a run meet at its rendezvous (torchrun c10d)."""
 INSTANCE_STATUS_INTERRUPTING = "INTERRUPTING"
 INSTANCE_STATUS_REBALANCING = "REBALANCING"
 

@@ -186,7 +186,9 @@ def _fleet(args: argparse.Namespace) -> int:
 
     autoscaling = boto3.client("autoscaling")
     table = boto3.resource("dynamodb").Table(args.events_table) if args.events_table else None
-    if args.action in ("exit", "reset-crashes", "may-start") and (table is None or not args.run):
+    if args.action in ("exit", "reset-crashes", "may-start", "coordinator") and (
+        table is None or not args.run
+    ):
         raise SpotrainError(f"`spotrain fleet {args.action}` needs --events-table and --run")
     if args.action == "scale":
         if len(args.group) != 1 or args.desired is None:
@@ -207,6 +209,8 @@ def _fleet(args: argparse.Namespace) -> int:
         _say(f"trainer exit {args.code} on {args.instance}: {verdict.kind}; run {args.run} has "
              f"{verdict.crashes} crash(es){held}")  # fmt: skip
         return 3 if verdict.failed else 0
+    if args.action == "coordinator":
+        return _coordinator(args, table)
     if args.action == "reset-crashes":
         fleet_state.reset_crashes(table, args.run)
         _say(f"run {args.run}: crash count reset; it may start and be requeued again")
@@ -238,6 +242,38 @@ def _fleet(args: argparse.Namespace) -> int:
             _say(f"  {item['sk'].split('#', 1)[1]:<22} {item['status']:<13} pool "
                  f"{item.get('pool', '-')} since {item.get('updated_at', '-')}")  # fmt: skip
     return 0
+
+
+def _coordinator(args: argparse.Namespace, table: Any) -> int:
+    """Claim the run's coordinator role (on-demand machines), or find the coordinator (every
+    other machine). Prints the rendezvous endpoint, HOST:PORT, alone on its line."""
+    from spotrain import fleet_state
+
+    if args.claim:
+        if not (args.instance and args.address and args.port):
+            raise SpotrainError("`spotrain fleet coordinator --claim` needs --instance, "
+                                "--address and --port (this machine's)")  # fmt: skip
+        if not fleet_state.claim_coordinator(
+            table, args.run, instance_id=args.instance, address=args.address, port=args.port
+        ):
+            print(f"run {args.run}: another machine coordinates it", file=sys.stderr)
+            return 4
+        _say(f"{args.address}:{args.port}")
+        return 0
+    deadline = time.monotonic() + args.wait
+    while True:
+        found = fleet_state.coordinator(table, args.run)
+        if found is not None and found.fresh(time.time()):
+            _say(found.endpoint)
+            return 0
+        if time.monotonic() >= deadline:
+            state = "its claim went stale" if found else "none has claimed the role"
+            raise SpotrainError(
+                f"run {args.run} has no coordinator after {args.wait} s ({state}): the "
+                "on-demand group's machine claims it when it boots; check that it runs "
+                f"(`spotrain fleet status --group ...`) and its boot log"
+            )
+        time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
 
 
 def _groups(autoscaling: Any, names: list[str]) -> list[dict[str, Any]]:
@@ -499,6 +535,7 @@ def _checked_run(run: str | None) -> str:
 
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 90
+MAX_REGROUPS = 20
 
 
 def _nnodes(text: str) -> str:
@@ -556,7 +593,12 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
                 "address that every node can reach)"
             )
         launcher += ["--nnodes", args.nnodes, "--rdzv-backend", "c10d",
-                     "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id]  # fmt: skip
+                     "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id,
+                     # A machine of the group that leaves (its ranks exit 0) or stays while
+                     # another leaves (they exit REJOIN_EXIT) re-forms the group this many
+                     # times before torchrun gives up.
+                     "--max-restarts", str(MAX_REGROUPS),
+                     "--rdzv-conf", f"last_call_timeout={args.rdzv_last_call}"]  # fmt: skip
     launcher += ["-m", "spotrain.trainer.train", str(args.config)]
     for override in args.set:
         launcher += ["--set", override]
@@ -630,10 +672,11 @@ def parser() -> argparse.ArgumentParser:
     )
     fleet.add_argument(
         "action",
-        choices=["status", "scale", "exit", "may-start", "reset-crashes"],
+        choices=["status", "scale", "exit", "may-start", "reset-crashes", "coordinator"],
         help="status: groups and the run's state; scale: set one group's desired capacity; "
         "exit: account for a trainer exit (boot service); may-start: exit 3 if the run is "
-        "held after crashes; reset-crashes: release a held run",
+        "held after crashes; reset-crashes: release a held run; coordinator: claim the run's "
+        "rendezvous (--claim) or print where it is (HOST:PORT)",
     )
     fleet.add_argument("--group", action="append", default=[], help="Auto Scaling group name")
     fleet.add_argument("--desired", type=_whole(0), help="desired capacity for `scale`")
@@ -644,6 +687,12 @@ def parser() -> argparse.ArgumentParser:
     fleet.add_argument(
         "--max-crashes", type=_whole(1), default=3, help="crashes that hold the run (`exit`)"
     )
+    fleet.add_argument("--claim", action="store_true",
+                       help="coordinator: take or renew the role for this machine")  # fmt: skip
+    fleet.add_argument("--address", help="coordinator --claim: this machine's private address")
+    fleet.add_argument("--port", type=_whole(1, 65535), help="coordinator --claim: its port")
+    fleet.add_argument("--wait", type=_whole(0), default=0,
+                       help="coordinator: seconds to wait for one to appear")  # fmt: skip
     fleet.set_defaults(handler=cmd_fleet)
 
     budget = commands.add_parser("budget", help="a budget's limit, actual and forecast spend")
@@ -670,6 +719,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--rdzv-endpoint", type=_endpoint,
                        help="HOST:PORT every machine meets at (nnodes > 1)")  # fmt: skip
     train.add_argument("--rdzv-id", default="spotrain", help="rendezvous id shared by the run")
+    train.add_argument("--rdzv-last-call", type=_whole(1), default=30,
+                       help="seconds the rendezvous waits for more machines once the fewest "
+                       "it needs have come")  # fmt: skip
     train.add_argument("--shutdown-timeout", type=_whole(1), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
                        help="seconds between SIGTERM and SIGKILL of the ranks; longer than an "
                        "emergency checkpoint takes to publish")  # fmt: skip

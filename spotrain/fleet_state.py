@@ -14,6 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from spotrain.catalog_schema import (
+    COORDINATOR_SORT_KEY,
     INSTANCE_STATUS_INTERRUPTING,
     PARTITION_KEY,
     RUN_STATE_SORT_KEY,
@@ -23,6 +24,11 @@ from spotrain.catalog_schema import (
 )
 
 DEFAULT_MAX_CRASHES = 3
+COORDINATOR_HEARTBEAT_S = 60
+"""How often the coordinator renews its claim while its machine runs."""
+COORDINATOR_STALE_S = 180
+"""A claim not renewed for this long is the claim of a machine that is gone: the next
+on-demand machine may take the role."""
 
 
 @dataclass(frozen=True)
@@ -161,3 +167,60 @@ def reset_crashes(table: Any, run: str) -> None:
     table.update_item(Key=_state_key(run), UpdateExpression="SET #c = :zero, #f = :no",
                       ExpressionAttributeNames={"#c": "crashes", "#f": "failed"},
                       ExpressionAttributeValues={":zero": 0, ":no": False})  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Coordinator:
+    instance_id: str
+    address: str
+    port: int
+    heartbeat_at: float
+
+    @property
+    def endpoint(self) -> str:
+        return f"{self.address}:{self.port}"
+
+    def fresh(self, now: float) -> bool:
+        return now - self.heartbeat_at < COORDINATOR_STALE_S
+
+
+def _coordinator_key(run: str) -> dict[str, str]:
+    return {PARTITION_KEY: run_key(run), SORT_KEY: COORDINATOR_SORT_KEY}
+
+
+def coordinator(table: Any, run: str) -> Coordinator | None:
+    item = table.get_item(Key=_coordinator_key(run), ConsistentRead=True).get("Item")
+    if not item:
+        return None
+    return Coordinator(
+        str(item["instance_id"]), str(item["address"]), int(item["port"]),
+        float(item["heartbeat_at"]),
+    )  # fmt: skip
+
+
+def claim_coordinator(
+    table: Any, run: str, *, instance_id: str, address: str, port: int, now: float | None = None
+) -> bool:
+    """Take (or renew) the coordinator's role: granted if nobody holds it, this machine does,
+    or the holder stopped renewing it (its machine is gone). False if another machine holds
+    it."""
+    from botocore.exceptions import ClientError
+
+    now = time.time() if now is None else now
+    try:
+        table.put_item(
+            Item={**_coordinator_key(run), "instance_id": instance_id, "address": address,
+                  "port": port, "heartbeat_at": Decimal(str(round(now, 3)))},
+            ConditionExpression=(
+                "attribute_not_exists(pk) OR instance_id = :me OR heartbeat_at < :stale"
+            ),
+            ExpressionAttributeValues={
+                ":me": instance_id,
+                ":stale": Decimal(str(round(now - COORDINATOR_STALE_S, 3))),
+            },
+        )  # fmt: skip
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True

@@ -59,3 +59,31 @@ def test_mistakes_get_one_line_that_names_the_fix(
     error = capsys.readouterr().err
     assert error.startswith("error: ") and names in error
     assert "Traceback" not in error
+
+
+def test_one_on_demand_machine_coordinates_and_another_takes_over_when_it_is_gone(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spotrain import fleet_state
+
+    state = ["--events-table", "events", "--run", "r"]
+    assert cli.main(["fleet", "coordinator", *state]) == 2  # nobody yet, and no waiting
+    assert "none has claimed the role" in capsys.readouterr().err
+
+    def claim(instance: str, address: str) -> int:
+        return cli.main(["fleet", "coordinator", *state, "--claim", "--instance", instance,
+                         "--address", address, "--port", "29400"])  # fmt: skip
+
+    assert claim("i-first", "10.0.1.5") == 0
+    assert claim("i-second", "10.0.1.6") == 4  # the first still holds it
+    assert claim("i-first", "10.0.1.5") == 0  # renewing is claiming again
+    capsys.readouterr()
+    assert cli.main(["fleet", "coordinator", *state, "--wait", "5"]) == 0
+    assert capsys.readouterr().out.strip() == "10.0.1.5:29400"
+    # The first machine is gone: its claim goes stale and the next on-demand machine takes it.
+    table = boto3.resource("dynamodb").Table("events")
+    later = fleet_state.coordinator(table, "r").heartbeat_at + fleet_state.COORDINATOR_STALE_S  # type: ignore[union-attr]
+    assert not fleet_state.coordinator(table, "r").fresh(later)  # type: ignore[union-attr]
+    assert fleet_state.claim_coordinator(table, "r", instance_id="i-second",
+                                         address="10.0.1.6", port=29400, now=later + 1)  # fmt: skip
+    assert fleet_state.coordinator(table, "r").endpoint == "10.0.1.6:29400"  # type: ignore[union-attr]

@@ -183,6 +183,8 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
         "SPOTRAIN_CATALOG_TABLE": outputs["checkpoint_catalog_table"],
         "SPOTRAIN_KMS_KEY_ID": key["Arn"],
         "SPOTRAIN_EVENTS_TABLE": outputs["events_table"],
+        "SPOTRAIN_NNODES": f"{local.config.fleet_min_size}:{local.config.fleet_max_size}",
+        "SPOTRAIN_RDZV_PORT": "29400",
     }
 
 

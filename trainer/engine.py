@@ -37,7 +37,7 @@ from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
 from spotrain.trainer.manifest import Shard
 from spotrain.trainer.model import GPT, GPTConfig
 from spotrain.trainer.preemption import PreemptionFlag
-from spotrain.trainer.spot_notice import SpotNoticeWatcher
+from spotrain.trainer.spot_notice import SPOT_NOTICE_REASON, SpotNoticeWatcher
 from spotrain.trainer.storage import Storage, open_storage
 from spotrain.validation import instance_type_problems
 
@@ -70,7 +70,11 @@ class TrainConfig:
     """Steps between light checkpoints (kept on this machine's work disk only: a restart on the
     same machines resumes from there); None takes none."""
     micro_batch: int = 8
-    """Sequences per rank per step."""
+    """Sequences per rank per step (unless global_batch is set)."""
+    global_batch: int | None = None
+    """Sequences per step over all ranks, whatever their number: each rank takes
+    global_batch / ranks (which must divide), so a fleet that grows or shrinks keeps training
+    the same run. None: micro_batch per rank."""
     learning_rate: float = 3e-4
     """AdamW peak learning rate."""
     warmup_steps: int = 0
@@ -131,6 +135,8 @@ class TrainConfig:
             )
         if self.micro_batch < 1:
             problems.append(f"micro_batch is {self.micro_batch}: use 1 or more")
+        if self.global_batch is not None and self.global_batch < 1:
+            problems.append(f"global_batch is {self.global_batch}: use 1 or more, or null")
         if self.warmup_steps < 0:
             problems.append(f"warmup_steps is {self.warmup_steps}: use 0 or more")
         if self.decay_steps is not None and self.decay_steps < 1:
@@ -146,9 +152,21 @@ class TrainConfig:
         fields = {k: v for k, v in asdict(self).items() if k not in _NOT_DEFINITION}
         return {
             **fields,
-            "global_batch": self.micro_batch * world_size,
+            "global_batch": self.per_rank_batch(world_size) * world_size,
             "dataset": datasets.dataset_name(self.data),
         }
+
+    def per_rank_batch(self, world_size: int) -> int:
+        """Sequences each of `world_size` ranks takes per step."""
+        if self.global_batch is None:
+            return self.micro_batch
+        if self.global_batch % world_size:
+            raise SpotrainError(
+                f"global_batch {self.global_batch} does not split over {world_size} ranks: "
+                "choose a global batch every world size the fleet can have divides (e.g. a "
+                "multiple of 12 serves 1, 2, 3, 4 or 6 ranks)"
+            )
+        return self.global_batch // world_size
 
     def config_hash(self, world_size: int) -> str:
         import hashlib
@@ -159,7 +177,8 @@ class TrainConfig:
 
 _NOT_DEFINITION = frozenset(
     {"steps", "store", "catalog_table", "kms_key_id", "work_dir", "checkpoint_every",
-     "light_every", "micro_batch", "metrics_file", "log_every", "spot_notice_endpoint",
+     "light_every", "micro_batch", "global_batch", "metrics_file", "log_every",
+     "spot_notice_endpoint",
      "spot_notice_poll_seconds", "allow_config_change",
      # A token file's path differs between machines; a dataset's name is its identity.
      "data"}
@@ -471,9 +490,9 @@ def _say(message: str) -> None:
     print(f"[spotrain] {message}", flush=True)
 
 
-def _deepspeed_config(config: TrainConfig, *, universal: bool) -> dict[str, Any]:
+def _deepspeed_config(config: TrainConfig, *, world_size: int, universal: bool) -> dict[str, Any]:
     return {
-        "train_micro_batch_size_per_gpu": config.micro_batch,
+        "train_micro_batch_size_per_gpu": config.per_rank_batch(world_size),
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": config.zero_stage},
         "bf16": {"enabled": config.bf16},
@@ -482,8 +501,35 @@ def _deepspeed_config(config: TrainConfig, *, universal: bool) -> dict[str, Any]
     }
 
 
-def train(config: TrainConfig) -> list[float]:
-    """Train to `config.steps`; returns the loss of each step it ran (mean over all ranks)."""
+@dataclass(frozen=True)
+class TrainResult:
+    losses: list[float]
+    """The loss of each step this start ran (mean over all ranks)."""
+    rejoin: bool = False
+    """Stopped because another machine of the run was asked to (a spot notice there): this
+    machine stays and should meet the others again (torchrun restarts it: exit REJOIN)."""
+    leave: bool = False
+    """This machine got a spot interruption notice: it is going away, and its torchrun agent
+    must not meet the others again (they are re-forming without it)."""
+
+
+REJOIN_EXIT = 75
+"""A rank's exit status when its machine should rejoin the run's group (EX_TEMPFAIL)."""
+
+
+def _why_this_machine_stops(reason: str | None, world: int) -> list[str]:
+    """Collective: why the ranks on this machine (torchrun's node, GROUP_RANK) were asked to
+    stop, if any was: only the leader watches for spot notices, yet the whole machine goes."""
+    import torch.distributed as dist
+
+    node = os.environ.get("GROUP_RANK", "0")
+    everyone: list[Any] = [None] * world
+    dist.all_gather_object(everyone, (node, reason))
+    return [why for where, why in everyone if where == node and why]
+
+
+def train(config: TrainConfig) -> TrainResult:
+    """Train to `config.steps` (or until a stop is agreed)."""
     prepared = preflight(config)  # a run that cannot start takes no lease, nor a process group
     config = prepared.config
     import deepspeed
@@ -493,6 +539,7 @@ def train(config: TrainConfig) -> list[float]:
     deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     place = _Place(rank, world, leader=int(os.environ.get("LOCAL_RANK", rank)) == 0)
+    config.per_rank_batch(world)  # a batch that does not split over these ranks: no lease
     storage = open_storage(config.store, kms_key_id=config.kms_key_id)
     catalog = open_catalog(storage, config.run, table=config.catalog_table)
     generation = catalog.acquire_lease(f"{os.uname().nodename}:{os.getpid()}") if rank == 0 else 0
@@ -506,7 +553,7 @@ def train(config: TrainConfig) -> list[float]:
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, config))
     engine, _, _, _ = deepspeed.initialize(  # DeepSpeed steps, saves and restores the schedule
         model=model, optimizer=optimizer, lr_scheduler=schedule,
-        config=_deepspeed_config(config, universal=universal),
+        config=_deepspeed_config(config, world_size=world, universal=universal),
     )  # fmt: skip
     _seed_everything(config.seed, rank)
     start_step, parent = 0, None
@@ -536,10 +583,11 @@ def train(config: TrainConfig) -> list[float]:
     progress = _Progress(config, place)
     saver = _Saver(engine, config, storage, catalog, generation, place, parent, progress)
     sampler = Sampler(
-        _open_data(config, prepared, place), config.model.context, config.micro_batch,
+        _open_data(config, prepared, place), config.model.context, config.per_rank_batch(world),
         config.seed,
     )  # fmt: skip
     losses: list[float] = []
+    rejoin = leave = False
     try:
         for step in range(start_step, config.steps):
             started = time.perf_counter()
@@ -565,6 +613,12 @@ def train(config: TrainConfig) -> list[float]:
                 saver.save_light(done)
             if agreed.stop:
                 saver.finish()
+                # A machine that was not asked to stop stays: its agent meets the others again.
+                # One that got a spot notice leaves the group for good.
+                reasons = _why_this_machine_stops(preemption.reason, world)
+                rejoin = not reasons
+                several_machines = int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
+                leave = several_machines and any(r.startswith(SPOT_NOTICE_REASON) for r in reasons)
                 if rank == 0:
                     reason = preemption.reason or "another rank was asked to stop"
                     since = preemption.seconds_since_request()
@@ -584,7 +638,7 @@ def train(config: TrainConfig) -> list[float]:
     # threads can be destroyed still running (the process then aborts after its work is done).
     dist.barrier()
     dist.destroy_process_group()
-    return losses
+    return TrainResult(losses, rejoin, leave)
 
 
 class _Progress:

@@ -20,6 +20,8 @@ from collections.abc import Callable
 
 TOKEN_TTL_SECONDS = 21600
 INSTANCE_ACTION = "/latest/meta-data/spot/instance-action"
+SPOT_NOTICE_REASON = "spot interruption notice"
+"""How a stop asked by an interruption notice is named (the reason the ranks agree on)."""
 REBALANCE = "/latest/meta-data/events/recommendations/rebalance"
 
 
@@ -80,7 +82,7 @@ class SpotNoticeWatcher:
         action = self._read(INSTANCE_ACTION)
         if action:
             self.on_interruption(
-                f"spot interruption notice: {action.get('action', 'stop')} at "
+                f"{SPOT_NOTICE_REASON}: {action.get('action', 'stop')} at "
                 f"{action.get('time', 'an unknown time')}"
             )
             return True

@@ -13,13 +13,14 @@ import argparse
 import dataclasses
 import json
 import os
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from spotrain.errors import ConfigError, SpotrainError, raise_if_problems
-from spotrain.trainer.engine import TrainConfig, train
+from spotrain.trainer.engine import REJOIN_EXIT, TrainConfig, train
 from spotrain.trainer.model import GPTConfig
 from spotrain.validation import type_problems
 
@@ -111,11 +112,19 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        train(load_config(args.config, args.set))
+        result = train(load_config(args.config, args.set))
     except SpotrainError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    return 0
+    if (
+        result.leave
+        and os.environ.get("TORCHELASTIC_RUN_ID")
+        and os.environ.get("LOCAL_RANK") == "0"
+    ):
+        # The machine is being reclaimed: its torchrun agent (this rank's parent) must not meet
+        # the others again while they re-form without it.
+        os.kill(os.getppid(), signal.SIGTERM)
+    return REJOIN_EXIT if result.rejoin else 0
 
 
 def run_process() -> None:

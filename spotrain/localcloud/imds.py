@@ -22,6 +22,8 @@ class LocalMetadataService:
         instance_id: str = "i-0123456789abcdef0",
         instance_type: str = "g5.xlarge",
         availability_zone: str = "us-east-1a",
+        lifecycle: str = "spot",
+        private_address: str = "127.0.0.1",
         host: str = "127.0.0.1",
         port: int = 0,
     ) -> None:
@@ -31,7 +33,8 @@ class LocalMetadataService:
             "/latest/meta-data/instance-type": instance_type,
             "/latest/meta-data/placement/availability-zone": availability_zone,
             "/latest/meta-data/placement/region": availability_zone[:-1],
-            "/latest/meta-data/instance-life-cycle": "spot",
+            "/latest/meta-data/instance-life-cycle": lifecycle,
+            "/latest/meta-data/local-ipv4": private_address,
         }
         self._server = ThreadingHTTPServer((host, port), self._handler())
         self._server.daemon_threads = True
