@@ -59,6 +59,8 @@ class SpotFleetProps:
     """Keys the trainer encrypts and decrypts checkpoints and catalog items with."""
     region: str
     """Region of the fleet."""
+    account_id: str
+    """Account of the fleet (its groups' ARNs)."""
     tags: dict[str, str]
     """Tags on instances and volumes launched by the group."""
     emulator_drift_tolerance: bool = False
@@ -247,6 +249,16 @@ class SpotFleet(Construct):
                                 "dynamodb:LeadingKeys",
                                 [run_key(props.run_name)],
                             ),
+                        ],
+                    ),
+                    statement(
+                        # A machine whose trainer cannot start has its group replace it.
+                        "ReplaceItself",
+                        actions=["autoscaling:SetInstanceHealth"],
+                        resources=[
+                            f"arn:aws:autoscaling:{props.region}:{props.account_id}:"
+                            f"autoScalingGroup:*:autoScalingGroupName/{name}"
+                            for name in (props.name, on_demand_group_name(props.name))
                         ],
                     ),
                     statement(

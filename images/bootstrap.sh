@@ -141,6 +141,7 @@ if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
 fi
 
 status=0
+rm -f "$WORK_DIR/work/.spotrain-first-step"  # this start has trained nothing yet
 if [[ -n "${fetch_config:-}" ]]; then
   spotrain_run spotrain config get --store "s3://$SPOTRAIN_BUCKET" --run "$SPOTRAIN_RUN" \
     --to "$CONFIG" || status=$?
@@ -148,6 +149,15 @@ fi
 ((status)) || spotrain_run "${train[@]}" || status=$?
 [[ -z "$heartbeat" ]] || kill "$heartbeat" 2>/dev/null || true
 if ((${#fleet[@]})); then
-  spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" || status=3
+  verdict=0
+  spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" || verdict=$?
+  if ((verdict == 5)) && [[ ! -e "$WORK_DIR/work/.spotrain-first-step" ]]; then
+    # The trainer crashed before it trained a step (engine.FIRST_STEP_MARKER): this machine
+    # may be what is wrong, so its group replaces it instead of it idling, billed. A run that
+    # crashes everywhere is held after a few crashes and its groups go to 0.
+    spotrain_run "${fleet[@]}" unhealthy --instance "$instance_id" \
+      --reason "trainer exited $status before its first step" || true
+  fi
+  ((verdict == 3)) && status=3
 fi
 exit "$status"

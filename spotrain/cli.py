@@ -208,9 +208,19 @@ def _fleet(args: argparse.Namespace) -> int:
         held = ", and is held: too many" if verdict.failed else ""
         _say(f"trainer exit {args.code} on {args.instance}: {verdict.kind}; run {args.run} has "
              f"{verdict.crashes} crash(es){held}")  # fmt: skip
-        return 3 if verdict.failed else 0
+        if verdict.failed:
+            return 3
+        return 5 if verdict.kind == "crash" else 0
     if args.action == "coordinator":
         return _coordinator(args, table)
+    if args.action == "unhealthy":
+        if not args.instance or not (args.reason or "").strip():
+            raise SpotrainError("`spotrain fleet unhealthy` needs --instance ID and --reason TEXT")
+        autoscaling.set_instance_health(
+            InstanceId=args.instance, HealthStatus="Unhealthy", ShouldRespectGracePeriod=False
+        )
+        _say(f"{args.instance} marked unhealthy ({args.reason}): its group replaces it")
+        return 0
     if args.action == "reset-crashes":
         fleet_state.reset_crashes(table, args.run)
         _say(f"run {args.run}: crash count reset; it may start and be requeued again")
@@ -672,17 +682,28 @@ def parser() -> argparse.ArgumentParser:
     )
     fleet.add_argument(
         "action",
-        choices=["status", "scale", "exit", "may-start", "reset-crashes", "coordinator"],
+        choices=[
+            "status",
+            "scale",
+            "exit",
+            "may-start",
+            "reset-crashes",
+            "coordinator",
+            "unhealthy",
+        ],
         help="status: groups and the run's state; scale: set one group's desired capacity; "
-        "exit: account for a trainer exit (boot service); may-start: exit 3 if the run is "
-        "held after crashes; reset-crashes: release a held run; coordinator: claim the run's "
-        "rendezvous (--claim) or print where it is (HOST:PORT)",
+        "exit: account for a trainer exit (boot service; exit 3 if the run is now held, 5 for "
+        "a crash); may-start: exit 3 if the run is held after crashes; reset-crashes: release "
+        "a held run; coordinator: claim the run's rendezvous (--claim) or print where it is "
+        "(HOST:PORT); unhealthy: have the group replace --instance (a machine that cannot "
+        "train)",
     )
     fleet.add_argument("--group", action="append", default=[], help="Auto Scaling group name")
     fleet.add_argument("--desired", type=_whole(0), help="desired capacity for `scale`")
     fleet.add_argument("--events-table", help="interruption events table (fleet state)")
     fleet.add_argument("--run", help="run name")
-    fleet.add_argument("--instance", help="instance id for `exit`")
+    fleet.add_argument("--instance", help="instance id for `exit`, `unhealthy`, `coordinator`")
+    fleet.add_argument("--reason", help="unhealthy: why (shown in the boot log)")
     fleet.add_argument("--code", type=int, help="trainer exit status for `exit`")
     fleet.add_argument(
         "--max-crashes", type=_whole(1), default=3, help="crashes that hold the run (`exit`)"

@@ -36,6 +36,8 @@ class RunState:
     crashes: int = 0
     failed: bool = False
     short_since: float | None = None
+    held_sizes: dict[str, dict[str, int]] | None = None
+    """The run's groups' sizes (min_size, desired) before it was held and scaled to 0."""
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,29 @@ def _state_key(run: str) -> dict[str, str]:
 def run_state(table: Any, run: str) -> RunState:
     item = table.get_item(Key=_state_key(run), ConsistentRead=True).get("Item") or {}
     short_since = item.get("short_since")
+    held = item.get("held_sizes")
     return RunState(
         crashes=int(item.get("crashes", 0)),
         failed=bool(item.get("failed", False)),
         short_since=float(short_since) if short_since is not None else None,
-    )
+        held_sizes=(
+            {name: {k: int(v) for k, v in sizes.items()} for name, sizes in held.items()}
+            if held else None
+        ),
+    )  # fmt: skip
+
+
+def set_held_sizes(table: Any, run: str, sizes: dict[str, dict[str, int]] | None) -> None:
+    """Remember the sizes a held run's groups had (kept if already remembered: the first
+    hold's sizes are the run's own), or forget them once they are back (None)."""
+    if sizes is None:
+        table.update_item(Key=_state_key(run), UpdateExpression="REMOVE held_sizes")
+    else:
+        table.update_item(
+            Key=_state_key(run),
+            UpdateExpression="SET held_sizes = if_not_exists(held_sizes, :sizes)",
+            ExpressionAttributeValues={":sizes": sizes},
+        )
 
 
 def set_short_since(table: Any, run: str, since: float | None) -> None:
@@ -208,14 +228,16 @@ def claim_coordinator(
 
     now = time.time() if now is None else now
     try:
-        table.put_item(
-            Item={**_coordinator_key(run), "instance_id": instance_id, "address": address,
-                  "port": port, "heartbeat_at": Decimal(str(round(now, 3)))},
-            ConditionExpression=(
-                "attribute_not_exists(pk) OR instance_id = :me OR heartbeat_at < :stale"
-            ),
+        # An update, not a put: the machines' role may read and update their run's items only.
+        table.update_item(
+            Key=_coordinator_key(run),
+            UpdateExpression="SET #i = :me, #a = :address, #p = :port, #h = :now",
+            ConditionExpression="attribute_not_exists(#i) OR #i = :me OR #h < :stale",
+            ExpressionAttributeNames={"#i": "instance_id", "#a": "address", "#p": "port",
+                                      "#h": "heartbeat_at"},
             ExpressionAttributeValues={
-                ":me": instance_id,
+                ":me": instance_id, ":address": address, ":port": port,
+                ":now": Decimal(str(round(now, 3))),
                 ":stale": Decimal(str(round(now - COORDINATOR_STALE_S, 3))),
             },
         )  # fmt: skip

@@ -73,6 +73,7 @@ class ComputeStack(EnvironmentStack):
                 events_table_name=events_table_name,
                 data_kms_key_arns=(primary_key_arn, replica_key_arn),
                 region=config.primary_region,
+                account_id=self.account_id,
                 tags={**config.all_tags, "spotrain:run": config.run_name},
                 emulator_drift_tolerance=config.is_local,
             ),

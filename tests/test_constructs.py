@@ -361,7 +361,7 @@ def test_fleet_props_check_sizes_and_types() -> None:
         on_demand_base_capacity=1, checkpoint_bucket_arn="a", replica_bucket_arn="b",
         checkpoint_bucket_name="n", catalog_table_arn="t", catalog_table_name="tn",
         data_kms_key_arns=("k",), region="us-east-1", tags={}, events_table_arn="e",
-        events_table_name="en",
+        events_table_name="en", account_id="123456789012",
     )  # fmt: skip
     SpotFleetProps(**base)  # type: ignore[arg-type]
     with pytest.raises(ConfigError) as caught:

@@ -180,8 +180,8 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
         "SPOTRAIN_EVENTS_TABLE=bootstrap-events\n"
     )
 
-    def boot() -> subprocess.CompletedProcess[str]:
-        with LocalMetadataService(instance_id="i-0feedface", instance_type="g6.xlarge") as imds:
+    def boot(instance: str = "i-0feedface", **env: str) -> subprocess.CompletedProcess[str]:
+        with LocalMetadataService(instance_id=instance, instance_type="g6.xlarge") as imds:
             return subprocess.run(
                 ["bash", str(BOOTSTRAP)], capture_output=True, text=True, timeout=300,
                 env={**os.environ, **control.aws_environment(local_cloud.endpoint, region),
@@ -189,7 +189,7 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
                      "SPOTRAIN_RUN_ENV": str(run_env),
                      "SPOTRAIN_IMDS_ENDPOINT": imds.endpoint,
                      "SPOTRAIN_CONTAINER_RUNTIME": "none", "SPOTRAIN_NPROC_PER_NODE": "1",
-                     "SPOTRAIN_WORK_DIR": str(tmp_path / "disk")},
+                     "SPOTRAIN_WORK_DIR": str(tmp_path / "disk"), **env},
             )  # fmt: skip
 
     result = boot()
@@ -201,6 +201,26 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     assert "trainer exit 0 on i-0feedface: finished" in output
     head = DynamoCatalog(table, "booted", LocalStorage(tmp_path / "unused"), client=dynamodb).head()
     assert head is not None and head.step == 2
+    # A machine whose trainer cannot even start has its group replace it, not idle, billed.
+    autoscaling = control.client("autoscaling", local_cloud.endpoint, region)
+    ec2 = control.client("ec2", local_cloud.endpoint, region)
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    template = {"ImageId": image, "InstanceType": "g6.xlarge"}
+    ec2.create_launch_template(LaunchTemplateName="booted-lt", LaunchTemplateData=template)
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName="booted-fleet", MinSize=1, MaxSize=1, AvailabilityZones=[f"{region}a"],
+        LaunchTemplate={"LaunchTemplateName": "booted-lt"},
+    )  # fmt: skip
+    [member] = autoscaling.describe_auto_scaling_groups(
+        AutoScalingGroupNames=["booted-fleet"])["AutoScalingGroups"][0]["Instances"]  # fmt: skip
+    broken = tmp_path / "broken.json"
+    broken.write_text(config.read_text().replace(corpus, "/no/such/corpus.bin"))
+    failed = boot(member["InstanceId"], SPOTRAIN_CONFIG=str(broken))
+    assert failed.returncode != 0
+    assert "marked unhealthy (trainer exited 2 before its first step)" in failed.stdout
+    [health] = autoscaling.describe_auto_scaling_instances(
+        InstanceIds=[member["InstanceId"]])["AutoScalingInstances"]  # fmt: skip
+    assert health["HealthStatus"].upper() == "UNHEALTHY"
     # After repeated crashes the run is held: the machine does not start the trainer again.
     events = boto3.resource("dynamodb", endpoint_url=local_cloud.endpoint, region_name=region,
                             verify=local_cloud.ca_bundle,

@@ -266,6 +266,19 @@ def test_a_run_that_crashed_too_often_is_held(cloud: Cloud) -> None:
                                              id=f"w-{n}"))  # fmt: skip
     assert result["decision"] == "hold"
     assert desired("west-spot", "us-west-2") == 0
+    # The scheduled check takes the held run's groups to nothing: no machine idles, billed.
+    cloud.notices()
+    check = event("scheduled-capacity-check")
+    assert handler.handle(check)["decision"] == "hold"
+    assert desired("east-spot", "us-east-1") == 0
+    [notice] = cloud.notices()
+    assert "scaled to 0" in notice["reason"]
+    assert handler.handle(check)["decision"] == "hold" and cloud.notices() == []  # said once
+    fleet_state.reset_crashes(cloud.table, RUN)  # on-call fixed the cause
+    assert handler.handle(check)["decision"] == "release"
+    assert desired("east-spot", "us-east-1") == 2
+    assert "back to east-spot 0..2" in cloud.notices()[0]["reason"]
+    assert fleet_state.run_state(cloud.table, RUN).held_sizes is None
 
 
 def test_an_exit_of_an_interrupted_machine_is_a_preemption_not_a_crash(cloud: Cloud) -> None:

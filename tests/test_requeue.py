@@ -107,3 +107,17 @@ def test_capacity_check_gives_on_demand_back_when_spot_returns() -> None:
     assert decision.action == "spot-is-back"
     assert decision.desired == {"east-on-demand": 0}
     assert decision.short_since is None
+
+
+def test_a_held_run_is_scaled_to_nothing_and_released_to_its_sizes() -> None:
+    held = requeue.reconcile(groups=[PRIMARY, REPLICA, ON_DEMAND], run_failed=True,
+                             short_since=None, now=0.0, on_demand_deadline_s=600.0)  # fmt: skip
+    assert (held.action, held.desired, held.min_sizes) == (
+        "hold", {"east-spot": 0}, {"east-spot": 0}
+    )  # fmt: skip
+    at_zero = Group(**{**PRIMARY.__dict__, "desired": 0, "min_size": 0})
+    again = requeue.reconcile(groups=[at_zero, REPLICA], run_failed=True, short_since=None,
+                              now=0.0, on_demand_deadline_s=600.0)  # fmt: skip
+    assert (again.action, again.desired) == ("hold", {})
+    back = requeue.release([at_zero, REPLICA], {"east-spot": {"min_size": 1, "desired": 2}})
+    assert (back.desired, back.min_sizes) == ({"east-spot": 2}, {"east-spot": 1})

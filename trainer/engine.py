@@ -513,6 +513,11 @@ class TrainResult:
     must not meet the others again (they are re-forming without it)."""
 
 
+FIRST_STEP_MARKER = ".spotrain-first-step"
+"""Written to the work folder by each machine's leader once this start has trained a step: a
+start that crashes without it never trained (images/bootstrap.sh then has the machine
+replaced rather than restarted in place)."""
+
 REJOIN_EXIT = 75
 """A rank's exit status when its machine should rejoin the run's group (EX_TEMPFAIL)."""
 
@@ -543,8 +548,10 @@ def train(config: TrainConfig) -> TrainResult:
     storage = open_storage(config.store, kms_key_id=config.kms_key_id)
     catalog = open_catalog(storage, config.run, table=config.catalog_table)
     generation = catalog.acquire_lease(f"{os.uname().nodename}:{os.getpid()}") if rank == 0 else 0
+    first_step = Path(config.work_dir) / FIRST_STEP_MARKER
     if place.leader:  # local saves a killed run never published are of no use
         shutil.rmtree(Path(config.work_dir) / "save", ignore_errors=True)
+        first_step.unlink(missing_ok=True)
     restored = _restore(config, storage, catalog, place, generation)
     universal = restored is not None and restored.world_size != world
     _seed_everything(config.seed, 0)  # identical initial weights on every rank
@@ -597,6 +604,8 @@ def train(config: TrainConfig) -> TrainResult:
             engine.step()
             losses.append(_mean_over_ranks(loss, world))
             done = step + 1
+            if place.leader and len(losses) == 1:
+                first_step.touch()
             progress.step(
                 done, losses[-1], x.numel() * world / (time.perf_counter() - started), saver
             )

@@ -209,7 +209,11 @@ class InterruptionHandler(Construct):
                     ),
                     statement(
                         "ScaleTheRunsGroups",
-                        actions=["autoscaling:SetDesiredCapacity"],
+                        actions=[
+                            "autoscaling:SetDesiredCapacity",
+                            # A held run's groups go to 0, minimum included, and come back.
+                            "autoscaling:UpdateAutoScalingGroup",
+                        ],
                         resources=group_arns,
                     ),
                     statement("Notify", actions=["sns:Publish"], resources=[self.topic.arn]),

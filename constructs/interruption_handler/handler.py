@@ -237,6 +237,12 @@ def apply(
 ) -> None:
     regions = {g.name: g.region for g in groups}
     for name, desired in sorted(decision.desired.items()):
+        if name in decision.min_sizes:  # below the minimum needs the minimum changed too
+            autoscaling(regions[name]).update_auto_scaling_group(
+                AutoScalingGroupName=name, MinSize=decision.min_sizes[name],
+                DesiredCapacity=desired,
+            )  # fmt: skip
+            continue
         autoscaling(regions[name]).set_desired_capacity(
             AutoScalingGroupName=name, DesiredCapacity=desired, HonorCooldown=False
         )
@@ -366,11 +372,21 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
     autoscaling = _autoscaling_by_region()
     groups = capacity_groups(settings, autoscaling)
     state = fleet_state.run_state(table, settings["run"])
-    decision = requeue.reconcile(
-        groups=groups, run_failed=state.failed, short_since=state.short_since,
-        now=_now(), on_demand_deadline_s=settings["deadline_s"],
-    )  # fmt: skip
-    apply(decision, groups, table, settings["run"], autoscaling)
+    if not state.failed and state.held_sizes:
+        decision = requeue.release(groups, state.held_sizes)
+        apply(decision, groups, table, settings["run"], autoscaling)
+        fleet_state.set_held_sizes(table, settings["run"], None)
+    else:
+        decision = requeue.reconcile(
+            groups=groups, run_failed=state.failed, short_since=state.short_since,
+            now=_now(), on_demand_deadline_s=settings["deadline_s"],
+        )  # fmt: skip
+        if decision.min_sizes:  # holding: remember what to put back first
+            fleet_state.set_held_sizes(table, settings["run"], {
+                g.name: {"min_size": g.min_size, "desired": g.desired}
+                for g in groups if g.name in decision.min_sizes
+            })  # fmt: skip
+        apply(decision, groups, table, settings["run"], autoscaling)
     if decision.desired:
         notify(settings["topic"], f"spotrain: {decision.action} (run {settings['run']})",
                asdict(decision))  # fmt: skip

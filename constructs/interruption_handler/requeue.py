@@ -1,7 +1,9 @@
 """Where the fleet's lost capacity goes: pure decisions, no AWS calls (the handler makes them).
 
 Rules, in order:
-1. A run that crashed too often is held: nothing is requeued (no restart loop).
+1. A run that crashed too often is held: nothing is requeued (no restart loop), and the
+   scheduled check scales every group of the run to nothing (minimum and desired 0), so no
+   machine is billed without training; once the run is released, it puts the sizes back.
 2. A pool interrupted less than `hot_threshold` times in the window is healthy enough: the
    group's capacity rebalancing replaces the instance in place (no change here).
 3. A hot pool moves one unit of capacity to another spot group (another region, or the same
@@ -46,6 +48,8 @@ class Decision:
     reason: str
     desired: dict[str, int] = field(default_factory=dict)
     """New desired capacity per group name (only groups that change)."""
+    min_sizes: dict[str, int] = field(default_factory=dict)
+    """New minimum size per group name (holding a run takes it to 0, releasing puts it back)."""
     short_since: float | None = None
     """When the run became short of spot capacity (None: it is not)."""
 
@@ -143,9 +147,19 @@ def reconcile(
     on_demand_deadline_s: float,
 ) -> Decision:
     """Scheduled check: spot groups that cannot fill their desired capacity make the run
-    short; past the deadline the on-demand group covers the shortfall."""
+    short; past the deadline the on-demand group covers the shortfall. A held run's groups go
+    to nothing."""
     if run_failed:
-        return Decision("hold", "the run crashed too often: nothing is started")
+        running = [g for g in groups if g.desired or g.min_size]
+        if not running:
+            return Decision("hold", "the run crashed too often: its groups are at 0")
+        return Decision(
+            "hold",
+            "the run crashed too often: its groups are scaled to 0 until it is released "
+            "(fix the cause, then `spotrain fleet reset-crashes`)",
+            {g.name: 0 for g in running},
+            min_sizes={g.name: 0 for g in running},
+        )
     shortfall = sum(max(0, g.desired - g.in_service) for g in groups if g.lifecycle == SPOT)
     fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
     covering = sum(g.desired for g in fallbacks)
@@ -169,3 +183,16 @@ def reconcile(
         groups, shortfall - covering, short_since if short_since is not None else now, now,
         on_demand_deadline_s,
     )  # fmt: skip
+
+
+def release(groups: Sequence[Group], held: Mapping[str, Mapping[str, int]]) -> Decision:
+    """A held run was released: each group gets back the sizes it had when it was held."""
+    known = {g.name for g in groups}
+    back = {name: sizes for name, sizes in held.items() if name in known}
+    return Decision(
+        "release",
+        "the run was released: its groups are back to "
+        + ", ".join(f"{name} {s['min_size']}..{s['desired']}" for name, s in sorted(back.items())),
+        {name: int(s["desired"]) for name, s in back.items()},
+        min_sizes={name: int(s["min_size"]) for name, s in back.items()},
+    )
