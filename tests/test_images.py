@@ -14,6 +14,7 @@ from typing import Any
 
 import boto3
 import hcl2
+import machines
 import pytest
 from helpers import create_catalog_table, kms_only_bucket
 from training import TINY_MODEL
@@ -271,15 +272,8 @@ class LocalFleet:
         )
 
     def boot(self, imds: LocalMetadataService, disk: str) -> subprocess.Popen[str]:
-        return subprocess.Popen(
-            ["bash", str(BOOTSTRAP)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-            text=True, start_new_session=True,
-            env={**os.environ, **self.env,
-                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                 "SPOTRAIN_RUN_ENV": str(self.run_env), "SPOTRAIN_IMDS_ENDPOINT": imds.endpoint,
-                 "SPOTRAIN_CONTAINER_RUNTIME": "none", "SPOTRAIN_NPROC_PER_NODE": "1",
-                 "SPOTRAIN_RDZV_LAST_CALL": "15", "SPOTRAIN_WORK_DIR": str(self.tmp_path / disk)},
-        )  # fmt: skip
+        return machines.boot(self.run_env, imds.endpoint, self.tmp_path / disk, self.env,
+                             SPOTRAIN_RDZV_LAST_CALL="15")  # fmt: skip
 
     def head_step(self) -> int | None:
         head = DynamoCatalog(self.table, self.run, LocalStorage(self.tmp_path / "unused"),
