@@ -222,6 +222,8 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     [health] = autoscaling.describe_auto_scaling_instances(
         InstanceIds=[member["InstanceId"]])["AutoScalingInstances"]  # fmt: skip
     assert health["HealthStatus"].upper() == "UNHEALTHY"
+    autoscaling.delete_auto_scaling_group(AutoScalingGroupName="booted-fleet", ForceDelete=True)
+    ec2.delete_launch_template(LaunchTemplateName="booted-lt")  # the local cloud is shared
     # After repeated crashes the run is held: the machine does not start the trainer again.
     events = boto3.resource("dynamodb", endpoint_url=local_cloud.endpoint, region_name=region,
                             verify=local_cloud.ca_bundle,

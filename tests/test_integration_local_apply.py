@@ -327,7 +327,8 @@ def test_destroy_leaves_nothing_behind(local: Local) -> None:
     assert {b for b in buckets if b.startswith(prefix)} == {state_bucket}
     tables = local.client("dynamodb").list_tables()["TableNames"]
     assert [t for t in tables if t.startswith("spotrain-local-")] == []
-    assert local.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"] == []
+    groups = local.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"]
+    assert [g for g in groups if g["AutoScalingGroupName"].startswith("spotrain-local-")] == []
     functions = local.client("lambda").list_functions()["Functions"]
     assert [f for f in functions if f["FunctionName"].startswith("spotrain-local-")] == []
     assert local.client("events").list_rules(NamePrefix="spotrain-local-")["Rules"] == []
