@@ -110,11 +110,14 @@ fi
 # Several machines meet at the run's coordinator: the first on-demand machine claims the role
 # (and renews it while it runs); the others, spot ones included, wait for it.
 heartbeat=
+rdzv_host=  # with SPOTRAIN_RDZV_ENDPOINT given, torch decides from the endpoint's address
 if [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]; then
+  rdzv_host=--no-rdzv-host
   port=${SPOTRAIN_RDZV_PORT:-29400}
   claim=("${fleet[@]}" coordinator --claim --instance "$instance_id" --address "$address" --port "$port")
   if [[ "$lifecycle" != "spot" ]] && SPOTRAIN_RDZV_ENDPOINT=$(spotrain_run "${claim[@]}"); then
     echo "spotrain bootstrap: $instance_id coordinates run $SPOTRAIN_RUN at $SPOTRAIN_RDZV_ENDPOINT"
+    rdzv_host=--rdzv-host
     (while sleep "${SPOTRAIN_COORDINATOR_HEARTBEAT:-60}"; do spotrain_run "${claim[@]}" >/dev/null || exit; done) &
     heartbeat=$!
   else
@@ -135,6 +138,7 @@ train=(spotrain train "$CONFIG"
 if [[ "$NNODES" != "1" ]]; then
   train+=(--rdzv-endpoint "$SPOTRAIN_RDZV_ENDPOINT" --rdzv-id "$SPOTRAIN_RUN"
     --rdzv-last-call "${SPOTRAIN_RDZV_LAST_CALL:-30}")
+  [[ -z "$rdzv_host" ]] || train+=("$rdzv_host")
 fi
 if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
   train+=(--nproc-per-node "$SPOTRAIN_NPROC_PER_NODE")
@@ -149,8 +153,15 @@ fi
 ((status)) || spotrain_run "${train[@]}" || status=$?
 [[ -z "$heartbeat" ]] || kill "$heartbeat" 2>/dev/null || true
 if ((${#fleet[@]})); then
+  # A machine that got its own spot notice says so: whatever its trainer's exit, it was
+  # reclaimed, not a crash (the handler's event may come later, or not at all).
+  reclaimed=()
+  if token=$(curl -sf -X PUT "$IMDS/latest/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 60") &&
+    notice=$(metadata spot/instance-action); then
+    reclaimed=(--spot-notice "$notice" --pool "$instance_type#$zone")
+  fi
   verdict=0
-  spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" || verdict=$?
+  spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" "${reclaimed[@]}" || verdict=$?
   if ((verdict == 5)) && [[ ! -e "$WORK_DIR/work/.spotrain-first-step" ]]; then
     # The trainer crashed before it trained a step (engine.FIRST_STEP_MARKER): this machine
     # may be what is wrong, so its group replaces it instead of it idling, billed. A run that

@@ -92,6 +92,10 @@ def event_key(event_id: str) -> str:
     return f"EVENT#{event_id}"
 
 
+UNKNOWN_POOL = "unknown"
+"""The pool of an instance whose type or zone is not known (one already gone)."""
+
+
 def pool_key(instance_type: str, availability_zone: str) -> str:
     """A spot capacity pool: instance type x availability zone."""
     return f"{instance_type}#{availability_zone}"

@@ -15,6 +15,7 @@ spotrain checkpoints ...          list, show, verify, restore, gc a run's checkp
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
 import time
@@ -144,16 +145,18 @@ def _deployment(  # type: ignore[no-untyped-def]
 def cmd_rehearse(args: argparse.Namespace) -> int:
     import shutil
 
+    from spotrain.fleet_rehearsal import FleetRehearsal
     from spotrain.rehearsal import Rehearsal
 
-    work = control.state_dir().parent / "rehearsal"
+    work = control.state_dir().parent / ("fleet-rehearsal" if args.fleet else "rehearsal")
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     began = time.monotonic()
-    report = Rehearsal(work, say=_say).run(keep_cloud=args.keep_cloud, port=args.port)
+    rehearsal = FleetRehearsal if args.fleet else Rehearsal
+    report = rehearsal(work, say=_say).run(keep_cloud=args.keep_cloud, port=args.port)
     _say(f"\n{report.render()}\n")
     _say(
-        f"rehearsal {'passed' if report.passed else 'FAILED'} in "
+        f"{'fleet ' if args.fleet else ''}rehearsal {'passed' if report.passed else 'FAILED'} in "
         f"{time.monotonic() - began:.0f} s (logs and configurations: {work})"
     )
     return 0 if report.passed else 1
@@ -168,6 +171,27 @@ def _aws_errors(what: str, fix: str) -> Iterator[None]:
         yield
     except (ClientError, BotoCoreError) as error:
         raise SpotrainError(f"{what}: {error}; {fix}") from error
+
+
+def _mark_reclaimed(table: Any, args: argparse.Namespace) -> None:
+    """The machine's own spot notice marks it as interrupted, as the handler's event would:
+    the machine may exit before the event arrives, or the event may never come."""
+    from spotrain import fleet_state
+    from spotrain.catalog_schema import INSTANCE_STATUS_INTERRUPTING, UNKNOWN_POOL
+
+    try:
+        notice = json.loads(args.spot_notice)
+        at = str(notice["time"])
+    except (ValueError, KeyError, TypeError) as error:
+        raise SpotrainError(
+            f"--spot-notice {args.spot_notice!r} is not the metadata service's "
+            '`spot/instance-action` document ({"action": ..., "time": ...})'
+        ) from error
+    fleet_state.mark_instance(
+        table, args.run, args.instance, status=INSTANCE_STATUS_INTERRUPTING,
+        pool=args.pool or UNKNOWN_POOL, event_id=f"instance-action:{args.instance}:{at}", at=at,
+    )  # fmt: skip
+    _say(f"{args.instance} was reclaimed ({notice.get('action', 'terminate')} at {at})")
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
@@ -202,6 +226,8 @@ def _fleet(args: argparse.Namespace) -> int:
     if args.action == "exit":
         if args.instance is None or args.code is None:
             raise SpotrainError("`spotrain fleet exit` needs --instance ID and --code N")
+        if args.spot_notice:
+            _mark_reclaimed(table, args)
         verdict = fleet_state.record_exit(
             table, args.run, args.instance, args.code, max_crashes=args.max_crashes
         )
@@ -274,6 +300,7 @@ def _coordinator(args: argparse.Namespace, table: Any) -> int:
     while True:
         found = fleet_state.coordinator(table, args.run)
         if found is not None and found.fresh(time.time()):
+            _wait_until_it_answers(found, deadline, args.run)
             _say(found.endpoint)
             return 0
         if time.monotonic() >= deadline:
@@ -284,6 +311,27 @@ def _coordinator(args: argparse.Namespace, table: Any) -> int:
                 f"(`spotrain fleet status --group ...`) and its boot log"
             )
         time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
+
+
+def _wait_until_it_answers(found: Any, deadline: float, run: str) -> None:
+    """The claim is written before the coordinator's torchrun listens (it checks the
+    configuration and fetches the data first): wait for the port to answer, and say so
+    plainly if it never does rather than leave torch to time out with a traceback."""
+    import socket
+
+    while True:
+        try:
+            with socket.create_connection((found.address, found.port), timeout=5):
+                return
+        except OSError as error:
+            if time.monotonic() >= deadline:
+                raise SpotrainError(
+                    f"run {run}'s coordinator {found.endpoint} ({found.instance_id}) claimed "
+                    f"the role but does not answer ({error.strerror or error}): check that "
+                    "the fleet's security group lets its machines reach each other on the "
+                    "rendezvous port, and the coordinator's boot log"
+                ) from error
+        time.sleep(min(2.0, max(0.1, deadline - time.monotonic())))
 
 
 def _groups(autoscaling: Any, names: list[str]) -> list[dict[str, Any]]:
@@ -589,7 +637,7 @@ def _whole(minimum: int, maximum: int | None = None):  # type: ignore[no-untyped
 
 def torchrun_command(args: argparse.Namespace) -> list[str]:
     """The torchrun command line `spotrain train` runs."""
-    launcher = [sys.executable, "-m", "torch.distributed.run",
+    launcher = [sys.executable, "-m", "spotrain.trainer.launch",  # torchrun, repaired
                 "--nproc-per-node", str(args.nproc_per_node),
                 # SIGTERM -> emergency checkpoint -> exit: torchrun must wait that long before
                 # it SIGKILLs the ranks (its own default is 30 s).
@@ -602,13 +650,18 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
                 f"--nnodes {args.nnodes} needs --rdzv-endpoint HOST:PORT (the coordinator's "
                 "address that every node can reach)"
             )
+        rdzv_conf = [f"last_call_timeout={args.rdzv_last_call}"]
+        if args.rdzv_host is not None:
+            # Said, not guessed: torch guesses from the endpoint's address, and every machine
+            # played on one host (all on loopback) would otherwise race to host the store.
+            rdzv_conf.append(f"is_host={str(args.rdzv_host).lower()}")
         launcher += ["--nnodes", args.nnodes, "--rdzv-backend", "c10d",
                      "--rdzv-endpoint", args.rdzv_endpoint, "--rdzv-id", args.rdzv_id,
                      # A machine of the group that leaves (its ranks exit 0) or stays while
                      # another leaves (they exit REJOIN_EXIT) re-forms the group this many
                      # times before torchrun gives up.
                      "--max-restarts", str(MAX_REGROUPS),
-                     "--rdzv-conf", f"last_call_timeout={args.rdzv_last_call}"]  # fmt: skip
+                     "--rdzv-conf", ",".join(rdzv_conf)]  # fmt: skip
     launcher += ["-m", "spotrain.trainer.train", str(args.config)]
     for override in args.set:
         launcher += ["--set", override]
@@ -667,6 +720,11 @@ def parser() -> argparse.ArgumentParser:
         "replica-region restore, report",
     )
     rehearse.add_argument(
+        "--fleet", action="store_true",
+        help="the fleet story instead: 3 machines booted from the deployed launch template "
+        "train one run, one is reclaimed, its replacement joins",
+    )  # fmt: skip
+    rehearse.add_argument(
         "--keep-cloud", action="store_true", help="leave the local cloud running afterwards"
     )
     rehearse.add_argument(
@@ -705,6 +763,11 @@ def parser() -> argparse.ArgumentParser:
     fleet.add_argument("--instance", help="instance id for `exit`, `unhealthy`, `coordinator`")
     fleet.add_argument("--reason", help="unhealthy: why (shown in the boot log)")
     fleet.add_argument("--code", type=int, help="trainer exit status for `exit`")
+    fleet.add_argument("--spot-notice", metavar="JSON",
+                       help="exit: the machine's own interruption notice (the metadata "
+                       "service's spot/instance-action): the exit is a preemption")  # fmt: skip
+    fleet.add_argument("--pool", metavar="TYPE#ZONE",
+                       help="exit --spot-notice: the machine's capacity pool")  # fmt: skip
     fleet.add_argument(
         "--max-crashes", type=_whole(1), default=3, help="crashes that hold the run (`exit`)"
     )
@@ -740,6 +803,9 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--rdzv-endpoint", type=_endpoint,
                        help="HOST:PORT every machine meets at (nnodes > 1)")  # fmt: skip
     train.add_argument("--rdzv-id", default="spotrain", help="rendezvous id shared by the run")
+    train.add_argument("--rdzv-host", action=argparse.BooleanOptionalAction,
+                       help="this machine hosts the rendezvous (the run's coordinator), or not; "
+                       "default: when the endpoint's address is this machine's")  # fmt: skip
     train.add_argument("--rdzv-last-call", type=_whole(1), default=30,
                        help="seconds the rendezvous waits for more machines once the fewest "
                        "it needs have come")  # fmt: skip

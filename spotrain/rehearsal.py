@@ -123,22 +123,18 @@ class Rehearsal:
 
     # --- the steps -----------------------------------------------------------------------
     def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> Report:
-        started_here = control.status() is None
-        cloud = control.up(port=port)
-        self.say(f"[1/6] local cloud at {cloud.endpoint}; deploying the `local` environment")
-        os.environ.update(control.aws_environment(cloud.endpoint, "us-east-1"))
-        try:
-            with self._reference_run() as reference:
-                outputs = self._deploy(cloud.endpoint)
-                report = self._story(cloud, outputs, reference)
-        finally:
-            control.set_faults(regions_down=[], replication_pending=[])
-            if started_here and not keep_cloud:
-                control.down()
-                self.say("local cloud stopped (pass --keep-cloud to leave it running)")
-        return report
+        with local_cloud(port=port, keep_cloud=keep_cloud, say=self.say) as cloud:
+            self.say(f"[1/6] local cloud at {cloud.endpoint}; deploying the `local` environment")
+            try:
+                with self._reference_run() as reference:
+                    outputs = self.deploy(cloud.endpoint)
+                    return self._story(cloud, outputs, reference)
+            finally:
+                control.set_faults(regions_down=[], replication_pending=[])
 
-    def _deploy(self, endpoint: str) -> dict[str, Any]:
+    def deploy(self, endpoint: str) -> dict[str, Any]:
+        """Apply the `local` environment; its stacks' outputs, and its configuration under
+        "config"."""
         from spotrain import deploy
 
         config = deploy.local_environment_ready(endpoint)
@@ -194,7 +190,9 @@ class Rehearsal:
             self.say(f"[3/6] spot interruption notice for {instance} (IMDS, and the "
                      "EventBridge event to the handler)")  # fmt: skip
             imds.announce_interruption()
-            handled = self._deliver_interruption(cloud, outputs, instance, primary)
+            handled = deliver_interruption(
+                cloud, outputs["handler_function"], instance, primary, self._indented
+            )
             trainer.finish()
         stopped = first.events("stopped")
         if not stopped:
@@ -265,34 +263,6 @@ class Rehearsal:
             raise RehearsalFailed(f"the fleet group {group} launched no instance")
         return str(instances[-1])
 
-    def _deliver_interruption(
-        self, cloud: control.RunningCloud, outputs: dict[str, Any], instance: str, region: str
-    ) -> dict[str, Any]:
-        """The deployed handler's code with the deployed function's configuration (the
-        emulator stores Lambdas but cannot run them)."""
-        from spotrain.constructs.interruption_handler import handler
-
-        function = control.client("lambda", cloud.endpoint, region).get_function_configuration(
-            FunctionName=outputs["handler_function"]
-        )
-        now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-        event = {
-            "version": "0", "id": f"rehearsal-{int(time.time())}",
-            "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2",
-            "account": "123456789012", "time": now, "region": region,
-            "resources": [f"arn:aws:ec2:{region}:123456789012:instance/{instance}"],
-            "detail": {"instance-id": instance, "instance-action": "terminate"},
-        }  # fmt: skip
-        with _environment(function["Environment"]["Variables"]):
-            result = handler.handle(event)
-            again = handler.handle(event)  # EventBridge delivers at least once
-        if "rejected" in result:
-            raise RehearsalFailed(f"the handler rejected the interruption: {result['rejected']}")
-        self.say(f"      handler: recorded={result['recorded']} (redelivery recorded="
-                 f"{again['recorded']}), pool {result['pool']}, {result['decision']}: "
-                 f"{result['reason']}")  # fmt: skip
-        return result
-
     def _restore_from_replica(
         self, cloud: control.RunningCloud, bucket: str, region: str, run: str
     ) -> tuple[int, float]:
@@ -352,9 +322,7 @@ class Rehearsal:
         try:
             yield phase, trainer
         finally:
-            if trainer.process.poll() is None:
-                trainer.process.kill()
-                trainer.process.wait()
+            trainer.stop()
 
 
 class Trainer:
@@ -373,12 +341,19 @@ class Trainer:
 
     def _copy(self) -> None:
         assert self.process.stdout is not None
-        with self.log.open("w") as log:
+        with self.process.stdout, self.log.open("w") as log:
             for line in self.process.stdout:
                 log.write(line)
                 said = line.removeprefix("[spotrain] ")
                 if self.show is not None and said != line and said.startswith(SHOWN):
                     self.show(said)
+
+    def stop(self) -> None:
+        """Kill it if it still runs (a rehearsal that failed half-way)."""
+        if self.process.poll() is None:
+            self.process.kill()
+        self.process.wait()
+        self._reader.join(timeout=10)
 
     def finish(self) -> None:
         try:
@@ -389,6 +364,52 @@ class Trainer:
         self._reader.join(timeout=10)
         if self.process.returncode != 0:
             raise RehearsalFailed(f"training exited with {self.process.returncode}; see {self.log}")
+
+
+@contextmanager
+def local_cloud(*, port: int, keep_cloud: bool, say: Callable[[str], None]) -> Iterator[Any]:
+    """The running local cloud, or one started for the rehearsal (and stopped after it unless
+    `keep_cloud`); this process's AWS settings point at it."""
+    started_here = control.status() is None
+    cloud = control.up(port=port)
+    os.environ.update(control.aws_environment(cloud.endpoint, "us-east-1"))
+    try:
+        yield cloud
+    finally:
+        if started_here and not keep_cloud:
+            control.down()
+            say("local cloud stopped (pass --keep-cloud to leave it running)")
+
+
+def deliver_interruption(
+    cloud: control.RunningCloud, function_name: str, instance: str, region: str,
+    say: Callable[[str], None],
+) -> dict[str, Any]:  # fmt: skip
+    """The spot interruption warning for `instance`, delivered twice (EventBridge delivers at
+    least once) to the deployed handler's code with the deployed function's configuration
+    (the emulator stores Lambdas but cannot run them)."""
+    from spotrain.constructs.interruption_handler import handler
+
+    function = control.client("lambda", cloud.endpoint, region).get_function_configuration(
+        FunctionName=function_name
+    )
+    now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+    event = {
+        "version": "0", "id": f"rehearsal-{instance}-{int(time.time())}",
+        "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2",
+        "account": "123456789012", "time": now, "region": region,
+        "resources": [f"arn:aws:ec2:{region}:123456789012:instance/{instance}"],
+        "detail": {"instance-id": instance, "instance-action": "terminate"},
+    }  # fmt: skip
+    with _environment(function["Environment"]["Variables"]):
+        result = handler.handle(event)
+        again = handler.handle(event)
+    for refusal in ("rejected", "ignored"):
+        if refusal in result:
+            raise RehearsalFailed(f"the handler {refusal} the interruption: {result[refusal]}")
+    say(f"handler: recorded={result['recorded']} (redelivery recorded={again['recorded']}), "
+        f"pool {result['pool']}, {result['decision']}: {result['reason']}")  # fmt: skip
+    return result
 
 
 @contextmanager

@@ -42,6 +42,51 @@ def test_a_clean_exit_is_not_a_crash(aws: None, capsys: pytest.CaptureFixture[st
     assert "finished; run r has 0 crash(es)" in capsys.readouterr().out
 
 
+def test_a_machine_that_got_its_own_spot_notice_exits_preempted_not_crashed(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The boot script passes the machine's IMDS notice: whatever the trainer's exit (its
+    torchrun agent is stopped on purpose), the machine is marked interrupted and it is no
+    crash, even if the handler's event never comes."""
+    from spotrain import fleet_state
+
+    state = ["--events-table", "events", "--run", "r"]
+    notice = '{"action": "terminate", "time": "2026-11-23T16:33:31Z"}'
+    assert cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "1",
+                     "--spot-notice", notice, "--pool", "g6.xlarge#us-east-1a",
+                     "--max-crashes", "1"]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "i-1 was reclaimed (terminate at 2026-11-23T16:33:31Z)" in out
+    assert "trainer exit 1 on i-1: preempted; run r has 0 crash(es)" in out
+    table = boto3.resource("dynamodb").Table("events")
+    assert fleet_state.instance_status(table, "r", "i-1") == "INTERRUPTING"
+    assert cli.main(["fleet", "exit", *state, "--instance", "i-2", "--code", "1",
+                     "--spot-notice", "not json"]) == 2  # fmt: skip
+    assert "spot/instance-action" in capsys.readouterr().err
+
+
+def test_a_coordinator_that_never_answers_is_named_with_what_to_check(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import socket
+
+    state = ["--events-table", "events", "--run", "r"]
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        port = listening.getsockname()[1]
+        claim = ["fleet", "coordinator", *state, "--claim", "--instance", "i-od",
+                 "--address", "127.0.0.1", "--port", str(port)]  # fmt: skip
+        assert cli.main(claim) == 0
+        capsys.readouterr()
+        assert cli.main(["fleet", "coordinator", *state, "--wait", "1"]) == 2  # not listening
+        error = capsys.readouterr().err
+        assert f"coordinator 127.0.0.1:{port} (i-od) claimed the role but does not answer" in error
+        assert "security group" in error and "Traceback" not in error
+        listening.listen()
+        assert cli.main(["fleet", "coordinator", *state, "--wait", "1"]) == 0
+        assert capsys.readouterr().out.strip() == f"127.0.0.1:{port}"
+
+
 @pytest.mark.parametrize(
     ("argv", "names"),
     [

@@ -14,7 +14,6 @@ from typing import Any
 
 import boto3
 import hcl2
-import machines
 import pytest
 from helpers import create_catalog_table, kms_only_bucket
 from training import TINY_MODEL
@@ -25,7 +24,6 @@ from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
 from spotrain.stacks.compute import image_parameter_name
 from spotrain.trainer.catalog import DynamoCatalog
-from spotrain.trainer.failpoints import kill_launcher_and_workers
 from spotrain.trainer.storage import LocalStorage
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -235,108 +233,3 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     assert held.returncode == 3
     assert "held after repeated crashes" in held.stdout
     assert "spotrain train" not in held.stdout + held.stderr
-
-
-class LocalFleet:
-    """A run on the local cloud (bucket, catalog, fleet state, its configuration stored where
-    machines read it) and machines that boot it with bootstrap.sh, each with its own metadata
-    service and work disk, on loopback."""
-
-    def __init__(self, cloud: control.RunningCloud, tmp_path: Path, run: str,
-                 definition: dict[str, Any], monkeypatch: pytest.MonkeyPatch) -> None:  # fmt: skip
-        import json
-        import socket
-
-        self.cloud, self.tmp_path, self.run, self.region = cloud, tmp_path, run, "us-east-1"
-        self.env = control.aws_environment(cloud.endpoint, self.region)
-        bucket, self.table, events = f"{run}-checkpoints", f"{run}-catalog", f"{run}-events"
-        s3 = control.client("s3", cloud.endpoint, self.region)
-        key = kms_only_bucket(s3, control.client("kms", cloud.endpoint, self.region), bucket)
-        self.dynamodb = control.client("dynamodb", cloud.endpoint, self.region)
-        create_catalog_table(self.dynamodb, self.table)
-        create_catalog_table(self.dynamodb, events)
-        self.metrics = tmp_path / f"{run}.jsonl"  # rank 0 writes it, on whichever machine
-        config = tmp_path / f"{run}.json"
-        config.write_text(json.dumps({**definition, "run": run, "store": f"s3://{bucket}",
-                                      "metrics_file": str(self.metrics)}))  # fmt: skip
-        for name, value in self.env.items():
-            monkeypatch.setenv(name, value)
-        assert cli.main(["config", "put", str(config), "--store", f"s3://{bucket}"]) == 0
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            self.port = probe.getsockname()[1]
-        self.run_env = tmp_path / f"{run}.env"
-        self.run_env.write_text(
-            f"SPOTRAIN_RUN={run}\nSPOTRAIN_REGION={self.region}\nSPOTRAIN_BUCKET={bucket}\n"
-            f"SPOTRAIN_CATALOG_TABLE={self.table}\nSPOTRAIN_KMS_KEY_ID={key}\n"
-            f"SPOTRAIN_EVENTS_TABLE={events}\nSPOTRAIN_NNODES=1:2\n"
-            f"SPOTRAIN_RDZV_PORT={self.port}\n"
-        )
-
-    def boot(self, imds: LocalMetadataService, disk: str) -> subprocess.Popen[str]:
-        return machines.boot(self.run_env, imds.endpoint, self.tmp_path / disk, self.env,
-                             SPOTRAIN_RDZV_LAST_CALL="15")  # fmt: skip
-
-    def head_step(self) -> int | None:
-        head = DynamoCatalog(self.table, self.run, LocalStorage(self.tmp_path / "unused"),
-                             client=self.dynamodb).head()  # fmt: skip
-        return None if head is None else head.step
-
-    def alone(self, definition: dict[str, Any]) -> list[float]:
-        """The same run in one process taking the whole global batch: the reference."""
-        from training import train as train_here
-
-        return train_here({**definition, "run": "alone", "micro_batch": definition["global_batch"],
-                           "global_batch": None, "store": f"file://{self.tmp_path / 'alone'}"},
-                          self.tmp_path, "alone", nproc=1).losses  # fmt: skip
-
-
-@pytest.mark.integration
-def test_machines_find_their_coordinator_train_one_run_and_regroup_when_one_is_reclaimed(
-    corpus: str, tmp_path: Path, local_cloud: control.RunningCloud,
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:  # fmt: skip
-    """An on-demand machine claims the run's coordinator role in the fleet state; a spot
-    machine booted before it waits for it; both run bootstrap.sh as fleet machines do and
-    train one run together. Then the spot machine gets its interruption notice: every rank
-    stops after the same step with an emergency checkpoint, the spot machine leaves, and the
-    coordinator's machine meets again alone (converting the checkpoint to one rank) and
-    finishes the run, with the losses of one process taking the same global batch."""
-    import time
-
-    from training import losses_of
-
-    definition = {"data": corpus, "steps": 24, "work_dir": "/placeholder",
-                  "checkpoint_every": 8, "global_batch": 8, "model": TINY_MODEL,
-                  "spot_notice_poll_seconds": 0.2}  # fmt: skip
-    fleet = LocalFleet(local_cloud, tmp_path, "pair", definition, monkeypatch)
-    with (
-        LocalMetadataService(instance_id="i-0spot", lifecycle="spot") as spot_imds,
-        LocalMetadataService(instance_id="i-0ondemand", lifecycle="on-demand") as od_imds,
-    ):
-        spot = fleet.boot(spot_imds, "spot-disk")
-        coordinator = fleet.boot(od_imds, "on-demand-disk")
-        try:
-            deadline = time.monotonic() + 240
-            while len(losses_of(fleet.metrics)) < 4:
-                if coordinator.poll() is not None or time.monotonic() > deadline:
-                    raise AssertionError(coordinator.communicate(timeout=60)[0][-4000:])
-                time.sleep(0.1)
-            spot_imds.announce_interruption()
-            on_demand_output = coordinator.communicate(timeout=300)[0]
-        finally:
-            for machine in (spot, coordinator):  # EC2 ends the reclaimed machine
-                if machine.poll() is None:
-                    kill_launcher_and_workers(machine.pid)
-        spot_output = spot.communicate(timeout=60)[0]
-    both = f"{on_demand_output[-3000:]}\n--- the spot machine ---\n{spot_output[-3000:]}"
-    assert coordinator.returncode == 0, both
-    assert f"i-0ondemand coordinates run pair at 127.0.0.1:{fleet.port}" in on_demand_output
-    assert f"run pair meets at 127.0.0.1:{fleet.port}" in spot_output
-    stopped = re.search(r"stopped after step (\d+) \(", spot_output + on_demand_output)
-    assert stopped, (spot_output + on_demand_output)[-4000:]
-    step = int(stopped.group(1))
-    assert f"converted step {step} from 2 to 1 ranks" in on_demand_output
-    assert f"resumed pair at step {step}" in on_demand_output
-    assert fleet.head_step() == definition["steps"]
-    assert losses_of(fleet.metrics) == pytest.approx(fleet.alone(definition), rel=1e-5)

@@ -188,76 +188,36 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
     }
 
 
-def test_machines_booted_from_the_deployed_launch_template_train_one_run_on_a_dataset(
+def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two of the deployed group's instances, played on this host: each runs the deployed
-    user data (into its own scratch root) and bootstrap.sh. They read the run's configuration
-    and dataset from the deployed bucket, meet at the on-demand one and publish into the
-    deployed catalog."""
-    import json
+    """The fleet rehearsal on this deployment: three instances of the deployed group, played
+    on this host from the deployed user data and bootstrap.sh, fetch the dataset and the run's
+    configuration from the deployed bucket, meet at the on-demand one and train one run; a
+    spot one is reclaimed and the others go on without it; the group's replacement joins the
+    running group. Losses are those of one uninterrupted process with the same global batch."""
+    from spotrain.fleet_rehearsal import MACHINES, STEPS, FleetRehearsal
 
-    import machines
-    from training import TINY_MODEL
-
-    from spotrain import cli
-    from spotrain.localcloud.imds import LocalMetadataService
-    from spotrain.trainer.catalog import DynamoCatalog
-    from spotrain.trainer.data import synthetic_corpus
-    from spotrain.trainer.storage import LocalStorage
-
-    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
-    bucket, run = outputs["checkpoint_bucket"], local.config.run_name
-    aws_env = control.aws_environment(local.cloud.endpoint, local.config.primary_region)
-    for name, value in aws_env.items():
+    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
         monkeypatch.setenv(name, value)
-    (tmp_path / "corpus.txt").write_bytes(synthetic_corpus(40_000))
-    assert cli.main(["data", "prepare", str(tmp_path / "corpus.txt"), "--store", f"s3://{bucket}",
-                     "--name", "fleet-corpus", "--shard-tokens", "15000"]) == 0  # fmt: skip
-    definition = {"run": run, "store": f"s3://{bucket}", "data": "dataset:fleet-corpus",
-                  "work_dir": "/placeholder", "steps": 4, "checkpoint_every": 2,
-                  "global_batch": 4, "model": TINY_MODEL}  # fmt: skip
-    (tmp_path / "run.json").write_text(json.dumps(definition))
-    assert cli.main(["config", "put", str(tmp_path / "run.json"), "--store", f"s3://{bucket}"]) == 0
-    template = local.client("ec2").describe_launch_template_versions(
-        LaunchTemplateName="spotrain-local-demo-fleet", Versions=["$Latest"]
-    )["LaunchTemplateVersions"][0]["LaunchTemplateData"]
-    [group] = local.client("autoscaling").describe_auto_scaling_groups(
-        AutoScalingGroupNames=[outputs["fleet_group"]]
-    )["AutoScalingGroups"]
-    instances = [i["InstanceId"] for i in group["Instances"]][:2]
-    assert len(instances) == 2
-    booted = []
-    with (
-        LocalMetadataService(instance_id=instances[0], lifecycle="on-demand") as first,
-        LocalMetadataService(instance_id=instances[1], lifecycle="spot") as second,
-    ):
-        for imds, instance in ((first, instances[0]), (second, instances[1])):
-            root = tmp_path / instance
-            subprocess.run(["bash", "-c", base64.b64decode(template["UserData"]).decode()],
-                           env={**os.environ, "SPOTRAIN_ROOT": str(root)}, check=True)  # fmt: skip
-            run_env = root / "etc" / "spotrain" / "run.env"
-            # One host plays both machines: the rendezvous gets a free port here.
-            deployed = run_env.read_text()
-            run_env.write_text(deployed.replace("RDZV_PORT=29400", f"RDZV_PORT={_free_port()}"))
-            booted.append(machines.boot(run_env, imds.endpoint, root / "disk", aws_env,
-                                        SPOTRAIN_RDZV_LAST_CALL="10"))  # fmt: skip
-        outputs_of = [m.communicate(timeout=300)[0] for m in booted]
-    for machine, output in zip(booted, outputs_of, strict=True):
-        assert machine.returncode == 0, output[-3000:]
-    assert f"{instances[0]} coordinates run {run}" in outputs_of[0]
-    assert "tokens in 3 shard(s), 3 fetched" in outputs_of[0] + outputs_of[1]
-    catalog = DynamoCatalog(outputs["checkpoint_catalog_table"], run, LocalStorage(tmp_path),
-                            client=local.client("dynamodb"))  # fmt: skip
-    assert catalog.head().step == 4  # type: ignore[union-attr]
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+    said: list[str] = []
+    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    report = FleetRehearsal(tmp_path, say=said.append).story(
+        local.cloud, {**outputs, "config": local.config}
+    )
+    rendered = report.render()
+    assert report.passed, rendered + "\n" + "\n".join(said)
+    assert [n for _, n in report.worlds] == [MACHINES, MACHINES - 1, MACHINES]
+    assert report.reclaimed_stop == report.reclaimed_resume  # nothing lost to the reclaim
+    assert report.join_stop == report.join_resume  # nor to the join
+    assert report.head_step == STEPS and report.crashes == 0
+    assert report.handler["recorded"] is True
+    assert "counted as preempted" in rendered
+    logs = "\n".join(p.read_text() for p in (tmp_path / "machines").glob("*/boot.log"))
+    assert logs.count(" coordinates run ") == 1  # the on-demand machine; the others found it
+    assert logs.count(" meets at 127.0.0.1:") == MACHINES
+    # The dataset came from the deployed bucket, and a restart on the same disk reuses it.
+    assert "4 shard(s), 4 fetched" in logs and "0 fetched, 4 already on this disk" in logs
 
 
 def test_budget_alerts_at_every_threshold_to_topic_and_email(local: Local) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -182,6 +183,38 @@ def test_spotrain_train_builds_a_multi_node_launch_and_needs_a_rendezvous() -> N
     assert "--nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint 10.0.0.5:29400" in joined
     assert f"--shutdown-timeout {cli.DEFAULT_SHUTDOWN_TIMEOUT_S}" in joined
     assert command[-4:] == ["spotrain.trainer.train", "run.json", "--set", "steps=3"]
+    assert command[1:3] == ["-m", "spotrain.trainer.launch"]  # torchrun, repaired
+    assert "is_host" not in joined  # torch decides from the endpoint's address
+    args.rdzv_host = True
+    assert "last_call_timeout=30,is_host=true" in " ".join(cli.torchrun_command(args))
+    args.rdzv_host = False
+    assert "last_call_timeout=30,is_host=false" in " ".join(cli.torchrun_command(args))
+
+
+def test_launch_gives_the_ranks_the_shutdown_timeout_on_a_membership_change(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """torch 2.13 stops the ranks with its fixed 30 s when a machine joins; the repaired
+    launcher waits --shutdown-timeout, and does not share the agent's store (which strands a
+    machine that joins a running group)."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    from spotrain.trainer import launch
+
+    monkeypatch.setattr(LocalElasticAgent, "_stop_workers", LocalElasticAgent._stop_workers)
+    monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
+    launch._repair_torchrun()
+    asked: list[int] = []
+
+    class Agent:
+        _shutdown_timeout = 90
+
+        def _shutdown(self, timeout: int) -> None:
+            asked.append(timeout)
+
+    LocalElasticAgent._stop_workers(Agent(), worker_group=None)  # type: ignore[arg-type]
+    assert asked == [90]
+    assert os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
 
 
 def test_learning_rate_warms_up_then_decays_to_a_tenth_and_holds() -> None:

@@ -588,6 +588,7 @@ def train(config: TrainConfig) -> TrainResult:
             poll_seconds=config.spot_notice_poll_seconds,
         ).start()
     progress = _Progress(config, place)
+    progress.event("started", step=start_step, world=world)  # one per (re)formed group
     saver = _Saver(engine, config, storage, catalog, generation, place, parent, progress)
     sampler = Sampler(
         _open_data(config, prepared, place), config.model.context, config.per_rank_batch(world),
@@ -635,7 +636,7 @@ def train(config: TrainConfig) -> TrainResult:
                         f"stopped after step {done} ({reason}); it is published"
                         + (f", {since:.1f} s after the notice" if since is not None else "")
                     )
-                    progress.event("stopped", step=done, notice_to_published_s=since)
+                    progress.event("stopped", step=done, reason=reason, notice_to_published_s=since)
                 break
         saver.finish()
     finally:
@@ -667,7 +668,7 @@ class _Progress:
             self._metrics.write(json.dumps(fields) + "\n")
 
     def event(self, kind: str, **fields: Any) -> None:
-        self._record({"event": kind, **fields})
+        self._record({"event": kind, "at": time.time(), **fields})
 
     def step(self, done: int, loss: float, tokens_per_s: float, saver: _Saver) -> None:
         self._record({"step": done, "loss": loss, "tokens_per_s": tokens_per_s})

@@ -49,6 +49,7 @@ from spotrain.catalog_schema import (
     POOL_INDEX,
     POOL_KEY,
     SORT_KEY,
+    UNKNOWN_POOL,
     event_key,
     pool_key,
 )
@@ -61,7 +62,6 @@ HANDLED_DETAIL_TYPES = {
     "EC2 Instance Rebalance Recommendation": REBALANCE_RECOMMENDATION,
     "Scheduled Event": CAPACITY_CHECK,
 }
-UNKNOWN_POOL = "unknown"
 RUN_TAG = "spotrain:run"
 GROUP_TAG = "aws:autoscaling:groupName"
 

@@ -86,10 +86,20 @@ def set_faults(
 
 def client(service: str, endpoint: str, region: str) -> Any:
     import boto3
+
+    return boto3.client(service, **_connection(endpoint, region))
+
+
+def resource(service: str, endpoint: str, region: str) -> Any:
+    import boto3
+
+    return boto3.resource(service, **_connection(endpoint, region))
+
+
+def _connection(endpoint: str, region: str) -> dict[str, Any]:
     from botocore.config import Config
 
-    return boto3.client(
-        service,
+    return dict(
         endpoint_url=endpoint,
         region_name=region,
         verify=str(ca_bundle()),

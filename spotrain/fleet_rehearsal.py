@@ -1,0 +1,372 @@
+"""The fleet rehearsal: one run on several machines booted from what `deploy local` created.
+
+1. prepare a dataset with `spotrain data prepare` into the deployed bucket, and store the
+   run's configuration there with `spotrain config put`;
+2. scale the deployed fleet group to 3 and play each of its instances on this host
+   (`spotrain.localcloud.machines`): the deployed launch template's user data, then
+   bootstrap.sh; the on-demand one claims the coordinator role, the spot ones find it in the
+   fleet state, and all three train the run together and publish into the deployed catalog;
+3. send one spot machine its interruption notice (the metadata service, and the EventBridge
+   event to the deployed handler's code): every rank checkpoints after the same step, the
+   machine leaves and marks itself reclaimed, the other two re-form the group and go on;
+4. the Auto Scaling group replaces the reclaimed instance; the replacement boots and joins
+   the running group, which checkpoints and re-forms with three machines again;
+5. report steps lost, notice to published, time to re-form and to join, and every step's loss
+   against one process that trained the same run uninterrupted with the same global batch.
+
+Run by `spotrain rehearse --fleet`, and by the tests on their own deployment.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spotrain.localcloud import control
+from spotrain.localcloud.machines import LocalMachine, deployed_user_data, free_port
+from spotrain.rehearsal import Phase, RehearsalFailed, Trainer, deliver_interruption
+
+MACHINES = 3
+# Tiny, so three machines share a laptop's cores; enough steps that a replacement booted
+# mid-run arrives well before the end.
+MODEL = {"context": 32, "layers": 2, "heads": 2, "width": 64}
+STEPS = 400
+GLOBAL_BATCH = 6  # splits over 3 and 2 machines alike
+CHECKPOINT_EVERY = 25
+INTERRUPT_AFTER_STEP = 15
+JOIN_AFTER_STEPS = 10
+"""Steps the smaller group trains before the replacement boots."""
+LOSS_TOLERANCE = 1e-5
+"""Relative: a group of another size sums the same batch in another order."""
+DATASET = "rehearsal-corpus"
+TIMEOUT_S = 600
+
+
+@dataclass
+class FleetReport:
+    run: str
+    launch_template: str
+    machines: dict[str, str]
+    """instance id -> what became of it"""
+    worlds: list[tuple[int, int]]
+    """(first step, machines) of every group the run formed, in order"""
+    reclaimed_stop: int
+    reclaimed_resume: int
+    notice_to_published_s: float
+    reform_s: float
+    join_stop: int
+    join_resume: int
+    join_s: float
+    handler: dict[str, Any]
+    crashes: int
+    head_step: int
+    max_loss_difference: float
+    steps_compared: int
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def passed(self) -> bool:
+        return not self.problems
+
+    def render(self) -> str:
+        sizes = " -> ".join(f"{n} (from step {s})" for s, n in self.worlds)
+        lines = [
+            "fleet rehearsal report",
+            f"  machines                      {len(self.machines)} from the deployed launch "
+            f"template {self.launch_template}",
+            *(f"    {instance:<28}{fate}" for instance, fate in self.machines.items()),
+            f"  groups the run formed         {sizes}",
+            f"  steps lost to the reclaim     {self.reclaimed_stop - self.reclaimed_resume} "
+            f"(stopped after step {self.reclaimed_stop}, resumed from step "
+            f"{self.reclaimed_resume})",
+            f"  notice to published           {self.notice_to_published_s:.1f} s",
+            f"  re-formed without it          {self.reform_s:.1f} s (published to the smaller "
+            "group's start)",
+            f"  handler                       {self.handler['decision']}: "
+            f"{self.handler['reason']}",
+            f"  replacement joined            {self.join_s:.1f} s after it booted; steps lost "
+            f"{self.join_stop - self.join_resume}",
+            f"  crashes counted               {self.crashes}",
+            f"  published head                step {self.head_step}",
+            f"  losses                        {self.steps_compared} steps, each within "
+            f"{self.max_loss_difference:.1e} (relative) of the uninterrupted run's",
+            *(f"  PROBLEM: {p}" for p in self.problems),
+        ]  # fmt: skip
+        return "\n".join(lines)
+
+
+class FleetRehearsal:
+    def __init__(self, work: Path, *, say: Callable[[str], None] = print) -> None:
+        self.work, self.say = work, say
+        self.machines: list[LocalMachine] = []
+
+    def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> FleetReport:
+        """Deploy `local` (starting the local cloud if needed), then `story`."""
+        from spotrain.rehearsal import Rehearsal, local_cloud
+
+        with local_cloud(port=port, keep_cloud=keep_cloud, say=self.say) as cloud:
+            self.say(f"[1/5] local cloud at {cloud.endpoint}; deploying the `local` environment")
+            corpus = self._corpus()
+            reference = self._start_reference(corpus)  # alongside the deploy
+            outputs = Rehearsal(self.work, say=self.say).deploy(cloud.endpoint)
+            return self.story(cloud, outputs, corpus=corpus, reference=reference)
+
+    def story(
+        self, cloud: control.RunningCloud, outputs: dict[str, Any], *,
+        corpus: Path | None = None, reference: tuple[Phase, Trainer] | None = None,
+    ) -> FleetReport:  # fmt: skip
+        """The rehearsal on a deployed `local` environment (`outputs`: its stacks' outputs and
+        its configuration under "config")."""
+        corpus = corpus or self._corpus()
+        if reference is None:
+            reference = self._start_reference(corpus)
+        try:
+            return self._story(cloud, outputs, corpus, reference)
+        finally:
+            for machine in self.machines:
+                machine.stop()
+            reference[1].stop()
+
+    # --- the story -----------------------------------------------------------------------
+    def _story(
+        self, cloud: control.RunningCloud, outputs: dict[str, Any], corpus: Path,
+        reference: tuple[Phase, Trainer],
+    ) -> FleetReport:  # fmt: skip
+        from spotrain import cli, fleet_state
+        from spotrain.trainer.catalog import DynamoCatalog
+        from spotrain.trainer.storage import LocalStorage
+
+        config = outputs["config"]
+        region, run = config.primary_region, config.run_name
+        bucket, group = outputs["checkpoint_bucket"], outputs["fleet_group"]
+        aws_env = control.aws_environment(cloud.endpoint, region)
+        dynamodb = control.client("dynamodb", cloud.endpoint, region)
+        catalog = DynamoCatalog(outputs["checkpoint_catalog_table"], run, LocalStorage(self.work),
+                                client=dynamodb)  # fmt: skip
+        if catalog.head() is not None:
+            raise RehearsalFailed(
+                f"run `{run}` already has checkpoints on this local cloud (an earlier "
+                "rehearsal's): stop it with `spotrain local down` and rehearse again"
+            )
+        self.say(f"[2/5] dataset and configuration for run `{run}` into s3://{bucket}")
+        self._cli(cli, ["data", "prepare", str(corpus), "--store", f"s3://{bucket}",
+                        "--name", DATASET, "--shard-tokens", "40000"])  # fmt: skip
+        metrics = Phase("fleet", self.work / "fleet.jsonl")
+        definition = {
+            "run": run, "store": f"s3://{bucket}", "data": f"dataset:{DATASET}",
+            "work_dir": "/set/by/each/machine", "model": MODEL, "steps": STEPS,
+            "global_batch": GLOBAL_BATCH, "checkpoint_every": CHECKPOINT_EVERY,
+            "log_every": 50, "seed": 11, "spot_notice_poll_seconds": 0.2,
+            "metrics_file": str(metrics.metrics),  # one host: whichever machine is rank 0
+        }  # fmt: skip
+        (self.work / "fleet-run.json").write_text(json.dumps(definition))
+        self._cli(cli, ["config", "put", str(self.work / "fleet-run.json"),
+                        "--store", f"s3://{bucket}"])  # fmt: skip
+
+        autoscaling = control.client("autoscaling", cloud.endpoint, region)
+        ec2 = control.client("ec2", cloud.endpoint, region)
+        autoscaling.set_desired_capacity(
+            AutoScalingGroupName=group, DesiredCapacity=MACHINES, HonorCooldown=False
+        )
+        members = self._instances(autoscaling, group)
+        if len(members) < MACHINES:
+            raise RehearsalFailed(f"{group} has {len(members)} instances, not {MACHINES}")
+        launch_template = self._launch_template(autoscaling, group)
+        user_data = deployed_user_data(ec2, launch_template)
+        port = free_port()
+        self.say(f"[3/5] {MACHINES} instances of the group {group} boot from the launch "
+                 f"template {launch_template}: one on-demand (the run's coordinator), the "
+                 "others spot")  # fmt: skip
+        for index, member in enumerate(members[:MACHINES]):
+            self._boot(member, "on-demand" if index == 0 else "spot", user_data, aws_env,
+                       port, config.instance_types[0])  # fmt: skip
+        coordinator, reclaimed = self.machines[0], self.machines[-1]
+        self._wait(lambda: max(metrics.losses(), default=0) >= INTERRUPT_AFTER_STEP, metrics)
+
+        self.say(f"[4/5] spot interruption notice for {reclaimed.instance_id}")
+        noticed_at = time.time()
+        reclaimed.announce_interruption()
+        handled = deliver_interruption(cloud, outputs["handler_function"],
+                                       reclaimed.instance_id, region, self._indented)  # fmt: skip
+        reclaimed_code = reclaimed.wait(timeout=TIMEOUT_S)
+        reclaimed.stop()
+        # EC2 takes the instance back; the group launches a replacement.
+        autoscaling.terminate_instance_in_auto_scaling_group(
+            InstanceId=reclaimed.instance_id, ShouldDecrementDesiredCapacity=False
+        )
+        stopped = metrics.events("stopped")
+        if not stopped:
+            raise RehearsalFailed(f"no checkpoint on the notice; see {reclaimed.root}/boot.log")
+        reclaim_stop = int(stopped[-1]["step"])
+        self._wait(lambda: max(metrics.losses(), default=0) >= reclaim_stop + JOIN_AFTER_STEPS,
+                   metrics)  # fmt: skip
+
+        known = {m.instance_id for m in self.machines}
+        replacement = next(
+            (m for m in self._instances(autoscaling, group) if m["InstanceId"] not in known), None
+        )
+        if replacement is None:
+            raise RehearsalFailed(f"{group} launched no replacement for the reclaimed instance")
+        self.say(f"[5/5] the group's replacement {replacement['InstanceId']} boots and joins")
+        joined_at = time.time()
+        joiner = self._boot(replacement, "spot", user_data, aws_env, port,
+                            config.instance_types[0])  # fmt: skip
+        codes = {m.instance_id: m.wait(timeout=TIMEOUT_S) for m in self.machines
+                 if m is not reclaimed}  # fmt: skip
+        codes[reclaimed.instance_id] = reclaimed_code
+
+        reference_phase, reference_trainer = reference
+        reference_trainer.finish()
+        table = control.resource("dynamodb", cloud.endpoint, region).Table(outputs["events_table"])
+        head = catalog.head()
+        return self._report(
+            run=run, launch_template=launch_template, metrics=metrics,
+            expected=reference_phase.losses(), codes=codes, reclaimed=reclaimed,
+            coordinator=coordinator, joiner=joiner, noticed_at=noticed_at, joined_at=joined_at,
+            handled=handled,
+            crashes=fleet_state.run_state(table, run).crashes,
+            head_step=head.step if head else 0,
+        )  # fmt: skip
+
+    def _report(
+        self, *, run: str, launch_template: str, metrics: Phase, expected: dict[int, float],
+        codes: dict[str, int], reclaimed: LocalMachine, coordinator: LocalMachine,
+        joiner: LocalMachine, noticed_at: float, joined_at: float, handled: dict[str, Any],
+        crashes: int,
+        head_step: int,
+    ) -> FleetReport:  # fmt: skip
+        problems = []
+        starts = metrics.events("started")
+        stops = metrics.events("stopped")
+        worlds = [(int(s["step"]), int(s["world"])) for s in starts]
+        if [n for _, n in worlds] != [MACHINES, MACHINES - 1, MACHINES]:
+            problems.append(f"the run formed groups of {[n for _, n in worlds]} machines, not "
+                            f"{MACHINES}, then {MACHINES - 1}, then {MACHINES}")  # fmt: skip
+        if len(stops) < 2 or len(starts) < 3:
+            raise RehearsalFailed(f"the run stopped {len(stops)} and started {len(starts)} "
+                                  f"times; see the boot logs under {self.work}")  # fmt: skip
+        trained = metrics.losses()
+        if sorted(trained) != sorted(expected):
+            problems.append(f"steps trained {min(trained)}..{max(trained)} ({len(trained)}) "
+                            f"differ from the uninterrupted run's ({len(expected)})")  # fmt: skip
+        differences = [abs(trained[s] - expected[s]) / abs(expected[s])
+                       for s in expected if s in trained]  # fmt: skip
+        worst = max(differences, default=float("inf"))
+        if worst > LOSS_TOLERANCE:
+            problems.append(f"losses differ from the uninterrupted run's by up to {worst:.1e}")
+        fates = {}
+        for machine in self.machines:
+            code = codes.get(machine.instance_id)
+            role = ("coordinator, on-demand" if machine is coordinator
+                    else "replacement, spot" if machine is joiner else "spot")  # fmt: skip
+            if machine is reclaimed:
+                fate = "reclaimed: left after its emergency checkpoint, counted as preempted"
+                if "preempted" not in machine.output:
+                    problems.append(f"{machine.instance_id}'s exit was not counted as preempted")
+            else:
+                fate = f"finished (exit {code})"
+                if code != 0:
+                    problems.append(f"{machine.instance_id} exited {code}; see {machine.root}")
+            fates[machine.instance_id] = f"{role}: {fate}"
+        if crashes:
+            problems.append(f"{crashes} crash(es) counted for run {run}")
+        if head_step != STEPS:
+            problems.append(f"the catalog's head is step {head_step}, not {STEPS}")
+        reclaim_stop, join_stop = stops[0], stops[1]
+        return FleetReport(
+            run=run, launch_template=launch_template, machines=fates, worlds=worlds,
+            reclaimed_stop=int(reclaim_stop["step"]), reclaimed_resume=int(starts[1]["step"]),
+            notice_to_published_s=float(reclaim_stop["at"]) - noticed_at,
+            reform_s=float(starts[1]["at"]) - float(reclaim_stop["at"]),
+            join_stop=int(join_stop["step"]), join_resume=int(starts[2]["step"]),
+            join_s=float(starts[2]["at"]) - joined_at, handler=handled, crashes=crashes,
+            head_step=head_step, max_loss_difference=worst, steps_compared=len(differences),
+            problems=problems,
+        )  # fmt: skip
+
+    # --- helpers -------------------------------------------------------------------------
+    def _indented(self, message: str) -> None:
+        self.say(f"      {message.strip()}")
+
+    def _cli(self, cli: Any, argv: list[str]) -> None:
+        if cli.main(argv) != 0:
+            raise RehearsalFailed(f"`spotrain {' '.join(argv)}` failed")
+
+    def _corpus(self) -> Path:
+        from spotrain.trainer.data import synthetic_corpus
+
+        corpus = self.work / "corpus.txt"
+        if not corpus.exists():
+            corpus.parent.mkdir(parents=True, exist_ok=True)
+            corpus.write_bytes(synthetic_corpus(120_000))
+        return corpus
+
+    def _start_reference(self, corpus: Path) -> tuple[Phase, Trainer]:
+        """One process, the whole global batch, the same dataset prepared into a folder."""
+        import os
+        import sys
+
+        from spotrain import cli
+
+        store = f"file://{self.work / 'uninterrupted-store'}"
+        self._cli(cli, ["data", "prepare", str(corpus), "--store", store, "--name", DATASET,
+                        "--shard-tokens", "40000"])  # fmt: skip
+        phase = Phase("uninterrupted", self.work / "uninterrupted.jsonl")
+        fields = {
+            "run": "uninterrupted", "store": store, "data": f"dataset:{DATASET}", "model": MODEL,
+            "steps": STEPS, "micro_batch": GLOBAL_BATCH, "checkpoint_every": STEPS,
+            "seed": 11, "metrics_file": str(phase.metrics),
+            "work_dir": str(self.work / "uninterrupted-work"),
+        }  # fmt: skip
+        path = self.work / "uninterrupted.json"
+        path.write_text(json.dumps(fields))
+        command = [sys.executable, "-m", "spotrain.cli", "train", str(path),
+                   "--nproc-per-node", "1"]  # fmt: skip
+        return phase, Trainer(command, dict(os.environ), self.work / "uninterrupted.log", None)
+
+    def _instances(self, autoscaling: Any, group: str) -> list[dict[str, Any]]:
+        [described] = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])[
+            "AutoScalingGroups"
+        ]
+        return [i for i in described.get("Instances", [])
+                if i.get("LifecycleState", "InService") == "InService"]  # fmt: skip
+
+    def _launch_template(self, autoscaling: Any, group: str) -> str:
+        [described] = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])[
+            "AutoScalingGroups"
+        ]
+        policy = described.get("MixedInstancesPolicy", {})
+        spec = (
+            policy.get("LaunchTemplate", {}).get("LaunchTemplateSpecification")
+            or described["LaunchTemplate"]
+        )
+        return str(spec["LaunchTemplateName"])
+
+    def _boot(
+        self, member: dict[str, Any], lifecycle: str, user_data: str, aws_env: dict[str, str],
+        port: int, default_type: str,
+    ) -> LocalMachine:  # fmt: skip
+        instance = member["InstanceId"]
+        machine = LocalMachine(
+            instance_id=instance, instance_type=member.get("InstanceType") or default_type,
+            zone=member.get("AvailabilityZone", "us-east-1a"), lifecycle=lifecycle,
+            root=self.work / "machines" / instance, user_data=user_data, aws_env=aws_env,
+            rdzv_port=port, settings={"SPOTRAIN_RDZV_LAST_CALL": "10"},
+        )  # fmt: skip
+        self.machines.append(machine)
+        self._indented(f"{instance} ({lifecycle}) boots")
+        return machine.start()
+
+    def _wait(self, condition: Callable[[], bool], metrics: Phase) -> None:
+        deadline = time.monotonic() + TIMEOUT_S
+        while not condition():
+            if not any(m.running() for m in self.machines):
+                raise RehearsalFailed(f"every machine stopped; see their boot logs under "
+                                      f"{self.work / 'machines'}")  # fmt: skip
+            if time.monotonic() > deadline:
+                raise RehearsalFailed(f"no progress in {TIMEOUT_S} s; see {metrics.metrics}")
+            time.sleep(0.2)

@@ -1,0 +1,147 @@
+"""Fleet machines played on this host, from what is deployed.
+
+A machine of the fleet boots from its launch template: the user data writes the run's
+settings, then the boot service runs `images/bootstrap.sh`. Here each machine gets a metadata
+service of its own (the instance id, type and zone of a real instance of the Auto Scaling
+group on the local cloud), the deployed user data decoded and run into a scratch root instead
+of /, its own work disk, and bootstrap.sh run with spotrain from this environment instead of
+the container. Used by the fleet rehearsal and the tests.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from spotrain.localcloud.imds import LocalMetadataService
+
+BOOTSTRAP = Path(__file__).resolve().parents[2] / "images" / "bootstrap.sh"
+
+
+def deployed_user_data(ec2: Any, launch_template: str) -> str:
+    """The user data of the template's newest version, as the local cloud holds it."""
+    versions = ec2.describe_launch_template_versions(
+        LaunchTemplateName=launch_template, Versions=["$Latest"]
+    )["LaunchTemplateVersions"]
+    return base64.b64decode(versions[0]["LaunchTemplateData"]["UserData"]).decode()
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+class LocalMachine:
+    """One instance: `start()` runs its user data and boots it; `output` is its boot log."""
+
+    def __init__(
+        self,
+        *,
+        instance_id: str,
+        instance_type: str,
+        zone: str,
+        lifecycle: str,
+        root: Path,
+        user_data: str,
+        aws_env: dict[str, str],
+        rdzv_port: int,
+        settings: dict[str, str] | None = None,
+    ) -> None:
+        self.instance_id, self.lifecycle, self.root = instance_id, lifecycle, root
+        self.user_data, self.aws_env, self.rdzv_port = user_data, aws_env, rdzv_port
+        self.settings = settings or {}
+        self.imds = LocalMetadataService(
+            instance_id=instance_id, instance_type=instance_type, availability_zone=zone,
+            lifecycle=lifecycle,
+        )  # fmt: skip
+        self.process: subprocess.Popen[str] | None = None
+        self._lines: list[str] = []
+        self._reader: threading.Thread | None = None
+
+    def start(self) -> LocalMachine:
+        self.root.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["bash", "-c", self.user_data], check=True, timeout=60,
+                       env={**os.environ, "SPOTRAIN_ROOT": str(self.root)})  # fmt: skip
+        run_env = self.root / "etc" / "spotrain" / "run.env"
+        # One host plays every machine: the coordinator hosts the rendezvous on a free port.
+        lines = [line for line in run_env.read_text().splitlines()
+                 if not line.startswith("SPOTRAIN_RDZV_PORT=")]  # fmt: skip
+        run_env.write_text("\n".join([*lines, f"SPOTRAIN_RDZV_PORT={self.rdzv_port}", ""]))
+        self.imds.start()
+        self.process = subprocess.Popen(
+            ["bash", str(BOOTSTRAP)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            text=True, start_new_session=True,  # ended as EC2 ends a machine: all of it
+            env={**os.environ, **self.aws_env,
+                 "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                 "SPOTRAIN_RUN_ENV": str(run_env), "SPOTRAIN_IMDS_ENDPOINT": self.imds.endpoint,
+                 "SPOTRAIN_CONTAINER_RUNTIME": "none", "SPOTRAIN_NPROC_PER_NODE": "1",
+                 "SPOTRAIN_WORK_DIR": str(self.root / "disk"), **self.settings},
+        )  # fmt: skip
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        assert self.process is not None and self.process.stdout is not None
+        with self.process.stdout, (self.root / "boot.log").open("w") as log:
+            for line in self.process.stdout:
+                self._lines.append(line)
+                log.write(line)
+                log.flush()
+
+    @property
+    def output(self) -> str:
+        return "".join(self._lines)
+
+    def announce_interruption(self) -> None:
+        self.imds.announce_interruption()
+
+    def wait(self, timeout: float) -> int:
+        assert self.process is not None
+        code = self.process.wait(timeout=timeout)
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        return code
+
+    def running(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def stop(self) -> None:
+        """Gone, as a reclaimed or terminated instance is: every process it started."""
+        if self.running():
+            assert self.process is not None
+            _kill_tree(self.process.pid)
+            self.process.wait(timeout=60)
+        if self._reader is not None:
+            self._reader.join(timeout=10)
+        if self.process is not None:
+            self.imds.stop()
+
+
+def _kill_tree(root: int) -> None:
+    """SIGKILL a process and every descendant (torchrun starts its ranks in sessions of their
+    own, so a process-group kill would miss them)."""
+    children: dict[int, list[int]] = {}
+    for status in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(status.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # exited meanwhile
+        children.setdefault(parent, []).append(int(status.parent.name))
+    doomed, pending = [], [root]
+    while pending:
+        pid = pending.pop()
+        doomed.append(pid)
+        pending += children.get(pid, [])
+    for pid in doomed:  # parents first: none of them can react by starting another
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)

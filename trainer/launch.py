@@ -1,0 +1,46 @@
+"""torchrun, with two repairs an elastic spot fleet needs (torch 2.13).
+
+`spotrain train` runs this module instead of `torch.distributed.run`; the command line is
+torchrun's.
+
+1. **A machine that joins a running group never starts.** When the ranks share the agent's
+   store (torch's default), the c10d rendezvous handler keeps the address of that store from
+   its first round and never publishes it again: in a later round rank 0 reuses its cached
+   address while a newly arrived node waits for that round's `MASTER_ADDR` until it times out,
+   and the whole group with it (and when rank 0 moved to another machine, the others keep the
+   address of one that left). With the sharing turned off (torch's own switch), every round
+   publishes (rank 0) and reads (the others) its own address.
+2. **A membership change gives the ranks 30 s, not `--shutdown-timeout`.** When a machine
+   arrives the agents stop their ranks to re-form the group; the ranks publish an emergency
+   checkpoint on that SIGTERM, which may take longer than torchrun's built-in 30 s. The
+   restart now waits as long as a shutdown does.
+
+Both are checked by the fleet rehearsal, where a replacement machine joins a running group.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def _repair_torchrun() -> None:
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+    def stop_workers_as_long_as_a_shutdown(self: Any, worker_group: Any) -> None:
+        self._shutdown(timeout=self._shutdown_timeout)
+
+    LocalElasticAgent._stop_workers = stop_workers_as_long_as_a_shutdown
+
+
+def main() -> None:
+    from torch.distributed import run
+
+    _repair_torchrun()
+    run.main()
+
+
+if __name__ == "__main__":
+    main()
