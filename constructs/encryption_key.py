@@ -22,6 +22,9 @@ class EncryptionKeyProps:
     """Region the key lives in (used for service principals such as logs.<region>)."""
     service_principals: tuple[str, ...] = ()
     """Services that encrypt with the key on the account's behalf (sns, budgets, logs, ...)."""
+    dead_letter_rules: tuple[str, ...] = ()
+    """EventBridge rules (ARN patterns) whose dead letters go to a queue encrypted with this
+    key: EventBridge itself must be able to encrypt them, or they are lost."""
     deletion_window_days: int = 30
     """Waiting period before a scheduled deletion takes effect (7-30)."""
     provider: Any = None
@@ -76,6 +79,16 @@ class EncryptionKey(Construct):
                     resources=["*"],
                     principals={"Service": [service]},
                     conditions=[guard],
+                )
+            )
+        if props.dead_letter_rules:
+            statements.append(
+                statement(
+                    "EventBridgeDeadLetters",
+                    actions=["kms:GenerateDataKey", "kms:Decrypt"],
+                    resources=["*"],
+                    principals={"Service": ["events.amazonaws.com"]},
+                    conditions=[("ArnLike", "aws:SourceArn", list(props.dead_letter_rules))],
                 )
             )
         self.key = aws.kms_key.KmsKey(

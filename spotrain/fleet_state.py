@@ -182,6 +182,18 @@ def record_exit(
     return ExitVerdict("crash", crashes, failed)
 
 
+def count_foreign_event(table: Any, run: str) -> int:
+    """An event about a machine of another run (or none) reached this run's handler: counted
+    in the run's state, so a shared account's noise shows, and nothing else done."""
+    item = table.update_item(
+        Key=_state_key(run),
+        UpdateExpression="ADD foreign_events :one",
+        ExpressionAttributeValues={":one": 1},
+        ReturnValues="UPDATED_NEW",
+    )["Attributes"]
+    return int(item["foreign_events"])
+
+
 def reset_crashes(table: Any, run: str) -> None:
     """After the cause of the crashes is fixed: the run may start (and be requeued) again."""
     table.update_item(Key=_state_key(run), UpdateExpression="SET #c = :zero, #f = :no",

@@ -71,6 +71,11 @@ def state_backend_settings(config: EnvironmentConfig, stack_name: str) -> dict[s
     return settings
 
 
+def resource_name(config: EnvironmentConfig, suffix: str) -> str:
+    """Name for a regional resource of the environment, e.g. `spotrain-dev-events`."""
+    return f"spotrain-{config.name}-{suffix}"
+
+
 class EnvironmentStack(TerraformStack):
     """A stack named `<environment>-<part>` with the primary-region provider as default."""
 
@@ -104,4 +109,4 @@ class EnvironmentStack(TerraformStack):
 
     def resource_name(self, suffix: str) -> str:
         """Name for a regional resource of this environment, e.g. `spotrain-dev-events`."""
-        return f"spotrain-{self.config.name}-{suffix}"
+        return resource_name(self.config, suffix)

@@ -10,9 +10,13 @@ from spotrain.constructs.interruption_handler.construct import (
     InterruptionHandlerProps,
 )
 from spotrain.constructs.spot_fleet import on_demand_group_name
-from spotrain.stacks.base import EnvironmentStack
+from spotrain.stacks.base import EnvironmentStack, resource_name
 from spotrain.stacks.compute import fleet_group_name
 from spotrain.stacks.config import EnvironmentConfig
+
+
+def handler_name(config: EnvironmentConfig) -> str:
+    return resource_name(config, "interruption-handler")
 
 
 def capacity_groups(config: EnvironmentConfig) -> tuple[CapacityGroup, ...]:
@@ -45,7 +49,7 @@ class InterruptionsStack(EnvironmentStack):
             self,
             "Handler",
             props=InterruptionHandlerProps(
-                name=self.resource_name("interruption-handler"),
+                name=handler_name(config),
                 events_table_arn=events_table_arn,
                 events_table_name=events_table_name,
                 kms_key_arn=primary_key_arn,

@@ -5,12 +5,14 @@ from __future__ import annotations
 from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
+from spotrain.constructs.interruption_handler.construct import rule_arns
 from spotrain.constructs.replicated_bucket_pair import (
     ReplicatedBucketPair,
     ReplicatedBucketPairProps,
 )
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
+from spotrain.stacks.interruptions import handler_name
 
 
 class StorageStack(EnvironmentStack):
@@ -32,6 +34,13 @@ class StorageStack(EnvironmentStack):
                     account_id=self.account_id,
                     region=region,
                     service_principals=(f"logs.{region}.amazonaws.com",),
+                    # The interruption handler's rules dead-letter into a queue under the
+                    # primary key (the handler runs in the primary region).
+                    dead_letter_rules=(
+                        (rule_arns(handler_name(config), region, self.account_id),)
+                        if label == "Primary"
+                        else ()
+                    ),
                     deletion_window_days=7 if config.is_local else 30,
                     provider=provider,
                 ),

@@ -274,6 +274,39 @@ def test_rules_match_the_two_ec2_events_and_retry_into_a_dead_letter_queue(synth
     assert "lifecycle" not in function
 
 
+@pytest.mark.parametrize("env", ["dev", "prod"])
+def test_eventbridge_may_encrypt_the_rules_dead_letters_and_nothing_else(
+    synth_dir: Path, env: str
+) -> None:
+    """The dead-letter queue is encrypted with the primary key: without a grant to
+    events.amazonaws.com, scoped to the handler's rules, events that still fail after
+    retries are lost."""
+    import fnmatch
+
+    storage = load_stack(synth_dir, f"{env}-storage")
+    grants = {
+        name.split("_")[0]: [
+            s for s in statements(storage, key["policy"])
+            if s.get("sid") == "EventBridgeDeadLetters"
+        ]
+        for name, key in resources(storage, "aws_kms_key").items()
+    }  # fmt: skip
+    assert grants["ReplicaKey"] == []  # the handler and its queue live in the primary region
+    [grant] = grants["PrimaryKey"]
+    assert grant["principals"] == [{"type": "Service", "identifiers": ["events.amazonaws.com"]}]
+    assert sorted(grant["actions"]) == ["kms:Decrypt", "kms:GenerateDataKey"]
+    [condition] = grant["condition"]
+    assert (condition["test"], condition["variable"]) == ("ArnLike", "aws:SourceArn")
+    [pattern] = condition["values"]
+    account = "${data.aws_caller_identity.Caller.account_id}"
+    interruptions = load_stack(synth_dir, f"{env}-interruptions")
+    rules = [r["name"] for r in resources(interruptions, "aws_cloudwatch_event_rule").values()]
+    assert len(rules) == 3
+    for rule in rules:  # every rule of the handler, by the ARN EventBridge presents
+        assert fnmatch.fnmatchcase(f"arn:aws:events:us-east-1:{account}:rule/{rule}", pattern)
+    assert not fnmatch.fnmatchcase(f"arn:aws:events:us-east-1:{account}:rule/other", pattern)
+
+
 def test_handler_is_told_the_run_its_groups_topic_and_queue(synth_dir: Path) -> None:
     stack = load_stack(synth_dir, "dev-interruptions")
     variables = only(resources(stack, "aws_lambda_function"))["environment"]["variables"]

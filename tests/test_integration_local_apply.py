@@ -113,10 +113,25 @@ def test_replication_copies_a_checkpoint_to_the_replica_region(local: Local) -> 
 
 
 def test_checkpoint_bucket_policy_is_enforced(local: Local) -> None:
-    s3 = local.client("s3")
-    with pytest.raises(ClientError) as refused:
-        s3.put_object(Bucket=local.primary_bucket, Key="runs/demo/unencrypted", Body=b"x")
-    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    """Only puts encrypted with the bucket's own key: not unencrypted, not with another key,
+    and not with `aws:kms` and no key named (S3 would use the AWS-managed key: the object
+    would escape the key's access control and not replicate). The last is refused by
+    `StringNotEqualsIfExists`: an absent key makes an ...IfExists condition hold."""
+    s3, kms = local.client("s3"), local.client("kms")
+    alias = f"alias/spotrain-local-data-{local.config.primary_region}"
+    key = kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"]
+    other = kms.create_key(Description="not the bucket's")["KeyMetadata"]["Arn"]
+    for refused_put in (
+        {},
+        {"ServerSideEncryption": "aws:kms"},
+        {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": other},
+    ):
+        with pytest.raises(ClientError) as refused:
+            s3.put_object(Bucket=local.primary_bucket, Key="policy-probe", Body=b"x",
+                          **refused_put)  # fmt: skip
+        assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403, refused_put
+    s3.put_object(Bucket=local.primary_bucket, Key="policy-probe", Body=b"x",
+                  ServerSideEncryption="aws:kms", SSEKMSKeyId=key)  # fmt: skip
 
 
 def test_catalog_tables_are_encrypted_with_recovery_and_streams(local: Local) -> None:

@@ -203,6 +203,32 @@ def test_records_a_spot_warning_with_its_pool_and_marks_tags_and_notifies(cloud:
     assert cloud.dead_letters() == []
 
 
+@pytest.mark.parametrize("tags", [{"spotrain:run": "someone-elses"}, {"team": "ml"}])
+def test_a_machine_of_another_run_is_counted_and_left_alone(
+    cloud: Cloud, tags: dict[str, str]
+) -> None:
+    """The rules see the whole account's spot warnings: another environment's machine, or
+    one of no run, is neither recorded, marked, tagged, requeued, notified nor dead-lettered."""
+    create_group("east-spot", "us-east-1", "us-east-1b", 2)
+    stranger = launch_instance(boto3.client("ec2"), tags)
+    for attempt in range(2):
+        result = handler.handle(
+            for_instance("spot-interruption-warning", stranger, id=f"stranger-{attempt}")
+        )
+        assert result["recorded"] is False and "not gpt-small" in result["ignored"]
+    assert cloud.table.scan(FilterExpression="sk = :e",
+                            ExpressionAttributeValues={":e": "EVENT"})["Count"] == 0  # fmt: skip
+    assert fleet_state.instance_status(cloud.table, RUN, stranger) is None
+    tags_now = boto3.client("ec2").describe_tags(
+        Filters=[{"Name": "resource-id", "Values": [stranger]}]
+    )["Tags"]
+    assert "spotrain:interruption" not in {t["Key"] for t in tags_now}
+    assert desired("east-spot", "us-east-1") == 2
+    assert cloud.notices() == [] and cloud.dead_letters() == []
+    state = cloud.table.get_item(Key={"pk": f"RUN#{RUN}", "sk": "STATE"})["Item"]
+    assert state["foreign_events"] == 2
+
+
 def test_a_rebalance_recommendation_marks_but_never_requeues(cloud: Cloud) -> None:
     create_group("east-spot", "us-east-1", "us-east-1b", 2)
     instance = run_instance()

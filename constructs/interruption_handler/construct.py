@@ -59,6 +59,15 @@ def build_handler_zip() -> bytes:
     return buffer.getvalue()
 
 
+def rule_name(handler_name: str, rule_id: str) -> str:
+    return f"{handler_name}-{rule_id}"
+
+
+def rule_arns(handler_name: str, region: str, account_id: str) -> str:
+    """An ARN pattern that matches every EventBridge rule of the handler named so."""
+    return f"arn:aws:events:{region}:{account_id}:rule/{rule_name(handler_name, '*')}"
+
+
 @dataclass(frozen=True, kw_only=True)
 class CapacityGroup:
     """An Auto Scaling group the handler may move the run's capacity to."""
@@ -300,7 +309,7 @@ class InterruptionHandler(Construct):
         }
         for rule_id, settings in rule_settings.items():
             rule = aws.cloudwatch_event_rule.CloudwatchEventRule(
-                self, f"{rule_id}Rule", name=f"{props.name}-{rule_id}", **settings
+                self, f"{rule_id}Rule", name=rule_name(props.name, rule_id), **settings
             )
             aws.cloudwatch_event_target.CloudwatchEventTarget(
                 self,

@@ -318,12 +318,21 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
     table = boto3.resource("dynamodb").Table(settings["events_table"])
     ec2 = boto3.client("ec2")
     instance = describe_instance(ec2, fields["instance_id"])
+    run = settings["run"]
+    if "run" in instance and instance["run"] != run:
+        # The rules see every spot warning of the account and region: a machine tagged with
+        # another run, or none, is not this handler's to mark, tag, requeue or dead-letter.
+        count = fleet_state.count_foreign_event(table, run)
+        reason = (f"{fields['instance_id']} belongs to run {instance['run'] or '(none)'}, "
+                  f"not {run}")  # fmt: skip
+        log.info("ignored %s %s: %s (%d so far)", fields["kind"], fields["event_id"], reason,
+                 count)  # fmt: skip
+        return {"recorded": False, "event_id": fields["event_id"], "ignored": reason}
     if not record(table, fields, instance["pool"], settings["retention_days"]):
         log.info(
             "duplicate %s %s for %s", fields["kind"], fields["event_id"], fields["instance_id"]
         )
         return {"recorded": False, "event_id": fields["event_id"]}
-    run = instance.get("run") or settings["run"]
     interrupting = fields["kind"] == INTERRUPTION_WARNING
     if run:
         fleet_state.mark_instance(
