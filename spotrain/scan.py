@@ -105,16 +105,22 @@ def scan(stacks_dir: Path, skips: list[dict[str, Any]] | None = None) -> ScanRep
         for f in raw.get("results", {}).get("failed_checks", [])
     ]
     report = ScanReport(passed=int(raw["summary"]["passed"]), findings=findings)
-    used: set[int] = set()
+    used: set[tuple[int, str]] = set()
     for finding in findings:
         for index, entry in enumerate(skips):
-            if entry["id"] == finding.check_id and any(
-                fnmatch.fnmatch(finding.resource, pattern) for pattern in entry["resources"]
-            ):
+            matching = [p for p in entry["resources"] if fnmatch.fnmatch(finding.resource, p)]
+            if entry["id"] == finding.check_id and matching:
                 report.explained[finding] = str(entry["reason"]).strip()
-                used.add(index)
+                used.update((index, p) for p in matching)
                 break
         else:
             report.unexplained.append(finding)
-    report.unused_skips = [e["id"] for i, e in enumerate(skips) if i not in used]
+    # Every resource an entry names must still have its finding: a stale name would silence
+    # whatever comes to carry it later.
+    report.unused_skips = [
+        f"{entry['id']} {pattern}"
+        for index, entry in enumerate(skips)
+        for pattern in entry["resources"]
+        if (index, pattern) not in used
+    ]
     return report

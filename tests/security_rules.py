@@ -165,6 +165,43 @@ def no_public_network_paths(stack: Stack) -> list[str]:
     return problems
 
 
+KEY_SERVICE_CONDITIONS = ("aws:SourceAccount", "aws:SourceArn", "kms:EncryptionContext:")
+KEY_MANAGEMENT = ("kms:*", "kms:Create", "kms:Put", "kms:Delete", "kms:Disable",
+                  "kms:ScheduleKeyDeletion", "kms:Update", "kms:Revoke")  # fmt: skip
+
+
+def key_policies_grant_only_the_account_and_conditioned_services(stack: Stack) -> list[str]:
+    """The shape checkov-skips.yaml relies on for CKV_AWS_109/111/356: in every key policy
+    only the account root is granted without a condition (IAM then decides); a service is
+    granted only under a source or encryption-context condition and never key management;
+    no other principal is granted anything."""
+    documents = stack.get("data", {}).get("aws_iam_policy_document", {})
+    problems = []
+    for name, key in _resources(stack, "aws_kms_key").items():
+        document = documents[str(key["policy"]).split(".")[2]]
+        for grant in document["statement"]:
+            if grant.get("effect", "Allow") != "Allow":
+                continue
+            sid = grant.get("sid", "?")
+            for principal in grant.get("principals", []):
+                kind, identifiers = principal["type"], principal["identifiers"]
+                if kind == "AWS" and all(str(i).endswith(":root") for i in identifiers):
+                    continue
+                conditioned = any(
+                    str(c["variable"]).startswith(KEY_SERVICE_CONDITIONS)
+                    for c in grant.get("condition", [])
+                )
+                manages = [a for a in grant["actions"] if str(a).startswith(KEY_MANAGEMENT)]
+                if kind != "Service":
+                    problems.append(f"key {name} statement {sid} grants {kind} {identifiers}")
+                elif not conditioned:
+                    problems.append(f"key {name} statement {sid} grants {identifiers} "
+                                    "without a source or encryption-context condition")  # fmt: skip
+                elif manages:
+                    problems.append(f"key {name} statement {sid} lets {identifiers} {manages}")
+    return problems
+
+
 RULES: dict[str, Callable[[Stack], list[str]]] = {
     rule.__name__: rule
     for rule in (
@@ -173,6 +210,7 @@ RULES: dict[str, Callable[[Stack], list[str]]] = {
         buckets_are_versioned,
         bucket_policies_require_tls,
         kms_keys_rotate,
+        key_policies_grant_only_the_account_and_conditioned_services,
         instances_require_imdsv2,
         tables_are_encrypted_and_recoverable,
         queues_topics_and_logs_are_encrypted,

@@ -39,3 +39,16 @@ def test_a_skip_without_a_reason_is_refused(tmp_path: Path) -> None:
     bad.write_text("- id: CKV_AWS_18\n  resources: ['*']\n  reason: ''\n")
     with pytest.raises(scan.SpotrainError, match="written reason"):
         scan.load_skips(bad)
+
+
+def test_a_skip_naming_a_resource_without_its_finding_is_stale(synth_dir: Path) -> None:
+    """Skips name resources one by one; a name whose finding is gone would silence whatever
+    comes to carry it later, so it fails the scan."""
+    skips = scan.load_skips()
+    for entry in skips:
+        if entry["id"] == "CKV_AWS_109":
+            entry["resources"] = [*entry["resources"], "data.NoSuchKey_KeyPolicy_00000000"]
+    report = scan.scan(synth_dir / "stacks", skips)
+    assert report.unexplained == []
+    assert report.unused_skips == ["CKV_AWS_109 data.NoSuchKey_KeyPolicy_00000000"]
+    assert not report.ok

@@ -69,6 +69,14 @@ def _wildcard_policy(s: dict[str, Any]) -> None:
                 statement["resources"] = ["*"]
 
 
+def _unconditioned_key_grant(s: dict[str, Any]) -> None:
+    """A service statement whose condition was dropped."""
+    for document in s["data"]["aws_iam_policy_document"].values():
+        for grant in document["statement"]:
+            if grant.get("sid") == "EventBridgeDeadLetters":
+                del grant["condition"]
+
+
 def _public_subnet(s: dict[str, Any]) -> None:
     first(s, "aws_subnet")["map_public_ip_on_launch"] = True
 
@@ -84,6 +92,10 @@ BREAKAGES: dict[str, tuple[str, Callable[[dict[str, Any]], None]]] = {
     "queues_topics_and_logs_are_encrypted": ("local-interruptions", _plain_log_group),
     "iam_policies_are_scoped": ("local-interruptions", _wildcard_policy),
     "no_public_network_paths": ("local-compute", _public_subnet),
+    "key_policies_grant_only_the_account_and_conditioned_services": (
+        "dev-storage",
+        _unconditioned_key_grant,
+    ),
 }
 
 
