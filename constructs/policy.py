@@ -36,6 +36,12 @@ def statement(
     return result
 
 
+def via_services(*services: str) -> list[str]:
+    """`kms:ViaService` values: the key is usable through these services, in any region, and
+    not by calling KMS directly."""
+    return [f"{service}.*.amazonaws.com" for service in services]
+
+
 def deny_insecure_transport(actions: list[str], resources: list[str]) -> dict[str, Any]:
     """The statement every resource policy carries: refuse requests not made over TLS."""
     return statement(

@@ -15,7 +15,12 @@ from dataclasses import dataclass
 from spotrain import catalog_schema
 from spotrain.catalog_schema import run_key
 from spotrain.cdk import Construct, Fn, TerraformResourceLifecycle, aws
-from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+from spotrain.constructs.policy import (
+    assume_role_policy,
+    policy_document,
+    statement,
+    via_services,
+)
 from spotrain.errors import raise_if_problems
 
 
@@ -277,6 +282,11 @@ class SpotFleet(Construct):
                         "UseDataKeys",
                         actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
                         resources=list(props.data_kms_key_arns),
+                        # Through S3 and DynamoDB only, in either region: a stolen credential
+                        # cannot decrypt with the keys directly.
+                        conditions=[
+                            ("StringLike", "kms:ViaService", via_services("s3", "dynamodb"))
+                        ],
                     ),
                 ],
             ),

@@ -92,6 +92,9 @@ def event_key(event_id: str) -> str:
     return f"EVENT#{event_id}"
 
 
+INTERRUPTION_TAG = "spotrain:interruption"
+"""The tag the interruption handler puts on a machine it was warned about (kind@time)."""
+
 UNKNOWN_POOL = "unknown"
 """The pool of an instance whose type or zone is not known (one already gone)."""
 

@@ -207,6 +207,36 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     leading_keys = by_sid["RunCatalogItems"]["condition"][0]
     assert leading_keys["variable"] == "dynamodb:LeadingKeys"
     assert leading_keys["values"] == ["RUN#gpt-small"]
+    # The data keys only through S3 and DynamoDB: a stolen credential cannot call KMS.
+    [via] = by_sid["UseDataKeys"]["condition"]
+    assert (via["test"], via["variable"]) == ("StringLike", "kms:ViaService")
+    assert via["values"] == ["s3.*.amazonaws.com", "dynamodb.*.amazonaws.com"]
+
+
+def test_handler_role_touches_only_its_runs_state_its_tag_and_its_services_keys(
+    synth_dir: Path,
+) -> None:
+    stack = load_stack(synth_dir, "dev-interruptions")
+    policy = only(
+        {n: p for n, p in resources(stack, "aws_iam_role_policy").items() if "Handler" in n}
+    )
+    by_sid = {s["sid"]: s for s in statements(stack, policy["policy"])}
+    [leading] = by_sid["RecordEventsAndFleetState"]["condition"]
+    assert (leading["test"], leading["variable"]) == (
+        "ForAllValues:StringLike", "dynamodb:LeadingKeys",
+    )  # fmt: skip
+    assert leading["values"] == ["EVENT#*", "RUN#gpt-small"]
+    assert all("/index/" not in r for r in by_sid["RecordEventsAndFleetState"]["resources"])
+    assert by_sid["CountInterruptionsByPool"]["actions"] == ["dynamodb:Query"]
+    tagging = {c["variable"]: c for c in by_sid["TagTheRunsInstances"]["condition"]}
+    assert tagging["aws:TagKeys"]["test"] == "ForAllValues:StringEquals"
+    assert tagging["aws:TagKeys"]["values"] == ["spotrain:interruption"]
+    assert tagging["aws:ResourceTag/spotrain:run"]["values"] == ["gpt-small"]
+    [via] = by_sid["UseKey"]["condition"]
+    assert via["variable"] == "kms:ViaService"
+    assert sorted(via["values"]) == sorted(
+        f"{s}.*.amazonaws.com" for s in ("dynamodb", "sqs", "sns", "lambda")
+    )
 
 
 # --- budget ---------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import spotrain.catalog_schema
 import spotrain.fleet_state
+from spotrain.catalog_schema import INTERRUPTION_TAG, event_key, run_key
 from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
 from spotrain.constructs.interruption_handler import handler as handler_module
 from spotrain.constructs.interruption_handler import requeue
@@ -29,6 +30,7 @@ from spotrain.constructs.policy import (
     deny_insecure_transport,
     policy_document,
     statement,
+    via_services,
 )
 from spotrain.errors import raise_if_problems
 
@@ -206,14 +208,30 @@ class InterruptionHandler(Construct):
                             "dynamodb:UpdateItem",
                             "dynamodb:Query",
                         ],
-                        resources=[props.events_table_arn, f"{props.events_table_arn}/index/*"],
+                        resources=[props.events_table_arn],
+                        # Events (EVENT#<id>) and this run's fleet state only: not another
+                        # run's state in a table two environments could share.
+                        conditions=[
+                            (
+                                "ForAllValues:StringLike",
+                                "dynamodb:LeadingKeys",
+                                [event_key("*"), run_key(props.run_name)],
+                            )
+                        ],
+                    ),
+                    statement(
+                        "CountInterruptionsByPool",
+                        actions=["dynamodb:Query"],
+                        resources=[f"{props.events_table_arn}/index/*"],
                     ),
                     statement(
                         "TagTheRunsInstances",
                         actions=["ec2:CreateTags"],
                         resources=[f"arn:aws:ec2:*:{props.account_id}:instance/*"],
                         conditions=[
-                            ("StringEquals", "aws:ResourceTag/spotrain:run", [props.run_name])
+                            ("StringEquals", "aws:ResourceTag/spotrain:run", [props.run_name]),
+                            # Only its own mark: never the run tag or anything else.
+                            ("ForAllValues:StringEquals", "aws:TagKeys", [INTERRUPTION_TAG]),
                         ],
                     ),
                     statement(
@@ -235,6 +253,15 @@ class InterruptionHandler(Construct):
                         "UseKey",
                         actions=["kms:Decrypt", "kms:GenerateDataKey"],
                         resources=[props.kms_key_arn],
+                        # Through the services that hold its data only (the table, queue,
+                        # topic; Lambda for its environment), never KMS directly.
+                        conditions=[
+                            (
+                                "StringLike",
+                                "kms:ViaService",
+                                via_services("dynamodb", "sqs", "sns", "lambda"),
+                            )
+                        ],
                     ),
                     # Describe and X-Ray calls do not support resource-level permissions.
                     statement(

@@ -44,6 +44,7 @@ from spotrain.catalog_schema import (
     EXPIRES_AT_KEY,
     INSTANCE_STATUS_INTERRUPTING,
     INSTANCE_STATUS_REBALANCING,
+    INTERRUPTION_TAG,
     OCCURRED_AT_KEY,
     PARTITION_KEY,
     POOL_INDEX,
@@ -343,7 +344,7 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
     if instance["pool"] != UNKNOWN_POOL:
         ec2.create_tags(
             Resources=[fields["instance_id"]],
-            Tags=[{"Key": "spotrain:interruption", "Value": f"{fields['kind']}@{fields['time']}"}],
+            Tags=[{"Key": INTERRUPTION_TAG, "Value": f"{fields['kind']}@{fields['time']}"}],
         )
     decision = requeue.Decision("none", "a rebalance recommendation: capacity rebalancing "
                                 "launches the replacement, the trainer checkpointed")  # fmt: skip
