@@ -223,11 +223,13 @@ class SpotFleet(Construct):
                         ],
                     ),
                     statement(
+                        # No delete: a machine never removes published history (garbage
+                        # collection and quarantine are operator commands); aborting its own
+                        # unfinished multipart upload touches no published object.
                         "ReadWriteRunCheckpoints",
                         actions=[
                             "s3:GetObject",
                             "s3:PutObject",
-                            "s3:DeleteObject",
                             "s3:AbortMultipartUpload",
                             "s3:ListMultipartUploadParts",
                         ],

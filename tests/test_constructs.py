@@ -207,6 +207,9 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     leading_keys = by_sid["RunCatalogItems"]["condition"][0]
     assert leading_keys["variable"] == "dynamodb:LeadingKeys"
     assert leading_keys["values"] == ["RUN#gpt-small"]
+    # Machines never delete: published history is removed only by operator commands.
+    granted = {a for s in by_sid.values() for a in s["actions"]}
+    assert not {a for a in granted if "Delete" in a}, granted
     # The data keys only through S3 and DynamoDB: a stolen credential cannot call KMS.
     [via] = by_sid["UseDataKeys"]["condition"]
     assert (via["test"], via["variable"]) == ("StringLike", "kms:ViaService")
