@@ -21,7 +21,8 @@ class PrivateNetworkProps:
     region: str
     """Region of the VPC (names the gateway endpoints' services)."""
     account_id: str
-    """Account of the flow-log role's trust guard."""
+    """Account of the flow-log role's trust guard and the only principals the endpoints
+    serve."""
     cidr: str
     """Address range of the VPC (a /16); each zone gets a /20 slice."""
     availability_zones: tuple[str, ...]
@@ -30,6 +31,10 @@ class PrivateNetworkProps:
     """Key that encrypts the flow-log group."""
     log_retention_days: int
     """Retention of the flow-log group."""
+    s3_buckets: tuple[str, ...]
+    """ARNs of the only buckets the VPC may reach (its S3 endpoint's policy)."""
+    dynamodb_tables: tuple[str, ...]
+    """ARNs of the only tables the VPC may reach (its DynamoDB endpoint's policy)."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -81,14 +86,37 @@ class PrivateNetwork(Construct):
                 route_table_id=self.route_table.id,
             )
             self.subnets.append(subnet)
-        for service in ("s3", "dynamodb"):
-            aws.vpc_endpoint.VpcEndpoint(
+        # The endpoints reach the environment's own buckets and tables only: credentials used
+        # from inside the VPC cannot write anywhere else (and, with the roles' aws:SourceVpce
+        # conditions, are of no use outside it).
+        reachable = {
+            "s3": [r for arn in props.s3_buckets for r in (arn, f"{arn}/*")],
+            "dynamodb": [r for arn in props.dynamodb_tables for r in (arn, f"{arn}/index/*")],
+        }
+        self.endpoints = {}
+        for service, resources in reachable.items():
+            self.endpoints[service] = aws.vpc_endpoint.VpcEndpoint(
                 self,
                 f"{service.capitalize()}GatewayEndpoint",
                 vpc_id=self.vpc.id,
                 service_name=f"com.amazonaws.{props.region}.{service}",
                 vpc_endpoint_type="Gateway",
                 route_table_ids=[self.route_table.id],
+                policy=policy_document(
+                    self,
+                    f"{service.capitalize()}EndpointPolicy",
+                    [
+                        statement(
+                            f"OnlyThisEnvironments{service.capitalize()}",
+                            actions=[f"{service}:*"],
+                            resources=resources,
+                            principals={"AWS": ["*"]},
+                            conditions=[
+                                ("StringEquals", "aws:PrincipalAccount", [props.account_id])
+                            ],
+                        )
+                    ],
+                ),
                 tags={"Name": f"{props.name}-{service}"},
             )
 
@@ -137,6 +165,10 @@ class PrivateNetwork(Construct):
             log_destination=log_group.arn,
             iam_role_arn=flow_role.arn,
         )
+
+    @property
+    def endpoint_ids(self) -> tuple[str, ...]:
+        return tuple(str(e.id) for e in self.endpoints.values())
 
     @property
     def subnet_ids(self) -> list[str]:

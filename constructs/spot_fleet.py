@@ -11,6 +11,7 @@ may touch only their run's prefix in the checkpoint buckets and their run's cata
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from spotrain import catalog_schema
 from spotrain.catalog_schema import run_key
@@ -60,6 +61,9 @@ class SpotFleetProps:
     """Interruption events table; machines read and update their run's fleet state there."""
     events_table_name: str
     """Its name, passed to the boot service."""
+    vpc_endpoint_ids: tuple[str, ...]
+    """Gateway endpoints of the fleet's VPC: the role's S3 and DynamoDB access holds only
+    through them (aws:SourceVpce), so its credentials are useless outside the VPC."""
     data_kms_key_arns: tuple[str, ...]
     """Keys the trainer encrypts and decrypts checkpoints and catalog items with."""
     region: str
@@ -132,6 +136,18 @@ RENDEZVOUS_PORT = 29400
 """Where the coordinator's torchrun hosts the run's rendezvous (c10d)."""
 
 
+def _through_the_vpc(
+    endpoint_ids: tuple[str, ...], statements: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """S3 and DynamoDB grants hold only for requests through the VPC's own endpoints."""
+    for grant in statements:
+        if any(a.startswith(("s3:", "dynamodb:")) for a in grant["actions"]):
+            grant.setdefault("condition", []).append(
+                {"test": "StringEquals", "variable": "aws:SourceVpce", "values": list(endpoint_ids)}
+            )
+    return statements
+
+
 def nnodes(min_size: int, max_size: int) -> str:
     """torchrun's --nnodes for a group of these sizes: elastic between them (at least one)."""
     return "1" if max_size <= 1 else f"{max(1, min_size)}:{max_size}"
@@ -200,97 +216,103 @@ class SpotFleet(Construct):
             policy=policy_document(
                 self,
                 "RunScopedAccessDocument",
-                [
-                    statement(
-                        "ListRunPrefix",
-                        actions=["s3:ListBucket"],
-                        resources=[props.checkpoint_bucket_arn, props.replica_bucket_arn],
-                        conditions=[
-                            (
-                                "StringLike",
-                                "s3:prefix",
-                                [f"{run_prefix}/*", run_prefix, f"{datasets}/*"],
-                            )
-                        ],
-                    ),
-                    statement(
-                        # Prepared datasets are shared by runs: read, never written, by machines.
-                        "ReadDatasets",
-                        actions=["s3:GetObject"],
-                        resources=[
-                            f"{props.checkpoint_bucket_arn}/{datasets}/*",
-                            f"{props.replica_bucket_arn}/{datasets}/*",
-                        ],
-                    ),
-                    statement(
-                        # No delete: a machine never removes published history (garbage
-                        # collection and quarantine are operator commands); aborting its own
-                        # unfinished multipart upload touches no published object.
-                        "ReadWriteRunCheckpoints",
-                        actions=[
-                            "s3:GetObject",
-                            "s3:PutObject",
-                            "s3:AbortMultipartUpload",
-                            "s3:ListMultipartUploadParts",
-                        ],
-                        resources=[f"{props.checkpoint_bucket_arn}/{run_prefix}/*"],
-                    ),
-                    statement(
-                        "ReadRunReplicas",
-                        actions=["s3:GetObject"],
-                        resources=[f"{props.replica_bucket_arn}/{run_prefix}/*"],
-                    ),
-                    statement(
-                        "RunCatalogItems",
-                        actions=[
-                            "dynamodb:GetItem",
-                            "dynamodb:PutItem",
-                            "dynamodb:UpdateItem",
-                            "dynamodb:Query",
-                            "dynamodb:ConditionCheckItem",
-                        ],
-                        resources=[props.catalog_table_arn, f"{props.catalog_table_arn}/index/*"],
-                        conditions=[
-                            (
-                                "ForAllValues:StringEquals",
-                                "dynamodb:LeadingKeys",
-                                [run_key(props.run_name)],
-                            ),
-                        ],
-                    ),
-                    statement(
-                        # A machine whose trainer cannot start has its group replace it.
-                        "ReplaceItself",
-                        actions=["autoscaling:SetInstanceHealth"],
-                        resources=[
-                            f"arn:aws:autoscaling:{props.region}:{props.account_id}:"
-                            f"autoScalingGroup:*:autoScalingGroupName/{name}"
-                            for name in (props.name, on_demand_group_name(props.name))
-                        ],
-                    ),
-                    statement(
-                        "RunFleetState",
-                        actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
-                        resources=[props.events_table_arn],
-                        conditions=[
-                            (
-                                "ForAllValues:StringEquals",
-                                "dynamodb:LeadingKeys",
-                                [run_key(props.run_name)],
-                            ),
-                        ],
-                    ),
-                    statement(
-                        "UseDataKeys",
-                        actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
-                        resources=list(props.data_kms_key_arns),
-                        # Through S3 and DynamoDB only, in either region: a stolen credential
-                        # cannot decrypt with the keys directly.
-                        conditions=[
-                            ("StringLike", "kms:ViaService", via_services("s3", "dynamodb"))
-                        ],
-                    ),
-                ],
+                _through_the_vpc(
+                    props.vpc_endpoint_ids,
+                    [
+                        statement(
+                            "ListRunPrefix",
+                            actions=["s3:ListBucket"],
+                            resources=[props.checkpoint_bucket_arn, props.replica_bucket_arn],
+                            conditions=[
+                                (
+                                    "StringLike",
+                                    "s3:prefix",
+                                    [f"{run_prefix}/*", run_prefix, f"{datasets}/*"],
+                                )
+                            ],
+                        ),
+                        statement(
+                            # Prepared datasets are shared by runs: read, never written, by machines.
+                            "ReadDatasets",
+                            actions=["s3:GetObject"],
+                            resources=[
+                                f"{props.checkpoint_bucket_arn}/{datasets}/*",
+                                f"{props.replica_bucket_arn}/{datasets}/*",
+                            ],
+                        ),
+                        statement(
+                            # No delete: a machine never removes published history (garbage
+                            # collection and quarantine are operator commands); aborting its own
+                            # unfinished multipart upload touches no published object.
+                            "ReadWriteRunCheckpoints",
+                            actions=[
+                                "s3:GetObject",
+                                "s3:PutObject",
+                                "s3:AbortMultipartUpload",
+                                "s3:ListMultipartUploadParts",
+                            ],
+                            resources=[f"{props.checkpoint_bucket_arn}/{run_prefix}/*"],
+                        ),
+                        statement(
+                            "ReadRunReplicas",
+                            actions=["s3:GetObject"],
+                            resources=[f"{props.replica_bucket_arn}/{run_prefix}/*"],
+                        ),
+                        statement(
+                            "RunCatalogItems",
+                            actions=[
+                                "dynamodb:GetItem",
+                                "dynamodb:PutItem",
+                                "dynamodb:UpdateItem",
+                                "dynamodb:Query",
+                                "dynamodb:ConditionCheckItem",
+                            ],
+                            resources=[
+                                props.catalog_table_arn,
+                                f"{props.catalog_table_arn}/index/*",
+                            ],
+                            conditions=[
+                                (
+                                    "ForAllValues:StringEquals",
+                                    "dynamodb:LeadingKeys",
+                                    [run_key(props.run_name)],
+                                ),
+                            ],
+                        ),
+                        statement(
+                            # A machine whose trainer cannot start has its group replace it.
+                            "ReplaceItself",
+                            actions=["autoscaling:SetInstanceHealth"],
+                            resources=[
+                                f"arn:aws:autoscaling:{props.region}:{props.account_id}:"
+                                f"autoScalingGroup:*:autoScalingGroupName/{name}"
+                                for name in (props.name, on_demand_group_name(props.name))
+                            ],
+                        ),
+                        statement(
+                            "RunFleetState",
+                            actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+                            resources=[props.events_table_arn],
+                            conditions=[
+                                (
+                                    "ForAllValues:StringEquals",
+                                    "dynamodb:LeadingKeys",
+                                    [run_key(props.run_name)],
+                                ),
+                            ],
+                        ),
+                        statement(
+                            "UseDataKeys",
+                            actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
+                            resources=list(props.data_kms_key_arns),
+                            # Through S3 and DynamoDB only, in either region: a stolen credential
+                            # cannot decrypt with the keys directly.
+                            conditions=[
+                                ("StringLike", "kms:ViaService", via_services("s3", "dynamodb"))
+                            ],
+                        ),
+                    ],
+                ),
             ),
         )
         self.instance_profile = aws.iam_instance_profile.IamInstanceProfile(

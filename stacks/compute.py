@@ -48,6 +48,8 @@ class ComputeStack(EnvironmentStack):
                 availability_zones=config.availability_zones,
                 log_kms_key_arn=primary_key_arn,
                 log_retention_days=config.log_retention_days,
+                s3_buckets=(checkpoint_bucket_arn,),  # the replica's region is not this one
+                dynamodb_tables=(catalog_table_arn, events_table_arn),
             ),
         )
         self.fleet = SpotFleet(
@@ -71,6 +73,7 @@ class ComputeStack(EnvironmentStack):
                 catalog_table_name=catalog_table_name,
                 events_table_arn=events_table_arn,
                 events_table_name=events_table_name,
+                vpc_endpoint_ids=self.network.endpoint_ids,
                 data_kms_key_arns=(primary_key_arn, replica_key_arn),
                 region=config.primary_region,
                 account_id=self.account_id,

@@ -207,6 +207,16 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     leading_keys = by_sid["RunCatalogItems"]["condition"][0]
     assert leading_keys["variable"] == "dynamodb:LeadingKeys"
     assert leading_keys["values"] == ["RUN#gpt-small"]
+    # S3 and DynamoDB grants hold only through the VPC's own endpoints: stolen credentials
+    # are of no use outside it.
+    endpoints = sorted(f"${{aws_vpc_endpoint.{n}.id}}"
+                       for n in resources(stack, "aws_vpc_endpoint"))  # fmt: skip
+    for sid, grant in by_sid.items():
+        data = any(a.startswith(("s3:", "dynamodb:")) for a in grant["actions"])
+        vpce = [c for c in grant.get("condition", []) if c["variable"] == "aws:SourceVpce"]
+        assert bool(vpce) == data, sid
+        if data:
+            assert (vpce[0]["test"], sorted(vpce[0]["values"])) == ("StringEquals", endpoints)
     # Machines never delete: published history is removed only by operator commands.
     granted = {a for s in by_sid.values() for a in s["actions"]}
     assert not {a for a in granted if "Delete" in a}, granted
@@ -214,6 +224,25 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     [via] = by_sid["UseDataKeys"]["condition"]
     assert (via["test"], via["variable"]) == ("StringLike", "kms:ViaService")
     assert via["values"] == ["s3.*.amazonaws.com", "dynamodb.*.amazonaws.com"]
+
+
+def test_the_vpc_endpoints_reach_only_the_environments_buckets_and_tables(
+    synth_dir: Path,
+) -> None:
+    stack = load_stack(synth_dir, "dev-compute")
+    reachable = {}
+    for name, endpoint in resources(stack, "aws_vpc_endpoint").items():
+        [grant] = statements(stack, endpoint["policy"])
+        reachable[endpoint["service_name"].rsplit(".", 1)[1]] = grant
+        assert grant["principals"] == [{"type": "AWS", "identifiers": ["*"]}], name
+        [account] = grant["condition"]  # principals of this account only
+        assert account["variable"] == "aws:PrincipalAccount"
+    assert sorted(reachable) == ["dynamodb", "s3"]
+    s3 = reachable["s3"]
+    assert s3["actions"] == ["s3:*"] and len(s3["resources"]) == 2
+    assert s3["resources"][1] == s3["resources"][0] + "/*"  # one bucket, the primary's
+    tables = reachable["dynamodb"]["resources"]
+    assert len(tables) == 4 and all("*" not in t or t.endswith("/index/*") for t in tables)
 
 
 def test_handler_role_touches_only_its_runs_state_its_tag_and_its_services_keys(
@@ -427,7 +456,7 @@ def test_fleet_props_check_sizes_and_types() -> None:
         on_demand_base_capacity=1, checkpoint_bucket_arn="a", replica_bucket_arn="b",
         checkpoint_bucket_name="n", catalog_table_arn="t", catalog_table_name="tn",
         data_kms_key_arns=("k",), region="us-east-1", tags={}, events_table_arn="e",
-        events_table_name="en", account_id="123456789012",
+        events_table_name="en", account_id="123456789012", vpc_endpoint_ids=("vpce-1",),
     )  # fmt: skip
     SpotFleetProps(**base)  # type: ignore[arg-type]
     with pytest.raises(ConfigError) as caught:

@@ -128,6 +128,7 @@ def test_launch_template_user_data_writes_every_setting_the_bootstrap_requires()
     values |= {"instance_types": ("g5.xlarge", "g6.xlarge"), "subnet_ids": ["s"], "min_size": 1,
                "desired_size": 1, "max_size": 2, "on_demand_base_capacity": 1,
                "data_kms_key_arns": ("arn:key", "arn:replica-key"), "tags": {},
+               "vpc_endpoint_ids": ("vpce-1",),
                "emulator_drift_tolerance": False}  # fmt: skip
     script = USER_DATA % tuple(user_data_values(SpotFleetProps(**values)))
     written = set(re.findall(r"^(SPOTRAIN_\w+)=", script, flags=re.MULTILINE))
