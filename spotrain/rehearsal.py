@@ -123,14 +123,26 @@ class Rehearsal:
 
     # --- the steps -----------------------------------------------------------------------
     def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> Report:
+        """Deploy `local` (starting the local cloud if needed), then `story`."""
         with local_cloud(port=port, keep_cloud=keep_cloud, say=self.say) as cloud:
             self.say(f"[1/6] local cloud at {cloud.endpoint}; deploying the `local` environment")
-            try:
-                with self._reference_run() as reference:
-                    outputs = self.deploy(cloud.endpoint)
-                    return self._story(cloud, outputs, reference)
-            finally:
-                control.set_faults(regions_down=[], replication_pending=[])
+            with self._reference_run() as reference:  # alongside the deploy
+                outputs = self.deploy(cloud.endpoint)
+                return self.story(cloud, outputs, reference=reference)
+
+    def story(
+        self, cloud: control.RunningCloud, outputs: dict[str, Any], *,
+        reference: tuple[Phase, Trainer] | None = None, run: str | None = None,
+    ) -> Report:  # fmt: skip
+        """Steps 2 to 6 on a deployed `local` environment (`outputs`: its stacks' outputs and
+        its configuration under "config"); `run` defaults to the environment's."""
+        try:
+            if reference is not None:
+                return self._story(cloud, outputs, reference, run)
+            with self._reference_run() as started:
+                return self._story(cloud, outputs, started, run)
+        finally:
+            control.set_faults(regions_down=[], replication_pending=[])
 
     def deploy(self, endpoint: str) -> dict[str, Any]:
         """Apply the `local` environment; its stacks' outputs, and its configuration under
@@ -155,6 +167,7 @@ class Rehearsal:
         cloud: control.RunningCloud,
         outputs: dict[str, Any],
         reference: tuple[Phase, Trainer],
+        run: str | None,
     ) -> Report:
         from spotrain.localcloud.imds import LocalMetadataService
 
@@ -169,7 +182,7 @@ class Rehearsal:
                 (replica, outputs["replica_key_alias"]),
             )
         }
-        run = config.run_name
+        run = run or config.run_name
         instance = self._fleet_instance(cloud, outputs["fleet_group"], primary)
         settings = {**self._settings(), "run": run}
         on_primary = {

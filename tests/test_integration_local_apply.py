@@ -21,7 +21,7 @@ from botocore.exceptions import ClientError
 
 from spotrain import deploy
 from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
-from spotrain.localcloud import control
+from spotrain.localcloud import control, faults
 from spotrain.stacks.config import EnvironmentConfig
 
 pytestmark = pytest.mark.integration
@@ -201,6 +201,36 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
         "SPOTRAIN_NNODES": f"{local.config.fleet_min_size}:{local.config.fleet_max_size}",
         "SPOTRAIN_RDZV_PORT": "29400",
     }
+
+
+def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
+    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`spotrain rehearse`'s story on this deployment: train, spot notice (IMDS and the
+    EventBridge event to the deployed handler's code), resume, primary region down, restore
+    from the replica bucket, finish there. Its own run, so the fleet rehearsal below has the
+    environment's."""
+    import re
+
+    from spotrain.rehearsal import Rehearsal
+
+    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
+        monkeypatch.setenv(name, value)
+    said: list[str] = []
+    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    report = Rehearsal(tmp_path, say=said.append).story(
+        local.cloud, {**outputs, "config": local.config}, run="solo"
+    )
+    told = "\n".join(said) + "\n" + report.render()
+    assert report.passed, told
+    for stage in range(2, 7):
+        assert f"[{stage}/6]" in told
+    assert re.search(r"steps lost to preemption\s+0 ", told), told
+    assert re.search(r"committed work lost\s+0 steps", told), told
+    assert "identical at every step" in told
+    assert "handler: recorded=True (redelivery recorded=False)" in told
+    assert re.search(r"restored step 20 from s3://\S+-us-west-2", told), told
+    assert faults.read(control.faults_file()).regions_down == []  # the region is back
 
 
 def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(

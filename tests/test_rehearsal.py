@@ -1,36 +1,34 @@
-"""The README's main command: the rehearsal tells the whole story on a local cloud of its own
-and reports no lost work and the uninterrupted run's loss."""
+"""The README's main command, `spotrain rehearse`: its story runs on the deployment the apply
+tests share (tests/test_integration_local_apply.py); here, the part around it: the rehearsal
+starts a local cloud when none runs and stops it afterwards unless told to keep it."""
 
 from __future__ import annotations
 
 import os
-import re
-import subprocess
-import sys
 from pathlib import Path
+from unittest import mock
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[1]
+from spotrain.localcloud import control
+from spotrain.rehearsal import local_cloud
+
+pytestmark = pytest.mark.integration
 
 
-def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    run = subprocess.run(
-        [sys.executable, "-m", "spotrain.cli", "rehearse", "--port", "0"],
-        cwd=ROOT, env={**os.environ, "SPOTRAIN_HOME": str(home)},
-        capture_output=True, text=True, timeout=900,
-    )  # fmt: skip
-    output = run.stdout + run.stderr
-    assert run.returncode == 0, output[-5000:]
-    for stage in range(1, 7):
-        assert f"[{stage}/6]" in output
-    assert re.search(r"steps lost to preemption\s+0 ", output), output
-    assert re.search(r"committed work lost\s+0 steps", output), output
-    assert "identical at every step" in output
-    assert "handler: recorded=True (redelivery recorded=False)" in output
-    assert re.search(r"restored step 20 from s3://\S+-us-west-2", output), output
-    assert "rehearsal passed" in output
-    # it cleans up: the local cloud it started is stopped
-    assert not (home / "local" / "state.json").exists()
+@pytest.mark.parametrize("keep", [False, True])
+def test_the_rehearsal_stops_the_cloud_it_started_unless_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, keep: bool
+) -> None:
+    monkeypatch.setenv("SPOTRAIN_HOME", str(tmp_path / "home"))
+    said: list[str] = []
+    with mock.patch.dict(os.environ):  # the rehearsal points this process's AWS settings at it
+        with local_cloud(port=0, keep_cloud=keep, say=said.append) as cloud:
+            assert (running := control.status()) is not None and running.endpoint == cloud.endpoint
+            assert os.environ["AWS_ENDPOINT_URL"] == cloud.endpoint
+        try:
+            assert (control.status() is not None) == keep
+            assert said == ([] if keep else [
+                "local cloud stopped (pass --keep-cloud to leave it running)"])  # fmt: skip
+        finally:
+            control.down()
