@@ -232,7 +232,7 @@ class SpotFleet(Construct):
                             ],
                         ),
                         statement(
-                            # Prepared datasets are shared by runs: read, never written, by machines.
+                            # Prepared datasets are shared by runs: machines read, never write.
                             "ReadDatasets",
                             actions=["s3:GetObject"],
                             resources=[
