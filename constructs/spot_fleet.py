@@ -200,6 +200,38 @@ class SpotFleet(Construct):
                 ),
             ],
         )
+        own_groups = [
+            f"arn:aws:autoscaling:{props.region}:{props.account_id}:"
+            f"autoScalingGroup:*:autoScalingGroupName/{name}"
+            for name in (props.name, on_demand_group_name(props.name))
+        ]
+        # A machine that cannot train tells its group (SetInstanceHealth); the VPC has no route
+        # to any other AWS API, so the fleet brings its own endpoint for that one call, in its
+        # own security group (the machines reach it through the group's self rules).
+        self.autoscaling_endpoint = aws.vpc_endpoint.VpcEndpoint(
+            self,
+            "AutoscalingEndpoint",
+            vpc_id=props.vpc_id,
+            service_name=f"com.amazonaws.{props.region}.autoscaling",
+            vpc_endpoint_type="Interface",
+            subnet_ids=props.subnet_ids,
+            security_group_ids=[self.security_group.id],
+            private_dns_enabled=True,
+            policy=policy_document(
+                self,
+                "AutoscalingEndpointPolicy",
+                [
+                    statement(
+                        "OnlyReportTheFleetsHealth",
+                        actions=["autoscaling:SetInstanceHealth"],
+                        resources=own_groups,
+                        principals={"AWS": ["*"]},
+                        conditions=[("StringEquals", "aws:PrincipalAccount", [props.account_id])],
+                    )
+                ],
+            ),
+            tags={"Name": f"{props.name}-autoscaling"},
+        )
         self.role = aws.iam_role.IamRole(
             self,
             "InstanceRole",
@@ -283,10 +315,13 @@ class SpotFleet(Construct):
                             # A machine whose trainer cannot start has its group replace it.
                             "ReplaceItself",
                             actions=["autoscaling:SetInstanceHealth"],
-                            resources=[
-                                f"arn:aws:autoscaling:{props.region}:{props.account_id}:"
-                                f"autoScalingGroup:*:autoScalingGroupName/{name}"
-                                for name in (props.name, on_demand_group_name(props.name))
+                            resources=own_groups,
+                            conditions=[
+                                (
+                                    "StringEquals",
+                                    "aws:SourceVpce",
+                                    [str(self.autoscaling_endpoint.id)],
+                                )
                             ],
                         ),
                         statement(

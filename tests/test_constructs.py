@@ -209,14 +209,24 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     assert leading_keys["values"] == ["RUN#gpt-small"]
     # S3 and DynamoDB grants hold only through the VPC's own endpoints: stolen credentials
     # are of no use outside it.
-    endpoints = sorted(f"${{aws_vpc_endpoint.{n}.id}}"
-                       for n in resources(stack, "aws_vpc_endpoint"))  # fmt: skip
+    endpoints = {
+        e["vpc_endpoint_type"]: sorted(
+            f"${{aws_vpc_endpoint.{n}.id}}"
+            for n, other in resources(stack, "aws_vpc_endpoint").items()
+            if other["vpc_endpoint_type"] == e["vpc_endpoint_type"]
+        )
+        for e in resources(stack, "aws_vpc_endpoint").values()
+    }
     for sid, grant in by_sid.items():
-        data = any(a.startswith(("s3:", "dynamodb:")) for a in grant["actions"])
         vpce = [c for c in grant.get("condition", []) if c["variable"] == "aws:SourceVpce"]
-        assert bool(vpce) == data, sid
-        if data:
-            assert (vpce[0]["test"], sorted(vpce[0]["values"])) == ("StringEquals", endpoints)
+        if any(a.startswith(("s3:", "dynamodb:")) for a in grant["actions"]):
+            assert [(c["test"], sorted(c["values"])) for c in vpce] == [
+                ("StringEquals", endpoints["Gateway"])
+            ], sid
+        elif sid == "ReplaceItself":  # the Auto Scaling API, through the fleet's own endpoint
+            assert [sorted(c["values"]) for c in vpce] == [endpoints["Interface"]]
+        else:
+            assert vpce == [], sid
     # Machines never delete: published history is removed only by operator commands.
     granted = {a for s in by_sid.values() for a in s["actions"]}
     assert not {a for a in granted if "Delete" in a}, granted
@@ -226,12 +236,35 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     assert via["values"] == ["s3.*.amazonaws.com", "dynamodb.*.amazonaws.com"]
 
 
+def test_the_fleet_reaches_the_auto_scaling_api_only_to_report_its_own_health(
+    synth_dir: Path,
+) -> None:
+    """Machines have no route to AWS APIs but S3 and DynamoDB: the fleet's own interface
+    endpoint lets a machine that cannot train tell its group, and nothing else."""
+    stack = load_stack(synth_dir, "dev-compute")
+    [endpoint] = [e for e in resources(stack, "aws_vpc_endpoint").values()
+                  if e["vpc_endpoint_type"] == "Interface"]  # fmt: skip
+    assert endpoint["service_name"].endswith(".autoscaling")
+    assert endpoint["private_dns_enabled"] is True
+    [group] = endpoint["security_group_ids"]
+    assert group.startswith("${aws_security_group.Fleet_SecurityGroup")
+    [grant] = statements(stack, endpoint["policy"])
+    assert grant["actions"] == ["autoscaling:SetInstanceHealth"]
+    assert all(r.endswith(("/spotrain-dev-gpt-small-fleet", "-gpt-small-fleet-on-demand"))
+               for r in grant["resources"]), grant["resources"]  # fmt: skip
+    assert grant["condition"][0]["variable"] == "aws:PrincipalAccount"
+
+
 def test_the_vpc_endpoints_reach_only_the_environments_buckets_and_tables(
     synth_dir: Path,
 ) -> None:
     stack = load_stack(synth_dir, "dev-compute")
     reachable = {}
-    for name, endpoint in resources(stack, "aws_vpc_endpoint").items():
+    gateways = {
+        n: e for n, e in resources(stack, "aws_vpc_endpoint").items()
+        if e["vpc_endpoint_type"] == "Gateway"
+    }  # fmt: skip
+    for name, endpoint in gateways.items():
         [grant] = statements(stack, endpoint["policy"])
         reachable[endpoint["service_name"].rsplit(".", 1)[1]] = grant
         assert grant["principals"] == [{"type": "AWS", "identifiers": ["*"]}], name
