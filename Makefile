@@ -50,7 +50,7 @@ node_modules/.installed: package.json package-lock.json
 
 # KEEP=1 leaves the local cloud running afterwards, with the `local` environment deployed.
 local: setup
-	$(VENV)/bin/spotrain rehearse $(if $(KEEP),--keep-cloud)
+	$(VENV)/bin/spotrain rehearse $(if $(FLEET),--fleet) $(if $(KEEP),--keep-cloud)
 
 down: setup
 	$(VENV)/bin/spotrain local down

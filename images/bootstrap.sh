@@ -145,7 +145,8 @@ if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
 fi
 
 status=0
-rm -f "$WORK_DIR/work/.spotrain-first-step"  # this start has trained nothing yet
+first_step=$WORK_DIR/work/.spotrain-first-step # engine.FIRST_STEP_MARKER: a step was trained
+rm -f "$first_step"                            # this start has trained nothing yet
 if [[ -n "${fetch_config:-}" ]]; then
   spotrain_run spotrain config get --store "s3://$SPOTRAIN_BUCKET" --run "$SPOTRAIN_RUN" \
     --to "$CONFIG" || status=$?
@@ -162,8 +163,8 @@ if ((${#fleet[@]})); then
   fi
   verdict=0
   spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" "${reclaimed[@]}" || verdict=$?
-  if ((verdict == 5)) && [[ ! -e "$WORK_DIR/work/.spotrain-first-step" ]]; then
-    # The trainer crashed before it trained a step (engine.FIRST_STEP_MARKER): this machine
+  if ((verdict == 5)) && [[ ! -e "$first_step" ]]; then
+    # The trainer crashed before it trained a step: this machine
     # may be what is wrong, so its group replaces it instead of it idling, billed. A run that
     # crashes everywhere is held after a few crashes and its groups go to 0.
     spotrain_run "${fleet[@]}" unhealthy --instance "$instance_id" \

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.errors import SpotrainError
+from spotrain.fleet_state import DEFAULT_MAX_CRASHES, Coordinator
 from spotrain.localcloud import control, faults
 
 
@@ -313,7 +314,7 @@ def _coordinator(args: argparse.Namespace, table: Any) -> int:
         time.sleep(min(5.0, max(0.1, deadline - time.monotonic())))
 
 
-def _wait_until_it_answers(found: Any, deadline: float, run: str) -> None:
+def _wait_until_it_answers(found: Coordinator, deadline: float, run: str) -> None:
     """The claim is written before the coordinator's torchrun listens (it checks the
     configuration and fetches the data first): wait for the port to answer, and say so
     plainly if it never does rather than leave torch to time out with a traceback."""
@@ -769,14 +770,16 @@ def parser() -> argparse.ArgumentParser:
     fleet.add_argument("--pool", metavar="TYPE#ZONE",
                        help="exit --spot-notice: the machine's capacity pool")  # fmt: skip
     fleet.add_argument(
-        "--max-crashes", type=_whole(1), default=3, help="crashes that hold the run (`exit`)"
-    )
+        "--max-crashes", type=_whole(1), default=DEFAULT_MAX_CRASHES,
+        help="crashes that hold the run (`exit`)",
+    )  # fmt: skip
     fleet.add_argument("--claim", action="store_true",
                        help="coordinator: take or renew the role for this machine")  # fmt: skip
     fleet.add_argument("--address", help="coordinator --claim: this machine's private address")
     fleet.add_argument("--port", type=_whole(1, 65535), help="coordinator --claim: its port")
     fleet.add_argument("--wait", type=_whole(0), default=0,
-                       help="coordinator: seconds to wait for one to appear")  # fmt: skip
+                       help="coordinator: seconds to wait for one to claim the role and "
+                       "answer on its port")  # fmt: skip
     fleet.set_defaults(handler=cmd_fleet)
 
     budget = commands.add_parser("budget", help="a budget's limit, actual and forecast spend")

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.localcloud import control
-from spotrain.localcloud.machines import LocalMachine, deployed_user_data, free_port
+from spotrain.localcloud.machines import LocalMachine, deployed_user_data, in_service
 from spotrain.rehearsal import Phase, RehearsalFailed, Trainer, deliver_interruption
 
 MACHINES = 3
@@ -172,12 +172,11 @@ class FleetRehearsal:
         autoscaling.set_desired_capacity(
             AutoScalingGroupName=group, DesiredCapacity=MACHINES, HonorCooldown=False
         )
-        members = self._instances(autoscaling, group)
+        members, launch_template = in_service(autoscaling, group)
         if len(members) < MACHINES:
             raise RehearsalFailed(f"{group} has {len(members)} instances, not {MACHINES}")
-        launch_template = self._launch_template(autoscaling, group)
         user_data = deployed_user_data(ec2, launch_template)
-        port = free_port()
+        port = control.free_port()
         self.say(f"[3/5] {MACHINES} instances of the group {group} boot from the launch "
                  f"template {launch_template}: one on-demand (the run's coordinator), the "
                  "others spot")  # fmt: skip
@@ -207,7 +206,7 @@ class FleetRehearsal:
 
         known = {m.instance_id for m in self.machines}
         replacement = next(
-            (m for m in self._instances(autoscaling, group) if m["InstanceId"] not in known), None
+            (m for m in in_service(autoscaling, group)[0] if m["InstanceId"] not in known), None
         )
         if replacement is None:
             raise RehearsalFailed(f"{group} launched no replacement for the reclaimed instance")
@@ -327,24 +326,6 @@ class FleetRehearsal:
         command = [sys.executable, "-m", "spotrain.cli", "train", str(path),
                    "--nproc-per-node", "1"]  # fmt: skip
         return phase, Trainer(command, dict(os.environ), self.work / "uninterrupted.log", None)
-
-    def _instances(self, autoscaling: Any, group: str) -> list[dict[str, Any]]:
-        [described] = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])[
-            "AutoScalingGroups"
-        ]
-        return [i for i in described.get("Instances", [])
-                if i.get("LifecycleState", "InService") == "InService"]  # fmt: skip
-
-    def _launch_template(self, autoscaling: Any, group: str) -> str:
-        [described] = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])[
-            "AutoScalingGroups"
-        ]
-        policy = described.get("MixedInstancesPolicy", {})
-        spec = (
-            policy.get("LaunchTemplate", {}).get("LaunchTemplateSpecification")
-            or described["LaunchTemplate"]
-        )
-        return str(spec["LaunchTemplateName"])
 
     def _boot(
         self, member: dict[str, Any], lifecycle: str, user_data: str, aws_env: dict[str, str],

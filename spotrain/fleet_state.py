@@ -24,11 +24,9 @@ from spotrain.catalog_schema import (
 )
 
 DEFAULT_MAX_CRASHES = 3
-COORDINATOR_HEARTBEAT_S = 60
-"""How often the coordinator renews its claim while its machine runs."""
 COORDINATOR_STALE_S = 180
 """A claim not renewed for this long is the claim of a machine that is gone: the next
-on-demand machine may take the role."""
+on-demand machine may take the role (images/bootstrap.sh renews it every 60 s)."""
 
 
 @dataclass(frozen=True)
@@ -70,24 +68,25 @@ def run_state(table: Any, run: str) -> RunState:
 def set_held_sizes(table: Any, run: str, sizes: dict[str, dict[str, int]] | None) -> None:
     """Remember the sizes a held run's groups had (kept if already remembered: the first
     hold's sizes are the run's own), or forget them once they are back (None)."""
-    if sizes is None:
-        table.update_item(Key=_state_key(run), UpdateExpression="REMOVE held_sizes")
-    else:
-        table.update_item(
-            Key=_state_key(run),
-            UpdateExpression="SET held_sizes = if_not_exists(held_sizes, :sizes)",
-            ExpressionAttributeValues={":sizes": sizes},
-        )
+    _remember_first(table, run, "held_sizes", sizes)
 
 
 def set_short_since(table: Any, run: str, since: float | None) -> None:
-    if since is None:
-        table.update_item(Key=_state_key(run), UpdateExpression="REMOVE short_since")
+    """When the run became short of spot capacity (kept from the first check that saw it), or
+    None once it is not."""
+    stored = None if since is None else Decimal(str(round(since, 3)))
+    _remember_first(table, run, "short_since", stored)
+
+
+def _remember_first(table: Any, run: str, attribute: str, value: Any) -> None:
+    """Set a run-state attribute unless it is already set; None removes it."""
+    if value is None:
+        table.update_item(Key=_state_key(run), UpdateExpression=f"REMOVE {attribute}")
     else:
         table.update_item(
             Key=_state_key(run),
-            UpdateExpression="SET short_since = if_not_exists(short_since, :since)",
-            ExpressionAttributeValues={":since": Decimal(str(round(since, 3)))},
+            UpdateExpression=f"SET {attribute} = if_not_exists({attribute}, :value)",
+            ExpressionAttributeValues={":value": value},
         )
 
 

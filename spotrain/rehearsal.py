@@ -268,13 +268,13 @@ class Rehearsal:
         }  # fmt: skip
 
     def _fleet_instance(self, cloud: control.RunningCloud, group: str, region: str) -> str:
-        groups = control.client("autoscaling", cloud.endpoint, region).describe_auto_scaling_groups(
-            AutoScalingGroupNames=[group]
-        )["AutoScalingGroups"]
-        instances = [i["InstanceId"] for g in groups for i in g.get("Instances", [])]
+        from spotrain.localcloud.machines import in_service
+
+        autoscaling = control.client("autoscaling", cloud.endpoint, region)
+        instances, _ = in_service(autoscaling, group)
         if not instances:
             raise RehearsalFailed(f"the fleet group {group} launched no instance")
-        return str(instances[-1])
+        return str(instances[-1]["InstanceId"])
 
     def _restore_from_replica(
         self, cloud: control.RunningCloud, bucket: str, region: str, run: str
@@ -380,7 +380,9 @@ class Trainer:
 
 
 @contextmanager
-def local_cloud(*, port: int, keep_cloud: bool, say: Callable[[str], None]) -> Iterator[Any]:
+def local_cloud(
+    *, port: int, keep_cloud: bool, say: Callable[[str], None]
+) -> Iterator[control.RunningCloud]:
     """The running local cloud, or one started for the rehearsal (and stopped after it unless
     `keep_cloud`); this process's AWS settings point at it."""
     started_here = control.status() is None

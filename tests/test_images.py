@@ -234,3 +234,11 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     assert held.returncode == 3
     assert "held after repeated crashes" in held.stdout
     assert "spotrain train" not in held.stdout + held.stderr
+
+
+def test_bootstrap_looks_for_the_marker_the_trainer_writes() -> None:
+    """The boot script tells a start that never trained (its machine is replaced) from a later
+    crash by the trainer's first-step marker: one name on both sides."""
+    from spotrain.trainer.engine import FIRST_STEP_MARKER
+
+    assert f"first_step=$WORK_DIR/work/{FIRST_STEP_MARKER} " in BOOTSTRAP.read_text()

@@ -111,7 +111,8 @@ def _connection(endpoint: str, region: str) -> dict[str, Any]:
     )
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A loopback port nobody listens on now."""
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
@@ -166,7 +167,7 @@ def up(port: int = DEFAULT_PORT) -> RunningCloud:
     if running is not None:
         return running
     if port == 0:
-        port = _free_port()
+        port = free_port()
     elif _port_in_use(port):
         raise LocalCloudError(
             f"port {port} is already in use: stop what listens there, or start the local "

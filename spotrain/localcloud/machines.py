@@ -14,7 +14,6 @@ import base64
 import contextlib
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -34,10 +33,19 @@ def deployed_user_data(ec2: Any, launch_template: str) -> str:
     return base64.b64decode(versions[0]["LaunchTemplateData"]["UserData"]).decode()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
+def in_service(autoscaling: Any, group: str) -> tuple[list[dict[str, Any]], str]:
+    """The group's instances in service, and the name of the launch template they boot from
+    (read in one call)."""
+    [described] = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])[
+        "AutoScalingGroups"
+    ]
+    instances = [i for i in described.get("Instances", [])
+                 if i.get("LifecycleState", "InService") == "InService"]  # fmt: skip
+    policy = described.get("MixedInstancesPolicy", {})
+    spec = policy.get("LaunchTemplate", {}).get("LaunchTemplateSpecification") or described.get(
+        "LaunchTemplate", {}
+    )
+    return instances, str(spec.get("LaunchTemplateName", ""))
 
 
 class LocalMachine:
