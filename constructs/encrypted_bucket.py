@@ -2,8 +2,9 @@
 lifecycle-managed.
 
 Checkpoint buckets use SSE-KMS with a bucket key and refuse any put that is not SSE-KMS with
-their own key. Access-log buckets (`receives_access_logs`) use SSE-S3, the only encryption S3
-server access log delivery writes to, and grant the log delivery service.
+their own key, and any write that could overwrite an object under their write-once prefixes.
+Access-log buckets (`receives_access_logs`) use SSE-S3, the only encryption S3 server access
+log delivery writes to, and grant the log delivery service.
 """
 
 from __future__ import annotations
@@ -32,6 +33,10 @@ class EncryptedBucketProps:
     """Days a superseded object version is kept."""
     abort_incomplete_multipart_days: int = 2
     """Days after which unfinished multipart uploads are removed."""
+    write_once_prefixes: tuple[str, ...] = ()
+    """Key prefixes (e.g. `runs/`) whose objects are written once: a request that creates an
+    object there (PutObject, the completion of a multipart upload) is refused without
+    `If-None-Match: *`, so no credential, however broad, overwrites published history."""
     force_destroy: bool = False
     """Allow `terraform destroy` to delete a bucket that still holds objects (local cloud)."""
     provider: Any = None
@@ -57,6 +62,12 @@ class EncryptedBucketProps:
             problems.append(f"bucket name {self.bucket_name!r} must be 3-63 characters long")
         if self.noncurrent_version_expiration_days < 1:
             problems.append("noncurrent_version_expiration_days must be 1 or more")
+        for prefix in self.write_once_prefixes:
+            if not prefix.endswith("/") or prefix.startswith("/") or "*" in prefix:
+                problems.append(
+                    f"write_once_prefixes entry {prefix!r} must be a key prefix ending in '/' "
+                    "without wildcards, e.g. 'runs/'"
+                )
         if self.abort_incomplete_multipart_days < 1:
             problems.append("abort_incomplete_multipart_days must be 1 or more")
         raise_if_problems("EncryptedBucketProps", problems)
@@ -209,6 +220,22 @@ class EncryptedBucket(Construct):
                     ],
                 ),
             ]
+        if props.write_once_prefixes:
+            statements.append(
+                statement(
+                    # S3's documented way to require conditional writes; the steps of a
+                    # multipart upload take no conditional header, its completion does.
+                    "DenyOverwritableWrites",
+                    effect="Deny",
+                    actions=["s3:PutObject"],
+                    resources=[f"{bucket_arn}/{prefix}*" for prefix in props.write_once_prefixes],
+                    principals={"AWS": ["*"]},
+                    conditions=[
+                        ("Null", "s3:if-none-match", ["true"]),
+                        ("Bool", "s3:ObjectCreationOperation", ["true"]),
+                    ],
+                )
+            )
         if props.receives_access_logs:
             statements.append(
                 statement(

@@ -36,6 +36,12 @@ def statement(
     return result
 
 
+def leading_keys(*partitions: str) -> tuple[str, str, list[str]]:
+    """Condition: a DynamoDB request touches only items under these partition keys (every item
+    of it; `*` matches any run of characters)."""
+    return ("ForAllValues:StringLike", "dynamodb:LeadingKeys", list(partitions))
+
+
 def via_services(*services: str) -> list[str]:
     """`kms:ViaService` values: the key is usable through these services, in any region, and
     not by calling KMS directly."""

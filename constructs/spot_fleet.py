@@ -14,10 +14,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrain import catalog_schema
-from spotrain.catalog_schema import run_key
+from spotrain.catalog_schema import crashes_key, releases_key, run_key
 from spotrain.cdk import Construct, Fn, TerraformResourceLifecycle, aws
 from spotrain.constructs.policy import (
     assume_role_policy,
+    leading_keys,
     policy_document,
     statement,
     via_services,
@@ -303,13 +304,7 @@ class SpotFleet(Construct):
                                 props.catalog_table_arn,
                                 f"{props.catalog_table_arn}/index/*",
                             ],
-                            conditions=[
-                                (
-                                    "ForAllValues:StringEquals",
-                                    "dynamodb:LeadingKeys",
-                                    [run_key(props.run_name)],
-                                ),
-                            ],
+                            conditions=[leading_keys(run_key(props.run_name))],
                         ),
                         statement(
                             # A machine whose trainer cannot start has its group replace it.
@@ -325,15 +320,28 @@ class SpotFleet(Construct):
                             ],
                         ),
                         statement(
+                            # The coordinator claim, reclaim marks, and reading the run's state.
                             "RunFleetState",
                             actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
                             resources=[props.events_table_arn],
+                            conditions=[leading_keys(run_key(props.run_name))],
+                        ),
+                        statement(
+                            # Add crash records, never change or remove one: a machine cannot
+                            # release its own run from a hold after repeated crashes.
+                            "RecordRunCrashes",
+                            actions=["dynamodb:PutItem"],
+                            resources=[props.events_table_arn],
+                            conditions=[leading_keys(crashes_key(props.run_name))],
+                        ),
+                        statement(
+                            "ReadRunCrashesAndReleases",
+                            actions=["dynamodb:Query"],
+                            resources=[props.events_table_arn],
                             conditions=[
-                                (
-                                    "ForAllValues:StringEquals",
-                                    "dynamodb:LeadingKeys",
-                                    [run_key(props.run_name)],
-                                ),
+                                leading_keys(
+                                    crashes_key(props.run_name), releases_key(props.run_name)
+                                )
                             ],
                         ),
                         statement(

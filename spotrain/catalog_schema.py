@@ -23,9 +23,13 @@ def run_name_problem(name: object, kind: str = "run") -> str | None:
 
 
 # --- the checkpoint bucket's layout --------------------------------------------------------
+RUNS_PREFIX = "runs"
+"""What runs write: written once, never overwritten (the buckets' policies refuse it)."""
+
+
 def run_prefix(run_name: str) -> str:
     """Everything a run writes to the bucket is under this prefix (IAM scopes machines to it)."""
-    return f"runs/{run_name}"
+    return f"{RUNS_PREFIX}/{run_name}"
 
 
 DATASETS_PREFIX = "datasets"
@@ -107,7 +111,8 @@ def pool_key(instance_type: str, availability_zone: str) -> str:
 # Run state in the events table, under the run's key (`run_key`): what the handler and the
 # fleet's boot service know about a run's machines.
 RUN_STATE_SORT_KEY = "STATE"
-"""`crashes`, `failed`, `short_since` (epoch seconds the run has been short of spot capacity)."""
+"""`short_since` (epoch seconds the run has been short of spot capacity), `held_sizes`,
+`foreign_events`."""
 COORDINATOR_SORT_KEY = "COORDINATOR"
 """The run's coordinator: `address`, `port`, `instance_id`, `heartbeat_at` (epoch seconds);
 the machines of a run meet at its rendezvous (torchrun c10d)."""
@@ -117,3 +122,16 @@ INSTANCE_STATUS_REBALANCING = "REBALANCING"
 
 def instance_sort_key(instance_id: str) -> str:
     return f"INSTANCE#{instance_id}"
+
+
+# A run's crashes and their releases live under keys of their own, so IAM can let machines add
+# crash records (PutItem) without letting them release their own run: only an operator writes
+# a release, and a release forgives the crashes recorded before it (it stores their count).
+def crashes_key(run_name: str) -> str:
+    """Partition of the run's crash records (`CRASH#<time>#<instance>#<nonce>`)."""
+    return f"CRASHES#{run_name}"
+
+
+def releases_key(run_name: str) -> str:
+    """Partition of the run's releases (`RELEASE#<time>`: `forgiven`, `released_by`)."""
+    return f"RELEASES#{run_name}"

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.errors import SpotrainError
-from spotrain.fleet_state import DEFAULT_MAX_CRASHES, Coordinator
+from spotrain.fleet_state import Coordinator
 from spotrain.localcloud import control, faults
 
 
@@ -229,9 +229,7 @@ def _fleet(args: argparse.Namespace) -> int:
             raise SpotrainError("`spotrain fleet exit` needs --instance ID and --code N")
         if args.spot_notice:
             _mark_reclaimed(table, args)
-        verdict = fleet_state.record_exit(
-            table, args.run, args.instance, args.code, max_crashes=args.max_crashes
-        )
+        verdict = fleet_state.record_exit(table, args.run, args.instance, args.code)
         held = ", and is held: too many" if verdict.failed else ""
         _say(f"trainer exit {args.code} on {args.instance}: {verdict.kind}; run {args.run} has "
              f"{verdict.crashes} crash(es){held}")  # fmt: skip
@@ -249,8 +247,9 @@ def _fleet(args: argparse.Namespace) -> int:
         _say(f"{args.instance} marked unhealthy ({args.reason}): its group replaces it")
         return 0
     if args.action == "reset-crashes":
-        fleet_state.reset_crashes(table, args.run)
-        _say(f"run {args.run}: crash count reset; it may start and be requeued again")
+        forgiven = fleet_state.reset_crashes(table, args.run, released_by=_caller_arn())
+        _say(f"run {args.run}: released ({forgiven} crash record(s) forgiven); it may start and "
+             "be requeued again")  # fmt: skip
         return 0
     if args.action == "may-start":
         failed = fleet_state.run_state(table, args.run).failed
@@ -279,6 +278,17 @@ def _fleet(args: argparse.Namespace) -> int:
             _say(f"  {item['sk'].split('#', 1)[1]:<22} {item['status']:<13} pool "
                  f"{item.get('pool', '-')} since {item.get('updated_at', '-')}")  # fmt: skip
     return 0
+
+
+def _caller_arn() -> str:
+    """Who is asking, for the audit trail ("" when the identity service cannot say)."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return str(boto3.client("sts").get_caller_identity()["Arn"])
+    except (BotoCoreError, ClientError):
+        return ""
 
 
 def _coordinator(args: argparse.Namespace, table: Any) -> int:
@@ -753,9 +763,9 @@ def parser() -> argparse.ArgumentParser:
         help="status: groups and the run's state; scale: set one group's desired capacity; "
         "exit: account for a trainer exit (boot service; exit 3 if the run is now held, 5 for "
         "a crash); may-start: exit 3 if the run is held after crashes; reset-crashes: release "
-        "a held run; coordinator: claim the run's rendezvous (--claim) or print where it is "
-        "(HOST:PORT); unhealthy: have the group replace --instance (a machine that cannot "
-        "train)",
+        "a held run (operator credentials: machines cannot); coordinator: claim the run's "
+        "rendezvous (--claim) or print where it is (HOST:PORT); unhealthy: have the group "
+        "replace --instance (a machine that cannot train)",
     )
     fleet.add_argument("--group", action="append", default=[], help="Auto Scaling group name")
     fleet.add_argument("--desired", type=_whole(0), help="desired capacity for `scale`")
@@ -769,10 +779,6 @@ def parser() -> argparse.ArgumentParser:
                        "service's spot/instance-action): the exit is a preemption")  # fmt: skip
     fleet.add_argument("--pool", metavar="TYPE#ZONE",
                        help="exit --spot-notice: the machine's capacity pool")  # fmt: skip
-    fleet.add_argument(
-        "--max-crashes", type=_whole(1), default=DEFAULT_MAX_CRASHES,
-        help="crashes that hold the run (`exit`)",
-    )  # fmt: skip
     fleet.add_argument("--claim", action="store_true",
                        help="coordinator: take or renew the role for this machine")  # fmt: skip
     fleet.add_argument("--address", help="coordinator --claim: this machine's private address")

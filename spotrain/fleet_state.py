@@ -1,6 +1,10 @@
 """A run's fleet state in the events table: which machines are being interrupted, how often
 the trainer crashed, and since when the run lacks spot capacity.
 
+Crashes are records a machine adds and cannot take back; a run is held once `max_crashes` of
+them are recorded after its last release, and only an operator's release (a record machines
+may not write: IAM keeps them to their run's crash partition) lets it start again.
+
 Shared by the interruption handler (it ships in the Lambda zip: boto3 and the standard
 library only) and `spotrain fleet` on the machines and on-call laptops.
 """
@@ -8,6 +12,7 @@ library only) and `spotrain fleet` on the machines and on-call laptops.
 from __future__ import annotations
 
 import time
+import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -19,11 +24,14 @@ from spotrain.catalog_schema import (
     PARTITION_KEY,
     RUN_STATE_SORT_KEY,
     SORT_KEY,
+    crashes_key,
     instance_sort_key,
+    releases_key,
     run_key,
 )
 
 DEFAULT_MAX_CRASHES = 3
+"""Crashes since the last release that hold a run (the boot script, the handler)."""
 COORDINATOR_STALE_S = 180
 """A claim not renewed for this long is the claim of a machine that is gone: the next
 on-demand machine may take the role (images/bootstrap.sh renews it every 60 s)."""
@@ -32,7 +40,9 @@ on-demand machine may take the role (images/bootstrap.sh renews it every 60 s)."
 @dataclass(frozen=True)
 class RunState:
     crashes: int = 0
+    """Crashes recorded since the run's last release."""
     failed: bool = False
+    """`crashes` reached the limit: the run is held until an operator releases it."""
     short_since: float | None = None
     held_sizes: dict[str, dict[str, int]] | None = None
     """The run's groups' sizes (min_size, desired) before it was held and scaled to 0."""
@@ -50,19 +60,51 @@ def _state_key(run: str) -> dict[str, str]:
     return {PARTITION_KEY: run_key(run), SORT_KEY: RUN_STATE_SORT_KEY}
 
 
-def run_state(table: Any, run: str) -> RunState:
+def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -> RunState:
     item = table.get_item(Key=_state_key(run), ConsistentRead=True).get("Item") or {}
     short_since = item.get("short_since")
     held = item.get("held_sizes")
+    crashes = _count(table, crashes_key(run)) - _forgiven(table, run)
     return RunState(
-        crashes=int(item.get("crashes", 0)),
-        failed=bool(item.get("failed", False)),
+        crashes=crashes,
+        failed=crashes >= max_crashes,
         short_since=float(short_since) if short_since is not None else None,
         held_sizes=(
             {name: {k: int(v) for k, v in sizes.items()} for name, sizes in held.items()}
             if held else None
         ),
     )  # fmt: skip
+
+
+def _count(table: Any, partition: str) -> int:
+    """Items in a partition (keys only are read)."""
+    query: dict[str, Any] = {
+        "KeyConditionExpression": "#pk = :pk",
+        "ExpressionAttributeNames": {"#pk": PARTITION_KEY},
+        "ExpressionAttributeValues": {":pk": partition},
+        "Select": "COUNT",
+        "ConsistentRead": True,
+    }
+    total = 0
+    while True:
+        page = table.query(**query)
+        total += int(page["Count"])
+        if "LastEvaluatedKey" not in page:
+            return total
+        query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
+def _forgiven(table: Any, run: str) -> int:
+    """Crashes the run's latest release forgave (0 if it was never released)."""
+    latest = table.query(
+        KeyConditionExpression="#pk = :pk",
+        ExpressionAttributeNames={"#pk": PARTITION_KEY},
+        ExpressionAttributeValues={":pk": releases_key(run)},
+        ScanIndexForward=False,
+        Limit=1,
+        ConsistentRead=True,
+    )["Items"]
+    return int(latest[0]["forgiven"]) if latest else 0
 
 
 def set_held_sizes(table: Any, run: str, sizes: dict[str, dict[str, int]] | None) -> None:
@@ -90,12 +132,15 @@ def _remember_first(table: Any, run: str, attribute: str, value: Any) -> None:
         )
 
 
+_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+
+
 def event_time(value: str) -> str:
     """An event time (ISO 8601) in one fixed-width UTC form, so stored times compare as text."""
     moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return moment.astimezone(UTC).strftime(_TIME_FORMAT)
 
 
 def mark_instance(
@@ -153,32 +198,36 @@ def instances(table: Any, run: str) -> list[dict[str, Any]]:
 
 
 def record_exit(
-    table: Any, run: str, instance_id: str, exit_code: int, *, max_crashes: int
+    table: Any,
+    run: str,
+    instance_id: str,
+    exit_code: int,
+    *,
+    max_crashes: int = DEFAULT_MAX_CRASHES,
 ) -> ExitVerdict:
     """Account for a trainer exit. A clean exit, or any exit of a machine being interrupted,
-    is not a failure; other exits count as crashes, and `max_crashes` of them fail the run."""
+    is not a failure; other exits count as crashes, and `max_crashes` of them since the run's
+    last release hold it (the handler and the boot script hold at DEFAULT_MAX_CRASHES)."""
     if exit_code == 0 or instance_status(table, run, instance_id) == INSTANCE_STATUS_INTERRUPTING:
-        state = run_state(table, run)
+        state = run_state(table, run, max_crashes=max_crashes)
         return ExitVerdict(
             "finished" if exit_code == 0 else "preempted", state.crashes, state.failed
         )
-    item = table.update_item(
-        Key=_state_key(run),
-        UpdateExpression="ADD #c :one SET last_crash_at = :now, last_crash_code = :code",
-        ExpressionAttributeNames={"#c": "crashes"},
-        ExpressionAttributeValues={":one": 1, ":now": int(time.time()), ":code": exit_code},
-        ReturnValues="ALL_NEW",
-    )["Attributes"]
-    crashes = int(item["crashes"])
-    failed = crashes >= max_crashes
-    if failed and not item.get("failed"):
-        table.update_item(
-            Key=_state_key(run),
-            UpdateExpression="SET #f = :yes",
-            ExpressionAttributeNames={"#f": "failed"},
-            ExpressionAttributeValues={":yes": True},
-        )
-    return ExitVerdict("crash", crashes, failed)
+    now = time.time()
+    table.put_item(
+        Item={
+            PARTITION_KEY: crashes_key(run),
+            SORT_KEY: f"CRASH#{_stamp(now)}#{instance_id}#{uuid.uuid4().hex[:8]}",
+            "instance_id": instance_id, "code": exit_code, "at": int(now),
+        },
+        ConditionExpression=f"attribute_not_exists({PARTITION_KEY})",  # a new record, always
+    )  # fmt: skip
+    state = run_state(table, run, max_crashes=max_crashes)
+    return ExitVerdict("crash", state.crashes, state.failed)
+
+
+def _stamp(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime(_TIME_FORMAT)
 
 
 def count_foreign_event(table: Any, run: str) -> int:
@@ -193,11 +242,16 @@ def count_foreign_event(table: Any, run: str) -> int:
     return int(item["foreign_events"])
 
 
-def reset_crashes(table: Any, run: str) -> None:
-    """After the cause of the crashes is fixed: the run may start (and be requeued) again."""
-    table.update_item(Key=_state_key(run), UpdateExpression="SET #c = :zero, #f = :no",
-                      ExpressionAttributeNames={"#c": "crashes", "#f": "failed"},
-                      ExpressionAttributeValues={":zero": 0, ":no": False})  # fmt: skip
+def reset_crashes(table: Any, run: str, *, released_by: str = "") -> int:
+    """After the cause of the crashes is fixed (operator credentials: machines may not write
+    releases): the run may start, and be requeued, again. Returns the crashes forgiven."""
+    forgiven = _count(table, crashes_key(run))
+    now = time.time()
+    table.put_item(Item={
+        PARTITION_KEY: releases_key(run), SORT_KEY: f"RELEASE#{_stamp(now)}",
+        "forgiven": forgiven, "released_by": released_by, "at": int(now),
+    })  # fmt: skip
+    return forgiven
 
 
 @dataclass(frozen=True)

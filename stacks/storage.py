@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from spotrain import catalog_schema
 from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
@@ -66,6 +67,7 @@ class StorageStack(EnvironmentStack):
                 account_id=self.account_id,
                 kms_key_arn=keys[label].arn,
                 access_log_bucket=log_buckets[label].log_target_name,
+                write_once_prefixes=(f"{catalog_schema.RUNS_PREFIX}/",),
                 noncurrent_version_expiration_days=config.noncurrent_version_expiration_days,
                 force_destroy=config.is_local,
                 provider=provider,

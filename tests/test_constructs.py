@@ -68,8 +68,14 @@ def test_checkpoint_bucket_policy_refuses_puts_without_its_kms_key(synth_dir: Pa
         p for name, p in resources(stack, "aws_s3_bucket_policy").items() if "Checkpoints" in name
     )
     sids = {s["sid"]: s for s in statements(stack, policy["policy"])}
-    assert set(sids) == {"DenyInsecureTransport", "DenyPutWithoutSseKms", "DenyPutWithOtherKey"}
+    assert set(sids) == {"DenyInsecureTransport", "DenyPutWithoutSseKms", "DenyPutWithOtherKey",
+                         "DenyOverwritableWrites"}  # fmt: skip
     assert sids["DenyPutWithoutSseKms"]["condition"][0]["values"] == ["aws:kms"]
+    write_once = sids["DenyOverwritableWrites"]
+    assert [r.rsplit("}", 1)[-1] for r in write_once["resources"]] == ["/runs/*"]
+    assert {(c["test"], c["variable"], *c["values"]) for c in write_once["condition"]} == {
+        ("Null", "s3:if-none-match", "true"), ("Bool", "s3:ObjectCreationOperation", "true"),
+    }  # fmt: skip
 
 
 def test_lifecycle_aborts_multipart_uploads_and_expires_old_versions(synth_dir: Path) -> None:
@@ -230,6 +236,16 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     # Machines never delete: published history is removed only by operator commands.
     granted = {a for s in by_sid.values() for a in s["actions"]}
     assert not {a for a in granted if "Delete" in a}, granted
+    # Crash records only added, releases only read: a machine cannot release its own run.
+    writes: dict[str, set[str]] = {"dynamodb:PutItem": set(), "dynamodb:UpdateItem": set()}
+    for grant in by_sid.values():
+        keys = [c["values"] for c in grant.get("condition", [])
+                if c["variable"] == "dynamodb:LeadingKeys"]  # fmt: skip
+        for action in set(writes) & set(grant["actions"]):
+            writes[action].update(*keys)
+    assert not any("RELEASES#" in key for keys in writes.values() for key in keys), writes
+    assert writes["dynamodb:PutItem"] == {"RUN#gpt-small", "CRASHES#gpt-small"}
+    assert "CRASHES#gpt-small" not in writes["dynamodb:UpdateItem"]
     # The data keys only through S3 and DynamoDB: a stolen credential cannot call KMS.
     [via] = by_sid["UseDataKeys"]["condition"]
     assert (via["test"], via["variable"]) == ("StringLike", "kms:ViaService")

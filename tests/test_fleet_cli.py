@@ -11,6 +11,7 @@ from helpers import create_catalog_table
 from moto import mock_aws
 
 from spotrain import cli
+from spotrain.fleet_state import DEFAULT_MAX_CRASHES
 
 
 @pytest.fixture
@@ -26,9 +27,9 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 def test_crashes_hold_the_run_until_reset(aws: None, capsys: pytest.CaptureFixture[str]) -> None:
     state = ["--events-table", "events", "--run", "r"]
     assert cli.main(["fleet", "may-start", *state]) == 0
-    exits = [cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "1",
-                       "--max-crashes", "2"]) for _ in range(2)]  # fmt: skip
-    assert exits == [5, 3]  # a crash, then the crash that holds the run
+    exits = [cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "1"])
+             for _ in range(DEFAULT_MAX_CRASHES)]  # fmt: skip
+    assert exits == [5, 5, 3]  # crashes, then the crash that holds the run
     assert cli.main(["fleet", "may-start", *state]) == 3
     assert "held after repeated crashes" in capsys.readouterr().out
     assert cli.main(["fleet", "reset-crashes", *state]) == 0
@@ -37,8 +38,7 @@ def test_crashes_hold_the_run_until_reset(aws: None, capsys: pytest.CaptureFixtu
 
 def test_a_clean_exit_is_not_a_crash(aws: None, capsys: pytest.CaptureFixture[str]) -> None:
     state = ["--events-table", "events", "--run", "r"]
-    assert cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "0",
-                     "--max-crashes", "1"]) == 0  # fmt: skip
+    assert cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "0"]) == 0  # fmt: skip
     assert "finished; run r has 0 crash(es)" in capsys.readouterr().out
 
 
@@ -53,8 +53,7 @@ def test_a_machine_that_got_its_own_spot_notice_exits_preempted_not_crashed(
     state = ["--events-table", "events", "--run", "r"]
     notice = '{"action": "terminate", "time": "2026-11-23T16:33:31Z"}'
     assert cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "1",
-                     "--spot-notice", notice, "--pool", "g6.xlarge#us-east-1a",
-                     "--max-crashes", "1"]) == 0  # fmt: skip
+                     "--spot-notice", notice, "--pool", "g6.xlarge#us-east-1a"]) == 0  # fmt: skip
     out = capsys.readouterr().out
     assert "i-1 was reclaimed (terminate at 2026-11-23T16:33:31Z)" in out
     assert "trainer exit 1 on i-1: preempted; run r has 0 crash(es)" in out

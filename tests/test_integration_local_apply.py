@@ -8,6 +8,7 @@ One apply per run (about four minutes here): the tests below share it and run in
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import shutil
 import subprocess
@@ -99,7 +100,7 @@ def test_replication_copies_a_checkpoint_to_the_replica_region(local: Local) -> 
     )["KeyMetadata"]["Arn"]
     local.client("s3").put_object(
         Bucket=local.primary_bucket, Key=key, Body=body, ServerSideEncryption="aws:kms",
-        SSEKMSKeyId=primary_key,
+        SSEKMSKeyId=primary_key, IfNoneMatch="*",  # runs/ is written once
     )  # fmt: skip
     replica = local.client("s3", local.config.replica_region).get_object(
         Bucket=local.replica_bucket, Key=key
@@ -132,6 +133,30 @@ def test_checkpoint_bucket_policy_is_enforced(local: Local) -> None:
         assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403, refused_put
     s3.put_object(Bucket=local.primary_bucket, Key="policy-probe", Body=b"x",
                   ServerSideEncryption="aws:kms", SSEKMSKeyId=key)  # fmt: skip
+    # Under runs/ every write that creates an object must be conditional, whoever sends it:
+    # what a run published is never overwritten. The steps of a multipart upload carry no
+    # condition; its completion does.
+    sse = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": key}
+    published = f"runs/{local.config.run_name}/policy-probe-{uuid.uuid4().hex[:6]}"
+    with pytest.raises(ClientError) as refused:
+        s3.put_object(Bucket=local.primary_bucket, Key=published, Body=b"x", **sse)
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    upload = s3.create_multipart_upload(Bucket=local.primary_bucket, Key=published, **sse)
+    part = s3.upload_part(Bucket=local.primary_bucket, Key=published, PartNumber=1, Body=b"x",
+                          UploadId=upload["UploadId"])  # fmt: skip
+    parts = {"Parts": [{"PartNumber": 1, "ETag": part["ETag"]}]}
+    with pytest.raises(ClientError) as refused:
+        s3.complete_multipart_upload(
+            Bucket=local.primary_bucket, Key=published, UploadId=upload["UploadId"],
+            MultipartUpload=parts,
+        )  # fmt: skip
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+    s3.complete_multipart_upload(Bucket=local.primary_bucket, Key=published, IfNoneMatch="*",
+                                 UploadId=upload["UploadId"], MultipartUpload=parts)  # fmt: skip
+    with pytest.raises(ClientError) as refused:  # and once there, it stays as it is
+        s3.put_object(Bucket=local.primary_bucket, Key=published, Body=b"y", IfNoneMatch="*",
+                      **sse)  # fmt: skip
+    assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
 
 
 def test_catalog_tables_are_encrypted_with_recovery_and_streams(local: Local) -> None:
@@ -263,6 +288,267 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     assert logs.count(" meets at 127.0.0.1:") == MACHINES
     # The dataset came from the deployed bucket, and a restart on the same disk reuses it.
     assert "4 shard(s), 4 fetched" in logs and "0 fetched, 4 already on this disk" in logs
+
+
+FLEET_POLICY = "run-scoped-checkpoint-access"
+
+
+def _deployed_access(local: Local) -> dict[str, Any]:
+    """What decides a training machine's access, read back from the deployment: its role's
+    trust and policy, the checkpoint buckets' policies and encryption, the tables' keys, the
+    data keys and the gateway endpoints its requests come through."""
+    iam, ec2 = local.client("iam"), local.client("ec2")
+    [role] = [
+        r
+        for r in iam.list_roles()["Roles"]
+        if FLEET_POLICY in iam.list_role_policies(RoleName=r["RoleName"])["PolicyNames"]
+    ]
+    buckets = {}
+    for bucket, region in (
+        (local.primary_bucket, local.config.primary_region),
+        (local.replica_bucket, local.config.replica_region),
+    ):
+        s3 = local.client("s3", region)
+        buckets[bucket] = {
+            "region": region,
+            "policy": s3.get_bucket_policy(Bucket=bucket)["Policy"],
+            "encryption": s3.get_bucket_encryption(Bucket=bucket)[
+                "ServerSideEncryptionConfiguration"
+            ],
+        }
+    tables = {
+        name: local.client("dynamodb").describe_table(TableName=name)["Table"]
+        for name in ("spotrain-local-checkpoints", "spotrain-local-events")
+    }
+    endpoints = {
+        e["ServiceName"].rsplit(".", 1)[-1]: e["VpcEndpointId"]
+        for e in ec2.describe_vpc_endpoints()["VpcEndpoints"]
+        if e["VpcEndpointType"] == "Gateway"
+    }
+    key = local.client("kms").describe_key(
+        KeyId=f"alias/spotrain-local-data-{local.config.primary_region}"
+    )["KeyMetadata"]["Arn"]
+    return {
+        "role": role,
+        "buckets": buckets,
+        "tables": tables,
+        "endpoints": endpoints,
+        "key": key,
+        "policy": iam.get_role_policy(RoleName=role["RoleName"], PolicyName=FLEET_POLICY)[
+            "PolicyDocument"
+        ],
+    }
+
+
+def _recreate(access: dict[str, Any], endpoint: str, region: str) -> dict[str, dict[str, str]]:
+    """The deployed access on a fresh cloud; returns the machine's and an operator's
+    credentials."""
+    import json
+
+    def client(service: str, where: str = region) -> Any:
+        return control.client(service, endpoint, where)
+
+    for bucket, found in access["buckets"].items():
+        s3 = client("s3", found["region"])
+        where = found["region"]
+        s3.create_bucket(
+            Bucket=bucket,
+            **(
+                {}
+                if where == "us-east-1"
+                else {"CreateBucketConfiguration": {"LocationConstraint": where}}
+            ),
+        )
+        s3.put_bucket_versioning(Bucket=bucket, VersioningConfiguration={"Status": "Enabled"})
+        s3.put_bucket_encryption(
+            Bucket=bucket, ServerSideEncryptionConfiguration=found["encryption"]
+        )
+        s3.put_bucket_policy(Bucket=bucket, Policy=found["policy"])
+    for name, table in access["tables"].items():
+        indexes = [
+            {k: i[k] for k in ("IndexName", "KeySchema", "Projection")}
+            for i in table.get("GlobalSecondaryIndexes", [])
+        ]
+        client("dynamodb").create_table(
+            TableName=name,
+            KeySchema=table["KeySchema"],
+            AttributeDefinitions=table["AttributeDefinitions"],
+            BillingMode="PAY_PER_REQUEST",
+            **({"GlobalSecondaryIndexes": indexes} if indexes else {}),
+        )
+    iam = client("iam")
+    role = access["role"]
+    iam.create_role(
+        RoleName=role["RoleName"],
+        AssumeRolePolicyDocument=json.dumps(role["AssumeRolePolicyDocument"]),
+    )
+    iam.put_role_policy(
+        RoleName=role["RoleName"],
+        PolicyName=FLEET_POLICY,
+        PolicyDocument=json.dumps(access["policy"]),
+    )
+    iam.create_user(UserName="on-call")
+    iam.put_user_policy(
+        UserName="on-call",
+        PolicyName="administrator",
+        PolicyDocument=json.dumps(
+            {
+                "Version": "2012-10-17",
+                "Statement": [{"Effect": "Allow", "Action": "*", "Resource": "*"}],
+            }
+        ),
+    )
+    operator = iam.create_access_key(UserName="on-call")["AccessKey"]
+    # What the instance profile hands a machine: the role's temporary credentials.
+    machine = client("sts").assume_role(RoleArn=role["Arn"], RoleSessionName="i-0machine")[
+        "Credentials"
+    ]
+    return {
+        "machine": {
+            "aws_access_key_id": machine["AccessKeyId"],
+            "aws_secret_access_key": machine["SecretAccessKey"],
+            "aws_session_token": machine["SessionToken"],
+        },
+        "operator": {
+            "aws_access_key_id": operator["AccessKeyId"],
+            "aws_secret_access_key": operator["SecretAccessKey"],
+        },
+    }
+
+
+def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outside(
+    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deployed role and bucket policies, on a cloud of their own that judges every
+    request by its caller's policies (conditions included). With a machine's credentials the
+    trainer publishes and restores a checkpoint and records a crash; it cannot delete or
+    overwrite what it published, touch another run's keys, write datasets, release its run
+    from a crash hold, or use its credentials from outside the VPC. On-call can."""
+    from spotrain import fleet_state
+    from spotrain.catalog_schema import run_prefix
+    from spotrain.trainer import checkpoint
+    from spotrain.trainer.catalog import CatalogError, DynamoCatalog
+    from spotrain.trainer.storage import AlreadyExists, S3Storage
+
+    access = _deployed_access(local)
+    run, region = local.config.run_name, local.config.primary_region
+    monkeypatch.setenv("SPOTRAIN_HOME", str(tmp_path / "enforcing-cloud"))
+    cloud = control.up(port=0)
+    try:
+        credentials = _recreate(access, cloud.endpoint, region)
+        control.set_faults(through_vpc_endpoints=access["endpoints"])
+        control.enforce_identity_policies(cloud.endpoint, True)
+
+        def as_(who: str, service: str) -> Any:
+            return control.client(service, cloud.endpoint, region, **credentials[who])
+
+        s3, dynamodb = as_("machine", "s3"), as_("machine", "dynamodb")
+        bucket = local.primary_bucket
+
+        def refused(call: Any, status: int = 403, code: str | None = None) -> None:
+            with pytest.raises(ClientError) as error:
+                call()
+            response = error.value.response
+            assert response["ResponseMetadata"]["HTTPStatusCode"] == status, response["Error"]
+            if code:
+                assert response["Error"]["Code"] == code
+
+        # The trainer's own calls, as the machine: a checkpoint large enough for a multipart
+        # upload is published, then restored.
+        storage = S3Storage(
+            bucket, "", kms_key_id=access["key"], client=s3, part_size=5 * 1024 * 1024
+        )
+        catalog = DynamoCatalog("spotrain-local-checkpoints", run, storage, client=dynamodb)
+        folder = tmp_path / "step1"
+        folder.mkdir()
+        (folder / "model.pt").write_bytes(os.urandom(6 * 1024 * 1024))
+        (folder / "optim.pt").write_bytes(os.urandom(1024))
+        report = checkpoint.publish(
+            folder,
+            storage=storage,
+            run=run,
+            catalog=catalog,
+            generation=catalog.acquire_lease("i-0machine"),
+            step=1,
+            world_size=1,
+            zero_stage=2,
+            config_hash="c",
+            code_version="v",
+        )
+        restored = checkpoint.restore(
+            tmp_path / "restored", storage=storage, catalog=catalog, run=run
+        )
+        assert restored.manifest.step == 1 and not restored.fell_back
+        assert (tmp_path / "restored" / "model.pt").read_bytes() == (
+            folder / "model.pt"
+        ).read_bytes()
+        manifest = checkpoint.key_of(report.manifest)
+        shard = next(k for s in report.manifest.shards for k in s.keys)
+
+        def put(key: str, **condition: str) -> Any:  # encrypted as the bucket requires
+            return s3.put_object(Bucket=bucket, Key=key, Body=b"forged",
+                                 ServerSideEncryption="aws:kms", SSEKMSKeyId=access["key"],
+                                 **condition)  # fmt: skip
+
+        # Published history stays as it is: no delete, no overwrite (the bucket policy refuses
+        # an unconditional write; a conditional one finds the key taken).
+        for key in (manifest, shard):
+            refused(lambda key=key: s3.delete_object(Bucket=bucket, Key=key))
+            refused(lambda key=key: put(key))
+            refused(lambda key=key: put(key, IfNoneMatch="*"), status=412)
+        with pytest.raises(AlreadyExists):
+            storage.put_bytes(manifest, b"forged")
+        with contextlib.suppress(ClientError):  # refused whole, or key by key
+            s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": manifest}]})
+        assert storage.exists(manifest) and storage.exists(shard)
+
+        # Another run's keys and items, and the shared datasets, are out of reach.
+        other = run_prefix("someone-else")
+        refused(lambda: put(f"{other}/x", IfNoneMatch="*"))
+        refused(lambda: s3.list_objects_v2(Bucket=bucket, Prefix=f"{other}/"))
+        refused(lambda: put("datasets/x", IfNoneMatch="*"))
+        with pytest.raises(CatalogError, match="AccessDenied"):
+            DynamoCatalog(
+                "spotrain-local-checkpoints", "someone-else", storage, client=dynamodb
+            ).acquire_lease("i-0machine")
+        head = {"TableName": "spotrain-local-checkpoints",
+                "Key": {"pk": {"S": f"RUN#{run}"}, "sk": {"S": "HEAD"}}}  # fmt: skip
+        refused(lambda: dynamodb.delete_item(**head), 400, "AccessDeniedException")
+
+        # A crash is recorded; the machine cannot release its own run, on-call can.
+        machine_events = _table(cloud, region, credentials["machine"], "spotrain-local-events")
+        for _ in range(fleet_state.DEFAULT_MAX_CRASHES):
+            verdict = fleet_state.record_exit(machine_events, run, "i-0machine", 1)
+        assert verdict.failed
+        with pytest.raises(ClientError, match="AccessDenied"):
+            fleet_state.reset_crashes(machine_events, run)
+        with pytest.raises(ClientError, match="AccessDenied"):  # nor rewrite the run's state
+            machine_events.put_item(Item={"pk": f"RUN#{run}", "sk": "STATE"})
+        on_call_events = _table(cloud, region, credentials["operator"], "spotrain-local-events")
+        assert fleet_state.reset_crashes(on_call_events, run) == fleet_state.DEFAULT_MAX_CRASHES
+        assert not fleet_state.run_state(machine_events, run).failed
+
+        # On-call collects garbage with its own credentials.
+        as_("operator", "s3").delete_object(Bucket=bucket, Key=shard)
+
+        # The same credentials from outside the VPC: nothing.
+        control.set_faults(through_vpc_endpoints={})
+        refused(lambda: s3.get_object(Bucket=bucket, Key=manifest))
+        refused(lambda: dynamodb.get_item(**head), 400, "AccessDeniedException")
+    finally:
+        control.down()
+
+
+def _table(cloud: control.RunningCloud, region: str, credentials: dict[str, str], name: str) -> Any:
+    import boto3
+
+    return boto3.resource(
+        "dynamodb",
+        endpoint_url=cloud.endpoint,
+        region_name=region,
+        verify=str(control.ca_bundle()),
+        **credentials,
+    ).Table(name)
 
 
 def test_budget_alerts_at_every_threshold_to_topic_and_email(local: Local) -> None:

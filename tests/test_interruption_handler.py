@@ -305,6 +305,9 @@ def test_a_run_that_crashed_too_often_is_held(cloud: Cloud) -> None:
     assert desired("east-spot", "us-east-1") == 2
     assert "back to east-spot 0..2" in cloud.notices()[0]["reason"]
     assert fleet_state.run_state(cloud.table, RUN).held_sizes is None
+    # The release forgave the three crashes, not the next: the crash records stay as they were.
+    again = fleet_state.record_exit(cloud.table, RUN, crashing, 1, max_crashes=3)
+    assert (again.crashes, again.failed) == (1, False)
 
 
 def test_an_exit_of_an_interrupted_machine_is_a_preemption_not_a_crash(cloud: Cloud) -> None:

@@ -352,3 +352,109 @@ def test_state_and_ca_bundle_paths_are_absolute(monkeypatch: pytest.MonkeyPatch)
     assert control.state_dir().is_absolute()
     env = control.aws_environment("https://127.0.0.1:4566", REGION)
     assert Path(env["AWS_CA_BUNDLE"]).is_absolute()
+
+
+# --- identity-policy conditions: compliant / non-compliant pairs -------------------------
+RUN_SCOPED = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Effect": "Allow", "Action": "s3:ListBucket", "Resource": "arn:aws:s3:::b",
+         "Condition": {"StringLike": {"s3:prefix": ["runs/a/*", "runs/a"]}}},
+        {"Effect": "Allow", "Action": ["s3:GetObject", "s3:PutObject"],
+         "Resource": "arn:aws:s3:::b/runs/a/*",
+         "Condition": {"StringEquals": {"aws:SourceVpce": ["vpce-s3"]}}},
+        {"Effect": "Allow", "Action": ["dynamodb:GetItem", "dynamodb:PutItem"],
+         "Resource": "arn:aws:dynamodb:us-east-1:1:table/t",
+         "Condition": {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["RUN#a"]}}},
+    ],
+}  # fmt: skip
+WRITE_ONCE = {
+    "Version": "2012-10-17",
+    "Statement": [
+        {"Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "s3:PutObject",
+         "Resource": "arn:aws:s3:::b/runs/*",
+         "Condition": {"Null": {"s3:if-none-match": "true"},
+                       "Bool": {"s3:ObjectCreationOperation": "true"}}},
+    ],
+}  # fmt: skip
+TABLE = "arn:aws:dynamodb:us-east-1:1:table/t"
+
+
+@pytest.mark.parametrize(
+    ("request_", "compliant", "non_compliant"),
+    [
+        (("s3:ListBucket", "arn:aws:s3:::b"), {"s3:prefix": "runs/a/"}, {"s3:prefix": "runs/b/"}),
+        (("s3:ListBucket", "arn:aws:s3:::b"), {"s3:prefix": "runs/a"}, {}),
+        (("s3:GetObject", "arn:aws:s3:::b/runs/a/k"), {"aws:SourceVpce": "vpce-s3"},
+         {"aws:SourceVpce": "vpce-other"}),
+        (("s3:GetObject", "arn:aws:s3:::b/runs/a/k"), {"aws:SourceVpce": "vpce-s3"}, {}),
+        (("dynamodb:PutItem", TABLE), {"dynamodb:LeadingKeys": ["RUN#a"]},
+         {"dynamodb:LeadingKeys": ["RUN#a", "RUN#b"]}),
+        (("dynamodb:GetItem", TABLE), {"dynamodb:LeadingKeys": ["RUN#a"]},
+         {"dynamodb:LeadingKeys": ["RELEASES#a"]}),
+    ],
+)  # fmt: skip
+def test_identity_policy_conditions_allow_the_compliant_request_only(
+    request_: tuple[str, str], compliant: dict[str, Any], non_compliant: dict[str, Any]
+) -> None:
+    from spotrain.localcloud.authorization import verdict
+
+    assert verdict(RUN_SCOPED, *request_, compliant) == "PERMITTED"
+    assert verdict(RUN_SCOPED, *request_, non_compliant) == "NEUTRAL"  # no grant: refused
+
+
+def test_for_all_values_holds_for_an_empty_set_as_in_iam() -> None:
+    """IAM's documented pitfall, modelled faithfully: a request with no leading keys (a Scan)
+    satisfies ForAllValues; the policy above is safe because it grants no Scan."""
+    from spotrain.localcloud.authorization import verdict
+
+    assert verdict(RUN_SCOPED, "dynamodb:GetItem", TABLE, {}) == "PERMITTED"
+    assert verdict(RUN_SCOPED, "dynamodb:Scan", TABLE, {}) == "NEUTRAL"
+
+
+@pytest.mark.parametrize(
+    ("method", "url", "headers", "verdict_"),
+    [
+        ("PUT", "https://h/b/runs/a/k", {"If-None-Match": "*"}, "NEUTRAL"),  # conditional put
+        ("PUT", "https://h/b/runs/a/k", {}, "DENIED"),  # could overwrite
+        ("POST", "https://h/b/runs/a/k?uploads", {}, "NEUTRAL"),  # starts an upload
+        ("PUT", "https://h/b/runs/a/k?partNumber=1&uploadId=u", {}, "NEUTRAL"),  # a part
+        ("POST", "https://h/b/runs/a/k?uploadId=u", {"if-none-match": "*"}, "NEUTRAL"),
+        ("POST", "https://h/b/runs/a/k?uploadId=u", {}, "DENIED"),  # completes: could overwrite
+        ("PUT", "https://h/b/datasets/k", {}, "NEUTRAL"),  # outside the write-once prefix
+    ],
+)
+def test_write_once_prefix_refuses_writes_that_could_overwrite(
+    method: str, url: str, headers: dict[str, str], verdict_: str
+) -> None:
+    from spotrain.localcloud.authorization import s3_context, verdict
+
+    key = "arn:aws:s3:::" + url.split("https://h/", 1)[1].split("?")[0]
+    context = s3_context(method, url, headers)
+    assert verdict(WRITE_ONCE, "s3:PutObject", key, context, resource_policy=True) == verdict_
+
+
+def test_dynamodb_transactions_are_authorized_item_by_item() -> None:
+    from spotrain.localcloud.authorization import dynamodb_requests
+
+    body = {"TransactItems": [
+        {"Put": {"TableName": "t", "Item": {"pk": {"S": "RUN#a"}, "sk": {"S": "1"}}}},
+        {"Update": {"TableName": "t", "Key": {"pk": {"S": "RUN#b"}, "sk": {"S": "HEAD"}}}},
+    ]}  # fmt: skip
+    query = {"TableName": "t", "IndexName": "lineage", "KeyConditionExpression": "#p = :v",
+             "ExpressionAttributeNames": {"#p": "pk"},
+             "ExpressionAttributeValues": {":v": {"S": "RUN#a"}}}  # fmt: skip
+
+    def arn(name: str) -> str:
+        return f"arn:aws:dynamodb:us-east-1:1:table/{name}"
+
+    def hash_key(_: str) -> str:
+        return "pk"
+
+    assert dynamodb_requests("TransactWriteItems", body, arn, hash_key) == [
+        ("dynamodb:PutItem", TABLE, {"dynamodb:LeadingKeys": ["RUN#a"]}),
+        ("dynamodb:UpdateItem", TABLE, {"dynamodb:LeadingKeys": ["RUN#b"]}),
+    ]
+    assert dynamodb_requests("Query", query, arn, hash_key) == [
+        ("dynamodb:Query", f"{TABLE}/index/lineage", {"dynamodb:LeadingKeys": ["RUN#a"]}),
+    ]

@@ -21,13 +21,20 @@ from pathlib import Path
 
 import spotrain.catalog_schema
 import spotrain.fleet_state
-from spotrain.catalog_schema import INTERRUPTION_TAG, event_key, run_key
+from spotrain.catalog_schema import (
+    INTERRUPTION_TAG,
+    crashes_key,
+    event_key,
+    releases_key,
+    run_key,
+)
 from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
 from spotrain.constructs.interruption_handler import handler as handler_module
 from spotrain.constructs.interruption_handler import requeue
 from spotrain.constructs.policy import (
     assume_role_policy,
     deny_insecure_transport,
+    leading_keys,
     policy_document,
     statement,
     via_services,
@@ -211,12 +218,16 @@ class InterruptionHandler(Construct):
                         resources=[props.events_table_arn],
                         # Events (EVENT#<id>) and this run's fleet state only: not another
                         # run's state in a table two environments could share.
+                        conditions=[leading_keys(event_key("*"), run_key(props.run_name))],
+                    ),
+                    statement(
+                        # A run held after repeated crashes is not requeued; only reading:
+                        # releases are the operator's.
+                        "ReadRunCrashesAndReleases",
+                        actions=["dynamodb:Query"],
+                        resources=[props.events_table_arn],
                         conditions=[
-                            (
-                                "ForAllValues:StringLike",
-                                "dynamodb:LeadingKeys",
-                                [event_key("*"), run_key(props.run_name)],
-                            )
+                            leading_keys(crashes_key(props.run_name), releases_key(props.run_name))
                         ],
                     ),
                     statement(

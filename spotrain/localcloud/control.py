@@ -71,6 +71,7 @@ def set_faults(
     regions_down: list[str] | None = None,
     replication_pending: list[str] | None = None,
     unavailable: list[dict[str, Any]] | None = None,
+    through_vpc_endpoints: dict[str, str] | None = None,
 ) -> faults.Faults:
     """Replace the named kinds of fault (None leaves a kind as it is); returns all of them."""
     current = faults.read(faults_file())
@@ -80,14 +81,35 @@ def set_faults(
         current.replication_pending = list(dict.fromkeys(replication_pending))
     if unavailable is not None:
         current.unavailable = unavailable
+    if through_vpc_endpoints is not None:
+        current.through_vpc_endpoints = through_vpc_endpoints
     faults.write(faults_file(), current)
     return current
 
 
-def client(service: str, endpoint: str, region: str) -> Any:
+def enforce_identity_policies(endpoint: str, enforce: bool) -> None:
+    """Make the cloud judge every request by its caller's IAM policies (True), or serve any
+    signed request as it does by default (False). Create the callers' users, roles and keys
+    before enforcing: once it enforces, the default credentials are nobody's."""
+    import ssl
+    import urllib.request
+
+    count = b"0" if enforce else b"inf"
+    request = urllib.request.Request(
+        f"{endpoint}/moto-api/reset-auth", data=count, method="POST",
+        headers={"Content-Type": "text/plain"},  # a form body would reach the server empty
+    )  # fmt: skip
+    context = ssl.create_default_context(cafile=str(ca_bundle()))
+    with urllib.request.urlopen(request, timeout=10, context=context) as response:
+        response.read()
+
+
+def client(service: str, endpoint: str, region: str, **credentials: str) -> Any:
+    """A client of the local cloud, with its default credentials unless given others
+    (aws_access_key_id, aws_secret_access_key, aws_session_token)."""
     import boto3
 
-    return boto3.client(service, **_connection(endpoint, region))
+    return boto3.client(service, **{**_connection(endpoint, region), **credentials})
 
 
 def resource(service: str, endpoint: str, region: str) -> Any:

@@ -11,23 +11,23 @@
 
 - S3 bucket policies: moto denies every request a Deny statement names, ignoring the
   statement's conditions, so a TLS-only policy would refuse everything. Here object requests
-  are judged as AWS judges them: a Deny applies only when its conditions hold for the request
-  (aws:SecureTransport, s3:x-amz-server-side-encryption and its KMS key id), with AWS's rules
-  for absent keys (negated operators and ...IfExists hold; Null tests absence). Parts of a
-  multipart upload carry the encryption the upload was started with.
+  are judged as AWS judges them (`authorization`): a Deny applies only when its conditions hold
+  for the request (aws:SecureTransport, the SSE-KMS headers, s3:if-none-match,
+  s3:ObjectCreationOperation, aws:SourceVpce). Parts of a multipart upload carry the
+  encryption the upload was started with.
+- Identity policies, when the cloud enforces them: see `authorization`.
 
 `install()` patches moto in this process; the local cloud server calls it before it serves.
 """
 
 from __future__ import annotations
 
-import fnmatch
 import json
 import threading
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from spotrain.localcloud import faults
+from spotrain.localcloud import authorization, faults
 
 _installed = False
 
@@ -211,77 +211,15 @@ def _install_s3_replication() -> None:
 
 # --- S3 bucket policy conditions -----------------------------------------------------------
 _request = threading.local()
-_NEGATED = ("StringNotEquals", "StringNotLike", "ArnNotEquals", "ArnNotLike")
-
-
-def request_context(full_url: str, headers: Any) -> dict[str, str]:
-    """The condition keys an S3 object request carries."""
-    context = {"aws:SecureTransport": "true" if full_url.startswith("https://") else "false"}
-    for header in ("x-amz-server-side-encryption", "x-amz-server-side-encryption-aws-kms-key-id"):
-        value = headers.get(header)
-        if value:
-            context[f"s3:{header}"] = value
-    return context
-
-
-def condition_holds(operator: str, key: str, expected: list[str], context: dict[str, str]) -> bool:
-    """One condition of a policy statement, as IAM evaluates it."""
-    if operator == "Null":
-        return (key not in context) == (expected[0].lower() == "true")
-    if_exists = operator.endswith("IfExists")
-    base = operator.removesuffix("IfExists")
-    if key not in context:
-        return if_exists or base in _NEGATED
-    actual = context[key]
-    if base == "Bool":
-        return actual.lower() in (value.lower() for value in expected)
-    if base in ("StringEquals", "ArnEquals"):
-        return actual in expected
-    if base in ("StringLike", "ArnLike"):
-        return any(fnmatch.fnmatchcase(actual, pattern) for pattern in expected)
-    if base in ("StringNotEquals", "ArnNotEquals"):
-        return actual not in expected
-    if base in ("StringNotLike", "ArnNotLike"):
-        return not any(fnmatch.fnmatchcase(actual, pattern) for pattern in expected)
-    return False  # an operator we do not model never makes a statement apply
-
-
-def _as_list(value: Any) -> list[str]:
-    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
-
-
-def _applies_to_everyone(principal: Any) -> bool:
-    if principal == "*":
-        return True
-    return isinstance(principal, dict) and "*" in _as_list(principal.get("AWS", []))
 
 
 def evaluate_bucket_policy(
-    policy: dict[str, Any], action: str, resource: str, context: dict[str, str]
+    policy: dict[str, Any], action: str, resource: str, context: authorization.Context
 ) -> str:
-    """ "DENIED", "PERMITTED" or "NEUTRAL" for a request from any principal."""
-    result = "NEUTRAL"
-    statements = policy.get("Statement", [])
-    for statement in statements if isinstance(statements, list) else [statements]:
-        if not _applies_to_everyone(statement.get("Principal")):
-            continue  # names specific principals or services; the emulator has no caller identity
-        if not any(fnmatch.fnmatchcase(action, a) for a in _as_list(statement.get("Action", []))):
-            continue
-        if not any(
-            fnmatch.fnmatchcase(resource, r) for r in _as_list(statement.get("Resource", []))
-        ):
-            continue
-        conditions = statement.get("Condition", {})
-        if not all(
-            condition_holds(operator, key, _as_list(values), context)
-            for operator, keys in conditions.items()
-            for key, values in keys.items()
-        ):
-            continue
-        if statement.get("Effect") == "Deny":
-            return "DENIED"
-        result = "PERMITTED"
-    return result
+    """ "DENIED", "PERMITTED" or "NEUTRAL" for a request from any principal (statements that
+    name specific principals or services are left out: the emulator's default caller is
+    nobody in particular)."""
+    return authorization.verdict(policy, action, resource, context, resource_policy=True)
 
 
 def _install_s3_bucket_policy_conditions() -> None:
@@ -292,7 +230,7 @@ def _install_s3_bucket_policy_conditions() -> None:
     original_key_response = S3Response._key_response
 
     def _key_response(self: S3Response, request: Any, full_url: str) -> Any:
-        context = request_context(full_url, request.headers)
+        context = authorization.s3_context(request.method, full_url, request.headers)
         upload_id = parse_qs(urlparse(full_url).query).get("uploadId")
         if upload_id:
             # Parts and the completion of a multipart upload are judged with the encryption
@@ -376,4 +314,5 @@ def install() -> None:
     _install_s3_replication()
     _install_s3_bucket_policy_conditions()
     _install_s3_checksums()
+    authorization.install()
     _installed = True

@@ -1,5 +1,6 @@
 """Faults the local cloud can play, for rehearsals and tests: a region that is down, S3
-replication that has not caught up yet, and S3 objects that fail their next requests.
+replication that has not caught up yet, and S3 objects that fail their next requests; and
+where callers stand (inside a VPC, through its endpoints, or outside).
 
 The running server re-reads `faults.json` in its state directory on every request it could
 affect, so `spotrain local fault ...` takes effect at once without a restart.
@@ -35,6 +36,11 @@ class Faults:
     """`{"id", "pattern", "requests"}`: the next `requests` S3 requests for objects matching
     `pattern` (`bucket/key`, fnmatch) get 503 SlowDown, as S3 answers under load; later ones
     are served."""
+
+    through_vpc_endpoints: dict[str, str] = field(default_factory=dict)
+    """Service (`s3`, `dynamodb`) -> VPC endpoint id: requests to the service carry
+    `aws:SourceVpce` with that id, as from a machine inside the VPC. Empty: callers are
+    outside any VPC, as a laptop (or a stolen credential) is."""
 
     def replication_held(self, bucket: str, key: str) -> bool:
         return any(fnmatch.fnmatchcase(f"{bucket}/{key}", p) for p in self.replication_pending)

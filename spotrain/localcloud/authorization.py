@@ -1,0 +1,284 @@
+"""Policy evaluation as IAM does it, for what the emulator leaves out: conditions.
+
+moto judges bucket policies without their conditions (a TLS-only Deny refuses everything) and,
+when it enforces identity policies (`INITIAL_NO_AUTH_ACTION_COUNT`, `/moto-api/reset-auth`),
+treats every condition as failed, turning a conditioned Allow into an explicit Deny, and
+checks every DynamoDB call against the resource `*` (so every table grant misses). Here:
+
+- `verdict` judges one policy for one request: Action/NotAction, Resource/NotResource, the
+  Principal of a resource policy, and conditions with AWS's rules for absent keys (negated
+  operators and ...IfExists hold, Null tests absence) and for multivalued keys
+  (ForAllValues holds for an empty set, ForAnyValue needs a match).
+- `s3_context` and `dynamodb_requests` give the condition keys a request carries:
+  aws:SecureTransport, aws:SourceVpce (see `faults.Faults.through_vpc_endpoints`),
+  aws:PrincipalArn/aws:PrincipalAccount, s3:prefix, s3:if-none-match,
+  s3:ObjectCreationOperation, the SSE-KMS headers, dynamodb:LeadingKeys. A DynamoDB
+  transaction or batch is authorized item by item, as DynamoDB does (PutItem, UpdateItem, ...).
+- `install()` makes moto's identity-policy check use them.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import json
+import re
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qs, urlparse
+
+from spotrain.localcloud import faults
+
+Context = Mapping[str, "str | list[str]"]
+DENIED, PERMITTED, NEUTRAL = "DENIED", "PERMITTED", "NEUTRAL"
+_NEGATED = ("StringNotEquals", "StringNotLike", "ArnNotEquals", "ArnNotLike")
+
+
+def _as_list(value: Any) -> list[str]:
+    return [str(v) for v in value] if isinstance(value, list) else [str(value)]
+
+
+def _value_matches(base: str, actual: str, expected: list[str]) -> bool:
+    """A positive operator's test of one value (negation is applied by the caller)."""
+    if base == "Bool":
+        return actual.lower() in (value.lower() for value in expected)
+    if base in ("StringEquals", "ArnEquals"):
+        return actual in expected
+    if base == "StringEqualsIgnoreCase":
+        return actual.lower() in (value.lower() for value in expected)
+    if base in ("StringLike", "ArnLike"):
+        return any(fnmatch.fnmatchcase(actual, pattern) for pattern in expected)
+    raise ValueError(f"operator {base} is not modelled")
+
+
+def condition_holds(operator: str, key: str, expected: list[str], context: Context) -> bool:
+    """One condition of a policy statement, as IAM evaluates it."""
+    present = key in context
+    values = _as_list(context[key]) if present else []
+    if operator == "Null":
+        return (not present) == (expected[0].lower() == "true")
+    qualifier, _, operator = operator.rpartition(":")
+    if_exists = operator.endswith("IfExists")
+    base = operator.removesuffix("IfExists")
+    negated = base in _NEGATED
+    positive = base.replace("Not", "", 1) if negated else base
+    try:
+
+        def matches(actual: str) -> bool:
+            return _value_matches(positive, actual, expected) != negated
+
+        if qualifier == "ForAllValues":
+            return all(matches(actual) for actual in values)  # an empty set: holds
+        if qualifier == "ForAnyValue":
+            return any(matches(actual) for actual in values)
+        if not present:
+            return if_exists or negated
+        return any(matches(actual) for actual in values)
+    except ValueError:
+        return False  # an operator we do not model never makes a statement apply
+
+
+def _matches_any(patterns: Any, value: str) -> bool:
+    return any(fnmatch.fnmatchcase(value, p) for p in _as_list(patterns))
+
+
+def _names(principal: Any, caller: str | None) -> bool:
+    """Whether a resource policy's Principal covers the caller (None: anyone unknown)."""
+    if principal == "*":
+        return True
+    if not isinstance(principal, dict):
+        return False
+    named = _as_list(principal.get("AWS", []))
+    return "*" in named or (caller is not None and caller in named)
+
+
+def verdict(
+    policy: Mapping[str, Any],
+    action: str,
+    resource: str,
+    context: Context,
+    *,
+    resource_policy: bool = False,
+    caller: str | None = None,
+) -> str:
+    """DENIED, PERMITTED or NEUTRAL: what one policy says of one request. A resource policy's
+    statements apply to the principals they name (`caller`: the request's principal ARN, for
+    an assumed role its role's ARN; statements for services never apply to a signed call)."""
+    result = NEUTRAL
+    statements = policy.get("Statement", [])
+    for statement in statements if isinstance(statements, list) else [statements]:
+        if resource_policy and not _names(statement.get("Principal"), caller):
+            continue
+        if "NotAction" in statement:
+            if _matches_any(statement["NotAction"], action):
+                continue
+        elif not _matches_any(statement.get("Action", []), action):
+            continue
+        if "NotResource" in statement:
+            if _matches_any(statement["NotResource"], resource):
+                continue
+        elif not _matches_any(statement.get("Resource", []), resource):
+            continue
+        conditions = statement.get("Condition", {})
+        if not all(
+            condition_holds(operator, key, _as_list(values), context)
+            for operator, keys in conditions.items()
+            for key, values in keys.items()
+        ):
+            continue
+        if statement.get("Effect") == "Deny":
+            return DENIED
+        result = PERMITTED
+    return result
+
+
+# --- request contexts -----------------------------------------------------------------------
+def through_endpoint(service: str) -> dict[str, str]:
+    """aws:SourceVpce of a request to `service`, when the local cloud plays callers inside a
+    VPC (`spotrain local` callers are outside any VPC unless a test says otherwise)."""
+    endpoint = faults.read(faults.served_file()).through_vpc_endpoints.get(service)
+    return {"aws:SourceVpce": endpoint} if endpoint else {}
+
+
+def s3_context(method: str, url: str, headers: Any) -> dict[str, str]:
+    """The condition keys an S3 request carries."""
+    headers = {str(name).lower(): value for name, value in dict(headers).items()}
+    parsed = urlparse(url)
+    query = parse_qs(parsed.query, keep_blank_values=True)
+    context = {
+        "aws:SecureTransport": "true" if url.startswith("https://") else "false",
+        **through_endpoint("s3"),
+    }
+    for header in ("x-amz-server-side-encryption", "x-amz-server-side-encryption-aws-kms-key-id"):
+        if headers.get(header):
+            context[f"s3:{header}"] = headers[header]
+    for header in ("if-none-match", "if-match"):
+        if headers.get(header):
+            context[f"s3:{header}"] = headers[header]
+    if "prefix" in query:
+        context["s3:prefix"] = query["prefix"][0]
+    if method in ("PUT", "POST") and "tagging" not in query and "acl" not in query:
+        # Whether the request creates an object (PutObject, CopyObject, the completion of a
+        # multipart upload), not a step of one (CreateMultipartUpload, UploadPart).
+        creates = (method == "PUT" and "uploadId" not in query) or (
+            method == "POST" and "uploadId" in query
+        )
+        context["s3:ObjectCreationOperation"] = "true" if creates else "false"
+    return context
+
+
+_KEY_CONDITION = re.compile(r"(#?[A-Za-z0-9_]+)\s*=\s*(:[A-Za-z0-9_]+)")
+_ITEM_ACTIONS = {"Put": "PutItem", "Update": "UpdateItem", "Delete": "DeleteItem",
+                 "ConditionCheck": "ConditionCheckItem", "Get": "GetItem"}  # fmt: skip
+
+
+def _scalar(value: Mapping[str, Any]) -> str:
+    ((kind, inner),) = value.items()
+    return str(inner) if kind in ("S", "N", "B") else json.dumps(value, sort_keys=True)
+
+
+def dynamodb_requests(
+    action: str, body: Mapping[str, Any], table_arn: Any, hash_key: Any
+) -> list[tuple[str, str, dict[str, list[str]]]]:
+    """(action, resource, context) for each authorization a DynamoDB call needs.
+    `table_arn(name)` and `hash_key(name)` describe a table (hash_key None: unknown table)."""
+
+    def one(item_action: str, request: Mapping[str, Any]) -> tuple[str, str, dict[str, Any]]:
+        name = str(request.get("TableName", ""))
+        resource = table_arn(name)
+        if request.get("IndexName"):
+            resource += f"/index/{request['IndexName']}"
+        partition = hash_key(name)
+        leading: list[str] | None = None
+        for field in ("Key", "Item"):
+            if partition and partition in (request.get(field) or {}):
+                leading = [_scalar(request[field][partition])]
+        if item_action == "Query" and partition:
+            names = request.get("ExpressionAttributeNames") or {}
+            values = request.get("ExpressionAttributeValues") or {}
+            for attribute, placeholder in _KEY_CONDITION.findall(
+                str(request.get("KeyConditionExpression", ""))
+            ):
+                if names.get(attribute, attribute) == partition and placeholder in values:
+                    leading = [_scalar(values[placeholder])]
+        context: dict[str, Any] = {}
+        if leading is not None:
+            context["dynamodb:LeadingKeys"] = leading
+        return f"dynamodb:{item_action}", resource, context
+
+    if action in ("TransactWriteItems", "TransactGetItems"):
+        requests = []
+        for entry in body.get("TransactItems", []):
+            ((kind, request),) = entry.items()
+            requests.append(one(_ITEM_ACTIONS[kind], request))
+        return requests
+    if action in ("BatchGetItem", "BatchWriteItem"):
+        requests = []
+        for name, entries in (body.get("RequestItems") or {}).items():
+            if action == "BatchGetItem":
+                for key in entries.get("Keys", []):
+                    requests.append(one("BatchGetItem", {"TableName": name, "Key": key}))
+                continue
+            for entry in entries:
+                ((kind, request),) = entry.items()  # PutRequest | DeleteRequest
+                requests.append(one("BatchWriteItem", {"TableName": name, **request}))
+        return requests
+    return [one(action, body)]
+
+
+def install() -> None:
+    """Make moto's identity-policy check (when it enforces one) evaluate conditions, DynamoDB
+    table resources and leading keys, and the VPC endpoint a caller comes through."""
+    from moto.core.exceptions import JsonRESTError
+    from moto.dynamodb.models import dynamodb_backends
+    from moto.iam.access_control import IAMPolicy, IAMRequestBase
+
+    def check_action_permitted(self: IAMRequestBase, resource: str) -> None:
+        if self._action == "sts:GetCallerIdentity":
+            return  # always allowed, as in AWS
+        key = self._access_key
+        role = getattr(key, "_owner_role_name", None)
+        caller = f"arn:aws:iam::{self.account_id}:role/{role}" if role else key.arn
+        base = {"aws:PrincipalArn": caller, "aws:PrincipalAccount": self.account_id,
+                "aws:SecureTransport": "true"}  # fmt: skip
+        service, _, action = self._action.partition(":")
+        if service == "s3":
+            url = f"https://local{self._path}"
+            requests = [
+                (self._action, resource, {**base, **s3_context(self._method, url, self._headers)})
+            ]
+        elif service == "dynamodb":
+            backend = dynamodb_backends[self.account_id][self._region]
+
+            def table_arn(name: str) -> str:
+                return f"arn:aws:dynamodb:{self._region}:{self.account_id}:table/{name}"
+
+            def hash_key(name: str) -> str | None:
+                table = backend.tables.get(name)
+                return table.hash_key_attr if table is not None else None
+
+            body = json.loads(self._body or b"{}")
+            requests = [
+                (item_action, item_resource, {**base, **through_endpoint("dynamodb"), **context})
+                for item_action, item_resource, context in dynamodb_requests(
+                    action, body, table_arn, hash_key
+                )
+            ]
+        else:
+            requests = [(self._action, resource, base)]
+        policies = [IAMPolicy(policy)._policy_json for policy in key.collect_policies()]
+        for request_action, request_resource, context in requests:
+            verdicts = {verdict(p, request_action, request_resource, context) for p in policies}
+            if DENIED in verdicts or PERMITTED not in verdicts:
+                if service == "dynamodb":  # a JSON service: DynamoDB's own error shape
+                    raise JsonRESTError(
+                        "AccessDeniedException",
+                        f"User: {key.arn} is not authorized to perform: {request_action} on "
+                        f"resource: {request_resource}",
+                    )
+                self._raise_access_denied()
+        if self._is_assuming_role_operation(resource) and not (
+            self._check_role_trust_relationship(resource)
+        ):
+            self._raise_access_denied()
+
+    IAMRequestBase.check_action_permitted = check_action_permitted  # type: ignore[method-assign]
