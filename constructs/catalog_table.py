@@ -107,3 +107,8 @@ class CatalogTable(Construct):
     @property
     def name(self) -> str:
         return str(self.table.name)
+
+    @property
+    def stream_arn(self) -> str:
+        """The table's stream (new and old images of every change)."""
+        return str(self.table.stream_arn)

@@ -58,6 +58,7 @@ def add_environment(app: App, config: EnvironmentConfig) -> dict[str, object]:
         primary_key_arn=primary_key,
         events_table_arn=catalog.events.arn,
         events_table_name=catalog.events.name,
+        catalog_stream_arn=catalog.checkpoints.stream_arn,
     )
     return {
         "storage": storage,

@@ -1,5 +1,6 @@
 """Interruptions: EventBridge rules for spot warnings, rebalance recommendations and a capacity
-check -> the handler Lambda, which records, marks, requeues and notifies."""
+check -> the handler Lambda, which records, marks, requeues and notifies; and the checkpoint
+catalog's stream -> the same Lambda, which alarms when a run's published history is rewritten."""
 
 from __future__ import annotations
 
@@ -43,6 +44,7 @@ class InterruptionsStack(EnvironmentStack):
         primary_key_arn: str,
         events_table_arn: str,
         events_table_name: str,
+        catalog_stream_arn: str,
     ) -> None:
         super().__init__(scope, "interruptions", config=config)
         self.handler = InterruptionHandler(
@@ -58,6 +60,7 @@ class InterruptionsStack(EnvironmentStack):
                 capacity_groups=capacity_groups(config),
                 alert_emails=config.alert_emails,
                 log_retention_days=config.log_retention_days,
+                catalog_stream_arn=catalog_stream_arn,
                 emulator_drift_tolerance=config.is_local,
             ),
         )

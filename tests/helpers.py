@@ -21,10 +21,15 @@ def data_sources(stack: dict[str, Any], kind: str) -> dict[str, dict[str, Any]]:
     return stack.get("data", {}).get(kind, {})
 
 
-def create_catalog_table(client: Any, name: str) -> None:
+def create_catalog_table(client: Any, name: str, *, stream: bool = False) -> None:
     client.create_table(
         TableName=name,
         BillingMode="PAY_PER_REQUEST",
+        **(
+            {"StreamSpecification": {"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"}}
+            if stream
+            else {}
+        ),
         KeySchema=[
             {"AttributeName": "pk", "KeyType": "HASH"},
             {"AttributeName": "sk", "KeyType": "RANGE"},
@@ -43,6 +48,18 @@ def create_catalog_table(client: Any, name: str) -> None:
             }
         ],
     )
+
+
+def stream_records(dynamodb: Any, streams: Any, table: str) -> list[dict[str, Any]]:
+    """Every record a table's stream holds, oldest first, as Lambda receives them."""
+    arn = dynamodb.describe_table(TableName=table)["Table"]["LatestStreamArn"]
+    records: list[dict[str, Any]] = []
+    for shard in streams.describe_stream(StreamArn=arn)["StreamDescription"]["Shards"]:
+        iterator = streams.get_shard_iterator(
+            StreamArn=arn, ShardId=shard["ShardId"], ShardIteratorType="TRIM_HORIZON"
+        )["ShardIterator"]
+        records += streams.get_records(ShardIterator=iterator, Limit=1000)["Records"]
+    return records
 
 
 def kms_only_bucket(s3: Any, kms: Any, bucket: str) -> str:

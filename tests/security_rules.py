@@ -124,8 +124,9 @@ def queues_topics_and_logs_are_encrypted(stack: Stack) -> list[str]:
 
 
 # Actions AWS does not scope to resources; every other Allow must name its resources.
-UNSCOPED_ACTIONS = {
+UNSCOPED_ACTIONS = {  # actions without resource-level permissions
     "autoscaling:DescribeAutoScalingGroups",
+    "dynamodb:ListStreams",
     "ec2:DescribeInstances",
     "xray:PutTraceSegments",
     "xray:PutTelemetryRecords",

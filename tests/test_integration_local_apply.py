@@ -591,6 +591,47 @@ def test_interruption_rules_target_the_handler(local: Local) -> None:
     assert "EC2 Instance Rebalance Recommendation" in joined
 
 
+def test_the_catalog_stream_runs_the_deployed_handler_which_alarms_on_rewritten_history(
+    local: Local,
+) -> None:
+    """The deployed mapping from the catalog table's stream to the handler, run by the local
+    cloud from the deployed zip: a head moved back without a roll back (what a machine's
+    credentials could do) reaches the deployed notice topic as an alarm."""
+    import json
+    import time
+
+    lam, dynamodb, sqs, sns = (local.client(s) for s in ("lambda", "dynamodb", "sqs", "sns"))
+    function = lam.get_function(FunctionName="spotrain-local-interruption-handler")
+    [mapping] = lam.list_event_source_mappings(
+        FunctionName=function["Configuration"]["FunctionArn"]
+    )["EventSourceMappings"]
+    catalog = "spotrain-local-checkpoints"
+    stream = dynamodb.describe_table(TableName=catalog)["Table"]["LatestStreamArn"]
+    assert mapping["EventSourceArn"] == stream
+    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    queue = sqs.create_queue(QueueName=f"on-call-{uuid.uuid4().hex[:6]}")["QueueUrl"]
+    attributes = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])
+    queue_arn = attributes["Attributes"]["QueueArn"]
+    sns.subscribe(TopicArn=outputs["notice_topic"], Protocol="sqs", Endpoint=queue_arn)
+    run = f"forged-{uuid.uuid4().hex[:6]}"
+    head = {"pk": {"S": f"RUN#{run}"}, "sk": {"S": "HEAD"}}
+    dynamodb.put_item(TableName=catalog, Item={**head, "step": {"N": "7"}})
+    dynamodb.update_item(TableName=catalog, Key=head, UpdateExpression="SET #s = :two",
+                         ExpressionAttributeNames={"#s": "step"},
+                         ExpressionAttributeValues={":two": {"N": "2"}})  # fmt: skip
+    deadline, alarms = time.monotonic() + 60, []
+    while not alarms and time.monotonic() < deadline:
+        for message in sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1,
+                                           MaxNumberOfMessages=10).get("Messages", []):  # fmt: skip
+            body = json.loads(message["Body"])
+            if run in body["Subject"]:
+                alarms.append((body["Subject"], json.loads(body["Message"])))
+    assert alarms, "no alarm reached the notice topic within 60 s (see the local cloud's log)"
+    [(subject, alarm)] = alarms
+    assert subject.startswith("spotrain ALARM: head-moved-back")
+    assert (alarm["from_step"], alarm["to_step"]) == (7, 2)
+
+
 def test_second_plan_shows_no_changes(local: Local) -> None:
     assert local.deployment.plan_has_changes() == {name: False for name in local.deployment.stacks}
 

@@ -498,3 +498,58 @@ def test_the_mark_keeps_the_newest_event_whatever_order_they_arrive_in(cloud: Cl
     handler.handle(for_instance("spot-interruption-warning", second, id="early-2", time=early))
     # The machine is still going away (never downgraded); the newest event is still the mark's.
     assert (mark(second)["status"], mark(second)["event_id"]) == ("INTERRUPTING", "late-2")
+
+
+# --- the checkpoint catalog's stream ----------------------------------------------------------
+def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notice(
+    cloud: Cloud, tmp_path: Path
+) -> None:
+    """The trainer's own publishes, roll back and status changes, then what only a forger (or
+    a bug) does, read from the table's stream as Lambda receives it."""
+    from helpers import create_catalog_table, stream_records
+
+    from spotrain.trainer import checkpoint
+    from spotrain.trainer.catalog import DynamoCatalog
+    from spotrain.trainer.storage import LocalStorage
+
+    client = boto3.client("dynamodb")
+    create_catalog_table(client, "catalog", stream=True)
+    storage = LocalStorage(tmp_path / "store")
+    catalog = DynamoCatalog("catalog", RUN, storage, client=client)
+    generation = catalog.acquire_lease("trainer")
+    for step in (1, 2, 3):
+        folder = tmp_path / f"step{step}"
+        folder.mkdir()
+        (folder / "model.pt").write_bytes(bytes([step]) * 64)
+        checkpoint.publish(folder, storage=storage, run=RUN, catalog=catalog,
+                           generation=generation, step=step, world_size=1, zero_stage=2,
+                           config_hash="c", code_version="v")  # fmt: skip
+    catalog.roll_back(2, generation, "step 3 diverged")
+    catalog.quarantine(3, "kept for the post-mortem")
+    history = len(stream_records(client, boto3.client("dynamodbstreams"), "catalog"))
+
+    def key(sort_key: str) -> dict[str, Any]:
+        return {"pk": {"S": schema.run_key(RUN)}, "sk": {"S": sort_key}}
+
+    client.update_item(TableName="catalog", Key=key(schema.HEAD_SORT_KEY),
+                       UpdateExpression="SET #s = :one", ExpressionAttributeNames={"#s": "step"},
+                       ExpressionAttributeValues={":one": {"N": "1"}})  # fmt: skip
+    client.update_item(TableName="catalog", Key=key(schema.checkpoint_sort_key(1)),
+                       UpdateExpression="SET manifest = :forged",
+                       ExpressionAttributeValues={":forged": {"S": "forged.json"}})  # fmt: skip
+    client.delete_item(TableName="catalog", Key=key(schema.checkpoint_sort_key(2)))
+
+    records = stream_records(client, boto3.client("dynamodbstreams"), "catalog")
+    result = handler.handle({"Records": records})
+    assert result["catalog_changes"] == history + 3
+    found = [
+        (f["severity"], f["kind"], f.get("step", f.get("to_step"))) for f in result["findings"]
+    ]
+    assert found == [
+        ("notice", "head-rolled-back", 2),  # the trainer's roll back says why
+        ("alarm", "head-moved-back", 1), ("alarm", "record-rewritten", 1),
+        ("alarm", "record-removed", 2),
+    ]  # fmt: skip
+    assert [n["kind"] for n in cloud.notices()] == [kind for _, kind, _ in found]
+    assert result["findings"][2]["changed"] == ["manifest"]
+    assert cloud.dead_letters() == []

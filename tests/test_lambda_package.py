@@ -22,6 +22,7 @@ def test_zip_entries_are_sorted_with_fixed_times_and_permissions() -> None:
     names = archive.namelist()
     assert names == sorted(names)
     assert names == [
+        "catalog_watch.py",
         "interruption_handler.py",
         "requeue.py",
         "spotrain/__init__.py",

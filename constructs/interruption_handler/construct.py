@@ -29,8 +29,8 @@ from spotrain.catalog_schema import (
     run_key,
 )
 from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
+from spotrain.constructs.interruption_handler import catalog_watch, requeue
 from spotrain.constructs.interruption_handler import handler as handler_module
-from spotrain.constructs.interruption_handler import requeue
 from spotrain.constructs.policy import (
     assume_role_policy,
     deny_insecure_transport,
@@ -54,6 +54,7 @@ def build_handler_zip() -> bytes:
     files = {
         "interruption_handler.py": Path(handler_module.__file__).read_bytes(),
         "requeue.py": Path(requeue.__file__).read_bytes(),
+        "catalog_watch.py": Path(catalog_watch.__file__).read_bytes(),
         "spotrain/__init__.py": b"",
         "spotrain/catalog_schema.py": Path(spotrain.catalog_schema.__file__).read_bytes(),
         "spotrain/fleet_state.py": Path(spotrain.fleet_state.__file__).read_bytes(),
@@ -119,6 +120,9 @@ class InterruptionHandlerProps:
     """How long the run may lack spot capacity before the on-demand group covers it."""
     capacity_check_minutes: int = 5
     """How often the scheduled capacity check runs."""
+    catalog_stream_arn: str | None = None
+    """Stream of the checkpoint catalog table: the handler alarms when a run's head moves back
+    without a roll back, or a complete checkpoint's record is rewritten or removed."""
     emulator_drift_tolerance: bool = False
     """Local cloud only: ignore dead-letter config drift the emulator reports on every read."""
 
@@ -193,7 +197,23 @@ class InterruptionHandler(Construct):
                 self, "Trust", "lambda.amazonaws.com", source_account=props.account_id
             ),
         )
-        aws.iam_role_policy.IamRolePolicy(
+        watch_catalog = []
+        if props.catalog_stream_arn is not None:
+            watch_catalog = [
+                statement(
+                    "ReadCatalogStream",
+                    actions=[
+                        "dynamodb:DescribeStream",
+                        "dynamodb:GetRecords",
+                        "dynamodb:GetShardIterator",
+                    ],
+                    resources=[props.catalog_stream_arn],
+                ),
+                # Lambda's poller lists the table's streams; ListStreams has no resource-level
+                # permission.
+                statement("ListCatalogStreams", actions=["dynamodb:ListStreams"], resources=["*"]),
+            ]
+        policy = aws.iam_role_policy.IamRolePolicy(
             self,
             "Policy",
             role=role.id,
@@ -288,6 +308,7 @@ class InterruptionHandler(Construct):
                         actions=["xray:PutTraceSegments", "xray:PutTelemetryRecords"],
                         resources=["*"],
                     ),
+                    *watch_catalog,
                 ],
             ),
         )
@@ -333,6 +354,20 @@ class InterruptionHandler(Construct):
                 else None
             ),
         )
+        if props.catalog_stream_arn is not None:
+            aws.lambda_event_source_mapping.LambdaEventSourceMapping(
+                self,
+                "CatalogStreamMapping",
+                event_source_arn=props.catalog_stream_arn,
+                function_name=self.function.arn,
+                # From the oldest record the stream keeps (24 h): no change goes unread.
+                starting_position="TRIM_HORIZON",
+                batch_size=100,
+                maximum_retry_attempts=8,
+                bisect_batch_on_function_error=True,
+                destination_config={"on_failure": {"destination_arn": self.dead_letter_queue.arn}},
+                depends_on=[policy],  # Lambda checks the role's stream access at creation
+            )
         self.rules = {}
         rule_settings: dict[str, dict[str, str]] = {
             rule_id: {

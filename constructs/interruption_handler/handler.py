@@ -9,13 +9,15 @@ For a warning or recommendation it
    after a deadline falls back to on-demand (`requeue.py` decides);
 4. notifies the alert topic.
 The scheduled check (EventBridge schedule) covers a shortfall with on-demand after the
-deadline and gives on-demand back when spot returns.
+deadline and gives on-demand back when spot returns. Changes to the checkpoint catalog (its
+table's stream) that rewrite history (a head moved back without a roll back, a complete
+checkpoint's record rewritten or removed) are alarms to the same topic (`catalog_watch.py`).
 
 Nothing raises: an event that is malformed, of an unknown kind, or that fails half-way is
 logged and sent to the dead-letter queue with the reason, from where it can be redriven.
 
 Runs with boto3 and the standard library only; ships with spotrain/catalog_schema.py,
-spotrain/fleet_state.py and requeue.py.
+spotrain/fleet_state.py, requeue.py and catalog_watch.py.
 """
 
 from __future__ import annotations
@@ -34,9 +36,13 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 try:  # packaged: the modules sit side by side in the zip
+    import catalog_watch  # type: ignore[import-not-found,no-redef]
     import requeue  # type: ignore[import-not-found,no-redef]
 except ImportError:
-    from spotrain.constructs.interruption_handler import requeue  # type: ignore[no-redef]
+    from spotrain.constructs.interruption_handler import (  # type: ignore[no-redef]
+        catalog_watch,
+        requeue,
+    )
 
 from spotrain import fleet_state
 from spotrain.catalog_schema import (
@@ -403,12 +409,34 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
     return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired}
 
 
+def _on_catalog_changes(settings: dict[str, Any], records: list[Any]) -> dict[str, Any]:
+    found = catalog_watch.findings(records)
+    for item in found:
+        severity = "ALARM" if item["severity"] == catalog_watch.ALARM else "notice"
+        notify(settings["topic"], f"spotrain {severity}: {item['kind']} (run {item['run']})", item)
+        log.warning("%s", json.dumps(item, default=str))
+    return {"catalog_changes": len(records), "findings": found}
+
+
+def _is_stream_batch(event: Any) -> bool:
+    records = event.get("Records") if isinstance(event, dict) else None
+    return bool(records) and all(
+        isinstance(r, dict) and r.get("eventSource") == "aws:dynamodb" for r in records
+    )
+
+
 def handle(event: Any, context: Any = None) -> dict[str, Any]:
     try:
         settings = _settings()
     except (KeyError, ValueError) as error:
         return reject(event, f"the handler is misconfigured: {type(error).__name__}: {error}",
                       os.environ.get("DEAD_LETTER_QUEUE_URL"))  # fmt: skip
+    if _is_stream_batch(event):
+        try:
+            return _on_catalog_changes(settings, event["Records"])
+        except Exception as error:  # as below: to the dead letters, never a retry storm
+            return reject(event, f"failed while watching the catalog: {type(error).__name__}: "
+                          f"{error}", settings["dead_letter_queue"])  # fmt: skip
     try:
         fields = parse(event)
     except UnhandledEvent as error:

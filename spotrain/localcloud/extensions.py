@@ -16,14 +16,28 @@
   s3:ObjectCreationOperation, aws:SourceVpce). Parts of a multipart upload carry the
   encryption the upload was started with.
 - Identity policies, when the cloud enforces them: see `authorization`.
+- DynamoDB stream -> Lambda mappings: moto runs a function only in a container (none here)
+  and, when it has, drops the stream's records. Here a Python function's deployed zip runs in
+  a process of this interpreter, with the function's environment and this cloud's endpoint,
+  batch after batch in stream order (one worker per function, up to 100 records a batch),
+  after the write that made the records has been answered, as Lambda's poller does; the
+  stream keeps its records. Each run's outcome goes to the server log.
 
 `install()` patches moto in this process; the local cloud server calls it before it serves.
 """
 
 from __future__ import annotations
 
+import datetime
+import io
 import json
+import os
+import queue
+import subprocess
+import sys
+import tempfile
 import threading
+import zipfile
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
@@ -305,6 +319,91 @@ def _install_s3_checksums() -> None:
     S3Response._get_checksum = _get_checksum  # type: ignore[method-assign]
 
 
+# --- DynamoDB stream -> Lambda ---------------------------------------------------------------
+ENDPOINT_VARIABLE = "SPOTRAIN_LOCALCLOUD_ENDPOINT"
+CA_BUNDLE_VARIABLE = "SPOTRAIN_LOCALCLOUD_CA_BUNDLE"
+_STREAM_BATCH = 100
+_workers: dict[str, Any] = {}
+_workers_lock = threading.Lock()
+
+
+def run_python_function(
+    code: bytes, handler: str, environment: dict[str, str], region: str, event: dict[str, Any],
+    timeout_s: float,
+) -> subprocess.CompletedProcess[str]:  # fmt: skip
+    """Run a Python Lambda handler (`module.function`) from its zip, as Lambda would, against
+    this local cloud."""
+    module, _, function = handler.rpartition(".")
+    with tempfile.TemporaryDirectory(prefix="spotrain-lambda-") as folder:
+        with zipfile.ZipFile(io.BytesIO(code)) as archive:
+            archive.extractall(folder)
+        script = (
+            "import importlib, json, sys\n"
+            f"sys.path.insert(0, {folder!r})\n"
+            f"result = getattr(importlib.import_module({module!r}), {function!r})"
+            "(json.load(sys.stdin), None)\n"
+            "print(json.dumps(result, default=str))\n"
+        )
+        env = {
+            "PATH": os.environ.get("PATH", ""),
+            **environment,
+            "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+            "AWS_REGION": region, "AWS_DEFAULT_REGION": region,
+            "AWS_ENDPOINT_URL": os.environ.get(ENDPOINT_VARIABLE, ""),
+            "AWS_CA_BUNDLE": os.environ.get(CA_BUNDLE_VARIABLE, ""),
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-c", script], input=json.dumps(event, default=str), env=env,
+            capture_output=True, text=True, timeout=timeout_s, cwd=folder, check=False,
+        )  # fmt: skip
+
+
+def _stream_worker(function_arn: str, pending: queue.Queue[dict[str, Any]]) -> None:
+    from moto.awslambda.utils import get_backend
+
+    account, region = function_arn.split(":")[4], function_arn.split(":")[3]
+    while True:
+        records = [pending.get()]
+        while len(records) < _STREAM_BATCH and not pending.empty():
+            records.append(pending.get())
+        function = get_backend(account, region).get_function(function_arn)
+        try:
+            done = run_python_function(
+                function.code_bytes, function.handler, dict(function.environment_vars), region,
+                {"Records": records}, float(function.timeout),
+            )  # fmt: skip
+            outcome = f"exit {done.returncode}: {done.stdout.strip()[-2000:]} {done.stderr[-2000:]}"
+        except (subprocess.TimeoutExpired, OSError, zipfile.BadZipFile) as error:
+            outcome = f"failed: {error}"
+        print(f"local cloud: {function_arn} ran on {len(records)} stream record(s): {outcome}",
+              flush=True)  # fmt: skip
+
+
+def _install_dynamodb_stream_functions() -> None:
+    from moto.awslambda.models import LambdaBackend
+    from moto.core.utils import unix_time
+
+    def send_dynamodb_items(
+        self: LambdaBackend, function_arn: str, items: list[Any], source: str
+    ) -> None:
+        record = items[-1].to_json()  # the record just added; the stream keeps them all
+        change = dict(record["dynamodb"])
+        if isinstance(change.get("ApproximateCreationDateTime"), datetime.datetime):
+            change["ApproximateCreationDateTime"] = unix_time(change["ApproximateCreationDateTime"])
+        record = {**record, "dynamodb": change, "awsRegion": self.region_name,
+                  "eventSourceARN": source}  # fmt: skip
+        with _workers_lock:
+            if function_arn not in _workers:
+                pending: queue.Queue[dict[str, Any]] = queue.Queue()
+                threading.Thread(target=_stream_worker, args=(function_arn, pending),
+                                 daemon=True).start()  # fmt: skip
+                _workers[function_arn] = pending
+            _workers[function_arn].put(record)
+
+    LambdaBackend.send_dynamodb_items = send_dynamodb_items  # type: ignore[assignment,method-assign]
+
+
 def install() -> None:
     """Patch moto in this process (idempotent)."""
     global _installed
@@ -315,4 +414,5 @@ def install() -> None:
     _install_s3_bucket_policy_conditions()
     _install_s3_checksums()
     authorization.install()
+    _install_dynamodb_stream_functions()
     _installed = True

@@ -8,8 +8,10 @@ it serves until it receives SIGTERM or SIGINT.
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 from spotrain.localcloud import extensions, faults
@@ -23,6 +25,9 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
     )
     from werkzeug.serving import make_server
 
+    # Functions the cloud runs (stream mappings) call it back at this address.
+    os.environ[extensions.ENDPOINT_VARIABLE] = f"https://{host}:{port}"
+    os.environ[extensions.CA_BUNDLE_VARIABLE] = str(Path(cert).parent / "ca.pem")
     extensions.install()
     app: Any = DomainDispatcherApplication(create_backend_app)
     faults_file = faults.served_file()

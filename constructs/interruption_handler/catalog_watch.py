@@ -1,0 +1,75 @@
+"""What a change to the checkpoint catalog says about a run's history, read from the catalog
+table's stream (new and old images).
+
+Published history only grows: a run's head moves forward, a complete checkpoint's record
+keeps what it says (only its status may change: rolled back, quarantined, collected) and is
+never removed. The trainer's roll back is the one legitimate move backwards, and it says so
+(`rolled_back`, with a new `updated_at`). Anything else is an alarm: a machine's credentials
+or a bug moved the head back, or rewrote or removed a record, and on-call should look.
+
+Standard library only (ships in the handler's zip).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from spotrain.catalog_schema import (
+    HEAD_SORT_KEY,
+    PARTITION_KEY,
+    SORT_KEY,
+    STATUS_COMPLETE,
+    checkpoint_sort_key,
+    run_key,
+)
+
+ALARM, NOTICE = "alarm", "notice"
+MAY_CHANGE_ON_A_COMPLETE_RECORD = frozenset({"status", "status_reason"})
+"""What a roll back, a quarantine or a collection sets; every other attribute is the record."""
+_CHECKPOINT_PREFIX = checkpoint_sort_key(0).rstrip("0")
+
+
+def _plain(image: dict[str, Any] | None) -> dict[str, str]:
+    """A stream image (DynamoDB JSON) as attribute -> value text."""
+    return {name: str(next(iter(value.values()))) for name, value in (image or {}).items()}
+
+
+def finding(record: dict[str, Any]) -> dict[str, Any] | None:
+    """What one stream record shows, or None when history only grew."""
+    change = record.get("dynamodb", {})
+    keys = _plain(change.get("Keys"))
+    old, new = _plain(change.get("OldImage")), _plain(change.get("NewImage"))
+    sort_key, event = keys.get(SORT_KEY, ""), record.get("eventName")
+
+    def say(severity: str, kind: str, **details: Any) -> dict[str, Any]:
+        run = keys.get(PARTITION_KEY, "").removeprefix(run_key(""))
+        return {"severity": severity, "run": run, "kind": kind, **details}
+
+    if sort_key == HEAD_SORT_KEY and event == "MODIFY" and old.get("step") and new.get("step"):
+        before, after = int(old["step"]), int(new["step"])
+        if after >= before:
+            return None
+        moved = {"from_step": before, "to_step": after}
+        if new.get("rolled_back") and new.get("updated_at") != old.get("updated_at"):
+            return say(NOTICE, "head-rolled-back", **moved, reason=new["rolled_back"])
+        return say(ALARM, "head-moved-back", **moved,
+                   detail="the head moved to an earlier step without a roll back")  # fmt: skip
+    if not sort_key.startswith(_CHECKPOINT_PREFIX) or old.get("status") != STATUS_COMPLETE:
+        return None
+    step = int(old.get("step") or sort_key.removeprefix(_CHECKPOINT_PREFIX))
+    if event == "REMOVE":
+        return say(ALARM, "record-removed", step=step, manifest=old.get("manifest"),
+                   detail="a complete checkpoint's record was deleted")  # fmt: skip
+    changed = sorted(
+        name for name in (set(old) | set(new)) - MAY_CHANGE_ON_A_COMPLETE_RECORD
+        if old.get(name) != new.get(name)
+    )  # fmt: skip
+    if event == "MODIFY" and changed:
+        return say(ALARM, "record-rewritten", step=step, changed=changed,
+                   manifest_before=old.get("manifest"), manifest_after=new.get("manifest"),
+                   detail="a complete checkpoint's record was rewritten")  # fmt: skip
+    return None
+
+
+def findings(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [f for f in (finding(r) for r in records) if f is not None]
