@@ -6,6 +6,8 @@ The on-demand base capacity keeps the coordinator (torchrun rendezvous host) off
 other instance is spot, placed by price-capacity-optimized allocation across the instance
 types x zones. Instances require IMDSv2, have encrypted volumes, get no public address, and
 may touch only their run's prefix in the checkpoint buckets and their run's catalog items.
+Their boot and training output goes to the fleet's encrypted log group (a stream each), and
+on-call reaches them with Session Manager: both through the fleet's own interface endpoints.
 """
 
 from __future__ import annotations
@@ -67,6 +69,10 @@ class SpotFleetProps:
     through them (aws:SourceVpce), so its credentials are useless outside the VPC."""
     data_kms_key_arns: tuple[str, ...]
     """Keys the trainer encrypts and decrypts checkpoints and catalog items with."""
+    log_kms_key_arn: str
+    """Key of the machines' log group."""
+    log_retention_days: int
+    """Retention of the machines' log group."""
     region: str
     """Region of the fleet."""
     account_id: str
@@ -108,6 +114,7 @@ SPOTRAIN_KMS_KEY_ID=%s
 SPOTRAIN_EVENTS_TABLE=%s
 SPOTRAIN_NNODES=%s
 SPOTRAIN_RDZV_PORT=%s
+SPOTRAIN_LOG_GROUP=%s
 ENV
 if [ -z "$root" ] && systemctl list-unit-files spotrain-trainer.service >/dev/null 2>&1; then
   systemctl enable --now spotrain-trainer.service
@@ -130,6 +137,7 @@ def user_data_values(props: SpotFleetProps) -> list[str]:
         props.events_table_name,
         nnodes(props.min_size, props.max_size),
         str(RENDEZVOUS_PORT),
+        log_group_name(props.name),
     ]
 
 
@@ -152,6 +160,29 @@ def _through_the_vpc(
 def nnodes(min_size: int, max_size: int) -> str:
     """torchrun's --nnodes for a group of these sizes: elastic between them (at least one)."""
     return "1" if max_size <= 1 else f"{max(1, min_size)}:{max_size}"
+
+
+def log_group_name(fleet_name: str) -> str:
+    """Where the fleet's machines send their boot and training output (one stream each)."""
+    return f"/spotrain/{fleet_name}/machines"
+
+
+SESSION_MANAGER_SERVICES = ("ssm", "ssmmessages", "ec2messages")
+"""Interface endpoints Session Manager needs in a VPC without internet access."""
+SESSION_MANAGER_AGENT_ACTIONS = (
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage",
+    "ec2messages:DeleteMessage",
+    "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint",
+    "ec2messages:GetMessages",
+    "ec2messages:SendReply",
+)
+"""What Session Manager's agent on a machine calls (none of it names a resource)."""
 
 
 def on_demand_group_name(fleet_name: str) -> str:
@@ -207,32 +238,45 @@ class SpotFleet(Construct):
             for name in (props.name, on_demand_group_name(props.name))
         ]
         # A machine that cannot train tells its group (SetInstanceHealth); the VPC has no route
-        # to any other AWS API, so the fleet brings its own endpoint for that one call, in its
-        # own security group (the machines reach it through the group's self rules).
-        self.autoscaling_endpoint = aws.vpc_endpoint.VpcEndpoint(
-            self,
-            "AutoscalingEndpoint",
-            vpc_id=props.vpc_id,
-            service_name=f"com.amazonaws.{props.region}.autoscaling",
-            vpc_endpoint_type="Interface",
-            subnet_ids=props.subnet_ids,
-            security_group_ids=[self.security_group.id],
-            private_dns_enabled=True,
-            policy=policy_document(
-                self,
-                "AutoscalingEndpointPolicy",
-                [
-                    statement(
-                        "OnlyReportTheFleetsHealth",
-                        actions=["autoscaling:SetInstanceHealth"],
-                        resources=own_groups,
-                        principals={"AWS": ["*"]},
-                        conditions=[("StringEquals", "aws:PrincipalAccount", [props.account_id])],
-                    )
-                ],
+        # to AWS APIs but S3 and DynamoDB, so the fleet brings its own interface endpoint for
+        # that one call, as for each other API its machines use.
+        self.autoscaling_endpoint = self._interface_endpoint(
+            props,
+            "autoscaling",
+            statement(
+                "OnlyReportTheFleetsHealth",
+                actions=["autoscaling:SetInstanceHealth"],
+                resources=own_groups,
+                principals={"AWS": ["*"]},
+                conditions=[("StringEquals", "aws:PrincipalAccount", [props.account_id])],
             ),
-            tags={"Name": f"{props.name}-autoscaling"},
         )
+        # A reclaimed machine's output outlives it: every machine sends its boot and training
+        # output to this group (`spotrain logs ship`), through the fleet's logs endpoint.
+        self.log_group = aws.cloudwatch_log_group.CloudwatchLogGroup(
+            self,
+            "MachineLogs",
+            name=log_group_name(props.name),
+            retention_in_days=props.log_retention_days,
+            kms_key_id=props.log_kms_key_arn,
+        )
+        machine_streams = f"{self.log_group.arn}:log-stream:*"
+        self.logs_endpoint = self._interface_endpoint(
+            props,
+            "logs",
+            statement(
+                "OnlyTheFleetsLogs",
+                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                resources=[machine_streams],
+                principals={"AWS": ["*"]},
+                conditions=[("StringEquals", "aws:PrincipalAccount", [props.account_id])],
+            ),
+        )
+        # On-call reaches a machine without SSH or an open port: Session Manager, whose agent
+        # talks to these endpoints (the image carries the agent).
+        session_endpoints = [
+            self._interface_endpoint(props, service) for service in SESSION_MANAGER_SERVICES
+        ]
         self.role = aws.iam_role.IamRole(
             self,
             "InstanceRole",
@@ -341,6 +385,28 @@ class SpotFleet(Construct):
                             conditions=[
                                 leading_keys(
                                     crashes_key(props.run_name), releases_key(props.run_name)
+                                )
+                            ],
+                        ),
+                        statement(
+                            "ShipMachineLogs",
+                            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+                            resources=[machine_streams],
+                            conditions=[
+                                ("StringEquals", "aws:SourceVpce", [str(self.logs_endpoint.id)])
+                            ],
+                        ),
+                        statement(
+                            # Session Manager's agent; these calls take no resource but the
+                            # instance's, and only through the fleet's own endpoints.
+                            "SessionManagerAgent",
+                            actions=list(SESSION_MANAGER_AGENT_ACTIONS),
+                            resources=["*"],
+                            conditions=[
+                                (
+                                    "StringEquals",
+                                    "aws:SourceVpce",
+                                    [str(e.id) for e in session_endpoints],
                                 )
                             ],
                         ),
@@ -464,6 +530,30 @@ class SpotFleet(Construct):
             },
             tag=tags,
             lifecycle=handler_owned,
+        )
+
+    def _interface_endpoint(
+        self, props: SpotFleetProps, service: str, only: dict[str, Any] | None = None
+    ) -> Any:
+        """An interface endpoint in the fleet's subnets and security group (the machines reach
+        it through the group's self rules), with private DNS: the service's usual name finds
+        it. `only`: the one statement its policy allows (None: the service's default)."""
+        policy = (
+            policy_document(self, f"{service.capitalize()}EndpointPolicy", [only])
+            if only is not None
+            else None
+        )
+        return aws.vpc_endpoint.VpcEndpoint(
+            self,
+            f"{service.capitalize()}Endpoint",
+            vpc_id=props.vpc_id,
+            service_name=f"com.amazonaws.{props.region}.{service}",
+            vpc_endpoint_type="Interface",
+            subnet_ids=props.subnet_ids,
+            security_group_ids=[self.security_group.id],
+            private_dns_enabled=True,
+            policy=policy,
+            tags={"Name": f"{props.name}-{service}"},
         )
 
     def _prefix_list(self, id_: str, service: str) -> str:

@@ -27,6 +27,8 @@
 #   SPOTRAIN_CONTAINER_RUNTIME    docker (default) or none (run spotrain from PATH)
 #   SPOTRAIN_IMDS_ENDPOINT        metadata service (default http://169.254.169.254)
 #   SPOTRAIN_RUN_ENV              the settings file (default /etc/spotrain/run.env)
+#   SPOTRAIN_LOG_GROUP            CloudWatch log group for this script's and the trainer's
+#                                 output, a stream per instance (default: the journal only)
 set -euo pipefail
 
 RUN_ENV=${SPOTRAIN_RUN_ENV:-/etc/spotrain/run.env}
@@ -70,7 +72,6 @@ instance_type=$(metadata instance-type)
 zone=$(metadata placement/availability-zone)
 lifecycle=$(metadata instance-life-cycle || echo on-demand)
 address=$(metadata local-ipv4)
-echo "spotrain bootstrap: $instance_id ($instance_type in $zone, $lifecycle) joins run $SPOTRAIN_RUN"
 
 mkdir -p "$WORK_DIR"
 export AWS_REGION=$SPOTRAIN_REGION AWS_DEFAULT_REGION=$SPOTRAIN_REGION
@@ -86,7 +87,7 @@ spotrain_run() {
       # (the launch template's hop limit is 1).
       mounts=(-v "$WORK_DIR:$WORK_DIR")
       [[ "$CONFIG" == "$WORK_DIR"/* ]] || mounts+=(-v "$CONFIG:$CONFIG:ro")
-      docker run --rm --gpus all --network host --ipc host --init \
+      docker run --rm -i --gpus all --network host --ipc host --init \
         --stop-signal SIGTERM --stop-timeout 110 \
         -e AWS_REGION -e AWS_DEFAULT_REGION "${mounts[@]}" \
         "$IMAGE" "$@"
@@ -99,6 +100,17 @@ spotrain_run() {
       ;;
   esac
 }
+
+# From here on everything printed, the trainer's output included, also goes to the run's log
+# group (a stream per machine): a reclaimed machine's output outlives it. The journal keeps its
+# copy. On exit the shipper gets the end of its input, sends the rest and is waited for; if it
+# cannot run, `cat` keeps the output flowing to the journal (shipping never stops training).
+if [[ -n "${SPOTRAIN_LOG_GROUP:-}" ]]; then
+  exec > >(spotrain_run spotrain logs ship --group "$SPOTRAIN_LOG_GROUP" --stream "$instance_id" --echo || cat) 2>&1
+  shipper=$!
+  trap 'exec >&- 2>&-; wait "$shipper" || true' EXIT
+fi
+echo "spotrain bootstrap: $instance_id ($instance_type in $zone, $lifecycle) joins run $SPOTRAIN_RUN"
 
 # Crash accounting in the run's fleet state: a run held after repeated crashes does not start
 # (no restart loop on any machine); an exit of a machine being interrupted is a preemption.

@@ -95,6 +95,9 @@ build {
       "sudo install -D -m 0755 /tmp/bootstrap.sh /opt/spotrain/bootstrap.sh",
       "sudo install -D -m 0644 /tmp/spotrain-trainer.service /etc/systemd/system/spotrain-trainer.service",
       "sudo systemctl daemon-reload",
+      # On-call reaches machines with Session Manager only (no SSH, no open port): the base
+      # image's agent must be there and enabled, or the build stops here.
+      "snap services amazon-ssm-agent | grep -q enabled || { echo 'the base image has no enabled amazon-ssm-agent, which Session Manager needs' >&2; exit 1; }",
       "aws ecr get-login-password --region ${var.region} | sudo docker login --username AWS --password-stdin ${split("/", var.trainer_image)[0]}",
       "sudo docker pull ${var.trainer_image}",
       "sudo docker tag ${var.trainer_image} spotrain-trainer:baked",

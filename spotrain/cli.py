@@ -280,6 +280,12 @@ def _fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_logs(args: argparse.Namespace) -> int:
+    from spotrain import machine_logs
+
+    return machine_logs.main_ship(args.group, args.stream, args.echo)
+
+
 def _caller_arn() -> str:
     """Who is asking, for the audit trail ("" when the identity service cannot say)."""
     import boto3
@@ -787,6 +793,17 @@ def parser() -> argparse.ArgumentParser:
                        help="coordinator: seconds to wait for one to claim the role and "
                        "answer on its port")  # fmt: skip
     fleet.set_defaults(handler=cmd_fleet)
+
+    logs = commands.add_parser(
+        "logs", help="a machine's output to the run's CloudWatch log group (the boot script)"
+    )
+    logs.add_argument("action", choices=["ship"],
+                      help="ship: send standard input, line by line, to the stream")  # fmt: skip
+    logs.add_argument("--group", required=True, help="log group (the compute stack's)")
+    logs.add_argument("--stream", required=True, help="log stream, e.g. the instance id")
+    logs.add_argument("--echo", action="store_true",
+                      help="also copy each line to standard output (the journal)")  # fmt: skip
+    logs.set_defaults(handler=cmd_logs)
 
     budget = commands.add_parser("budget", help="a budget's limit, actual and forecast spend")
     budget.add_argument("name", help="budget name, e.g. spotrain-prod-monthly")

@@ -75,6 +75,8 @@ class ComputeStack(EnvironmentStack):
                 events_table_name=events_table_name,
                 vpc_endpoint_ids=self.network.endpoint_ids,
                 data_kms_key_arns=(primary_key_arn, replica_key_arn),
+                log_kms_key_arn=primary_key_arn,
+                log_retention_days=config.log_retention_days,
                 region=config.primary_region,
                 account_id=self.account_id,
                 tags={**config.all_tags, "spotrain:run": config.run_name},
@@ -84,4 +86,5 @@ class ComputeStack(EnvironmentStack):
         TerraformOutput(self, "fleet_group", value=self.fleet.group.name)
         TerraformOutput(self, "on_demand_group", value=self.fleet.on_demand_group.name)
         TerraformOutput(self, "launch_template", value=self.fleet.launch_template.id)
+        TerraformOutput(self, "machine_log_group", value=self.fleet.log_group.name)
         TerraformOutput(self, "vpc", value=self.network.vpc.id)

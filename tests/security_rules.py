@@ -11,6 +11,8 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from spotrain.constructs.spot_fleet import SESSION_MANAGER_AGENT_ACTIONS
+
 Stack = dict[str, Any]
 
 
@@ -127,6 +129,7 @@ def queues_topics_and_logs_are_encrypted(stack: Stack) -> list[str]:
 UNSCOPED_ACTIONS = {  # actions without resource-level permissions
     "autoscaling:DescribeAutoScalingGroups",
     "dynamodb:ListStreams",
+    *SESSION_MANAGER_AGENT_ACTIONS,  # its channels and messages name no resource
     "ec2:DescribeInstances",
     "xray:PutTraceSegments",
     "xray:PutTelemetryRecords",

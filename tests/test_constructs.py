@@ -229,13 +229,16 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
             assert [(c["test"], sorted(c["values"])) for c in vpce] == [
                 ("StringEquals", endpoints["Gateway"])
             ], sid
-        elif sid == "ReplaceItself":  # the Auto Scaling API, through the fleet's own endpoint
-            assert [sorted(c["values"]) for c in vpce] == [endpoints["Interface"]]
+        elif sid in ("ReplaceItself", "ShipMachineLogs", "SessionManagerAgent"):
+            # Other APIs only through the fleet's own interface endpoints.
+            [used] = [sorted(c["values"]) for c in vpce]
+            assert used and set(used) <= set(endpoints["Interface"]), sid
         else:
             assert vpce == [], sid
     # Machines never delete: published history is removed only by operator commands.
     granted = {a for s in by_sid.values() for a in s["actions"]}
-    assert not {a for a in granted if "Delete" in a}, granted
+    deletes = {a for a in granted if "Delete" in a}
+    assert deletes == {"ec2messages:DeleteMessage"}, granted  # Session Manager's own queue
     # Crash records only added, releases only read: a machine cannot release its own run.
     writes: dict[str, set[str]] = {"dynamodb:PutItem": set(), "dynamodb:UpdateItem": set()}
     for grant in by_sid.values():
@@ -256,14 +259,23 @@ def test_the_fleet_reaches_the_auto_scaling_api_only_to_report_its_own_health(
     synth_dir: Path,
 ) -> None:
     """Machines have no route to AWS APIs but S3 and DynamoDB: the fleet's own interface
-    endpoint lets a machine that cannot train tell its group, and nothing else."""
+    endpoints let a machine that cannot train tell its group, send its output to the fleet's
+    log group, and on-call reach it with Session Manager; nothing else."""
     stack = load_stack(synth_dir, "dev-compute")
-    [endpoint] = [e for e in resources(stack, "aws_vpc_endpoint").values()
-                  if e["vpc_endpoint_type"] == "Interface"]  # fmt: skip
-    assert endpoint["service_name"].endswith(".autoscaling")
-    assert endpoint["private_dns_enabled"] is True
-    [group] = endpoint["security_group_ids"]
-    assert group.startswith("${aws_security_group.Fleet_SecurityGroup")
+    interfaces = {e["service_name"].rsplit(".", 1)[1]: e
+                  for e in resources(stack, "aws_vpc_endpoint").values()
+                  if e["vpc_endpoint_type"] == "Interface"}  # fmt: skip
+    assert set(interfaces) == {"autoscaling", "logs", "ssm", "ssmmessages", "ec2messages"}
+    for endpoint in interfaces.values():
+        assert endpoint["private_dns_enabled"] is True
+        [group] = endpoint["security_group_ids"]
+        assert group.startswith("${aws_security_group.Fleet_SecurityGroup")
+    [logs] = statements(stack, interfaces["logs"]["policy"])
+    assert logs["actions"] == ["logs:CreateLogStream", "logs:PutLogEvents"]
+    [streams] = logs["resources"]
+    assert streams.startswith("${aws_cloudwatch_log_group.Fleet_MachineLogs_")
+    assert streams.endswith(".arn}:log-stream:*")
+    endpoint = interfaces["autoscaling"]
     [grant] = statements(stack, endpoint["policy"])
     assert grant["actions"] == ["autoscaling:SetInstanceHealth"]
     assert all(r.endswith(("/spotrain-dev-gpt-small-fleet", "-gpt-small-fleet-on-demand"))
@@ -505,6 +517,7 @@ def test_fleet_props_check_sizes_and_types() -> None:
         on_demand_base_capacity=1, checkpoint_bucket_arn="a", replica_bucket_arn="b",
         checkpoint_bucket_name="n", catalog_table_arn="t", catalog_table_name="tn",
         data_kms_key_arns=("k",), region="us-east-1", tags={}, events_table_arn="e",
+        log_kms_key_arn="k", log_retention_days=30,
         events_table_name="en", account_id="123456789012", vpc_endpoint_ids=("vpce-1",),
     )  # fmt: skip
     SpotFleetProps(**base)  # type: ignore[arg-type]

@@ -100,6 +100,7 @@ def test_packer_recipe_bakes_an_imdsv2_only_encrypted_image_and_publishes_its_id
     unit.read(IMAGES / "spotrain-trainer.service")
     assert "/opt/spotrain/bootstrap.sh /opt/spotrain/bootstrap.sh" not in shell
     assert unit["Service"]["ExecStart"] in shell  # the service runs what the recipe installs
+    assert "snap services amazon-ssm-agent | grep -q enabled" in shell  # Session Manager
     publish = " ".join(
         unquote(c) for p in build["post-processor"] if '"shell-local"' in p
         for c in p['"shell-local"']["inline"]
@@ -177,8 +178,10 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     run_env.write_text(
         f"SPOTRAIN_RUN=booted\nSPOTRAIN_REGION={region}\nSPOTRAIN_BUCKET={bucket}\n"
         f"SPOTRAIN_CATALOG_TABLE={table}\nSPOTRAIN_KMS_KEY_ID={key}\n"
-        "SPOTRAIN_EVENTS_TABLE=bootstrap-events\n"
+        "SPOTRAIN_EVENTS_TABLE=bootstrap-events\nSPOTRAIN_LOG_GROUP=/spotrain/booted/machines\n"
     )
+    logs = control.client("logs", local_cloud.endpoint, region)
+    logs.create_log_group(logGroupName="/spotrain/booted/machines")
 
     def boot(instance: str = "i-0feedface", **env: str) -> subprocess.CompletedProcess[str]:
         with LocalMetadataService(instance_id=instance, instance_type="g6.xlarge") as imds:
@@ -199,6 +202,12 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     assert f"s3://{bucket}/runs/booted/config/" in output  # fetched, not baked in
     assert "spot_notice_endpoint=http://127.0.0.1:" in output  # the trainer watches IMDS
     assert "trainer exit 0 on i-0feedface: finished" in output
+    # The machine's output, to its last line, is in its log stream too.
+    shipped = [e["message"] for e in logs.get_log_events(
+        logGroupName="/spotrain/booted/machines", logStreamName="i-0feedface",
+        startFromHead=True)["events"]]  # fmt: skip
+    assert shipped == [line for line in result.stdout.splitlines() if line.strip()]
+    assert shipped[-1].startswith("trainer exit 0 on i-0feedface: finished")
     head = DynamoCatalog(table, "booted", LocalStorage(tmp_path / "unused"), client=dynamodb).head()
     assert head is not None and head.step == 2
     # A machine whose trainer cannot even start has its group replace it, not idle, billed.

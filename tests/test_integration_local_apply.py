@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import uuid
@@ -225,6 +226,7 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
         "SPOTRAIN_EVENTS_TABLE": outputs["events_table"],
         "SPOTRAIN_NNODES": f"{local.config.fleet_min_size}:{local.config.fleet_max_size}",
         "SPOTRAIN_RDZV_PORT": "29400",
+        "SPOTRAIN_LOG_GROUP": outputs["machine_log_group"],
     }
 
 
@@ -288,6 +290,24 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     assert logs.count(" meets at 127.0.0.1:") == MACHINES
     # The dataset came from the deployed bucket, and a restart on the same disk reuses it.
     assert "4 shard(s), 4 fetched" in logs and "0 fetched, 4 already on this disk" in logs
+    # Every machine's output, the reclaimed one's included, is in the deployed log group, one
+    # stream each, as its journal has it: on-call can read a machine that is gone.
+    cloudwatch = local.client("logs")
+    group = outputs["machine_log_group"]
+    for boot_log in (tmp_path / "machines").glob("*/boot.log"):
+        stream = {"logGroupName": group, "logStreamName": boot_log.parent.name}
+        page = cloudwatch.get_log_events(**stream, startFromHead=True)
+        messages = [e["message"] for e in page["events"]]
+        while page["events"]:  # pages until the token stops moving
+            page = cloudwatch.get_log_events(**stream, nextToken=page["nextForwardToken"])
+            messages += [e["message"] for e in page["events"]]
+
+        # Progress bars redraw with carriage returns: compare what each side says, piece by
+        # piece, whichever line breaks each kept.
+        def pieces(text: str) -> list[str]:
+            return [piece for piece in re.split(r"[\r\n]", text) if piece.strip()]
+
+        assert pieces("\n".join(messages)) == pieces(boot_log.read_text()), boot_log.parent.name
 
 
 FLEET_POLICY = "run-scoped-checkpoint-access"

@@ -458,3 +458,42 @@ def test_dynamodb_transactions_are_authorized_item_by_item() -> None:
     assert dynamodb_requests("Query", query, arn, hash_key) == [
         ("dynamodb:Query", f"{TABLE}/index/lineage", {"dynamodb:LeadingKeys": ["RUN#a"]}),
     ]
+
+
+# --- a machine's output to CloudWatch Logs ---------------------------------------------------
+def test_a_machines_output_reaches_its_log_stream_including_what_follows_sigterm(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """`spotrain logs ship` as the boot script runs it: each line to the journal and to the
+    machine's stream; a spot reclaim's SIGTERM does not stop it, so the emergency
+    checkpoint's lines, printed after it, arrive too."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    logs = client(local_cloud, "logs")
+    group = f"/spotrain/{unique('machines')}"
+    logs.create_log_group(logGroupName=group)
+    shipper = subprocess.Popen(
+        [str(Path(sys.executable).parent / "spotrain"), "logs", "ship", "--group", group,
+         "--stream", "i-0reclaimed", "--echo"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        env={**os.environ, **control.aws_environment(local_cloud.endpoint, REGION)},
+    )  # fmt: skip
+    assert shipper.stdin is not None and shipper.stdout is not None
+    expected = [
+        "spotrain bootstrap: i-0reclaimed joins run r", "step 41 loss 2.1",
+        "emergency checkpoint of step 42 published",
+    ]  # fmt: skip
+    shipper.stdin.write("\n".join(expected[:2]) + "\n")
+    shipper.stdin.flush()
+    echoed = [shipper.stdout.readline().rstrip("\n") for _ in range(2)]  # the journal's copy
+    shipper.send_signal(signal.SIGTERM)  # the service stops: every process in it gets this
+    shipper.stdin.write(expected[2] + "\n")
+    out, _ = shipper.communicate(timeout=60)
+    assert shipper.returncode == 0
+    assert echoed + out.splitlines() == expected
+    events = logs.get_log_events(logGroupName=group, logStreamName="i-0reclaimed",
+                                 startFromHead=True)["events"]  # fmt: skip
+    assert [e["message"] for e in events] == expected
