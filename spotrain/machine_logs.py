@@ -15,35 +15,30 @@ from __future__ import annotations
 import logging
 import signal
 import sys
-from typing import IO, Any
+from typing import IO
 
 SEND_INTERVAL_S = 5
 """At most this much output is lost with a machine that dies without warning (a spot reclaim
 gives two minutes)."""
 
 
-def ship(
-    source: IO[str], *, group: str, stream: str, echo: IO[str] | None, client: Any = None
-) -> int:
-    """Send each line of `source` to `group`/`stream` (copying it to `echo`); returns the
-    number of lines read."""
+def ship(source: IO[str], *, group: str, stream: str, echo: IO[str] | None) -> None:
+    """Send each line of `source` to `group`/`stream` (copying it to `echo`)."""
     import boto3
     import watchtower
 
     handler = watchtower.CloudWatchLogHandler(
         log_group_name=group,
         log_stream_name=stream,
-        boto3_client=client or boto3.client("logs"),
+        boto3_client=boto3.client("logs"),
         create_log_group=False,  # Terraform made it: encrypted, with its retention
         send_interval=SEND_INTERVAL_S,
     )
     handler.setFormatter(logging.Formatter("%(message)s"))
     logger = logging.Logger(f"spotrain.machine_logs.{stream}")
     logger.addHandler(handler)
-    lines = 0
     try:
         for line in source:
-            lines += 1
             if echo is not None:
                 echo.write(line)
                 echo.flush()
@@ -51,7 +46,6 @@ def ship(
                 logger.info(line.rstrip("\n"))
     finally:
         handler.close()  # sends what is queued
-    return lines
 
 
 def main_ship(group: str, stream: str, echo: bool) -> int:

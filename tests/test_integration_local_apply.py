@@ -536,7 +536,12 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
         refused(lambda: dynamodb.delete_item(**head), 400, "AccessDeniedException")
 
         # A crash is recorded; the machine cannot release its own run, on-call can.
-        machine_events = _table(cloud, region, credentials["machine"], "spotrain-local-events")
+        def events_table(who: str) -> Any:
+            return control.resource("dynamodb", cloud.endpoint, region, **credentials[who]).Table(
+                "spotrain-local-events"
+            )
+
+        machine_events = events_table("machine")
         for _ in range(fleet_state.DEFAULT_MAX_CRASHES):
             verdict = fleet_state.record_exit(machine_events, run, "i-0machine", 1)
         assert verdict.failed
@@ -544,7 +549,7 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
             fleet_state.reset_crashes(machine_events, run)
         with pytest.raises(ClientError, match="AccessDenied"):  # nor rewrite the run's state
             machine_events.put_item(Item={"pk": f"RUN#{run}", "sk": "STATE"})
-        on_call_events = _table(cloud, region, credentials["operator"], "spotrain-local-events")
+        on_call_events = events_table("operator")
         assert fleet_state.reset_crashes(on_call_events, run) == fleet_state.DEFAULT_MAX_CRASHES
         assert not fleet_state.run_state(machine_events, run).failed
 
@@ -557,18 +562,6 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
         refused(lambda: dynamodb.get_item(**head), 400, "AccessDeniedException")
     finally:
         control.down()
-
-
-def _table(cloud: control.RunningCloud, region: str, credentials: dict[str, str], name: str) -> Any:
-    import boto3
-
-    return boto3.resource(
-        "dynamodb",
-        endpoint_url=cloud.endpoint,
-        region_name=region,
-        verify=str(control.ca_bundle()),
-        **credentials,
-    ).Table(name)
 
 
 def test_budget_alerts_at_every_threshold_to_topic_and_email(local: Local) -> None:

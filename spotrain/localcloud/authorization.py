@@ -135,7 +135,7 @@ def verdict(
 def through_endpoint(service: str) -> dict[str, str]:
     """aws:SourceVpce of a request to `service`, when the local cloud plays callers inside a
     VPC (`spotrain local` callers are outside any VPC unless a test says otherwise)."""
-    endpoint = faults.read(faults.served_file()).through_vpc_endpoints.get(service)
+    endpoint = faults.current().through_vpc_endpoints.get(service)
     return {"aws:SourceVpce": endpoint} if endpoint else {}
 
 
@@ -238,6 +238,7 @@ def install() -> None:
         key = self._access_key
         role = getattr(key, "_owner_role_name", None)
         caller = f"arn:aws:iam::{self.account_id}:role/{role}" if role else key.arn
+        # The server answers HTTPS only.
         base = {"aws:PrincipalArn": caller, "aws:PrincipalAccount": self.account_id,
                 "aws:SecureTransport": "true"}  # fmt: skip
         service, _, action = self._action.partition(":")

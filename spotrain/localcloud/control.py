@@ -112,10 +112,11 @@ def client(service: str, endpoint: str, region: str, **credentials: str) -> Any:
     return boto3.client(service, **{**_connection(endpoint, region), **credentials})
 
 
-def resource(service: str, endpoint: str, region: str) -> Any:
+def resource(service: str, endpoint: str, region: str, **credentials: str) -> Any:
+    """A resource of the local cloud, with credentials as for `client`."""
     import boto3
 
-    return boto3.resource(service, **_connection(endpoint, region))
+    return boto3.resource(service, **{**_connection(endpoint, region), **credentials})
 
 
 def _connection(endpoint: str, region: str) -> dict[str, Any]:

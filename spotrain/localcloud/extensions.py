@@ -183,9 +183,7 @@ def _install_s3_replication() -> None:
             return new_key
         bucket = self.get_bucket(bucket_name)
         destinations = _matching_destinations(getattr(bucket, "replication", None), key_name)
-        if destinations and faults.read(faults.served_file()).replication_held(
-            bucket_name, key_name
-        ):
+        if destinations and faults.current().replication_held(bucket_name, key_name):
             new_key.replication_status = "PENDING"  # type: ignore[attr-defined]
             return new_key
         for destination in destinations:

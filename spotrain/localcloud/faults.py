@@ -59,6 +59,15 @@ def write(path: Path, faults: Faults) -> None:
     staging.replace(path)  # the server never reads half a file
 
 
+_request = threading.local()
+
+
+def current() -> Faults:
+    """What the server plays for the request being served: read once per request by the
+    middleware (`injected`), or from the served file outside a request."""
+    return getattr(_request, "faults", None) or read(served_file())
+
+
 def served_file() -> Path | None:
     """The faults file of the server running in this process, if it was given one."""
     value = os.environ.get(FAULTS_FILE_VARIABLE)
@@ -95,19 +104,22 @@ def injected(app: Callable[..., Iterable[bytes]], path: Path) -> Callable[..., A
         scope = signed_scope(environ.get("HTTP_AUTHORIZATION"))
         if scope is None:
             return app(environ, start_response)
-        current = read(path)
-        if scope[0] in current.regions_down:
-            return refuse(start_response, _error_body("ServiceUnavailable", "region down"))
-        if scope[1] == "s3" and current.unavailable:
-            target = environ.get("PATH_INFO", "").lstrip("/")
-            for entry in current.unavailable:
-                if not fnmatch.fnmatchcase(target, entry["pattern"]):
-                    continue
-                with lock:
-                    failed = served.get(entry["id"], 0)
-                    if failed < int(entry["requests"]):
-                        served[entry["id"]] = failed + 1
-                        return refuse(start_response, _error_body("SlowDown", "unavailable"))
-        return app(environ, start_response)
+        current = _request.faults = read(path)  # once per request: the extensions reuse it
+        try:
+            if scope[0] in current.regions_down:
+                return refuse(start_response, _error_body("ServiceUnavailable", "region down"))
+            if scope[1] == "s3" and current.unavailable:
+                target = environ.get("PATH_INFO", "").lstrip("/")
+                for entry in current.unavailable:
+                    if not fnmatch.fnmatchcase(target, entry["pattern"]):
+                        continue
+                    with lock:
+                        failed = served.get(entry["id"], 0)
+                        if failed < int(entry["requests"]):
+                            served[entry["id"]] = failed + 1
+                            return refuse(start_response, _error_body("SlowDown", "unavailable"))
+            return app(environ, start_response)
+        finally:
+            _request.faults = None
 
     return middleware
