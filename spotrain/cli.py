@@ -10,6 +10,8 @@ spotrain train CONFIG             train (torchrun on this machine, or one node o
 spotrain config put|get|history   the run's configuration, stored where the fleet reads it
 spotrain data prepare|show        datasets: text into token shards in the store
 spotrain checkpoints ...          list, show, verify, restore, gc a run's checkpoints
+spotrain cost plan|simulate       a run's cost per strategy before it starts; trace replay
+spotrain prices refresh|show      the price book (on-demand, spot per zone, Advisor bands)
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from spotrain.cost import commands as cost_commands
 from spotrain.errors import SpotrainError
 from spotrain.fleet_state import Coordinator
 from spotrain.localcloud import control, faults
@@ -808,6 +811,8 @@ def parser() -> argparse.ArgumentParser:
     budget = commands.add_parser("budget", help="a budget's limit, actual and forecast spend")
     budget.add_argument("name", help="budget name, e.g. spotrain-prod-monthly")
     budget.set_defaults(handler=cmd_budget)
+
+    cost_commands.add_parsers(commands)
 
     synth = commands.add_parser("synth", help="synthesize every environment")
     synth.add_argument("--out", default="cdktf.out", help="output folder")

@@ -59,6 +59,8 @@ def add_environment(app: App, config: EnvironmentConfig) -> dict[str, object]:
         events_table_arn=catalog.events.arn,
         events_table_name=catalog.events.name,
         catalog_stream_arn=catalog.checkpoints.stream_arn,
+        checkpoints_table_arn=catalog.checkpoints.arn,
+        checkpoints_table_name=catalog.checkpoints.name,
     )
     return {
         "storage": storage,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 
 from spotrain.catalog_schema import run_name_problem
+from spotrain.deadline_policy import RunDeadline
 from spotrain.errors import raise_if_problems
 from spotrain.validation import instance_type_problems
 
@@ -119,6 +120,9 @@ class EnvironmentConfig:
     """Remote state; None keeps state beside the synthesized stack (tests only)."""
     local: LocalCloud | None = None
     """Set for the local cloud; None for real AWS environments."""
+    run_deadline: RunDeadline | None = None
+    """When the run must be done: the interruption handler then chooses spot or on-demand
+    by its progress (Uniform Progress); None keeps the fixed on-demand fallback."""
 
     def __post_init__(self) -> None:
         # Types first: the value checks below would misread a budget given as a string, or
@@ -251,6 +255,8 @@ class EnvironmentConfig:
                 f"local endpoint {self.local.endpoint!r} is not a loopback HTTPS URL: use "
                 "https://127.0.0.1:<port> (the address `spotrain local up` prints)"
             )
+        if self.run_deadline is not None:
+            problems += self.run_deadline.problems()
         if self.local is None and self.state is None:
             problems.append(
                 "state is not set for a real environment: give a StateBackend(bucket=..., "

@@ -6,6 +6,7 @@ accounts whose Terraform state lives in an existing S3 bucket (see README: remot
 
 from __future__ import annotations
 
+from spotrain.deadline_policy import RunDeadline
 from spotrain.stacks.config import EnvironmentConfig, LocalCloud, StateBackend
 
 DEFAULT_LOCAL_ENDPOINT = "https://127.0.0.1:4566"
@@ -68,6 +69,13 @@ def prod() -> EnvironmentConfig:
         fleet_max_size=16,
         monthly_budget_usd=50_000.0,
         alert_emails=("ml-platform-oncall@example.com", "finops@example.com"),
+        # The run must be done by a date: spot or on-demand by its progress (Uniform Progress).
+        run_deadline=RunDeadline(
+            started_at="2027-01-04T09:00:00Z",
+            finish_by="2027-01-25T09:00:00Z",
+            total_steps=250_000,
+            changeover_minutes=20,
+        ),
         tags={"team": "ml-platform", "cost-center": "production-training"},
         state=StateBackend(bucket="example-spotrain-terraform-state", region="us-east-1"),
     )

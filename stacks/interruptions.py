@@ -45,6 +45,8 @@ class InterruptionsStack(EnvironmentStack):
         events_table_arn: str,
         events_table_name: str,
         catalog_stream_arn: str,
+        checkpoints_table_arn: str,
+        checkpoints_table_name: str,
     ) -> None:
         super().__init__(scope, "interruptions", config=config)
         self.handler = InterruptionHandler(
@@ -61,6 +63,9 @@ class InterruptionsStack(EnvironmentStack):
                 alert_emails=config.alert_emails,
                 log_retention_days=config.log_retention_days,
                 catalog_stream_arn=catalog_stream_arn,
+                run_deadline=config.run_deadline,
+                checkpoints_table_arn=checkpoints_table_arn,
+                checkpoints_table_name=checkpoints_table_name,
                 emulator_drift_tolerance=config.is_local,
             ),
         )

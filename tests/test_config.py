@@ -7,6 +7,7 @@ import dataclasses
 
 import pytest
 
+from spotrain.deadline_policy import RunDeadline
 from spotrain.errors import ConfigError
 from spotrain.stacks import environments
 from spotrain.stacks.config import EnvironmentConfig, LocalCloud
@@ -67,6 +68,24 @@ def test_shipped_environments_are_valid() -> None:
         ({"state": None}, "give a StateBackend"),
         ({"local": LocalCloud(endpoint="https://10.0.0.5:4566")}, "not a loopback HTTPS URL"),
         ({"local": LocalCloud(endpoint="http://127.0.0.1:4566")}, "not a loopback HTTPS URL"),
+        (
+            {
+                "run_deadline": RunDeadline(
+                    started_at="2027-01-02T00:00:00Z",
+                    finish_by="2027-01-01T00:00:00Z",
+                    total_steps=5,
+                )
+            },
+            "run_deadline.finish_by is not after started_at",
+        ),
+        (
+            {
+                "run_deadline": RunDeadline(
+                    started_at="2027-01-02 09:00", finish_by="2027-02-01", total_steps=5
+                )
+            },
+            "is not an ISO 8601 time with its zone",
+        ),
     ],
 )
 def test_bad_value_is_reported_with_its_fix(changes: dict[str, object], expected: str) -> None:

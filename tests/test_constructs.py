@@ -525,3 +525,33 @@ def test_fleet_props_check_sizes_and_types() -> None:
         SpotFleetProps(**{**base, "instance_types": ("g5.xlarge",), "desired_size": 9})  # type: ignore[arg-type]
     assert len(caught.value.problems) == 2
     assert dataclasses.is_dataclass(SpotFleetProps)
+
+
+def test_a_run_with_a_deadline_gives_its_handler_the_deadline_and_its_progress_only(
+    synth_dir: Path,
+) -> None:
+    prod = load_stack(synth_dir, "prod-interruptions")
+    variables = only(resources(prod, "aws_lambda_function"))["environment"]["variables"]
+    deadline = json.loads(variables["RUN_DEADLINE"])
+    assert deadline == dataclasses.asdict(environments.prod().run_deadline)
+    # The catalog stack's checkpoint table, resolved by Terraform from that stack's outputs.
+    assert variables["CHECKPOINTS_TABLE"].startswith("${data.terraform_remote_state.")
+    assert "CheckpointCatalog" in variables["CHECKPOINTS_TABLE"]
+    policy = only(
+        {n: p for n, p in resources(prod, "aws_iam_role_policy").items() if "Handler" in n}
+    )
+    by_sid = {s["sid"]: s for s in statements(prod, policy["policy"])}
+    reading = by_sid["ReadRunProgress"]
+    assert reading["actions"] == ["dynamodb:GetItem", "dynamodb:Query"]
+    assert len(reading["resources"]) == 1 and "/index/" not in reading["resources"][0]
+    [leading] = reading["condition"]
+    assert (leading["variable"], leading["values"]) == ("dynamodb:LeadingKeys", ["RUN#gpt-large"])
+    dev = load_stack(synth_dir, "dev-interruptions")
+    assert (
+        "RUN_DEADLINE"
+        not in only(resources(dev, "aws_lambda_function"))["environment"]["variables"]
+    )
+    dev_policy = only(
+        {n: p for n, p in resources(dev, "aws_iam_role_policy").items() if "Handler" in n}
+    )
+    assert "ReadRunProgress" not in {s["sid"] for s in statements(dev, dev_policy["policy"])}

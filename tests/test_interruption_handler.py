@@ -12,6 +12,7 @@ import random
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -553,3 +554,65 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
     assert [n["kind"] for n in cloud.notices()] == [kind for _, kind, _ in found]
     assert result["findings"][2]["changed"] == ["manifest"]
     assert cloud.dead_letters() == []
+
+
+def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A scripted spot availability sequence, replayed by the cost simulator and by the
+    handler's scheduled check on the run's catalog: each check leaves the run on what the
+    simulator's Uniform Progress chose for that tick (one decision function, used twice)."""
+    from helpers import create_catalog_table
+
+    from spotrain.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
+    from spotrain.cost import simulation, traces
+
+    per_hour, start = 3600, 1_800_000_000.0  # one step a second; the run's time 0
+    available = [0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1]
+    job = simulation.Job(work_h=8, deadline_h=14, changeover_h=0.25, on_demand_price=3.0,
+                         spot_price=1.0)  # fmt: skip
+    timeline: list[tuple[float, float, bool, str]] = []
+    simulation.simulate(job, traces.Trace("scripted", 3600, tuple(available)),
+                        simulation.UNIFORM_PROGRESS, timeline=timeline)  # fmt: skip
+    modes = [mode for *_, mode in timeline]
+    assert {"spot", "on-demand", "idle"} <= set(modes)  # the script exercises every move
+
+    create_catalog_table(boto3.client("dynamodb"), "checkpoints")
+    catalog = boto3.resource("dynamodb").Table("checkpoints")
+    for step, at in ((0, "2027-01-15T08:00:00Z"), (per_hour, "2027-01-15T09:00:00Z")):
+        catalog.put_item(Item={"pk": run_key(RUN), "sk": checkpoint_sort_key(step), "step": step,
+                               "created_at": at, "generation": 1})  # fmt: skip
+    iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
+    monkeypatch.setenv("CHECKPOINTS_TABLE", "checkpoints")
+    monkeypatch.setenv("RUN_DEADLINE", json.dumps({
+        "started_at": iso(start), "finish_by": iso(start + 14 * 3600),
+        "total_steps": 8 * per_hour, "changeover_minutes": 15,
+    }))  # fmt: skip
+    monkeypatch.setenv("CAPACITY_GROUPS", json.dumps([
+        {"name": "east-spot", "region": REGION, "lifecycle": "spot", "holds_data": True},
+        {"name": "east-on-demand", "region": REGION, "lifecycle": "on-demand", "holds_data": True},
+    ]))  # fmt: skip
+    create_group("east-spot", REGION, "us-east-1b", 1)
+    create_group("east-on-demand", REGION, "us-east-1b", 0)
+    spot_now = {"available": False}
+    groups_as_they_are = handler.capacity_groups
+
+    def spot_as_scripted(settings: Any, autoscaling: Any) -> Any:
+        return [
+            handler.requeue.Group(**{**g.__dict__, "in_service": g.desired if
+                                     spot_now["available"] else 0})
+            if g.lifecycle == "spot" else g
+            for g in groups_as_they_are(settings, autoscaling)
+        ]  # fmt: skip
+
+    monkeypatch.setattr(handler, "capacity_groups", spot_as_scripted)
+    for t, done, spot, expected in timeline:
+        spot_now["available"] = spot
+        catalog.put_item(Item={"pk": run_key(RUN), "sk": HEAD_SORT_KEY,
+                               "step": round(done * per_hour)})  # fmt: skip
+        monkeypatch.setattr(handler, "_now", lambda t=t: start + t * 3600)
+        result = handler.handle(event("scheduled-capacity-check"))
+        on_demand = desired("east-on-demand", REGION) > 0
+        got = "on-demand" if on_demand else "spot" if spot else "idle"
+        assert got == expected, (t, done, spot, result)
+        assert "deadline policy" in result["reason"]

@@ -27,6 +27,7 @@ def test_zip_entries_are_sorted_with_fixed_times_and_permissions() -> None:
         "requeue.py",
         "spotrain/__init__.py",
         "spotrain/catalog_schema.py",
+        "spotrain/deadline_policy.py",
         "spotrain/fleet_state.py",
     ]
     for info in archive.infolist():

@@ -6,6 +6,7 @@ from typing import Any
 
 from spotrain.constructs.interruption_handler import requeue
 from spotrain.constructs.interruption_handler.requeue import Group
+from spotrain.deadline_policy import Progress
 
 PRIMARY = Group(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True,
                 pools=("g5.xlarge#us-east-1a", "g6.xlarge#us-east-1a"), desired=2, min_size=1,
@@ -121,3 +122,39 @@ def test_a_held_run_is_scaled_to_nothing_and_released_to_its_sizes() -> None:
     assert (again.action, again.desired) == ("hold", {})
     back = requeue.release([at_zero, REPLICA], {"east-spot": {"min_size": 1, "desired": 2}})
     assert (back.desired, back.min_sizes) == ({"east-spot": 2}, {"east-spot": 1})
+
+
+# --- runs with a deadline: the deadline policy replaces the fixed wait -------------------------
+def progress(done_h: float, elapsed_h: float = 4.0) -> Progress:
+    return Progress(elapsed_h=elapsed_h, deadline_h=20.0, work_h=10.0, done_h=done_h,
+                    changeover_h=0.25)  # fmt: skip
+
+
+def test_a_run_behind_its_schedule_goes_on_demand_at_once_after_an_interruption() -> None:
+    hot = {"g5.xlarge#us-east-1a": 3, "g5.xlarge#us-west-2a": 3}
+    behind = decide(pool_interruptions=hot, progress=progress(done_h=1.5))  # ep(4) = 2
+    assert (behind.action, behind.desired) == ("on-demand", {"east-on-demand": 1})
+    ahead = decide(pool_interruptions=hot, progress=progress(done_h=2.5), now=99_999.0,
+                   short_since=0.0)  # fmt: skip
+    assert ahead.action == "wait-for-spot"  # however long it has waited: it is ahead
+
+
+def test_a_run_ahead_of_its_schedule_keeps_on_demand_until_ahead_by_two_changeovers() -> None:
+    covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
+    keep = requeue.reconcile(groups=[PRIMARY, covering], run_failed=False, short_since=None,
+                             now=0.0, on_demand_deadline_s=600.0,
+                             progress=progress(done_h=2.2))  # ep(4.5) = 2.25  # fmt: skip
+    assert (keep.action, keep.desired) == ("none", {})
+    back = requeue.reconcile(groups=[PRIMARY, covering], run_failed=False, short_since=None,
+                             now=0.0, on_demand_deadline_s=600.0,
+                             progress=progress(done_h=2.3))  # fmt: skip
+    assert (back.action, back.desired) == ("spot-is-back", {"east-on-demand": 0})
+
+
+def test_the_deadline_safety_net_covers_the_shortfall_to_the_end() -> None:
+    short = Group(**{**PRIMARY.__dict__, "in_service": 0})
+    late = requeue.reconcile(groups=[short, ON_DEMAND], run_failed=False, short_since=None,
+                             now=0.0, on_demand_deadline_s=600.0,
+                             progress=progress(done_h=9.0, elapsed_h=18.6))  # fmt: skip
+    assert (late.action, late.desired) == ("on-demand", {"east-on-demand": 2})
+    assert "to the end" in late.reason

@@ -22,6 +22,7 @@ from helpers import create_catalog_table, kms_only_bucket
 from training import TINY_MODEL, losses_of, prepare, train
 
 from spotrain.catalog_schema import checkpoint_tag
+from spotrain.cost import planner
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
 from spotrain.trainer.catalog import DynamoCatalog, StoreCatalog
@@ -191,6 +192,11 @@ def test_rebalance_recommendation_checkpoints_now_and_training_goes_on(
     published = [r["step"] for r in finished.records if r.get("event") == "published"]
     assert len(published) == 2 and published[0] < STEPS and published[1] == STEPS
     assert "checkpoint requested after step" in finished.output
+    # The metrics file gives the cost planner the run's step time and checkpoint cost.
+    seen = planner.measured(str(tmp_path / "rebalanced.jsonl"))
+    assert (seen.steps, seen.checkpoints) == (STEPS, 2)
+    assert seen.step_s is not None and seen.step_s > 0
+    assert seen.checkpoint_s is not None and seen.checkpoint_s >= 0
 
 
 def test_light_checkpoint_on_the_work_disk_resumes_a_crashed_run_without_the_store(

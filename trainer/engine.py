@@ -607,9 +607,7 @@ def train(config: TrainConfig) -> TrainResult:
             done = step + 1
             if place.leader and len(losses) == 1:
                 first_step.touch()
-            progress.step(
-                done, losses[-1], x.numel() * world / (time.perf_counter() - started), saver
-            )
+            progress.step(done, losses[-1], x.numel() * world, time.perf_counter() - started, saver)
             asked = preemption.checkpoint_reason
             agreed = preemption.agree(engine.device, uploading=saver.uploading_here)
             if saver.in_flight is not None and not agreed.uploading:
@@ -670,8 +668,9 @@ class _Progress:
     def event(self, kind: str, **fields: Any) -> None:
         self._record({"event": kind, "at": time.time(), **fields})
 
-    def step(self, done: int, loss: float, tokens_per_s: float, saver: _Saver) -> None:
-        self._record({"step": done, "loss": loss, "tokens_per_s": tokens_per_s})
+    def step(self, done: int, loss: float, tokens: int, step_s: float, saver: _Saver) -> None:
+        tokens_per_s = tokens / step_s
+        self._record({"step": done, "loss": loss, "tokens_per_s": tokens_per_s, "step_s": step_s})
         if self.active and (done % self.config.log_every == 0 or done == self.config.steps):
             _say(f"step {done}/{self.config.steps}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
                  f"checkpoint: {saver.status}")  # fmt: skip

@@ -20,6 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import spotrain.catalog_schema
+import spotrain.deadline_policy
 import spotrain.fleet_state
 from spotrain.catalog_schema import (
     INTERRUPTION_TAG,
@@ -39,6 +40,7 @@ from spotrain.constructs.policy import (
     statement,
     via_services,
 )
+from spotrain.deadline_policy import RunDeadline
 from spotrain.errors import raise_if_problems
 
 HANDLED_EVENTS = {
@@ -57,6 +59,7 @@ def build_handler_zip() -> bytes:
         "catalog_watch.py": Path(catalog_watch.__file__).read_bytes(),
         "spotrain/__init__.py": b"",
         "spotrain/catalog_schema.py": Path(spotrain.catalog_schema.__file__).read_bytes(),
+        "spotrain/deadline_policy.py": Path(spotrain.deadline_policy.__file__).read_bytes(),
         "spotrain/fleet_state.py": Path(spotrain.fleet_state.__file__).read_bytes(),
     }
     buffer = io.BytesIO()
@@ -123,6 +126,12 @@ class InterruptionHandlerProps:
     catalog_stream_arn: str | None = None
     """Stream of the checkpoint catalog table: the handler alarms when a run's head moves back
     without a roll back, or a complete checkpoint's record is rewritten or removed."""
+    run_deadline: RunDeadline | None = None
+    """When the run must be done: the capacity check then decides spot or on-demand by the
+    run's progress (Uniform Progress) instead of the fixed on-demand deadline."""
+    checkpoints_table_arn: str | None = None
+    """The checkpoint catalog: a run with a deadline has its progress read from it."""
+    checkpoints_table_name: str | None = None
     emulator_drift_tolerance: bool = False
     """Local cloud only: ignore dead-letter config drift the emulator reports on every read."""
 
@@ -146,6 +155,13 @@ class InterruptionHandlerProps:
                 problems.append(f"{field_name} must be 1 or more")
         if self.on_demand_deadline_minutes < 0:
             problems.append("on_demand_deadline_minutes must be 0 or more")
+        if self.run_deadline is not None:
+            problems += self.run_deadline.problems()
+            if not (self.checkpoints_table_arn and self.checkpoints_table_name):
+                problems.append(
+                    "run_deadline needs checkpoints_table_arn and checkpoints_table_name: the "
+                    "run's progress is read there"
+                )
         raise_if_problems("InterruptionHandlerProps", problems)
 
 
@@ -212,6 +228,17 @@ class InterruptionHandler(Construct):
                 # Lambda's poller lists the table's streams; ListStreams has no resource-level
                 # permission.
                 statement("ListCatalogStreams", actions=["dynamodb:ListStreams"], resources=["*"]),
+            ]
+        read_progress = []
+        if props.run_deadline is not None:
+            read_progress = [
+                statement(
+                    # The run's head and checkpoint records: its progress and throughput.
+                    "ReadRunProgress",
+                    actions=["dynamodb:GetItem", "dynamodb:Query"],
+                    resources=[props.checkpoints_table_arn],
+                    conditions=[leading_keys(run_key(props.run_name))],
+                )
             ]
         policy = aws.iam_role_policy.IamRolePolicy(
             self,
@@ -309,6 +336,7 @@ class InterruptionHandler(Construct):
                         resources=["*"],
                     ),
                     *watch_catalog,
+                    *read_progress,
                 ],
             ),
         )
@@ -345,6 +373,14 @@ class InterruptionHandler(Construct):
                     "HOT_POOL_THRESHOLD": str(props.hot_pool_threshold),
                     "RATE_WINDOW_MINUTES": str(props.rate_window_minutes),
                     "ON_DEMAND_DEADLINE_MINUTES": str(props.on_demand_deadline_minutes),
+                    **(
+                        {
+                            "RUN_DEADLINE": json.dumps(asdict(props.run_deadline), sort_keys=True),
+                            "CHECKPOINTS_TABLE": props.checkpoints_table_name,
+                        }
+                        if props.run_deadline is not None
+                        else {}
+                    ),
                 }
             },
             depends_on=[log_group],

@@ -9,7 +9,9 @@ For a warning or recommendation it
    after a deadline falls back to on-demand (`requeue.py` decides);
 4. notifies the alert topic.
 The scheduled check (EventBridge schedule) covers a shortfall with on-demand after the
-deadline and gives on-demand back when spot returns. Changes to the checkpoint catalog (its
+deadline and gives on-demand back when spot returns; for a run with a deadline
+(RUN_DEADLINE) it follows the deadline policy instead, on the run's progress read from the
+checkpoint catalog (`run_progress`). Changes to the checkpoint catalog (its
 table's stream) that rewrite history (a head moved back without a roll back, a complete
 checkpoint's record rewritten or removed) are alarms to the same topic (`catalog_watch.py`).
 
@@ -28,7 +30,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -44,7 +46,7 @@ except ImportError:
         requeue,
     )
 
-from spotrain import fleet_state
+from spotrain import deadline_policy, fleet_state
 from spotrain.catalog_schema import (
     EVENT_SORT_KEY,
     EXPIRES_AT_KEY,
@@ -60,6 +62,7 @@ from spotrain.catalog_schema import (
     event_key,
     pool_key,
 )
+from spotrain.deadline_policy import Progress, RunDeadline
 
 INTERRUPTION_WARNING = "interruption-warning"
 REBALANCE_RECOMMENDATION = "rebalance-recommendation"
@@ -93,6 +96,10 @@ def _settings() -> dict[str, Any]:
         "hot_threshold": int(env.get("HOT_POOL_THRESHOLD", "2")),
         "window_s": 60 * float(env.get("RATE_WINDOW_MINUTES", "60")),
         "deadline_s": 60 * float(env.get("ON_DEMAND_DEADLINE_MINUTES", "10")),
+        "run_deadline": (
+            RunDeadline(**json.loads(env["RUN_DEADLINE"])) if env.get("RUN_DEADLINE") else None
+        ),
+        "checkpoints_table": env.get("CHECKPOINTS_TABLE"),
     }
 
 
@@ -211,6 +218,38 @@ def recent_interruptions(
             query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
         counts[pool] = count
     return counts
+
+
+def run_progress(
+    table: Any, run: str, deadline: RunDeadline, now: float
+) -> tuple[Progress | None, str]:
+    """The run against its deadline, in hours of its gang's compute: its progress is the
+    catalog head's step, its throughput the steps per hour between checkpoints published by
+    one trainer start (a restart's downtime is not throughput). None (and why) until two
+    checkpoints of one start are published."""
+    pace = deadline_policy.read_pace(table, run)
+    if pace.steps_per_hour is None:
+        return None, ("throughput unknown until two checkpoints of one trainer start are "
+                      "published: the fixed on-demand deadline applies")  # fmt: skip
+    per_hour, done = pace.steps_per_hour, pace.step
+    progress = Progress(
+        elapsed_h=(now - deadline.start_s) / 3600, deadline_h=deadline.deadline_h,
+        work_h=deadline.total_steps / per_hour, done_h=done / per_hour,
+        changeover_h=deadline.changeover_minutes / 60,
+    )  # fmt: skip
+    left_h = deadline.deadline_h - progress.elapsed_h
+    return progress, (
+        f"step {done} of {deadline.total_steps} at {per_hour:,.0f} steps/h, {left_h:.1f} h "
+        "to the deadline"
+    )
+
+
+def deadline_progress(settings: dict[str, Any], now: float) -> tuple[Progress | None, str]:
+    """The progress of the handler's run when it has a deadline (else None, '')."""
+    if settings["run_deadline"] is None or not settings["run"]:
+        return None, ""
+    table = boto3.resource("dynamodb").Table(settings["checkpoints_table"])
+    return run_progress(table, settings["run"], settings["run_deadline"], now)
 
 
 # --- actions -----------------------------------------------------------------------------------
@@ -359,6 +398,8 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
         groups = capacity_groups(settings, autoscaling)
         pools = {p for g in groups for p in g.pools} | {instance["pool"]}
         state = fleet_state.run_state(table, run) if run else fleet_state.RunState()
+        now = _now()
+        progress, _ = deadline_progress(settings, now)
         decision = requeue.after_interruption(
             group=instance.get("group") or None,
             pool=instance["pool"],
@@ -369,8 +410,9 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
             hot_threshold=settings["hot_threshold"],
             run_failed=state.failed,
             short_since=state.short_since,
-            now=_now(),
+            now=now,
             on_demand_deadline_s=settings["deadline_s"],
+            progress=progress,
         )
         apply(decision, groups, table, run, autoscaling)
     result = {
@@ -393,10 +435,14 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
         apply(decision, groups, table, settings["run"], autoscaling)
         fleet_state.set_held_sizes(table, settings["run"], None)
     else:
+        now = _now()
+        progress, measured = deadline_progress(settings, now)
         decision = requeue.reconcile(
             groups=groups, run_failed=state.failed, short_since=state.short_since,
-            now=_now(), on_demand_deadline_s=settings["deadline_s"],
+            now=now, on_demand_deadline_s=settings["deadline_s"], progress=progress,
         )  # fmt: skip
+        if measured:
+            decision = replace(decision, reason=f"{decision.reason} ({measured})")
         if decision.min_sizes:  # holding: remember what to put back first
             fleet_state.set_held_sizes(table, settings["run"], {
                 g.name: {"min_size": g.min_size, "desired": g.desired}

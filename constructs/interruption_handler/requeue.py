@@ -12,12 +12,20 @@ Rules, in order:
    the fewest hot pools.
 4. No spot group can take it: the run is short of spot capacity. After `on_demand_deadline_s`
    of that, the on-demand fallback group is raised by the shortfall.
+
+A run with a deadline replaces rule 4's fixed wait, and the scheduled check's return to spot,
+with the deadline policy (`spotrain.deadline_policy.uniform_progress`, the one the cost
+simulator replays): on-demand covers the shortfall when the run falls behind its schedule,
+and is given back only when spot is there and the run is ahead by two changeovers.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+
+from spotrain import deadline_policy
+from spotrain.deadline_policy import Progress
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
@@ -72,12 +80,29 @@ def _spot_home(groups: Sequence[Group], exclude: str, hot: set[str]) -> Group | 
 
 
 def _on_demand(
-    groups: Sequence[Group], shortfall: int, short_since: float, now: float, deadline_s: float
+    groups: Sequence[Group],
+    shortfall: int,
+    short_since: float,
+    now: float,
+    deadline_s: float,
+    progress: Progress | None = None,
 ) -> Decision:
     waited = now - short_since
     fallback = next(
         (g for g in groups if g.lifecycle == ON_DEMAND and g.desired < g.max_size), None
     )
+    if progress is not None and fallback is not None:
+        # Short of spot and not on on-demand: the deadline policy says wait or go.
+        choice = deadline_policy.uniform_progress(
+            progress, current=deadline_policy.IDLE, spot_available=False
+        )
+        if choice.mode == deadline_policy.IDLE:
+            return Decision("wait-for-spot", f"short of spot capacity by {shortfall}; deadline "
+                            f"policy: {choice.reason}", short_since=short_since)  # fmt: skip
+        new = min(fallback.max_size, fallback.desired + shortfall)
+        return Decision("on-demand", f"short of spot capacity by {shortfall}; deadline policy: "
+                        f"{choice.reason}: {fallback.name} {fallback.desired} -> {new} on-demand",
+                        {fallback.name: new}, short_since=short_since)  # fmt: skip
     if waited < deadline_s or fallback is None:
         why = (
             f"on-demand in {deadline_s - waited:.0f} s if still short"
@@ -107,8 +132,10 @@ def after_interruption(
     short_since: float | None,
     now: float,
     on_demand_deadline_s: float,
+    progress: Progress | None = None,
 ) -> Decision:
-    """What to do when an instance of `group` in `pool` gets an interruption warning."""
+    """What to do when an instance of `group` in `pool` gets an interruption warning.
+    `progress`: the run against its deadline, for runs that have one."""
     if run_failed:
         return Decision("hold", "the run crashed too often: not requeued (fix it, then "
                         "`spotrain fleet reset-crashes`)")  # fmt: skip
@@ -135,7 +162,7 @@ def after_interruption(
             short_since=None,
         )
     return _on_demand(groups, 1, short_since if short_since is not None else now, now,
-                      on_demand_deadline_s)  # fmt: skip
+                      on_demand_deadline_s, progress)  # fmt: skip
 
 
 def reconcile(
@@ -145,10 +172,11 @@ def reconcile(
     short_since: float | None,
     now: float,
     on_demand_deadline_s: float,
+    progress: Progress | None = None,
 ) -> Decision:
     """Scheduled check: spot groups that cannot fill their desired capacity make the run
     short; past the deadline the on-demand group covers the shortfall. A held run's groups go
-    to nothing."""
+    to nothing. A run with a deadline (`progress`) follows the deadline policy instead."""
     if run_failed:
         running = [g for g in groups if g.desired or g.min_size]
         if not running:
@@ -163,6 +191,8 @@ def reconcile(
     shortfall = sum(max(0, g.desired - g.in_service) for g in groups if g.lifecycle == SPOT)
     fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
     covering = sum(g.desired for g in fallbacks)
+    if progress is not None:
+        return _by_deadline(groups, shortfall, covering, progress, short_since, now)
     if shortfall < covering:
         # Spot came back: give the on-demand capacity up again, it costs several times more.
         desired, excess = {}, covering - shortfall
@@ -183,6 +213,55 @@ def reconcile(
         groups, shortfall - covering, short_since if short_since is not None else now, now,
         on_demand_deadline_s,
     )  # fmt: skip
+
+
+def _lower_on_demand(fallbacks: Sequence[Group], excess: int) -> dict[str, int]:
+    desired = {}
+    for g in fallbacks:
+        cut = min(excess, g.desired - g.min_size)
+        if cut > 0:
+            desired[g.name], excess = g.desired - cut, excess - cut
+    return desired
+
+
+def _by_deadline(
+    groups: Sequence[Group],
+    shortfall: int,
+    covering: int,
+    progress: Progress,
+    short_since: float | None,
+    now: float,
+) -> Decision:
+    """The scheduled check of a run with a deadline. The run is on on-demand while the
+    fallback covers part of it; spot is there for the gang when every spot group runs its
+    desired capacity (a gang runs on all its machines or none)."""
+    current = (
+        deadline_policy.ON_DEMAND if covering
+        else deadline_policy.SPOT if shortfall == 0 else deadline_policy.IDLE
+    )  # fmt: skip
+    choice = deadline_policy.uniform_progress(
+        progress, current=current, spot_available=shortfall == 0
+    )
+    why = f"deadline policy: {choice.reason}"
+    since = None if shortfall == 0 else (short_since if short_since is not None else now)
+    fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
+    if choice.mode == deadline_policy.SPOT:
+        if covering:
+            return Decision("spot-is-back", f"{why}: on-demand lowered by {covering}",
+                            _lower_on_demand(fallbacks, covering), short_since=None)  # fmt: skip
+        return Decision("none", why, short_since=None)
+    if choice.mode == deadline_policy.IDLE:
+        return Decision("wait-for-spot", f"short of spot capacity by {shortfall}; {why}",
+                        short_since=since)  # fmt: skip
+    if shortfall <= covering:
+        return Decision("none", f"on-demand covers the run; {why}", short_since=since)
+    fallback = next((g for g in fallbacks if g.desired < g.max_size), None)
+    if fallback is None:
+        return Decision("wait-for-spot", f"{why}; but no on-demand group has room: raise its "
+                        "max_size", short_since=since)  # fmt: skip
+    new = min(fallback.max_size, fallback.desired + shortfall - covering)
+    return Decision("on-demand", f"{why}: {fallback.name} {fallback.desired} -> {new} on-demand",
+                    {fallback.name: new}, short_since=since)  # fmt: skip
 
 
 def release(groups: Sequence[Group], held: Mapping[str, Mapping[str, int]]) -> Decision:

@@ -87,6 +87,20 @@ def set_faults(
     return current
 
 
+def set_price_book(path: Path | None) -> None:
+    """The prices the local cloud answers with (EC2 spot price history, Price List): the book
+    at `path`, or the checked-in snapshot again (None)."""
+    from spotrain.localcloud import price_list
+
+    target = faults_file().with_name(price_list.BOOK_NAME)
+    if path is None:
+        target.unlink(missing_ok=True)
+        return
+    staging = target.with_name(target.name + ".partial")
+    staging.write_bytes(Path(path).read_bytes())
+    staging.replace(target)
+
+
 def enforce_identity_policies(endpoint: str, enforce: bool) -> None:
     """Make the cloud judge every request by its caller's IAM policies (True), or serve any
     signed request as it does by default (False). Create the callers' users, roles and keys

@@ -22,6 +22,8 @@
   batch after batch in stream order (one worker per function, up to 100 records a batch),
   after the write that made the records has been answered, as Lambda's poller does; the
   stream keeps its records. Each run's outcome goes to the server log.
+- Prices: EC2 spot price history and the Price List API answer from a price book
+  (`price_list`).
 
 `install()` patches moto in this process; the local cloud server calls it before it serves.
 """
@@ -41,7 +43,7 @@ import zipfile
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from spotrain.localcloud import authorization, faults
+from spotrain.localcloud import authorization, faults, price_list
 
 _installed = False
 
@@ -413,4 +415,5 @@ def install() -> None:
     _install_s3_checksums()
     authorization.install()
     _install_dynamodb_stream_functions()
+    price_list.install()
     _installed = True

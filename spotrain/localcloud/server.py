@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from spotrain.localcloud import extensions, faults
+from spotrain.localcloud import extensions, faults, price_list
 
 
 def serve(host: str, port: int, cert: str, key: str) -> None:
@@ -29,7 +29,7 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
     os.environ[extensions.ENDPOINT_VARIABLE] = f"https://{host}:{port}"
     os.environ[extensions.CA_BUNDLE_VARIABLE] = str(Path(cert).parent / "ca.pem")
     extensions.install()
-    app: Any = DomainDispatcherApplication(create_backend_app)
+    app: Any = price_list.served(DomainDispatcherApplication(create_backend_app))
     faults_file = faults.served_file()
     if faults_file is not None:
         app = faults.injected(app, faults_file)

@@ -1,0 +1,632 @@
+"""`spotrain cost plan|simulate` and `spotrain prices refresh|show`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from spotrain.cost import planner, prices, report, simulation, traces
+from spotrain.cost.simulation import CostInputError
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
+
+
+def _today() -> datetime.date:
+    return datetime.datetime.now(datetime.UTC).date()
+
+
+def _environment(name: str) -> Any:
+    from spotrain.stacks.environments import all_environments
+
+    found = {e.name: e for e in all_environments()}
+    if name not in found:
+        raise CostInputError(f"environment {name!r} is unknown: use one of {', '.join(found)}")
+    return found[name]
+
+
+# --- plan --------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class _Pool:
+    label: str
+    on_demand_price: float
+    spot_price: float
+    rate: float
+    rate_source: str
+    notes: tuple[str, ...] = ()
+
+
+def _pools(args: argparse.Namespace) -> list[_Pool]:
+    explicit_rate = args.interruptions_per_hour
+    if explicit_rate is not None and explicit_rate < 0:
+        raise CostInputError(f"--interruptions-per-hour is {explicit_rate}: use 0 or more")
+    given = args.on_demand_price is not None, args.spot_price is not None
+    if any(given) and not all(given):
+        raise CostInputError(
+            "give both --on-demand-price and --spot-price, or neither (the "
+            "price book then prices each instance type)"
+        )
+    if all(given) and not args.instance_type:
+        if explicit_rate is None:
+            raise CostInputError(
+                "no interruption rate for given prices: add --interruptions-per-hour (per instance)"
+            )
+        return [
+            _Pool(
+                "given prices",
+                args.on_demand_price,
+                args.spot_price,
+                explicit_rate,
+                "--interruptions-per-hour",
+            )
+        ]
+    environment = _environment(args.environment)
+    types = args.instance_type or list(environment.instance_types)
+    regions = args.region or [environment.primary_region]
+    book = prices.load(args.price_book) if args.price_book else prices.load()
+    history = _history(args.events_table) if args.events_table else {}
+    pools = []
+    for region in regions:
+        for instance_type in types:
+            found = book.pool(instance_type, region)
+            notes = []
+            stale = prices.staleness(found, _today(), args.stale_after_days)
+            if stale:
+                notes.append(stale)
+            if explicit_rate is not None:
+                rate, source = explicit_rate, "--interruptions-per-hour"
+            elif (instance_type, region) in history:
+                rate = history[(instance_type, region)]
+                source = f"the run's own interruptions ({args.events_table})"
+            elif found.advisor is not None and found.advisor.band:
+                rate = planner.advisor_rate_per_hour(found.advisor.band)
+                source = f"Spot Instance Advisor {found.advisor.band} ({found.advisor.taken_at})"
+            else:
+                raise CostInputError(
+                    f"no interruption rate for {instance_type} in {region}: the price book has "
+                    "no Advisor band for it; give --interruptions-per-hour (per instance)"
+                )
+            on_demand = args.on_demand_price or found.on_demand.usd_per_hour or 0.0
+            spot = args.spot_price or found.spot_price
+            pools.append(
+                _Pool(f"{instance_type} {region}", on_demand, spot, rate, source, tuple(notes))
+            )
+    return pools
+
+
+def _history(table_name: str) -> dict[tuple[str, str], float]:
+    """Interruption rates per (type, region) from the environment's events table."""
+    import time
+
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    table = boto3.resource("dynamodb").Table(table_name)
+    scan: dict[str, Any] = {
+        "ProjectionExpression": "#k, #p, #t",
+        "ExpressionAttributeNames": {"#k": "kind", "#p": "pool", "#t": "occurred_at"},
+    }
+    items: list[dict[str, Any]] = []
+    try:
+        while True:
+            page = table.scan(**scan)
+            items += page["Items"]
+            if "LastEvaluatedKey" not in page:
+                break
+            scan["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    except (ClientError, BotoCoreError) as error:
+        raise CostInputError(
+            f"the events table {table_name} cannot be read ({error}): give the catalog stack's "
+            "events table (spotrain-<env>-events) and credentials that may read it"
+        ) from None
+    return planner.history_rates(items, time.time())
+
+
+def _pace(args: argparse.Namespace) -> Any:
+    """The run's head and throughput from the checkpoint catalog."""
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from spotrain.deadline_policy import read_pace
+
+    if not args.run:
+        raise CostInputError("--catalog-table needs --run: the run whose checkpoints to read")
+    try:
+        return read_pace(boto3.resource("dynamodb").Table(args.catalog_table), args.run)
+    except (ClientError, BotoCoreError) as error:
+        raise CostInputError(
+            f"the catalog table {args.catalog_table} cannot be read ({error}): give the catalog "
+            "stack's checkpoint table (spotrain-<env>-checkpoints) and credentials that may read it"
+        ) from None
+
+
+def _run_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """Work, step time, checkpoint cost and interval from flags, the training configuration
+    and its metrics file (flags win)."""
+    config: dict[str, Any] = {}
+    if args.config:
+        try:
+            config = json.loads(Path(args.config).read_text())
+        except (OSError, json.JSONDecodeError) as error:
+            raise CostInputError(
+                f"the training configuration {args.config} cannot be read as "
+                f"JSON ({error}): give the file `spotrain train` takes"
+            ) from None
+    metrics_path = args.metrics or config.get("metrics_file")
+    seen = planner.measured(metrics_path) if metrics_path else None
+    pace = _pace(args) if args.catalog_table else None
+    from_catalog = 3600 / pace.steps_per_hour if pace and pace.steps_per_hour else None
+    step_s = args.step_seconds or (seen.step_s if seen else None) or from_catalog
+    checkpoint_s = args.checkpoint_seconds or (seen.checkpoint_s if seen else None)
+    steps = args.steps or config.get("steps")
+    every = args.checkpoint_every or config.get("checkpoint_every")
+    if args.work_hours is not None:
+        work_h = args.work_hours
+    elif steps and step_s:
+        done = pace.step if pace else 0  # a run with history: the work left
+        if done >= steps:
+            raise CostInputError(
+                f"the run's head is at step {done} of {steps}: nothing is "
+                "left to plan; give --steps with the run's new total"
+            )
+        work_h = (steps - done) * step_s / 3600
+    else:
+        raise CostInputError(
+            "no amount of work: give --work-hours, or --steps with --step-seconds (or a "
+            "--metrics file / --config whose metrics_file has step times)"
+        )
+    if not work_h > 0:
+        raise CostInputError(f"the work is {work_h} hours: give a positive number of hours")
+    if checkpoint_s is None:
+        raise CostInputError(
+            "no checkpoint cost: give --checkpoint-seconds (training stalled per "
+            "checkpoint), or a --metrics file with published checkpoints"
+        )
+    return {
+        "work_h": work_h,
+        "done_steps": pace.step if pace else 0,
+        "step_s": step_s,
+        "checkpoint_s": checkpoint_s,
+        "checkpoint_every": every,
+        "measured": asdict(seen) if seen else None,
+    }
+
+
+def _plan_inputs(
+    args: argparse.Namespace,
+    run: dict[str, Any],
+    pool: _Pool,
+    deadline_h: float | None,
+    samples: int,
+) -> planner.PlanInputs:
+    return planner.PlanInputs(
+        work_h=run["work_h"],
+        nodes=args.nodes,
+        deadline_h=deadline_h,
+        checkpoint_s=run["checkpoint_s"],
+        restart_h=args.restart_minutes / 60,
+        interruptions_per_hour=pool.rate,
+        recovery_h=args.recovery_hours,
+        on_demand_price=pool.on_demand_price,
+        spot_price=pool.spot_price,
+        step_s=run["step_s"],
+        checkpoint_every=run["checkpoint_every"],
+        samples=samples,
+        seed=args.seed,
+    )
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    if args.nodes < 1:
+        raise CostInputError(f"--nodes is {args.nodes}: a run has at least one machine")
+    if args.deadline_hours is not None and not args.deadline_hours > 0:
+        raise CostInputError(f"--deadline-hours is {args.deadline_hours}: give a positive number")
+    run = _run_inputs(args)
+    if args.deadline_hours is not None and args.deadline_hours < run["work_h"]:
+        raise CostInputError(
+            f"the deadline ({args.deadline_hours:g} h) is shorter than the work "
+            f"({run['work_h']:g} h on {args.nodes} machine(s)): move the deadline or add machines"
+        )
+    plans = []
+    for pool in _pools(args):
+        result = planner.plan(_plan_inputs(args, run, pool, args.deadline_hours, args.samples))
+        plans.append((pool, result))
+    best_pool, best = min(
+        plans,
+        key=lambda p: (
+            -min(1.0, max(s.deadline_met for s in p[1].summaries)),
+            next(s.mean_cost for s in p[1].summaries if s.strategy == p[1].recommended),
+        ),
+    )
+    if args.json:
+        _say(
+            json.dumps(
+                {
+                    "work_hours": run["work_h"],
+                    "done_steps": run["done_steps"],
+                    "measured": run["measured"],
+                    "nodes": args.nodes,
+                    "deadline_hours": args.deadline_hours,
+                    "pools": [
+                        {
+                            "pool": pool.label,
+                            "on_demand_price": pool.on_demand_price,
+                            "spot_price": pool.spot_price,
+                            "interruptions_per_hour": pool.rate,
+                            "rate_source": pool.rate_source,
+                            "notes": list(pool.notes),
+                            "mtbf_hours": p.mtbf_h,
+                            "checkpoint_interval_s": p.interval_s,
+                            "checkpoint_interval_steps": p.interval_steps,
+                            "changeover_hours": p.changeover_h,
+                            "warnings": p.warnings,
+                            "recommended": p.recommended,
+                            "why": p.why,
+                            "strategies": [asdict(s) for s in p.summaries],
+                        }
+                        for pool, p in plans
+                    ],
+                    "recommended": {"pool": best_pool.label, "strategy": best.recommended},
+                },
+                default=_finite,
+                indent=1,
+            )
+        )
+    else:
+        for pool, p in plans:
+            _say(
+                f"\n{pool.label}: on-demand ${pool.on_demand_price:.4f}/h, spot "
+                f"${pool.spot_price:.4f}/h, {pool.rate:.4g} interruptions/h per instance "
+                f"({pool.rate_source}); gang MTBF {_hours(p.mtbf_h)}"
+            )
+            for note in pool.notes:
+                _say(f"  WARNING: {note}")
+            interval = (
+                "none needed (no interruptions expected)"
+                if math.isinf(p.interval_s)
+                else f"{p.interval_s / 60:.1f} min"
+                + (f" = {p.interval_steps} steps" if p.interval_steps else "")
+            )
+            _say(f"  checkpoint every {interval} (Young/Daly); changeover {p.changeover_h:.2f} h")
+            for warning in p.warnings:
+                _say(f"  WARNING: {warning}")
+            _say(report.table(p.summaries, recommended=p.recommended))
+        _say(
+            f"\nrecommended: {best.recommended} on {best_pool.label}: {best.why} "
+            f"({args.samples} sampled interruption traces, seed {args.seed})"
+        )
+    if args.plot:
+
+        def at(slack: float) -> list[simulation.Summary]:
+            deadline = run["work_h"] * (1 + slack) + args.restart_minutes / 60 + 1
+            return planner.plan(
+                _plan_inputs(args, run, best_pool, deadline, max(20, args.samples // 4))
+            ).summaries
+
+        report.plot(
+            report.sweep(at),
+            Path(args.plot),
+            f"{best_pool.label}, {run['work_h']:.1f} h of work on {args.nodes} machine(s)",
+        )
+        _say(f"figure: {args.plot}")
+    return 0
+
+
+def _hours(value: float) -> str:
+    return f"{value:,.1f} h" if math.isfinite(value) else "none expected"
+
+
+def _finite(value: Any) -> Any:
+    raise TypeError(f"{type(value).__name__} is not JSON")
+
+
+# --- simulate ----------------------------------------------------------------------------------
+def _traces(args: argparse.Namespace, hours: float) -> list[traces.Trace]:
+    if args.trace:
+        return [traces.load(path) for path in args.trace]
+    if args.interruptions_per_hour is None:
+        raise CostInputError(
+            "no traces: give --trace FILE (the Can't Be Late format), or "
+            "--interruptions-per-hour to generate them"
+        )
+    return traces.generate_many(
+        args.traces, seed=args.seed, hours=args.trace_hours or hours, capacity=args.nodes,
+        interruptions_per_hour=args.interruptions_per_hour, recovery_h=args.recovery_hours,
+        gap_s=args.gap_seconds,
+    )  # fmt: skip
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    def job(deadline_h: float | None) -> simulation.Job:
+        return simulation.Job(
+            work_h=args.work_hours,
+            deadline_h=deadline_h,
+            changeover_h=args.changeover_minutes / 60,
+            nodes=args.nodes,
+            on_demand_price=args.on_demand_price,
+            spot_price=args.spot_price,
+        )
+
+    base = job(args.deadline_hours)
+    sampled = _traces(args, 1.5 * (args.deadline_hours or 3 * args.work_hours))
+    results = simulation.replay(base, sampled, starts=args.starts)
+    summaries = [simulation.summarise(outcomes) for outcomes in results.values()]
+    if args.json:
+        _say(
+            json.dumps(
+                {
+                    "traces": [
+                        {
+                            "name": t.name,
+                            "hours": t.hours,
+                            "availability": t.availability(args.nodes),
+                        }
+                        for t in sampled
+                    ],
+                    "strategies": {
+                        name: {
+                            "summary": asdict(simulation.summarise(outcomes)),
+                            "runs": [
+                                {
+                                    "cost": o.cost,
+                                    "finish_hours": o.finish_h if o.finished else None,
+                                    "deadline_met": o.deadline_met,
+                                    "spot_hours": o.spot_hours,
+                                    "on_demand_hours": o.on_demand_hours,
+                                    "preemptions": o.preemptions,
+                                }
+                                for o in outcomes
+                            ],
+                        }
+                        for name, outcomes in results.items()
+                    },
+                },
+                indent=1,
+            )
+        )
+    else:
+        for t in sampled[:3]:
+            _say(
+                f"trace {t.name}: {t.hours:.1f} h, spot for {args.nodes} machine(s) "
+                f"{t.availability(args.nodes):.0%} of the time"
+            )
+        if len(sampled) > 3:
+            mean = sum(t.availability(args.nodes) for t in sampled) / len(sampled)
+            _say(
+                f"... {len(sampled)} traces, spot for {args.nodes} machine(s) {mean:.0%} of "
+                "the time on average"
+            )
+        _say(
+            f"{len(sampled) * args.starts} runs per strategy of {args.work_hours:g} h on "
+            f"{args.nodes} machine(s)"
+            + (f", deadline {args.deadline_hours:g} h" if args.deadline_hours else "")
+        )
+        _say(report.table(summaries))
+    if args.plot:
+
+        def at(slack: float) -> list[simulation.Summary]:
+            deadline = args.work_hours * (1 + slack) + args.changeover_minutes / 60
+            found = simulation.replay(job(deadline), sampled, starts=args.starts)
+            return [simulation.summarise(outcomes) for outcomes in found.values()]
+
+        report.plot(
+            report.sweep(at),
+            Path(args.plot),
+            f"{len(sampled)} trace(s), {args.work_hours:g} h of work on {args.nodes} machine(s)",
+        )
+        _say(f"figure: {args.plot}")
+    return 0
+
+
+# --- prices ------------------------------------------------------------------------------------
+def cmd_prices(args: argparse.Namespace) -> int:
+    path = Path(args.price_book) if args.price_book else prices.SNAPSHOT
+    book = prices.load(path) if path.exists() else prices.PriceBook(path=str(path))
+    environments = [_environment(n) for n in (args.environment or ["local", "dev", "prod"])]
+    types = args.instance_type or sorted({t for e in environments for t in e.instance_types})
+    regions = args.region or sorted(
+        {r for e in environments for r in (e.primary_region, e.replica_region)}
+    )
+    if args.action == "show":
+        if not (book.on_demand or book.spot):
+            _say(
+                f"the price book {path} holds no prices yet: run `spotrain prices refresh` "
+                "with credentials for an AWS account"
+            )
+            return 0
+        for region in regions:
+            for instance_type in types:
+                try:
+                    found = book.pool(instance_type, region)
+                except CostInputError as error:
+                    _say(f"{instance_type} {region}: {error}")
+                    continue
+                zones = ", ".join(
+                    f"{f.availability_zone} ${f.usd_per_hour:.4f}" for f in found.spot
+                )
+                band = found.advisor.band if found.advisor else "no Advisor band"
+                stale = prices.staleness(found, _today(), args.stale_after_days)
+                _say(
+                    f"{instance_type} {region}: on-demand ${found.on_demand.usd_per_hour:.4f}/h; "
+                    f"spot {zones}; {band}; taken {found.oldest()}"
+                    + (f"\n  WARNING: {stale}" if stale else "")
+                )
+        return 0
+    import boto3
+
+    clients: dict[str, Any] = {}
+
+    def ec2_for(region: str) -> Any:
+        if region not in clients:
+            clients[region] = boto3.client("ec2", region_name=region)
+        return clients[region]
+
+    # The Price List API answers in us-east-1 for every region's prices.
+    pricing = boto3.client("pricing", region_name="us-east-1")
+    fresh, missing = prices.refresh(
+        book,
+        instance_types=types,
+        regions=regions,
+        ec2_for=ec2_for,
+        pricing=pricing,
+        now=datetime.datetime.now(datetime.UTC),
+    )
+    prices.write(fresh, path)
+    _say(
+        f"price book {path}: {len(fresh.on_demand)} on-demand and {len(fresh.spot)} spot "
+        f"prices for {len(types)} instance type(s) in {', '.join(regions)}"
+    )
+    for line in missing:
+        _say(f"  WARNING: {line} (is the type offered there?)")
+    return 0 if not missing else 1
+
+
+# --- the parsers -------------------------------------------------------------------------------
+def _positive(kind: type = float) -> Any:
+    def parse(text: str) -> Any:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} is not positive: give a number above 0")
+        return value
+
+    return parse
+
+
+def add_parsers(commands: Any) -> None:
+    cost = commands.add_parser("cost", help="what a run will cost: plan one, or replay traces")
+    actions = cost.add_subparsers(dest="cost_action", required=True)
+
+    plan = actions.add_parser("plan", help="expected cost per strategy, checkpoint interval")
+    work = plan.add_argument_group("the work")
+    work.add_argument("--work-hours", type=float, help="hours of the gang's compute")
+    work.add_argument("--steps", type=_positive(int), help="training steps (x the step time)")
+    work.add_argument("--step-seconds", type=_positive(), help="seconds per step")
+    work.add_argument(
+        "--config", help="training configuration: steps, checkpoint_every, metrics_file"
+    )
+    work.add_argument("--metrics", help="a run's metrics file: step time, checkpoint cost")
+    work.add_argument("--catalog-table", help="the checkpoint catalog: the run's pace, work left")
+    work.add_argument("--run", help="the run to read from --catalog-table")
+    work.add_argument(
+        "--checkpoint-seconds",
+        type=_positive(),
+        help="seconds a checkpoint stalls training (delta)",
+    )
+    work.add_argument(
+        "--checkpoint-every",
+        type=_positive(int),
+        help="the run's checkpoint interval in steps (checked)",
+    )
+    work.add_argument("--nodes", type=int, default=1, help="machines in the gang")
+    work.add_argument("--deadline-hours", type=float, help="hours from the start")
+    work.add_argument(
+        "--restart-minutes",
+        type=float,
+        default=5.0,
+        help="restart + restore after a move (default 5)",
+    )
+    pools = plan.add_argument_group("where and at what price")
+    pools.add_argument(
+        "--environment",
+        default="local",
+        help="instance types and primary region of this environment",
+    )
+    pools.add_argument("--instance-type", action="append", help="instead of the environment's")
+    pools.add_argument("--region", action="append", help="instead of the primary region")
+    pools.add_argument("--on-demand-price", type=_positive(), help="USD/h, instead of the book")
+    pools.add_argument("--spot-price", type=_positive(), help="USD/h, instead of the book")
+    pools.add_argument(
+        "--interruptions-per-hour", type=float, help="per instance, instead of the Advisor band"
+    )
+    pools.add_argument(
+        "--events-table", help="the environment's events table: the run's own interruption rates"
+    )
+    pools.add_argument(
+        "--recovery-hours",
+        type=_positive(),
+        default=1.0,
+        help="how long spot stays gone once taken (default 1)",
+    )
+    _common(plan)
+    plan.add_argument(
+        "--samples",
+        type=_positive(int),
+        default=200,
+        help="sampled interruption traces (default 200)",
+    )
+    plan.set_defaults(handler=cmd_plan)
+
+    simulate = actions.add_parser("simulate", help="replay availability traces per strategy")
+    simulate.add_argument(
+        "--trace", action="append", help="availability trace (Can't Be Late JSON); repeatable"
+    )
+    simulate.add_argument(
+        "--interruptions-per-hour",
+        type=float,
+        help="generate traces from this rate per instance instead",
+    )
+    simulate.add_argument("--recovery-hours", type=_positive(), default=1.0)
+    simulate.add_argument(
+        "--traces", type=_positive(int), default=20, help="generated traces (default 20)"
+    )
+    simulate.add_argument("--trace-hours", type=_positive(), help="length of generated traces")
+    simulate.add_argument(
+        "--gap-seconds",
+        type=_positive(),
+        default=300.0,
+        help="tick of generated traces (default 300)",
+    )
+    simulate.add_argument("--work-hours", type=float, required=True, help="C: hours of compute")
+    simulate.add_argument("--deadline-hours", type=float, help="R: hours from the start")
+    simulate.add_argument(
+        "--changeover-minutes",
+        type=float,
+        default=15.0,
+        help="d: restart + restore + lost work per move (default 15)",
+    )
+    simulate.add_argument("--on-demand-price", type=_positive(), required=True, help="USD/h")
+    simulate.add_argument("--spot-price", type=_positive(), required=True, help="USD/h")
+    simulate.add_argument("--nodes", type=int, default=1, help="a gang needs this many")
+    simulate.add_argument(
+        "--starts", type=_positive(int), default=10, help="start offsets per trace (default 10)"
+    )
+    _common(simulate)
+    simulate.set_defaults(handler=cmd_simulate)
+
+    book = commands.add_parser("prices", help="the price book: refresh it from AWS, show it")
+    book.add_argument("action", choices=["refresh", "show"])
+    book.add_argument(
+        "--environment",
+        action="append",
+        help="types and regions of these environments (default: all)",
+    )
+    book.add_argument("--instance-type", action="append", help="instead of the environments'")
+    book.add_argument("--region", action="append", help="instead of the environments'")
+    book.add_argument("--price-book", help="file to read and write (default: the snapshot)")
+    book.add_argument(
+        "--stale-after-days", type=_positive(int), default=prices.DEFAULT_STALE_AFTER_DAYS
+    )
+    book.set_defaults(handler=cmd_prices)
+
+
+def _common(command: argparse.ArgumentParser) -> None:
+    command.add_argument("--seed", type=int, default=0, help="seed of sampled traces")
+    command.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    command.add_argument("--plot", help="draw cost per strategy against deadline slack (PNG)")
+    if "--price-book" not in command._option_string_actions:
+        command.add_argument("--price-book", help="instead of the checked-in snapshot")
+        command.add_argument(
+            "--stale-after-days",
+            type=_positive(int),
+            default=prices.DEFAULT_STALE_AFTER_DAYS,
+            help="flag prices older than this (default 30)",
+        )

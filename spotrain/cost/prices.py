@@ -1,0 +1,253 @@
+"""The price book: on-demand and spot prices (USD per instance-hour; spot per availability
+zone) and the Spot Instance Advisor's interruption-frequency band, per instance type and
+region, each figure with its source and the date it was taken.
+
+A dated snapshot is checked in (`price_book.json` beside this module); `spotrain prices
+refresh` rebuilds it in an account from EC2 `DescribeSpotPriceHistory` (per zone) and the
+Price List API (`GetProducts`, on-demand), keeping the Advisor bands it had (they come from
+the Advisor's page, not an API). Estimates flag prices older than `stale_after_days`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from spotrain.cost.simulation import CostInputError
+
+SNAPSHOT = Path(__file__).with_name("price_book.json")
+DEFAULT_STALE_AFTER_DAYS = 30
+PRODUCT_DESCRIPTION = "Linux/UNIX"
+SPOT_SOURCE = "EC2 DescribeSpotPriceHistory, Linux/UNIX, latest price per zone"
+ON_DEMAND_SOURCE = "AWS Price List API GetProducts: AmazonEC2, Linux, shared tenancy, On-Demand"
+PRICE_LIST_FILTERS = {
+    "operatingSystem": "Linux",
+    "tenancy": "Shared",
+    "preInstalledSw": "NA",
+    "capacitystatus": "Used",
+    "licenseModel": "No License required",
+}
+"""Price List attributes that pick the one on-demand Linux price of an instance type."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    region: str
+    instance_type: str
+    source: str
+    taken_at: str
+    """ISO date (YYYY-MM-DD) the figure was read from its source."""
+    usd_per_hour: float | None = None
+    availability_zone: str | None = None
+    """Spot prices only."""
+    band: str | None = None
+    """Advisor figures only: the frequency-of-interruption band."""
+
+
+@dataclass(frozen=True)
+class PoolPrices:
+    """What the book knows of one instance type in one region."""
+
+    instance_type: str
+    region: str
+    on_demand: Figure
+    spot: tuple[Figure, ...]
+    advisor: Figure | None
+
+    @property
+    def spot_price(self) -> float:
+        """Mean over the zones: a capacity-optimized fleet does not chase the cheapest one."""
+        return sum(f.usd_per_hour or 0.0 for f in self.spot) / len(self.spot)
+
+    def oldest(self) -> datetime.date:
+        return min(datetime.date.fromisoformat(f.taken_at) for f in (self.on_demand, *self.spot))
+
+
+@dataclass(frozen=True)
+class PriceBook:
+    on_demand: tuple[Figure, ...] = ()
+    spot: tuple[Figure, ...] = ()
+    advisor: tuple[Figure, ...] = ()
+    note: str = ""
+    path: str = field(default="", compare=False)
+
+    def pool(self, instance_type: str, region: str) -> PoolPrices:
+        """The prices of one pool, or CostInputError naming what is missing and the fix."""
+        on_demand = [
+            f for f in self.on_demand if (f.instance_type, f.region) == (instance_type, region)
+        ]
+        spot = tuple(f for f in self.spot if (f.instance_type, f.region) == (instance_type, region))
+        missing = [kind for kind, found in (("on-demand", on_demand), ("spot", spot)) if not found]
+        if missing:
+            raise CostInputError(
+                f"the price book ({self.path or 'given'}) has no {' or '.join(missing)} price for "
+                f"{instance_type} in {region}: run `spotrain prices refresh --instance-type "
+                f"{instance_type} --region {region}` with credentials for an account, or give "
+                "--on-demand-price and --spot-price"
+            )
+        advisor = next(
+            (f for f in self.advisor if (f.instance_type, f.region) == (instance_type, region)),
+            None,
+        )
+        return PoolPrices(instance_type, region, on_demand[0], spot, advisor)
+
+    def to_json(self) -> dict[str, Any]:
+        def rows(figures: Iterable[Figure]) -> list[dict[str, Any]]:
+            return [{k: v for k, v in asdict(f).items() if v is not None} for f in figures]
+
+        return {
+            "format": 1,
+            "note": self.note,
+            "on_demand": rows(self.on_demand),
+            "spot": rows(self.spot),
+            "advisor": rows(self.advisor),
+        }
+
+
+def staleness(prices: PoolPrices, today: datetime.date, stale_after_days: int) -> str | None:
+    """A warning when the pool's oldest figure is older than `stale_after_days`."""
+    age = (today - prices.oldest()).days
+    if age <= stale_after_days:
+        return None
+    return (
+        f"prices for {prices.instance_type} in {prices.region} are {age} days old (taken "
+        f"{prices.oldest()}): run `spotrain prices refresh` for current ones"
+    )
+
+
+def load(path: str | Path = SNAPSHOT) -> PriceBook:
+    path = Path(path)
+    try:
+        document = json.loads(path.read_text())
+    except OSError as error:
+        raise CostInputError(
+            f"the price book {path} cannot be read ({error.strerror}): check "
+            "the path, or leave --price-book out to use the snapshot"
+        ) from None
+    except json.JSONDecodeError as error:
+        raise CostInputError(
+            f"the price book {path} is not JSON ({error.msg}): rebuild it with "
+            "`spotrain prices refresh`"
+        ) from None
+    try:
+
+        def figures(kind: str) -> tuple[Figure, ...]:
+            return tuple(Figure(**row) for row in document.get(kind, []))
+
+        book = PriceBook(
+            figures("on_demand"),
+            figures("spot"),
+            figures("advisor"),
+            document.get("note", ""),
+            str(path),
+        )
+        for figure in (*book.on_demand, *book.spot, *book.advisor):
+            datetime.date.fromisoformat(figure.taken_at)
+    except (TypeError, ValueError, AttributeError) as error:
+        raise CostInputError(
+            f"the price book {path} is not in the price book format ({error}): "
+            "rebuild it with `spotrain prices refresh`"
+        ) from None
+    return book
+
+
+def write(book: PriceBook, path: str | Path) -> None:
+    path = Path(path)
+    staging = path.with_name(path.name + ".partial")
+    staging.write_text(json.dumps(book.to_json(), indent=1) + "\n")
+    staging.replace(path)
+
+
+# --- refresh: from the APIs -------------------------------------------------------------------
+def spot_prices(
+    ec2: Any, region: str, instance_types: Sequence[str], now: datetime.datetime
+) -> list[Figure]:
+    """The latest spot price of each type in each zone of the region."""
+    latest: dict[tuple[str, str], dict[str, Any]] = {}
+    pages = ec2.get_paginator("describe_spot_price_history").paginate(
+        InstanceTypes=list(instance_types),
+        ProductDescriptions=[PRODUCT_DESCRIPTION],
+        StartTime=now,
+        EndTime=now,
+    )
+    for page in pages:
+        for row in page["SpotPriceHistory"]:
+            key = (row["InstanceType"], row["AvailabilityZone"])
+            if key not in latest or row["Timestamp"] > latest[key]["Timestamp"]:
+                latest[key] = row
+    return [
+        Figure(
+            region=region,
+            instance_type=kind,
+            availability_zone=zone,
+            usd_per_hour=float(row["SpotPrice"]),
+            source=f"{SPOT_SOURCE} ({region})",
+            taken_at=now.date().isoformat(),
+        )
+        for (kind, zone), row in sorted(latest.items())
+    ]
+
+
+def on_demand_price(
+    pricing: Any, region: str, instance_type: str, now: datetime.datetime
+) -> Figure | None:
+    filters = {"instanceType": instance_type, "regionCode": region, **PRICE_LIST_FILTERS}
+    products = pricing.get_products(
+        ServiceCode="AmazonEC2",
+        Filters=[{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in filters.items()],
+    )["PriceList"]
+    for product in products:
+        document = json.loads(product) if isinstance(product, str) else product
+        for term in document.get("terms", {}).get("OnDemand", {}).values():
+            for dimension in term.get("priceDimensions", {}).values():
+                usd = float(dimension.get("pricePerUnit", {}).get("USD", 0))
+                if usd > 0:
+                    return Figure(
+                        region=region,
+                        instance_type=instance_type,
+                        usd_per_hour=usd,
+                        source=ON_DEMAND_SOURCE,
+                        taken_at=now.date().isoformat(),
+                    )
+    return None
+
+
+def refresh(
+    previous: PriceBook,
+    *,
+    instance_types: Sequence[str],
+    regions: Sequence[str],
+    ec2_for: Callable[[str], Any],
+    pricing: Any,
+    now: datetime.datetime,
+) -> tuple[PriceBook, list[str]]:
+    """A new book with current prices for every type in every region (figures of other pools
+    are kept), and what could not be found."""
+    asked = {(t, r) for t in instance_types for r in regions}
+    on_demand = [f for f in previous.on_demand if (f.instance_type, f.region) not in asked]
+    spot = [f for f in previous.spot if (f.instance_type, f.region) not in asked]
+    missing = []
+    for region in regions:
+        found = spot_prices(ec2_for(region), region, instance_types, now)
+        spot += found
+        for instance_type in instance_types:
+            if not any(f.instance_type == instance_type for f in found):
+                missing.append(f"no spot price for {instance_type} in {region}")
+            figure = on_demand_price(pricing, region, instance_type, now)
+            if figure is None:
+                missing.append(f"no on-demand price for {instance_type} in {region}")
+            else:
+                on_demand.append(figure)
+    order = lambda f: (f.region, f.instance_type, f.availability_zone or "")  # noqa: E731
+    book = PriceBook(
+        tuple(sorted(on_demand, key=order)),
+        tuple(sorted(spot, key=order)),
+        previous.advisor,
+        previous.note,
+        previous.path,
+    )
+    return book, missing

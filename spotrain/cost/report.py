@@ -1,0 +1,76 @@
+"""Tables and figures of the planner and the simulator."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+from spotrain.cost.simulation import ON_DEMAND_ONLY, Summary
+
+SLACKS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
+"""Deadline slack swept by the figures: the deadline is the work x (1 + slack)."""
+
+
+def _hours(value: float) -> str:
+    return f"{value:.1f} h" if math.isfinite(value) else "never"
+
+
+def table(summaries: Sequence[Summary], *, recommended: str | None = None) -> str:
+    """One line per strategy; costs also as a share of on-demand only."""
+    baseline = next((s.mean_cost for s in summaries if s.strategy == ON_DEMAND_ONLY), None)
+    lines = [
+        f"{'strategy':<18} {'cost':>11} {'vs OD':>6} {'finish':>9} {'deadline':>9} "
+        f"{'goodput':>8} {'spot h':>8} {'OD h':>8} {'preempt':>8}"
+    ]
+    for s in summaries:
+        share = f"{s.mean_cost / baseline:.0%}" if baseline else "n/a"
+        mark = "  <- recommended" if s.strategy == recommended else ""
+        lines.append(
+            f"{s.strategy:<18} {'$' + format(s.mean_cost, ',.2f'):>11} {share:>6} "
+            f"{_hours(s.mean_finish_h):>9} {s.deadline_met:>9.0%} {s.mean_goodput:>8.1%} "
+            f"{s.mean_spot_hours:>8.1f} {s.mean_on_demand_hours:>8.1f} "
+            f"{s.mean_preemptions:>8.1f}{mark}"
+        )
+    return "\n".join(lines)
+
+
+def sweep(
+    summaries_at: Callable[[float], Sequence[Summary]], slacks: Sequence[float] = SLACKS
+) -> dict[str, list[tuple[float, float, float]]]:
+    """(slack, cost as a share of on-demand, deadline met) per strategy over `slacks`."""
+    curves: dict[str, list[tuple[float, float, float]]] = {}
+    for slack in slacks:
+        summaries = summaries_at(slack)
+        baseline = next(s.mean_cost for s in summaries if s.strategy == ON_DEMAND_ONLY)
+        for s in summaries:
+            curves.setdefault(s.strategy, []).append(
+                (slack, s.mean_cost / baseline, s.deadline_met)
+            )
+    return curves
+
+
+def plot(
+    curves: Mapping[str, Sequence[tuple[float, float, float]]], path: Path, title: str
+) -> None:
+    """Cost (share of on-demand) per strategy against deadline slack; misses marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(figsize=(7, 4.2), layout="constrained")
+    for strategy, points in curves.items():
+        slacks = [p[0] for p in points]
+        axes.plot(slacks, [p[1] for p in points], marker="o", label=strategy)
+        missed = [(p[0], p[1]) for p in points if p[2] < 1.0]
+        if missed:
+            axes.scatter(*zip(*missed, strict=True), marker="x", s=80, color="black", zorder=3)
+    axes.set_xlabel("deadline slack (deadline = work x (1 + slack))")
+    axes.set_ylabel("expected cost / on-demand cost")
+    axes.set_ylim(bottom=0)
+    axes.set_title(title, fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(title="x: misses the deadline in some runs", fontsize=8, title_fontsize=8)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)

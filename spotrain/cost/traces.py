@@ -1,0 +1,160 @@
+"""Spot availability traces: how many spot instances could be had at each tick.
+
+The file format is the public one of the "Can't Be Late" study (NSDI '24):
+`{"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}`, each value the number of spot
+instances available during that tick of G seconds (0: none). The authors' own simulator reads
+the values inverted (as "preempted"); here a value is what it says, availability, and a gang of
+N machines can run on spot in a tick only when N are available.
+
+Traces can also be generated from a per-instance interruption rate: each of `capacity` slots
+alternates between available (exponential, mean 1/rate) and gone (exponential, mean
+`recovery_h`), and a tick counts the slots available at its start.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from spotrain.errors import SpotrainError
+
+FORMAT_HINT = (
+    'write it as {"metadata": {"gap_seconds": 60}, "data": [2, 2, 0, 1, ...]}: one count of '
+    "available spot instances per tick"
+)
+
+
+class TraceError(SpotrainError, ValueError):
+    """A trace file that is not the format, or generation settings that make no trace."""
+
+
+@dataclass(frozen=True)
+class Trace:
+    name: str
+    gap_s: float
+    """Seconds per tick."""
+    available: tuple[int, ...]
+    """Spot instances available in each tick."""
+
+    @property
+    def hours(self) -> float:
+        return len(self.available) * self.gap_s / 3600
+
+    def availability(self, nodes: int) -> float:
+        """Share of ticks in which a gang of `nodes` could run on spot."""
+        return sum(n >= nodes for n in self.available) / len(self.available)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "metadata": {"gap_seconds": self.gap_s, "name": self.name},
+            "data": list(self.available),
+        }
+
+
+def parse(document: Any, name: str) -> Trace:
+    """A trace from its decoded JSON, or TraceError naming what is wrong and the fix."""
+    where = f"trace {name}"
+    if not isinstance(document, dict) or not isinstance(document.get("metadata"), dict):
+        raise TraceError(f"{where} has no metadata object: {FORMAT_HINT}")
+    gap = document["metadata"].get("gap_seconds")
+    if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
+        raise TraceError(
+            f"{where}: metadata.gap_seconds is {gap!r}, not a positive number of "
+            f"seconds: {FORMAT_HINT}"
+        )
+    data = document.get("data")
+    if not isinstance(data, list) or not data:
+        raise TraceError(f"{where}: data is not a non-empty list: {FORMAT_HINT}")
+    for index, value in enumerate(data):
+        if (
+            isinstance(value, bool)
+            or not isinstance(value, int | float)
+            or value < 0
+            or (value != int(value))
+        ):
+            raise TraceError(
+                f"{where}: data[{index}] is {value!r}, not a count of available "
+                f"instances (0, 1, 2, ...): {FORMAT_HINT}"
+            )
+    return Trace(name=name, gap_s=float(gap), available=tuple(int(v) for v in data))
+
+
+def load(path: str | Path) -> Trace:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as error:
+        raise TraceError(
+            f"trace {path} cannot be read ({error.strerror}): check the path"
+        ) from None
+    try:
+        document = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise TraceError(
+            f"trace {path} is not JSON ({error.msg} at line {error.lineno}): {FORMAT_HINT}"
+        ) from None
+    return parse(document, str(path))
+
+
+def generate(
+    *,
+    hours: float,
+    interruptions_per_hour: float,
+    recovery_h: float,
+    capacity: int,
+    gap_s: float = 300.0,
+    seed: int = 0,
+    name: str | None = None,
+) -> Trace:
+    """A trace from a per-instance interruption rate (see the module's note), seeded."""
+    problems = [
+        f"{label} is {value}: use a positive number"
+        for label, value in (("hours", hours), ("gap_s", gap_s), ("recovery_h", recovery_h))
+        if not value > 0
+    ]
+    if interruptions_per_hour < 0:
+        problems.append(f"interruptions_per_hour is {interruptions_per_hour}: use 0 or more")
+    if capacity < 1:
+        problems.append(f"capacity is {capacity}: use 1 or more instances")
+    if problems:
+        raise TraceError("cannot generate a trace: " + "; ".join(problems))
+    rng = random.Random(seed)
+    ticks = math.ceil(hours * 3600 / gap_s)
+    gap_h = gap_s / 3600
+    counts = [0] * ticks
+    up_share = (
+        1.0
+        if interruptions_per_hour == 0
+        else ((1 / interruptions_per_hour) / (1 / interruptions_per_hour + recovery_h))
+    )
+    for _ in range(capacity):
+        up = rng.random() < up_share  # each slot starts in its long-run state
+        t = 0.0
+        while t < ticks * gap_h:
+            if up:
+                length = (
+                    rng.expovariate(interruptions_per_hour) if interruptions_per_hour else math.inf
+                )
+            else:
+                length = rng.expovariate(1 / recovery_h)
+            if up:
+                first = math.ceil(t / gap_h)
+                last = min(ticks, math.ceil((t + length) / gap_h))
+                for tick in range(first, last):
+                    counts[tick] += 1
+            t += length
+            up = not up
+    label = name or (
+        f"generated: {interruptions_per_hour:g}/h per instance, recovery "
+        f"{recovery_h:g} h, {capacity} slots, seed {seed}"
+    )
+    return Trace(name=label, gap_s=gap_s, available=tuple(counts))
+
+
+def generate_many(count: int, *, seed: int, **settings: Any) -> list[Trace]:
+    """`count` traces of `generate(**settings)` with seeds seed, seed + 1, ..."""
+    return [generate(seed=seed + index, **settings) for index in range(count)]

@@ -1,0 +1,568 @@
+"""Cost before a run: the deadline policy's rules, the simulator on scripted traces, the
+planner's published worked examples, the price book, and the commands' output and errors."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotrain import cli, deadline_policy
+from spotrain.cost import planner, prices, simulation, traces
+from spotrain.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
+
+FIXTURES = Path(__file__).parent / "fixtures"
+PRICE_BOOK = FIXTURES / "price_book.json"
+
+
+# --- published worked examples -----------------------------------------------------------------
+@pytest.mark.parametrize(("mtbf_min", "expected_min"), [(24 * 60, 117), (6 * 60, 57), (15, 9.1)])
+def test_daly_optimum_intervals_match_the_published_ones(
+    mtbf_min: float, expected_min: float
+) -> None:
+    # Daly (2006): delta = 5 min; MTBF 24 h -> ~117 min, 6 h -> ~57 min, 15 min -> ~9.1 min.
+    assert planner.daly_interval(5, mtbf_min) == pytest.approx(
+        expected_min, abs=0.5 if expected_min > 10 else 0.05
+    )
+
+
+def test_spot_against_on_demand_worked_example() -> None:
+    # $20/h on-demand vs $6/h spot, 24 h of work, 2 h lost and re-run on on-demand.
+    bill = planner.spot_savings(work_h=24, lost_h=2, on_demand_price=20, spot_price=6)
+    assert (bill.on_demand_cost, bill.spot_cost) == (480, 184)
+    assert round(bill.saved * 100) == 62
+
+
+# --- the policy ----------------------------------------------------------------------------------
+def at(
+    t: float, done: float, *, work: float = 10, deadline: float = 20, d: float = 0.5
+) -> Progress:
+    return Progress(elapsed_h=t, deadline_h=deadline, work_h=work, done_h=done, changeover_h=d)
+
+
+@pytest.mark.parametrize(
+    ("progress", "current", "spot", "expected"),
+    [
+        (at(2, 0.5), IDLE, True, SPOT),  # idle takes spot
+        (at(2, 0.5), SPOT, True, SPOT),  # spot stays
+        (at(2, 1.5), ON_DEMAND, True, ON_DEMAND),  # ahead of ep(t) but not of ep(t + 2d) = 1.5
+        (at(2, 1.6), ON_DEMAND, True, SPOT),  # ahead by the hysteresis margin: back to spot
+        (at(2, 0.5), ON_DEMAND, False, ON_DEMAND),  # never from on-demand to idle
+        (at(2, 0.9), IDLE, False, ON_DEMAND),  # behind ep(2) = 1: on-demand
+        (at(2, 1.0), IDLE, False, IDLE),  # on schedule: wait
+        (at(2, 1.0), SPOT, False, IDLE),  # preempted, on schedule: wait
+        (at(18, 9.5), SPOT, True, SPOT),  # 2 h left >= 0.5 h work + 1 h: spot still
+        (at(18.6, 9.5), SPOT, True, ON_DEMAND),  # 1.4 h left < 0.5 + 1: on-demand to the end
+        (at(18.6, 9.5), ON_DEMAND, True, ON_DEMAND),
+    ],
+)
+def test_uniform_progress_follows_its_rules(
+    progress: Progress, current: str, spot: bool, expected: str
+) -> None:
+    choice = deadline_policy.uniform_progress(progress, current=current, spot_available=spot)
+    assert choice.mode == expected, choice.reason
+
+
+def test_greedy_waits_for_spot_until_the_deadline_forces_on_demand() -> None:
+    assert deadline_policy.greedy(at(2, 0.0), current=IDLE, spot_available=False).mode == IDLE
+    assert (
+        deadline_policy.greedy(at(9.1, 0.0), current=IDLE, spot_available=False).mode == ON_DEMAND
+    )
+    assert deadline_policy.greedy(at(2, 0.0), current=IDLE, spot_available=True).mode == SPOT
+
+
+# --- the simulator -----------------------------------------------------------------------------
+def trace(values: list[int], gap_s: float = 3600) -> traces.Trace:
+    return traces.Trace("scripted", gap_s, tuple(values))
+
+
+def job(**changes: float | None) -> simulation.Job:
+    settings = {
+        "work_h": 4.0,
+        "deadline_h": 8.0,
+        "changeover_h": 0.5,
+        "on_demand_price": 3.0,
+        "spot_price": 1.0,
+        "nodes": 1,
+    }
+    return simulation.Job(**{**settings, **changes})  # type: ignore[arg-type]
+
+
+def test_on_demand_only_pays_the_work_and_one_start() -> None:
+    outcome = simulation.simulate(job(), trace([0] * 10), simulation.ON_DEMAND_ONLY)
+    assert (outcome.cost, outcome.finish_h, outcome.spot_hours) == (4.5 * 3.0, 4.5, 0.0)
+    assert outcome.goodput == pytest.approx(4 / 4.5)
+
+
+def test_a_value_is_availability_zero_means_no_spot() -> None:
+    # The study's own simulator reads the values inverted; here 0 is "none available".
+    never = simulation.simulate(job(), trace([0] * 60, gap_s=600), simulation.SPOT_GREEDY)
+    assert never.spot_hours == 0 and never.deadline_met  # the safety net: on-demand in time
+    assert never.finish_h == pytest.approx(3 + 1 / 6 + 4.5)  # first tick with slack < 0
+    always = simulation.simulate(job(), trace([1] * 10), simulation.SPOT_GREEDY)
+    assert (always.spot_hours, always.on_demand_hours, always.cost) == (4.5, 0.0, 4.5)
+
+
+def test_preemptions_cost_a_changeover_each_and_a_gang_needs_every_machine() -> None:
+    # Spot for 2 h, gone 1 h, back: two starts of 0.5 h; a gang of 2 sees the 1s as "none".
+    outcome = simulation.simulate(
+        job(deadline_h=None), trace([1, 1, 0, 1, 1, 1, 1]), simulation.SPOT_GREEDY
+    )
+    assert (outcome.preemptions, outcome.spot_hours, outcome.finish_h) == (1, 5.0, 6.0)
+    gang = simulation.simulate(
+        job(deadline_h=None, nodes=2), trace([1, 2, 2, 2, 2, 2, 2]), simulation.SPOT_GREEDY
+    )
+    assert (gang.spot_hours, gang.finish_h) == (9.0, 5.5)
+
+
+def test_the_blueprint_keeps_its_coordinator_on_demand_and_falls_back_after_its_wait() -> None:
+    outcome = simulation.simulate(
+        job(nodes=2, deadline_h=None), trace([1, 0, 0, 1, 1, 1, 1, 1]), simulation.BLUEPRINT_MIX
+    )
+    # Worker: spot 1 h, preempted, on-demand after the 10 min wait, spot again when it returns.
+    assert outcome.preemptions == 1
+    assert outcome.on_demand_hours > outcome.finish_h  # the coordinator's hours and more
+
+
+def test_uniform_progress_meets_deadlines_greedy_meets_more_cheaply_or_equal() -> None:
+    sampled = [traces.load(FIXTURES / "traces" / "one-node.json")]
+    run = job(work_h=10, deadline_h=16, changeover_h=0.25)
+    results = simulation.replay(run, sampled, starts=12)
+    summary = {name: simulation.summarise(o) for name, o in results.items()}
+    assert summary["uniform-progress"].deadline_met == 1.0
+    assert summary["spot-greedy"].deadline_met == 1.0
+    assert summary["uniform-progress"].mean_cost < summary["on-demand"].mean_cost
+
+
+# --- traces ------------------------------------------------------------------------------------
+def test_generated_traces_have_the_availability_their_rate_implies() -> None:
+    generated = traces.generate(
+        hours=2000, interruptions_per_hour=0.1, recovery_h=1, capacity=1, seed=3
+    )
+    assert generated.availability(1) == pytest.approx(10 / 11, abs=0.02)
+    again = traces.generate(
+        hours=2000, interruptions_per_hour=0.1, recovery_h=1, capacity=1, seed=3
+    )
+    assert again == generated
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("[1, 2]", "no metadata object"),
+        ('{"metadata": {}, "data": [1]}', "gap_seconds is None"),
+        ('{"metadata": {"gap_seconds": 60}, "data": []}', "not a non-empty list"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1, -1]}', "data[1] is -1"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [0.5]}', "data[0] is 0.5"),
+        ("not json", "is not JSON"),
+    ],
+)
+def test_a_trace_that_is_not_the_format_is_one_clear_message(
+    tmp_path: Path, text: str, message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "trace.json"
+    path.write_text(text)
+    code = cli.main(
+        [
+            "cost",
+            "simulate",
+            "--trace",
+            str(path),
+            "--work-hours",
+            "4",
+            "--on-demand-price",
+            "3",
+            "--spot-price",
+            "1",
+        ]
+    )
+    error = capsys.readouterr().err
+    assert code == 2 and message in error and "gap_seconds" in error
+    assert "Traceback" not in error and len(error.strip().splitlines()) == 1
+
+
+# --- the commands ------------------------------------------------------------------------------
+def test_simulate_prints_each_strategy_as_json_from_public_format_traces(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code = cli.main(
+        [
+            "cost",
+            "simulate",
+            "--trace",
+            str(FIXTURES / "traces" / "four-nodes.json"),
+            "--nodes",
+            "4",
+            "--work-hours",
+            "12",
+            "--deadline-hours",
+            "20",
+            "--changeover-minutes",
+            "15",
+            "--on-demand-price",
+            "3",
+            "--spot-price",
+            "1",
+            "--starts",
+            "5",
+            "--json",
+            "--plot",
+            str(tmp_path / "slack.png"),
+        ]
+    )
+    assert code == 0
+    document = json.loads(capsys.readouterr().out.split("\nfigure:")[0])
+    assert set(document["strategies"]) == set(simulation.STRATEGIES)
+    for found in document["strategies"].values():
+        assert len(found["runs"]) == 5
+        for run in found["runs"]:
+            assert set(run) == {
+                "cost",
+                "finish_hours",
+                "deadline_met",
+                "spot_hours",
+                "on_demand_hours",
+                "preemptions",
+            }
+    on_demand = document["strategies"]["on-demand"]["runs"][0]
+    assert on_demand["cost"] == pytest.approx(12.25 * 4 * 3)  # work + one start, 4 machines
+    assert (tmp_path / "slack.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_plan_recommends_checks_the_interval_and_flags_stale_prices(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli.main(
+        [
+            "cost",
+            "plan",
+            "--price-book",
+            str(PRICE_BOOK),
+            "--instance-type",
+            "g5.xlarge",
+            "--instance-type",
+            "g6.xlarge",
+            "--region",
+            "us-east-1",
+            "--steps",
+            "36000",
+            "--step-seconds",
+            "2",
+            "--checkpoint-seconds",
+            "60",
+            "--checkpoint-every",
+            "50",
+            "--deadline-hours",
+            "40",
+            "--nodes",
+            "2",
+            "--samples",
+            "30",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "g5.xlarge us-east-1: on-demand $20.0000/h, spot $6.0000/h" in out  # mean of zones
+    assert "Spot Instance Advisor >20%" in out
+    assert "prices for g6.xlarge in us-east-1 are" in out and "days old" in out
+    assert "checkpoint_every 50 (1.7 min) wastes" in out and "set checkpoint_every to" in out
+    assert "recommended:" in out and out.count("<- recommended") == 2
+
+
+def test_plan_reads_step_time_and_checkpoint_cost_from_the_metrics_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [
+        {"step": n, "loss": 1.0, "tokens_per_s": 1e4, "step_s": 2.0 + n % 3 * 0.1}
+        for n in range(1, 40)
+    ]
+    lines += [
+        {"event": "published", "at": 1.0, "step": 20, "stall_s": 30.0},
+        {"event": "published", "at": 2.0, "step": 40, "stall_s": 34.0},
+    ]
+    metrics.write_text("\n".join(json.dumps(line) for line in lines) + '\n{"step": 4')
+    code = cli.main(
+        [
+            "cost",
+            "plan",
+            "--metrics",
+            str(metrics),
+            "--steps",
+            "3600",
+            "--on-demand-price",
+            "4",
+            "--spot-price",
+            "1.5",
+            "--interruptions-per-hour",
+            "0.05",
+            "--samples",
+            "10",
+            "--json",
+        ]
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert document["measured"]["step_s"] == pytest.approx(2.1)
+    assert document["measured"]["checkpoint_s"] == pytest.approx(32.0)
+    assert document["work_hours"] == pytest.approx(3600 * 2.1 / 3600)
+    pool = document["pools"][0]
+    expected = planner.daly_interval(32.0, 3600 / 0.05)
+    assert pool["checkpoint_interval_s"] == pytest.approx(expected)
+    assert pool["checkpoint_interval_steps"] == round(expected / 2.1)
+
+
+@pytest.mark.parametrize(
+    ("arguments", "message"),
+    [
+        (["--work-hours", "10", "--deadline-hours", "5"], "shorter than the work"),
+        (["--work-hours", "0"], "give a positive number of hours"),
+        (["--work-hours", "-3"], "give a positive number of hours"),
+        (
+            ["--work-hours", "10", "--instance-type", "p5.48xlarge"],
+            "no on-demand or spot price for p5.48xlarge in us-east-1: run `spotrain prices refresh",
+        ),
+        (["--work-hours", "10", "--region", "eu-west-1"], "g5.xlarge in eu-west-1"),
+        (["--checkpoint-seconds", "60"], "no amount of work"),
+    ],
+)
+def test_plan_bad_input_is_one_message_with_the_fix(
+    arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    defaults = ["--checkpoint-seconds", "60"] if "--checkpoint-seconds" not in arguments else []
+    code = cli.main(["cost", "plan", "--price-book", str(PRICE_BOOK), *defaults, *arguments])
+    error = capsys.readouterr().err
+    assert code == 2 and message in error, error
+    assert len(error.strip().splitlines()) == 1
+
+
+def test_the_checked_in_price_book_holds_only_sourced_dated_figures() -> None:
+    book = prices.load()
+    for figure in (*book.on_demand, *book.spot, *book.advisor):
+        assert figure.source and figure.taken_at
+    assert book.note  # says where its figures come from
+
+
+def test_a_deadline_needs_valid_times_and_steps() -> None:
+    deadline = deadline_policy.RunDeadline(
+        started_at="2027-01-01T00:00:00Z", finish_by="2027-01-03T00:00:00+00:00", total_steps=10
+    )
+    assert deadline.problems() == [] and deadline.deadline_h == 48
+    bad = deadline_policy.RunDeadline(
+        started_at="2027-01-02T00:00:00", finish_by="soon", total_steps=0
+    )
+    assert len(bad.problems()) == 3
+    assert math.isfinite(deadline.start_s)
+
+
+def test_prices_refresh_reads_the_apis_of_the_local_cloud(
+    local_cloud: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`spotrain prices refresh` over HTTPS: DescribeSpotPriceHistory per zone and the Price
+    List API, which the local cloud answers from the book it was given."""
+    from spotrain.localcloud import control
+
+    for key, value in control.aws_environment(local_cloud.endpoint, "us-east-1").items():
+        monkeypatch.setenv(key, value)
+    control.set_price_book(PRICE_BOOK)
+    try:
+        out = tmp_path / "book.json"
+        code = cli.main(
+            [
+                "prices",
+                "refresh",
+                "--instance-type",
+                "g5.xlarge",
+                "--instance-type",
+                "g6.xlarge",
+                "--instance-type",
+                "p5.48xlarge",
+                "--region",
+                "us-east-1",
+                "--price-book",
+                str(out),
+            ]
+        )
+    finally:
+        control.set_price_book(None)
+    printed = capsys.readouterr().out
+    assert code == 1  # p5.48xlarge is not in the book the cloud answers from
+    assert "no spot price for p5.48xlarge in us-east-1" in printed
+    fresh, given = prices.load(out), prices.load(PRICE_BOOK)
+    today = datetime.datetime.now(datetime.UTC).date().isoformat()
+    assert {(f.instance_type, f.availability_zone, f.usd_per_hour) for f in fresh.spot} == {
+        (f.instance_type, f.availability_zone, f.usd_per_hour) for f in given.spot
+    }
+    assert {(f.instance_type, f.usd_per_hour) for f in fresh.on_demand} == {
+        (f.instance_type, f.usd_per_hour) for f in given.on_demand
+    }
+    for figure in (*fresh.on_demand, *fresh.spot):
+        assert figure.taken_at == today and (
+            "DescribeSpotPriceHistory" in figure.source or "Price List API" in figure.source
+        )
+    assert fresh.pool("g5.xlarge", "us-east-1").spot_price == 6.0
+
+
+def test_plan_takes_the_runs_own_interruption_rate_from_its_events(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import boto3
+    from moto import mock_aws
+
+    for key, value in {
+        "AWS_DEFAULT_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+    }.items():
+        monkeypatch.setenv(key, value)
+    now = datetime.datetime.now(datetime.UTC)
+    with mock_aws():
+        table = boto3.resource("dynamodb").create_table(
+            TableName="events",
+            BillingMode="PAY_PER_REQUEST",
+            KeySchema=[
+                {"AttributeName": "pk", "KeyType": "HASH"},
+                {"AttributeName": "sk", "KeyType": "RANGE"},
+            ],
+            AttributeDefinitions=[{"AttributeName": a, "AttributeType": "S"} for a in ("pk", "sk")],
+        )
+        # 10 hours of history: 4 warnings for g5.xlarge across two zones, 1 rebalance.
+        for index, (kind, pool, hours_ago) in enumerate(
+            [
+                ("interruption-warning", "g5.xlarge#us-east-1a", 10),
+                ("interruption-warning", "g5.xlarge#us-east-1b", 6),
+                ("interruption-warning", "g5.xlarge#us-east-1a", 3),
+                ("interruption-warning", "g5.xlarge#us-east-1b", 1),
+                ("rebalance-recommendation", "g6.xlarge#us-east-1a", 2),
+            ]
+        ):
+            at = (now - datetime.timedelta(hours=hours_ago)).strftime("%Y-%m-%dT%H:%M:%SZ")
+            table.put_item(
+                Item={
+                    "pk": f"EVENT#{index}",
+                    "sk": "EVENT",
+                    "kind": kind,
+                    "pool": pool,
+                    "occurred_at": at,
+                }
+            )
+        code = cli.main(
+            [
+                "cost",
+                "plan",
+                "--price-book",
+                str(PRICE_BOOK),
+                "--work-hours",
+                "10",
+                "--checkpoint-seconds",
+                "60",
+                "--instance-type",
+                "g5.xlarge",
+                "--instance-type",
+                "g6.xlarge",
+                "--events-table",
+                "events",
+                "--samples",
+                "5",
+                "--json",
+            ]
+        )
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    g5, g6 = document["pools"]
+    assert g5["interruptions_per_hour"] == pytest.approx(0.4, rel=0.01)
+    assert g5["rate_source"] == "the run's own interruptions (events)"
+    assert g6["rate_source"].startswith("Spot Instance Advisor <5%")  # no warnings of its own
+
+
+def test_the_planners_interval_is_within_5_percent_of_the_simulators_best() -> None:
+    """Brute force: explicit checkpoints (a preemption loses the work since the last one)
+    over a grid of intervals; Daly's interval costs at most 5% more than the best of them."""
+    delta_h, restart_h, rate = 2 / 60, 5 / 60, 0.3
+    daly = planner.daly_interval(delta_h, 1 / rate)
+    sampled = [
+        traces.generate(
+            hours=30, interruptions_per_hour=rate, recovery_h=0.05, capacity=1, gap_s=60, seed=seed
+        )
+        for seed in range(12)
+    ]
+
+    def cost(interval: float) -> float:
+        run = simulation.Job(
+            work_h=10,
+            deadline_h=None,
+            changeover_h=restart_h,
+            on_demand_price=3,
+            spot_price=1,
+            checkpoint_every_h=interval,
+            checkpoint_cost_h=delta_h,
+        )
+        return sum(simulation.simulate(run, t, simulation.SPOT_GREEDY).cost for t in sampled)
+
+    grid = [cost(daly * factor) for factor in (0.3, 0.5, 0.75, 1.5, 2.0, 3.0)]
+    assert cost(daly) <= 1.05 * min(grid)
+    assert max(grid) > 1.05 * cost(daly)  # the grid reaches intervals that do cost more
+
+
+def test_plan_takes_the_runs_pace_and_work_left_from_its_catalog(
+    dynamo: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run with history: steps per hour between checkpoints of one trainer start (a
+    restart's downtime between generations is not throughput), the work left after its head."""
+    import boto3
+
+    from spotrain.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
+
+    table = boto3.resource("dynamodb").Table("catalog")
+    records = [
+        (0, "10:00:00", 1),
+        (1800, "10:30:00", 1),
+        (3600, "11:00:00", 1),
+        (4000, "13:00:00", 2),
+        (5800, "13:30:00", 2),
+    ]
+    for step, at, generation in records:
+        table.put_item(
+            Item={
+                "pk": run_key("demo"),
+                "sk": checkpoint_sort_key(step),
+                "step": step,
+                "created_at": f"2027-01-15T{at}+00:00",
+                "generation": generation,
+            }
+        )
+    table.put_item(Item={"pk": run_key("demo"), "sk": HEAD_SORT_KEY, "step": 5800})
+    code = cli.main(
+        [
+            "cost",
+            "plan",
+            "--catalog-table",
+            "catalog",
+            "--run",
+            "demo",
+            "--steps",
+            "36000",
+            "--checkpoint-seconds",
+            "30",
+            "--on-demand-price",
+            "4",
+            "--spot-price",
+            "1",
+            "--interruptions-per-hour",
+            "0.1",
+            "--samples",
+            "5",
+            "--json",
+        ]
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert document["done_steps"] == 5800
+    assert document["work_hours"] == pytest.approx((36000 - 5800) / 3600)  # 3600 steps/h
