@@ -566,3 +566,36 @@ def test_plan_takes_the_runs_pace_and_work_left_from_its_catalog(
     assert code == 0
     assert document["done_steps"] == 5800
     assert document["work_hours"] == pytest.approx((36000 - 5800) / 3600)  # 3600 steps/h
+
+
+def test_without_interruptions_a_plan_pays_one_start_and_one_checkpoint(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code = cli.main(
+        [
+            "cost",
+            "plan",
+            "--work-hours",
+            "5",
+            "--checkpoint-seconds",
+            "36",
+            "--restart-minutes",
+            "6",
+            "--on-demand-price",
+            "2",
+            "--spot-price",
+            "1",
+            "--interruptions-per-hour",
+            "0",
+            "--samples",
+            "2",
+            "--json",
+        ]
+    )
+    document = json.loads(capsys.readouterr().out)
+    assert code == 0
+    [pool] = document["pools"]
+    assert pool["mtbf_hours"] is None and pool["checkpoint_interval_s"] is None  # never: null
+    paid = {s["strategy"]: s["mean_cost"] for s in pool["strategies"]}
+    assert paid["on-demand"] == pytest.approx((5 + 0.01 + 0.1) * 2)  # work, a checkpoint, a start
+    assert paid["spot-greedy"] == pytest.approx(5.11)

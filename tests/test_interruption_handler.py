@@ -556,8 +556,11 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
     assert cloud.dead_letters() == []
 
 
+@pytest.mark.parametrize(
+    "where", ["in-process", pytest.param("local-cloud", marks=pytest.mark.integration)]
+)
 def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
-    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+    where: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A scripted spot availability sequence, replayed by the cost simulator and by the
     handler's scheduled check on the run's catalog: each check leaves the run on what the
@@ -577,23 +580,27 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     modes = [mode for *_, mode in timeline]
     assert {"spot", "on-demand", "idle"} <= set(modes)  # the script exercises every move
 
-    create_catalog_table(boto3.client("dynamodb"), "checkpoints")
-    catalog = boto3.resource("dynamodb").Table("checkpoints")
+    request.getfixturevalue("cloud" if where == "in-process" else "http_cloud")
+    names = {
+        kind: f"{kind}-{random.getrandbits(32):08x}" for kind in ("spot", "on-demand", "catalog")
+    }
+    create_catalog_table(boto3.client("dynamodb"), names["catalog"])
+    catalog = boto3.resource("dynamodb").Table(names["catalog"])
     for step, at in ((0, "2027-01-15T08:00:00Z"), (per_hour, "2027-01-15T09:00:00Z")):
         catalog.put_item(Item={"pk": run_key(RUN), "sk": checkpoint_sort_key(step), "step": step,
                                "created_at": at, "generation": 1})  # fmt: skip
     iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
-    monkeypatch.setenv("CHECKPOINTS_TABLE", "checkpoints")
+    monkeypatch.setenv("CHECKPOINTS_TABLE", names["catalog"])
     monkeypatch.setenv("RUN_DEADLINE", json.dumps({
         "started_at": iso(start), "finish_by": iso(start + 14 * 3600),
         "total_steps": 8 * per_hour, "changeover_minutes": 15,
     }))  # fmt: skip
     monkeypatch.setenv("CAPACITY_GROUPS", json.dumps([
-        {"name": "east-spot", "region": REGION, "lifecycle": "spot", "holds_data": True},
-        {"name": "east-on-demand", "region": REGION, "lifecycle": "on-demand", "holds_data": True},
+        {"name": names[kind], "region": REGION, "lifecycle": kind, "holds_data": True}
+        for kind in ("spot", "on-demand")
     ]))  # fmt: skip
-    create_group("east-spot", REGION, "us-east-1b", 1)
-    create_group("east-on-demand", REGION, "us-east-1b", 0)
+    create_group(names["spot"], REGION, "us-east-1b", 1)
+    create_group(names["on-demand"], REGION, "us-east-1b", 0)
     spot_now = {"available": False}
     groups_as_they_are = handler.capacity_groups
 
@@ -612,7 +619,8 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
                                "step": round(done * per_hour)})  # fmt: skip
         monkeypatch.setattr(handler, "_now", lambda t=t: start + t * 3600)
         result = handler.handle(event("scheduled-capacity-check"))
-        on_demand = desired("east-on-demand", REGION) > 0
+        on_demand = desired(names["on-demand"], REGION) > 0
         got = "on-demand" if on_demand else "spot" if spot else "idle"
         assert got == expected, (t, done, spot, result)
         assert "deadline policy" in result["reason"]
+    catalog.delete()

@@ -211,13 +211,15 @@ def interruptions_in_every_pool(run: Run) -> dict[str, str]:
                               pool="g5.xlarge#us-east-1a", event_id="e-1",
                               at="2026-11-21T12:00:00Z")  # fmt: skip
     fleet_state.set_short_since(table, run.name, time.time() - 900)
-    return {"SHORTFALL": "1"}
+    return {"SHORTFALL": "1", "INSTANCE_TYPE": "g5.xlarge"}
 
 
 def check_on_demand(run: Run, result: subprocess.CompletedProcess[str]) -> None:
     assert "i-0123456789abcdef0" in result.stdout and "INTERRUPTING" in result.stdout
     assert "short of spot capacity for" in result.stdout
     assert run.desired(run.groups[1]) == 1
+    # The checked-in price book: g5.xlarge's prices with their date, or how to get them.
+    assert "g5.xlarge us-east-1" in result.stdout or "spotrain prices refresh" in result.stdout
 
 
 def over_budget(run: Run) -> dict[str, str]:

@@ -74,9 +74,11 @@ def _pools(args: argparse.Namespace) -> list[_Pool]:
     pools = []
     for region in regions:
         for instance_type in types:
-            found = book.pool(instance_type, region)
+            # Prices given on the command line need nothing from the book but its Advisor band.
+            found = None if all(given) else book.pool(instance_type, region)
+            advisor = book.advisor_for(instance_type, region)
             notes = []
-            stale = prices.staleness(found, _today(), args.stale_after_days)
+            stale = found and prices.staleness(found, _today(), args.stale_after_days)
             if stale:
                 notes.append(stale)
             if explicit_rate is not None:
@@ -84,16 +86,16 @@ def _pools(args: argparse.Namespace) -> list[_Pool]:
             elif (instance_type, region) in history:
                 rate = history[(instance_type, region)]
                 source = f"the run's own interruptions ({args.events_table})"
-            elif found.advisor is not None and found.advisor.band:
-                rate = planner.advisor_rate_per_hour(found.advisor.band)
-                source = f"Spot Instance Advisor {found.advisor.band} ({found.advisor.taken_at})"
+            elif advisor is not None and advisor.band:
+                rate = planner.advisor_rate_per_hour(advisor.band)
+                source = f"Spot Instance Advisor {advisor.band} ({advisor.taken_at})"
             else:
                 raise CostInputError(
                     f"no interruption rate for {instance_type} in {region}: the price book has "
                     "no Advisor band for it; give --interruptions-per-hour (per instance)"
                 )
-            on_demand = args.on_demand_price or found.on_demand.usd_per_hour or 0.0
-            spot = args.spot_price or found.spot_price
+            on_demand = args.on_demand_price or (found and found.on_demand.usd_per_hour) or 0.0
+            spot = args.spot_price or (found and found.spot_price) or 0.0
             pools.append(
                 _Pool(f"{instance_type} {region}", on_demand, spot, rate, source, tuple(notes))
             )
@@ -246,7 +248,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     )
     if args.json:
         _say(
-            json.dumps(
+            _json(
                 {
                     "work_hours": run["work_h"],
                     "done_steps": run["done_steps"],
@@ -274,8 +276,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
                     ],
                     "recommended": {"pool": best_pool.label, "strategy": best.recommended},
                 },
-                default=_finite,
-                indent=1,
             )
         )
     else:
@@ -304,7 +304,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.plot:
 
         def at(slack: float) -> list[simulation.Summary]:
-            deadline = run["work_h"] * (1 + slack) + args.restart_minutes / 60 + 1
+            # The work as the run does it (checkpoint stalls included) x (1 + slack), + a start.
+            stalls = 1 + run["checkpoint_s"] / best.used_interval_s
+            deadline = run["work_h"] * stalls * (1 + slack) + best.changeover_h
             return planner.plan(
                 _plan_inputs(args, run, best_pool, deadline, max(20, args.samples // 4))
             ).summaries
@@ -322,8 +324,19 @@ def _hours(value: float) -> str:
     return f"{value:,.1f} h" if math.isfinite(value) else "none expected"
 
 
-def _finite(value: Any) -> Any:
-    raise TypeError(f"{type(value).__name__} is not JSON")
+def _json(document: Any) -> str:
+    """JSON without the non-standard Infinity: a time or interval that never comes is null."""
+
+    def clean(value: Any) -> Any:
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+        if isinstance(value, dict):
+            return {k: clean(v) for k, v in value.items()}
+        if isinstance(value, list | tuple):
+            return [clean(v) for v in value]
+        return value
+
+    return json.dumps(clean(document), indent=1, allow_nan=False)
 
 
 # --- simulate ----------------------------------------------------------------------------------
@@ -359,7 +372,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     summaries = [simulation.summarise(outcomes) for outcomes in results.values()]
     if args.json:
         _say(
-            json.dumps(
+            _json(
                 {
                     "traces": [
                         {
@@ -387,7 +400,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                         for name, outcomes in results.items()
                     },
                 },
-                indent=1,
             )
         )
     else:
@@ -557,6 +569,13 @@ def add_parsers(commands: Any) -> None:
         help="how long spot stays gone once taken (default 1)",
     )
     _common(plan)
+    plan.add_argument("--price-book", help="instead of the checked-in snapshot")
+    plan.add_argument(
+        "--stale-after-days",
+        type=_positive(int),
+        default=prices.DEFAULT_STALE_AFTER_DAYS,
+        help="flag prices older than this (default 30)",
+    )
     plan.add_argument(
         "--samples",
         type=_positive(int),
@@ -622,11 +641,3 @@ def _common(command: argparse.ArgumentParser) -> None:
     command.add_argument("--seed", type=int, default=0, help="seed of sampled traces")
     command.add_argument("--json", action="store_true", help="print JSON instead of a table")
     command.add_argument("--plot", help="draw cost per strategy against deadline slack (PNG)")
-    if "--price-book" not in command._option_string_actions:
-        command.add_argument("--price-book", help="instead of the checked-in snapshot")
-        command.add_argument(
-            "--stale-after-days",
-            type=_positive(int),
-            default=prices.DEFAULT_STALE_AFTER_DAYS,
-            help="flag prices older than this (default 30)",
-        )

@@ -161,6 +161,7 @@ def plan(inputs: PlanInputs) -> Plan:
         used_s = inputs.work_h * 3600
     changeover_h = inputs.restart_h + used_s / 2 / 3600
     job = Job(
+        first_start_h=inputs.restart_h,  # nothing to lose yet
         work_h=inputs.work_h * (1 + inputs.checkpoint_s / used_s),
         deadline_h=inputs.deadline_h,
         changeover_h=changeover_h,

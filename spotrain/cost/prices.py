@@ -89,11 +89,14 @@ class PriceBook:
                 f"{instance_type} --region {region}` with credentials for an account, or give "
                 "--on-demand-price and --spot-price"
             )
-        advisor = next(
+        advisor = self.advisor_for(instance_type, region)
+        return PoolPrices(instance_type, region, on_demand[0], spot, advisor)
+
+    def advisor_for(self, instance_type: str, region: str) -> Figure | None:
+        return next(
             (f for f in self.advisor if (f.instance_type, f.region) == (instance_type, region)),
             None,
         )
-        return PoolPrices(instance_type, region, on_demand[0], spot, advisor)
 
     def to_json(self) -> dict[str, Any]:
         def rows(figures: Iterable[Figure]) -> list[dict[str, Any]]:

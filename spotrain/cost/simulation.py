@@ -63,6 +63,9 @@ class Job:
     `changeover_h` is the restart and restore alone). None: `changeover_h` already counts the
     expected loss, as in the study's model."""
     checkpoint_cost_h: float = 0.0
+    first_start_h: float | None = None
+    """The first start's cost, when it differs from a changeover (nothing is lost yet); None:
+    the changeover, as in the study's model."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -80,14 +83,19 @@ class Job:
                 problems.append(
                     f"the deadline is {self.deadline_h} hours away: give a positive number of hours"
                 )
-            elif self.deadline_h < self.work_h + self.changeover_h:
+            elif self.deadline_h < self.work_h + self.start_h:
                 problems.append(
                     f"the deadline ({self.deadline_h:g} h) is shorter than the work "
-                    f"({self.work_h:g} h) plus one start ({self.changeover_h:g} h): no strategy "
-                    "can meet it; move the deadline or use more machines"
+                    f"({self.work_h:g} h) plus one start "
+                    f"({self.start_h:g} h): no strategy can meet it; move the deadline or use "
+                    "more machines"
                 )
         if problems:
             raise CostInputError("; ".join(problems))
+
+    @property
+    def start_h(self) -> float:
+        return self.first_start_h if self.first_start_h is not None else self.changeover_h
 
     def progress(self, elapsed_h: float, done_h: float) -> Progress:
         return Progress(
@@ -177,6 +185,7 @@ def simulate(
     horizon_h = 10 * max(job.work_h, job.deadline_h or 0.0) + trace.hours
     t = done = changeover_left = spot_h = on_demand_h = 0.0
     since_checkpoint = stall_left = 0.0
+    started = False
     mode, preemptions, tick = IDLE, 0, start_tick
     while done < job.work_h and t < horizon_h:
         available = trace.available[tick % len(trace.available)] >= gang_on_spot
@@ -189,7 +198,8 @@ def simulate(
         if chosen == SPOT and not available:
             raise AssertionError(f"{strategy} chose spot when none was available")  # a bug
         if chosen != mode and chosen != IDLE:
-            changeover_left = job.changeover_h
+            changeover_left = job.changeover_h if started else job.start_h
+            started = True
         if timeline is not None:
             timeline.append((t, done, available, chosen))
         mode = chosen

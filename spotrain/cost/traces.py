@@ -143,7 +143,7 @@ def generate(
                 length = rng.expovariate(1 / recovery_h)
             if up:
                 first = math.ceil(t / gap_h)
-                last = min(ticks, math.ceil((t + length) / gap_h))
+                last = ticks if math.isinf(length) else min(ticks, math.ceil((t + length) / gap_h))
                 for tick in range(first, last):
                     counts[tick] += 1
             t += length
