@@ -135,3 +135,16 @@ def crashes_key(run_name: str) -> str:
 def releases_key(run_name: str) -> str:
     """Partition of the run's releases (`RELEASE#<time>`: `forgiven`, `released_by`)."""
     return f"RELEASES#{run_name}"
+
+
+# A run's spend lives under a key of its own too: the interruption handler writes it, machines
+# may not (a machine that could rewrite its run's spend could slip past its cap).
+LEDGER_SORT_KEY = "LEDGER"
+"""`as_of` (epoch seconds counted up to), `spend_usd`, `on_demand_usd` (the same machine time
+at on-demand prices), `per_pool` (seconds, spend and on-demand equivalent per pool and market),
+`unpriced_seconds` (machine time of pools without a price)."""
+
+
+def spend_key(run_name: str) -> str:
+    """Partition of the run's spend ledger."""
+    return f"SPEND#{run_name}"

@@ -5,6 +5,7 @@ SpotrainError
 │                     problem)
 ├── LocalCloudError   the local cloud cannot start, is not running, or did not answer
 ├── TerraformError    a terraform command failed (names the stack and the command to rerun)
+├── CostInputError    inputs to a cost estimate that describe no run, or prices it lacks
 └── the trainer's own, documented where they are raised: StorageError (ObjectMissing,
     AlreadyExists) in trainer/storage.py, CatalogError (StaleWriter) in trainer/catalog.py,
     ManifestError in trainer/manifest.py, RestoreError (NothingPublished, StoreUnreadable),
@@ -34,6 +35,10 @@ class LocalCloudError(SpotrainError):
 
 class TerraformError(SpotrainError):
     """A terraform command failed."""
+
+
+class CostInputError(SpotrainError, ValueError):
+    """Inputs to a cost estimate that describe no run, or prices it lacks (names the fix)."""
 
 
 def raise_if_problems(subject: str, problems: list[str]) -> None:

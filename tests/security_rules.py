@@ -131,6 +131,9 @@ UNSCOPED_ACTIONS = {  # actions without resource-level permissions
     "dynamodb:ListStreams",
     *SESSION_MANAGER_AGENT_ACTIONS,  # its channels and messages name no resource
     "ec2:DescribeInstances",
+    "ec2:DescribeSpotPriceHistory",
+    "pricing:GetProducts",
+    "cloudwatch:PutMetricData",  # scoped by its namespace instead (cloudwatch:namespace)
     "xray:PutTraceSegments",
     "xray:PutTelemetryRecords",
 }

@@ -318,7 +318,11 @@ def test_handler_role_touches_only_its_runs_state_its_tag_and_its_services_keys(
     assert (leading["test"], leading["variable"]) == (
         "ForAllValues:StringLike", "dynamodb:LeadingKeys",
     )  # fmt: skip
-    assert leading["values"] == ["EVENT#*", "RUN#gpt-small"]
+    assert leading["values"] == ["EVENT#*", "RUN#gpt-small", "SPEND#gpt-small"]
+    pricing = by_sid["PriceTheRunsMachines"]
+    assert pricing["actions"] == ["ec2:DescribeSpotPriceHistory", "pricing:GetProducts"]
+    [namespace] = by_sid["PublishTheRunsSpend"]["condition"]
+    assert (namespace["variable"], namespace["values"]) == ("cloudwatch:namespace", ["spotrain"])
     assert all("/index/" not in r for r in by_sid["RecordEventsAndFleetState"]["resources"])
     assert by_sid["CountInterruptionsByPool"]["actions"] == ["dynamodb:Query"]
     tagging = {c["variable"]: c for c in by_sid["TagTheRunsInstances"]["condition"]}

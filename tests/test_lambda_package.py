@@ -27,8 +27,12 @@ def test_zip_entries_are_sorted_with_fixed_times_and_permissions() -> None:
         "requeue.py",
         "spotrain/__init__.py",
         "spotrain/catalog_schema.py",
+        "spotrain/cost/__init__.py",
+        "spotrain/cost/prices.py",
         "spotrain/deadline_policy.py",
+        "spotrain/errors.py",
         "spotrain/fleet_state.py",
+        "spotrain/spend_ledger.py",
     ]
     for info in archive.infolist():
         assert info.date_time == (1980, 1, 1, 0, 0, 0)

@@ -20,14 +20,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import spotrain.catalog_schema
+import spotrain.cost
+import spotrain.cost.prices
 import spotrain.deadline_policy
+import spotrain.errors
 import spotrain.fleet_state
+import spotrain.spend_ledger
 from spotrain.catalog_schema import (
     INTERRUPTION_TAG,
     crashes_key,
     event_key,
     releases_key,
     run_key,
+    spend_key,
 )
 from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
 from spotrain.constructs.interruption_handler import catalog_watch, requeue
@@ -60,6 +65,10 @@ def build_handler_zip() -> bytes:
         "spotrain/__init__.py": b"",
         "spotrain/catalog_schema.py": Path(spotrain.catalog_schema.__file__).read_bytes(),
         "spotrain/deadline_policy.py": Path(spotrain.deadline_policy.__file__).read_bytes(),
+        "spotrain/errors.py": Path(spotrain.errors.__file__).read_bytes(),
+        "spotrain/cost/__init__.py": Path(spotrain.cost.__file__).read_bytes(),
+        "spotrain/cost/prices.py": Path(spotrain.cost.prices.__file__).read_bytes(),
+        "spotrain/spend_ledger.py": Path(spotrain.spend_ledger.__file__).read_bytes(),
         "spotrain/fleet_state.py": Path(spotrain.fleet_state.__file__).read_bytes(),
     }
     buffer = io.BytesIO()
@@ -263,9 +272,13 @@ class InterruptionHandler(Construct):
                             "dynamodb:Query",
                         ],
                         resources=[props.events_table_arn],
-                        # Events (EVENT#<id>) and this run's fleet state only: not another
-                        # run's state in a table two environments could share.
-                        conditions=[leading_keys(event_key("*"), run_key(props.run_name))],
+                        # Events (EVENT#<id>), this run's fleet state and its spend ledger
+                        # only: not another run's in a table two environments could share.
+                        conditions=[
+                            leading_keys(
+                                event_key("*"), run_key(props.run_name), spend_key(props.run_name)
+                            )
+                        ],
                     ),
                     statement(
                         # A run held after repeated crashes is not requeued; only reading:
@@ -302,6 +315,25 @@ class InterruptionHandler(Construct):
                         resources=group_arns,
                     ),
                     statement("Notify", actions=["sns:Publish"], resources=[self.topic.arn]),
+                    statement(
+                        # The run's spend ledger: prices of its pools. Neither call supports
+                        # resource-level permissions.
+                        "PriceTheRunsMachines",
+                        actions=["ec2:DescribeSpotPriceHistory", "pricing:GetProducts"],
+                        resources=["*"],
+                    ),
+                    statement(
+                        "PublishTheRunsSpend",
+                        actions=["cloudwatch:PutMetricData"],
+                        resources=["*"],
+                        conditions=[
+                            (
+                                "StringEquals",
+                                "cloudwatch:namespace",
+                                [handler_module.METRIC_NAMESPACE],
+                            )
+                        ],
+                    ),
                     statement(
                         "DeadLetter",
                         actions=["sqs:SendMessage"],

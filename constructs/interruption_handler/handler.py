@@ -31,7 +31,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import boto3
@@ -46,7 +46,7 @@ except ImportError:
         requeue,
     )
 
-from spotrain import deadline_policy, fleet_state
+from spotrain import deadline_policy, fleet_state, spend_ledger
 from spotrain.catalog_schema import (
     EVENT_SORT_KEY,
     EXPIRES_AT_KEY,
@@ -62,6 +62,7 @@ from spotrain.catalog_schema import (
     event_key,
     pool_key,
 )
+from spotrain.cost import prices as price_book
 from spotrain.deadline_policy import Progress, RunDeadline
 
 INTERRUPTION_WARNING = "interruption-warning"
@@ -73,6 +74,8 @@ HANDLED_DETAIL_TYPES = {
     "Scheduled Event": CAPACITY_CHECK,
 }
 RUN_TAG = "spotrain:run"
+METRIC_NAMESPACE = "spotrain"
+"""CloudWatch namespace of the run's spend (the role may publish to no other)."""
 GROUP_TAG = "aws:autoscaling:groupName"
 
 log = logging.getLogger()
@@ -426,6 +429,7 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
 
 
 def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
+    now = _now()
     table = boto3.resource("dynamodb").Table(settings["events_table"])
     autoscaling = _autoscaling_by_region()
     groups = capacity_groups(settings, autoscaling)
@@ -435,7 +439,6 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
         apply(decision, groups, table, settings["run"], autoscaling)
         fleet_state.set_held_sizes(table, settings["run"], None)
     else:
-        now = _now()
         progress, measured = deadline_progress(settings, now)
         decision = requeue.reconcile(
             groups=groups, run_failed=state.failed, short_since=state.short_since,
@@ -452,7 +455,58 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
     if decision.desired:
         notify(settings["topic"], f"spotrain: {decision.action} (run {settings['run']})",
                asdict(decision))  # fmt: skip
-    return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired}
+    result = {"decision": decision.action, "reason": decision.reason, "desired": decision.desired}
+    try:
+        result["ledger"] = update_ledger(settings, table, now)
+    except Exception as error:  # the decision stands; the next check counts this time
+        log.exception("the spend ledger was not updated")
+        result["ledger"] = {"error": f"{type(error).__name__}: {error}"}
+    return result
+
+
+def update_ledger(settings: dict[str, Any], table: Any, now: float) -> dict[str, Any]:
+    """Count the run's machine time since the ledger's as_of, and publish the spend."""
+    run = settings["run"]
+    if not run:
+        return {}
+    clients: dict[str, Any] = {}
+
+    def ec2_for(region: str) -> Any:
+        if region not in clients:
+            clients[region] = boto3.client("ec2", region_name=region)
+        return clients[region]
+
+    found = []
+    for region in sorted({g["region"] for g in settings["groups"]}):
+        pages = (
+            ec2_for(region)
+            .get_paginator("describe_instances")
+            .paginate(Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [run]}])
+        )
+        for page in pages:
+            found += spend_ledger.machines(page["Reservations"], now)
+    previous = spend_ledger.read(table, run)
+    prices = spend_ledger.AwsPrices(
+        ec2_for, boto3.client("pricing", region_name=price_book.PRICE_LIST_REGION),
+        datetime.fromtimestamp(now, UTC),
+    )  # fmt: skip
+    ledger = spend_ledger.accrue(previous, found, prices, now)
+    if ledger is previous:
+        return {"counted": False, "as_of": previous.as_of, "why": "already counted to as_of"}
+    if not spend_ledger.write(table, run, ledger, previous):
+        return {"counted": False, "why": "another check counted this time first"}
+    boto3.client("cloudwatch").put_metric_data(
+        Namespace=METRIC_NAMESPACE,
+        MetricData=[
+            {"MetricName": name, "Dimensions": [{"Name": "Run", "Value": run}],
+             "Value": value, "Unit": "None"}
+            for name, value in (("RunSpendUSD", ledger.spend_usd),
+                                ("RunOnDemandEquivalentUSD", ledger.on_demand_usd))
+        ],
+    )  # fmt: skip
+    return {"counted": True, "as_of": ledger.as_of, "spend_usd": round(ledger.spend_usd, 4),
+            "on_demand_usd": round(ledger.on_demand_usd, 4), "machines": len(found),
+            "unpriced_seconds": ledger.unpriced_seconds}  # fmt: skip
 
 
 def _on_catalog_changes(settings: dict[str, Any], records: list[Any]) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.cost import planner, prices, report, simulation, traces
-from spotrain.cost.simulation import CostInputError
+from spotrain.errors import CostInputError
 
 
 def _say(message: str) -> None:
@@ -349,10 +349,14 @@ def _traces(args: argparse.Namespace, hours: float) -> list[traces.Trace]:
             "--interruptions-per-hour to generate them"
         )
     return traces.generate_many(
-        args.traces, seed=args.seed, hours=args.trace_hours or hours, capacity=args.nodes,
-        interruptions_per_hour=args.interruptions_per_hour, recovery_h=args.recovery_hours,
+        args.traces,
+        seed=args.seed,
+        hours=args.trace_hours or hours,
+        capacity=args.nodes,
+        interruptions_per_hour=args.interruptions_per_hour,
+        recovery_h=args.recovery_hours,
         gap_s=args.gap_seconds,
-    )  # fmt: skip
+    )
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
@@ -436,6 +440,51 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- status ------------------------------------------------------------------------------------
+def cmd_status(args: argparse.Namespace) -> int:
+    import time
+
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from spotrain import spend_ledger
+
+    try:
+        ledger = spend_ledger.read(boto3.resource("dynamodb").Table(args.events_table), args.run)
+    except (ClientError, BotoCoreError) as error:
+        raise CostInputError(
+            f"the events table {args.events_table} cannot be read ({error}): give the catalog "
+            "stack's events table (spotrain-<env>-events) and credentials that may read it"
+        ) from None
+    if ledger.as_of is None:
+        _say(
+            f"run {args.run}: no spend counted yet (the interruption handler's capacity check "
+            "counts it every 5 minutes once the run's machines are up)"
+        )
+        return 0
+    age = time.time() - ledger.as_of
+    if args.json:
+        _say(_json({"run": args.run, **asdict(ledger), "saved": ledger.saved}))
+        return 0
+    _say(
+        f"run {args.run}: ${ledger.spend_usd:,.2f} spent, ${ledger.on_demand_usd:,.2f} on "
+        f"on-demand prices ({ledger.saved:.0%} saved), counted to "
+        f"{datetime.datetime.fromtimestamp(ledger.as_of, datetime.UTC):%Y-%m-%d %H:%M:%S} UTC "
+        f"({age / 60:.0f} min ago)"
+    )
+    for pool, figures in sorted(ledger.per_pool.items()):
+        _say(
+            f"  {pool:<36} {figures['seconds'] / 3600:8.2f} h  ${figures['spend_usd']:,.2f}  "
+            f"(on-demand ${figures['on_demand_usd']:,.2f})"
+        )
+    if ledger.unpriced_seconds:
+        _say(
+            f"  WARNING: {ledger.unpriced_seconds / 3600:.2f} machine-hours have no price in "
+            "the account's price sources and are not in the dollars"
+        )
+    return 0
+
+
 # --- prices ------------------------------------------------------------------------------------
 def cmd_prices(args: argparse.Namespace) -> int:
     path = Path(args.price_book) if args.price_book else prices.SNAPSHOT
@@ -479,8 +528,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
             clients[region] = boto3.client("ec2", region_name=region)
         return clients[region]
 
-    # The Price List API answers in us-east-1 for every region's prices.
-    pricing = boto3.client("pricing", region_name="us-east-1")
+    pricing = boto3.client("pricing", region_name=prices.PRICE_LIST_REGION)
     fresh, missing = prices.refresh(
         book,
         instance_types=types,
@@ -620,6 +668,16 @@ def add_parsers(commands: Any) -> None:
     )
     _common(simulate)
     simulate.set_defaults(handler=cmd_simulate)
+
+    status = actions.add_parser("status", help="a run's spend so far (the spend ledger)")
+    status.add_argument("--run", required=True, help="the run")
+    status.add_argument(
+        "--events-table",
+        required=True,
+        help="the environment's events table (spotrain-<env>-events)",
+    )
+    status.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    status.set_defaults(handler=cmd_status)
 
     book = commands.add_parser("prices", help="the price book: refresh it from AWS, show it")
     book.add_argument("action", choices=["refresh", "show"])

@@ -24,7 +24,8 @@ from typing import Any
 
 from spotrain.catalog_schema import OCCURRED_AT_KEY, POOL_KEY
 from spotrain.cost import simulation, traces
-from spotrain.cost.simulation import CostInputError, Job, Summary
+from spotrain.cost.simulation import Job, Summary
+from spotrain.errors import CostInputError
 
 HOURS_PER_MONTH = 730.0
 ADVISOR_BUCKETS = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25}

@@ -17,11 +17,13 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotrain.cost.simulation import CostInputError
+from spotrain.errors import CostInputError
 
 SNAPSHOT = Path(__file__).with_name("price_book.json")
 DEFAULT_STALE_AFTER_DAYS = 30
 PRODUCT_DESCRIPTION = "Linux/UNIX"
+PRICE_LIST_REGION = "us-east-1"
+"""The Price List API answers here for every region's prices."""
 SPOT_SOURCE = "EC2 DescribeSpotPriceHistory, Linux/UNIX, latest price per zone"
 ON_DEMAND_SOURCE = "AWS Price List API GetProducts: AmazonEC2, Linux, shared tenancy, On-Demand"
 PRICE_LIST_FILTERS = {

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from spotrain import deadline_policy
 from spotrain.cost.traces import Trace
 from spotrain.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
-from spotrain.errors import SpotrainError
+from spotrain.errors import CostInputError
 
 ON_DEMAND_ONLY = "on-demand"
 SPOT_GREEDY = "spot-greedy"
@@ -36,10 +36,6 @@ UNIFORM_PROGRESS = "uniform-progress"
 STRATEGIES = (ON_DEMAND_ONLY, SPOT_GREEDY, BLUEPRINT_MIX, UNIFORM_PROGRESS)
 DEFAULT_FALLBACK_AFTER_H = 10 / 60
 """The handler's fixed on-demand deadline (InterruptionHandlerProps.on_demand_deadline_minutes)."""
-
-
-class CostInputError(SpotrainError, ValueError):
-    """Inputs to an estimate that describe no run (the message names the fix)."""
 
 
 @dataclass(frozen=True, kw_only=True)

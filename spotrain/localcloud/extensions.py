@@ -24,6 +24,11 @@
   stream keeps its records. Each run's outcome goes to the server log.
 - Prices: EC2 spot price history and the Price List API answer from a price book
   (`price_list`).
+- Auto Scaling markets: moto launches a mixed-instances group's machines with the launch
+  template's instance type (none) and all on on-demand. Here each new machine takes the
+  group's first override type, and those beyond `OnDemandBaseCapacity` (plus
+  `OnDemandPercentageAboveBaseCapacity` of the rest) are spot machines
+  (`InstanceLifecycle: spot`), as AWS launches them.
 
 `install()` patches moto in this process; the local cloud server calls it before it serves.
 """
@@ -404,6 +409,37 @@ def _install_dynamodb_stream_functions() -> None:
     LambdaBackend.send_dynamodb_items = send_dynamodb_items  # type: ignore[assignment,method-assign]
 
 
+def _install_autoscaling_markets() -> None:
+    from moto.autoscaling.models import FakeAutoScalingGroup
+
+    replace_instances = FakeAutoScalingGroup.replace_autoscaling_group_instances
+
+    def replace_autoscaling_group_instances(
+        self: FakeAutoScalingGroup, count_needed: int, propagated_tags: dict[str, str]
+    ) -> None:
+        before = len(self.instance_states)
+        replace_instances(self, count_needed, propagated_tags)
+        policy = self.mixed_instances_policy or {}
+        overrides = policy.get("LaunchTemplate", {}).get("Overrides", [])
+        distribution = policy.get("InstancesDistribution", {})
+        base = int(distribution.get("OnDemandBaseCapacity", 0))
+        above = int(distribution.get("OnDemandPercentageAboveBaseCapacity", 100))
+        for state in self.instance_states[before:]:
+            instance = state.instance
+            if overrides and overrides[0].get("InstanceType"):
+                instance.instance_type = overrides[0]["InstanceType"]
+            if not policy:
+                continue
+            live = [s.instance for s in self.instance_states if s.instance.state != "terminated"]
+            on_demand = sum(i.lifecycle != "spot" for i in live if i is not instance)
+            beyond = max(0, len(live) - base)
+            wanted_on_demand = base + (beyond * above + 99) // 100
+            if on_demand >= wanted_on_demand:
+                instance.lifecycle = "spot"
+
+    FakeAutoScalingGroup.replace_autoscaling_group_instances = replace_autoscaling_group_instances  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Patch moto in this process (idempotent)."""
     global _installed
@@ -416,4 +452,5 @@ def install() -> None:
     authorization.install()
     _install_dynamodb_stream_functions()
     price_list.install()
+    _install_autoscaling_markets()
     _installed = True

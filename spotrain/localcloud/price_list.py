@@ -126,7 +126,10 @@ def install() -> None:
             self.region,
             self._get_param("InstanceTypes", []),
             self._get_param("ProductDescriptions", []),
-            filters.get("availability-zone", []),
+            filters.get("availability-zone", [])
+            + (
+                [self._get_param("AvailabilityZone")] if self._get_param("AvailabilityZone") else []
+            ),
         )
         return ActionResult({"SpotPriceHistory": history})
 

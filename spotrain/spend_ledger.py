@@ -1,0 +1,246 @@
+"""A run's spend so far: every machine its groups launched, second by second, at the price of
+its pool (spot price history for spot machines, the on-demand price otherwise), kept in the
+events table under the run's own spend key (`catalog_schema.spend_key`), which machines
+cannot write.
+
+The interruption handler's scheduled capacity check (every 5 minutes) moves the ledger
+forward: it counts the machine time in (as_of, now] and writes the new ledger only if no
+other check moved it meanwhile (a conditional write on `as_of`). So a check delivered twice,
+or one that arrives late (its now is not after as_of), counts nothing, and a machine that
+terminated since the last check still counts up to its end: terminated machines stay in
+DescribeInstances for about an hour, far longer than a check interval. EBS volumes, data
+transfer and requests are not counted.
+
+Boto3 and the standard library only: it ships in the interruption handler's Lambda zip, and
+`spotrain cost status` reads the same item.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Any, Protocol
+
+from spotrain.catalog_schema import LEDGER_SORT_KEY, PARTITION_KEY, SORT_KEY, spend_key
+from spotrain.cost import prices as price_book
+
+SPOT = "spot"
+ON_DEMAND = "on-demand"
+_ENDED_AT = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
+"""When a machine stopped, in its StateTransitionReason: "User initiated (2026-11-23 10:00:00
+GMT)"."""
+
+
+@dataclass(frozen=True)
+class Machine:
+    instance_id: str
+    instance_type: str
+    zone: str
+    market: str
+    """spot | on-demand"""
+    launched_at: float
+    ended_at: float | None
+    """None: still running."""
+
+    @property
+    def region(self) -> str:
+        return self.zone[:-1]
+
+    @property
+    def pool(self) -> str:
+        return f"{self.instance_type}#{self.zone}#{self.market}"
+
+
+@dataclass(frozen=True)
+class Ledger:
+    as_of: float | None = None
+    """Machine time up to here is counted (epoch seconds); None: nothing counted yet."""
+    spend_usd: float = 0.0
+    on_demand_usd: float = 0.0
+    """The same machine time at on-demand prices."""
+    per_pool: dict[str, dict[str, float]] = field(default_factory=dict)
+    """`<type>#<zone>#<market>` -> seconds, spend_usd, on_demand_usd."""
+    unpriced_seconds: float = 0.0
+    """Machine time of pools with no price (counted in per_pool, not in the dollars)."""
+
+    @property
+    def saved(self) -> float:
+        return 1 - self.spend_usd / self.on_demand_usd if self.on_demand_usd else 0.0
+
+
+class Prices(Protocol):
+    def on_demand(self, instance_type: str, region: str) -> float | None: ...
+
+    def spot(self, instance_type: str, zone: str, start: float, end: float) -> float | None: ...
+
+
+def accrue(ledger: Ledger, machines: Iterable[Machine], prices: Prices, now: float) -> Ledger:
+    """The ledger with the machine time in (as_of, now] added (all of it on the first check)."""
+    start = ledger.as_of
+    if start is not None and now <= start:
+        return ledger  # repeated or late: this time is counted already
+    per_pool = {pool: dict(figures) for pool, figures in ledger.per_pool.items()}
+    spend, on_demand_total, unpriced = (
+        ledger.spend_usd,
+        ledger.on_demand_usd,
+        ledger.unpriced_seconds,
+    )
+    for machine in machines:
+        begin = machine.launched_at if start is None else max(machine.launched_at, start)
+        end = now if machine.ended_at is None else min(machine.ended_at, now)
+        if end <= begin:
+            continue
+        seconds = end - begin
+        figures = per_pool.setdefault(
+            machine.pool, {"seconds": 0.0, "spend_usd": 0.0, "on_demand_usd": 0.0}
+        )
+        figures["seconds"] += seconds
+        on_demand_rate = prices.on_demand(machine.instance_type, machine.region)
+        rate = (
+            on_demand_rate
+            if machine.market == ON_DEMAND
+            else prices.spot(machine.instance_type, machine.zone, begin, end)
+        )
+        if rate is None or on_demand_rate is None:
+            unpriced += seconds
+            continue
+        figures["spend_usd"] += rate * seconds / 3600
+        figures["on_demand_usd"] += on_demand_rate * seconds / 3600
+        spend += rate * seconds / 3600
+        on_demand_total += on_demand_rate * seconds / 3600
+    return Ledger(now, spend, on_demand_total, per_pool, unpriced)
+
+
+def machines(reservations: Iterable[dict[str, Any]], now: float) -> list[Machine]:
+    """The run's machines from DescribeInstances; a stopped machine whose end is not written
+    in its state reason counts to `now` (the cautious side for a cap)."""
+    found = []
+    for reservation in reservations:
+        for instance in reservation["Instances"]:
+            state = instance["State"]["Name"]
+            ended = None
+            if state not in ("pending", "running"):
+                match = _ENDED_AT.search(instance.get("StateTransitionReason") or "")
+                ended = (
+                    datetime.fromisoformat(match.group(1) + "+00:00").timestamp() if match else now
+                )
+            launched = instance["LaunchTime"]
+            found.append(
+                Machine(
+                    instance_id=instance["InstanceId"],
+                    instance_type=instance.get("InstanceType") or "unknown",
+                    zone=instance["Placement"]["AvailabilityZone"],
+                    market=SPOT if instance.get("InstanceLifecycle") == "spot" else ON_DEMAND,
+                    launched_at=launched.timestamp()
+                    if hasattr(launched, "timestamp")
+                    else launched,
+                    ended_at=ended,
+                )
+            )
+    return found
+
+
+def mean_price(history: list[tuple[float, float]], start: float, end: float) -> float | None:
+    """Time-weighted mean over [start, end] of prices that each hold from their timestamp
+    until the next one (the first one also before it)."""
+    if not history:
+        return None
+    ordered = sorted(history)
+    current = next((p for t, p in reversed(ordered) if t <= start), ordered[0][1])
+    total, since = 0.0, start
+    for at, price in ordered:
+        if at <= start:
+            continue
+        if at >= end:
+            break
+        total += current * (at - since)
+        since, current = at, price
+    total += current * (end - since)
+    return total / (end - start) if end > start else current
+
+
+class AwsPrices:
+    """Prices from the account: spot price history per zone, the Price List's on-demand price;
+    each asked once per check."""
+
+    def __init__(self, ec2_for: Callable[[str], Any], pricing: Any, now: datetime) -> None:
+        self._ec2_for, self._pricing, self._now = ec2_for, pricing, now
+        self._on_demand: dict[tuple[str, str], float | None] = {}
+
+    def on_demand(self, instance_type: str, region: str) -> float | None:
+        key = (instance_type, region)
+        if key not in self._on_demand:
+            figure = price_book.on_demand_price(self._pricing, region, instance_type, self._now)
+            self._on_demand[key] = figure.usd_per_hour if figure else None
+        return self._on_demand[key]
+
+    def spot(self, instance_type: str, zone: str, start: float, end: float) -> float | None:
+        rows = self._ec2_for(zone[:-1]).describe_spot_price_history(
+            InstanceTypes=[instance_type],
+            AvailabilityZone=zone,
+            ProductDescriptions=[price_book.PRODUCT_DESCRIPTION],
+            StartTime=datetime.fromtimestamp(start, UTC),
+            EndTime=datetime.fromtimestamp(end, UTC),
+        )["SpotPriceHistory"]
+        return mean_price(
+            [(r["Timestamp"].timestamp(), float(r["SpotPrice"])) for r in rows], start, end
+        )
+
+
+# --- the item ---------------------------------------------------------------------------------
+def _key(run: str) -> dict[str, str]:
+    return {PARTITION_KEY: spend_key(run), SORT_KEY: LEDGER_SORT_KEY}
+
+
+def read(table: Any, run: str) -> Ledger:
+    item = table.get_item(Key=_key(run), ConsistentRead=True).get("Item")
+    if not item:
+        return Ledger()
+    return Ledger(
+        as_of=float(item["as_of"]),
+        spend_usd=float(item["spend_usd"]),
+        on_demand_usd=float(item["on_demand_usd"]),
+        per_pool={
+            pool: {name: float(value) for name, value in figures.items()}
+            for pool, figures in item.get("per_pool", {}).items()
+        },
+        unpriced_seconds=float(item.get("unpriced_seconds", 0)),
+    )
+
+
+def write(table: Any, run: str, ledger: Ledger, previous: Ledger) -> bool:
+    """Store `ledger` if no other check moved the run's ledger since `previous` was read;
+    False if one did (its count stands; this one's time is counted by the next check)."""
+    from botocore.exceptions import ClientError
+
+    def number(value: float) -> Decimal:
+        return Decimal(str(round(value, 6)))
+
+    item = {
+        **_key(run),
+        "as_of": number(ledger.as_of or 0.0),
+        "spend_usd": number(ledger.spend_usd),
+        "on_demand_usd": number(ledger.on_demand_usd),
+        "per_pool": {
+            pool: {name: number(value) for name, value in figures.items()}
+            for pool, figures in ledger.per_pool.items()
+        },
+        "unpriced_seconds": number(ledger.unpriced_seconds),
+    }
+    condition: dict[str, Any] = (
+        {"ConditionExpression": "attribute_not_exists(#p)",
+         "ExpressionAttributeNames": {"#p": PARTITION_KEY}}
+        if previous.as_of is None
+        else {"ConditionExpression": "as_of = :seen",
+              "ExpressionAttributeValues": {":seen": number(previous.as_of)}}
+    )  # fmt: skip
+    try:
+        table.put_item(Item=item, **condition)
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
