@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrain import catalog_schema
-from spotrain.catalog_schema import crashes_key, releases_key, run_key
+from spotrain.catalog_schema import crashes_key, releases_key, run_key, spend_key
 from spotrain.cdk import Construct, Fn, TerraformResourceLifecycle, aws
 from spotrain.constructs.policy import (
     assume_role_policy,
@@ -377,6 +377,14 @@ class SpotFleet(Construct):
                             actions=["dynamodb:PutItem"],
                             resources=[props.events_table_arn],
                             conditions=[leading_keys(crashes_key(props.run_name))],
+                        ),
+                        statement(
+                            # Whether the run is held at its spend cap (may-start): reading
+                            # only, the ledger is the handler's.
+                            "ReadRunSpend",
+                            actions=["dynamodb:GetItem"],
+                            resources=[props.events_table_arn],
+                            conditions=[leading_keys(spend_key(props.run_name))],
                         ),
                         statement(
                             "ReadRunCrashesAndReleases",

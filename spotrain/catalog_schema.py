@@ -142,9 +142,17 @@ def releases_key(run_name: str) -> str:
 LEDGER_SORT_KEY = "LEDGER"
 """`as_of` (epoch seconds counted up to), `spend_usd`, `on_demand_usd` (the same machine time
 at on-demand prices), `per_pool` (seconds, spend and on-demand equivalent per pool and market),
-`unpriced_seconds` (machine time of pools without a price)."""
+`unpriced_seconds` (machine time of pools without a price); the cap's state: `cap_usd`,
+`notified` (percentages of the cap already announced), `held` (spend reached the cap: the run
+may not start, its groups are at 0)."""
 
 
 def spend_key(run_name: str) -> str:
     """Partition of the run's spend ledger."""
     return f"SPEND#{run_name}"
+
+
+def caps_key(run_name: str) -> str:
+    """Partition of the run's spend cap raises (`CAP#<time>`: `max_spend_usd`, `raised_by`):
+    operators write them (`spotrain fleet release`), the handler reads them, machines neither."""
+    return f"CAPS#{run_name}"

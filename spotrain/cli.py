@@ -214,7 +214,7 @@ def _fleet(args: argparse.Namespace) -> int:
 
     autoscaling = boto3.client("autoscaling")
     table = boto3.resource("dynamodb").Table(args.events_table) if args.events_table else None
-    if args.action in ("exit", "reset-crashes", "may-start", "coordinator") and (
+    if args.action in ("exit", "reset-crashes", "may-start", "coordinator", "release") and (
         table is None or not args.run
     ):
         raise SpotrainError(f"`spotrain fleet {args.action}` needs --events-table and --run")
@@ -254,15 +254,23 @@ def _fleet(args: argparse.Namespace) -> int:
         _say(f"run {args.run}: released ({forgiven} crash record(s) forgiven); it may start and "
              "be requeued again")  # fmt: skip
         return 0
+    if args.action == "release":
+        return _release_spend(args, table)
     if args.action == "may-start":
+        from spotrain import spend_ledger
+
         failed = fleet_state.run_state(table, args.run).failed
-        _say(
-            f"run {args.run} is held after repeated crashes: fix the cause, then "
-            "`spotrain fleet reset-crashes`"
-            if failed
-            else f"run {args.run} may start"
-        )
-        return 3 if failed else 0
+        spend = spend_ledger.read(table, args.run)
+        if failed:
+            _say(f"run {args.run} is held after repeated crashes: fix the cause, then "
+                 "`spotrain fleet reset-crashes`")  # fmt: skip
+        elif spend.held:
+            _say(f"run {args.run} is held: it spent ${spend.spend_usd:,.2f} of its "
+                 f"${spend.cap_usd or 0:,.2f} cap; `spotrain fleet release --max-spend-usd N` "
+                 "raises it")  # fmt: skip
+        else:
+            _say(f"run {args.run} may start")
+        return 3 if failed or spend.held else 0
     found = _groups(autoscaling, args.group)
     _say(f"{'group':<44} {'desired':>7} {'min':>4} {'max':>4} {'in service':>10}")
     for group in found:
@@ -280,6 +288,31 @@ def _fleet(args: argparse.Namespace) -> int:
         for item in fleet_state.instances(table, args.run):
             _say(f"  {item['sk'].split('#', 1)[1]:<22} {item['status']:<13} pool "
                  f"{item.get('pool', '-')} since {item.get('updated_at', '-')}")  # fmt: skip
+    return 0
+
+
+def _release_spend(args: argparse.Namespace, table: Any) -> int:
+    """Raise a run's spend cap (operator credentials: machines cannot write caps); the next
+    capacity check lets a run held at its old cap start again from its head."""
+    from spotrain import spend_ledger
+
+    if args.max_spend_usd is None:
+        raise SpotrainError("`spotrain fleet release` needs --max-spend-usd N: the run's new cap")
+    if not 0 < args.max_spend_usd < float("inf"):
+        raise SpotrainError(f"--max-spend-usd is {args.max_spend_usd}: give a positive amount "
+                            "in USD above what the run has spent")  # fmt: skip
+    ledger = spend_ledger.read(table, args.run)
+    if ledger.as_of is None:
+        raise SpotrainError(f"run {args.run!r} has no spend ledger in {table.name}: check --run "
+                            "and --events-table (the environment's events table)")  # fmt: skip
+    if args.max_spend_usd <= ledger.spend_usd:
+        raise SpotrainError(f"run {args.run} has spent ${ledger.spend_usd:,.2f} already: give "
+                            f"--max-spend-usd above that")  # fmt: skip
+    spend_ledger.raise_cap(table, args.run, args.max_spend_usd, raised_by=_caller_arn(),
+                           now=time.time())  # fmt: skip
+    then = "; the next capacity check (within 5 minutes) lets it start again from its head"
+    _say(f"run {args.run}: cap raised to ${args.max_spend_usd:,.2f} (spent "
+         f"${ledger.spend_usd:,.2f}){then if ledger.held else ''}")  # fmt: skip
     return 0
 
 
@@ -766,13 +799,15 @@ def parser() -> argparse.ArgumentParser:
             "exit",
             "may-start",
             "reset-crashes",
+            "release",
             "coordinator",
             "unhealthy",
         ],
         help="status: groups and the run's state; scale: set one group's desired capacity; "
         "exit: account for a trainer exit (boot service; exit 3 if the run is now held, 5 for "
         "a crash); may-start: exit 3 if the run is held after crashes; reset-crashes: release "
-        "a held run (operator credentials: machines cannot); coordinator: claim the run's "
+        "a held run (operator credentials: machines cannot); release: raise the run's spend cap "
+        "(--max-spend-usd N; operator credentials); coordinator: claim the run's "
         "rendezvous (--claim) or print where it is (HOST:PORT); unhealthy: have the group "
         "replace --instance (a machine that cannot train)",
     )
@@ -786,6 +821,8 @@ def parser() -> argparse.ArgumentParser:
     fleet.add_argument("--spot-notice", metavar="JSON",
                        help="exit: the machine's own interruption notice (the metadata "
                        "service's spot/instance-action): the exit is a preemption")  # fmt: skip
+    fleet.add_argument("--max-spend-usd", type=float,
+                       help="release: the run's new spend cap in USD")  # fmt: skip
     fleet.add_argument("--pool", metavar="TYPE#ZONE",
                        help="exit --spot-notice: the machine's capacity pool")  # fmt: skip
     fleet.add_argument("--claim", action="store_true",

@@ -19,12 +19,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
-from spotrain.catalog_schema import LEDGER_SORT_KEY, PARTITION_KEY, SORT_KEY, spend_key
+from spotrain.catalog_schema import (
+    LEDGER_SORT_KEY,
+    PARTITION_KEY,
+    SORT_KEY,
+    caps_key,
+    spend_key,
+)
 from spotrain.cost import prices as price_book
 
 SPOT = "spot"
@@ -65,6 +71,12 @@ class Ledger:
     """`<type>#<zone>#<market>` -> seconds, spend_usd, on_demand_usd."""
     unpriced_seconds: float = 0.0
     """Machine time of pools with no price (counted in per_pool, not in the dollars)."""
+    cap_usd: float | None = None
+    """The cap the spend was last judged against (None: the run has none)."""
+    notified: tuple[int, ...] = ()
+    """Percentages of that cap already announced."""
+    held: bool = False
+    """The spend reached the cap: the run may not start and its groups are at 0."""
 
     @property
     def saved(self) -> float:
@@ -111,7 +123,8 @@ def accrue(ledger: Ledger, machines: Iterable[Machine], prices: Prices, now: flo
         figures["on_demand_usd"] += on_demand_rate * seconds / 3600
         spend += rate * seconds / 3600
         on_demand_total += on_demand_rate * seconds / 3600
-    return Ledger(now, spend, on_demand_total, per_pool, unpriced)
+    return Ledger(now, spend, on_demand_total, per_pool, unpriced, ledger.cap_usd,
+                  ledger.notified, ledger.held)  # fmt: skip
 
 
 def machines(reservations: Iterable[dict[str, Any]], now: float) -> list[Machine]:
@@ -208,6 +221,9 @@ def read(table: Any, run: str) -> Ledger:
             for pool, figures in item.get("per_pool", {}).items()
         },
         unpriced_seconds=float(item.get("unpriced_seconds", 0)),
+        cap_usd=float(item["cap_usd"]) if item.get("cap_usd") is not None else None,
+        notified=tuple(int(p) for p in item.get("notified", [])),
+        held=bool(item.get("held", False)),
     )
 
 
@@ -229,6 +245,9 @@ def write(table: Any, run: str, ledger: Ledger, previous: Ledger) -> bool:
             for pool, figures in ledger.per_pool.items()
         },
         "unpriced_seconds": number(ledger.unpriced_seconds),
+        "cap_usd": None if ledger.cap_usd is None else number(ledger.cap_usd),
+        "notified": list(ledger.notified),
+        "held": ledger.held,
     }
     condition: dict[str, Any] = (
         {"ConditionExpression": "attribute_not_exists(#p)",
@@ -244,3 +263,61 @@ def write(table: Any, run: str, ledger: Ledger, previous: Ledger) -> bool:
             return False
         raise
     return True
+
+
+# --- the cap ----------------------------------------------------------------------------------
+NOTICE_PERCENTAGES = (50, 80, 100)
+
+
+@dataclass(frozen=True)
+class CapCheck:
+    ledger: Ledger
+    """With the cap's state brought up to date."""
+    crossed: tuple[int, ...]
+    """Percentages of the cap reached since the last notice (to announce now)."""
+
+
+def judge(ledger: Ledger, cap_usd: float | None) -> CapCheck:
+    """Where the spend stands against the cap: the percentages newly reached, and whether the
+    run is held. A new cap (raised) starts its notices afresh."""
+    if cap_usd is None:
+        return CapCheck(replace(ledger, cap_usd=None, notified=(), held=False), ())
+    notified = ledger.notified if ledger.cap_usd == cap_usd else ()
+    reached = tuple(p for p in NOTICE_PERCENTAGES if ledger.spend_usd >= cap_usd * p / 100)
+    crossed = tuple(p for p in reached if p not in notified)
+    judged = replace(ledger, cap_usd=cap_usd, notified=tuple(sorted({*notified, *reached})),
+                     held=ledger.spend_usd >= cap_usd)  # fmt: skip
+    return CapCheck(judged, crossed)
+
+
+def save_cap_state(table: Any, run: str, ledger: Ledger) -> None:
+    """The cap's state on the ledger item (only the handler writes it)."""
+    table.update_item(
+        Key=_key(run),
+        UpdateExpression="SET cap_usd = :cap, notified = :notified, held = :held",
+        ExpressionAttributeValues={
+            ":cap": None if ledger.cap_usd is None else Decimal(str(ledger.cap_usd)),
+            ":notified": list(ledger.notified), ":held": ledger.held,
+        },
+    )  # fmt: skip
+
+
+def current_cap(table: Any, run: str, configured: float | None) -> float | None:
+    """The run's cap: the latest raise an operator wrote, else the configured one."""
+    latest = table.query(
+        KeyConditionExpression="#pk = :pk",
+        ExpressionAttributeNames={"#pk": PARTITION_KEY},
+        ExpressionAttributeValues={":pk": caps_key(run)},
+        ScanIndexForward=False, Limit=1, ConsistentRead=True,
+    )["Items"]  # fmt: skip
+    return float(latest[0]["max_spend_usd"]) if latest else configured
+
+
+def raise_cap(table: Any, run: str, max_spend_usd: float, *, raised_by: str, now: float) -> None:
+    """An operator's new cap (machines cannot write it); the next capacity check releases a run
+    held at its old cap."""
+    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    table.put_item(Item={
+        PARTITION_KEY: caps_key(run), SORT_KEY: f"CAP#{stamp}",
+        "max_spend_usd": Decimal(str(max_spend_usd)), "raised_by": raised_by, "at": int(now),
+    })  # fmt: skip

@@ -120,6 +120,10 @@ class EnvironmentConfig:
     """Remote state; None keeps state beside the synthesized stack (tests only)."""
     local: LocalCloud | None = None
     """Set for the local cloud; None for real AWS environments."""
+    max_spend_usd: float | None = None
+    """The run's spend cap in USD (machine time at its pools' prices): notices at 50, 80 and
+    100%; at 100% the run is held and its groups go to 0, each machine checkpointing as it
+    goes, until `spotrain fleet release --max-spend-usd N` raises it. None: no cap."""
     run_deadline: RunDeadline | None = None
     """When the run must be done: the interruption handler then chooses spot or on-demand
     by its progress (Uniform Progress); None keeps the fixed on-demand fallback."""
@@ -254,6 +258,15 @@ class EnvironmentConfig:
             problems.append(
                 f"local endpoint {self.local.endpoint!r} is not a loopback HTTPS URL: use "
                 "https://127.0.0.1:<port> (the address `spotrain local up` prints)"
+            )
+        if self.max_spend_usd is not None and (
+            isinstance(self.max_spend_usd, bool)
+            or not isinstance(self.max_spend_usd, int | float)
+            or not 0 < self.max_spend_usd < float("inf")
+        ):
+            problems.append(
+                f"max_spend_usd is {self.max_spend_usd!r}: give the run's cap as a positive "
+                "amount in USD, or None for no cap"
             )
         if self.run_deadline is not None:
             problems += self.run_deadline.problems()

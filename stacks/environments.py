@@ -50,6 +50,7 @@ def dev() -> EnvironmentConfig:
         fleet_max_size=8,
         monthly_budget_usd=2_000.0,
         alert_emails=("ml-platform-oncall@example.com",),
+        max_spend_usd=1_500.0,  # the run's own cap, checked every 5 minutes
         tags={"team": "ml-platform", "cost-center": "research"},
         state=StateBackend(bucket="example-spotrain-terraform-state", region="us-east-1"),
     )

@@ -64,6 +64,7 @@ class InterruptionsStack(EnvironmentStack):
                 log_retention_days=config.log_retention_days,
                 catalog_stream_arn=catalog_stream_arn,
                 run_deadline=config.run_deadline,
+                max_spend_usd=config.max_spend_usd,
                 checkpoints_table_arn=checkpoints_table_arn,
                 checkpoints_table_name=checkpoints_table_name,
                 emulator_drift_tolerance=config.is_local,

@@ -68,6 +68,9 @@ def test_shipped_environments_are_valid() -> None:
         ({"state": None}, "give a StateBackend"),
         ({"local": LocalCloud(endpoint="https://10.0.0.5:4566")}, "not a loopback HTTPS URL"),
         ({"local": LocalCloud(endpoint="http://127.0.0.1:4566")}, "not a loopback HTTPS URL"),
+        ({"max_spend_usd": 0.0}, "max_spend_usd is 0.0: give the run's cap as a positive"),
+        ({"max_spend_usd": -10}, "max_spend_usd is -10"),
+        ({"max_spend_usd": "500"}, "max_spend_usd is '500'"),
         (
             {
                 "run_deadline": RunDeadline(

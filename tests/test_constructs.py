@@ -246,7 +246,10 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
                 if c["variable"] == "dynamodb:LeadingKeys"]  # fmt: skip
         for action in set(writes) & set(grant["actions"]):
             writes[action].update(*keys)
-    assert not any("RELEASES#" in key for keys in writes.values() for key in keys), writes
+    assert not any(
+        key.startswith(("RELEASES#", "SPEND#", "CAPS#")) for keys in writes.values() for key in keys
+    ), writes  # nor its spend ledger nor its cap
+    assert by_sid["ReadRunSpend"]["actions"] == ["dynamodb:GetItem"]
     assert writes["dynamodb:PutItem"] == {"RUN#gpt-small", "CRASHES#gpt-small"}
     assert "CRASHES#gpt-small" not in writes["dynamodb:UpdateItem"]
     # The data keys only through S3 and DynamoDB: a stolen credential cannot call KMS.
@@ -319,6 +322,10 @@ def test_handler_role_touches_only_its_runs_state_its_tag_and_its_services_keys(
         "ForAllValues:StringLike", "dynamodb:LeadingKeys",
     )  # fmt: skip
     assert leading["values"] == ["EVENT#*", "RUN#gpt-small", "SPEND#gpt-small"]
+    [releases] = by_sid["ReadRunCrashesAndReleases"]["condition"]
+    assert releases["values"] == ["CRASHES#gpt-small", "RELEASES#gpt-small", "CAPS#gpt-small"]
+    variables = only(resources(stack, "aws_lambda_function"))["environment"]["variables"]
+    assert variables["MAX_SPEND_USD"] == "1500.0"
     pricing = by_sid["PriceTheRunsMachines"]
     assert pricing["actions"] == ["ec2:DescribeSpotPriceHistory", "pricing:GetProducts"]
     [namespace] = by_sid["PublishTheRunsSpend"]["condition"]

@@ -231,6 +231,7 @@ def over_budget(run: Run) -> dict[str, str]:
 
 def check_shrunk(run: Run, result: subprocess.CompletedProcess[str]) -> None:
     assert f"{run.budget}: limit 100.00 USD per monthly" in result.stdout
+    assert f"run {run.name}: no spend counted yet" in result.stdout  # no ledger in this scene
     assert (run.desired(run.groups[0]), run.desired(run.groups[1])) == (1, 0)
 
 

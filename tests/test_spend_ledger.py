@@ -3,8 +3,12 @@ however often the checks come; and the handler's check keeps it on the local clo
 
 from __future__ import annotations
 
+import json
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import boto3
@@ -100,19 +104,31 @@ def test_a_check_that_lost_the_race_writes_nothing(dynamo: Any) -> None:
     assert stored.per_pool.keys() == later.per_pool.keys()
 
 
-@pytest.mark.integration
-def test_the_capacity_check_keeps_the_ledger_of_the_local_clouds_machines(
-    local_cloud: Any,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:
-    """The run's group launches an on-demand coordinator and spot machines (the local cloud's
-    Auto Scaling markets); the handler's check prices them from the book the cloud answers
-    with (spot history per zone, the Price List), writes the ledger and the metric; a repeated
-    and a late check count nothing; `spotrain cost status` prints it."""
-    from pathlib import Path
+@dataclass
+class RunOnTheLocalCloud:
+    run: str
+    cloud: Any
+    launched: list[dict[str, Any]]
+    """The group's first machines, as DescribeInstances shows them."""
 
-    from test_interruption_handler import REGION, _handler_environment, event
+    def check_at(self, at: float) -> dict[str, Any]:
+        """The handler's scheduled capacity check, with its clock at `at`."""
+        from test_interruption_handler import event
+
+        from spotrain.constructs.interruption_handler import handler
+
+        handler._now = lambda: at  # type: ignore[attr-defined]
+        return handler.handle(event("scheduled-capacity-check"))
+
+
+@pytest.fixture
+def run_on_the_local_cloud(
+    local_cloud: Any, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[RunOnTheLocalCloud]:
+    """A run's group on the local cloud (an on-demand coordinator and two spot machines of
+    g5.xlarge in us-east-1a), the handler's environment for it, and the cloud answering prices
+    from the test book: g5.xlarge $20/h on-demand, $5/h spot there."""
+    from test_interruption_handler import REGION, _handler_environment
 
     from spotrain.constructs.interruption_handler import handler
     from spotrain.localcloud import control
@@ -120,6 +136,7 @@ def test_the_capacity_check_keeps_the_ledger_of_the_local_clouds_machines(
     for key, value in control.aws_environment(local_cloud.endpoint, REGION).items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr(handler.boto3, "DEFAULT_SESSION", None)
+    monkeypatch.setattr(handler, "_now", handler._now)  # restored after check_at's changes
     cloud = _handler_environment(boto3.resource("dynamodb"), monkeypatch)
     run = f"ledger-{int(time.time() * 1000) % 10**8}"
     monkeypatch.setenv("RUN_NAME", run)
@@ -146,34 +163,120 @@ def test_the_capacity_check_keeps_the_ledger_of_the_local_clouds_machines(
             Filters=[{"Name": "tag:spotrain:run", "Values": [run]}])["Reservations"]
         for i in r["Instances"]
     ]  # fmt: skip
-    assert sorted(i.get("InstanceLifecycle", "on-demand") for i in launched) == [
-        "on-demand",
-        "spot",
-        "spot",
-    ]
     control.set_price_book(Path(__file__).parent / "fixtures" / "price_book.json")
     try:
-        hour_later = max(i["LaunchTime"].timestamp() for i in launched) + 3600
-        checks = []
-        for at in (hour_later, hour_later, hour_later - 600):
-            monkeypatch.setattr(handler, "_now", lambda at=at: at)
-            checks.append(handler.handle(event("scheduled-capacity-check"))["ledger"])
+        yield RunOnTheLocalCloud(run, cloud, launched)
     finally:
         control.set_price_book(None)
-    first, repeated, late = checks
+        cloud.table.delete()
+
+
+@pytest.mark.integration
+def test_the_capacity_check_keeps_the_ledger_of_the_local_clouds_machines(
+    run_on_the_local_cloud: RunOnTheLocalCloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The group's coordinator runs on-demand and its workers on spot (the local cloud's Auto
+    Scaling markets); the handler's check prices them from the cloud's answers (spot history
+    per zone, the Price List), writes the ledger and the metric; a repeated and a late check
+    count nothing; `spotrain cost status` prints it."""
+    setting = run_on_the_local_cloud
+    assert sorted(i.get("InstanceLifecycle", "on-demand") for i in setting.launched) == [
+        "on-demand", "spot", "spot"]  # fmt: skip
+    hour_later = max(i["LaunchTime"].timestamp() for i in setting.launched) + 3600
+    first, repeated, late = (
+        setting.check_at(at)["ledger"] for at in (hour_later, hour_later, hour_later - 600)
+    )
     assert first["counted"] and first["machines"] == 3, first
-    hours = sum(hour_later - i["LaunchTime"].timestamp() for i in launched) / 3600
-    # The book: g5.xlarge $20/h on-demand, spot $5/h in us-east-1a.
-    spot_hours = hours * 2 / 3
-    assert first["spend_usd"] == pytest.approx(hours / 3 * 20 + spot_hours * 5, rel=1e-3)
+    hours = sum(hour_later - i["LaunchTime"].timestamp() for i in setting.launched) / 3600
+    assert first["spend_usd"] == pytest.approx(hours / 3 * 20 + hours * 2 / 3 * 5, rel=1e-3)
     assert first["on_demand_usd"] == pytest.approx(hours * 20, rel=1e-3)
     assert not repeated["counted"] and not late["counted"]
     metrics = boto3.client("cloudwatch").list_metrics(Namespace="spotrain")["Metrics"]
     assert {"RunSpendUSD", "RunOnDemandEquivalentUSD"} <= {
-        m["MetricName"] for m in metrics if {"Name": "Run", "Value": run} in m["Dimensions"]
+        m["MetricName"] for m in metrics if {"Name": "Run", "Value": setting.run} in m["Dimensions"]
     }
-    assert cli.main(["cost", "status", "--run", run, "--events-table", cloud.table.name]) == 0
+    table = setting.cloud.table.name
+    assert cli.main(["cost", "status", "--run", setting.run, "--events-table", table]) == 0
     out = capsys.readouterr().out
-    assert f"run {run}: ${first['spend_usd']:,.2f} spent" in out
+    assert f"run {setting.run}: ${first['spend_usd']:,.2f} spent" in out
     assert "g5.xlarge#us-east-1a#spot" in out and "(50% saved)" in out
-    cloud.table.delete()
+
+
+@pytest.mark.integration
+def test_a_run_at_its_cap_is_held_with_its_groups_at_0_until_released(
+    run_on_the_local_cloud: RunOnTheLocalCloud,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """$30/h of machines against a $30 cap: notices at 50, 80 and 100%; at 100% the group goes
+    to 0 (each machine gets SIGTERM and checkpoints) and the run may not start; a raised cap
+    lets it start again and puts the group back."""
+    from test_interruption_handler import REGION, _drain, desired
+
+    setting = run_on_the_local_cloud
+    monkeypatch.setenv("MAX_SPEND_USD", "30")
+    start = max(i["LaunchTime"].timestamp() for i in setting.launched)
+    for minutes in (20, 31, 49, 61):  # $10, $15.50, $24.50, $30.50
+        result = setting.check_at(start + minutes * 60)
+    assert result["decision"] == "hold" and "of its $30.00 cap" in result["reason"]
+    assert desired(setting.run, REGION) == 0
+    subjects = [json.loads(m["Body"])["Subject"] for m in _drain(setting.cloud.notices_url)]
+    caps = [s for s in subjects if "of its cap" in s]
+    assert caps == [f"spotrain: run {setting.run} spent {p}% of its cap" for p in (50, 80, 100)]
+    fleet = ["fleet", "may-start", "--events-table", setting.cloud.table.name, "--run", setting.run]
+    assert cli.main(fleet) == 3
+    assert cli.main(["fleet", "release", "--events-table", setting.cloud.table.name, "--run",
+                     setting.run, "--max-spend-usd", "60"]) == 0  # fmt: skip
+    released = setting.check_at(start + 62 * 60)
+    assert released["decision"] == "release" and desired(setting.run, REGION) == 3
+    assert cli.main(fleet) == 0
+    capsys.readouterr()
+
+
+def test_the_cap_is_announced_at_50_80_and_100_percent_once_each_and_afresh_when_raised() -> None:
+    def spent(usd: float, previous: Ledger) -> Ledger:
+        return Ledger(as_of=T0, spend_usd=usd, cap_usd=previous.cap_usd,
+                      notified=previous.notified, held=previous.held)  # fmt: skip
+
+    ledger, announced = Ledger(), []
+    for usd, cap in ((4, 10), (5.5, 10), (6, 10), (8.5, 10), (10, 10), (11, 10), (11, 20),
+                     (16.5, 20)):  # fmt: skip
+        check = spend_ledger.judge(spent(usd, ledger), cap)
+        ledger = check.ledger
+        announced.append((check.crossed, ledger.held))
+    assert announced == [
+        ((), False),
+        ((50,), False),
+        ((), False),
+        ((80,), False),
+        ((100,), True),
+        ((), True),
+        ((50,), False),  # raised to $20: $11 is past half of it
+        ((80,), False),
+    ]
+    assert spend_ledger.judge(ledger, None).ledger.held is False  # no cap, no hold
+
+
+def test_release_refuses_a_cap_that_is_no_cap_and_names_the_spent_figure(
+    dynamo: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    table = boto3.resource("dynamodb").Table("catalog")
+    held = Ledger(as_of=T0, spend_usd=31.5, cap_usd=30.0, notified=(50, 80, 100), held=True)
+    assert spend_ledger.write(table, "capped", held, Ledger())
+
+    def release(*arguments: str) -> tuple[int, str]:
+        code = cli.main(["fleet", "release", "--events-table", "catalog", *arguments])
+        captured = capsys.readouterr()
+        return code, captured.err + captured.out
+
+    assert release("--run", "capped", "--max-spend-usd", "0")[1].count("positive amount") == 1
+    assert "-5" in release("--run", "capped", "--max-spend-usd", "-5")[1]
+    code, said = release("--run", "capped", "--max-spend-usd", "30")
+    assert code == 2 and "has spent $31.50 already: give --max-spend-usd above that" in said
+    code, said = release("--run", "nobody", "--max-spend-usd", "50")
+    assert code == 2 and "run 'nobody' has no spend ledger" in said
+    assert cli.main(["fleet", "may-start", "--events-table", "catalog", "--run", "capped"]) == 3
+    assert "spent $31.50 of its $30.00 cap" in capsys.readouterr().out
+    code, said = release("--run", "capped", "--max-spend-usd", "50")
+    assert code == 0 and "cap raised to $50.00" in said and "start again" in said
+    assert spend_ledger.current_cap(table, "capped", 30.0) == 50.0

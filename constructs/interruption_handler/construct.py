@@ -28,6 +28,7 @@ import spotrain.fleet_state
 import spotrain.spend_ledger
 from spotrain.catalog_schema import (
     INTERRUPTION_TAG,
+    caps_key,
     crashes_key,
     event_key,
     releases_key,
@@ -135,6 +136,9 @@ class InterruptionHandlerProps:
     catalog_stream_arn: str | None = None
     """Stream of the checkpoint catalog table: the handler alarms when a run's head moves back
     without a roll back, or a complete checkpoint's record is rewritten or removed."""
+    max_spend_usd: float | None = None
+    """The run's spend cap: notices at 50, 80 and 100%; at 100% the run is held and its groups
+    go to 0 until an operator raises the cap (`spotrain fleet release`)."""
     run_deadline: RunDeadline | None = None
     """When the run must be done: the capacity check then decides spot or on-demand by the
     run's progress (Uniform Progress) instead of the fixed on-demand deadline."""
@@ -164,6 +168,8 @@ class InterruptionHandlerProps:
                 problems.append(f"{field_name} must be 1 or more")
         if self.on_demand_deadline_minutes < 0:
             problems.append("on_demand_deadline_minutes must be 0 or more")
+        if self.max_spend_usd is not None and not 0 < self.max_spend_usd < float("inf"):
+            problems.append(f"max_spend_usd is {self.max_spend_usd}: give a positive amount in USD")
         if self.run_deadline is not None:
             problems += self.run_deadline.problems()
             if not (self.checkpoints_table_arn and self.checkpoints_table_name):
@@ -282,12 +288,16 @@ class InterruptionHandler(Construct):
                     ),
                     statement(
                         # A run held after repeated crashes is not requeued; only reading:
-                        # releases are the operator's.
+                        # releases and raised spend caps are the operator's.
                         "ReadRunCrashesAndReleases",
                         actions=["dynamodb:Query"],
                         resources=[props.events_table_arn],
                         conditions=[
-                            leading_keys(crashes_key(props.run_name), releases_key(props.run_name))
+                            leading_keys(
+                                crashes_key(props.run_name),
+                                releases_key(props.run_name),
+                                caps_key(props.run_name),
+                            )
                         ],
                     ),
                     statement(
@@ -405,6 +415,11 @@ class InterruptionHandler(Construct):
                     "HOT_POOL_THRESHOLD": str(props.hot_pool_threshold),
                     "RATE_WINDOW_MINUTES": str(props.rate_window_minutes),
                     "ON_DEMAND_DEADLINE_MINUTES": str(props.on_demand_deadline_minutes),
+                    **(
+                        {"MAX_SPEND_USD": str(props.max_spend_usd)}
+                        if props.max_spend_usd is not None
+                        else {}
+                    ),
                     **(
                         {
                             "RUN_DEADLINE": json.dumps(asdict(props.run_deadline), sort_keys=True),

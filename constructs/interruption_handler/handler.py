@@ -103,6 +103,7 @@ def _settings() -> dict[str, Any]:
             RunDeadline(**json.loads(env["RUN_DEADLINE"])) if env.get("RUN_DEADLINE") else None
         ),
         "checkpoints_table": env.get("CHECKPOINTS_TABLE"),
+        "max_spend_usd": float(env["MAX_SPEND_USD"]) if env.get("MAX_SPEND_USD") else None,
     }
 
 
@@ -401,6 +402,7 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
         groups = capacity_groups(settings, autoscaling)
         pools = {p for g in groups for p in g.pools} | {instance["pool"]}
         state = fleet_state.run_state(table, run) if run else fleet_state.RunState()
+        held_for_spend = bool(run) and spend_ledger.read(table, run).held
         now = _now()
         progress, _ = deadline_progress(settings, now)
         decision = requeue.after_interruption(
@@ -417,6 +419,9 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
             on_demand_deadline_s=settings["deadline_s"],
             progress=progress,
         )
+        if held_for_spend and not state.failed:
+            decision = requeue.Decision("hold", "the run reached its spend cap: not requeued "
+                                        "(`spotrain fleet release` raises the cap)")  # fmt: skip
         apply(decision, groups, table, run, autoscaling)
     result = {
         "recorded": True, "event_id": fields["event_id"], "run": run, "pool": instance["pool"],
@@ -434,7 +439,14 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
     autoscaling = _autoscaling_by_region()
     groups = capacity_groups(settings, autoscaling)
     state = fleet_state.run_state(table, settings["run"])
-    if not state.failed and state.held_sizes:
+    try:
+        counted, ledger = update_ledger(settings, table, now)
+    except Exception as error:  # the capacity decision goes on; the next check counts the time
+        log.exception("the spend ledger was not updated")
+        counted = {"error": f"{type(error).__name__}: {error}"}
+        ledger = spend_ledger.read(table, settings["run"]) if settings["run"] else None
+    over_cap = ledger is not None and _judge_spend(settings, table, ledger)
+    if not state.failed and not over_cap and state.held_sizes:
         decision = requeue.release(groups, state.held_sizes)
         apply(decision, groups, table, settings["run"], autoscaling)
         fleet_state.set_held_sizes(table, settings["run"], None)
@@ -444,6 +456,12 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
             groups=groups, run_failed=state.failed, short_since=state.short_since,
             now=now, on_demand_deadline_s=settings["deadline_s"], progress=progress,
         )  # fmt: skip
+        if over_cap and not state.failed:
+            assert ledger is not None and ledger.cap_usd is not None
+            decision = requeue.hold(
+                groups, f"the run spent ${ledger.spend_usd:,.2f} of its ${ledger.cap_usd:,.2f} cap",
+                f"`spotrain fleet release --run {settings['run']} --max-spend-usd N` raises it",
+            )  # fmt: skip
         if measured:
             decision = replace(decision, reason=f"{decision.reason} ({measured})")
         if decision.min_sizes:  # holding: remember what to put back first
@@ -455,20 +473,38 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
     if decision.desired:
         notify(settings["topic"], f"spotrain: {decision.action} (run {settings['run']})",
                asdict(decision))  # fmt: skip
-    result = {"decision": decision.action, "reason": decision.reason, "desired": decision.desired}
-    try:
-        result["ledger"] = update_ledger(settings, table, now)
-    except Exception as error:  # the decision stands; the next check counts this time
-        log.exception("the spend ledger was not updated")
-        result["ledger"] = {"error": f"{type(error).__name__}: {error}"}
-    return result
+    return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
+            "ledger": counted}  # fmt: skip
 
 
-def update_ledger(settings: dict[str, Any], table: Any, now: float) -> dict[str, Any]:
-    """Count the run's machine time since the ledger's as_of, and publish the spend."""
+def _judge_spend(settings: dict[str, Any], table: Any, ledger: spend_ledger.Ledger) -> bool:
+    """Announce the percentages of the run's cap its spend newly reached; True when the spend
+    reached the cap (the run is held)."""
+    run = settings["run"]
+    cap = spend_ledger.current_cap(table, run, settings["max_spend_usd"])
+    check = spend_ledger.judge(ledger, cap)
+    if (check.ledger.cap_usd, check.ledger.notified, check.ledger.held) != (
+        ledger.cap_usd,
+        ledger.notified,
+        ledger.held,
+    ):
+        spend_ledger.save_cap_state(table, run, check.ledger)
+    for percent in check.crossed:
+        notify(settings["topic"], f"spotrain: run {run} spent {percent}% of its cap", {
+            "run": run, "percent": percent, "spend_usd": round(ledger.spend_usd, 2),
+            "cap_usd": cap, "held": check.ledger.held,
+        })  # fmt: skip
+    return check.ledger.held
+
+
+def update_ledger(
+    settings: dict[str, Any], table: Any, now: float
+) -> tuple[dict[str, Any], spend_ledger.Ledger | None]:
+    """Count the run's machine time since the ledger's as_of, and publish the spend; what was
+    done, and the ledger as it stands."""
     run = settings["run"]
     if not run:
-        return {}
+        return {}, None
     clients: dict[str, Any] = {}
 
     def ec2_for(region: str) -> Any:
@@ -492,9 +528,11 @@ def update_ledger(settings: dict[str, Any], table: Any, now: float) -> dict[str,
     )  # fmt: skip
     ledger = spend_ledger.accrue(previous, found, prices, now)
     if ledger is previous:
-        return {"counted": False, "as_of": previous.as_of, "why": "already counted to as_of"}
+        return {"counted": False, "as_of": previous.as_of, "why": "already counted"}, previous
     if not spend_ledger.write(table, run, ledger, previous):
-        return {"counted": False, "why": "another check counted this time first"}
+        return {"counted": False, "why": "another check counted this time first"}, (
+            spend_ledger.read(table, run)
+        )
     boto3.client("cloudwatch").put_metric_data(
         Namespace=METRIC_NAMESPACE,
         MetricData=[
@@ -506,7 +544,7 @@ def update_ledger(settings: dict[str, Any], table: Any, now: float) -> dict[str,
     )  # fmt: skip
     return {"counted": True, "as_of": ledger.as_of, "spend_usd": round(ledger.spend_usd, 4),
             "on_demand_usd": round(ledger.on_demand_usd, 4), "machines": len(found),
-            "unpriced_seconds": ledger.unpriced_seconds}  # fmt: skip
+            "unpriced_seconds": ledger.unpriced_seconds}, ledger  # fmt: skip
 
 
 def _on_catalog_changes(settings: dict[str, Any], records: list[Any]) -> dict[str, Any]:

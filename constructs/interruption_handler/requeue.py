@@ -178,16 +178,8 @@ def reconcile(
     short; past the deadline the on-demand group covers the shortfall. A held run's groups go
     to nothing. A run with a deadline (`progress`) follows the deadline policy instead."""
     if run_failed:
-        running = [g for g in groups if g.desired or g.min_size]
-        if not running:
-            return Decision("hold", "the run crashed too often: its groups are at 0")
-        return Decision(
-            "hold",
-            "the run crashed too often: its groups are scaled to 0 until it is released "
-            "(fix the cause, then `spotrain fleet reset-crashes`)",
-            {g.name: 0 for g in running},
-            min_sizes={g.name: 0 for g in running},
-        )
+        return hold(groups, "the run crashed too often",
+                    "fix the cause, then `spotrain fleet reset-crashes`")  # fmt: skip
     shortfall = sum(max(0, g.desired - g.in_service) for g in groups if g.lifecycle == SPOT)
     fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
     covering = sum(g.desired for g in fallbacks)
@@ -262,6 +254,20 @@ def _by_deadline(
     new = min(fallback.max_size, fallback.desired + shortfall - covering)
     return Decision("on-demand", f"{why}: {fallback.name} {fallback.desired} -> {new} on-demand",
                     {fallback.name: new}, short_since=since)  # fmt: skip
+
+
+def hold(groups: Sequence[Group], why: str, how_to_release: str) -> Decision:
+    """A held run's groups go to nothing (minimum and desired 0): each machine gets SIGTERM and
+    publishes its emergency checkpoint before it goes."""
+    running = [g for g in groups if g.desired or g.min_size]
+    if not running:
+        return Decision("hold", f"{why}: its groups are at 0")
+    return Decision(
+        "hold",
+        f"{why}: its groups are scaled to 0 until it is released ({how_to_release})",
+        {g.name: 0 for g in running},
+        min_sizes={g.name: 0 for g in running},
+    )
 
 
 def release(groups: Sequence[Group], held: Mapping[str, Mapping[str, int]]) -> Decision:

@@ -477,6 +477,16 @@ def cmd_status(args: argparse.Namespace) -> int:
             f"  {pool:<36} {figures['seconds'] / 3600:8.2f} h  ${figures['spend_usd']:,.2f}  "
             f"(on-demand ${figures['on_demand_usd']:,.2f})"
         )
+    if ledger.cap_usd is not None:
+        _say(
+            f"  cap ${ledger.cap_usd:,.2f}: {ledger.spend_usd / ledger.cap_usd:.0%} spent"
+            + (
+                "; HELD: the run may not start and its groups are at 0 until "
+                "`spotrain fleet release --max-spend-usd N`"
+                if ledger.held
+                else ""
+            )
+        )
     if ledger.unpriced_seconds:
         _say(
             f"  WARNING: {ledger.unpriced_seconds / 3600:.2f} machine-hours have no price in "
