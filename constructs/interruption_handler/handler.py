@@ -18,8 +18,13 @@ checkpoint's record rewritten or removed) are alarms to the same topic (`catalog
 Nothing raises: an event that is malformed, of an unknown kind, or that fails half-way is
 logged and sent to the dead-letter queue with the reason, from where it can be redriven.
 
+Each scheduled check also moves the run's spend ledger (`spend_ledger.py`) and judges it
+against the run's cap (MAX_SPEND_USD, raised by operators): notices at 50, 80 and 100%, and at
+100% the run is held like a run that crashed too often.
+
 Runs with boto3 and the standard library only; ships with spotrain/catalog_schema.py,
-spotrain/fleet_state.py, requeue.py and catalog_watch.py.
+spotrain/fleet_state.py, spotrain/deadline_policy.py, spotrain/spend_ledger.py,
+spotrain/cost/prices.py, spotrain/errors.py, requeue.py and catalog_watch.py.
 """
 
 from __future__ import annotations
