@@ -23,13 +23,11 @@ import sys
 import time
 import traceback
 import uuid
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from spotrain.cost import commands as cost_commands
-from spotrain.errors import SpotrainError
+from spotrain.errors import SpotrainError, aws_errors
 from spotrain.fleet_state import Coordinator
 from spotrain.localcloud import control, faults
 
@@ -166,17 +164,6 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
-@contextmanager
-def _aws_errors(what: str, fix: str) -> Iterator[None]:
-    """An AWS refusal as one line that names what was asked and what to check."""
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        yield
-    except (ClientError, BotoCoreError) as error:
-        raise SpotrainError(f"{what}: {error}; {fix}") from error
-
-
 def _mark_reclaimed(table: Any, args: argparse.Namespace) -> None:
     """The machine's own spot notice marks it as interrupted, as the handler's event would:
     the machine may exit before the event arrives, or the event may never come."""
@@ -199,7 +186,7 @@ def _mark_reclaimed(table: Any, args: argparse.Namespace) -> None:
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    with _aws_errors(
+    with aws_errors(
         f"`spotrain fleet {args.action}`",
         "check the --group and --events-table names, AWS_REGION (the fleet's region) and "
         "your credentials",
@@ -401,7 +388,7 @@ def _groups(autoscaling: Any, names: list[str]) -> list[dict[str, Any]]:
 
 
 def cmd_budget(args: argparse.Namespace) -> int:
-    with _aws_errors(
+    with aws_errors(
         f"budget {args.name!r}",
         "budgets are named spotrain-<env>-monthly (the budget stack's output); check your "
         "credentials",

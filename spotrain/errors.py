@@ -15,6 +15,9 @@ SpotrainError
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 
 class SpotrainError(Exception):
     """Base of every error spotrain raises on purpose."""
@@ -44,3 +47,14 @@ class CostInputError(SpotrainError, ValueError):
 def raise_if_problems(subject: str, problems: list[str]) -> None:
     if problems:
         raise ConfigError(subject, problems)
+
+
+@contextmanager
+def aws_errors(what: str, fix: str) -> Iterator[None]:
+    """An AWS refusal as one line that names what was asked and what to check."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (ClientError, BotoCoreError) as error:
+        raise SpotrainError(f"{what}: {error}; {fix}") from error

@@ -176,31 +176,38 @@ def mean_price(history: list[tuple[float, float]], start: float, end: float) -> 
 
 
 class AwsPrices:
-    """Prices from the account: spot price history per zone, the Price List's on-demand price;
-    each asked once per check."""
+    """Prices from the account: the Price List's on-demand price, and each zone's spot price
+    history over the check's window, each asked once per check (not once per machine)."""
 
-    def __init__(self, ec2_for: Callable[[str], Any], pricing: Any, now: datetime) -> None:
-        self._ec2_for, self._pricing, self._now = ec2_for, pricing, now
+    def __init__(
+        self, ec2_for: Callable[[str], Any], pricing: Any, *, since: float, now: float
+    ) -> None:
+        self._ec2_for, self._pricing, self._since, self._now = ec2_for, pricing, since, now
         self._on_demand: dict[tuple[str, str], float | None] = {}
+        self._history: dict[tuple[str, str], list[tuple[float, float]]] = {}
 
     def on_demand(self, instance_type: str, region: str) -> float | None:
         key = (instance_type, region)
         if key not in self._on_demand:
-            figure = price_book.on_demand_price(self._pricing, region, instance_type, self._now)
+            figure = price_book.on_demand_price(
+                self._pricing, region, instance_type, datetime.fromtimestamp(self._now, UTC)
+            )
             self._on_demand[key] = figure.usd_per_hour if figure else None
         return self._on_demand[key]
 
     def spot(self, instance_type: str, zone: str, start: float, end: float) -> float | None:
-        rows = self._ec2_for(zone[:-1]).describe_spot_price_history(
-            InstanceTypes=[instance_type],
-            AvailabilityZone=zone,
-            ProductDescriptions=[price_book.PRODUCT_DESCRIPTION],
-            StartTime=datetime.fromtimestamp(start, UTC),
-            EndTime=datetime.fromtimestamp(end, UTC),
-        )["SpotPriceHistory"]
-        return mean_price(
-            [(r["Timestamp"].timestamp(), float(r["SpotPrice"])) for r in rows], start, end
-        )
+        key = (instance_type, zone)
+        if key not in self._history or start < self._since:
+            self._since = min(self._since, start)
+            rows = self._ec2_for(zone[:-1]).describe_spot_price_history(
+                InstanceTypes=[instance_type],
+                AvailabilityZone=zone,
+                ProductDescriptions=[price_book.PRODUCT_DESCRIPTION],
+                StartTime=datetime.fromtimestamp(self._since, UTC),
+                EndTime=datetime.fromtimestamp(max(end, self._now), UTC),
+            )["SpotPriceHistory"]
+            self._history[key] = [(r["Timestamp"].timestamp(), float(r["SpotPrice"])) for r in rows]
+        return mean_price(self._history[key], start, end)
 
 
 # --- the item ---------------------------------------------------------------------------------

@@ -74,6 +74,21 @@ def test_spot_prices_are_weighted_by_the_time_each_held() -> None:
     )
 
 
+def test_spot_history_is_asked_once_per_pool_per_check_however_many_machines() -> None:
+    asked: list[dict[str, Any]] = []
+
+    class Ec2:
+        def describe_spot_price_history(self, **request: Any) -> dict[str, Any]:
+            asked.append(request)
+            at = datetime.fromtimestamp(T0 - 60, UTC)
+            return {"SpotPriceHistory": [{"Timestamp": at, "SpotPrice": "1.5"}]}
+
+    prices = spend_ledger.AwsPrices(lambda region: Ec2(), pricing=None, since=T0, now=T0 + 300)
+    for begin in (T0, T0 + 100, T0 + 200):
+        assert prices.spot("g5.xlarge", "us-east-1a", begin, T0 + 300) == 1.5
+    assert len(asked) == 1 and asked[0]["StartTime"] == datetime.fromtimestamp(T0, UTC)
+
+
 def test_machines_are_read_from_describe_instances_with_their_end() -> None:
     launched = datetime(2027, 1, 15, 8, 0, tzinfo=UTC)
     reservations = [{"Instances": [

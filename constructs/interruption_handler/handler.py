@@ -36,7 +36,7 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import boto3
@@ -356,16 +356,20 @@ def reject(event: Any, reason: str, queue_url: str | None) -> dict[str, Any]:
     return {"rejected": reason}
 
 
-def _autoscaling_by_region() -> Callable[[str], Any]:
-    """One Auto Scaling client per region, made when first needed (groups may be anywhere)."""
+def _clients_by_region(service: str) -> Callable[[str], Any]:
+    """One client of `service` per region, made when first needed (groups may be anywhere)."""
     clients: dict[str, Any] = {}
 
     def client(region: str) -> Any:
         if region not in clients:
-            clients[region] = boto3.client("autoscaling", region_name=region)
+            clients[region] = boto3.client(service, region_name=region)
         return clients[region]
 
     return client
+
+
+def _autoscaling_by_region() -> Callable[[str], Any]:
+    return _clients_by_region("autoscaling")
 
 
 # --- entry point -------------------------------------------------------------------------------
@@ -510,13 +514,7 @@ def update_ledger(
     run = settings["run"]
     if not run:
         return {}, None
-    clients: dict[str, Any] = {}
-
-    def ec2_for(region: str) -> Any:
-        if region not in clients:
-            clients[region] = boto3.client("ec2", region_name=region)
-        return clients[region]
-
+    ec2_for = _clients_by_region("ec2")
     found = []
     for region in sorted({g["region"] for g in settings["groups"]}):
         pages = (
@@ -527,9 +525,10 @@ def update_ledger(
         for page in pages:
             found += spend_ledger.machines(page["Reservations"], now)
     previous = spend_ledger.read(table, run)
+    since = previous.as_of or min((m.launched_at for m in found), default=now)
     prices = spend_ledger.AwsPrices(
         ec2_for, boto3.client("pricing", region_name=price_book.PRICE_LIST_REGION),
-        datetime.fromtimestamp(now, UTC),
+        since=since, now=now,
     )  # fmt: skip
     ledger = spend_ledger.accrue(previous, found, prices, now)
     if ledger is previous:

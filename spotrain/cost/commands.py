@@ -11,7 +11,11 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.cost import planner, prices, report, simulation, traces
-from spotrain.errors import CostInputError
+from spotrain.errors import CostInputError, aws_errors
+
+EVENTS_TABLE_FIX = (
+    "give the catalog stack's events table (spotrain-<env>-events) and credentials that may read it"
+)
 
 
 def _say(message: str) -> None:
@@ -107,7 +111,6 @@ def _history(table_name: str) -> dict[tuple[str, str], float]:
     import time
 
     import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
 
     table = boto3.resource("dynamodb").Table(table_name)
     scan: dict[str, Any] = {
@@ -115,37 +118,30 @@ def _history(table_name: str) -> dict[tuple[str, str], float]:
         "ExpressionAttributeNames": {"#k": "kind", "#p": "pool", "#t": "occurred_at"},
     }
     items: list[dict[str, Any]] = []
-    try:
+    with aws_errors(f"the events table {table_name} cannot be read", EVENTS_TABLE_FIX):
         while True:
             page = table.scan(**scan)
             items += page["Items"]
             if "LastEvaluatedKey" not in page:
                 break
             scan["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-    except (ClientError, BotoCoreError) as error:
-        raise CostInputError(
-            f"the events table {table_name} cannot be read ({error}): give the catalog stack's "
-            "events table (spotrain-<env>-events) and credentials that may read it"
-        ) from None
     return planner.history_rates(items, time.time())
 
 
 def _pace(args: argparse.Namespace) -> Any:
     """The run's head and throughput from the checkpoint catalog."""
     import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
 
     from spotrain.deadline_policy import read_pace
 
     if not args.run:
         raise CostInputError("--catalog-table needs --run: the run whose checkpoints to read")
-    try:
+    with aws_errors(
+        f"the catalog table {args.catalog_table} cannot be read",
+        "give the catalog stack's checkpoint table (spotrain-<env>-checkpoints) and credentials "
+        "that may read it",
+    ):
         return read_pace(boto3.resource("dynamodb").Table(args.catalog_table), args.run)
-    except (ClientError, BotoCoreError) as error:
-        raise CostInputError(
-            f"the catalog table {args.catalog_table} cannot be read ({error}): give the catalog "
-            "stack's checkpoint table (spotrain-<env>-checkpoints) and credentials that may read it"
-        ) from None
 
 
 def _run_inputs(args: argparse.Namespace) -> dict[str, Any]:
@@ -445,17 +441,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     import time
 
     import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
 
     from spotrain import spend_ledger
 
-    try:
+    with aws_errors(f"the events table {args.events_table} cannot be read", EVENTS_TABLE_FIX):
         ledger = spend_ledger.read(boto3.resource("dynamodb").Table(args.events_table), args.run)
-    except (ClientError, BotoCoreError) as error:
-        raise CostInputError(
-            f"the events table {args.events_table} cannot be read ({error}): give the catalog "
-            "stack's events table (spotrain-<env>-events) and credentials that may read it"
-        ) from None
     if ledger.as_of is None:
         _say(
             f"run {args.run}: no spend counted yet (the interruption handler's capacity check "
