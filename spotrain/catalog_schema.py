@@ -7,6 +7,7 @@ It has no dependencies so it can ship inside the interruption handler's Lambda z
 from __future__ import annotations
 
 import re
+from typing import Any
 
 _RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
 
@@ -43,11 +44,36 @@ def dataset_prefix(name: str) -> str:
 PARTITION_KEY = "pk"
 SORT_KEY = "sk"
 
+
+def query_items(table: Any, partition: str, sort_prefix: str, **options: Any) -> list[Any]:
+    """Every item of `partition` whose sort key starts with `sort_prefix`, all pages, in sort
+    key order (a boto3 Table; its resource has no paginator). `options`: more Query
+    parameters (a projection, ConsistentRead)."""
+    names = {"#pk": PARTITION_KEY, "#sk": SORT_KEY, **options.pop("ExpressionAttributeNames", {})}
+    query: dict[str, Any] = {
+        "KeyConditionExpression": "#pk = :pk AND begins_with(#sk, :prefix)",
+        "ExpressionAttributeNames": names,
+        "ExpressionAttributeValues": {":pk": partition, ":prefix": sort_prefix},
+        **options,
+    }
+    items: list[Any] = []
+    while True:
+        page = table.query(**query)
+        items += page["Items"]
+        if "LastEvaluatedKey" not in page:
+            return items
+        query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+
+
 # --- checkpoint catalog -------------------------------------------------------------------
 CHECKPOINTS_TABLE_SUFFIX = "checkpoints"
 LINEAGE_INDEX = "lineage"
 LINEAGE_KEY = "parent"
 """Lineage index: partition `parent` (the parent checkpoint's id), sort `sk`."""
+
+TIMINGS_KEY = "timings"
+"""A checkpoint's cost to the run: `stall_s` (training waited), `upload_s` (save to published),
+`machines` (that uploaded it); read by `spotrain cost report`."""
 
 HEAD_SORT_KEY = "HEAD"
 """The run's head item: the latest complete checkpoint, moved only by a conditional write."""
@@ -66,11 +92,14 @@ def run_key(run_name: str) -> str:
     return f"RUN#{run_name}"
 
 
+CHECKPOINT_PREFIX = "CKPT#"
+
+
 def checkpoint_sort_key(step: int) -> str:
     """Step-padded so a query over `CKPT#` returns checkpoints in step order."""
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
-    return f"CKPT#{step:012d}"
+    return f"{CHECKPOINT_PREFIX}{step:012d}"
 
 
 def checkpoint_tag(step: int) -> str:
@@ -120,8 +149,11 @@ INSTANCE_STATUS_INTERRUPTING = "INTERRUPTING"
 INSTANCE_STATUS_REBALANCING = "REBALANCING"
 
 
+INSTANCE_PREFIX = "INSTANCE#"
+
+
 def instance_sort_key(instance_id: str) -> str:
-    return f"INSTANCE#{instance_id}"
+    return f"{INSTANCE_PREFIX}{instance_id}"
 
 
 # A run's crashes and their releases live under keys of their own, so IAM can let machines add
@@ -150,6 +182,21 @@ may not start, its groups are at 0)."""
 def spend_key(run_name: str) -> str:
     """Partition of the run's spend ledger."""
     return f"SPEND#{run_name}"
+
+
+SPEND_POINT_PREFIX = "AT#"
+"""The ledger as each check left it (`spend_usd`, `on_demand_usd`), for the report's figure."""
+CAP_NOTICE_PREFIX = "NOTICE#"
+"""A cap notice the handler sent (`percent`, `spend_usd`, `cap_usd`)."""
+
+
+def spend_point_sort_key(as_of: float) -> str:
+    """`AT#<as_of>`, zero-padded epoch milliseconds so a query returns points in time order."""
+    return f"{SPEND_POINT_PREFIX}{round(as_of * 1000):015d}"
+
+
+def cap_notice_sort_key(at: float, percent: int) -> str:
+    return f"{CAP_NOTICE_PREFIX}{round(at * 1000):015d}#{percent:03d}"
 
 
 def caps_key(run_name: str) -> str:

@@ -17,6 +17,7 @@ spotrain prices refresh|show      the price book (on-demand, spot per zone, Advi
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
 import sys
@@ -154,8 +155,16 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     began = time.monotonic()
+    price_book = None
+    if args.price_book:
+        from spotrain.cost import prices
+
+        price_book = Path(args.price_book)
+        prices.load(price_book)  # a book that cannot be read is refused before anything starts
     rehearsal = FleetRehearsal if args.fleet else Rehearsal
-    report = rehearsal(work, say=_say).run(keep_cloud=args.keep_cloud, port=args.port)
+    report = rehearsal(work, say=_say, price_book=price_book).run(
+        keep_cloud=args.keep_cloud, port=args.port
+    )
     _say(f"\n{report.render()}\n")
     _say(
         f"{'fleet ' if args.fleet else ''}rehearsal {'passed' if report.passed else 'FAILED'} in "
@@ -178,9 +187,12 @@ def _mark_reclaimed(table: Any, args: argparse.Namespace) -> None:
             f"--spot-notice {args.spot_notice!r} is not the metadata service's "
             '`spot/instance-action` document ({"action": ..., "time": ...})'
         ) from error
+    stops = datetime.datetime.fromisoformat(fleet_state.event_time(at).replace("Z", "+00:00"))
+    warned = stops - datetime.timedelta(seconds=fleet_state.SPOT_WARNING_LEAD_S)
     fleet_state.mark_instance(
         table, args.run, args.instance, status=INSTANCE_STATUS_INTERRUPTING,
         pool=args.pool or UNKNOWN_POOL, event_id=f"instance-action:{args.instance}:{at}", at=at,
+        warned_at=warned.isoformat(),
     )  # fmt: skip
     _say(f"{args.instance} was reclaimed ({notice.get('action', 'terminate')} at {at})")
 
@@ -772,6 +784,11 @@ def parser() -> argparse.ArgumentParser:
         type=_whole(0, 65535),
         default=control.DEFAULT_PORT,
         help="loopback port for the local cloud if it is not running (0 picks a free one)",
+    )
+    rehearse.add_argument(
+        "--price-book",
+        help="prices the local cloud answers with, for the report's spend (default: the "
+        "checked-in snapshot; `spotrain prices refresh --price-book FILE` writes one)",
     )
     rehearse.set_defaults(handler=cmd_rehearse)
 

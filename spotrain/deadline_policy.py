@@ -29,7 +29,14 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
-from spotrain.catalog_schema import HEAD_SORT_KEY, PARTITION_KEY, SORT_KEY, run_key
+from spotrain.catalog_schema import (
+    CHECKPOINT_PREFIX,
+    HEAD_SORT_KEY,
+    PARTITION_KEY,
+    SORT_KEY,
+    query_items,
+    run_key,
+)
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
@@ -226,17 +233,6 @@ def read_pace(table: Any, run: str) -> Pace:
     head = table.get_item(
         Key={PARTITION_KEY: run_key(run), SORT_KEY: HEAD_SORT_KEY}, ConsistentRead=True
     ).get("Item")
-    query: dict[str, Any] = {
-        "KeyConditionExpression": "#p = :run AND begins_with(#s, :ckpt)",
-        "ExpressionAttributeNames": {"#p": PARTITION_KEY, "#s": SORT_KEY},
-        "ExpressionAttributeValues": {":run": run_key(run), ":ckpt": "CKPT#"},
-        "ProjectionExpression": "#s, step, created_at, generation",
-    }
-    records = []
-    while True:
-        page = table.query(**query)
-        records += page["Items"]
-        if "LastEvaluatedKey" not in page:
-            break
-        query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    records = query_items(table, run_key(run), CHECKPOINT_PREFIX,
+                          ProjectionExpression="#sk, step, created_at, generation")  # fmt: skip
     return Pace(int(head["step"]) if head else 0, throughput(records))

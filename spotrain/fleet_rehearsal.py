@@ -11,8 +11,10 @@
    machine leaves and marks itself reclaimed, the other two re-form the group and go on;
 4. the Auto Scaling group replaces the reclaimed instance; the replacement boots and joins
    the running group, which checkpoints and re-forms with three machines again;
-5. report steps lost, notice to published, time to re-form and to join, and every step's loss
-   against one process that trained the same run uninterrupted with the same global batch.
+5. report steps lost, notice to published, time to re-form and to join, every step's loss
+   against one process that trained the same run uninterrupted with the same global batch,
+   and the fleet's spend (the handler's scheduled check at the start, after the reclaim and
+   at the end, priced by the local cloud's price book).
 
 Run by `spotrain rehearse --fleet`, and by the tests on their own deployment.
 """
@@ -28,7 +30,14 @@ from typing import Any
 
 from spotrain.localcloud import control
 from spotrain.localcloud.machines import LocalMachine, deployed_user_data, in_service
-from spotrain.rehearsal import Phase, RehearsalFailed, Trainer, deliver_interruption
+from spotrain.rehearsal import (
+    Phase,
+    RehearsalFailed,
+    Trainer,
+    deliver_capacity_check,
+    deliver_interruption,
+    spend_line,
+)
 
 MACHINES = 3
 # Tiny, so three machines share a laptop's cores; enough steps that a replacement booted
@@ -66,6 +75,7 @@ class FleetReport:
     head_step: int
     max_loss_difference: float
     steps_compared: int
+    spend: str = "not counted"
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -94,14 +104,18 @@ class FleetReport:
             f"  published head                step {self.head_step}",
             f"  losses                        {self.steps_compared} steps, each within "
             f"{self.max_loss_difference:.1e} (relative) of the uninterrupted run's",
+            f"  spend                         {self.spend}",
             *(f"  PROBLEM: {p}" for p in self.problems),
         ]  # fmt: skip
         return "\n".join(lines)
 
 
 class FleetRehearsal:
-    def __init__(self, work: Path, *, say: Callable[[str], None] = print) -> None:
-        self.work, self.say = work, say
+    def __init__(
+        self, work: Path, *, say: Callable[[str], None] = print, price_book: Path | None = None
+    ) -> None:
+        self.work, self.say, self.price_book = work, say, price_book
+        """`price_book`: the prices the local cloud answers with (default: the snapshot)."""
         self.machines: list[LocalMachine] = []
 
     def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> FleetReport:
@@ -124,12 +138,16 @@ class FleetRehearsal:
         corpus = corpus or self._corpus()
         if reference is None:
             reference = self._start_reference(corpus)
+        if self.price_book is not None:
+            control.set_price_book(self.price_book)
         try:
             return self._story(cloud, outputs, corpus, reference)
         finally:
             for machine in self.machines:
                 machine.stop()
             reference[1].stop()
+            if self.price_book is not None:
+                control.set_price_book(None)
 
     # --- the story -----------------------------------------------------------------------
     def _story(
@@ -177,6 +195,11 @@ class FleetRehearsal:
             raise RehearsalFailed(f"{group} has {len(members)} instances, not {MACHINES}")
         user_data = deployed_user_data(ec2, launch_template)
         port = control.free_port()
+
+        def check() -> None:
+            deliver_capacity_check(cloud, outputs["handler_function"], region)
+
+        check()  # the spend ledger starts: every machine's time since its launch
         self.say(f"[3/5] {MACHINES} instances of the group {group} boot from the launch "
                  f"template {launch_template}: one on-demand (the run's coordinator), the "
                  "others spot")  # fmt: skip
@@ -197,6 +220,7 @@ class FleetRehearsal:
         autoscaling.terminate_instance_in_auto_scaling_group(
             InstanceId=reclaimed.instance_id, ShouldDecrementDesiredCapacity=False
         )
+        check()  # the reclaimed machine's time ends with it
         stopped = metrics.events("stopped")
         if not stopped:
             raise RehearsalFailed(f"no checkpoint on the notice; see {reclaimed.root}/boot.log")
@@ -220,6 +244,7 @@ class FleetRehearsal:
 
         reference_phase, reference_trainer = reference
         reference_trainer.finish()
+        check()
         table = control.resource("dynamodb", cloud.endpoint, region).Table(outputs["events_table"])
         head = catalog.head()
         return self._report(
@@ -229,6 +254,7 @@ class FleetRehearsal:
             handled=handled,
             crashes=fleet_state.run_state(table, run).crashes,
             head_step=head.step if head else 0,
+            spend=spend_line(cloud, outputs["events_table"], region, run),
         )  # fmt: skip
 
     def _report(
@@ -237,6 +263,7 @@ class FleetRehearsal:
         joiner: LocalMachine, noticed_at: float, joined_at: float, handled: dict[str, Any],
         crashes: int,
         head_step: int,
+        spend: str,
     ) -> FleetReport:  # fmt: skip
         problems = []
         starts = metrics.events("started")
@@ -284,7 +311,7 @@ class FleetRehearsal:
             join_stop=int(join_stop["step"]), join_resume=int(starts[2]["step"]),
             join_s=float(starts[2]["at"]) - joined_at, handler=handled, crashes=crashes,
             head_step=head_step, max_loss_difference=worst, steps_compared=len(differences),
-            problems=problems,
+            spend=spend, problems=problems,
         )  # fmt: skip
 
     # --- helpers -------------------------------------------------------------------------

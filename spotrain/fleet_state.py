@@ -143,13 +143,21 @@ def event_time(value: str) -> str:
     return moment.astimezone(UTC).strftime(_TIME_FORMAT)
 
 
+SPOT_WARNING_LEAD_S = 120
+"""EC2 warns two minutes before it stops a spot machine; the metadata service's
+`spot/instance-action` time is the stop, not the warning."""
+
+
 def mark_instance(
-    table: Any, run: str, instance_id: str, *, status: str, pool: str, event_id: str, at: str
-) -> None:
+    table: Any, run: str, instance_id: str, *, status: str, pool: str, event_id: str, at: str,
+    warned_at: str | None = None,
+) -> None:  # fmt: skip
     """Say the instance is being interrupted (or rebalanced), for the boot service's exit
     accounting, the coordinator and dashboards (`Query pk=RUN#<run>, sk begins_with
     INSTANCE#`). The mark keeps the newest event by event time, whatever order they arrive in,
-    and an interruption is never downgraded by a rebalance notice, older or newer."""
+    and an interruption is never downgraded by a rebalance notice, older or newer. An
+    interruption also keeps its earliest warning (`warned_at`: `at` unless given), from which
+    the run's cost report times the preemption."""
     from botocore.exceptions import ClientError
 
     key = {PARTITION_KEY: run_key(run), SORT_KEY: instance_sort_key(instance_id)}
@@ -178,6 +186,18 @@ def mark_instance(
                 ExpressionAttributeNames={"#s": "status"},
                 ExpressionAttributeValues={":status": status},
             )
+    if interrupting:
+        warned = event_time(warned_at or at)
+        try:
+            table.update_item(
+                Key=key,
+                UpdateExpression="SET warned_at = :warned",
+                ConditionExpression="attribute_not_exists(warned_at) OR warned_at > :warned",
+                ExpressionAttributeValues={":warned": warned},
+            )
+        except ClientError as error:
+            if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+                raise
 
 
 def instance_status(table: Any, run: str, instance_id: str) -> str | None:

@@ -8,7 +8,9 @@
 4. restart: the run resumes from the published checkpoint;
 5. take the primary region down and restore from the replica region, then finish there;
 6. report steps lost, notice-to-published seconds, restore seconds, bytes uploaded against a
-   full upload of every checkpoint, and the final loss against an uninterrupted run's.
+   full upload of every checkpoint, the final loss against an uninterrupted run's, and the
+   spend of the deployed fleet's machines over the story (the handler's scheduled capacity
+   check, run at the start and the end, priced by the local cloud's price book).
 
 Run by `spotrain rehearse` (and `make local`).
 """
@@ -78,6 +80,7 @@ class Report:
     reference_loss: float
     max_loss_difference: float
     handler: dict[str, Any]
+    spend: str = "not counted"
 
     @property
     def steps_lost(self) -> int:
@@ -105,6 +108,7 @@ class Report:
             f"{self.reference_loss:.6f}: "
             + ("identical at every step" if identical
                else f"differs by up to {self.max_loss_difference:.2e}"),
+            f"  spend                         {self.spend}",
         ]  # fmt: skip
         return "\n".join(lines)
 
@@ -118,8 +122,11 @@ class Report:
 
 
 class Rehearsal:
-    def __init__(self, work: Path, *, say: Callable[[str], None] = print) -> None:
-        self.work, self.say = work, say
+    def __init__(
+        self, work: Path, *, say: Callable[[str], None] = print, price_book: Path | None = None
+    ) -> None:
+        self.work, self.say, self.price_book = work, say, price_book
+        """`price_book`: the prices the local cloud answers with (default: the snapshot)."""
 
     # --- the steps -----------------------------------------------------------------------
     def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> Report:
@@ -136,6 +143,8 @@ class Rehearsal:
     ) -> Report:  # fmt: skip
         """Steps 2 to 6 on a deployed `local` environment (`outputs`: its stacks' outputs and
         its configuration under "config"); `run` defaults to the environment's."""
+        if self.price_book is not None:
+            control.set_price_book(self.price_book)
         try:
             if reference is not None:
                 return self._story(cloud, outputs, reference, run)
@@ -143,6 +152,8 @@ class Rehearsal:
                 return self._story(cloud, outputs, started, run)
         finally:
             control.set_faults(regions_down=[], replication_pending=[])
+            if self.price_book is not None:
+                control.set_price_book(None)
 
     def deploy(self, endpoint: str) -> dict[str, Any]:
         """Apply the `local` environment; its stacks' outputs, and its configuration under
@@ -184,6 +195,8 @@ class Rehearsal:
         }
         run = run or config.run_name
         instance = self._fleet_instance(cloud, outputs["fleet_group"], primary)
+        # The handler's checks count the deployed fleet's machine time (the environment's run).
+        deliver_capacity_check(cloud, outputs["handler_function"], primary)
         settings = {**self._settings(), "run": run}
         on_primary = {
             **settings,
@@ -207,6 +220,11 @@ class Rehearsal:
                 cloud, outputs["handler_function"], instance, primary, self._indented
             )
             trainer.finish()
+        # EC2 takes the instance back (its spend ends with it); the group launches another.
+        autoscaling = control.client("autoscaling", cloud.endpoint, primary)
+        autoscaling.terminate_instance_in_auto_scaling_group(
+            InstanceId=instance, ShouldDecrementDesiredCapacity=False
+        )
         stopped = first.events("stopped")
         if not stopped:
             raise RehearsalFailed(f"the trainer did not stop on the notice; see {trainer.log}")
@@ -228,7 +246,10 @@ class Rehearsal:
         }  # fmt: skip
         third = Phase("third", self.work / "third.jsonl")
         self._start(third, on_replica, region=replica).finish()
-        self.say("[6/6] finished; comparing with the uninterrupted run")
+        self.say("[6/6] finished; the primary region is back; comparing with the uninterrupted "
+                 "run")  # fmt: skip
+        control.set_faults(regions_down=[])
+        deliver_capacity_check(cloud, outputs["handler_function"], primary)  # the spend so far
         reference_phase, reference_trainer = reference
         reference_trainer.finish()
         combined = {**first.losses(), **second.losses(), **third.losses()}
@@ -250,6 +271,7 @@ class Rehearsal:
             final_loss=combined[STEPS], reference_loss=expected[STEPS],
             max_loss_difference=max(abs(combined[s] - expected[s]) for s in expected),
             handler=handled,
+            spend=spend_line(cloud, outputs["events_table"], primary, config.run_name),
         )  # fmt: skip
 
     # --- helpers -------------------------------------------------------------------------
@@ -425,6 +447,56 @@ def deliver_interruption(
     say(f"handler: recorded={result['recorded']} (redelivery recorded={again['recorded']}), "
         f"pool {result['pool']}, {result['decision']}: {result['reason']}")  # fmt: skip
     return result
+
+
+def deliver_capacity_check(
+    cloud: control.RunningCloud, function_name: str, region: str
+) -> dict[str, Any]:
+    """The scheduled capacity check (every 5 minutes in a deployment) delivered to the
+    deployed handler's code with the deployed function's configuration: it moves the run's
+    spend ledger over its machines' time so far, priced by the local cloud's price book."""
+    from spotrain.constructs.interruption_handler import handler
+
+    function = control.client("lambda", cloud.endpoint, region).get_function_configuration(
+        FunctionName=function_name
+    )
+    event = {
+        "version": "0", "id": f"rehearsal-check-{time.time_ns()}", "detail-type":
+        "Scheduled Event", "source": "aws.events", "account": "123456789012",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "region": region,
+        "resources": [f"arn:aws:events:{region}:123456789012:rule/capacity-check"], "detail": {},
+    }  # fmt: skip
+    with _environment(function["Environment"]["Variables"]):
+        result = handler.handle(event)
+    if "rejected" in result:
+        raise RehearsalFailed(f"the handler rejected the capacity check: {result['rejected']}")
+    return result
+
+
+def spend_line(cloud: control.RunningCloud, events_table: str, region: str, run: str) -> str:
+    """The run's spend as the handler's checks counted it, for a rehearsal's report."""
+    from spotrain import spend_ledger
+
+    table = control.resource("dynamodb", cloud.endpoint, region).Table(events_table)
+    ledger = spend_ledger.read(table, run)
+    hours = sum(f["seconds"] for f in ledger.per_pool.values()) / 3600
+    if ledger.as_of is None:
+        return "not counted (no capacity check ran)"
+    if ledger.unpriced_seconds and not ledger.on_demand_usd:
+        return (
+            f"not priced: {hours:.3f} machine-hours of run {run}'s fleet have no price in the "
+            "price book (`spotrain prices refresh`, or rehearse with --price-book)"
+        )
+    line = (
+        f"${ledger.spend_usd:,.4f} for {hours:.3f} machine-hours of run {run}'s fleet; "
+        f"${ledger.on_demand_usd:,.4f} on on-demand prices ({ledger.saved:.0%} saved)"
+    )
+    if ledger.unpriced_seconds:
+        line += (
+            f"; {ledger.unpriced_seconds / 3600:.3f} h unpriced: the price book has no price "
+            "for them (`spotrain prices refresh`, or rehearse with --price-book)"
+        )
+    return line
 
 
 @contextmanager

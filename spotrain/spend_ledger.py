@@ -9,7 +9,8 @@ other check moved it meanwhile (a conditional write on `as_of`). So a check deli
 or one that arrives late (its now is not after as_of), counts nothing, and a machine that
 terminated since the last check still counts up to its end: terminated machines stay in
 DescribeInstances for about an hour, far longer than a check interval. EBS volumes, data
-transfer and requests are not counted.
+transfer and requests are not counted. Each counted check also leaves a spend point (the
+ledger as it left it) and each cap notice an item of its own, for `spotrain cost report`.
 
 Boto3 and the standard library only: it ships in the interruption handler's Lambda zip, and
 `spotrain cost status` reads the same item.
@@ -25,11 +26,17 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from spotrain.catalog_schema import (
+    CAP_NOTICE_PREFIX,
+    EXPIRES_AT_KEY,
     LEDGER_SORT_KEY,
     PARTITION_KEY,
     SORT_KEY,
+    SPEND_POINT_PREFIX,
+    cap_notice_sort_key,
     caps_key,
+    query_items,
     spend_key,
+    spend_point_sort_key,
 )
 from spotrain.cost import prices as price_book
 
@@ -270,6 +277,60 @@ def write(table: Any, run: str, ledger: Ledger, previous: Ledger) -> bool:
             return False
         raise
     return True
+
+
+# --- its history (the report's figure) --------------------------------------------------------
+@dataclass(frozen=True)
+class SpendPoint:
+    at: float
+    spend_usd: float
+    on_demand_usd: float
+
+
+@dataclass(frozen=True)
+class CapNotice:
+    at: float
+    percent: int
+    spend_usd: float
+    cap_usd: float
+
+
+def _expiry(now: float, retention_days: int) -> int:
+    return int(now) + retention_days * 86400
+
+
+def record_point(table: Any, run: str, ledger: Ledger, retention_days: int) -> None:
+    """The ledger as this check left it; kept as long as the run's interruption events."""
+    assert ledger.as_of is not None
+    table.put_item(Item={
+        PARTITION_KEY: spend_key(run), SORT_KEY: spend_point_sort_key(ledger.as_of),
+        "spend_usd": Decimal(str(round(ledger.spend_usd, 6))),
+        "on_demand_usd": Decimal(str(round(ledger.on_demand_usd, 6))),
+        EXPIRES_AT_KEY: _expiry(ledger.as_of, retention_days),
+    })  # fmt: skip
+
+
+def record_notice(table: Any, run: str, notice: CapNotice, retention_days: int) -> None:
+    table.put_item(Item={
+        PARTITION_KEY: spend_key(run), SORT_KEY: cap_notice_sort_key(notice.at, notice.percent),
+        "percent": notice.percent, "spend_usd": Decimal(str(round(notice.spend_usd, 6))),
+        "cap_usd": Decimal(str(notice.cap_usd)), EXPIRES_AT_KEY: _expiry(notice.at, retention_days),
+    })  # fmt: skip
+
+
+def read_history(table: Any, run: str) -> tuple[list[SpendPoint], list[CapNotice]]:
+    """The ledger after each check and the cap notices sent, in time order."""
+    points = [
+        SpendPoint(int(i[SORT_KEY].removeprefix(SPEND_POINT_PREFIX)) / 1000,
+                   float(i["spend_usd"]), float(i["on_demand_usd"]))
+        for i in query_items(table, spend_key(run), SPEND_POINT_PREFIX)
+    ]  # fmt: skip
+    notices = [
+        CapNotice(int(i[SORT_KEY].removeprefix(CAP_NOTICE_PREFIX).split("#")[0]) / 1000,
+                  int(i["percent"]), float(i["spend_usd"]), float(i["cap_usd"]))
+        for i in query_items(table, spend_key(run), CAP_NOTICE_PREFIX)
+    ]  # fmt: skip
+    return points, notices
 
 
 # --- the cap ----------------------------------------------------------------------------------

@@ -78,6 +78,45 @@ class StateBackend:
     """Region of the state bucket."""
 
 
+def _positive_number(value: object) -> bool:
+    return (
+        not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < float("inf")
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedRun:
+    """What the environment's run is expected to need: the pull-request estimate
+    (`spotrain cost estimate`) prices it with the planner, so a change to the fleet shows what
+    it does to the run's bill."""
+
+    machine_hours: float
+    """The run's size: machine-hours of compute without interruptions or checkpoints. The
+    fleet's N machines do it in machine_hours / N hours (the estimate assumes the run scales
+    with its machines), so a bigger fleet costs more per day and finishes sooner."""
+    checkpoint_seconds: float = 60.0
+    """Seconds training stalls per checkpoint (the run's metrics say, once it has run)."""
+    interruptions_per_hour: float | None = None
+    """Per instance: the team's assumption until the run has history (`spotrain cost plan
+    --events-table` measures it); None: the Spot Instance Advisor band in the price book."""
+
+    def problems(self) -> list[str]:
+        found = []
+        for name in ("machine_hours", "checkpoint_seconds"):
+            if not _positive_number(getattr(self, name)):
+                found.append(
+                    f"planned_run.{name} is {getattr(self, name)!r}: give a positive number"
+                )
+        rate = self.interruptions_per_hour
+        zero = isinstance(rate, int | float) and not isinstance(rate, bool) and rate == 0
+        if not (rate is None or zero or _positive_number(rate)):
+            found.append(
+                f"planned_run.interruptions_per_hour is {rate!r}: give 0 or more per "
+                "instance, or None for the Advisor band"
+            )
+        return found
+
+
 @dataclass(frozen=True, kw_only=True)
 class EnvironmentConfig:
     """Everything that differs between environments (local, dev, prod, ...)."""
@@ -127,6 +166,8 @@ class EnvironmentConfig:
     run_deadline: RunDeadline | None = None
     """When the run must be done: the interruption handler then chooses spot or on-demand
     by its progress (Uniform Progress); None keeps the fixed on-demand fallback."""
+    planned_run: PlannedRun | None = None
+    """The run's expected work, priced in each pull request's plan comment; None: no estimate."""
 
     def __post_init__(self) -> None:
         # Types first: the value checks below would misread a budget given as a string, or
@@ -259,17 +300,15 @@ class EnvironmentConfig:
                 f"local endpoint {self.local.endpoint!r} is not a loopback HTTPS URL: use "
                 "https://127.0.0.1:<port> (the address `spotrain local up` prints)"
             )
-        if self.max_spend_usd is not None and (
-            isinstance(self.max_spend_usd, bool)
-            or not isinstance(self.max_spend_usd, int | float)
-            or not 0 < self.max_spend_usd < float("inf")
-        ):
+        if self.max_spend_usd is not None and not _positive_number(self.max_spend_usd):
             problems.append(
                 f"max_spend_usd is {self.max_spend_usd!r}: give the run's cap as a positive "
                 "amount in USD, or None for no cap"
             )
         if self.run_deadline is not None:
             problems += self.run_deadline.problems()
+        if self.planned_run is not None:
+            problems += self.planned_run.problems()
         if self.local is None and self.state is None:
             problems.append(
                 "state is not set for a real environment: give a StateBackend(bucket=..., "

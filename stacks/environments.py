@@ -7,7 +7,7 @@ accounts whose Terraform state lives in an existing S3 bucket (see README: remot
 from __future__ import annotations
 
 from spotrain.deadline_policy import RunDeadline
-from spotrain.stacks.config import EnvironmentConfig, LocalCloud, StateBackend
+from spotrain.stacks.config import EnvironmentConfig, LocalCloud, PlannedRun, StateBackend
 
 DEFAULT_LOCAL_ENDPOINT = "https://127.0.0.1:4566"
 LOCAL_STATE_BUCKET = "spotrain-local-terraform-state"
@@ -51,6 +51,11 @@ def dev() -> EnvironmentConfig:
         monthly_budget_usd=2_000.0,
         alert_emails=("ml-platform-oncall@example.com",),
         max_spend_usd=1_500.0,  # the run's own cap, checked every 5 minutes
+        # Priced in every pull request's plan comment; the rate is an assumption until the run
+        # has its own history (`spotrain cost plan --events-table`).
+        planned_run=PlannedRun(
+            machine_hours=96, checkpoint_seconds=30, interruptions_per_hour=0.02
+        ),
         tags={"team": "ml-platform", "cost-center": "research"},
         state=StateBackend(bucket="example-spotrain-terraform-state", region="us-east-1"),
     )
@@ -76,6 +81,9 @@ def prod() -> EnvironmentConfig:
             finish_by="2027-01-25T09:00:00Z",
             total_steps=250_000,
             changeover_minutes=20,
+        ),
+        planned_run=PlannedRun(
+            machine_hours=1_400, checkpoint_seconds=90, interruptions_per_hour=0.01
         ),
         tags={"team": "ml-platform", "cost-center": "production-training"},
         state=StateBackend(bucket="example-spotrain-terraform-state", region="us-east-1"),

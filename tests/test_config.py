@@ -10,7 +10,7 @@ import pytest
 from spotrain.deadline_policy import RunDeadline
 from spotrain.errors import ConfigError
 from spotrain.stacks import environments
-from spotrain.stacks.config import EnvironmentConfig, LocalCloud
+from spotrain.stacks.config import EnvironmentConfig, LocalCloud, PlannedRun
 
 
 def with_changes(**changes: object) -> EnvironmentConfig:
@@ -71,6 +71,15 @@ def test_shipped_environments_are_valid() -> None:
         ({"max_spend_usd": 0.0}, "max_spend_usd is 0.0: give the run's cap as a positive"),
         ({"max_spend_usd": -10}, "max_spend_usd is -10"),
         ({"max_spend_usd": "500"}, "max_spend_usd is '500'"),
+        ({"planned_run": PlannedRun(machine_hours=0)}, "planned_run.machine_hours is 0: give a"),
+        (
+            {"planned_run": PlannedRun(machine_hours=9, checkpoint_seconds=-1)},
+            "planned_run.checkpoint_seconds is -1",
+        ),
+        (
+            {"planned_run": PlannedRun(machine_hours=9, interruptions_per_hour=-0.1)},
+            "planned_run.interruptions_per_hour is -0.1: give 0 or more per instance",
+        ),
         (
             {
                 "run_deadline": RunDeadline(

@@ -600,3 +600,56 @@ def test_without_interruptions_a_plan_pays_one_start_and_one_checkpoint(
     paid = {s["strategy"]: s["mean_cost"] for s in pool["strategies"]}
     assert paid["on-demand"] == pytest.approx((5 + 0.01 + 0.1) * 2)  # work, a checkpoint, a start
     assert paid["spot-greedy"] == pytest.approx(5.11)
+
+
+# --- the pull-request estimate -----------------------------------------------------------------
+def test_the_estimate_prices_the_planned_run_as_the_planner_does_and_says_what_it_lacks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """dev's planned run on the test book, its rate from the book's Advisor band: the figures
+    are the planner's for the fleet (machine-hours shared by its machines); a base branch that
+    cannot be read, an environment without a planned run and one the book cannot price each
+    say so in the comment instead of failing it."""
+    import dataclasses
+
+    from spotrain.cost import estimate
+    from spotrain.stacks import environments
+
+    dev = environments.dev()
+    assert dev.planned_run is not None
+    dev = dataclasses.replace(
+        dev, planned_run=dataclasses.replace(dev.planned_run, interruptions_per_hour=None)
+    )
+    book = prices.load(PRICE_BOOK)
+    found = estimate.estimate(dev, book)
+    assert found is not None and found.spot is not None and found.on_demand is not None
+    assert found.rate_source == "Spot Instance Advisor >20% (2026-11-20)"
+    plan = planner.plan(planner.PlanInputs(
+        work_h=dev.planned_run.machine_hours / dev.fleet_desired_size,
+        nodes=dev.fleet_desired_size, deadline_h=None,
+        checkpoint_s=dev.planned_run.checkpoint_seconds, restart_h=estimate.RESTART_HOURS,
+        interruptions_per_hour=planner.advisor_rate_per_hour(">20%"),
+        recovery_h=estimate.RECOVERY_HOURS, on_demand_price=20.0, spot_price=6.0,
+        samples=estimate.SAMPLES, seed=estimate.SEED,
+    ))  # fmt: skip
+    by_name = {s.strategy: s for s in plan.summaries}
+    assert found.on_demand.cost_usd == by_name[simulation.ON_DEMAND_ONLY].mean_cost
+    assert found.spot.cost_usd == by_name[found.spot.strategy].mean_cost
+    assert found.on_demand.per_day_usd == pytest.approx(20.0 * dev.fleet_desired_size * 24, 0.02)
+
+    text = estimate.markdown(found, None, base_note="the base has no environment 'dev'.")
+    assert "Against the base branch: the base has no environment 'dev'." in text
+    assert text.count("| new | new |") == 2
+    assert "no `planned_run`" in estimate.markdown(estimate.estimate(environments.local(), book),
+                                                   None)  # fmt: skip
+    unpriced = estimate.estimate(environments.prod(), book)
+    assert unpriced is not None and "no on-demand or spot price for p4d.24xlarge" in str(
+        unpriced.problem)  # fmt: skip
+
+    (tmp_path / "stacks").mkdir()
+    (tmp_path / "stacks" / "environments.py").write_text("raise RuntimeError('half-merged')\n")
+    assert cli.main(["cost", "estimate", "dev", "--base", str(tmp_path), "--price-book",
+                     str(PRICE_BOOK)]) == 0  # fmt: skip
+    out = capsys.readouterr().out
+    assert "cannot be read by this version (RuntimeError: half-merged)" in out
+    assert "| spot: " in out

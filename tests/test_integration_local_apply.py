@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import re
 import shutil
@@ -245,7 +246,8 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
         monkeypatch.setenv(name, value)
     said: list[str] = []
     outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
-    report = Rehearsal(tmp_path, say=said.append).story(
+    book = _price_book(tmp_path / "prices.json")
+    report = Rehearsal(tmp_path, say=said.append, price_book=book).story(
         local.cloud, {**outputs, "config": local.config}, run="solo"
     )
     told = "\n".join(said) + "\n" + report.render()
@@ -258,11 +260,33 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     assert "handler: recorded=True (redelivery recorded=False)" in told
     assert re.search(r"restored step 20 from s3://\S+-us-west-2", told), told
     assert faults.read(control.faults_file()).regions_down == []  # the region is back
+    # Priced from the book the rehearsal was given: the fleet's machines, spot cheaper.
+    spend = re.search(r"spend\s+\$([\d.]+) for ([\d.]+) machine-hours of run demo's fleet; "
+                      r"\$([\d.]+) on on-demand prices", told)  # fmt: skip
+    assert spend and 0 < float(spend[1]) <= float(spend[3]), told
+    assert "unpriced" not in told
+
+
+def _price_book(path: Path) -> Path:
+    """Test figures for the local environment's instance types in every zone: $20/h
+    on-demand, $5/h spot (made up, not AWS prices)."""
+    from spotrain.stacks.environments import GPU_INSTANCE_TYPES
+
+    row = {"region": "us-east-1", "source": "test figure", "taken_at": "2026-11-24"}
+    path.write_text(json.dumps({
+        "format": 1, "note": "Test figures only: not AWS prices.",
+        "on_demand": [{**row, "instance_type": t, "usd_per_hour": 20.0}
+                      for t in GPU_INSTANCE_TYPES],
+        "spot": [{**row, "instance_type": t, "availability_zone": f"us-east-1{zone}",
+                  "usd_per_hour": 5.0} for t in GPU_INSTANCE_TYPES for zone in "abcdef"],
+    }))  # fmt: skip
+    return path
 
 
 def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
-    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     """The fleet rehearsal on this deployment: three instances of the deployed group, played
     on this host from the deployed user data and bootstrap.sh, fetch the dataset and the run's
     configuration from the deployed bucket, meet at the on-demand one and train one run; a
@@ -274,7 +298,8 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
         monkeypatch.setenv(name, value)
     said: list[str] = []
     outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
-    report = FleetRehearsal(tmp_path, say=said.append).story(
+    book = _price_book(tmp_path / "prices.json")
+    report = FleetRehearsal(tmp_path, say=said.append, price_book=book).story(
         local.cloud, {**outputs, "config": local.config}
     )
     rendered = report.render()
@@ -308,6 +333,34 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
             return [piece for piece in re.split(r"[\r\n]", text) if piece.strip()]
 
         assert pieces("\n".join(messages)) == pieces(boot_log.read_text()), boot_log.parent.name
+
+    # After the rehearsal an operator asks the local cloud what the run cost and what its
+    # preemption cost: the handler's three checks, the catalog's checkpoints, the warning.
+    from spotrain import cli
+
+    capsys.readouterr()
+    tables = ["--run", report.run, "--events-table", outputs["events_table"]]
+    assert cli.main(["cost", "status", *tables]) == 0
+    assert re.search(rf"run {report.run}: \$[\d.]+ spent", capsys.readouterr().out)
+    figure = tmp_path / "spend.png"
+    catalog = ["--catalog-table", outputs["checkpoint_catalog_table"]]
+    assert cli.main(["cost", "report", *tables, *catalog, "--json", "--plot", str(figure)]) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert 0 < found["ledger"]["spend_usd"] < found["ledger"]["on_demand_usd"], found
+    # Three checks here (the rehearsal above counted the same fleet's machines twice before).
+    spent = [p["spend_usd"] for p in found["points"]]
+    assert len(spent) >= 3 and spent == sorted(spent) and figure.stat().st_size > 0, found
+    reclaimed = [i for i, fate in report.machines.items() if "reclaimed" in fate]
+    # The rehearsal above warned one of the same run's machines too (its handler serves the
+    # environment's run): this story's warning is the one of the reclaimed machine.
+    mine = [p for p in found["preemptions"] if reclaimed[0] in p["instances"]]
+    assert len(mine) == 1, (reclaimed, found["preemptions"])
+    (preemption,) = mine
+    assert (preemption["reached_step"], preemption["resumed_from"], preemption["steps_lost"]) == (
+        report.reclaimed_stop, report.reclaimed_resume, 0), mine  # fmt: skip
+    assert 0 <= preemption["time_to_resume_s"] < 300 and preemption["cost_usd"] >= 0, found
+    assert found["head_step"] == STEPS and 0 < found["goodput"] < 1, found
+    assert found["checkpoints"] > 0 and found["mean_stall_s"] > 0, found
 
 
 FLEET_POLICY = "run-scoped-checkpoint-access"

@@ -226,12 +226,32 @@ def over_budget(run: Run) -> dict[str, str]:
     autoscaling = control.client("autoscaling", run.cloud.endpoint, REGION)
     autoscaling.set_desired_capacity(AutoScalingGroupName=run.groups[0], DesiredCapacity=3)
     autoscaling.set_desired_capacity(AutoScalingGroupName=run.groups[1], DesiredCapacity=2)
+    # The handler's checks counted the run's machines: $84 over four hours, $240 on on-demand.
+    from spotrain import spend_ledger
+
+    events = control.resource("dynamodb", run.cloud.endpoint, REGION).Table(run.env["EVENTS"])
+    start, previous = time.time() - 4 * 3600, spend_ledger.Ledger()
+    for hour in (1, 2, 3, 4):
+        ledger = spend_ledger.Ledger(
+            as_of=start + hour * 3600, spend_usd=21.0 * hour, on_demand_usd=60.0 * hour,
+            per_pool={"g5.xlarge#us-east-1a#spot": {"seconds": 3 * 3600.0 * hour,
+                      "spend_usd": 21.0 * hour, "on_demand_usd": 60.0 * hour}},
+        )  # fmt: skip
+        assert spend_ledger.write(events, run.name, ledger, previous)
+        spend_ledger.record_point(events, run.name, ledger, retention_days=90)
+        previous = ledger
+    Path(run.env["SCRATCH"]).mkdir(exist_ok=True)  # as `mktemp -d` leaves it
     return {"KEEP": "1"}
 
 
 def check_shrunk(run: Run, result: subprocess.CompletedProcess[str]) -> None:
     assert f"{run.budget}: limit 100.00 USD per monthly" in result.stdout
-    assert f"run {run.name}: no spend counted yet" in result.stdout  # no ledger in this scene
+    assert f"run {run.name}: $84.00 spent, $240.00 on on-demand prices (65% saved)" in (
+        result.stdout)  # fmt: skip
+    assert f"run {run.name}: cost report" in result.stdout
+    assert "$84.00; $240.00 on on-demand prices: $156.00 saved (65%)" in result.stdout
+    assert "preemptions         0" in result.stdout and "goodput" in result.stdout
+    assert (Path(run.env["SCRATCH"]) / "spend.png").stat().st_size > 0
     assert (run.desired(run.groups[0]), run.desired(run.groups[1])) == (1, 0)
 
 

@@ -245,7 +245,20 @@ def test_a_run_at_its_cap_is_held_with_its_groups_at_0_until_released(
     released = setting.check_at(start + 62 * 60)
     assert released["decision"] == "release" and desired(setting.run, REGION) == 3
     assert cli.main(fleet) == 0
+    # The report draws what the checks kept: the ledger after each, and each notice's time.
     capsys.readouterr()
+    table = setting.cloud.table.name
+    assert cli.main(["cost", "report", "--run", setting.run, "--events-table", table,
+                     "--json"]) == 0  # fmt: skip
+    found = json.loads(capsys.readouterr().out)
+    assert [round(p["at"] - start) for p in found["points"]] == [
+        m * 60 for m in (20, 31, 49, 61, 62)]  # fmt: skip
+    assert [p["spend_usd"] for p in found["points"]] == sorted(
+        p["spend_usd"] for p in found["points"])  # fmt: skip
+    assert [(n["percent"], n["cap_usd"], round(n["at"] - start)) for n in found["notices"]] == [
+        (50, 30, 31 * 60), (80, 30, 49 * 60), (100, 30, 61 * 60),
+        (50, 60, 62 * 60)]  # the raised cap's notices start afresh  # fmt: skip
+    assert found["ledger"]["cap_usd"] == 60 and not found["ledger"]["held"]
 
 
 def test_the_cap_is_announced_at_50_80_and_100_percent_once_each_and_afresh_when_raised() -> None:

@@ -303,6 +303,10 @@ class DynamoCatalog:
         }
         if manifest.parent:
             item[schema.LINEAGE_KEY] = {"S": manifest.parent}
+        if manifest.extra.get("timings"):
+            item[schema.TIMINGS_KEY] = {
+                "M": {k: {"N": str(v)} for k, v in manifest.extra["timings"].items()}
+            }
         self._transact(
             [
                 self._lease_check(generation),
@@ -417,7 +421,10 @@ class DynamoCatalog:
             page = self._call(
                 "query",
                 KeyConditionExpression="pk = :pk AND begins_with(sk, :checkpoint)",
-                ExpressionAttributeValues={":pk": self._pk, ":checkpoint": {"S": "CKPT#"}},
+                ExpressionAttributeValues={
+                    ":pk": self._pk,
+                    ":checkpoint": {"S": schema.CHECKPOINT_PREFIX},
+                },
                 ConsistentRead=True,
                 **({"ExclusiveStartKey": start} if start else {}),
             )

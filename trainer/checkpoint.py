@@ -200,10 +200,12 @@ def commit(
     code_version: str,
     parent: str | None = None,
     config: dict[str, Any] | None = None,
+    timings: dict[str, float] | None = None,
 ) -> Manifest:
     """Write the manifest naming `shards` (all stored and verified) and make it the run's head
     in the catalog. `config`: the definition the checkpoint was trained with, kept in the
-    manifest so a later start can tell whether it changed."""
+    manifest so a later start can tell whether it changed; `timings`: what the checkpoint cost
+    the run (`stall_s`, `upload_s`, `machines`), for its cost report."""
     keys = sorted({key for s in shards for key in s.keys})
     if not all(s.keys for s in shards):
         raise SpotrainError(f"step {step}: every shard must be stored before it is committed")
@@ -224,7 +226,10 @@ def commit(
         code_version=code_version,
         created_at=datetime.datetime.now(datetime.UTC).isoformat(timespec="milliseconds"),
         parent=parent,
-        extra={"config": config} if config is not None else {},
+        extra={
+            **({"config": config} if config is not None else {}),
+            **({"timings": timings} if timings else {}),
+        },
     )
     content = manifest.to_json()
     key = manifest_key(run, step, content)

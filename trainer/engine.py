@@ -817,6 +817,9 @@ class _Saver:
                     return (
                         f"machines wrote different files named {shard.name} at step {flight.step}"
                     )
+        timings = {"stall_s": round(flight.stall_s, 3),
+                   "upload_s": round(time.perf_counter() - flight.began, 3),
+                   "machines": len(reports)}  # fmt: skip
         try:
             checkpoint.commit(
                 list(shards.values()), storage=self.storage, catalog=self.catalog,
@@ -824,7 +827,7 @@ class _Saver:
                 world_size=self.place.world, zero_stage=self.config.zero_stage,
                 config_hash=self.config.config_hash(self.place.world),
                 code_version=_code_version(), parent=self.parent,
-                config=self.config.definition(self.place.world),
+                config=self.config.definition(self.place.world), timings=timings,
             )  # fmt: skip
         except SpotrainError as error:
             return str(error)

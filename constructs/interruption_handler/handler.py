@@ -18,9 +18,10 @@ checkpoint's record rewritten or removed) are alarms to the same topic (`catalog
 Nothing raises: an event that is malformed, of an unknown kind, or that fails half-way is
 logged and sent to the dead-letter queue with the reason, from where it can be redriven.
 
-Each scheduled check also moves the run's spend ledger (`spend_ledger.py`) and judges it
-against the run's cap (MAX_SPEND_USD, raised by operators): notices at 50, 80 and 100%, and at
-100% the run is held like a run that crashed too often.
+Each scheduled check also moves the run's spend ledger (`spend_ledger.py`), keeps a spend
+point for the run's report, and judges it against the run's cap (MAX_SPEND_USD, raised by
+operators): notices at 50, 80 and 100% (each kept too), and at 100% the run is held like a
+run that crashed too often.
 
 Runs with boto3 and the standard library only; ships with spotrain/catalog_schema.py,
 spotrain/fleet_state.py, spotrain/deadline_policy.py, spotrain/spend_ledger.py,
@@ -454,7 +455,7 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
         log.exception("the spend ledger was not updated")
         counted = {"error": f"{type(error).__name__}: {error}"}
         ledger = spend_ledger.read(table, settings["run"]) if settings["run"] else None
-    over_cap = ledger is not None and _judge_spend(settings, table, ledger)
+    over_cap = ledger is not None and _judge_spend(settings, table, ledger, now)
     if not state.failed and not over_cap and state.held_sizes:
         decision = requeue.release(groups, state.held_sizes)
         apply(decision, groups, table, settings["run"], autoscaling)
@@ -486,9 +487,11 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
             "ledger": counted}  # fmt: skip
 
 
-def _judge_spend(settings: dict[str, Any], table: Any, ledger: spend_ledger.Ledger) -> bool:
-    """Announce the percentages of the run's cap its spend newly reached; True when the spend
-    reached the cap (the run is held)."""
+def _judge_spend(
+    settings: dict[str, Any], table: Any, ledger: spend_ledger.Ledger, now: float
+) -> bool:
+    """Announce the percentages of the run's cap its spend newly reached (and keep each notice
+    for the run's report); True when the spend reached the cap (the run is held)."""
     run = settings["run"]
     cap = spend_ledger.current_cap(table, run, settings["max_spend_usd"])
     check = spend_ledger.judge(ledger, cap)
@@ -499,6 +502,9 @@ def _judge_spend(settings: dict[str, Any], table: Any, ledger: spend_ledger.Ledg
     ):
         spend_ledger.save_cap_state(table, run, check.ledger)
     for percent in check.crossed:
+        assert cap is not None
+        notice = spend_ledger.CapNotice(now, percent, ledger.spend_usd, cap)
+        spend_ledger.record_notice(table, run, notice, settings["retention_days"])
         notify(settings["topic"], f"spotrain: run {run} spent {percent}% of its cap", {
             "run": run, "percent": percent, "spend_usd": round(ledger.spend_usd, 2),
             "cap_usd": cap, "held": check.ledger.held,
@@ -537,6 +543,7 @@ def update_ledger(
         return {"counted": False, "why": "another check counted this time first"}, (
             spend_ledger.read(table, run)
         )
+    spend_ledger.record_point(table, run, ledger, settings["retention_days"])
     boto3.client("cloudwatch").put_metric_data(
         Namespace=METRIC_NAMESPACE,
         MetricData=[

@@ -1,4 +1,4 @@
-"""`spotrain cost plan|simulate` and `spotrain prices refresh|show`."""
+"""`spotrain cost plan|simulate|status|report|estimate` and `spotrain prices refresh|show`."""
 
 from __future__ import annotations
 
@@ -485,6 +485,75 @@ def cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- report ------------------------------------------------------------------------------------
+def cmd_report(args: argparse.Namespace) -> int:
+    import boto3
+
+    from spotrain import spend_ledger
+    from spotrain.cost import run_report
+
+    dynamodb = boto3.resource("dynamodb")
+    events = dynamodb.Table(args.events_table)
+    with aws_errors(f"the events table {args.events_table} cannot be read", EVENTS_TABLE_FIX):
+        ledger = spend_ledger.read(events, args.run)
+        points, notices = spend_ledger.read_history(events, args.run)
+        interruptions = run_report.read_interruptions(events, args.run)
+    checkpoints, head_step = None, 0
+    if args.catalog_table:
+        with aws_errors(
+            f"the catalog table {args.catalog_table} cannot be read",
+            "give the catalog stack's checkpoint table (spotrain-<env>-checkpoints) and "
+            "credentials that may read it",
+        ):
+            checkpoints, head_step = run_report.read_checkpoints(
+                dynamodb.Table(args.catalog_table), args.run
+            )
+    if ledger.as_of is None and not interruptions and not checkpoints:
+        raise CostInputError(
+            f"run {args.run!r} left nothing in {args.events_table}"
+            + (f" or {args.catalog_table}" if args.catalog_table else "")
+            + ": check the run's name (its environment's run_name) and that these are its "
+            "environment's tables"
+        )
+    found = run_report.build(
+        args.run, ledger=ledger, points=points, notices=notices, checkpoints=checkpoints,
+        head_step=head_step, interruptions=interruptions,
+    )  # fmt: skip
+    _say(_json(found.as_json()) if args.json else run_report.render(found))
+    if args.plot:
+        run_report.plot(found, Path(args.plot))
+        if not args.json:
+            _say(f"figure: {args.plot}")
+    return 0
+
+
+# --- estimate ----------------------------------------------------------------------------------
+def cmd_estimate(args: argparse.Namespace) -> int:
+    from spotrain.cost import estimate
+
+    book = prices.load(args.price_book) if args.price_book else prices.load()
+    head = estimate.estimate(_environment(args.environment), book)
+    base, base_note = None, ""
+    if args.base:
+        try:
+            theirs = estimate.environments_at(Path(args.base))
+        except CostInputError as error:
+            base_note = str(error)
+        else:
+            if args.environment in theirs:
+                base = estimate.estimate(theirs[args.environment], book)
+            else:
+                base_note = f"the base has no environment {args.environment!r}."
+    if args.json:
+        _say(_json({
+            "head": head.as_json() if head else None,
+            "base": base.as_json() if base else None, "base_note": base_note,
+        }))  # fmt: skip
+    else:
+        _say(estimate.markdown(head, base, base_note=base_note))
+    return 0
+
+
 # --- prices ------------------------------------------------------------------------------------
 def cmd_prices(args: argparse.Namespace) -> int:
     path = Path(args.price_book) if args.price_book else prices.SNAPSHOT
@@ -678,6 +747,38 @@ def add_parsers(commands: Any) -> None:
     )
     status.add_argument("--json", action="store_true", help="print JSON instead of lines")
     status.set_defaults(handler=cmd_status)
+
+    forecast = actions.add_parser(
+        "estimate",
+        help="an environment's planned run, priced (the pull-request plan comment's section)",
+    )
+    forecast.add_argument("environment", help="the environment whose planned_run to price")
+    forecast.add_argument(
+        "--base", help="a checkout of the base branch: show the change against its environment"
+    )
+    forecast.add_argument("--price-book", help="instead of the checked-in snapshot")
+    forecast.add_argument("--json", action="store_true", help="print JSON instead of Markdown")
+    forecast.set_defaults(handler=cmd_estimate)
+
+    summary = actions.add_parser(
+        "report", help="a run's spend, goodput, preemptions and checkpoint overhead"
+    )
+    summary.add_argument("--run", required=True, help="the run")
+    summary.add_argument(
+        "--events-table",
+        required=True,
+        help="the environment's events table (spotrain-<env>-events)",
+    )
+    summary.add_argument(
+        "--catalog-table",
+        help="its checkpoint table (spotrain-<env>-checkpoints): goodput, preemptions, "
+        "checkpoint overhead",
+    )
+    summary.add_argument("--json", action="store_true", help="print JSON instead of lines")
+    summary.add_argument(
+        "--plot", help="draw spend against on-demand over time, preemptions and notices (PNG)"
+    )
+    summary.set_defaults(handler=cmd_report)
 
     book = commands.add_parser("prices", help="the price book: refresh it from AWS, show it")
     book.add_argument("action", choices=["refresh", "show"])

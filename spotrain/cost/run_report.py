@@ -1,0 +1,417 @@
+"""A run's cost report (`spotrain cost report`): what it spent against on-demand, how much of
+the paid machine time trained steps that stayed, what each preemption cost, and what the
+checkpoints cost.
+
+Its sources are the ones the run leaves anyway: the spend ledger and its history (the
+interruption handler's checks, `spend_ledger`), the interruption marks of the run's fleet
+state, and the checkpoint catalog (each checkpoint's step, lease generation, publish time,
+parent and `timings`). A preemption's figures are estimates from those: the steps the
+stopped start had reached when warned (its last checkpoint, plus the steps its pace fits
+between that checkpoint and the warning when none was published after it), the step the next
+start resumed from (its first checkpoint's parent), and when it trained again (its first
+checkpoint's publish time less its upload and the steps since the resume at its pace).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from itertools import pairwise
+from pathlib import Path
+from typing import Any
+
+from spotrain.catalog_schema import (
+    CHECKPOINT_PREFIX,
+    HEAD_SORT_KEY,
+    INSTANCE_PREFIX,
+    INSTANCE_STATUS_INTERRUPTING,
+    LINEAGE_KEY,
+    PARTITION_KEY,
+    SORT_KEY,
+    STATUS_COLLECTED,
+    STATUS_COMPLETE,
+    TIMINGS_KEY,
+    query_items,
+    run_key,
+)
+from spotrain.fleet_state import SPOT_WARNING_LEAD_S
+from spotrain.spend_ledger import CapNotice, Ledger, SpendPoint
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    step: int
+    generation: int
+    published_at: float
+    parent_step: int | None
+    status: str = STATUS_COMPLETE
+    stall_s: float | None = None
+    upload_s: float | None = None
+    machines: int | None = None
+
+
+@dataclass(frozen=True)
+class Interruption:
+    at: float
+    instance_id: str
+    pool: str
+
+
+@dataclass(frozen=True)
+class Preemption:
+    at: float
+    instances: tuple[str, ...]
+    pools: tuple[str, ...]
+    reached_step: int | None
+    """The step the stopped start had reached when warned (estimated)."""
+    resumed_from: int | None
+    """None: the run has not started again (yet)."""
+    resumed_at: float | None
+    cost_usd: float | None
+    """Machine time of the lost steps and of the wait, at the run's mean price."""
+
+    @property
+    def steps_lost(self) -> int | None:
+        if self.reached_step is None or self.resumed_from is None:
+            return None
+        return max(0, self.reached_step - self.resumed_from)
+
+    @property
+    def time_to_resume_s(self) -> float | None:
+        return None if self.resumed_at is None else self.resumed_at - self.at
+
+
+@dataclass(frozen=True)
+class RunReport:
+    run: str
+    ledger: Ledger
+    points: list[SpendPoint]
+    notices: list[CapNotice]
+    head_step: int
+    steps_per_hour: float | None
+    paid_s: float
+    productive_s: float | None
+    """Machine time that trained the steps of the head's lineage (stalls not counted)."""
+    checkpoints: int
+    """In the head's lineage."""
+    stall_s: float
+    """Machine time training waited for those checkpoints."""
+    mean_stall_s: float | None
+    mean_upload_s: float | None
+    preemptions: list[Preemption]
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def goodput(self) -> float | None:
+        if self.productive_s is None or not self.paid_s:
+            return None
+        return self.productive_s / self.paid_s
+
+    @property
+    def saved_usd(self) -> float:
+        return self.ledger.on_demand_usd - self.ledger.spend_usd
+
+    def as_json(self) -> dict[str, Any]:
+        document = asdict(self)
+        document.update(goodput=self.goodput, saved_usd=self.saved_usd,
+                        saved=self.ledger.saved)  # fmt: skip
+        for preemption, found in zip(self.preemptions, document["preemptions"], strict=True):
+            found.update(steps_lost=preemption.steps_lost,
+                         time_to_resume_s=preemption.time_to_resume_s)  # fmt: skip
+        return document
+
+
+# --- the figures -------------------------------------------------------------------------------
+def _pace(checkpoints: list[Checkpoint]) -> dict[int | None, float]:
+    """Seconds per step of each start (lease generation), between its consecutive checkpoints;
+    under None, over all starts."""
+    sums: dict[int | None, list[float]] = {}
+    ordered = sorted(checkpoints, key=lambda c: c.step)
+    for before, after in pairwise(ordered):
+        took, steps = after.published_at - before.published_at, after.step - before.step
+        if before.generation != after.generation or took <= 0 or steps <= 0:
+            continue
+        for key in (after.generation, None):
+            total = sums.setdefault(key, [0.0, 0.0])
+            total[0], total[1] = total[0] + took, total[1] + steps
+    return {key: seconds / steps for key, (seconds, steps) in sums.items()}
+
+
+def _lineage(checkpoints: list[Checkpoint], head_step: int) -> list[Checkpoint]:
+    """The head and its ancestors, oldest first (what the run's result is made of)."""
+    by_step = {c.step: c for c in checkpoints if c.status in (STATUS_COMPLETE, STATUS_COLLECTED)}
+    chain, step = [], head_step
+    while step in by_step and len(chain) <= len(by_step):
+        chain.append(by_step[step])
+        parent = by_step[step].parent_step
+        if parent is None:
+            break
+        step = parent
+    return chain[::-1]
+
+
+def _running_at(at: float, checkpoints: list[Checkpoint]) -> int | None:
+    """The start (lease generation) that was training at `at`: the one that published last
+    before it, else the first to publish within the warning's two minutes (its emergency
+    checkpoint); None if neither."""
+    before = [c for c in checkpoints if c.published_at <= at]
+    if before:
+        return max(before, key=lambda c: c.published_at).generation
+    notice = [c for c in checkpoints if at < c.published_at <= at + SPOT_WARNING_LEAD_S]
+    return min(notice, key=lambda c: c.published_at).generation if notice else None
+
+
+def _preemptions(
+    interruptions: Iterable[Interruption], checkpoints: list[Checkpoint],
+    pace: dict[int | None, float], price_per_machine_s: float | None,
+) -> list[Preemption]:  # fmt: skip
+    """One per start that a warning ended: warnings to several machines of one start within
+    one notice's two minutes count once."""
+    groups: list[tuple[int | None, list[Interruption]]] = []
+    for warning in sorted(interruptions, key=lambda i: i.at):
+        start = _running_at(warning.at, checkpoints)
+        if (
+            groups
+            and groups[-1][0] == start
+            and (warning.at - groups[-1][1][0].at <= SPOT_WARNING_LEAD_S)
+        ):
+            groups[-1][1].append(warning)
+        else:
+            groups.append((start, [warning]))
+    found = []
+    for stopped, warnings in groups:
+        at = warnings[0].at
+        own = [c for c in checkpoints if c.generation == stopped]
+        last = max(own, key=lambda c: c.step) if own else None
+        reached, machines = None, 1
+        if last is not None:
+            machines = last.machines or 1
+            per_step = pace.get(stopped) or pace.get(None)
+            reached = last.step
+            if last.published_at < at and per_step:  # no checkpoint after the warning
+                reached += int((at - last.published_at) / per_step)
+        later = [c for c in checkpoints
+                 if c.generation > (stopped if stopped is not None else -1)
+                 and c.published_at > at]  # fmt: skip
+        resumed_from = resumed_at = cost = None
+        if later:
+            resumed_gen = min(c.generation for c in later)
+            first = min((c for c in later if c.generation == resumed_gen), key=lambda c: c.step)
+            resumed_from = first.parent_step or 0
+            per_step = pace.get(resumed_gen) or pace.get(None) or 0.0
+            trained_again = (first.published_at - (first.upload_s or 0.0)
+                             - (first.step - resumed_from) * per_step)  # fmt: skip
+            resumed_at = max(at, trained_again)
+            if price_per_machine_s is not None and reached is not None:
+                lost_s = max(0, reached - resumed_from) * (pace.get(stopped) or per_step)
+                cost = (lost_s + resumed_at - at) * machines * price_per_machine_s
+        found.append(Preemption(
+            at=at, instances=tuple(w.instance_id for w in warnings),
+            pools=tuple(sorted({w.pool for w in warnings})), reached_step=reached,
+            resumed_from=resumed_from, resumed_at=resumed_at, cost_usd=cost,
+        ))  # fmt: skip
+    return found
+
+
+def build(
+    run: str, *, ledger: Ledger, points: list[SpendPoint], notices: list[CapNotice],
+    checkpoints: list[Checkpoint] | None, head_step: int, interruptions: list[Interruption],
+) -> RunReport:  # fmt: skip
+    """The report from what the run left; `checkpoints` None: no catalog was given."""
+    notes = []
+    paid_s = sum(figures["seconds"] for figures in ledger.per_pool.values())
+    priced_s = paid_s - ledger.unpriced_seconds
+    price_per_machine_s = ledger.spend_usd / priced_s if priced_s > 0 else None
+    if ledger.as_of is None:
+        notes.append("no spend counted yet: the interruption handler's capacity check counts "
+                     "it every 5 minutes once the run's machines are up")  # fmt: skip
+    if ledger.unpriced_seconds:
+        notes.append(f"{ledger.unpriced_seconds / 3600:.2f} machine-hours have no price in the "
+                     "account's price sources and are not in the dollars")  # fmt: skip
+    if checkpoints is None:
+        notes.append("no checkpoint catalog given (--catalog-table): goodput, preemptions and "
+                     "checkpoint overhead need it")  # fmt: skip
+        return RunReport(run, ledger, points, notices, 0, None, paid_s, None, 0, 0.0, None, None,
+                         [], notes)  # fmt: skip
+    pace = _pace(checkpoints)
+    lineage = _lineage(checkpoints, head_step)
+    productive = 0.0 if lineage else None
+    stall_total, stalls, uploads = 0.0, [], []
+    previous = 0
+    for checkpoint in lineage:
+        machines = checkpoint.machines or 1
+        per_step = pace.get(checkpoint.generation) or pace.get(None)
+        start = checkpoint.parent_step if checkpoint.parent_step is not None else previous
+        if per_step is None or productive is None:
+            productive = None
+        else:
+            productive += (checkpoint.step - start) * per_step * machines
+        if checkpoint.stall_s is not None:
+            stalls.append(checkpoint.stall_s)
+            stall_total += checkpoint.stall_s * machines
+        if checkpoint.upload_s is not None:
+            uploads.append(checkpoint.upload_s)
+        previous = checkpoint.step
+    if productive is not None:
+        productive = max(0.0, productive - stall_total)
+    if lineage and len(stalls) < len(lineage):
+        notes.append(f"{len(lineage) - len(stalls)} checkpoint(s) recorded no timings "
+                     "(published by an older trainer): their stalls are not counted")  # fmt: skip
+    if lineage and productive is None:
+        notes.append("too few checkpoints in one start to measure the run's pace: no goodput")
+    preemptions = _preemptions(interruptions, checkpoints, pace, price_per_machine_s)
+    if any(p.resumed_from is None for p in preemptions):
+        notes.append("a preempted start has not been followed by another one yet")
+    return RunReport(
+        run=run, ledger=ledger, points=points, notices=notices, head_step=head_step,
+        steps_per_hour=3600 / pace[None] if pace.get(None) else None, paid_s=paid_s,
+        productive_s=productive, checkpoints=len(lineage), stall_s=stall_total,
+        mean_stall_s=sum(stalls) / len(stalls) if stalls else None,
+        mean_upload_s=sum(uploads) / len(uploads) if uploads else None,
+        preemptions=preemptions, notes=notes,
+    )  # fmt: skip
+
+
+# --- reading what the run left -----------------------------------------------------------------
+def _instant(value: str) -> float:
+    return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+
+
+def read_interruptions(events: Any, run: str) -> list[Interruption]:
+    """The run's machines the interruption handler marked as warned (fleet state)."""
+    return [
+        Interruption(_instant(item.get("warned_at") or item["updated_at"]),
+                     item[SORT_KEY].removeprefix(INSTANCE_PREFIX), str(item.get("pool", "unknown")))
+        for item in query_items(events, run_key(run), INSTANCE_PREFIX)
+        if item.get("status") == INSTANCE_STATUS_INTERRUPTING and item.get("updated_at")
+    ]  # fmt: skip
+
+
+def read_checkpoints(catalog: Any, run: str) -> tuple[list[Checkpoint], int]:
+    """The run's checkpoint records and its head's step (0: nothing published)."""
+    head = catalog.get_item(
+        Key={PARTITION_KEY: run_key(run), SORT_KEY: HEAD_SORT_KEY}, ConsistentRead=True
+    ).get("Item")
+    found = []
+    for item in query_items(catalog, run_key(run), CHECKPOINT_PREFIX):
+        timings = item.get(TIMINGS_KEY) or {}
+        parent = item.get(LINEAGE_KEY)
+        found.append(Checkpoint(
+            step=int(item["step"]), generation=int(item.get("generation", 0)),
+            published_at=_instant(item["created_at"]),
+            parent_step=int(str(parent).rsplit("_", 1)[1]) if parent else None,
+            status=str(item.get("status", STATUS_COMPLETE)),
+            stall_s=float(timings["stall_s"]) if "stall_s" in timings else None,
+            upload_s=float(timings["upload_s"]) if "upload_s" in timings else None,
+            machines=int(timings["machines"]) if "machines" in timings else None,
+        ))  # fmt: skip
+    return found, int(head["step"]) if head else 0
+
+
+# --- showing it --------------------------------------------------------------------------------
+def _when(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    if seconds >= 120:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds:.2f} s" if seconds < 10 else f"{seconds:.1f} s"
+
+
+def render(report: RunReport) -> str:
+    ledger = report.ledger
+    lines = [f"run {report.run}: cost report"]
+    if ledger.as_of is not None:
+        lines += [
+            f"  spend               ${ledger.spend_usd:,.2f}; ${ledger.on_demand_usd:,.2f} on "
+            f"on-demand prices: ${report.saved_usd:,.2f} saved ({ledger.saved:.0%}), counted "
+            f"to {_when(ledger.as_of)} UTC",
+            f"  paid machine time   {report.paid_s / 3600:,.2f} h in {len(ledger.per_pool)} "
+            "pool(s)",
+            *(f"    {pool:<36} {f['seconds'] / 3600:8.2f} h  ${f['spend_usd']:,.2f}"
+              for pool, f in sorted(ledger.per_pool.items())),
+        ]  # fmt: skip
+    if report.goodput is not None and report.productive_s is not None:
+        lines.append(
+            f"  goodput             {report.goodput:.0%} ({report.productive_s / 3600:,.2f} "
+            f"machine-hours trained the head's {report.head_step} steps, of "
+            f"{report.paid_s / 3600:,.2f} paid)"
+        )
+    if report.steps_per_hour:
+        lines.append(f"  pace                {report.steps_per_hour:,.0f} steps/h (between "
+                     "checkpoints of one start)")  # fmt: skip
+    if report.checkpoints:
+        line = f"  checkpoints         {report.checkpoints} in the head's lineage"
+        if report.mean_stall_s is not None:
+            line += (f"; training stalled {_duration(report.mean_stall_s)} each "
+                     f"({report.stall_s:,.1f} machine-s in all)")  # fmt: skip
+        if report.mean_upload_s is not None:
+            line += f", save to published {_duration(report.mean_upload_s)} on average"
+        lines.append(line)
+    if report.preemptions or report.productive_s is not None:
+        lines.append(f"  preemptions         {len(report.preemptions)}")
+    for p in report.preemptions:
+        lost = "unknown" if p.steps_lost is None else str(p.steps_lost)
+        resumed = (
+            "not resumed yet" if p.resumed_from is None
+            else f"resumed from step {p.resumed_from} after {_duration(p.time_to_resume_s)}"
+        )  # fmt: skip
+        cost = "" if p.cost_usd is None else f", cost ${p.cost_usd:,.2f}"
+        lines.append(
+            f"    {_when(p.at)} {', '.join(p.instances)} ({', '.join(p.pools)}): steps lost "
+            f"{lost} (had reached {p.reached_step}), {resumed}{cost}"
+        )
+    if ledger.cap_usd is not None:
+        sent = ", ".join(f"{n.percent}% at {_when(n.at)}" for n in report.notices) or "none"
+        share = ledger.spend_usd / ledger.cap_usd
+        lines.append(
+            f"  cap                 ${ledger.cap_usd:,.2f}: {share:.0%} spent"
+            f"{'; HELD' if ledger.held else ''}; notices: {sent}"
+        )
+    lines += [f"  note: {note}" for note in report.notes]
+    return "\n".join(lines)
+
+
+def plot(report: RunReport, path: Path) -> None:
+    """Spend and its on-demand equivalent over time, preemptions and cap notices marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+    from matplotlib import dates
+
+    def at(seconds: float) -> datetime:
+        return datetime.fromtimestamp(seconds, UTC)
+
+    figure, axes = plt.subplots(figsize=(7.5, 4.2), layout="constrained")
+    times = [at(p.at) for p in report.points]
+    # Each point is the total a check counted; between checks the money accrues steadily.
+    axes.plot(times, [p.on_demand_usd for p in report.points], marker=".",
+              label="on-demand equivalent")  # fmt: skip
+    axes.plot(times, [p.spend_usd for p in report.points], marker=".", label="spend")
+    for index, p in enumerate(report.preemptions):
+        axes.axvline(at(p.at), color="tab:red", linestyle="--", linewidth=1,
+                     label="preemption" if index == 0 else None)  # fmt: skip
+    if report.notices:
+        axes.scatter([at(n.at) for n in report.notices], [n.spend_usd for n in report.notices],
+                     marker="^", s=60, color="black", zorder=3, label="cap notice")  # fmt: skip
+        for notice in report.notices:
+            axes.annotate(f"{notice.percent}%", (at(notice.at), notice.spend_usd),
+                          textcoords="offset points", xytext=(4, 6), fontsize=8)  # fmt: skip
+    if report.ledger.cap_usd is not None:
+        axes.axhline(report.ledger.cap_usd, color="gray", linestyle=":", label="cap")
+    locator = dates.AutoDateLocator(tz=UTC)
+    axes.xaxis.set_major_locator(locator)
+    axes.xaxis.set_major_formatter(dates.ConciseDateFormatter(locator, tz=UTC))
+    axes.set_xlabel("time (UTC)")
+    axes.set_ylabel("USD so far")
+    axes.set_ylim(bottom=0)
+    axes.set_title(f"run {report.run}: spend against on-demand", fontsize=10)
+    axes.grid(alpha=0.3)
+    axes.legend(fontsize=8)
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
