@@ -36,6 +36,7 @@ from spotrain.rehearsal import (
     Trainer,
     deliver_capacity_check,
     deliver_interruption,
+    prices_from,
     spend_line,
 )
 
@@ -114,8 +115,8 @@ class FleetRehearsal:
     def __init__(
         self, work: Path, *, say: Callable[[str], None] = print, price_book: Path | None = None
     ) -> None:
+        # price_book: the prices the local cloud answers with (None: the snapshot).
         self.work, self.say, self.price_book = work, say, price_book
-        """`price_book`: the prices the local cloud answers with (default: the snapshot)."""
         self.machines: list[LocalMachine] = []
 
     def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> FleetReport:
@@ -138,16 +139,13 @@ class FleetRehearsal:
         corpus = corpus or self._corpus()
         if reference is None:
             reference = self._start_reference(corpus)
-        if self.price_book is not None:
-            control.set_price_book(self.price_book)
         try:
-            return self._story(cloud, outputs, corpus, reference)
+            with prices_from(self.price_book):
+                return self._story(cloud, outputs, corpus, reference)
         finally:
             for machine in self.machines:
                 machine.stop()
             reference[1].stop()
-            if self.price_book is not None:
-                control.set_price_book(None)
 
     # --- the story -----------------------------------------------------------------------
     def _story(

@@ -125,8 +125,8 @@ class Rehearsal:
     def __init__(
         self, work: Path, *, say: Callable[[str], None] = print, price_book: Path | None = None
     ) -> None:
+        # price_book: the prices the local cloud answers with (None: the snapshot).
         self.work, self.say, self.price_book = work, say, price_book
-        """`price_book`: the prices the local cloud answers with (default: the snapshot)."""
 
     # --- the steps -----------------------------------------------------------------------
     def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> Report:
@@ -143,17 +143,14 @@ class Rehearsal:
     ) -> Report:  # fmt: skip
         """Steps 2 to 6 on a deployed `local` environment (`outputs`: its stacks' outputs and
         its configuration under "config"); `run` defaults to the environment's."""
-        if self.price_book is not None:
-            control.set_price_book(self.price_book)
         try:
-            if reference is not None:
-                return self._story(cloud, outputs, reference, run)
-            with self._reference_run() as started:
-                return self._story(cloud, outputs, started, run)
+            with prices_from(self.price_book):
+                if reference is not None:
+                    return self._story(cloud, outputs, reference, run)
+                with self._reference_run() as started:
+                    return self._story(cloud, outputs, started, run)
         finally:
             control.set_faults(regions_down=[], replication_pending=[])
-            if self.price_book is not None:
-                control.set_price_book(None)
 
     def deploy(self, endpoint: str) -> dict[str, Any]:
         """Apply the `local` environment; its stacks' outputs, and its configuration under
@@ -425,11 +422,6 @@ def deliver_interruption(
     """The spot interruption warning for `instance`, delivered twice (EventBridge delivers at
     least once) to the deployed handler's code with the deployed function's configuration
     (the emulator stores Lambdas but cannot run them)."""
-    from spotrain.constructs.interruption_handler import handler
-
-    function = control.client("lambda", cloud.endpoint, region).get_function_configuration(
-        FunctionName=function_name
-    )
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     event = {
         "version": "0", "id": f"rehearsal-{instance}-{int(time.time())}",
@@ -438,9 +430,7 @@ def deliver_interruption(
         "resources": [f"arn:aws:ec2:{region}:123456789012:instance/{instance}"],
         "detail": {"instance-id": instance, "instance-action": "terminate"},
     }  # fmt: skip
-    with _environment(function["Environment"]["Variables"]):
-        result = handler.handle(event)
-        again = handler.handle(event)
+    result, again = _deployed_handler(cloud, function_name, region, event, times=2)
     for refusal in ("rejected", "ignored"):
         if refusal in result:
             raise RehearsalFailed(f"the handler {refusal} the interruption: {result[refusal]}")
@@ -455,22 +445,44 @@ def deliver_capacity_check(
     """The scheduled capacity check (every 5 minutes in a deployment) delivered to the
     deployed handler's code with the deployed function's configuration: it moves the run's
     spend ledger over its machines' time so far, priced by the local cloud's price book."""
-    from spotrain.constructs.interruption_handler import handler
-
-    function = control.client("lambda", cloud.endpoint, region).get_function_configuration(
-        FunctionName=function_name
-    )
     event = {
         "version": "0", "id": f"rehearsal-check-{time.time_ns()}", "detail-type":
         "Scheduled Event", "source": "aws.events", "account": "123456789012",
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "region": region,
         "resources": [f"arn:aws:events:{region}:123456789012:rule/capacity-check"], "detail": {},
     }  # fmt: skip
-    with _environment(function["Environment"]["Variables"]):
-        result = handler.handle(event)
+    (result,) = _deployed_handler(cloud, function_name, region, event)
     if "rejected" in result:
         raise RehearsalFailed(f"the handler rejected the capacity check: {result['rejected']}")
     return result
+
+
+def _deployed_handler(
+    cloud: control.RunningCloud, function_name: str, region: str, event: dict[str, Any],
+    *, times: int = 1,
+) -> list[dict[str, Any]]:  # fmt: skip
+    """`event` handled `times` times by the deployed handler's code with the deployed
+    function's configuration (the emulator stores Lambdas but cannot run them)."""
+    from spotrain.constructs.interruption_handler import handler
+
+    function = control.client("lambda", cloud.endpoint, region).get_function_configuration(
+        FunctionName=function_name
+    )
+    with _environment(function["Environment"]["Variables"]):
+        return [handler.handle(event) for _ in range(times)]
+
+
+@contextmanager
+def prices_from(book: Path | None) -> Iterator[None]:
+    """The local cloud answers prices from `book` meanwhile (None: the snapshot, as always)."""
+    if book is None:
+        yield
+        return
+    control.set_price_book(book)
+    try:
+        yield
+    finally:
+        control.set_price_book(None)
 
 
 def spend_line(cloud: control.RunningCloud, events_table: str, region: str, run: str) -> str:

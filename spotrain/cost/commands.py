@@ -16,6 +16,10 @@ from spotrain.errors import CostInputError, aws_errors
 EVENTS_TABLE_FIX = (
     "give the catalog stack's events table (spotrain-<env>-events) and credentials that may read it"
 )
+CATALOG_TABLE_FIX = (
+    "give the catalog stack's checkpoint table (spotrain-<env>-checkpoints) and credentials that "
+    "may read it"
+)
 
 
 def _say(message: str) -> None:
@@ -136,11 +140,7 @@ def _pace(args: argparse.Namespace) -> Any:
 
     if not args.run:
         raise CostInputError("--catalog-table needs --run: the run whose checkpoints to read")
-    with aws_errors(
-        f"the catalog table {args.catalog_table} cannot be read",
-        "give the catalog stack's checkpoint table (spotrain-<env>-checkpoints) and credentials "
-        "that may read it",
-    ):
+    with aws_errors(f"the catalog table {args.catalog_table} cannot be read", CATALOG_TABLE_FIX):
         return read_pace(boto3.resource("dynamodb").Table(args.catalog_table), args.run)
 
 
@@ -501,9 +501,7 @@ def cmd_report(args: argparse.Namespace) -> int:
     checkpoints, head_step = None, 0
     if args.catalog_table:
         with aws_errors(
-            f"the catalog table {args.catalog_table} cannot be read",
-            "give the catalog stack's checkpoint table (spotrain-<env>-checkpoints) and "
-            "credentials that may read it",
+            f"the catalog table {args.catalog_table} cannot be read", CATALOG_TABLE_FIX
         ):
             checkpoints, head_step = run_report.read_checkpoints(
                 dynamodb.Table(args.catalog_table), args.run

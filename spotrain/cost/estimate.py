@@ -71,11 +71,11 @@ def estimate(
     environment: Any, book: prices.PriceBook, *, samples: int = SAMPLES
 ) -> Estimate | None:
     """The planner's estimate of the environment's planned run; None if it plans none."""
-    planned = getattr(environment, "planned_run", None)
+    planned = environment.planned_run
     if planned is None:
         return None
     instance_type, region = environment.instance_types[0], environment.primary_region
-    deadline = getattr(environment, "run_deadline", None)
+    deadline = environment.run_deadline
     deadline_h = deadline.deadline_h if deadline else None
     base = Estimate(
         environment=environment.name, run=environment.run_name, machine_hours=planned.machine_hours,
