@@ -488,26 +488,24 @@ def cmd_scan(args: argparse.Namespace) -> int:
     return 0 if report.ok else 1
 
 
-def _checkpoint_parts(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from spotrain.trainer.catalog import open_catalog
-    from spotrain.trainer.storage import open_storage
+def _checkpointer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from spotrain.trainer.checkpointer import Checkpointer
 
     _checked_run(args.run)
-    storage = open_storage(args.store, kms_key_id=args.kms_key_id)
-    return storage, open_catalog(storage, args.run, table=args.catalog_table)
+    owner = f"spotrain checkpoints {args.action} ({os.environ.get('USER', 'unknown')})"
+    return Checkpointer(run=args.run, store=args.store, catalog_table=args.catalog_table,
+                        kms_key_id=args.kms_key_id, lease_owner=owner, say=_say)  # fmt: skip
 
 
 def cmd_checkpoints(args: argparse.Namespace) -> int:
     import tempfile
 
-    from spotrain.trainer import checkpoint
-
-    storage, catalog = _checkpoint_parts(args)
+    checkpointer = _checkpointer(args)
     if args.action == "list":
-        head = catalog.head()
-        entries = catalog.entries()
+        head = checkpointer.head()
+        entries = checkpointer.entries()
         if not entries:
-            _say(f"run {args.run!r} has no checkpoints in {storage.uri}")
+            _say(f"run {args.run!r} has no checkpoints in {checkpointer.storage.uri}")
             return 1
         _say(f"{'step':>10}  {'status':<12} {'bytes':>14}  parent")
         for entry in entries:
@@ -517,8 +515,7 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
                  f"{entry.parent or '-'}{marker}{reason}")  # fmt: skip
         return 0
     if args.action == "gc":
-        report = checkpoint.collect_garbage(storage=storage, catalog=catalog, run=args.run,
-                                            keep=args.keep)  # fmt: skip
+        report = checkpointer.collect_garbage(args.keep)
         _say(f"kept steps {report.kept}; collected {report.collected or 'nothing'}; "
              f"freed {report.freed_bytes:,} bytes")  # fmt: skip
         return 0
@@ -526,39 +523,34 @@ def cmd_checkpoints(args: argparse.Namespace) -> int:
         if not args.to:
             raise SpotrainError("restore needs --to DIR (an empty or new folder, or one an "
                                 "earlier restore of this run filled)")  # fmt: skip
-        result = checkpoint.restore(Path(args.to), storage=storage, catalog=catalog, run=args.run)
-        if result.catalog_unavailable:
-            _say(f"catalog unavailable ({result.catalog_unavailable}); found checkpoints from "
-                 "the store's records")  # fmt: skip
-        for step, reason in result.skipped:
-            _say(f"skipped step {step}: {reason}")
-        for note in result.notes:
-            _say(f"damaged copy passed over (another copy served): {note}")
+        result = checkpointer.restore_into(Path(args.to), roll_back=not args.no_roll_back)
         _say(f"restored step {result.manifest.step} ({result.manifest.total_bytes:,} bytes, "
              f"{len(result.manifest.shards)} files) into {args.to}")  # fmt: skip
+        if result.fell_back and result.rolled_back_from is None:
+            _say(f"the head is still step {result.head_step}: "
+                 + ("--no-roll-back was given" if args.no_roll_back else
+                    "the catalog could not be read"))  # fmt: skip
         return 0
     if args.action in ("quarantine", "rollback"):
         if args.step is None or not (args.reason or "").strip():
             raise SpotrainError(f"{args.action} needs --step N and --reason TEXT (kept with the "
                                 "checkpoint for whoever looks next)")  # fmt: skip
         if args.action == "quarantine":
-            catalog.quarantine(args.step, args.reason)
+            checkpointer.quarantine(args.step, args.reason)
             _say(f"step {args.step} quarantined: restores pass over it")
             return 0
-        owner = f"spotrain checkpoints rollback ({os.environ.get('USER', 'unknown')})"
-        generation = catalog.acquire_lease(owner)  # any writer still running is now stale
-        undone = catalog.roll_back(args.step, generation, args.reason)
+        undone = checkpointer.roll_back(args.step, args.reason)  # a writer still running: stale
         _say(f"head of {args.run} is step {args.step}; rolled back {undone or 'nothing'}")
         return 0
-    entry = checkpoint.entry_at(catalog, args.step)
+    entry = checkpointer.entry_at(args.step)
     if args.action == "show":
-        _say(checkpoint.read_manifest(storage, entry.manifest_key).to_json().decode())
+        _say(checkpointer.manifest(entry).to_json().decode())
         return 0
     with tempfile.TemporaryDirectory() as scratch:
-        manifest, notes = checkpoint.verify(storage, entry.manifest_key, Path(scratch) / "shards")
+        manifest, notes = checkpointer.verify(entry, Path(scratch) / "shards")
     for note in notes:
         _say(f"damaged copy (another copy of the same bytes is good): {note}")
-    copies = sum(len(s.keys) for s in manifest.shards)
+    copies = sum(len(s.stored_keys) for s in manifest.shards)
     _say(f"step {entry.step}: all {len(manifest.shards)} files present and match their SHA-256 "
          f"({copies} stored objects checked)")  # fmt: skip
     return 0
@@ -946,6 +938,13 @@ def parser() -> argparse.ArgumentParser:
     checkpoints.add_argument(
         "--to",
         help="restore: folder to restore into (empty, new, or an earlier restore of the run)",
+    )
+    checkpoints.add_argument(
+        "--no-roll-back",
+        action="store_true",
+        help="restore: leave the head where it is even when the restore fell back past damaged "
+        "checkpoints (by default the head moves back, as when a run restarts, fencing any "
+        "writer still running)",
     )
     checkpoints.add_argument("--reason", help="quarantine/rollback: why, kept in the catalog")
     checkpoints.add_argument(

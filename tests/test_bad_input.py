@@ -228,3 +228,18 @@ def test_an_unexpected_error_says_it_is_a_bug_and_shows_the_trace_only_under_deb
     assert "This is a bug in spotrain" in err and "--debug" in err and "Traceback" not in err
     assert cli.main(["--debug", "synth"]) == 70
     assert "Traceback" in capsys.readouterr().err
+
+
+def test_a_checkpointer_with_bad_settings_lists_every_problem_at_once(tmp_path: Path) -> None:
+    from spotrain.errors import ConfigError
+    from spotrain.trainer.checkpointer import Checkpointer
+
+    with pytest.raises(ConfigError) as refused:
+        Checkpointer(run="no spaces please", store=f"file://{tmp_path}", every=0, light_every=0,
+                     keep_last=1)  # fmt: skip
+    message = str(refused.value)
+    assert "checkpointer" in message and "run:" in message
+    assert "every is 0: checkpoint every 1 or more steps" in message
+    assert "light_every is 0" in message and "keep_last is 1: keep at least 2" in message
+    with pytest.raises(Exception, match="file:// paths or s3:// buckets"):
+        Checkpointer(run="fine", store="gs://elsewhere")

@@ -7,6 +7,8 @@ with the checkpoint bucket policy, DynamoDB with the catalog schema).
 from __future__ import annotations
 
 import contextlib
+import hashlib
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -233,13 +235,14 @@ def test_publish_and_restore_through_the_local_cloud(local_cloud: Any, tmp_path:
     bucket, table = "ckpt-store-test", "ckpt-store-test-catalog"
     key = kms_only_bucket(s3, control.client("kms", local_cloud.endpoint, REGION), bucket)
     create_catalog_table(dynamodb, table)
-    # Small parts so the 12 MB shard goes up as a parallel multipart upload.
-    storage = S3Storage(bucket, "", kms_key_id=key, client=s3, part_size=5 * 1024 * 1024)
+    storage = S3Storage(bucket, "", kms_key_id=key, client=s3)
     catalog = DynamoCatalog(table, RUN, storage, client=dynamodb)
     generation = catalog.acquire_lease("host-a")
     files = {**shards_of_step(10), "global_step10/big.pt": os.urandom(12 * 1024 * 1024)}
     report = publish(write_folder(tmp_path / "a", files), storage, catalog, 10, generation)
     assert report.uploaded_bytes == report.manifest.total_bytes
+    big = next(s for s in report.manifest.shards if s.name.endswith("big.pt"))
+    assert [c.size for c in big.chunks] == [4 * 1024 * 1024] * 3  # three conditional PUTs
     head = s3.head_object(Bucket=bucket, Key=checkpoint.key_of(report.manifest))
     assert head["SSEKMSKeyId"] == key
     # Without a key named (operators' commands), writes name the bucket's default key.
@@ -349,11 +352,114 @@ def test_checkpoints_command_lists_verifies_restores_and_collects(
     assert "does not exist" in capsys.readouterr().err
     assert cli.main(["checkpoints", "restore", *store]) == 2
     assert "restore needs --to DIR" in capsys.readouterr().err
-    assert cli.main(["checkpoints", "restore", *store, "--to", str(tmp_path / "out")]) == 0
+    to = ["--to", str(tmp_path / "out")]
+    assert cli.main(["checkpoints", "restore", *store, *to, "--no-roll-back"]) == 0
     out = capsys.readouterr().out
-    assert "skipped step 30" in out and "restored step 20" in out
+    assert "skipped checkpoint step 30" in out and "restored step 20" in out
+    assert "the head is still step 30: --no-roll-back was given" in out
+    assert catalog.head().step == 30  # type: ignore[union-attr]
+    # As a restarting run would: the head moves back past the damaged checkpoint.
+    assert cli.main(["checkpoints", "restore", *store, *to]) == 0
+    assert "head moved back from step 30 to 20" in capsys.readouterr().out
+    assert catalog.head().step == 20  # type: ignore[union-attr]
+    assert cli.main(["checkpoints", "list", *store]) == 0
+    assert "30  ROLLED_BACK" in capsys.readouterr().out
     assert cli.main(["checkpoints", "gc", *store]) == 0
-    assert "collected [10]" in capsys.readouterr().out
+    assert "kept steps [10, 20]; collected nothing" in capsys.readouterr().out
+
+
+def test_large_files_are_stored_in_chunks_and_only_changed_chunks_are_sent(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fine-tuning run with frozen layers: DeepSpeed rewrites the same file at the same
+    offsets, and only the chunks whose bytes changed are sent (once each has its two copies)."""
+    from spotrain.trainer import manifest as manifest_module
+
+    chunk = 64 * 1024
+    monkeypatch.setattr(manifest_module, "CHUNK_BYTES", chunk)
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = StoreCatalog(storage, RUN)
+    weights = bytearray(os.urandom(16 * chunk + 1000))  # 17 chunks, the last one short
+    name = "step/model_states.pt"
+
+    def publish_with(step: int, changed: list[int]) -> Any:
+        for index in changed:
+            weights[index * chunk : index * chunk + 10] = os.urandom(10)
+        folder = write_folder(tmp_path / f"s{step}", {name: bytes(weights)})
+        return publish(folder, storage, catalog, step)
+
+    first = publish_with(1, [])
+    [shard] = first.manifest.shards
+    assert len(shard.chunks) == 17 and shard.chunks[-1].size == 1000 and not shard.keys
+    assert first.uploaded_bytes == len(weights)
+    second = publish_with(2, [5])  # unchanged chunks gain their second copy now, once
+    assert second.uploaded_bytes == len(weights) - chunk + chunk
+    third = publish_with(3, [7])  # chunk 7 is new; chunk 5 (as in step 2) gains its second copy
+    assert third.uploaded_bytes == 2 * chunk and third.reused_bytes == len(weights) - chunk
+    fourth = publish_with(4, [9])
+    assert fourth.uploaded_bytes == 2 * chunk  # what changed, and step 3's chunk 7's copy
+
+    for report in (first, third, fourth):  # each restores bit for bit, chunk by chunk
+        restored = tmp_path / f"restored-{report.manifest.step}"
+        checkpoint.fetch(storage, checkpoint.key_of(report.manifest), restored, run=RUN)
+        assert (restored / name).read_bytes() == (tmp_path / f"s{report.manifest.step}" / name
+                                                  ).read_bytes()  # fmt: skip
+    # One damaged copy of a shared chunk: the other serves, and the restore says so.
+    shared = fourth.manifest.shards[0].chunks[0]
+    assert len(shared.keys) == 2
+    (tmp_path / "bucket" / shared.keys[0]).write_bytes(b"rot")
+    report = checkpoint.restore(tmp_path / "after-rot", storage=storage, catalog=catalog, run=RUN)
+    assert report.manifest.step == 4 and "bytes from 0" in report.notes[0]
+    assert (tmp_path / "after-rot" / name).read_bytes() == bytes(weights)
+    # Collection keeps what the newest two reference and frees only older chunks' objects.
+    collected = checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
+    assert collected.collected == [1, 2]
+    # Only steps 1 and 2 held chunk 5 as first written (one object) and chunk 7 before it
+    # changed (two objects by then); everything else is still referenced.
+    assert collected.freed_bytes == 3 * chunk
+    checkpoint.fetch(storage, checkpoint.key_of(third.manifest), tmp_path / "third", run=RUN)
+
+
+def test_the_trainers_chunks_follow_its_tensors_so_an_unchanged_tensor_is_reused_whole(
+    tmp_path: Path,
+) -> None:
+    """torch.save writes each tensor's bytes in one piece; the checkpointer cuts chunks there,
+    so a frozen tensor makes the same chunks whatever changed beside it."""
+    import torch
+
+    from spotrain.trainer.checkpointer import _HashingWriter
+
+    def chunks_of(state: dict[str, Any]) -> dict[str, int]:
+        with (tmp_path / "state.pt").open("wb") as target:
+            writer = _HashingWriter(target)
+            torch.save(state, writer)
+        shard = writer.hasher.shard("state.pt")
+        assert shard.size == (tmp_path / "state.pt").stat().st_size
+        return {c.sha256: c.size for c in shard.chunks}
+
+    torch.manual_seed(0)
+    frozen, trained = torch.randn(300_000), torch.randn(1_200_000)  # 1.1 MiB, 4.6 MiB
+    before = chunks_of({"step": 1, "frozen": frozen, "trained": trained, "bias": torch.ones(3)})
+    after = chunks_of({"step": 2, "frozen": frozen, "trained": trained + 1, "bias": torch.ones(3)})
+    shared = set(before) & set(after)
+    # The frozen tensor is one chunk of its own, unchanged; of the rest only a few bytes of
+    # records between tensors stay the same (the trained tensor's two chunks, 4 MiB and the
+    # rest, the step and the zip's directory changed).
+    frozen_digest = hashlib.sha256(frozen.numpy().tobytes()).hexdigest()
+    assert frozen_digest in shared and before[frozen_digest] == frozen.numel() * 4
+    assert sum(before[digest] for digest in shared - {frozen_digest}) < 1024
+
+
+def test_a_manifest_of_the_previous_format_reads_and_keeps_its_key(tmp_path: Path) -> None:
+    """Version 2 manifests (whole-file objects only) stay restorable, under the same key."""
+    storage = LocalStorage(tmp_path / "bucket")
+    report = publish(write_folder(tmp_path / "s", shards_of_step(10)), storage,
+                     StoreCatalog(storage, RUN), 10)  # fmt: skip
+    document = json.loads(report.manifest.to_json())
+    document["format_version"] = 2
+    old = json.dumps(document, sort_keys=True, indent=1).encode()
+    assert Manifest.from_json(old).to_json() == old
+    assert Manifest.from_json(old).shards == report.manifest.shards
 
 
 def test_roll_back_moves_the_head_back_and_a_new_publish_follows_it(

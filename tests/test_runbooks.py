@@ -196,7 +196,7 @@ def primary_region_down(run: Run) -> dict[str, str]:
 def check_replica_restore(run: Run, result: subprocess.CompletedProcess[str]) -> None:
     control.set_faults(regions_down=[], replication_pending=[])
     assert "newest replica checkpoint is incomplete" in result.stdout
-    assert "skipped step 30" in result.stdout
+    assert "skipped checkpoint step 30" in result.stdout
     assert "restored step 20" in result.stdout
 
 

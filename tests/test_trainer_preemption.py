@@ -96,10 +96,10 @@ def resume_and_compare(
 # (id, failpoint, head expected after a SIGKILL (None: nothing published); after a SIGTERM the
 # head is the step the run stopped after)
 FAILPOINT_SCENARIOS = [
-    ("sigterm-mid-save", f"after-local-save=sigterm@{2 * EVERY}", None),
+    ("sigterm-mid-save", f"after-snapshot=sigterm@{2 * EVERY}", None),
     ("sigterm-mid-upload", f"after-shard-upload=sigterm@{2 * EVERY}", None),
     ("sigterm-during-publish", f"before-catalog-publish=sigterm@{2 * EVERY}", None),
-    ("sigkill-mid-save", f"after-local-save=sigkill@{2 * EVERY}", EVERY),
+    ("sigkill-mid-save", f"after-snapshot=sigkill@{2 * EVERY}", EVERY),
     ("sigkill-mid-upload", f"after-shard-upload=sigkill@{2 * EVERY}", EVERY),
     ("sigkill-mid-first-upload", f"after-shard-upload=sigkill@{EVERY}", None),
     ("sigkill-during-publish", f"before-catalog-publish=sigkill@{2 * EVERY}", EVERY),

@@ -1,9 +1,10 @@
 """Publishing a checkpoint folder and restoring the newest good one.
 
 Publish order (nothing is visible to a restore until the last step):
-  1. every shard is stored content-addressed and verified; a shard whose bytes are already
-     stored is reused only if the store's own checksum of the stored object matches, and a
-     shard that becomes shared by two checkpoints is kept in two independent objects;
+  1. every piece (a small file, or a chunk of a larger one: manifest.py) is stored
+     content-addressed and verified; a piece whose bytes are already stored is reused only if
+     the store's own checksum of the stored object matches, and a piece that becomes shared by
+     two checkpoints is kept in two independent objects;
   2. the manifest naming them is written under a key made from its own digest (never over
      another manifest);
   3. the catalog records the checkpoint and moves the run's head, in one conditional write
@@ -25,12 +26,15 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import hashlib
 import json
 import os
 import shutil
+import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -39,23 +43,31 @@ from spotrain.errors import SpotrainError
 from spotrain.trainer import failpoints
 from spotrain.trainer.catalog import Catalog, CatalogEntry, CatalogError, StoreCatalog
 from spotrain.trainer.manifest import (
+    Chunk,
     Manifest,
     ManifestError,
     Shard,
     check_manifest_bytes,
+    chunk_of,
+    describe_file,
     manifest_key,
     shard_copy_key,
     shard_key,
+    shards_prefix,
 )
 from spotrain.trainer.storage import (
     AlreadyExists,
     ObjectMissing,
     Storage,
     StorageError,
-    digests_of,
 )
 
-UPLOAD_WORKERS = 4
+DESCRIBE_WORKERS = 4
+PIECE_WORKERS = 16
+"""Pieces (small files, chunks) stored or fetched at once: enough requests in flight to fill
+the endpoint's bandwidth with 4 MiB objects."""
+PIECES_IN_MEMORY = 32
+"""Pieces handed over from memory that may wait to be stored (at most 128 MiB)."""
 MIN_KEEP = 2
 SHARED_COPIES = 2
 """Independent objects kept of a shard that more than one checkpoint uses."""
@@ -122,12 +134,8 @@ def describe_folder(folder: Path) -> list[Shard]:
     files = sorted(p for p in folder.rglob("*") if p.is_file())
     if not files:
         raise SpotrainError(f"checkpoint folder {folder} is empty: nothing to publish")
-    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
-        digests = list(pool.map(digests_of, files))
-    return [
-        Shard(name=p.relative_to(folder).as_posix(), sha256=d.sha256, size=d.size, crc32=d.crc32)
-        for p, d in zip(files, digests, strict=True)
-    ]
+    with ThreadPoolExecutor(DESCRIBE_WORKERS) as pool:
+        return list(pool.map(lambda p: describe_file(p, p.relative_to(folder).as_posix()), files))
 
 
 @dataclass(frozen=True)
@@ -140,50 +148,148 @@ class UploadReport:
     """Bytes of shards an object already held, not sent as new content."""
 
 
-def _holds(storage: Storage, key: str, shard: Shard) -> bool:
-    """Whether the object at `key` holds the shard's bytes, by the checksum the store computed
+def _holds(storage: Storage, key: str, piece: Chunk) -> bool:
+    """Whether the object at `key` holds the piece's bytes, by the checksum the store computed
     over what it stores (never by metadata a writer set)."""
     stored = storage.stat(key)
-    return stored is not None and stored.size == shard.size and stored.crc32 == shard.crc32
+    return stored is not None and stored.size == piece.size and stored.crc32 == piece.crc32
 
 
-def _store_shard(folder: Path, shard: Shard, storage: Storage, run: str) -> tuple[Shard, int, bool]:
-    """Make sure the shard's bytes are stored: reused if an object already holds them (then in
-    two independent objects, since an earlier checkpoint shares them), else uploaded. Returns
-    the shard with its object keys, the bytes sent, and whether stored bytes were reused."""
-    existing = storage.list(shard_key(run, shard.sha256))  # the first object and its copies
-    good = [key for key in existing if _holds(storage, key, shard)]
+def _read(path: Path, offset: int, size: int) -> bytes:
+    with path.open("rb") as source:
+        source.seek(offset)
+        return source.read(size)
+
+
+def _store_piece(
+    piece: Chunk, read: Callable[[], bytes], stored: dict[str, list[str]], storage: Storage,
+    run: str,
+) -> tuple[Chunk, int, bool]:  # fmt: skip
+    """Make sure the piece's bytes are stored: reused if an object already holds them (then in
+    two independent objects, since an earlier checkpoint shares them), else uploaded (`read`
+    gives the bytes). `stored`: the run's objects by digest when the upload began. Returns the
+    piece with its object keys, the bytes sent, and whether stored bytes were reused."""
+    existing = list(stored.get(piece.sha256, ()))
+    good = [key for key in existing if _holds(storage, key, piece)]
     reused = bool(good)
     wanted = SHARED_COPIES if reused else 1
     sent = 0
+    data: bytes | None = None
     while len(good) < wanted:
-        key = shard_copy_key(run, shard.sha256) if existing else shard_key(run, shard.sha256)
+        key = shard_copy_key(run, piece.sha256) if existing else shard_key(run, piece.sha256)
         existing.append(key)
+        if data is None:
+            data = read()
         try:
-            storage.put_file(folder / shard.name, key, crc32=shard.crc32)
-            sent += shard.size
+            storage.put_bytes(key, data, crc32=piece.crc32)
+            sent += piece.size
             failpoints.hit("after-shard-upload")
         except AlreadyExists:
-            # Another machine stored the same bytes at the same moment: use it if it holds them.
-            if not _holds(storage, key, shard):
+            # Another rank stored the same bytes at the same moment: use it if it holds them.
+            if not _holds(storage, key, piece):
                 continue
         good.append(key)
-    return replace(shard, keys=tuple(good[:wanted])), sent, reused
+    return replace(piece, keys=tuple(good[:wanted])), sent, reused
+
+
+def _stored_objects(storage: Storage, run: str) -> dict[str, list[str]]:
+    """The run's shard objects by the digest their key names (one listing, not a request per
+    piece)."""
+    found: dict[str, list[str]] = {}
+    for key in storage.list(shards_prefix(run)):
+        found.setdefault(key.rsplit("/", 1)[-1].split(".", 1)[0], []).append(key)
+    return found
+
+
+class PieceUploader:
+    """Stores pieces as they are handed over (from memory while a file is being serialised, or
+    read back from disk), PIECE_WORKERS at a time, each digest once however often it occurs.
+    Bytes handed over from memory are hashed by the workers, in parallel. At most
+    `PIECES_IN_MEMORY` pieces wait in memory: handing over more blocks until one is stored.
+    Publishes nothing: `commit` does."""
+
+    def __init__(self, *, storage: Storage, run: str) -> None:
+        self.storage, self.run = storage, run
+        self._stored = _stored_objects(storage, run)
+        self._pool = ThreadPoolExecutor(PIECE_WORKERS, thread_name_prefix="piece")
+        self._room = threading.BoundedSemaphore(PIECES_IN_MEMORY)
+        self._work: list[Future[Any]] = []
+        self._claimed: set[str] = set()
+        self._claim = threading.Lock()
+        self._results: dict[str, tuple[Chunk, int, bool]] = {}
+
+    def _store_once(self, piece: Chunk, read: Callable[[], bytes]) -> None:
+        with self._claim:
+            if piece.sha256 in self._claimed:
+                return  # the same bytes again (a tensor stored twice): one upload serves both
+            self._claimed.add(piece.sha256)
+        self._results[piece.sha256] = _store_piece(
+            piece, read, self._stored, self.storage, self.run
+        )
+
+    def put_bytes(self, data: bytes) -> Future[Chunk]:
+        """A chunk's bytes, hashed and stored by a worker; the future gives its digests."""
+        self._room.acquire()
+
+        def hash_and_store() -> Chunk:
+            try:
+                piece = chunk_of(data)
+                self._store_once(piece, lambda: data)
+                return piece
+            finally:
+                self._room.release()
+
+        future = self._pool.submit(hash_and_store)
+        self._work.append(future)
+        return future
+
+    def put_file(self, folder: Path, shard: Shard) -> None:
+        """Every piece of a file already on disk and described, read when it is needed."""
+        offset = 0
+        for piece in shard.pieces:
+            read = partial(_read, folder / shard.name, offset, piece.size)
+            self._work.append(self._pool.submit(self._store_once, piece, read))
+            offset += piece.size
+
+    def abandon(self) -> None:
+        """Stop storing (what is under way finishes; nothing is published)."""
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def finish(self, shards: list[Shard]) -> UploadReport:
+        """Wait for every piece; `shards` (whose pieces were all handed over) with their
+        objects."""
+        try:
+            for future in self._work:
+                future.result()
+        finally:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+        keys = {sha: piece.keys for sha, (piece, _, _) in self._results.items()}
+
+        def with_keys(shard: Shard) -> Shard:
+            if shard.chunks:
+                return replace(shard, chunks=tuple(replace(c, keys=keys[c.sha256])
+                                                   for c in shard.chunks))  # fmt: skip
+            return replace(shard, keys=keys[shard.sha256])
+
+        return UploadReport(
+            shards=[with_keys(s) for s in shards],
+            uploaded_bytes=sum(sent for _, sent, _ in self._results.values()),
+            reused_bytes=sum(p.size for p, _, reused in self._results.values() if reused),
+        )
 
 
 def upload_folder(folder: Path, *, storage: Storage, run: str) -> UploadReport:
     """Store every file of `folder` content-addressed and verified, reusing bytes already
     stored. Publishes nothing: `commit` does, once every machine's upload is done."""
-    shards = describe_folder(folder)
-    unique = list({s.sha256: s for s in shards}.values())
-    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
-        stored = list(pool.map(lambda s: _store_shard(folder, s, storage, run), unique))
-    keys = {shard.sha256: shard.keys for shard, _, _ in stored}
-    return UploadReport(
-        shards=[replace(s, keys=keys[s.sha256]) for s in shards],
-        uploaded_bytes=sum(sent for _, sent, _ in stored),
-        reused_bytes=sum(shard.size for shard, _, reused in stored if reused),
-    )
+    return upload_shards(folder, describe_folder(folder), storage=storage, run=run)
+
+
+def upload_shards(folder: Path, shards: list[Shard], *, storage: Storage, run: str) -> UploadReport:
+    """`upload_folder` for files whose digests are known (taken while they were written)."""
+    uploader = PieceUploader(storage=storage, run=run)
+    for shard in shards:
+        uploader.put_file(folder, shard)
+    return uploader.finish(shards)
 
 
 def commit(
@@ -206,14 +312,13 @@ def commit(
     in the catalog. `config`: the definition the checkpoint was trained with, kept in the
     manifest so a later start can tell whether it changed; `timings`: what the checkpoint cost
     the run (`stall_s`, `upload_s`, `machines`), for its cost report."""
-    keys = sorted({key for s in shards for key in s.keys})
-    if not all(s.keys for s in shards):
+    keys = sorted({key for s in shards for key in s.stored_keys})
+    if not all(piece.keys for s in shards for piece in s.pieces):
         raise SpotrainError(f"step {step}: every shard must be stored before it is committed")
-    # Reused shards were checked before their uploads were skipped; check again just before the
+    # Reused pieces were checked before their uploads were skipped; check again just before the
     # manifest names them, so a concurrent clean-up cannot leave it pointing at nothing.
-    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
-        present = list(pool.map(storage.exists, keys))
-    missing = [key for key, there in zip(keys, present, strict=True) if not there]
+    present = set(storage.list(shards_prefix(run)))
+    missing = [key for key in keys if key not in present]
     if missing:
         raise SpotrainError(f"shards vanished during publish of step {step}: {missing}")
     manifest = Manifest(
@@ -264,39 +369,61 @@ def read_manifest(storage: Storage, key: str) -> Manifest:
 def _download(
     storage: Storage, manifest: Manifest, into: Path, *, every_copy: bool = False
 ) -> list[str]:
-    """Download every shard into `into`, each checked against its digest, trying its copies in
-    turn; returns notes on damaged copies that another copy stood in for."""
+    """Download every shard into `into`, each piece checked against its digest, trying its
+    copies in turn; returns notes on damaged copies that another copy stood in for."""
     notes: list[str] = []
-
-    def fetch_one(shard: Shard) -> None:
+    jobs = []
+    for shard in manifest.shards:
         target = into / shard.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        if shard.chunks:
+            with target.open("wb") as created:
+                created.truncate(shard.size)
+            offset = 0
+            for chunk in shard.chunks:
+                jobs.append((shard, chunk, target, offset))
+                offset += chunk.size
+        else:
+            jobs.append((shard, shard.pieces[0], target, None))
+
+    def fetch_one(shard: Shard, piece: Chunk, target: Path, offset: int | None) -> None:
         damage, doubt = [], []
         served = False
-        for key in shard.keys:
+        for key in piece.keys:
             if served and not every_copy:
                 break
             try:
-                got = storage.get_file(key, target if not served else target.with_name(
-                    f".{target.name}.check"))  # fmt: skip
+                if offset is None:  # a whole file, streamed to disk
+                    got = storage.get_file(key, target if not served else target.with_name(
+                        f".{target.name}.check"))  # fmt: skip
+                    sha256, size, data = got.sha256, got.size, b""
+                else:
+                    data = storage.get_bytes(key)
+                    sha256, size = hashlib.sha256(data).hexdigest(), len(data)
             except ObjectMissing as error:
                 damage.append(str(error))
                 continue
             except StorageError as error:
                 doubt.append(str(error))
                 continue
-            if got.sha256 != shard.sha256 or got.size != shard.size:
-                damage.append(f"{storage.uri}/{key} is corrupt (sha256 {got.sha256[:12]}...)")
+            if sha256 != piece.sha256 or size != piece.size:
+                damage.append(f"{storage.uri}/{key} is corrupt (sha256 {sha256[:12]}...)")
                 continue
+            if offset is not None and not served:
+                with target.open("r+b") as out:
+                    out.seek(offset)
+                    out.write(data)
             served = True
         target.with_name(f".{target.name}.check").unlink(missing_ok=True)
+        where = shard.name if offset is None else f"{shard.name} (bytes from {offset:,})"
         if not served:
             if doubt:
-                raise StorageError(f"shard {shard.name}: {'; '.join(doubt + damage)}")
-            raise DamagedCheckpoint(f"shard {shard.name}: {'; '.join(damage)}")
-        notes.extend(f"shard {shard.name}: {problem}" for problem in damage + doubt)
+                raise StorageError(f"shard {where}: {'; '.join(doubt + damage)}")
+            raise DamagedCheckpoint(f"shard {where}: {'; '.join(damage)}")
+        notes.extend(f"shard {where}: {problem}" for problem in damage + doubt)
 
-    with ThreadPoolExecutor(UPLOAD_WORKERS) as pool:
-        list(pool.map(fetch_one, manifest.shards))
+    with ThreadPoolExecutor(PIECE_WORKERS) as pool:
+        list(pool.map(lambda job: fetch_one(*job), jobs))
     return notes
 
 
@@ -424,20 +551,22 @@ def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) 
 
 
 def restore_as_writer(
-    destination: Path, *, storage: Storage, catalog: Catalog, run: str, generation: int,
-    accept: Callable[[Manifest], None] | None = None,
+    destination: Path, *, storage: Storage, catalog: Catalog, run: str,
+    generation: int | Callable[[], int], accept: Callable[[Manifest], None] | None = None,
 ) -> RestoreReport:  # fmt: skip
     """`restore` for the run's lease holder: after passing over damaged checkpoints it moves
     the catalog's head back to the one restored (fenced by the lease), or this run could never
     publish until it passed the damaged one again, and nobody restores that one again. Not when
-    the catalog could not be read: its head is left for when it can. `accept` may refuse the
-    restored checkpoint (by raising) before anything in the catalog changes."""
+    the catalog could not be read: its head is left for when it can. `generation`: the lease,
+    or how to take it (an operator takes it only when the head must move). `accept` may refuse
+    the restored checkpoint (by raising) before anything in the catalog changes."""
     report = restore(destination, storage=storage, catalog=catalog, run=run)
     if accept is not None:
         accept(report.manifest)
     if report.fell_back and not report.catalog_unavailable:
         why = "; ".join(reason for _, reason in report.skipped) or "not complete"
-        catalog.roll_back(report.manifest.step, generation, f"a restore fell back past it: {why}")
+        lease = generation if isinstance(generation, int) else generation()
+        catalog.roll_back(report.manifest.step, lease, f"a restore fell back past it: {why}")
         report.rolled_back_from = report.head_step
     return report
 
@@ -516,12 +645,13 @@ def collect_garbage(
         for manifest_key_, manifest in manifests.items()
         if manifest_key_ not in doomed_keys
         for shard in manifest.shards
-        for key in shard.keys
+        for key in shard.stored_keys
     }
     doomed: dict[str, int] = {}
     for entry in superseded:
         for shard in manifests[entry.manifest_key].shards:
-            doomed |= {key: shard.size for key in shard.keys if key not in referenced}
+            for piece in shard.pieces:
+                doomed |= {key: piece.size for key in piece.keys if key not in referenced}
     for entry in superseded:  # retired first: nothing listed complete ever lacks its data
         catalog.retire(entry)
     storage.delete(sorted(doomed))

@@ -1,26 +1,22 @@
-"""The training loop on DeepSpeed ZeRO, with checkpoints published through the checkpoint core.
+"""The training loop on DeepSpeed ZeRO: spotrain's GPT on the run's tokens, checkpointed by
+the `Checkpointer` (checkpointer.py).
 
-Every rank runs `train(config)` (under torchrun). At start the run's newest good checkpoint is
-restored: a light one on this machine's disk if it may be used (local_tier.py), else the
-published head (rank 0 chooses, each machine's leader fetches and verifies it). Every
-`checkpoint_every` steps, and at once when preemption is signalled (preemption.py), all ranks
-write a DeepSpeed checkpoint locally; the leaders upload it while training goes on and rank 0
-publishes it once every upload is verified (`_Saver`).
-A restored run continues with the same batches and the same random state, so its losses equal
-an uninterrupted run's.
+Every rank runs `train(config)` (under torchrun): the configuration is checked before anything
+starts (`preflight`), the model and DeepSpeed engine are built, the checkpointer restores the
+run's newest good checkpoint and then, after every step, takes the checkpoints that are due and
+says when a preemption stops the run. A restored run continues with the same batches and the
+same random state, so its losses equal an uninterrupted run's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 import os
 import random
-import shutil
-import sys
 import tempfile
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -29,17 +25,24 @@ from typing import Any
 import numpy as np
 import torch
 
-from spotrain.catalog_schema import checkpoint_id, checkpoint_tag, run_name_problem
+from spotrain.catalog_schema import run_name_problem
 from spotrain.errors import SpotrainError, raise_if_problems
-from spotrain.trainer import checkpoint, datasets, failpoints, local_tier
-from spotrain.trainer.catalog import Catalog, CatalogError, open_catalog
+from spotrain.trainer import datasets
+from spotrain.trainer.checkpointer import (
+    Checkpointer,
+    ConfigChanged,
+    Place,
+    init_distributed,
+    refuse_changed_definition,
+    say,
+)
 from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
-from spotrain.trainer.manifest import Shard
 from spotrain.trainer.model import GPT, GPTConfig
-from spotrain.trainer.preemption import PreemptionFlag
-from spotrain.trainer.spot_notice import SPOT_NOTICE_REASON, SpotNoticeWatcher
+from spotrain.trainer.spot_notice import SPOT_NOTICE_REASON
 from spotrain.trainer.storage import Storage, open_storage
 from spotrain.validation import instance_type_problems
+
+__all__ = ["ConfigChanged", "TrainConfig", "TrainResult", "preflight", "train"]
 
 TRAIN_FIELD_HINTS = {
     "store": "give s3://BUCKET or file:///PATH",
@@ -59,7 +62,8 @@ class TrainConfig:
     steps: int
     """Optimizer steps to train in total (a resumed run stops at the same step)."""
     work_dir: str
-    """Fast local disk for DeepSpeed's checkpoint files before they are published."""
+    """Fast local disk: light checkpoints, restores before they are loaded, a dataset's
+    fetched shards."""
     catalog_table: str | None = None
     """DynamoDB catalog table; None finds checkpoints from their manifests."""
     kms_key_id: str | None = None
@@ -169,8 +173,6 @@ class TrainConfig:
         return self.global_batch // world_size
 
     def config_hash(self, world_size: int) -> str:
-        import hashlib
-
         text = json.dumps(self.definition(world_size), sort_keys=True, default=str)
         return hashlib.sha256(text.encode()).hexdigest()[:16]
 
@@ -185,36 +187,13 @@ _NOT_DEFINITION = frozenset(
 )  # fmt: skip
 
 
-class ConfigChanged(SpotrainError):
-    """The run's checkpoint was trained with another definition, and the change was not
-    declared intended."""
-
-
-def definition_changes(trained: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """The fields whose values differ between the definition a checkpoint was trained with and
-    the one starting now, as `field: old -> new`."""
-    changes = []
-    for name in sorted(set(trained) | set(now)):
-        if trained.get(name) != now.get(name):
-            changes.append(f"{name}: {trained.get(name)!r} -> {now.get(name)!r}")
-    return changes
-
-
 def refuse_unintended_change(
     config: TrainConfig, trained: dict[str, Any] | None, world_size: int, step: int
 ) -> None:
     """Raise if the checkpoint at `step` was trained with another definition and the change
     was not declared intended."""
-    if trained is None or config.allow_config_change:
-        return
-    changes = definition_changes(trained, config.definition(world_size))
-    if changes:
-        listed = "".join(f"\n  - {change}" for change in changes)
-        raise ConfigChanged(
-            f"run {config.run!r}: its checkpoint at step {step} was trained with another "
-            f"configuration:{listed}\nset allow_config_change=true to continue with the new "
-            "values, or start again with the old ones; nothing was changed"
-        )
+    if not config.allow_config_change:
+        refuse_changed_definition(config.run, trained, config.definition(world_size), step)
 
 
 @dataclass(frozen=True)
@@ -267,7 +246,7 @@ def preflight(config: TrainConfig) -> Prepared:
     return Prepared(replace(config, model=model), dataset)
 
 
-def _open_data(config: TrainConfig, prepared: Prepared, place: _Place) -> TokenFile | TokenStream:
+def _open_data(config: TrainConfig, prepared: Prepared, place: Place) -> TokenFile | TokenStream:
     """Collective: the run's tokens on this machine. A dataset's shards are fetched by each
     machine's leader to its work disk (verified once, kept for later starts)."""
     import torch.distributed as dist
@@ -283,7 +262,7 @@ def _open_data(config: TrainConfig, prepared: Prepared, place: _Place) -> TokenF
             fetched = datasets.fetch(store, manifest, folder)
             took = time.perf_counter() - began
             if place.rank == 0:
-                _say(f"dataset {manifest.name}: {manifest.tokens:,} tokens in "
+                say(f"dataset {manifest.name}: {manifest.tokens:,} tokens in "
                      f"{len(manifest.shards)} shard(s), {fetched.downloaded} fetched, "
                      f"{len(manifest.shards) - fetched.downloaded} already on this disk "
                      f"({took:.1f} s)")  # fmt: skip
@@ -307,174 +286,10 @@ def lr_factor(config: TrainConfig, step: int) -> float:
     return 0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress))
 
 
-def _use_gloo_collectives_without_compiling() -> None:
-    """On CPU, DeepSpeed would JIT-compile a shared-memory all-reduce (minutes on first use);
-    gloo does the collectives without it. GPUs use NCCL and never build it."""
-    import deepspeed.comm.torch  # noqa: F401  (the module, not torch)
-
-    sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # type: ignore[attr-defined]
-
-
 def _seed_everything(seed: int, rank: int) -> None:
     random.seed(seed + rank)
     np.random.seed(seed + rank)
     torch.manual_seed(seed + rank)
-
-
-def _rng_state() -> dict[str, Any]:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
-
-
-def _set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-@dataclass(frozen=True)
-class _Place:
-    """Where this process sits: one leader per machine fetches, uploads and watches IMDS."""
-
-    rank: int
-    world: int
-    leader: bool
-
-
-@dataclass(frozen=True)
-class _Restored:
-    step: int
-    world_size: int
-    folder: Path
-    """DeepSpeed checkpoint root holding the tag `step_<step>`."""
-    from_light: bool = False
-    """Restored from this machine's light checkpoint rather than from the store."""
-
-
-def _restore(
-    config: TrainConfig, storage: Storage, catalog: Catalog, place: _Place, generation: int
-) -> _Restored | None:
-    """Collective: every machine offers its newest light checkpoint; rank 0 uses it if it may,
-    else picks the newest good published one (with fallback, moving the head back past what it
-    skipped); every machine's leader fetches and verifies that one, and converts it to
-    DeepSpeed's universal format when the world size changed (plain loading refuses a
-    different data-parallel size)."""
-    import torch.distributed as dist
-
-    folder = Path(config.work_dir) / "restore"
-    if place.leader:  # this machine's own scratch: whatever a crashed start left goes
-        shutil.rmtree(folder, ignore_errors=True)
-    chosen = torch.tensor([-1, 0, 0], dtype=torch.long)  # step, its world size, 1 if light
-    manifest_of_chosen: list[str | None] = [None]
-    light_root = Path(config.work_dir) / "light"
-    light = local_tier.newest(light_root) if place.leader else None
-    if light is not None and light.world_size != place.world:
-        light = None  # written by another number of ranks: only the store's copy converts
-    offers: list[Any] = [None] * place.world
-    dist.all_gather_object(offers, (place.leader, (light.step, light.parent) if light else None))
-    if place.rank == 0:
-        light_step = _light_step_to_use(config, catalog, [o for lead, o in offers if lead])
-        if light_step is not None and light is not None:
-            refuse_unintended_change(config, light.config, place.world, light_step)
-            chosen[0], chosen[1], chosen[2] = light_step, place.world, 1
-    if place.rank == 0 and not chosen[2]:
-        try:
-            report = checkpoint.restore_as_writer(
-                folder, storage=storage, catalog=catalog, run=config.run, generation=generation,
-                accept=lambda manifest: refuse_unintended_change(
-                    config, manifest.extra.get("config"), place.world, manifest.step
-                ),
-            )  # fmt: skip
-            chosen[0], chosen[1] = report.manifest.step, report.manifest.world_size
-            manifest_of_chosen[0] = checkpoint.key_of(report.manifest)
-            if report.catalog_unavailable:
-                _say(f"catalog unavailable ({report.catalog_unavailable}); found checkpoints "
-                     "from the store's records")  # fmt: skip
-            for step, reason in report.skipped:
-                _say(f"skipped checkpoint step {step}: {reason}")
-            for note in report.notes:
-                _say(f"damaged copy passed over (another copy served): {note}")
-            if report.rolled_back_from is not None:
-                _say(f"head moved back from step {report.rolled_back_from} to "
-                     f"{report.manifest.step}")  # fmt: skip
-        except checkpoint.NothingPublished:
-            pass  # a new run
-    _broadcast(chosen)
-    dist.broadcast_object_list(manifest_of_chosen, src=0)
-    step, world_size, from_light = (int(v) for v in chosen)
-    if place.leader:  # light checkpoints older than the one restored are of no more use
-        local_tier.prune(light_root, keep=step if from_light else None)
-    if step < 0:
-        return None
-    if from_light:
-        if place.rank == 0:
-            _say(f"restoring step {step} from this machine's light checkpoint (newer than the "
-                 "published head, descended from it)")  # fmt: skip
-        dist.barrier()
-        folder = light_root / checkpoint_tag(step)
-        return _Restored(step=step, world_size=world_size, folder=folder, from_light=True)
-    if place.leader and place.rank != 0:
-        checkpoint.fetch(storage, str(manifest_of_chosen[0]), folder, run=config.run)
-    tag = checkpoint_tag(step)
-    if world_size != place.world:
-        if place.leader:
-            _convert_to_universal(folder, tag)
-            _say(f"converted step {step} from {world_size} to {place.world} ranks")
-        folder = folder / "universal"
-    dist.barrier()
-    return _Restored(step=step, world_size=world_size, folder=folder)
-
-
-def _light_step_to_use(
-    config: TrainConfig, catalog: Catalog, offers: list[tuple[int, str | None] | None]
-) -> int | None:
-    """Rank 0: the light step every machine can restore, if it is newer than the published
-    head and descends from it."""
-    if not any(offers):
-        return None
-    try:
-        head = catalog.head()
-    except CatalogError:
-        return None  # without the head, descent cannot be checked: restore from the store
-    head_id = checkpoint_id(config.run, head.step) if head else None
-    return local_tier.usable_step(offers, head.step if head else None, head_id)
-
-
-def _convert_to_universal(folder: Path, tag: str) -> None:
-    from types import SimpleNamespace
-
-    from deepspeed.checkpoint import ds_to_universal
-
-    output = folder / "universal" / tag
-    shutil.rmtree(output, ignore_errors=True)
-    ds_to_universal.main(
-        SimpleNamespace(
-            input_folder=str(folder / tag),
-            output_folder=str(output),
-            num_extract_workers=1,
-            num_merge_workers=1,
-            keep_temp_folder=False,
-            strict=True,
-            inject_missing_state=True,
-        )
-    )
-
-
-def _broadcast(values: torch.Tensor) -> None:
-    import torch.distributed as dist
-
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    )
-    on_device = values.to(device)
-    dist.broadcast(on_device, src=0)
-    values.copy_(on_device.cpu())
 
 
 def _mean_over_ranks(loss: torch.Tensor, world: int) -> float:
@@ -486,17 +301,12 @@ def _mean_over_ranks(loss: torch.Tensor, world: int) -> float:
     return total.item() / world
 
 
-def _say(message: str) -> None:
-    print(f"[spotrain] {message}", flush=True)
-
-
-def _deepspeed_config(config: TrainConfig, *, world_size: int, universal: bool) -> dict[str, Any]:
+def _deepspeed_config(config: TrainConfig, *, world_size: int) -> dict[str, Any]:
     return {
         "train_micro_batch_size_per_gpu": config.per_rank_batch(world_size),
         "gradient_accumulation_steps": 1,
         "zero_optimization": {"stage": config.zero_stage},
         "bf16": {"enabled": config.bf16},
-        "checkpoint": {"load_universal": universal},
         "steps_per_print": 10**9,
     }
 
@@ -540,63 +350,40 @@ def train(config: TrainConfig) -> TrainResult:
     import deepspeed
     import torch.distributed as dist
 
-    _use_gloo_collectives_without_compiling()
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    place = _Place(rank, world, leader=int(os.environ.get("LOCAL_RANK", rank)) == 0)
+    init_distributed()
+    place = Place.here()
+    rank, world = place.rank, place.world
     config.per_rank_batch(world)  # a batch that does not split over these ranks: no lease
-    storage = open_storage(config.store, kms_key_id=config.kms_key_id)
-    catalog = open_catalog(storage, config.run, table=config.catalog_table)
-    generation = catalog.acquire_lease(f"{os.uname().nodename}:{os.getpid()}") if rank == 0 else 0
+    progress = _Progress(config, place)
+    checkpointer = Checkpointer(
+        run=config.run, store=config.store, work_dir=config.work_dir,
+        catalog_table=config.catalog_table, kms_key_id=config.kms_key_id,
+        every=config.checkpoint_every, light_every=config.light_every,
+        definition=config.definition(world), allow_definition_change=config.allow_config_change,
+        spot_notice_endpoint=config.spot_notice_endpoint,
+        spot_notice_poll_seconds=config.spot_notice_poll_seconds, on_event=progress.event,
+    )  # fmt: skip
     first_step = Path(config.work_dir) / FIRST_STEP_MARKER
-    if place.leader:  # local saves a killed run never published are of no use
-        shutil.rmtree(Path(config.work_dir) / "save", ignore_errors=True)
+    if place.leader:
         first_step.unlink(missing_ok=True)
-    restored = _restore(config, storage, catalog, place, generation)
-    universal = restored is not None and restored.world_size != world
     _seed_everything(config.seed, 0)  # identical initial weights on every rank
     model = GPT(config.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, config))
     engine, _, _, _ = deepspeed.initialize(  # DeepSpeed steps, saves and restores the schedule
         model=model, optimizer=optimizer, lr_scheduler=schedule,
-        config=_deepspeed_config(config, world_size=world, universal=universal),
+        config=_deepspeed_config(config, world_size=world),
     )  # fmt: skip
-    _seed_everything(config.seed, rank)
-    start_step, parent = 0, None
-    if restored is not None:
-        tag = checkpoint_tag(restored.step)
-        _, client_state = engine.load_checkpoint(str(restored.folder), tag=tag)
-        start_step, parent = int(client_state["step"]), checkpoint_id(config.run, restored.step)
-        if not universal:  # a different world has different ranks: their streams start afresh
-            _set_rng_state(
-                torch.load(restored.folder / tag / f"rng_rank{rank}.pt", weights_only=False)
-            )
-        dist.barrier()
-        if place.leader:
-            shutil.rmtree(Path(config.work_dir) / "restore", ignore_errors=True)
-        if rank == 0:
-            _say(f"resumed {config.run} at step {start_step}"
-                 + (" (light checkpoint)" if restored.from_light else ""))  # fmt: skip
-    preemption = PreemptionFlag().install()
-    watcher = None
-    if config.spot_notice_endpoint and place.leader:
-        watcher = SpotNoticeWatcher(
-            config.spot_notice_endpoint,
-            on_interruption=preemption.request,
-            on_rebalance=preemption.request_checkpoint,
-            poll_seconds=config.spot_notice_poll_seconds,
-        ).start()
-    progress = _Progress(config, place)
-    progress.event("started", step=start_step, world=world)  # one per (re)formed group
-    saver = _Saver(engine, config, storage, catalog, generation, place, parent, progress)
-    sampler = Sampler(
-        _open_data(config, prepared, place), config.model.context, config.per_rank_batch(world),
-        config.seed,
-    )  # fmt: skip
+    _seed_everything(config.seed, rank)  # a restore replaces these with the checkpoint's
     losses: list[float] = []
     rejoin = leave = False
     try:
+        start_step = checkpointer.restore(engine)
+        progress.event("started", step=start_step, world=world)  # one per (re)formed group
+        sampler = Sampler(
+            _open_data(config, prepared, place), config.model.context,
+            config.per_rank_batch(world), config.seed,
+        )  # fmt: skip
         for step in range(start_step, config.steps):
             started = time.perf_counter()
             x, y = sampler.batch(step, rank, world)
@@ -607,40 +394,21 @@ def train(config: TrainConfig) -> TrainResult:
             done = step + 1
             if place.leader and len(losses) == 1:
                 first_step.touch()
-            progress.step(done, losses[-1], x.numel() * world, time.perf_counter() - started, saver)
-            asked = preemption.checkpoint_reason
-            agreed = preemption.agree(engine.device, uploading=saver.uploading_here)
-            if saver.in_flight is not None and not agreed.uploading:
-                saver.finish()
-            if agreed.checkpoint_now and rank == 0:
-                _say(f"checkpoint requested after step {done} ({asked or 'on another machine'})")
-            scheduled = done % config.checkpoint_every == 0 or done == config.steps
-            if agreed.stop or agreed.checkpoint_now or scheduled:
-                saver.start(done)
-            elif config.light_every and done % config.light_every == 0:
-                saver.save_light(done)
-            if agreed.stop:
-                saver.finish()
+            progress.step(done, losses[-1], x.numel() * world, time.perf_counter() - started,
+                          checkpointer.status)  # fmt: skip
+            if checkpointer.after_step(done, last=done == config.steps):
                 # A machine that was not asked to stop stays: its agent meets the others again.
                 # One that got a spot notice leaves the group for good.
-                reasons = _why_this_machine_stops(preemption.reason, world)
+                reasons = _why_this_machine_stops(checkpointer.preemption.reason, world)
                 rejoin = not reasons
                 several_machines = int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
                 leave = several_machines and any(r.startswith(SPOT_NOTICE_REASON) for r in reasons)
-                if rank == 0:
-                    reason = preemption.reason or "another rank was asked to stop"
-                    since = preemption.seconds_since_request()
-                    _say(
-                        f"stopped after step {done} ({reason}); it is published"
-                        + (f", {since:.1f} s after the notice" if since is not None else "")
-                    )
-                    progress.event("stopped", step=done, reason=reason, notice_to_published_s=since)
                 break
-        saver.finish()
+        checkpointer.close()
+    except BaseException:
+        checkpointer.abandon()
+        raise
     finally:
-        if watcher is not None:
-            watcher.stop()
-        saver.close()
         progress.close()
     # Tear the process group down before the interpreter exits: left to exit handlers, gloo's
     # threads can be destroyed still running (the process then aborts after its work is done).
@@ -653,7 +421,7 @@ class _Progress:
     """Rank 0's terminal lines and metrics file (one JSON line per step and per checkpoint
     event; line-buffered, so a killed run leaves every line it finished)."""
 
-    def __init__(self, config: TrainConfig, place: _Place) -> None:
+    def __init__(self, config: TrainConfig, place: Place) -> None:
         self.config, self.active = config, place.rank == 0
         self._metrics = (
             open(config.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run)
@@ -668,185 +436,13 @@ class _Progress:
     def event(self, kind: str, **fields: Any) -> None:
         self._record({"event": kind, "at": time.time(), **fields})
 
-    def step(self, done: int, loss: float, tokens: int, step_s: float, saver: _Saver) -> None:
+    def step(self, done: int, loss: float, tokens: int, step_s: float, checkpoint: str) -> None:
         tokens_per_s = tokens / step_s
         self._record({"step": done, "loss": loss, "tokens_per_s": tokens_per_s, "step_s": step_s})
         if self.active and (done % self.config.log_every == 0 or done == self.config.steps):
-            _say(f"step {done}/{self.config.steps}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
-                 f"checkpoint: {saver.status}")  # fmt: skip
+            say(f"step {done}/{self.config.steps}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
+                 f"checkpoint: {checkpoint}")  # fmt: skip
 
     def close(self) -> None:
         if self._metrics is not None:
             self._metrics.close()
-
-
-@dataclass
-class _InFlight:
-    step: int
-    root: Path
-    upload: Future[checkpoint.UploadReport] | None
-    """This machine's upload (leaders only)."""
-    stall_s: float
-    """How long training waited for the local save."""
-    began: float
-
-
-class _Saver:
-    """Checkpoints without stopping training for the upload: every rank writes its shards to
-    local disk (the only stall), then each machine's leader uploads them on a background
-    thread while training goes on. When every machine is done (all ranks learn it in the
-    per-step agreement), rank 0 commits: manifest, then the catalog's conditional write. At most
-    one checkpoint is in flight; the next save waits for it to be published."""
-
-    def __init__(
-        self, engine: Any, config: TrainConfig, storage: Storage, catalog: Catalog,
-        generation: int, place: _Place, parent: str | None, progress: _Progress,
-    ) -> None:  # fmt: skip
-        self.engine, self.config, self.storage, self.catalog = engine, config, storage, catalog
-        self.generation, self.place, self.parent, self.progress = (
-            generation,
-            place,
-            parent,
-            progress,
-        )
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="upload") if place.leader else None
-        self.in_flight: _InFlight | None = None
-        self.status = f"resumed from {parent}" if parent else "none yet"
-
-    def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True, cancel_futures=True)
-
-    @property
-    def uploading_here(self) -> bool:
-        upload = self.in_flight.upload if self.in_flight else None
-        return upload is not None and not upload.done()
-
-    def start(self, step: int) -> None:
-        """Collective: save `step` locally on every rank and start uploading it."""
-        if self.in_flight is not None:
-            if self.in_flight.step == step:
-                return
-            self.finish()
-        began = time.perf_counter()
-        root = self._write_locally(step, "save")
-        if self.place.rank == 0:
-            failpoints.hit("after-local-save")
-        upload = None
-        if self._pool is not None:
-            upload = self._pool.submit(
-                checkpoint.upload_folder, root, storage=self.storage, run=self.config.run
-            )
-        self.in_flight = _InFlight(step, root, upload, time.perf_counter() - began, began)
-        self.status = f"step {step} uploading"
-
-    def _write_locally(self, step: int, tier_folder: str) -> Path:
-        """Collective: every rank writes its state of `step` under work_dir/<tier_folder>/;
-        returns the DeepSpeed checkpoint root."""
-        import torch.distributed as dist
-
-        failpoints.saving(step)
-        tag = checkpoint_tag(step)
-        root = Path(self.config.work_dir) / tier_folder / tag
-        # The configuration rides along, so a checkpoint says what trained it.
-        state = {"step": step, "config": asdict(self.config)}
-        self.engine.save_checkpoint(str(root), tag=tag, client_state=state)
-        torch.save(_rng_state(), root / tag / f"rng_rank{self.place.rank}.pt")
-        dist.barrier()
-        return root
-
-    def save_light(self, step: int) -> None:
-        """Collective: a light checkpoint of `step` on this machine's work disk; the leader
-        seals it (hashes every file) in the background, after any upload in flight."""
-        began = time.perf_counter()
-        root = self._write_locally(step, "light")
-        # Descends from the checkpoint in flight if there is one: once published it is the head.
-        parent = (
-            checkpoint_id(self.config.run, self.in_flight.step) if self.in_flight else self.parent
-        )
-        if self._pool is not None:
-            self._pool.submit(self._seal_light, root, step, parent, self.place.world,
-                              self.config.definition(self.place.world))  # fmt: skip
-        self.progress.event("light", step=step, stall_s=time.perf_counter() - began)
-
-    @staticmethod
-    def _seal_light(
-        root: Path, step: int, parent: str | None, world_size: int, config: dict[str, Any]
-    ) -> None:
-        local_tier.seal(root, step=step, parent=parent, world_size=world_size, config=config)
-        local_tier.prune(root.parent, keep=step)
-        failpoints.hit("after-light-seal", step=step)
-
-    def finish(self) -> None:
-        """Collective: wait for every machine's upload of the checkpoint in flight, then
-        publish it. Raises on every rank if any upload or the publish failed."""
-        import torch.distributed as dist
-
-        flight, self.in_flight = self.in_flight, None
-        if flight is None:
-            return
-        mine: checkpoint.UploadReport | str | None = None
-        if flight.upload is not None:
-            try:
-                mine = flight.upload.result()
-            except Exception as error:  # reported on every rank below
-                mine = f"upload of step {flight.step} failed: {error}"
-        everyone: list[Any] = [None] * self.place.world
-        dist.all_gather_object(everyone, mine)
-        outcome: list[str | None] = [None]
-        if self.place.rank == 0:
-            outcome[0] = self._commit(flight, [r for r in everyone if r is not None])
-        dist.broadcast_object_list(outcome, src=0)
-        if self.place.leader:
-            shutil.rmtree(flight.root, ignore_errors=True)
-        if outcome[0] is not None:
-            self.status = f"step {flight.step} failed"
-            raise SpotrainError(outcome[0])
-        self.parent = checkpoint_id(self.config.run, flight.step)
-        self.status = f"step {flight.step} published"
-
-    def _commit(self, flight: _InFlight, reports: list[Any]) -> str | None:
-        """Rank 0: publish the union of every machine's shards; the error, if any."""
-        errors = [r for r in reports if isinstance(r, str)]
-        if errors:
-            return "; ".join(errors)
-        shards: dict[str, Shard] = {}
-        for report in reports:
-            for shard in report.shards:
-                if shards.setdefault(shard.name, shard).sha256 != shard.sha256:
-                    return (
-                        f"machines wrote different files named {shard.name} at step {flight.step}"
-                    )
-        timings = {"stall_s": round(flight.stall_s, 3),
-                   "upload_s": round(time.perf_counter() - flight.began, 3),
-                   "machines": len(reports)}  # fmt: skip
-        try:
-            checkpoint.commit(
-                list(shards.values()), storage=self.storage, catalog=self.catalog,
-                generation=self.generation, run=self.config.run, step=flight.step,
-                world_size=self.place.world, zero_stage=self.config.zero_stage,
-                config_hash=self.config.config_hash(self.place.world),
-                code_version=_code_version(), parent=self.parent,
-                config=self.config.definition(self.place.world), timings=timings,
-            )  # fmt: skip
-        except SpotrainError as error:
-            return str(error)
-        sent = sum(r.uploaded_bytes for r in reports)
-        reused = sum(r.reused_bytes for r in reports)
-        took = time.perf_counter() - flight.began
-        _say(
-            f"published step {flight.step}: {sent:,} bytes sent, {reused:,} reused; training "
-            f"stalled {flight.stall_s:.2f} s, published {took:.1f} s after the save"
-        )
-        self.progress.event(
-            "published", step=flight.step, uploaded_bytes=sent, reused_bytes=reused,
-            stall_s=flight.stall_s, save_to_published_s=took,
-        )  # fmt: skip
-        return None
-
-
-def _code_version() -> str:
-    from importlib.metadata import version
-
-    libraries = {name: version(name) for name in ("spotrain", "torch", "deepspeed")}
-    return ", ".join(f"{name} {number}" for name, number in libraries.items())

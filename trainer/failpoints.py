@@ -7,7 +7,7 @@ it started at once (the machine vanished), `sleep:S` waits S seconds (a slow lin
 only while the checkpoint of step N is being saved; each point acts once. Unset, every point
 is a no-op.
 
-Points: `after-local-save` (every rank wrote its shards, before any upload),
+Points: `after-snapshot` (every rank copied its state to memory, before anything is written),
 `after-shard-upload` (one shard stored), `before-catalog-publish` (manifest written, catalog
 not yet updated), `after-light-seal` (a light checkpoint was sealed on the work disk).
 """

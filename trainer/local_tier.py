@@ -21,8 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.trainer.checkpoint import describe_folder
-from spotrain.trainer.manifest import Shard
-from spotrain.trainer.storage import sha256_of
+from spotrain.trainer.manifest import Shard, describe_file
 
 MANIFEST = "light-manifest.json"
 
@@ -58,7 +57,7 @@ def newest(root: Path) -> LightCheckpoint | None:
     for folder in sorted(root.glob("step_*"), reverse=True):
         try:
             document = json.loads((folder / MANIFEST).read_text())
-            shards = [Shard(**s) for s in document["shards"]]
+            shards = [Shard(**{**s, "chunks": ()}) for s in document["shards"]]
         except (OSError, ValueError, KeyError, TypeError):
             continue  # never sealed (the process died while saving), or unreadable
         if all(_intact(folder / s.name, s) for s in shards):
@@ -70,7 +69,11 @@ def newest(root: Path) -> LightCheckpoint | None:
 
 
 def _intact(path: Path, shard: Shard) -> bool:
-    return path.is_file() and path.stat().st_size == shard.size and sha256_of(path) == shard.sha256
+    return (
+        path.is_file()
+        and path.stat().st_size == shard.size
+        and describe_file(path, shard.name).sha256 == shard.sha256
+    )
 
 
 def prune(root: Path, *, keep: int | None) -> None:

@@ -7,6 +7,12 @@ objects that hold those bytes. A shard that two checkpoints share is kept in two
 second at `runs/<run>/shards/<sha256>.<copy id>`), so one damaged object cannot make every
 checkpoint that shares it unrestorable.
 
+A file larger than `CHUNK_BYTES`, or one the trainer cut at its tensors, is stored as chunks,
+each content-addressed the same way, so a checkpoint whose files change only in part (frozen
+layers: DeepSpeed writes every parameter of a rank into the same file, the same way each time)
+stores only the chunks that changed. A chunked file's digest is the SHA-256 of its chunks'
+digests (hex, in order); a file of one chunk has the SHA-256 of its bytes, as before chunks.
+
 Nothing in a run's prefix is ever overwritten: a manifest's key carries the digest of its own
 bytes (`checkpoints/step_<n>/manifest-<digest>.json`), so a second writer of the same step
 writes a second manifest beside the first, never over it, and a damaged manifest shows itself.
@@ -18,19 +24,44 @@ import hashlib
 import json
 import re
 import uuid
+import zlib
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from spotrain.catalog_schema import checkpoint_id, checkpoint_tag, run_prefix
 from spotrain.errors import SpotrainError
+from spotrain.trainer.storage import crc32_text
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+READABLE_VERSIONS = (2, 3)
+"""Version 2 manifests (whole-file objects only) read as version 3 ones without chunks."""
+CHUNK_BYTES = 4 * 1024 * 1024
+"""Largest chunk. Smaller chunks reuse more of a partly changed file but cost a request each.
+The trainer also cuts a chunk before and after every tensor of `RECORD_BYTES` or more as it
+serialises (torch.save writes each tensor's bytes in one piece), so a file's chunks follow its
+tensors and an unchanged tensor is reused whole (bench/checkpoint.md); a file read from disk
+is cut every CHUNK_BYTES."""
+RECORD_BYTES = 256 * 1024
 _MANIFEST_DIGEST_CHARS = 16
 _MANIFEST_NAME = re.compile(r"/manifest-([0-9a-f]{16})\.json$")
 
 
 class ManifestError(SpotrainError, ValueError):
     """The manifest is malformed, damaged, or of an unknown format version."""
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """A fixed-size piece of a file (the last one may be shorter), stored on its own."""
+
+    sha256: str
+    size: int
+    crc32: str
+    keys: tuple[str, ...] = ()
+    """Objects holding these bytes, each a full copy (restore tries them in order)."""
 
 
 @dataclass(frozen=True)
@@ -44,7 +75,95 @@ class Shard:
     compared with the checksum the store computed, it tells whether a stored object holds
     these bytes without downloading it."""
     keys: tuple[str, ...] = ()
-    """Objects in the store holding these bytes, each a full copy (restore tries them in order)."""
+    """Objects in the store holding these bytes, each a full copy (restore tries them in order);
+    empty for a chunked file."""
+    chunks: tuple[Chunk, ...] = ()
+    """A file larger than CHUNK_BYTES: its chunks, in order, each stored on its own."""
+
+    @property
+    def pieces(self) -> tuple[Chunk, ...]:
+        """What is stored for this file: its chunks, or the file as one piece."""
+        return self.chunks or (Chunk(self.sha256, self.size, self.crc32, self.keys),)
+
+    @property
+    def stored_keys(self) -> tuple[str, ...]:
+        return tuple(key for piece in self.pieces for key in piece.keys)
+
+
+class ChunkHasher:
+    """A file cut into chunks (CHUNK_BYTES at most) as it streams past, in pieces of any size,
+    and each chunk's digests: SHA-256 and CRC32, each byte hashed once, here or (`hand_over`)
+    by whoever takes the chunk's bytes. The chunks' sizes go into the manifest, so where they
+    were cut needs no rule to be checked later."""
+
+    def __init__(
+        self, chunk_bytes: int | None = None,
+        hand_over: Callable[[bytes], Future[Chunk]] | None = None,
+    ) -> None:  # fmt: skip
+        """`hand_over(chunk's bytes)`: called as each chunk is complete, instead of hashing it
+        here; its future gives the chunk's digests (a pool of uploaders hashes in parallel
+        what one serialising thread produces)."""
+        self.chunk_bytes = chunk_bytes or CHUNK_BYTES
+        self.done: list[Chunk | Future[Chunk]] = []
+        self._sha, self._crc, self._size = hashlib.sha256(), 0, 0
+        self._hand_over = hand_over
+        self._bytes = bytearray()
+
+    def update(self, data: bytes | memoryview, *, alone: bool = False) -> None:
+        """`alone`: these bytes (one tensor's, as torch.save writes them) begin a chunk and
+        end one, so a tensor that did not change makes the same chunks wherever its
+        neighbours changed."""
+        if alone and self._size:
+            self._close_chunk()
+        self._feed(memoryview(data).cast("B"))
+        if alone and self._size:
+            self._close_chunk()
+
+    def _feed(self, view: memoryview) -> None:
+        while view.nbytes:
+            take = min(view.nbytes, self.chunk_bytes - self._size)
+            if self._hand_over is None:
+                self._sha.update(view[:take])
+                self._crc = zlib.crc32(view[:take], self._crc)
+            else:
+                self._bytes += view[:take]
+            self._size += take
+            view = view[take:]
+            if self._size == self.chunk_bytes:
+                self._close_chunk()
+
+    def _close_chunk(self) -> None:
+        if self._hand_over is not None:
+            self.done.append(self._hand_over(bytes(self._bytes)))
+            self._bytes = bytearray()
+        else:
+            self.done.append(Chunk(self._sha.hexdigest(), self._size, crc32_text(self._crc)))
+        self._sha, self._crc, self._size = hashlib.sha256(), 0, 0
+
+    def shard(self, name: str) -> Shard:
+        """The file as a shard: one piece, or its chunks."""
+        if self._size or not self.done:
+            self._close_chunk()
+        done, self.done = self.done, []
+        chunks = [c.result() if isinstance(c, Future) else c for c in done]
+        if len(chunks) == 1:
+            return Shard(name, chunks[0].sha256, chunks[0].size, chunks[0].crc32)
+        root = hashlib.sha256("".join(c.sha256 for c in chunks).encode()).hexdigest()
+        return Shard(name, root, sum(c.size for c in chunks), chunks=tuple(chunks))
+
+
+def chunk_of(data: bytes) -> Chunk:
+    """The digests of one chunk's bytes."""
+    return Chunk(hashlib.sha256(data).hexdigest(), len(data), crc32_text(zlib.crc32(data)))
+
+
+def describe_file(path: Path, name: str) -> Shard:
+    """The shard of the file at `path` (read once)."""
+    hasher = ChunkHasher()
+    with path.open("rb") as source:
+        while data := source.read(CHUNK_BYTES):
+            hasher.update(data)
+    return hasher.shard(name)
 
 
 @dataclass(frozen=True)
@@ -73,7 +192,9 @@ class Manifest:
 
     def to_json(self) -> bytes:
         document = asdict(self)
-        document["shards"] = [asdict(s) for s in self.shards]
+        document["shards"] = [
+            {k: v for k, v in asdict(s).items() if k != "chunks" or v} for s in self.shards
+        ]
         return json.dumps(document, sort_keys=True, indent=1).encode()
 
     @classmethod
@@ -82,14 +203,17 @@ class Manifest:
             document = json.loads(data)
             if not isinstance(document, dict):
                 raise TypeError(f"a manifest is a JSON object, not {type(document).__name__}")
-            if document.get("format_version") != FORMAT_VERSION:
+            if document.get("format_version") not in READABLE_VERSIONS:
                 raise ManifestError(
-                    f"manifest format {document.get('format_version')} is not {FORMAT_VERSION}: "
-                    "restore it with the spotrain version that wrote it"
+                    f"manifest format {document.get('format_version')} is not one of "
+                    f"{READABLE_VERSIONS}: restore it with the spotrain version that wrote it"
                 )
             document["shards"] = tuple(
-                Shard(**{**s, "keys": tuple(s["keys"])}) for s in document["shards"]
-            )
+                Shard(**{**s, "keys": tuple(s["keys"]), "chunks": tuple(
+                    Chunk(**{**c, "keys": tuple(c["keys"])}) for c in s.get("chunks", ())
+                )})
+                for s in document["shards"]
+            )  # fmt: skip
             return cls(**document)
         except (TypeError, KeyError, AttributeError, ValueError) as error:
             if isinstance(error, ManifestError):
@@ -97,9 +221,13 @@ class Manifest:
             raise ManifestError(f"manifest is malformed: {error}") from error
 
 
+def shards_prefix(run: str) -> str:
+    return f"{run_prefix(run)}/shards/"
+
+
 def shard_key(run: str, sha256: str) -> str:
     """The first object holding a shard's bytes."""
-    return f"{run_prefix(run)}/shards/{sha256}"
+    return f"{shards_prefix(run)}{sha256}"
 
 
 def shard_copy_key(run: str, sha256: str) -> str:

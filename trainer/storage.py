@@ -109,7 +109,7 @@ class Storage(Protocol):
 
     def get_file(self, key: str, path: Path) -> StoredObject: ...
 
-    def put_bytes(self, key: str, data: bytes) -> None: ...
+    def put_bytes(self, key: str, data: bytes, *, crc32: str | None = None) -> None: ...
 
     def get_bytes(self, key: str) -> bytes: ...
 
@@ -194,8 +194,8 @@ class LocalStorage:
             raise StorageError(f"{self.uri}/{key} could not be read: {error}") from error
         return StoredObject(key, size, sha256=sha.hexdigest())
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self._write_once(key, iter([data]))
+    def put_bytes(self, key: str, data: bytes, *, crc32: str | None = None) -> None:
+        self._write_once(key, iter([data]), expect_crc32=crc32, source=Path(f"<{key}>"))
 
     def get_bytes(self, key: str) -> bytes:
         try:
@@ -431,11 +431,20 @@ class S3Storage:
         digests = digests_of(path)
         return StoredObject(key, digests.size, digests.crc32, digests.sha256)
 
-    def put_bytes(self, key: str, data: bytes) -> None:
-        self._call(
+    def put_bytes(self, key: str, data: bytes, *, crc32: str | None = None) -> None:
+        """One conditional PUT. `crc32`: the bytes' CRC32 taken when they were hashed; S3
+        refuses the write if what it received does not match it (BadDigest), and answers with
+        the checksum it stored, which must be the same."""
+        crc32 = crc32 or crc32_text(zlib.crc32(data))
+        answer = self._call(
             "write of", key, "put_object", writing=True, Key=self._key(key), Body=data,
-            IfNoneMatch="*", ChecksumCRC32=crc32_text(zlib.crc32(data)), **self._encryption(),
+            IfNoneMatch="*", ChecksumCRC32=crc32, **self._encryption(),
         )  # fmt: skip
+        if answer.get("ChecksumCRC32", crc32) != crc32:
+            raise StorageError(
+                f"{self.uri}/{key} does not hold what was sent (CRC32 {crc32}, stored "
+                f"{answer.get('ChecksumCRC32')}); it must not be used"
+            )
 
     def get_bytes(self, key: str) -> bytes:
         from botocore.exceptions import BotoCoreError, ClientError

@@ -1,0 +1,856 @@
+"""`Checkpointer`: everything a DeepSpeed training loop needs to survive preemption, in one object.
+
+Created once per training process (after `deepspeed.init_distributed`, before the loop), it owns
+the store, the run's catalog (chosen here and nowhere else), the run's writer lease, both tiers
+(full checkpoints in the store, light ones on the machine's work disk), the checkpoint in flight,
+the restore policy (newest good checkpoint, fallback past proven damage and the roll back that
+follows it, the catalog-down rules, refusing a changed definition) and retention. A loop talks
+to it through three calls:
+
+    checkpointer = Checkpointer(run="llama-ft", store="s3://bucket", work_dir="/scratch")
+    start = checkpointer.restore(engine)          # the step to continue from (0: a new run)
+    for step in range(start, steps):
+        ...                                       # forward, backward, engine.step()
+        if checkpointer.after_step(step + 1, last=step + 1 == steps):
+            break                                 # preempted: its checkpoint is published
+    checkpointer.close()                          # publishes what is still in flight
+
+Saving is snapshot, then write: at a checkpoint every rank only copies its state into host
+memory (`_Snapshots`, DeepSpeed's checkpoint engine replaced; pinned memory and non-blocking
+copies on GPUs, then one synchronize) and training goes on. A background thread per rank then
+serialises the snapshot to the work disk, hashing each byte once as it is written (SHA-256
+for the content address, CRC32 for S3's transfer check), and uploads its files; when every
+rank is done (they learn it in the per-step agreement), rank 0 publishes. At most one
+checkpoint is in flight: its snapshot buffers are reused by the next one, so the memory cost is
+one host copy of each rank's checkpoint state. A stop (SIGTERM, a spot notice) publishes the
+checkpoint in flight and an emergency one of the current step before `after_step` says stop.
+
+The `spotrain checkpoints` commands use the same object without a process group
+(`restore_into`, `verify`, `collect_garbage`, ...), so an operator's restore rolls the head back
+past proven damage exactly as a training start does.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from spotrain.catalog_schema import checkpoint_id, checkpoint_tag, run_name_problem
+from spotrain.errors import SpotrainError, raise_if_problems
+from spotrain.trainer import checkpoint, failpoints, local_tier
+from spotrain.trainer.catalog import CatalogEntry, CatalogError, open_catalog
+from spotrain.trainer.manifest import RECORD_BYTES, Chunk, ChunkHasher, Manifest, Shard
+from spotrain.trainer.preemption import Agreement, PreemptionFlag
+from spotrain.trainer.spot_notice import SpotNoticeWatcher
+from spotrain.trainer.storage import open_storage
+
+Say = Callable[[str], None]
+OnEvent = Callable[..., None]
+
+
+def say(message: str) -> None:
+    print(f"[spotrain] {message}", flush=True)
+
+
+_to_terminal = say
+
+
+class ConfigChanged(SpotrainError):
+    """The run's checkpoint was trained with another definition, and the change was not
+    declared intended."""
+
+
+def definition_changes(trained: dict[str, Any], now: dict[str, Any]) -> list[str]:
+    """The fields whose values differ between the definition a checkpoint was trained with and
+    the one starting now, as `field: old -> new`."""
+    changes = []
+    for name in sorted(set(trained) | set(now)):
+        if trained.get(name) != now.get(name):
+            changes.append(f"{name}: {trained.get(name)!r} -> {now.get(name)!r}")
+    return changes
+
+
+def refuse_changed_definition(
+    run: str, trained: dict[str, Any] | None, now: dict[str, Any] | None, step: int
+) -> None:
+    """Raise if the checkpoint at `step` was trained with another definition than `now`."""
+    if trained is None or now is None:
+        return
+    changes = definition_changes(trained, now)
+    if changes:
+        listed = "".join(f"\n  - {change}" for change in changes)
+        raise ConfigChanged(
+            f"run {run!r}: its checkpoint at step {step} was trained with another "
+            f"configuration:{listed}\nset allow_config_change=true to continue with the new "
+            "values, or start again with the old ones; nothing was changed"
+        )
+
+
+def code_version() -> str:
+    from importlib.metadata import version
+
+    libraries = {name: version(name) for name in ("spotrain", "torch", "deepspeed")}
+    return ", ".join(f"{name} {number}" for name, number in libraries.items())
+
+
+@dataclass(frozen=True)
+class Place:
+    """Where this process sits: one leader per machine fetches and watches for spot notices."""
+
+    rank: int
+    world: int
+    leader: bool
+
+    @classmethod
+    def here(cls) -> Place:
+        import torch.distributed as dist
+
+        rank = dist.get_rank()
+        return cls(rank, dist.get_world_size(), int(os.environ.get("LOCAL_RANK", rank)) == 0)
+
+
+def init_distributed() -> None:
+    """`deepspeed.init_distributed` for this machine: NCCL on GPUs; on CPUs gloo, and without
+    the shared-memory all-reduce DeepSpeed would otherwise JIT-compile on first use (minutes)."""
+    import deepspeed
+    import deepspeed.comm.torch  # the module (sys.modules), not torch
+
+    if not torch.cuda.is_available():
+        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # type: ignore[attr-defined]
+    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
+
+
+# ----------------------------------------------------------------------------- snapshots
+
+
+class _HashingWriter:
+    """Where torch.save writes: the bytes are cut into chunks and each byte is hashed once,
+    into its chunk's SHA-256 (the content address) and CRC32 (the upload's checksum), on its
+    way to a file, or (`hand_over`) by the uploaders that take each chunk to the store, never
+    touching the disk."""
+
+    def __init__(
+        self, target: Any = None, hand_over: Callable[[bytes], Future[Chunk]] | None = None
+    ) -> None:
+        self.target, self.hasher = target, ChunkHasher(hand_over=hand_over)
+
+    def write(self, data: Any) -> int:
+        size = memoryview(data).nbytes
+        self.hasher.update(data, alone=size >= RECORD_BYTES)
+        return int(self.target.write(data)) if self.target is not None else size
+
+    def flush(self) -> None:
+        if self.target is not None:
+            self.target.flush()
+
+
+def _tensors_in(item: Any, found: dict[int, torch.Tensor]) -> None:
+    if isinstance(item, torch.Tensor):
+        found.setdefault(id(item), item)
+    elif isinstance(item, dict):
+        for value in item.values():
+            _tensors_in(value, found)
+    elif isinstance(item, (list, tuple)):
+        for value in item:
+            _tensors_in(value, found)
+
+
+@dataclass
+class _Staged:
+    path: Path
+    """Where DeepSpeed meant the file to go."""
+    state: Any
+    """A copy of what it meant to write: tensors in host buffers, everything else deep-copied."""
+
+
+def _make_snapshot_engine() -> Any:
+    """DeepSpeed's checkpoint engine, replaced: `save` copies the state into host buffers and
+    returns; `Checkpointer` writes the copies later, off the training loop's time."""
+    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
+
+    class Snapshots(CheckpointEngine):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.name = "spotrain-snapshots"
+            self.staged: list[_Staged] = []
+            self.tier = "save"
+            # One set of buffers per tier and file name, reused by that tier's next checkpoint
+            # (a full one is never snapshot while the previous is still being written):
+            # allocating (and on GPUs pinning) them costs more than the copy itself.
+            self._buffers: dict[str, list[torch.Tensor]] = {}
+
+        def create(self, info: Any) -> None:
+            pass
+
+        def save(self, state_dict: Any, path: str) -> None:
+            found: dict[int, torch.Tensor] = {}
+            _tensors_in(state_dict, found)
+            buffers = self._buffers.setdefault(f"{self.tier}/{Path(path).name}", [])
+            memo: dict[int, Any] = {}
+            for index, tensor in enumerate(found.values()):
+                source = tensor.detach()
+                if index == len(buffers) or not _fits(buffers[index], source):
+                    buffer = torch.empty(source.shape, dtype=source.dtype,
+                                         pin_memory=source.is_cuda)  # fmt: skip
+                    buffers[index:index + 1] = [buffer]  # fmt: skip
+                buffers[index].copy_(source, non_blocking=source.is_cuda)
+                memo[id(tensor)] = buffers[index]
+            # Whatever is not a tensor (step counters, learning rates, the loss scaler) is
+            # copied too: the optimizer changes it while the snapshot waits to be written.
+            self.staged.append(_Staged(Path(path), copy.deepcopy(state_dict, memo)))
+
+        def load(self, path: str, map_location: Any = None) -> Any:
+            return torch.load(path, map_location=map_location, weights_only=False)
+
+        def commit(self, info: Any) -> bool:
+            if torch.cuda.is_available():
+                torch.cuda.synchronize()  # the non-blocking copies have landed
+            return True
+
+        def preserves_storage_sharing(self) -> bool:
+            return False  # every tensor is copied on its own already: no need to clone first
+
+        def take(self) -> list[_Staged]:
+            staged, self.staged = self.staged, []
+            return staged
+
+    return Snapshots()
+
+
+def _fits(buffer: torch.Tensor, source: torch.Tensor) -> bool:
+    return buffer.shape == source.shape and buffer.dtype == source.dtype
+
+
+def _write_staged(staged: list[_Staged], root: Path) -> list[Shard]:
+    """Serialise each snapshot file under `root`, hashed as it is written."""
+    shards = []
+    for item in staged:
+        item.path.parent.mkdir(parents=True, exist_ok=True)
+        with item.path.open("wb") as target:
+            writer = _HashingWriter(target)
+            torch.save(item.state, writer)
+        shards.append(writer.hasher.shard(item.path.relative_to(root).as_posix()))
+    return shards
+
+
+def _stream_staged(
+    staged: list[_Staged], root: Path, uploader: checkpoint.PieceUploader
+) -> list[Shard]:
+    """Serialise each snapshot file straight to the store: each chunk is handed to `uploader`
+    as soon as it is cut (its workers hash it, in parallel), so hashing and uploading overlap
+    serialising and nothing is written here."""
+    shards = []
+    for item in staged:
+        writer = _HashingWriter(hand_over=uploader.put_bytes)
+        torch.save(item.state, writer)
+        shards.append(writer.hasher.shard(item.path.relative_to(root).as_posix()))
+    return shards
+
+
+# ----------------------------------------------------------------------------- random state
+
+
+def rng_state() -> dict[str, Any]:
+    return {
+        "python": random.getstate(),
+        "numpy": np.random.get_state(),
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+
+
+def set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None:
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ----------------------------------------------------------------------------- the checkpointer
+
+
+@dataclass(frozen=True)
+class Restored:
+    step: int
+    world_size: int
+    folder: Path
+    """DeepSpeed checkpoint root holding the tag `step_<step>`."""
+    from_light: bool = False
+    """Restored from this machine's light checkpoint rather than from the store."""
+
+
+@dataclass
+class _InFlight:
+    step: int
+    root: Path
+    work: Future[checkpoint.UploadReport]
+    """This rank's write and upload of its snapshot."""
+    stall_s: float
+    """How long training waited for the snapshot."""
+    began: float
+
+
+class Checkpointer:
+    """See the module's docstring. Keyword-only settings, checked up front (one error lists
+    every problem):
+
+    run, store: the run's name (the key of everything it stores) and where checkpoints go
+        (`s3://BUCKET[/PREFIX]` or `file:///PATH`); catalog_table and kms_key_id for S3 (the
+        environment's outputs). work_dir: fast local disk (training only).
+    every, light_every: steps between full checkpoints (published) and light ones (this
+        machine's disk only; None: none).
+    definition, allow_definition_change: what makes the run the run (stored with each
+        checkpoint); a start whose definition differs is refused unless the change is allowed.
+    keep_last: collect superseded checkpoints after each publish, keeping this many (2 or
+        more; needs credentials that may delete); None keeps all.
+    spot_notice_endpoint, spot_notice_poll_seconds: the metadata service to watch for spot
+        interruption notices and rebalance recommendations (on EC2 http://169.254.169.254).
+    on_event(kind, **fields): called on rank 0 for "published", "light" and "stopped".
+    lease_owner, say: who takes the run's lease; where progress lines go (default: stdout).
+    """
+
+    def __init__(
+        self,
+        *,
+        run: str,
+        store: str,
+        work_dir: str | None = None,
+        catalog_table: str | None = None,
+        kms_key_id: str | None = None,
+        every: int = 50,
+        light_every: int | None = None,
+        definition: dict[str, Any] | None = None,
+        allow_definition_change: bool = False,
+        keep_last: int | None = None,
+        spot_notice_endpoint: str | None = None,
+        spot_notice_poll_seconds: float = 5.0,
+        on_event: OnEvent | None = None,
+        lease_owner: str | None = None,
+        say: Say | None = None,
+    ) -> None:
+        problems = []
+        if run_problem := run_name_problem(run):
+            problems.append(f"run: {run_problem}")
+        if every < 1:
+            problems.append(f"every is {every}: checkpoint every 1 or more steps")
+        if light_every is not None and light_every < 1:
+            problems.append(f"light_every is {light_every}: use 1 or more, or None for none")
+        if keep_last is not None and keep_last < checkpoint.MIN_KEEP:
+            problems.append(
+                f"keep_last is {keep_last}: keep at least {checkpoint.MIN_KEEP} complete "
+                "checkpoints (so a damaged newest one has a fallback), or None to keep all"
+            )
+        raise_if_problems("checkpointer", problems)
+        self.run, self.every, self.light_every, self.keep_last = run, every, light_every, keep_last
+        self.work_dir = Path(work_dir) if work_dir else None
+        self.definition, self.allow_definition_change = definition, allow_definition_change
+        self.storage = open_storage(store, kms_key_id=kms_key_id)
+        self.catalog = open_catalog(self.storage, run, table=catalog_table)
+        self._notice_endpoint, self._notice_poll = spot_notice_endpoint, spot_notice_poll_seconds
+        self._on_event = on_event or (lambda kind, **fields: None)
+        self._tell = say or _to_terminal
+        self._lease_owner = lease_owner or f"{os.uname().nodename}:{os.getpid()}"
+        self._generation: int | None = None
+        self._place: Place | None = None
+        self._engine: Any = None
+        self._snapshots: Any = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._watcher: SpotNoticeWatcher | None = None
+        self.preemption = PreemptionFlag()
+        self.in_flight: _InFlight | None = None
+        self._collecting: Future[None] | None = None
+        self.parent: str | None = None
+        """Id of the newest checkpoint this run published or resumed from."""
+        self.status = "none yet"
+        """One line for progress output: the newest checkpoint's state."""
+        self.stopped_after: int | None = None
+        """The step `after_step` stopped at (with its checkpoint published), if it did."""
+
+    # ------------------------------------------------------------------ the writer's lease
+
+    @property
+    def generation(self) -> int:
+        """The run's writer lease, taken on first use: any older writer is fenced from now."""
+        if self._generation is None:
+            self._generation = self.catalog.acquire_lease(self._lease_owner)
+        return self._generation
+
+    @property
+    def place(self) -> Place:
+        if self._place is None:
+            self._place = Place.here()
+        return self._place
+
+    def _say(self, message: str) -> None:
+        if self.place.rank == 0:
+            self._tell(message)
+
+    def _work(self, *parts: str) -> Path:
+        if self.work_dir is None:
+            raise SpotrainError("the checkpointer needs work_dir (fast local disk) to train")
+        return self.work_dir.joinpath(*parts)
+
+    # ------------------------------------------------------------------ training: restore
+
+    def restore(self, engine: Any) -> int:
+        """Collective, once after `deepspeed.initialize`: load the run's newest good checkpoint
+        into `engine` (weights, optimizer, schedule, every rank's random state) and start
+        watching for preemption. Returns the step to continue from (0 for a new run)."""
+        import torch.distributed as dist
+
+        place = self.place
+        if place.rank == 0:
+            _ = self.generation  # fence any older start before reading the head
+        self._engine = engine
+        self._snapshots = engine.checkpoint_engine = _make_snapshot_engine()
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
+        if place.leader:  # saves a killed start never published are of no use
+            shutil.rmtree(self._work("save"), ignore_errors=True)
+        restored = self._choose_and_fetch()
+        start = 0
+        if restored is not None:
+            universal = restored.world_size != place.world
+            # DeepSpeed reads this only while loading: a different data-parallel size loads the
+            # universal format the store's copy was converted to.
+            engine._config.load_universal_checkpoint = universal
+            tag = checkpoint_tag(restored.step)
+            _, client_state = engine.load_checkpoint(str(restored.folder), tag=tag)
+            start = int(client_state["step"])
+            self.parent = checkpoint_id(self.run, restored.step)
+            if not universal:  # a different world has different ranks: their streams start afresh
+                rng = torch.load(restored.folder / tag / f"rng_rank{place.rank}.pt",
+                                 weights_only=False)  # fmt: skip
+                set_rng_state(rng)
+            dist.barrier()
+            if place.leader:
+                shutil.rmtree(self._work("restore"), ignore_errors=True)
+            self._say(f"resumed {self.run} at step {start}"
+                      + (" (light checkpoint)" if restored.from_light else ""))  # fmt: skip
+            self.status = f"resumed from {self.parent}"
+        self._warm_up()
+        self.preemption.install()
+        if self._notice_endpoint and place.leader:
+            from spotrain.trainer.spot_notice import SpotNoticeWatcher
+
+            self._watcher = SpotNoticeWatcher(
+                self._notice_endpoint,
+                on_interruption=self.preemption.request,
+                on_rebalance=self.preemption.request_checkpoint,
+                poll_seconds=self._notice_poll,
+            ).start()
+        return start
+
+    def _refuse_changed(self, trained: dict[str, Any] | None, step: int) -> None:
+        if not self.allow_definition_change:
+            refuse_changed_definition(self.run, trained, self.definition, step)
+
+    def _choose_and_fetch(self) -> Restored | None:
+        """Collective: every machine offers its newest light checkpoint; rank 0 uses it if it
+        may, else picks the newest good published one (with fallback, moving the head back
+        past what it skipped); every machine's leader fetches and verifies that one, and
+        converts it to DeepSpeed's universal format when the world size changed (plain
+        loading refuses a different data-parallel size)."""
+        import torch.distributed as dist
+
+        place = self.place
+        folder = self._work("restore")
+        if place.leader:  # this machine's own scratch: whatever a crashed start left goes
+            shutil.rmtree(folder, ignore_errors=True)
+        chosen = torch.tensor([-1, 0, 0], dtype=torch.long)  # step, its world size, 1 if light
+        manifest_of_chosen: list[str | None] = [None]
+        light_root = self._work("light")
+        light = local_tier.newest(light_root) if place.leader else None
+        if light is not None and light.world_size != place.world:
+            light = None  # written by another number of ranks: only the store's copy converts
+        offers: list[Any] = [None] * place.world
+        offer = (light.step, light.parent) if light else None
+        dist.all_gather_object(offers, (place.leader, offer))
+        if place.rank == 0:
+            light_step = self._light_step_to_use([o for lead, o in offers if lead])
+            if light_step is not None and light is not None:
+                self._refuse_changed(light.config, light_step)
+                chosen[0], chosen[1], chosen[2] = light_step, place.world, 1
+        if place.rank == 0 and not chosen[2]:
+            try:
+                report = self._restore_published(folder, roll_back=True)
+                chosen[0], chosen[1] = report.manifest.step, report.manifest.world_size
+                manifest_of_chosen[0] = checkpoint.key_of(report.manifest)
+            except checkpoint.NothingPublished:
+                pass  # a new run
+        _broadcast(chosen)
+        dist.broadcast_object_list(manifest_of_chosen, src=0)
+        step, world_size, from_light = (int(v) for v in chosen)
+        if place.leader:  # light checkpoints older than the one restored are of no more use
+            local_tier.prune(light_root, keep=step if from_light else None)
+        if step < 0:
+            return None
+        if from_light:
+            self._say(f"restoring step {step} from this machine's light checkpoint (newer than "
+                      "the published head, descended from it)")  # fmt: skip
+            dist.barrier()
+            return Restored(step, world_size, light_root / checkpoint_tag(step), from_light=True)
+        if place.leader and place.rank != 0:
+            checkpoint.fetch(self.storage, str(manifest_of_chosen[0]), folder, run=self.run)
+        tag = checkpoint_tag(step)
+        if world_size != place.world:
+            if place.leader:
+                _convert_to_universal(folder, tag)
+                self._tell(f"converted step {step} from {world_size} to {place.world} ranks")
+            folder = folder / "universal"
+        dist.barrier()
+        return Restored(step, world_size, folder)
+
+    def _light_step_to_use(self, offers: list[tuple[int, str | None] | None]) -> int | None:
+        """Rank 0: the light step every machine can restore, if it is newer than the published
+        head and descends from it."""
+        if not any(offers):
+            return None
+        try:
+            head = self.catalog.head()
+        except CatalogError:
+            return None  # without the head, descent cannot be checked: restore from the store
+        head_id = checkpoint_id(self.run, head.step) if head else None
+        return local_tier.usable_step(offers, head.step if head else None, head_id)
+
+    def _restore_published(self, folder: Path, *, roll_back: bool) -> checkpoint.RestoreReport:
+        """The restore policy, for a training start and an operator alike: the newest published
+        checkpoint that verifies (found from the store's records while the catalog cannot be
+        read), refused if trained with another definition, and, when `roll_back`, the head
+        moved back past the damaged ones it skipped (under the run's lease)."""
+
+        def refuse_changed(manifest: Manifest) -> None:
+            self._refuse_changed(manifest.extra.get("config"), manifest.step)
+
+        parts = {"storage": self.storage, "catalog": self.catalog, "run": self.run}
+        if roll_back:
+            report = checkpoint.restore_as_writer(
+                folder, **parts, generation=lambda: self.generation, accept=refuse_changed
+            )
+        else:
+            report = checkpoint.restore(folder, **parts)
+            refuse_changed(report.manifest)
+        if report.catalog_unavailable:
+            self._tell(f"catalog unavailable ({report.catalog_unavailable}); found "
+                       "checkpoints from the store's records")  # fmt: skip
+        for step, reason in report.skipped:
+            self._tell(f"skipped checkpoint step {step}: {reason}")
+        for note in report.notes:
+            self._tell(f"damaged copy passed over (another copy served): {note}")
+        if report.rolled_back_from is not None:
+            self._tell(f"head moved back from step {report.rolled_back_from} to "
+                       f"{report.manifest.step}")  # fmt: skip
+        return report
+
+    # ------------------------------------------------------------------ training: each step
+
+    @property
+    def uploading_here(self) -> bool:
+        return self.in_flight is not None and not self.in_flight.work.done()
+
+    def after_step(self, step: int, *, last: bool = False) -> bool:
+        """Collective, after every optimizer step (`step` steps done; `last`: the final one).
+        Publishes the checkpoint in flight once every rank finished uploading it, takes the
+        checkpoints that are due, and returns True when the run must stop (SIGTERM or a spot
+        notice on any machine): its checkpoint of `step` is then published."""
+        asked = self.preemption.checkpoint_reason
+        agreed: Agreement = self.preemption.agree(self._engine.device,
+                                                  uploading=self.uploading_here)  # fmt: skip
+        if self.in_flight is not None and not agreed.uploading:
+            self._finish()
+        if agreed.checkpoint_now:
+            self._say(f"checkpoint requested after step {step} ({asked or 'on another machine'})")
+        if agreed.stop or agreed.checkpoint_now or last or step % self.every == 0:
+            self._start(step)
+        elif self.light_every and step % self.light_every == 0:
+            self._save_light(step)
+        if not agreed.stop:
+            return False
+        self._finish()
+        reason = self.preemption.reason or "another rank was asked to stop"
+        since = self.preemption.seconds_since_request()
+        self._say(f"stopped after step {step} ({reason}); it is published"
+                  + (f", {since:.1f} s after the notice" if since is not None else ""))  # fmt: skip
+        if self.place.rank == 0:
+            self._on_event("stopped", step=step, reason=reason, notice_to_published_s=since)
+        self.stopped_after = step
+        return True
+
+    def close(self) -> None:
+        """Collective on the normal path: publish the checkpoint in flight, then stop the
+        background work. After an error, call `abandon` instead (nothing is published)."""
+        try:
+            self._finish()
+            if self._pool is not None:
+                self._pool.shutdown(wait=True)  # retention after the last publish, too
+        finally:
+            self.abandon()
+
+    def abandon(self) -> None:
+        """Stop watching and working without publishing (the loop failed)."""
+        if self._watcher is not None:
+            self._watcher.stop()
+            self._watcher = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
+            self._pool = None
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, kind: Any, error: Any, trace: Any) -> None:
+        if kind is None:
+            self.close()
+        else:
+            self.abandon()
+
+    # ------------------------------------------------------------------ training: saving
+
+    def _snapshot(self, step: int, tier: str) -> tuple[Path, list[_Staged], list[Shard]]:
+        """Collective: every rank copies its state of `step` into host memory. Returns the
+        DeepSpeed checkpoint root, this rank's staged files, and (rank 0) the small files
+        DeepSpeed wrote directly (its recovery script)."""
+        import torch.distributed as dist
+
+        failpoints.saving(step)
+        tag = checkpoint_tag(step)
+        root = self._work(tier, tag)
+        # The definition rides along, so a checkpoint says what trained it.
+        state = {"step": step, "config": self.definition}
+        self._snapshots.tier = tier
+        self._engine.save_checkpoint(str(root), tag=tag, client_state=state, save_latest=False)
+        self._snapshots.save(rng_state(), str(root / tag / f"rng_rank{self.place.rank}.pt"))
+        staged = self._snapshots.take()
+        direct: list[Shard] = []
+        if self.place.rank == 0 and any(p.is_file() for p in root.rglob("*")):
+            direct = checkpoint.describe_folder(root)  # before any rank writes its snapshot
+        dist.barrier()
+        return root, staged, direct
+
+    def _collect_after_publish(self) -> None:
+        try:
+            self.collect_garbage(self.keep_last or checkpoint.MIN_KEEP)
+        except SpotrainError as error:  # retention can wait; training goes on
+            self._tell(f"superseded checkpoints not collected this time: {error}")
+
+    def _warm_up(self) -> None:
+        """Collective: a snapshot thrown away, so the host buffers are allocated (and their
+        pages touched) before training, and even the first checkpoint's stall is only a copy."""
+        for tier in ("save", "light") if self.light_every else ("save",):
+            root, staged, _ = self._snapshot(0, tier)
+            del staged
+            if self.place.leader:
+                shutil.rmtree(root, ignore_errors=True)
+
+    def _start(self, step: int) -> None:
+        """Collective: snapshot `step` and start writing and uploading it in the background."""
+        if self.in_flight is not None:
+            if self.in_flight.step == step:
+                return
+            self._finish()
+        began = time.perf_counter()
+        if self._collecting is not None:
+            # Collection ends before any rank's next upload begins (the snapshot's barrier), so
+            # it never deletes an old piece an upload is about to reuse.
+            self._collecting.result()
+            self._collecting = None
+        root, staged, direct = self._snapshot(step, "save")
+        stall = time.perf_counter() - began
+        if self.place.rank == 0:
+            failpoints.hit("after-snapshot")
+        assert self._pool is not None
+        work = self._pool.submit(self._write_and_upload, root, staged, direct)
+        self.in_flight = _InFlight(step, root, work, stall, began)
+        self.status = f"step {step} uploading"
+
+    def _write_and_upload(
+        self, root: Path, staged: list[_Staged], direct: list[Shard]
+    ) -> checkpoint.UploadReport:
+        uploader = checkpoint.PieceUploader(storage=self.storage, run=self.run)
+        try:
+            shards = _stream_staged(staged, root, uploader)
+            for shard in direct:
+                uploader.put_file(root, shard)
+        except BaseException:
+            uploader.abandon()
+            raise
+        return uploader.finish(shards + direct)
+
+    def _save_light(self, step: int) -> None:
+        """Collective: a light checkpoint of `step` on this machine's work disk; the leader
+        seals it (hashes every file) in the background, after any upload in flight."""
+        import torch.distributed as dist
+
+        began = time.perf_counter()
+        root, staged, _ = self._snapshot(step, "light")
+        _write_staged(staged, root)
+        dist.barrier()
+        # Descends from the checkpoint in flight if there is one: once published it is the head.
+        parent = checkpoint_id(self.run, self.in_flight.step) if self.in_flight else self.parent
+        if self.place.leader and self._pool is not None:
+            self._pool.submit(self._seal_light, root, step, parent, self.place.world,
+                              self.definition)  # fmt: skip
+        if self.place.rank == 0:
+            self._on_event("light", step=step, stall_s=time.perf_counter() - began)
+
+    @staticmethod
+    def _seal_light(root: Path, step: int, parent: str | None, world: int,
+                    definition: dict[str, Any] | None) -> None:  # fmt: skip
+        local_tier.seal(root, step=step, parent=parent, world_size=world, config=definition)
+        local_tier.prune(root.parent, keep=step)
+        failpoints.hit("after-light-seal", step=step)
+
+    def _finish(self) -> None:
+        """Collective: wait for every rank's upload of the checkpoint in flight, then publish
+        it. Raises on every rank if any upload or the publish failed."""
+        import torch.distributed as dist
+
+        flight, self.in_flight = self.in_flight, None
+        if flight is None:
+            return
+        mine: checkpoint.UploadReport | str
+        try:
+            mine = flight.work.result()
+        except Exception as error:  # reported on every rank below
+            mine = f"upload of step {flight.step} failed: {error}"
+        everyone: list[Any] = [None] * self.place.world
+        dist.all_gather_object(everyone, mine)
+        outcome: list[str | None] = [None]
+        if self.place.rank == 0:
+            outcome[0] = self._commit(flight, everyone)
+        dist.broadcast_object_list(outcome, src=0)
+        if self.place.leader:
+            shutil.rmtree(flight.root, ignore_errors=True)
+        if outcome[0] is not None:
+            self.status = f"step {flight.step} failed"
+            raise SpotrainError(outcome[0])
+        self.parent = checkpoint_id(self.run, flight.step)
+        self.status = f"step {flight.step} published"
+        if self.keep_last is not None and self.place.rank == 0 and self._pool is not None:
+            self._collecting = self._pool.submit(self._collect_after_publish)
+
+    def _commit(self, flight: _InFlight, reports: list[Any]) -> str | None:
+        """Rank 0: publish the union of every rank's shards; the error, if any."""
+        errors = [r for r in reports if isinstance(r, str)]
+        if errors:
+            return "; ".join(errors)
+        shards: dict[str, Shard] = {}
+        for report in reports:
+            for shard in report.shards:
+                if shards.setdefault(shard.name, shard).sha256 != shard.sha256:
+                    return f"ranks wrote different files named {shard.name} at step {flight.step}"
+        timings = {"stall_s": round(flight.stall_s, 3),
+                   "upload_s": round(time.perf_counter() - flight.began, 3),
+                   "machines": self.place.world // _ranks_per_machine()}  # fmt: skip
+        try:
+            checkpoint.commit(
+                list(shards.values()), storage=self.storage, catalog=self.catalog,
+                generation=self.generation, run=self.run, step=flight.step,
+                world_size=self.place.world, zero_stage=self._engine.zero_optimization_stage(),
+                config_hash=_definition_hash(self.definition), code_version=code_version(),
+                parent=self.parent, config=self.definition, timings=timings,
+            )  # fmt: skip
+        except SpotrainError as error:
+            return str(error)
+        sent = sum(r.uploaded_bytes for r in reports)
+        reused = sum(r.reused_bytes for r in reports)
+        took = time.perf_counter() - flight.began
+        self._tell(f"published step {flight.step}: {sent:,} bytes sent, {reused:,} reused; "
+                   f"training stalled {flight.stall_s:.2f} s, published {took:.1f} s after the "
+                   "save")  # fmt: skip
+        self._on_event("published", step=flight.step, uploaded_bytes=sent, reused_bytes=reused,
+                       stall_s=flight.stall_s, save_to_published_s=took)  # fmt: skip
+        return None
+
+    # ------------------------------------------------------------------ operators (no group)
+
+    def head(self) -> CatalogEntry | None:
+        return self.catalog.head()
+
+    def entries(self) -> list[CatalogEntry]:
+        return self.catalog.entries()
+
+    def entry_at(self, step: int | None) -> CatalogEntry:
+        """The entry for `step` (the head if None), or a CatalogError saying what exists."""
+        return checkpoint.entry_at(self.catalog, step)
+
+    def manifest(self, entry: CatalogEntry) -> Manifest:
+        return checkpoint.read_manifest(self.storage, entry.manifest_key)
+
+    def restore_into(self, folder: Path, *, roll_back: bool = True) -> checkpoint.RestoreReport:
+        """An operator's restore into `folder`, by the training start's policy: when it falls
+        back past proven damage it moves the head back too (taking the run's lease, so a writer
+        still running stops before it publishes on top of a damaged head), unless not
+        `roll_back`."""
+        return self._restore_published(folder, roll_back=roll_back)
+
+    def verify(self, entry: CatalogEntry, scratch: Path) -> tuple[Manifest, list[str]]:
+        return checkpoint.verify(self.storage, entry.manifest_key, scratch)
+
+    def collect_garbage(self, keep: int = checkpoint.MIN_KEEP) -> checkpoint.CollectReport:
+        """Remove superseded checkpoints beyond the newest `keep` (deletes: an operator's
+        credentials; a fleet machine's role may not delete)."""
+        return checkpoint.collect_garbage(storage=self.storage, catalog=self.catalog,
+                                          run=self.run, keep=keep, say=self._tell)  # fmt: skip
+
+    def quarantine(self, step: int, reason: str) -> None:
+        self.catalog.quarantine(step, reason)
+
+    def roll_back(self, step: int, reason: str) -> list[int]:
+        """Make `step` the head again, fencing any writer still running."""
+        return self.catalog.roll_back(step, self.generation, reason)
+
+
+def _ranks_per_machine() -> int:
+    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+
+
+def _definition_hash(definition: dict[str, Any] | None) -> str:
+    import json
+
+    text = json.dumps(definition or {}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _convert_to_universal(folder: Path, tag: str) -> None:
+    from types import SimpleNamespace
+
+    from deepspeed.checkpoint import ds_to_universal
+
+    output = folder / "universal" / tag
+    shutil.rmtree(output, ignore_errors=True)
+    ds_to_universal.main(
+        SimpleNamespace(
+            input_folder=str(folder / tag),
+            output_folder=str(output),
+            num_extract_workers=1,
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=True,
+        )
+    )
+
+
+def _broadcast(values: torch.Tensor) -> None:
+    import torch.distributed as dist
+
+    device = (
+        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
+    )
+    on_device = values.to(device)
+    dist.broadcast(on_device, src=0)
+    values.copy_(on_device.cpu())
