@@ -21,7 +21,7 @@ from spotrain import catalog_schema as schema
 from spotrain.localcloud import control
 from spotrain.trainer import checkpoint
 from spotrain.trainer.catalog import CatalogError, DynamoCatalog, StaleWriter, StoreCatalog
-from spotrain.trainer.manifest import Manifest, shard_key
+from spotrain.trainer.manifest import Manifest, Shard, shard_key
 from spotrain.trainer.storage import (
     AlreadyExists,
     LocalStorage,
@@ -448,6 +448,39 @@ def test_the_trainers_chunks_follow_its_tensors_so_an_unchanged_tensor_is_reused
     frozen_digest = hashlib.sha256(frozen.numpy().tobytes()).hexdigest()
     assert frozen_digest in shared and before[frozen_digest] == frozen.numel() * 4
     assert sum(before[digest] for digest in shared - {frozen_digest}) < 1024
+
+
+def test_the_trainers_uploader_checks_its_parents_pieces_and_finds_older_ones_by_address(
+    tmp_path: Path,
+) -> None:
+    """Known pieces (the parent's) are checked where they are; others are written at once, and
+    a taken address reveals bytes an older checkpoint stored, reused all the same."""
+    from spotrain.trainer.manifest import chunk_of
+
+    storage = LocalStorage(tmp_path / "bucket")
+
+    def upload(known: dict[str, list[str]], *pieces: bytes) -> checkpoint.UploadReport:
+        uploader = checkpoint.PieceUploader(storage=storage, run=RUN, known=known)
+        chunks = [uploader.put_bytes(data).result() for data in pieces]
+        return uploader.finish([Shard(f"f{i}", c.sha256, c.size, c.crc32)
+                                for i, c in enumerate(chunks)])  # fmt: skip
+
+    old, kept, new = os.urandom(1000), os.urandom(1000), os.urandom(1000)
+    upload({}, old)  # an older checkpoint
+    parent = upload({}, kept)
+    assert parent.uploaded_bytes == 1000 and len(parent.stored_keys) == 1
+    known = checkpoint.known_pieces(parent.shards)
+    report = upload(known, kept, old, new)
+    keys = {s.sha256: s.keys for s in report.shards}
+    # kept: the parent's object checked and a second copy made; old: found at its address,
+    # likewise; new: written once.
+    assert [len(keys[chunk_of(d).sha256]) for d in (kept, old, new)] == [2, 2, 1]
+    assert report.reused_bytes == 2000 and report.uploaded_bytes == 3000
+    assert report.stored_keys == {keys[chunk_of(new).sha256][0]}
+    # A known object that vanished is not trusted: the bytes go up again beside it.
+    storage.delete([known[chunk_of(kept).sha256][0]])
+    again = upload(known, kept)
+    assert again.uploaded_bytes == 1000 and again.reused_bytes == 0
 
 
 def test_a_manifest_of_the_previous_format_reads_and_keeps_its_key(tmp_path: Path) -> None:

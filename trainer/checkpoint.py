@@ -31,7 +31,7 @@ import json
 import os
 import shutil
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -53,7 +53,6 @@ from spotrain.trainer.manifest import (
     manifest_key,
     shard_copy_key,
     shard_key,
-    shards_prefix,
 )
 from spotrain.trainer.storage import (
     AlreadyExists,
@@ -146,6 +145,8 @@ class UploadReport:
     """Bytes sent, second copies of newly shared shards included."""
     reused_bytes: int
     """Bytes of shards an object already held, not sent as new content."""
+    stored_keys: frozenset[str] = frozenset()
+    """Objects this upload wrote itself (the store confirmed each), as opposed to reused."""
 
 
 def _holds(storage: Storage, key: str, piece: Chunk) -> bool:
@@ -162,21 +163,38 @@ def _read(path: Path, offset: int, size: int) -> bytes:
 
 
 def _store_piece(
-    piece: Chunk, read: Callable[[], bytes], stored: dict[str, list[str]], storage: Storage,
-    run: str,
+    piece: Chunk, read: Callable[[], bytes], known: dict[str, list[str]] | None,
+    storage: Storage, run: str,
 ) -> tuple[Chunk, int, bool]:  # fmt: skip
     """Make sure the piece's bytes are stored: reused if an object already holds them (then in
     two independent objects, since an earlier checkpoint shares them), else uploaded (`read`
-    gives the bytes). `stored`: the run's objects by digest when the upload began. Returns the
-    piece with its object keys, the bytes sent, and whether stored bytes were reused."""
-    existing = list(stored.get(piece.sha256, ()))
+    gives the bytes). `known`: objects an earlier checkpoint (the parent) stored, by digest: a
+    piece among them is checked where it is; any other is written at once, and only if its
+    address is taken are the objects holding that digest looked up, so the requests grow with
+    the checkpoint, never with the run's history (bytes stored by an older checkpoint than the
+    parent are then sent once before the store refuses them). None: every piece's objects are
+    looked up first (one listing each). Returns the piece with its object keys, the bytes
+    stored, and whether stored bytes were reused."""
+    first = shard_key(run, piece.sha256)
+    sent = 0
+    data: bytes | None = None
+    if known is None:
+        existing = storage.list(first)  # the first object and its copies
+    elif piece.sha256 in known:
+        existing = list(known[piece.sha256])
+    else:
+        data = read()
+        try:
+            storage.put_bytes(first, data, crc32=piece.crc32)
+            failpoints.hit("after-shard-upload")
+            return replace(piece, keys=(first,)), piece.size, False
+        except AlreadyExists:  # stored before: by an older checkpoint, or another rank now
+            existing = storage.list(first)
     good = [key for key in existing if _holds(storage, key, piece)]
     reused = bool(good)
     wanted = SHARED_COPIES if reused else 1
-    sent = 0
-    data: bytes | None = None
     while len(good) < wanted:
-        key = shard_copy_key(run, piece.sha256) if existing else shard_key(run, piece.sha256)
+        key = shard_copy_key(run, piece.sha256) if existing else first
         existing.append(key)
         if data is None:
             data = read()
@@ -192,13 +210,9 @@ def _store_piece(
     return replace(piece, keys=tuple(good[:wanted])), sent, reused
 
 
-def _stored_objects(storage: Storage, run: str) -> dict[str, list[str]]:
-    """The run's shard objects by the digest their key names (one listing, not a request per
-    piece)."""
-    found: dict[str, list[str]] = {}
-    for key in storage.list(shards_prefix(run)):
-        found.setdefault(key.rsplit("/", 1)[-1].split(".", 1)[0], []).append(key)
-    return found
+def known_pieces(shards: Iterable[Shard]) -> dict[str, list[str]]:
+    """The objects holding each piece of `shards`, by digest (what a next upload may reuse)."""
+    return {piece.sha256: list(piece.keys) for shard in shards for piece in shard.pieces}
 
 
 class PieceUploader:
@@ -208,9 +222,14 @@ class PieceUploader:
     `PIECES_IN_MEMORY` pieces wait in memory: handing over more blocks until one is stored.
     Publishes nothing: `commit` does."""
 
-    def __init__(self, *, storage: Storage, run: str) -> None:
+    def __init__(
+        self, *, storage: Storage, run: str, known: dict[str, list[str]] | None = None
+    ) -> None:
+        """`known`: the objects of an earlier checkpoint (`known_pieces`), checked for reuse
+        where they are, other stored bytes found when their address is taken; None looks
+        every piece up (see `_store_piece`)."""
         self.storage, self.run = storage, run
-        self._stored = _stored_objects(storage, run)
+        self._known = known
         self._pool = ThreadPoolExecutor(PIECE_WORKERS, thread_name_prefix="piece")
         self._room = threading.BoundedSemaphore(PIECES_IN_MEMORY)
         self._work: list[Future[Any]] = []
@@ -223,9 +242,7 @@ class PieceUploader:
             if piece.sha256 in self._claimed:
                 return  # the same bytes again (a tensor stored twice): one upload serves both
             self._claimed.add(piece.sha256)
-        self._results[piece.sha256] = _store_piece(
-            piece, read, self._stored, self.storage, self.run
-        )
+        self._results[piece.sha256] = _store_piece(piece, read, self._known, self.storage, self.run)
 
     def put_bytes(self, data: bytes) -> Future[Chunk]:
         """A chunk's bytes, hashed and stored by a worker; the future gives its digests."""
@@ -273,6 +290,12 @@ class PieceUploader:
 
         return UploadReport(
             shards=[with_keys(s) for s in shards],
+            stored_keys=frozenset(
+                key
+                for piece, _, reused in self._results.values()
+                if not reused
+                for key in piece.keys
+            ),
             uploaded_bytes=sum(sent for _, sent, _ in self._results.values()),
             reused_bytes=sum(p.size for p, _, reused in self._results.values() if reused),
         )
@@ -307,6 +330,7 @@ def commit(
     parent: str | None = None,
     config: dict[str, Any] | None = None,
     timings: dict[str, float] | None = None,
+    just_stored: Collection[str] = (),
 ) -> Manifest:
     """Write the manifest naming `shards` (all stored and verified) and make it the run's head
     in the catalog. `config`: the definition the checkpoint was trained with, kept in the
@@ -316,9 +340,12 @@ def commit(
     if not all(piece.keys for s in shards for piece in s.pieces):
         raise SpotrainError(f"step {step}: every shard must be stored before it is committed")
     # Reused pieces were checked before their uploads were skipped; check again just before the
-    # manifest names them, so a concurrent clean-up cannot leave it pointing at nothing.
-    present = set(storage.list(shards_prefix(run)))
-    missing = [key for key in keys if key not in present]
+    # manifest names them, so a concurrent clean-up cannot leave it pointing at nothing. What
+    # this publish wrote itself (`just_stored`) the store has just confirmed.
+    doubtful = [key for key in keys if key not in set(just_stored)]
+    with ThreadPoolExecutor(PIECE_WORKERS) as pool:
+        present = list(pool.map(storage.exists, doubtful))
+    missing = [key for key, there in zip(doubtful, present, strict=True) if not there]
     if missing:
         raise SpotrainError(f"shards vanished during publish of step {step}: {missing}")
     manifest = Manifest(
@@ -354,7 +381,8 @@ def publish(folder: Path, *, storage: Storage, run: str, **commit_args: Any) -> 
     """Upload one folder holding the whole checkpoint, then commit it (`commit_args` as for
     `commit`)."""
     upload = upload_folder(folder, storage=storage, run=run)
-    manifest = commit(upload.shards, storage=storage, run=run, **commit_args)
+    manifest = commit(upload.shards, storage=storage, run=run,
+                      just_stored=upload.stored_keys, **commit_args)  # fmt: skip
     return PublishReport(
         manifest=manifest, uploaded_bytes=upload.uploaded_bytes, reused_bytes=upload.reused_bytes
     )

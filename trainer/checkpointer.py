@@ -373,6 +373,10 @@ class Checkpointer:
         self.preemption = PreemptionFlag()
         self.in_flight: _InFlight | None = None
         self._collecting: Future[None] | None = None
+        self._known: dict[str, list[str]] | None = None
+        """Objects of the newest checkpoint this process published, by digest: what the next
+        upload checks for reuse (None: not read yet)."""
+        self._parent_key: str | None = None
         self.parent: str | None = None
         """Id of the newest checkpoint this run published or resumed from."""
         self.status = "none yet"
@@ -503,6 +507,7 @@ class Checkpointer:
                       "the published head, descended from it)")  # fmt: skip
             dist.barrier()
             return Restored(step, world_size, light_root / checkpoint_tag(step), from_light=True)
+        self._parent_key = manifest_of_chosen[0]
         if place.leader and place.rank != 0:
             checkpoint.fetch(self.storage, str(manifest_of_chosen[0]), folder, run=self.run)
         tag = checkpoint_tag(step)
@@ -679,7 +684,16 @@ class Checkpointer:
     def _write_and_upload(
         self, root: Path, staged: list[_Staged], direct: list[Shard]
     ) -> checkpoint.UploadReport:
-        uploader = checkpoint.PieceUploader(storage=self.storage, run=self.run)
+        if self._known is None:  # resumed: the pieces of the checkpoint this run came from
+            self._known = {}
+            if self._parent_key is not None:
+                try:
+                    parent = checkpoint.read_manifest(self.storage, self._parent_key)
+                    self._known = checkpoint.known_pieces(parent.shards)
+                except SpotrainError:
+                    pass  # reuse is then found piece by piece, as addresses turn out taken
+        uploader = checkpoint.PieceUploader(storage=self.storage, run=self.run,
+                                            known=self._known)  # fmt: skip
         try:
             shards = _stream_staged(staged, root, uploader)
             for shard in direct:
@@ -739,6 +753,7 @@ class Checkpointer:
             raise SpotrainError(outcome[0])
         self.parent = checkpoint_id(self.run, flight.step)
         self.status = f"step {flight.step} published"
+        self._known = checkpoint.known_pieces(s for report in everyone for s in report.shards)
         if self.keep_last is not None and self.place.rank == 0 and self._pool is not None:
             self._collecting = self._pool.submit(self._collect_after_publish)
 
@@ -762,6 +777,7 @@ class Checkpointer:
                 world_size=self.place.world, zero_stage=self._engine.zero_optimization_stage(),
                 config_hash=_definition_hash(self.definition), code_version=code_version(),
                 parent=self.parent, config=self.definition, timings=timings,
+                just_stored={key for report in reports for key in report.stored_keys},
             )  # fmt: skip
         except SpotrainError as error:
             return str(error)
