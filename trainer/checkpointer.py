@@ -624,10 +624,12 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ training: saving
 
-    def _snapshot(self, step: int, tier: str) -> tuple[Path, list[_Staged], list[Shard]]:
+    def _snapshot(
+        self, step: int, tier: str, *, uploading: bool = False
+    ) -> tuple[Path, list[_Staged], list[Shard]]:
         """Collective: every rank copies its state of `step` into host memory. Returns the
-        DeepSpeed checkpoint root, this rank's staged files, and (rank 0) the small files
-        DeepSpeed wrote directly (its recovery script)."""
+        DeepSpeed checkpoint root, this rank's staged files, and (rank 0, when `uploading`) the
+        small files DeepSpeed wrote directly (its recovery script), described for the upload."""
         import torch.distributed as dist
 
         failpoints.saving(step)
@@ -640,7 +642,7 @@ class Checkpointer:
         self._snapshots.save(rng_state(), str(root / tag / f"rng_rank{self.place.rank}.pt"))
         staged = self._snapshots.take()
         direct: list[Shard] = []
-        if self.place.rank == 0 and any(p.is_file() for p in root.rglob("*")):
+        if uploading and self.place.rank == 0 and any(p.is_file() for p in root.rglob("*")):
             direct = checkpoint.describe_folder(root)  # before any rank writes its snapshot
         dist.barrier()
         return root, staged, direct
@@ -672,7 +674,7 @@ class Checkpointer:
             # it never deletes an old piece an upload is about to reuse.
             self._collecting.result()
             self._collecting = None
-        root, staged, direct = self._snapshot(step, "save")
+        root, staged, direct = self._snapshot(step, "save", uploading=True)
         stall = time.perf_counter() - began
         if self.place.rank == 0:
             failpoints.hit("after-snapshot")
