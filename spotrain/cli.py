@@ -27,6 +27,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from spotrain.arguments import run_name, whole
 from spotrain.cost import commands as cost_commands
 from spotrain.errors import SpotrainError, aws_errors
 from spotrain.fleet_state import Coordinator
@@ -182,12 +183,12 @@ def _mark_reclaimed(table: Any, args: argparse.Namespace) -> None:
     try:
         notice = json.loads(args.spot_notice)
         at = str(notice["time"])
-    except (ValueError, KeyError, TypeError) as error:
+        stops = datetime.datetime.fromisoformat(fleet_state.event_time(at).replace("Z", "+00:00"))
+    except (ValueError, KeyError, TypeError, RecursionError) as error:
         raise SpotrainError(
             f"--spot-notice {args.spot_notice!r} is not the metadata service's "
-            '`spot/instance-action` document ({"action": ..., "time": ...})'
+            '`spot/instance-action` document ({"action": ..., "time": ISO 8601})'
         ) from error
-    stops = datetime.datetime.fromisoformat(fleet_state.event_time(at).replace("Z", "+00:00"))
     warned = stops - datetime.timedelta(seconds=fleet_state.SPOT_WARNING_LEAD_S)
     fleet_state.mark_instance(
         table, args.run, args.instance, status=INSTANCE_STATUS_INTERRUPTING,
@@ -211,6 +212,9 @@ def _fleet(args: argparse.Namespace) -> int:
 
     from spotrain import fleet_state
 
+    if args.run is not None:
+        run_name(args.run)
+
     autoscaling = boto3.client("autoscaling")
     table = boto3.resource("dynamodb").Table(args.events_table) if args.events_table else None
     if args.action in ("exit", "reset-crashes", "may-start", "coordinator", "release") and (
@@ -218,14 +222,7 @@ def _fleet(args: argparse.Namespace) -> int:
     ):
         raise SpotrainError(f"`spotrain fleet {args.action}` needs --events-table and --run")
     if args.action == "scale":
-        if len(args.group) != 1 or args.desired is None:
-            raise SpotrainError("`spotrain fleet scale` needs one --group and --desired N")
-        _groups(autoscaling, args.group)
-        autoscaling.set_desired_capacity(
-            AutoScalingGroupName=args.group[0], DesiredCapacity=args.desired, HonorCooldown=False
-        )
-        _say(f"{args.group[0]}: desired capacity set to {args.desired}")
-        return 0
+        return _scale(autoscaling, args)
     if args.action == "exit":
         if args.instance is None or args.code is None:
             raise SpotrainError("`spotrain fleet exit` needs --instance ID and --code N")
@@ -290,6 +287,37 @@ def _fleet(args: argparse.Namespace) -> int:
     return 0
 
 
+def _scale(autoscaling: Any, args: argparse.Namespace) -> int:
+    """One group's desired capacity (and minimum), within its bounds as AWS keeps them."""
+    if len(args.group) != 1 or args.desired is None:
+        raise SpotrainError("`spotrain fleet scale` needs one --group and --desired N")
+    (group,) = _groups(autoscaling, args.group)
+    name, low, high = args.group[0], group["MinSize"], group["MaxSize"]
+    low = low if args.min_size is None else args.min_size
+    if args.desired > high:
+        raise SpotrainError(f"{name}: desired {args.desired} is above the group's maximum "
+                            f"{high}: give --desired {high} or less (the maximum is the "
+                            "environment's fleet_max_size, changed by a deploy)")  # fmt: skip
+    if args.min_size is not None and args.min_size > args.desired:
+        raise SpotrainError(f"--min-size {args.min_size} is above --desired {args.desired}: a "
+                            "group's minimum is at most its desired capacity")  # fmt: skip
+    if low > args.desired:
+        raise SpotrainError(f"{name}: desired {args.desired} is below the group's minimum {low}: "
+                            f"add --min-size {args.desired} to lower both (a later scale with "
+                            f"--min-size {low} puts the minimum back)")  # fmt: skip
+    if args.min_size is None:
+        autoscaling.set_desired_capacity(
+            AutoScalingGroupName=name, DesiredCapacity=args.desired, HonorCooldown=False
+        )
+    else:
+        autoscaling.update_auto_scaling_group(
+            AutoScalingGroupName=name, MinSize=args.min_size, DesiredCapacity=args.desired
+        )
+    _say(f"{name}: desired capacity set to {args.desired}"
+         + (f", minimum {args.min_size}" if args.min_size is not None else ""))  # fmt: skip
+    return 0
+
+
 def _release_spend(args: argparse.Namespace, table: Any) -> int:
     """Raise a run's spend cap (operator credentials: machines cannot write caps); the next
     capacity check lets a run held at its old cap start again from its head."""
@@ -318,7 +346,9 @@ def _release_spend(args: argparse.Namespace, table: Any) -> int:
 def cmd_logs(args: argparse.Namespace) -> int:
     from spotrain import machine_logs
 
-    return machine_logs.main_ship(args.group, args.stream, args.echo)
+    with aws_errors(f"the log stream {args.group}/{args.stream} cannot be opened",
+                    "check --group, AWS_REGION and the machine's credentials"):  # fmt: skip
+        return machine_logs.main_ship(args.group, args.stream, args.echo)
 
 
 def _caller_arn() -> str:
@@ -491,7 +521,7 @@ def cmd_scan(args: argparse.Namespace) -> int:
 def _checkpointer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     from spotrain.trainer.checkpointer import Checkpointer
 
-    _checked_run(args.run)
+    run_name(args.run)
     owner = f"spotrain checkpoints {args.action} ({os.environ.get('USER', 'unknown')})"
     return Checkpointer(run=args.run, store=args.store, catalog_table=args.catalog_table,
                         kms_key_id=args.kms_key_id, lease_owner=owner, say=_say)  # fmt: skip
@@ -574,10 +604,13 @@ def cmd_config(args: argparse.Namespace) -> int:
         _say(f"run {config.run}: configuration stored as {storage.uri}/{stored.key}; machines "
              "that start from now on train with it")  # fmt: skip
         return 0
-    run = _checked_run(args.run)
+    run = run_name(args.run)
     if args.action == "get":
         if not args.to:
             raise SpotrainError("`spotrain config get` needs --to FILE (where to write it)")
+        if Path(args.to).is_dir():
+            raise SpotrainError(f"--to {args.to} is a folder: give the file to write, e.g. "
+                                f"{Path(args.to) / 'config.json'}")  # fmt: skip
         stored = run_config.newest(storage, run)
         run_config.write(stored, Path(args.to))
         _say(f"run {run}: {storage.uri}/{stored.key} -> {args.to}")
@@ -626,16 +659,6 @@ def cmd_data(args: argparse.Namespace) -> int:
     return 0
 
 
-def _checked_run(run: str | None) -> str:
-    from spotrain.catalog_schema import run_name_problem
-
-    problem = run_name_problem(run)
-    if problem:
-        raise SpotrainError(f"--run: {problem}")
-    assert run is not None  # a valid name
-    return run
-
-
 DEFAULT_SHUTDOWN_TIMEOUT_S = 90
 MAX_REGROUPS = 20
 
@@ -659,24 +682,6 @@ def _endpoint(text: str) -> str:
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
         raise argparse.ArgumentTypeError(f"{text!r}: write HOST:PORT, e.g. 10.0.1.5:29400")
     return text
-
-
-def _whole(minimum: int, maximum: int | None = None):  # type: ignore[no-untyped-def]
-    """An argparse type: a whole number in [minimum, maximum]."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < minimum or (maximum is not None and value > maximum):
-            upper = f" and at most {maximum}" if maximum is not None else ""
-            raise argparse.ArgumentTypeError(
-                f"{text!r}: give a whole number of at least {minimum}{upper}"
-            )
-        return value
-
-    return parse
 
 
 def torchrun_command(args: argparse.Namespace) -> list[str]:
@@ -752,7 +757,7 @@ def parser() -> argparse.ArgumentParser:
     )
     local.add_argument(
         "--port",
-        type=_whole(0, 65535),
+        type=whole(0, 65535),
         default=control.DEFAULT_PORT,
         help="loopback port for `up` (0 picks a free one)",
     )
@@ -773,7 +778,7 @@ def parser() -> argparse.ArgumentParser:
     )
     rehearse.add_argument(
         "--port",
-        type=_whole(0, 65535),
+        type=whole(0, 65535),
         default=control.DEFAULT_PORT,
         help="loopback port for the local cloud if it is not running (0 picks a free one)",
     )
@@ -808,7 +813,10 @@ def parser() -> argparse.ArgumentParser:
         "replace --instance (a machine that cannot train)",
     )
     fleet.add_argument("--group", action="append", default=[], help="Auto Scaling group name")
-    fleet.add_argument("--desired", type=_whole(0), help="desired capacity for `scale`")
+    fleet.add_argument("--desired", type=whole(0), help="desired capacity for `scale`")
+    fleet.add_argument("--min-size", type=whole(0),
+                       help="scale: the group's new minimum too (AWS refuses a desired "
+                       "capacity below the minimum: lower both to stop a group)")  # fmt: skip
     fleet.add_argument("--events-table", help="interruption events table (fleet state)")
     fleet.add_argument("--run", help="run name")
     fleet.add_argument("--instance", help="instance id for `exit`, `unhealthy`, `coordinator`")
@@ -824,8 +832,8 @@ def parser() -> argparse.ArgumentParser:
     fleet.add_argument("--claim", action="store_true",
                        help="coordinator: take or renew the role for this machine")  # fmt: skip
     fleet.add_argument("--address", help="coordinator --claim: this machine's private address")
-    fleet.add_argument("--port", type=_whole(1, 65535), help="coordinator --claim: its port")
-    fleet.add_argument("--wait", type=_whole(0), default=0,
+    fleet.add_argument("--port", type=whole(1, 65535), help="coordinator --claim: its port")
+    fleet.add_argument("--wait", type=whole(0), default=0,
                        help="coordinator: seconds to wait for one to claim the role and "
                        "answer on its port")  # fmt: skip
     fleet.set_defaults(handler=cmd_fleet)
@@ -860,7 +868,7 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("config", type=Path, help="training configuration (JSON)")
     train.add_argument("--set", action="append", default=[], metavar="FIELD=VALUE",
                        help="override one configuration field (model.width=128)")  # fmt: skip
-    train.add_argument("--nproc-per-node", type=_whole(1),
+    train.add_argument("--nproc-per-node", type=whole(1),
                        help="ranks on this machine (default: its GPUs, or 1 without)")  # fmt: skip
     train.add_argument("--nnodes", default="1", type=_nnodes,
                        help="machines: N, or MIN:MAX for an elastic run")  # fmt: skip
@@ -870,10 +878,10 @@ def parser() -> argparse.ArgumentParser:
     train.add_argument("--rdzv-host", action=argparse.BooleanOptionalAction,
                        help="this machine hosts the rendezvous (the run's coordinator), or not; "
                        "default: when the endpoint's address is this machine's")  # fmt: skip
-    train.add_argument("--rdzv-last-call", type=_whole(1), default=30,
+    train.add_argument("--rdzv-last-call", type=whole(1), default=30,
                        help="seconds the rendezvous waits for more machines once the fewest "
                        "it needs have come")  # fmt: skip
-    train.add_argument("--shutdown-timeout", type=_whole(1), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
+    train.add_argument("--shutdown-timeout", type=whole(1), default=DEFAULT_SHUTDOWN_TIMEOUT_S,
                        help="seconds between SIGTERM and SIGKILL of the ranks; longer than an "
                        "emergency checkpoint takes to publish")  # fmt: skip
     train.set_defaults(handler=cmd_train)
@@ -908,12 +916,12 @@ def parser() -> argparse.ArgumentParser:
     data.add_argument("--tokenizer", choices=["bytes", "bpe"], default="bytes",
                       help="bytes: one token per byte; bpe: a byte-pair tokenizer trained on "
                       "the input (kept with the dataset)")  # fmt: skip
-    data.add_argument("--vocab-size", type=_whole(257), default=8192,
+    data.add_argument("--vocab-size", type=whole(257), default=8192,
                       help="bpe: vocabulary size")  # fmt: skip
     data.add_argument("--text-field", default="text", help="JSONL: the field holding the text")
-    data.add_argument("--shard-tokens", type=_whole(1), default=64 * 1024 * 1024,
+    data.add_argument("--shard-tokens", type=whole(1), default=64 * 1024 * 1024,
                       help="tokens per shard file")  # fmt: skip
-    data.add_argument("--workers", type=_whole(1), default=os.cpu_count() or 1,
+    data.add_argument("--workers", type=whole(1), default=os.cpu_count() or 1,
                       help="tokenizing processes")  # fmt: skip
     data.add_argument("--kms-key-id", help="the bucket's KMS key (default: its default key)")
     data.set_defaults(handler=cmd_data)
@@ -931,7 +939,7 @@ def parser() -> argparse.ArgumentParser:
     checkpoints.add_argument("--catalog-table", help="DynamoDB catalog table (default: manifests)")
     checkpoints.add_argument(
         "--step",
-        type=_whole(0),
+        type=whole(0),
         help="checkpoint step for show/verify (default: head), quarantine, rollback (the step "
         "that becomes the head)",
     )
@@ -951,7 +959,7 @@ def parser() -> argparse.ArgumentParser:
         "--kms-key-id", help="the bucket's KMS key, for actions that write to an s3:// store"
     )
     checkpoints.add_argument(
-        "--keep", type=_whole(2), default=2, help="gc: complete checkpoints to keep (2 or more)"
+        "--keep", type=whole(2), default=2, help="gc: complete checkpoints to keep (2 or more)"
     )
     checkpoints.set_defaults(handler=cmd_checkpoints)
 

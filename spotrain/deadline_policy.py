@@ -5,18 +5,30 @@ scheduled capacity check, so what the planner predicts is what the fleet does.
 Uniform Progress, from "Can't Be Late: Optimizing Spot Instance Savings under Deadlines"
 (Wu et al., NSDI '24), as its authors' reference implementation decides. With C hours of
 compute to do by the deadline R, the expected progress at time t is ep(t) = t * C / R; cp(t)
-is the progress made.
+is the progress made; d is the changeover cost of a move (restart + restore + the work since
+the last checkpoint).
 
-- Safety net: once the time left is less than the work left + 2d (d: the changeover cost of a
-  move, restart + restore + the work since the last checkpoint), go on-demand and stay.
+- Safety net, for a job that is idle or on on-demand: once the time left is no more than the
+  work left + 2d, go on-demand and stay.
+- Guard, for every job: once the time left is no more than the work left + d, a job whose
+  spot machines are training (past their changeover) keeps them until they are taken; any
+  other job goes on-demand. (A job on spot is not thrown off it by the 2d net: a move would
+  pay a changeover to avoid a risk the 1d guard still covers.)
 - Spot available: an idle job takes it, a job on spot stays; a job on on-demand moves to spot
-  only when it is ahead of schedule by the hysteresis margin, cp(t) > ep(t + 2d).
+  only when it is strictly ahead of schedule by the hysteresis margin, cp(t) > ep(t + 2d).
 - Spot unavailable: a job on on-demand stays there (it never goes from on-demand to idle);
   an idle job goes on-demand when it is behind, cp(t) < ep(t), else it waits.
 
+A decision holds until the policy is asked again (the simulator's tick, the handler's check
+interval): the net and the guard count the time left in whole intervals (rounded down) and
+the work in whole intervals (rounded up), so the last safe move is never one interval late.
+Every comparison is exact: the hours are taken as whole milliseconds and compared by
+cross-multiplication, so a run exactly on its schedule (48 h of work in 52 h is 12/13 per hour)
+is decided as the rule states, never by rounding noise.
+
 `greedy` is the baseline it is measured against: spot whenever there is some, on-demand only
-when the deadline forces it. A gang of N machines runs on all N or none; callers decide what
-"spot available" means for theirs.
+when the deadline forces it (the same net and guard). A gang of N machines runs on all N or
+none; callers decide what "spot available" means for theirs.
 
 Standard library only (and the catalog's names): it ships inside the interruption handler's
 Lambda zip.
@@ -24,6 +36,7 @@ Lambda zip.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
@@ -42,6 +55,25 @@ SPOT = "spot"
 ON_DEMAND = "on-demand"
 IDLE = "idle"
 MODES = (SPOT, ON_DEMAND, IDLE)
+MS_PER_HOUR = 3_600_000
+
+
+def whole_ms(hours: float) -> int:
+    """Hours as whole milliseconds: the unit in which the policy's comparisons are exact."""
+    return round(hours * MS_PER_HOUR)
+
+
+@dataclass(frozen=True)
+class _Exact:
+    """A Progress in whole milliseconds (deadline None: there is none)."""
+
+    t: int
+    deadline: int | None
+    work: int
+    done: int
+    d: int
+    d_left: int
+    interval: int
 
 
 @dataclass(frozen=True)
@@ -51,23 +83,82 @@ class Progress:
     elapsed_h: float
     """Time since the run started (t)."""
     deadline_h: float
-    """Time from the start to the deadline (R)."""
+    """Time from the start to the deadline (R); infinite: no deadline."""
     work_h: float
     """Compute the run needs in all (C)."""
     done_h: float
     """Compute done so far (cp(t))."""
     changeover_h: float
     """Cost of a move to a new machine: restart + restore + work since the last checkpoint (d)."""
+    changeover_left_h: float = 0.0
+    """What the machines in hand still have to pay of their changeover (0: they train)."""
+    decision_interval_h: float = 0.0
+    """How long a decision holds before the policy is asked again (the simulator's tick, the
+    handler's check interval); 0: it is asked continuously."""
 
-    def expected(self, at_h: float) -> float:
-        """ep(t): where uniform progress to the deadline would be at `at_h`."""
-        return at_h * self.work_h / self.deadline_h
+    def __post_init__(self) -> None:
+        problems = []
+        for name in (
+            "elapsed_h", "deadline_h", "work_h", "done_h", "changeover_h", "changeover_left_h",
+            "decision_interval_h",
+        ):  # fmt: skip
+            value = getattr(self, name)
+            endless = name == "deadline_h"  # no deadline
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, int | float)
+                or math.isnan(value)
+                or value < 0
+                or (math.isinf(value) and not endless)
+            ):
+                problems.append(f"{name} is {value!r}: give a finite number of hours, 0 or more")
+        if not problems:
+            problems += [
+                f"{name} is 0: give a positive number of hours"
+                for name in ("deadline_h", "work_h")
+                if getattr(self, name) == 0
+            ]
+        if problems:
+            raise ValueError("progress: " + "; ".join(problems))
+        exact = _Exact(
+            t=whole_ms(self.elapsed_h),
+            deadline=whole_ms(self.deadline_h) if math.isfinite(self.deadline_h) else None,
+            work=whole_ms(self.work_h),
+            done=whole_ms(self.done_h),
+            d=whole_ms(self.changeover_h),
+            d_left=whole_ms(self.changeover_left_h),
+            interval=whole_ms(self.decision_interval_h),
+        )
+        object.__setattr__(self, "_exact", exact)
+
+    @classmethod
+    def from_ms(
+        cls, *, elapsed: int, deadline: int | None, work: int, done: int, changeover: int,
+        changeover_left: int = 0, decision_interval: int = 0,
+    ) -> Progress:  # fmt: skip
+        """A Progress from whole milliseconds a replay counted (checked there, once, not at
+        every tick)."""
+        progress = object.__new__(cls)
+        hours = {
+            "elapsed_h": elapsed, "deadline_h": deadline, "work_h": work, "done_h": done,
+            "changeover_h": changeover, "changeover_left_h": changeover_left,
+            "decision_interval_h": decision_interval,
+        }  # fmt: skip
+        for name, ms in hours.items():
+            object.__setattr__(progress, name, math.inf if ms is None else ms / MS_PER_HOUR)
+        exact = _Exact(elapsed, deadline, work, done, changeover, changeover_left,
+                       decision_interval)  # fmt: skip
+        object.__setattr__(progress, "_exact", exact)
+        return progress
 
     @property
-    def slack_h(self) -> float:
-        """Time left minus work left minus the margin of two changeovers."""
-        left = self.deadline_h - self.elapsed_h
-        return left - (self.work_h - self.done_h) - 2 * self.changeover_h
+    def exact(self) -> _Exact:
+        return self._exact  # type: ignore[attr-defined,no-any-return]
+
+    def expected(self, at_h: float) -> float:
+        """ep(t): where uniform progress to the deadline would be at `at_h` (for messages; the
+        decisions compare exactly)."""
+        return at_h * self.work_h / self.deadline_h
 
 
 @dataclass(frozen=True)
@@ -77,31 +168,79 @@ class Choice:
     reason: str
 
 
-def _safety_net(progress: Progress) -> Choice | None:
-    if progress.slack_h < 0:
-        return Choice(
-            ON_DEMAND,
-            f"{progress.deadline_h - progress.elapsed_h:.2f} h left for "
-            f"{progress.work_h - progress.done_h:.2f} h of work + 2 changeovers of "
-            f"{progress.changeover_h:.2f} h: on-demand to the end",
-        )
-    return None
+def _behind(x: _Exact) -> bool:
+    """cp(t) < ep(t)."""
+    return x.deadline is not None and x.done * x.deadline < x.t * x.work
+
+
+def _ahead_by_two_changeovers(x: _Exact) -> bool:
+    """cp(t) > ep(t + 2d), strictly (without a deadline ep is 0)."""
+    if x.deadline is None:
+        return x.done > 0
+    return x.done * x.deadline > (x.t + 2 * x.d) * x.work
+
+
+def _out_of_time(x: _Exact, changeovers: int) -> bool:
+    """The work left and `changeovers` changeovers take all the time left, or more; with a
+    decision interval, the time in whole intervals (down) and the work in whole ones (up)."""
+    if x.deadline is None:
+        return False
+    left = x.deadline - x.t
+    need = x.work - x.done + changeovers * x.d
+    if x.interval:
+        left = left // x.interval * x.interval
+        need = -(-need // x.interval) * x.interval
+    return need >= left
+
+
+def _net_facts(progress: Progress, changeovers: int) -> str:
+    interval = progress.decision_interval_h
+    return (
+        f"{progress.deadline_h - progress.elapsed_h:.2f} h left for "
+        f"{progress.work_h - progress.done_h:.2f} h of work + {changeovers} changeover"
+        f"{'s' if changeovers > 1 else ''} of {progress.changeover_h:.2f} h"
+        + (f" (counted in whole decisions of {interval * 60:g} min)" if interval else "")
+    )
+
+
+def _safety_net(progress: Progress, current: str, spot_available: bool) -> Choice | None:
+    """The net (2d, for a job idle or on on-demand) and the guard (1d, for every job)."""
+    x = progress.exact
+    if not _out_of_time(x, 2):
+        return None
+    if x.d == 0 and spot_available:
+        return Choice(SPOT, f"{_net_facts(progress, 1)}: a move costs nothing, spot")
+    if _out_of_time(x, 1):
+        if current == SPOT and x.d_left == 0:
+            return Choice(SPOT, f"{_net_facts(progress, 1)}: the spot machines are training "
+                          "and stay until they are taken")  # fmt: skip
+        return Choice(ON_DEMAND, f"{_net_facts(progress, 1)}: on-demand to the end")
+    if current != SPOT:
+        return Choice(ON_DEMAND, f"{_net_facts(progress, 2)}: on-demand to the end")
+    return Choice(SPOT, f"{_net_facts(progress, 2)}: the spot machines are training and stay "
+                  "(one changeover still fits)")  # fmt: skip
+
+
+def _checked(current: str, spot_available: bool) -> str:
+    if current not in MODES:
+        raise ValueError(f"current is {current!r}: use one of {', '.join(MODES)}")
+    # Spot machines without spot capacity are going: the job is as good as idle.
+    return IDLE if current == SPOT and not spot_available else current
 
 
 def uniform_progress(progress: Progress, *, current: str, spot_available: bool) -> Choice:
     """What the run should be on now, given what it is on (`current`) and whether spot
     capacity is there for the whole gang."""
-    if current not in MODES:
-        raise ValueError(f"current is {current!r}: use one of {', '.join(MODES)}")
-    forced = _safety_net(progress)
+    current = _checked(current, spot_available)
+    forced = _safety_net(progress, current, spot_available)
     if forced is not None:
         return forced
-    t, done = progress.elapsed_h, progress.done_h
+    x, t, done = progress.exact, progress.elapsed_h, progress.done_h
     if spot_available:
         if current != ON_DEMAND:
             return Choice(SPOT, "spot is available")
         ahead_by = progress.expected(t + 2 * progress.changeover_h)
-        if done > ahead_by:
+        if _ahead_by_two_changeovers(x):
             return Choice(
                 SPOT,
                 f"spot is back and progress {done:.2f} h is ahead of "
@@ -115,7 +254,7 @@ def uniform_progress(progress: Progress, *, current: str, spot_available: bool) 
     if current == ON_DEMAND:
         return Choice(ON_DEMAND, "no spot capacity: stays on-demand")
     on_schedule = progress.expected(t)
-    if done < on_schedule:
+    if _behind(x):
         return Choice(
             ON_DEMAND,
             f"no spot capacity and progress {done:.2f} h is behind "
@@ -130,9 +269,8 @@ def uniform_progress(progress: Progress, *, current: str, spot_available: bool) 
 
 def greedy(progress: Progress, *, current: str, spot_available: bool) -> Choice:
     """Spot whenever there is some; on-demand only when the deadline forces it."""
-    if current not in MODES:
-        raise ValueError(f"current is {current!r}: use one of {', '.join(MODES)}")
-    forced = _safety_net(progress)
+    current = _checked(current, spot_available)
+    forced = _safety_net(progress, current, spot_available)
     if forced is not None:
         return forced
     if current == ON_DEMAND:  # only the safety net puts it there, and it stays
@@ -169,12 +307,15 @@ class RunDeadline:
         found = []
         times = {}
         for name in ("started_at", "finish_by"):
+            value = getattr(self, name)
             try:
-                times[name] = _instant(getattr(self, name))
-            except (ValueError, AttributeError) as error:
+                if not isinstance(value, str):
+                    raise ValueError(f"it is a {type(value).__name__}, not text")
+                times[name] = _instant(value)
+            except ValueError as error:
                 found.append(
-                    f"run_deadline.{name} {getattr(self, name)!r} is not an ISO 8601 "
-                    f"time with its zone ({error}): write e.g. 2026-12-01T00:00:00Z"
+                    f"run_deadline.{name} {value!r} is not an ISO 8601 time with its zone "
+                    f"({error}): write e.g. 2026-12-01T00:00:00Z"
                 )
         if len(times) == 2 and times["finish_by"] <= times["started_at"]:
             found.append(
@@ -190,9 +331,16 @@ class RunDeadline:
                 f"run_deadline.total_steps is {self.total_steps!r}: give the run's "
                 "number of training steps (1 or more)"
             )
-        if not self.changeover_minutes >= 0:
+        minutes = self.changeover_minutes
+        if (
+            isinstance(minutes, bool)
+            or not isinstance(minutes, int | float)
+            or not math.isfinite(minutes)
+            or minutes < 0
+        ):
             found.append(
-                f"run_deadline.changeover_minutes is {self.changeover_minutes}: use 0 or more"
+                f"run_deadline.changeover_minutes is {minutes!r}: give a number of minutes, "
+                "0 or more"
             )
         return found
 

@@ -15,8 +15,11 @@ SpotrainError
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
 
 
 class SpotrainError(Exception):
@@ -58,3 +61,39 @@ def aws_errors(what: str, fix: str) -> Iterator[None]:
         yield
     except (ClientError, BotoCoreError) as error:
         raise SpotrainError(f"{what}: {error}; {fix}") from error
+
+
+def read_text(
+    path: str | Path, what: str, fix: str, error: type[SpotrainError] = SpotrainError
+) -> str:
+    """A file a user handed in, or one `error` naming it, what is wrong and `fix`."""
+    try:
+        return Path(path).read_text()
+    except OSError as failure:
+        reason = failure.strerror or str(failure)
+        raise error(f"{what} {path} cannot be read ({reason}): {fix}") from None
+    except UnicodeDecodeError:
+        raise error(f"{what} {path} is not text (UTF-8): {fix}") from None
+
+
+def read_json(
+    path: str | Path, what: str, fix: str, error: type[SpotrainError] = SpotrainError
+) -> Any:
+    """`read_text`, decoded as JSON (the same one error when it is not)."""
+    text = read_text(path, what, fix, error)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as failure:
+        raise error(
+            f"{what} {path} is not JSON ({failure.msg} at line {failure.lineno}): {fix}"
+        ) from None
+    except RecursionError:
+        raise error(f"{what} {path} is not JSON this reads (nested too deeply): {fix}") from None
+
+
+def json_kind(value: Any) -> str:
+    """How a decoded JSON value is called in messages: an array, a string, a number..."""
+    kinds = {list: "an array", str: "a string", bool: "true or false", dict: "an object"}
+    if value is None:
+        return "null"
+    return kinds.get(type(value), "a number" if isinstance(value, int | float) else "a value")

@@ -150,32 +150,35 @@ SPOT_WARNING_LEAD_S = 120
 
 def mark_instance(
     table: Any, run: str, instance_id: str, *, status: str, pool: str, event_id: str, at: str,
-    warned_at: str | None = None,
+    warned_at: str | None = None, label: str | None = None,
 ) -> None:  # fmt: skip
     """Say the instance is being interrupted (or rebalanced), for the boot service's exit
     accounting, the coordinator and dashboards (`Query pk=RUN#<run>, sk begins_with
     INSTANCE#`). The mark keeps the newest event by event time, whatever order they arrive in,
-    and an interruption is never downgraded by a rebalance notice, older or newer. An
-    interruption also keeps its earliest warning (`warned_at`: `at` unless given), from which
-    the run's cost report times the preemption."""
+    and an interruption is never downgraded by a rebalance notice, older or newer; `label`
+    (what the instance's tag says of the event) is kept with the newest event that has one
+    (`latest_label`). An interruption also keeps its earliest warning (`warned_at`: `at` unless
+    given), from which the run's cost report times the preemption."""
     from botocore.exceptions import ClientError
 
     key = {PARTITION_KEY: run_key(run), SORT_KEY: instance_sort_key(instance_id)}
     interrupting = status == INSTANCE_STATUS_INTERRUPTING
     when = event_time(at)
+    values = {":status": status, ":pool": pool, ":event": event_id, ":at": when}
+    if label is not None:
+        values[":label"] = label
     try:
         table.update_item(
             Key=key,
             UpdateExpression=(
                 f"SET #s = {':status' if interrupting else 'if_not_exists(#s, :status)'}, "
                 "#pool = :pool, event_id = :event, updated_at = :at"
+                + (", latest_label = :label" if label is not None else "")
             ),
             ConditionExpression="attribute_not_exists(updated_at) OR updated_at <= :at",
             ExpressionAttributeNames={"#s": "status", "#pool": "pool"},
-            ExpressionAttributeValues={
-                ":status": status, ":pool": pool, ":event": event_id, ":at": when,
-            },
-        )  # fmt: skip
+            ExpressionAttributeValues=values,
+        )
     except ClientError as error:
         if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
             raise
@@ -198,6 +201,15 @@ def mark_instance(
         except ClientError as error:
             if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
                 raise
+
+
+def latest_label(table: Any, run: str, instance_id: str) -> str | None:
+    """The label of the instance's newest event that has one (see `mark_instance`)."""
+    item = table.get_item(
+        Key={PARTITION_KEY: run_key(run), SORT_KEY: instance_sort_key(instance_id)},
+        ConsistentRead=True,
+    ).get("Item")
+    return str(item["latest_label"]) if item and "latest_label" in item else None
 
 
 def instance_status(table: Any, run: str, instance_id: str) -> str | None:

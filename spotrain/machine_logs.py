@@ -8,18 +8,54 @@ outlives the trainer on purpose: SIGTERM (a spot reclaim stops the whole service
 and it sends what is left when its input ends, after the trainer's emergency checkpoint has
 been logged. CloudWatch being unreachable never stops training: lines still reach the
 journal, and the handler reports the failure there.
+
+Before it reads a line it creates the machine's stream (with the only calls the machine's role
+may make): a log group that does not exist, or a name CloudWatch refuses, ends it at once with
+one message and a non-zero exit, so the boot script's `|| cat` takes the whole output to the
+journal instead of a shipper that would drop every line.
 """
 
 from __future__ import annotations
 
 import logging
+import re
 import signal
 import sys
-from typing import IO
+from typing import IO, Any
+
+from spotrain.errors import SpotrainError
 
 SEND_INTERVAL_S = 5
 """At most this much output is lost with a machine that dies without warning (a spot reclaim
 gives two minutes)."""
+
+
+_GROUP_NAME = re.compile(r"[.\-_/#A-Za-z0-9]{1,512}")
+_STREAM_NAME = re.compile(r"[^:*]{1,512}")
+
+
+def open_stream(client: Any, group: str, stream: str) -> None:
+    """Create `stream` in `group` (it may be there already), or SpotrainError saying what is
+    wrong with either."""
+    from botocore.exceptions import ClientError
+
+    if not _GROUP_NAME.fullmatch(group):
+        raise SpotrainError(f"--group {group!r} is not a log group name: give the run's log "
+                            "group (the compute stack's output log_group)")  # fmt: skip
+    if not _STREAM_NAME.fullmatch(stream):
+        raise SpotrainError(f"--stream {stream!r} is not a log stream name: 1-512 "
+                            "characters without ':' or '*' (the boot script gives the "
+                            "instance id)")  # fmt: skip
+    try:
+        client.create_log_stream(logGroupName=group, logStreamName=stream)
+    except ClientError as error:
+        code = error.response["Error"]["Code"]
+        if code == "ResourceAlreadyExistsException":
+            return
+        if code == "ResourceNotFoundException":
+            raise SpotrainError(f"log group {group} does not exist: give the run's log group "
+                                "(the compute stack's output log_group)") from None  # fmt: skip
+        raise
 
 
 def ship(source: IO[str], *, group: str, stream: str, echo: IO[str] | None) -> None:
@@ -27,10 +63,12 @@ def ship(source: IO[str], *, group: str, stream: str, echo: IO[str] | None) -> N
     import boto3
     import watchtower
 
+    client = boto3.client("logs")
+    open_stream(client, group, stream)
     handler = watchtower.CloudWatchLogHandler(
         log_group_name=group,
         log_stream_name=stream,
-        boto3_client=boto3.client("logs"),
+        boto3_client=client,
         create_log_group=False,  # Terraform made it: encrypted, with its retention
         send_interval=SEND_INTERVAL_S,
     )

@@ -1,4 +1,5 @@
-"""Helpers shared by tests: reading synthesized stacks, creating the catalog table."""
+"""Helpers shared by tests: reading synthesized stacks, creating the catalog table and Auto
+Scaling groups."""
 
 from __future__ import annotations
 
@@ -86,3 +87,12 @@ def kms_only_bucket(s3: Any, kms: Any, bucket: str) -> str:
     }  # fmt: skip
     s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
     return str(key)
+
+
+def launch_template(ec2: Any, name: str) -> str:
+    """A launch template of the region's first image (what a group needs to launch)."""
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    template = ec2.create_launch_template(
+        LaunchTemplateName=name, LaunchTemplateData={"ImageId": image}
+    )
+    return str(template["LaunchTemplate"]["LaunchTemplateId"])

@@ -243,3 +243,174 @@ def test_a_checkpointer_with_bad_settings_lists_every_problem_at_once(tmp_path: 
     assert "light_every is 0" in message and "keep_last is 1: keep at least 2" in message
     with pytest.raises(Exception, match="file:// paths or s3:// buckets"):
         Checkpointer(run="fine", store="gs://elsewhere")
+
+
+# --- the surfaces added since: cost, prices, config, fleet -------------------------------------
+FIXTURES = Path(__file__).parent / "fixtures"
+SIMULATE = ["cost", "simulate", "--on-demand-price", "3", "--spot-price", "1"]
+TRACE = str(FIXTURES / "traces" / "one-node.json")
+PLAN = ["cost", "plan", "--price-book", str(FIXTURES / "price_book.json"),
+        "--checkpoint-seconds", "60"]  # fmt: skip
+
+
+def _trace(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "trace.json"
+    path.write_text(text)
+    return str(path)
+
+
+def _book(tmp_path: Path, price: Any) -> str:
+    book = json.loads((FIXTURES / "price_book.json").read_text())
+    book["on_demand"][0]["usd_per_hour"] = price
+    path = tmp_path / "book.json"
+    path.write_text(json.dumps(book))
+    return str(path)
+
+
+NUMBER_CASES = [
+    ("simulate-work-inf", [*SIMULATE, "--trace", TRACE, "--work-hours", "inf"],
+     ["the work is inf hours"]),
+    ("simulate-work-huge", [*SIMULATE, "--trace", TRACE, "--work-hours", "1e12"],
+     ["plan runs of up to 10,000 h"]),
+    ("simulate-changeover-nan", [*SIMULATE, "--trace", TRACE, "--work-hours", "4",
+                                 "--changeover-minutes", "nan"], ["the changeover is nan"]),
+    ("simulate-price-inf", ["cost", "simulate", "--trace", TRACE, "--work-hours", "4",
+                            "--on-demand-price", "inf", "--spot-price", "1"],
+     ["not a finite number"]),
+    ("simulate-rate-nan", [*SIMULATE, "--work-hours", "4", "--interruptions-per-hour", "nan"],
+     ["interruptions_per_hour is nan"]),
+    ("simulate-gap-inf", [*SIMULATE, "--work-hours", "4", "--interruptions-per-hour", "0.1",
+                          "--gap-seconds", "inf"], ["not a finite number"]),
+    ("simulate-gap-tiny", [*SIMULATE, "--work-hours", "4", "--interruptions-per-hour", "0.1",
+                           "--gap-seconds", "0.001"], ["gap_s is 0.001"]),
+    ("simulate-tick-nan", [*SIMULATE, "--trace", TRACE, "--work-hours", "4", "--tick", "nan"],
+     ["not a finite number"]),
+    ("plan-work-inf", [*PLAN, "--work-hours", "inf"], ["the work is inf hours"]),
+    ("plan-work-nan", [*PLAN, "--work-hours", "nan"], ["the work is nan hours"]),
+    ("plan-deadline-inf", [*PLAN, "--work-hours", "4", "--deadline-hours", "inf"],
+     ["--deadline-hours is inf"]),
+    ("plan-restart-negative", [*PLAN, "--work-hours", "4", "--restart-minutes", "-10"],
+     ["--restart-minutes is -10.0: give a number of minutes, 0 or more"]),
+    ("plan-rate-nan", [*PLAN, "--work-hours", "4", "--interruptions-per-hour", "nan"],
+     ["--interruptions-per-hour is nan"]),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"), [pytest.param(*c[1:], id=c[0]) for c in NUMBER_CASES]
+)
+def test_numbers_that_are_not_finite_or_in_range_are_refused(
+    argv: list[str], expected: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    fails_clearly(capsys, argv, *expected)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ('{"metadata": {"gap_seconds": Infinity}, "data": [1]}', "gap_seconds is inf"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1, NaN]}', "data[1] is nan"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1e400]}', "data[0] is inf"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [true]}', "data[0] is True"),
+        ("[" * 100_000, "nested too deeply"),
+    ],
+)
+def test_a_trace_with_numbers_that_are_not_counts_is_refused(
+    text: str, expected: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fails_clearly(capsys, [*SIMULATE, "--trace", _trace(tmp_path, text), "--work-hours", "4"],
+                  expected)  # fmt: skip
+
+
+def test_files_that_are_not_what_they_should_be_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = [*SIMULATE, "--trace", TRACE, "--work-hours", "4", "--starts", "1"]
+    fails_clearly(capsys, [*run, "--plot", str(tmp_path / "missing" / "f.png")], "does not exist")
+    fails_clearly(capsys, [*run, "--plot", str(tmp_path / "f.xyz")], "name a .png file")
+    fails_clearly(capsys, [*run, "--plot", str(tmp_path)], "has no file type")
+    config = tmp_path / "config.json"
+    config.write_text("[1, 2]")
+    fails_clearly(capsys, [*PLAN, "--config", str(config)], "holds an array, not an object")
+    config.write_text('{"steps": "ten"}')
+    fails_clearly(capsys, [*PLAN, "--config", str(config)], "steps is 'ten'")
+    config.write_text('{"steps": 100, "metrics_file": 7}')
+    fails_clearly(capsys, [*PLAN, "--config", str(config)], "metrics_file is 7")
+    config.write_bytes(b"\xff\xfe binary")
+    fails_clearly(capsys, [*PLAN, "--config", str(config)], "is not text")
+    metrics = tmp_path / "metrics.jsonl"
+    metrics.write_text("[1, 2]\n[3]\n")
+    fails_clearly(capsys, [*PLAN, "--metrics", str(metrics), "--steps", "10"], "no amount of work")
+    fails_clearly(capsys, [*PLAN, "--work-hours", "4", "--plot", str(tmp_path / "no" / "p.png")],
+                  "does not exist")  # fmt: skip
+
+
+def test_config_get_refuses_a_folder_and_a_stored_configuration_that_is_no_object(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from spotrain.trainer.manifest import config_key
+
+    store = LocalStorage(tmp_path / "store")
+    store.put_bytes(config_key(RUN, "20270101T000000000000Z", b"[1]"), b"[1, 2]")
+    where = ["--store", f"file://{tmp_path / 'store'}", "--run", RUN]
+    fails_clearly(capsys, ["config", "get", *where, "--to", str(tmp_path)], "is a folder")
+    fails_clearly(capsys, ["config", "get", *where, "--to", str(tmp_path / "c.json")],
+                  "holds an array, not a training configuration")  # fmt: skip
+    assert not (tmp_path / "c.json").exists()
+
+
+@pytest.mark.parametrize("price", ["cheap", True, None, -1, 1e400])
+def test_a_price_book_whose_prices_are_not_prices_is_refused_everywhere(
+    price: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    book = _book(tmp_path, price)
+    for argv in (
+        [*PLAN[:2], "--price-book", book, "--checkpoint-seconds", "60", "--work-hours", "4",
+         "--interruptions-per-hour", "0.1"],
+        ["prices", "show", "--price-book", book, "--environment", "local"],
+        ["cost", "estimate", "dev", "--price-book", book],
+    ):  # fmt: skip
+        fails_clearly(capsys, argv, "on_demand[0].usd_per_hour is", "USD per hour")
+
+
+def test_price_book_paths_that_lead_nowhere_are_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    fails_clearly(capsys, ["prices", "show", "--price-book", str(tmp_path / "typo.json")],
+                  "cannot be read")  # fmt: skip
+    fails_clearly(capsys, ["prices", "refresh", "--price-book",
+                           str(tmp_path / "missing" / "book.json")], "does not exist")  # fmt: skip
+
+
+def test_names_are_checked_where_they_are_written(
+    dynamo: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import boto3
+
+    table = ["--events-table", "catalog"]
+    fails_clearly(capsys, ["fleet", "reset-crashes", *table, "--run", "Bad Run!"],
+                  "run name 'Bad Run!' is not valid")  # fmt: skip
+    fails_clearly(capsys, ["cost", "status", *table, "--run", "Bad Run!"],
+                  "run name 'Bad Run!' is not valid")  # fmt: skip
+    fails_clearly(capsys, ["cost", "report", *table, "--run", "Bad Run!"],
+                  "run name 'Bad Run!' is not valid")  # fmt: skip
+    fails_clearly(capsys, ["fleet", "exit", *table, "--run", "r", "--instance", "i-1", "--code",
+                           "143", "--spot-notice", '{"time": "soon"}'],
+                  "is not the metadata service's")  # fmt: skip
+    items = boto3.resource("dynamodb").Table("catalog").scan()["Items"]
+    assert items == []  # nothing was written for any of them
+
+
+def test_a_deadline_with_changeover_minutes_that_are_not_minutes_lists_the_problem() -> None:
+    from spotrain.deadline_policy import RunDeadline
+
+    for minutes in ("20", float("inf"), float("nan"), True):
+        deadline = RunDeadline(
+            started_at="2027-01-01T00:00:00Z",
+            finish_by="2027-01-02T00:00:00Z",
+            total_steps=10,
+            changeover_minutes=minutes,
+        )  # type: ignore[arg-type]
+        assert deadline.problems() == [
+            f"run_deadline.changeover_minutes is {minutes!r}: give a number of minutes, 0 or more"
+        ]

@@ -39,9 +39,11 @@ def test_spot_against_on_demand_worked_example() -> None:
 
 # --- the policy ----------------------------------------------------------------------------------
 def at(
-    t: float, done: float, *, work: float = 10, deadline: float = 20, d: float = 0.5
-) -> Progress:
-    return Progress(elapsed_h=t, deadline_h=deadline, work_h=work, done_h=done, changeover_h=d)
+    t: float, done: float, *, work: float = 10, deadline: float = 20, d: float = 0.5,
+    left: float = 0.0, interval: float = 0.0,
+) -> Progress:  # fmt: skip
+    return Progress(elapsed_h=t, deadline_h=deadline, work_h=work, done_h=done, changeover_h=d,
+                    changeover_left_h=left, decision_interval_h=interval)  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -56,8 +58,13 @@ def at(
         (at(2, 1.0), IDLE, False, IDLE),  # on schedule: wait
         (at(2, 1.0), SPOT, False, IDLE),  # preempted, on schedule: wait
         (at(18, 9.5), SPOT, True, SPOT),  # 2 h left >= 0.5 h work + 1 h: spot still
-        (at(18.6, 9.5), SPOT, True, ON_DEMAND),  # 1.4 h left < 0.5 + 1: on-demand to the end
-        (at(18.6, 9.5), ON_DEMAND, True, ON_DEMAND),
+        (at(18.6, 9.5), IDLE, True, ON_DEMAND),  # 1.4 h left < 0.5 + 2 x 0.5: on-demand
+        (at(18.6, 9.5), ON_DEMAND, True, ON_DEMAND),  # ... and it stays there
+        (at(18.6, 9.5), SPOT, True, SPOT),  # training spot is not thrown off by the 2d net
+        (at(19.1, 9.5), SPOT, True, SPOT),  # 0.9 h < 0.5 + 0.5: training spot stays (1d guard)
+        (at(19.1, 9.5, left=0.2), SPOT, True, ON_DEMAND),  # spot still restarting: on-demand
+        (at(19.1, 9.5), SPOT, False, ON_DEMAND),  # taken: the net
+        (at(18.6, 9.5, d=0), IDLE, True, SPOT),  # a move costs nothing: spot to the end
     ],
 )
 def test_uniform_progress_follows_its_rules(
@@ -65,6 +72,43 @@ def test_uniform_progress_follows_its_rules(
 ) -> None:
     choice = deadline_policy.uniform_progress(progress, current=current, spot_available=spot)
     assert choice.mode == expected, choice.reason
+
+
+@pytest.mark.parametrize(("elapsed", "done"), [(16.5, 15.6), (10.0, 9.6)])
+def test_a_run_exactly_ahead_by_the_margin_is_decided_as_the_rule_states(
+    elapsed: float, done: float
+) -> None:
+    # 48 h of work in 52 h, d = 0.2 h: ep(t + 2d) = (t + 0.4) * 12/13 equals the progress
+    # exactly; the rule leaves on-demand only when strictly ahead, at every such point.
+    progress = Progress(elapsed_h=elapsed, deadline_h=52, work_h=48, done_h=done,
+                        changeover_h=0.2)  # fmt: skip
+    choice = deadline_policy.uniform_progress(progress, current=ON_DEMAND, spot_available=True)
+    assert choice.mode == ON_DEMAND and "is not ahead of" in choice.reason, choice.reason
+    ahead = Progress(elapsed_h=elapsed, deadline_h=52, work_h=48, done_h=done + 0.001,
+                     changeover_h=0.2)  # fmt: skip
+    assert (
+        deadline_policy.uniform_progress(ahead, current=ON_DEMAND, spot_available=True).mode == SPOT
+    )
+
+
+def test_the_net_counts_the_time_left_in_whole_decisions() -> None:
+    # 0.63 h left, 0.117 h of work + 2 x 0.2 h fits continuously, but with a decision every
+    # 5 minutes the time left is 7 whole decisions and the work + 2d needs 7 (rounded up).
+    progress = at(7 / 6, 53 / 60, work=1, deadline=1.8, d=0.2)
+    assert (
+        deadline_policy.uniform_progress(progress, current=ON_DEMAND, spot_available=True).mode
+        == SPOT
+    )
+    every_5_min = at(7 / 6, 53 / 60, work=1, deadline=1.8, d=0.2, interval=1 / 12)
+    choice = deadline_policy.uniform_progress(every_5_min, current=ON_DEMAND, spot_available=True)
+    assert choice.mode == ON_DEMAND and "whole decisions of 5 min" in choice.reason
+
+
+def test_progress_that_is_not_hours_is_refused() -> None:
+    with pytest.raises(ValueError, match="done_h is nan"):
+        at(1, math.nan)
+    with pytest.raises(ValueError, match="elapsed_h is inf"):
+        at(math.inf, 1)
 
 
 def test_greedy_waits_for_spot_until_the_deadline_forces_on_demand() -> None:
@@ -102,7 +146,7 @@ def test_a_value_is_availability_zero_means_no_spot() -> None:
     # The study's own simulator reads the values inverted; here 0 is "none available".
     never = simulation.simulate(job(), trace([0] * 60, gap_s=600), simulation.SPOT_GREEDY)
     assert never.spot_hours == 0 and never.deadline_met  # the safety net: on-demand in time
-    assert never.finish_h == pytest.approx(3 + 1 / 6 + 4.5)  # first tick with slack < 0
+    assert never.finish_h == pytest.approx(3 + 4.5)  # at 3 h, 5 h left for 4 h of work + 2d
     always = simulation.simulate(job(), trace([1] * 10), simulation.SPOT_GREEDY)
     assert (always.spot_hours, always.on_demand_hours, always.cost) == (4.5, 0.0, 4.5)
 
@@ -139,7 +183,95 @@ def test_on_a_shipped_trace_both_deadline_policies_meet_it_for_less_than_on_dema
     assert summary["spot-greedy"].mean_cost < summary["on-demand"].mean_cost
 
 
+def simulate_json(
+    capsys: pytest.CaptureFixture[str], trace_file: Path, *flags: str
+) -> tuple[int, Any]:
+    code = cli.main(["cost", "simulate", "--trace", str(trace_file), "--on-demand-price", "3",
+                     "--spot-price", "1", "--json", *flags])  # fmt: skip
+    captured = capsys.readouterr()
+    return code, json.loads(captured.out) if code == 0 else captured.err
+
+
+def test_a_productive_spot_run_is_not_thrown_off_spot_near_its_deadline(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # No spot for 15 minutes, then spot to the end; 1 h of work by 1.8 h, d = 12 min. The
+    # authors' rule keeps the spot machine it takes at 0.25 h to the end (1.2 h of spot);
+    # Uniform Progress starts on on-demand (behind at once) and stays there: the net counts
+    # whole 5-minute ticks, so it does not move to spot with 7 minutes of slack.
+    path = tmp_path / "trace.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 300}, "data": [0] * 3 + [1] * 40}))
+    code, found = simulate_json(capsys, path, "--work-hours", "1", "--deadline-hours", "1.8",
+                                "--changeover-minutes", "12", "--starts", "1")  # fmt: skip
+    assert code == 0, found
+    costs = {name: s["summary"]["mean_cost"] for name, s in found["strategies"].items()}
+    assert costs["spot-greedy"] == pytest.approx(1.20, abs=1e-9)
+    assert costs["uniform-progress"] == pytest.approx(3.60, abs=1e-9)
+    assert found["strategies"]["spot-greedy"]["runs"][0]["on_demand_hours"] == 0
+
+
+def test_windows_stay_inside_their_trace_unless_wrapping_is_asked_for(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    short = tmp_path / "short.json"  # 10 h of spot, then none
+    short.write_text(json.dumps({"metadata": {"gap_seconds": 3600}, "data": [1] * 10}))
+    run = ["--work-hours", "4", "--deadline-hours", "8", "--changeover-minutes", "30"]
+    code, error = simulate_json(capsys, short, *run, "--starts", "4")
+    assert code == 2 and "only 3 start(s)" in error and "--starts 3" in error, error
+    code, error = simulate_json(capsys, short, "--work-hours", "4", "--deadline-hours", "12")
+    assert code == 2 and "no start fits" in error and "--wrap" in error, error
+    code, found = simulate_json(capsys, short, *run, "--starts", "3")
+    runs = found["strategies"]["spot-greedy"]["runs"]
+    assert code == 0 and not any(r["wrapped"] or r["past_trace"] for r in runs)
+    code, found = simulate_json(capsys, short, *run, "--starts", "5", "--wrap")
+    assert code == 0 and found["wrap"] is True
+    assert sum(r["wrapped"] for r in found["strategies"]["spot-greedy"]["runs"]) >= 1
+    assert cli.main(["cost", "simulate", "--trace", str(short), *run, "--starts", "5", "--wrap",
+                     "--on-demand-price", "3", "--spot-price", "1"]) == 0  # fmt: skip
+    assert "--wrap:" in capsys.readouterr().out  # the table says so
+
+
+def test_a_run_that_outlives_its_trace_sees_no_spot_and_is_flagged() -> None:
+    sampled = trace([1, 1, 1, 1, 1, 1, 1, 1], gap_s=3600)
+    late = simulation.simulate(job(deadline_h=None, work_h=7.4), sampled, simulation.SPOT_GREEDY,
+                               start_tick=4)  # fmt: skip
+    assert late.past_trace and not late.finished  # no spot after the end: greedy waits
+    again = simulation.simulate(job(deadline_h=None, work_h=7.4), sampled,
+                                simulation.SPOT_GREEDY, start_tick=4, wrap=True)  # fmt: skip
+    assert again.wrapped and again.finished
+
+
+def test_time_is_counted_exactly_over_many_ticks() -> None:
+    # 0.1 h ticks for 1,000 h: float hours would drift; whole milliseconds do not.
+    outcome = simulation.simulate(job(work_h=100, deadline_h=None), trace([1] * 10, 360),
+                                  simulation.ON_DEMAND_ONLY)  # fmt: skip
+    assert outcome.finish_h == 100.5 and outcome.on_demand_hours == 100.5
+
+
 # --- traces ------------------------------------------------------------------------------------
+def test_a_coarse_tick_has_spot_only_if_every_tick_in_it_had() -> None:
+    fine = trace([2, 2, 1, 2, 0, 2, 2, 2, 2, 2, 1], gap_s=30)
+    assert traces.coarsen(fine, 60).available == (2, 1, 0, 2, 2)  # the 11th tick is dropped
+    assert traces.coarsen(fine, 90).available == (1, 0, 2)
+    assert traces.coarsen(fine, 45).available == (2, 1, 0, 0, 2, 2, 1)  # overlaps count
+    assert traces.coarsen(fine, 30) == fine
+    with pytest.raises(traces.TraceError, match="finer than"):
+        traces.coarsen(fine, 10)
+
+
+def test_simulate_coarsens_traces_with_tick(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "fine.json"
+    path.write_text(json.dumps({"metadata": {"gap_seconds": 32}, "data": [1, 1, 0] * 4000}))
+    code, found = simulate_json(capsys, path, "--work-hours", "2", "--deadline-hours", "6",
+                                "--changeover-minutes", "6", "--tick", "320")  # fmt: skip
+    assert code == 0 and found["traces"][0]["tick_seconds"] == 320
+    assert found["traces"][0]["availability"] == 0  # every 320 s holds a tick without spot
+    code, error = simulate_json(capsys, path, "--work-hours", "2", "--tick", "16")
+    assert code == 2 and "finer than" in error
+
+
 def test_generated_traces_have_the_availability_their_rate_implies() -> None:
     generated = traces.generate(
         hours=2000, interruptions_per_hour=0.1, recovery_h=1, capacity=1, seed=3
@@ -228,7 +360,10 @@ def test_simulate_prints_each_strategy_as_json_from_public_format_traces(
                 "spot_hours",
                 "on_demand_hours",
                 "preemptions",
+                "wrapped",
+                "past_trace",
             }
+            assert not run["wrapped"] and not run["past_trace"]  # every window fits its trace
     on_demand = document["strategies"]["on-demand"]["runs"][0]
     assert on_demand["cost"] == pytest.approx(12.25 * 4 * 3)  # work + one start, 4 machines
     assert (tmp_path / "slack.png").read_bytes()[:4] == b"\x89PNG"
@@ -346,6 +481,18 @@ def test_the_checked_in_price_book_holds_only_sourced_dated_figures() -> None:
     for figure in (*book.on_demand, *book.spot, *book.advisor):
         assert figure.source and figure.taken_at
     assert book.note  # says where its figures come from
+
+
+def test_the_readme_documents_a_price_book_the_loader_takes(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    example = readme.split("A price book (the snapshot", 1)[1].split("```json\n", 1)[1]
+    path = tmp_path / "book.json"
+    path.write_text(example.split("```", 1)[0])
+    pool = prices.load(path).pool("g5.xlarge", "us-east-1")
+    assert pool.advisor is not None
+    assert (pool.on_demand.usd_per_hour, pool.spot_price, pool.advisor.band) == (
+        1.006, 0.42, "5-10%",
+    )  # fmt: skip
 
 
 def test_a_deadline_needs_valid_times_and_steps() -> None:

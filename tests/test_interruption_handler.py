@@ -499,6 +499,35 @@ def test_the_mark_keeps_the_newest_event_whatever_order_they_arrive_in(cloud: Cl
     handler.handle(for_instance("spot-interruption-warning", second, id="early-2", time=early))
     # The machine is still going away (never downgraded); the newest event is still the mark's.
     assert (mark(second)["status"], mark(second)["event_id"]) == ("INTERRUPTING", "late-2")
+    # The instances' tags say the same: the newest event, not the one delivered last.
+    assert interruption_tag(first) == f"interruption-warning@{late}"
+    assert interruption_tag(second) == f"rebalance-recommendation@{late}"
+
+
+def interruption_tag(instance: str) -> str | None:
+    tags = boto3.client("ec2").describe_tags(
+        Filters=[{"Name": "resource-id", "Values": [instance]}]
+    )["Tags"]
+    return {t["Key"]: t["Value"] for t in tags}.get("spotrain:interruption")
+
+
+@pytest.mark.integration
+def test_an_out_of_order_concurrent_burst_leaves_each_tag_at_its_newest_warning(
+    http_cloud: Cloud,
+) -> None:
+    rng = random.Random(5)
+    instances = [run_instance() for _ in range(10)]
+    events, newest = [], {}
+    for index, instance in enumerate(instances):
+        minutes = rng.sample(range(60), 6)
+        newest[instance] = f"interruption-warning@2026-11-21T10:{max(minutes):02d}:00Z"
+        events += [for_instance("spot-interruption-warning", instance, id=f"w-{index}-{m}",
+                                time=f"2026-11-21T10:{m:02d}:00Z") for m in minutes]  # fmt: skip
+    rng.shuffle(events)
+    with ThreadPoolExecutor(max_workers=8) as pool:  # concurrent Lambda invocations
+        results = list(pool.map(handler.handle, events))
+    assert [r for r in results if "rejected" in r] == []
+    assert {i: interruption_tag(i) for i in instances} == newest
 
 
 # --- the checkpoint catalog's stream ----------------------------------------------------------
@@ -591,6 +620,7 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
                                "created_at": at, "generation": 1})  # fmt: skip
     iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
     monkeypatch.setenv("CHECKPOINTS_TABLE", names["catalog"])
+    monkeypatch.setenv("CAPACITY_CHECK_MINUTES", "60")  # a check per tick of the script
     monkeypatch.setenv("RUN_DEADLINE", json.dumps({
         "started_at": iso(start), "finish_by": iso(start + 14 * 3600),
         "total_steps": 8 * per_hour, "changeover_minutes": 15,

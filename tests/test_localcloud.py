@@ -497,3 +497,87 @@ def test_a_machines_output_reaches_its_log_stream_including_what_follows_sigterm
     events = logs.get_log_events(logGroupName=group, logStreamName="i-0reclaimed",
                                  startFromHead=True)["events"]  # fmt: skip
     assert [e["message"] for e in events] == expected
+
+
+def test_a_log_group_that_does_not_exist_ends_the_shipper_before_it_reads_a_line(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """Shipping to a missing group (or with an empty name) says which and exits non-zero at
+    once, so the boot script's `|| cat` carries the whole output to the journal."""
+    import os
+    import subprocess
+    import sys
+
+    logs = client(local_cloud, "logs")
+    group = f"/spotrain/{unique('machines')}"
+    logs.create_log_group(logGroupName=group)
+    environment = {**os.environ, **control.aws_environment(local_cloud.endpoint, REGION)}
+    spotrain = str(Path(sys.executable).parent / "spotrain")
+    for where, fragment in (
+        (["--group", f"{group}-gone", "--stream", "i-0"], f"log group {group}-gone does not exist"),
+        (["--group", "", "--stream", "i-0"], "--group '' is not a log group name"),
+        (["--group", group, "--stream", ""], "--stream '' is not a log stream name"),
+        (["--group", group, "--stream", "i:0"], "--stream 'i:0' is not a log stream name"),
+    ):  # fmt: skip
+        # The journal's fallback, as the boot script writes it: `ship ... || cat`.
+        shell = f"{spotrain} logs ship {' '.join(map(repr, where))} --echo || cat"
+        done = subprocess.run(["bash", "-c", shell], input="step 1\nstep 2\n", text=True,
+                              capture_output=True, env=environment, timeout=60)  # fmt: skip
+        assert fragment in done.stderr and "Traceback" not in done.stderr, done.stderr
+        assert done.stdout == "step 1\nstep 2\n"  # every line reached the journal, through cat
+    assert logs.describe_log_streams(logGroupName=group)["logStreams"] == []
+
+
+# --- Auto Scaling's bounds ---------------------------------------------------------------------
+def test_group_sizes_outside_their_bounds_are_refused_as_aws_refuses_them(
+    local_cloud: control.RunningCloud,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """The local cloud refuses a desired capacity outside a group's bounds as AWS does; `fleet
+    scale` says the fix before asking, and stops a group within the rules (--min-size)."""
+    from helpers import launch_template
+
+    from spotrain import cli
+
+    autoscaling, ec2 = client(local_cloud, "autoscaling"), client(local_cloud, "ec2")
+    name = unique("bounded")
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=1, MaxSize=2, DesiredCapacity=1,
+        AvailabilityZones=["us-east-1a"],
+        LaunchTemplate={"LaunchTemplateId": launch_template(ec2, name)},
+    )  # fmt: skip
+
+    def refused(call: Any, **arguments: Any) -> str:
+        with pytest.raises(ClientError) as error:
+            call(AutoScalingGroupName=name, **arguments)
+        assert error.value.response["Error"]["Code"] == "ValidationError"
+        return str(error.value.response["Error"]["Message"])
+
+    assert "is above max value 2" in refused(autoscaling.set_desired_capacity, DesiredCapacity=10)
+    assert "is below min value 1" in refused(autoscaling.set_desired_capacity, DesiredCapacity=0)
+    assert "must be between the specified min size:1 and max size:2" in refused(
+        autoscaling.update_auto_scaling_group, DesiredCapacity=3
+    )
+    assert "Max bound, 1, must be greater than or equal to min bound, 2" in refused(
+        autoscaling.update_auto_scaling_group, MinSize=2, MaxSize=1
+    )
+
+    for key, value in control.aws_environment(local_cloud.endpoint, REGION).items():
+        monkeypatch.setenv(key, value)
+
+    def scale(*flags: str) -> tuple[int, str]:
+        code = cli.main(["fleet", "scale", "--group", name, *flags])
+        captured = capsys.readouterr()
+        return code, captured.err + captured.out
+
+    code, said = scale("--desired", "10")
+    assert code == 2 and "above the group's maximum 2: give --desired 2 or less" in said
+    code, said = scale("--desired", "0")
+    assert code == 2 and "below the group's minimum 1: add --min-size 0" in said
+    assert scale("--desired", "0", "--min-size", "0") == (
+        0, f"{name}: desired capacity set to 0, minimum 0\n"
+    )  # fmt: skip
+    sizes = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])
+    group = sizes["AutoScalingGroups"][0]
+    assert (group["MinSize"], group["DesiredCapacity"]) == (0, 0)

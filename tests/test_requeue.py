@@ -158,3 +158,43 @@ def test_the_deadline_safety_net_covers_the_shortfall_to_the_end() -> None:
                              progress=progress(done_h=9.0, elapsed_h=18.6))  # fmt: skip
     assert (late.action, late.desired) == ("on-demand", {"east-on-demand": 2})
     assert "to the end" in late.reason
+
+
+def test_a_run_whose_spot_machines_train_keeps_them_within_two_changeovers_of_its_deadline() -> (
+    None
+):
+    # 44.95 h left for 44.61 h of work: within 2 changeovers (0.4 h), not within one. Its spot
+    # machines are all in service: the authors' rule keeps them, and the reason says so.
+    near = Progress(elapsed_h=7.05, deadline_h=52, work_h=48, done_h=3.388, changeover_h=0.2,
+                    decision_interval_h=5 / 60)  # fmt: skip
+    decision = requeue.reconcile(groups=[PRIMARY, ON_DEMAND], run_failed=False, short_since=None,
+                                 now=0.0, on_demand_deadline_s=600.0, progress=near)  # fmt: skip
+    assert (decision.action, decision.desired) == ("none", {})
+    assert "spot machines are training and stay" in decision.reason
+    assert "on-demand" not in decision.reason
+
+
+def test_the_handler_acts_on_every_on_demand_choice_as_the_simulator_bills_it() -> None:
+    """Spot comes back at the check where the deadline's net catches a run that was short:
+    the simulator moves the idle gang to on-demand (and bills the move); so does the handler,
+    whose spot machines give way to the fallback's."""
+    from spotrain.cost import simulation, traces
+
+    job = simulation.Job(work_h=8, deadline_h=14, changeover_h=0.25, on_demand_price=3.0,
+                         spot_price=1.0)  # fmt: skip
+    timeline: list[tuple[float, float, bool, str]] = []
+    available = (0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1)  # short at 8 and 9 h, back at 10
+    simulation.simulate(job, traces.Trace("scripted", 3600, available),
+                        simulation.UNIFORM_PROGRESS, timeline=timeline)  # fmt: skip
+    t, done, spot, mode = timeline[10]
+    assert (spot, mode) == (True, "on-demand")  # the net, at the tick spot returns
+    back = Group(**{**PRIMARY.__dict__, "min_size": 0})  # every spot machine in service again
+    decision = requeue.reconcile(
+        groups=[back, ON_DEMAND], run_failed=False, short_since=1.0, now=2.0,
+        on_demand_deadline_s=600.0,
+        progress=Progress(elapsed_h=t, deadline_h=14, work_h=8, done_h=done, changeover_h=0.25,
+                          decision_interval_h=1),
+    )  # fmt: skip
+    assert decision.action == "on-demand", decision.reason
+    assert decision.desired == {"east-on-demand": 2, "east-spot": 0}
+    assert "move from spot to east-on-demand" in decision.reason

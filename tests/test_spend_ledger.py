@@ -13,6 +13,7 @@ from typing import Any
 
 import boto3
 import pytest
+from helpers import launch_template
 
 from spotrain import cli, spend_ledger
 from spotrain.spend_ledger import ON_DEMAND, SPOT, Ledger, Machine
@@ -156,10 +157,7 @@ def run_on_the_local_cloud(
     run = f"ledger-{int(time.time() * 1000) % 10**8}"
     monkeypatch.setenv("RUN_NAME", run)
     ec2, autoscaling = boto3.client("ec2"), boto3.client("autoscaling")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
-    template = ec2.create_launch_template(
-        LaunchTemplateName=run, LaunchTemplateData={"ImageId": image}
-    )["LaunchTemplate"]["LaunchTemplateId"]
+    template = launch_template(ec2, run)
     autoscaling.create_auto_scaling_group(
         AutoScalingGroupName=run, MinSize=0, MaxSize=4, DesiredCapacity=3,
         AvailabilityZones=["us-east-1a"],

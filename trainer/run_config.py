@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import SpotrainError
+from spotrain.errors import SpotrainError, json_kind
 from spotrain.trainer.manifest import config_key, configs_prefix
 from spotrain.trainer.storage import Storage
 
@@ -53,9 +53,21 @@ def newest(storage: Storage, run: str) -> StoredConfig:
             f"{storage.uri}/{versions[-1]} is not JSON ({error}): put a corrected "
             "configuration, which becomes the newest"
         ) from error
+    if not isinstance(document, dict):
+        raise SpotrainError(
+            f"{storage.uri}/{versions[-1]} holds {json_kind(document)}, not a training "
+            "configuration (an object): put a corrected configuration with `spotrain config "
+            "put`, which becomes the newest"
+        )
     return StoredConfig(versions[-1], document)
 
 
 def write(stored: StoredConfig, path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(stored.document, indent=1))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(stored.document, indent=1))
+    except OSError as error:
+        raise SpotrainError(
+            f"the configuration cannot be written to {path} ({error.strerror or error}): give "
+            "--to a file in a folder you may write"
+        ) from None

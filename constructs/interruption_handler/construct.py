@@ -415,6 +415,7 @@ class InterruptionHandler(Construct):
                     "HOT_POOL_THRESHOLD": str(props.hot_pool_threshold),
                     "RATE_WINDOW_MINUTES": str(props.rate_window_minutes),
                     "ON_DEMAND_DEADLINE_MINUTES": str(props.on_demand_deadline_minutes),
+                    "CAPACITY_CHECK_MINUTES": str(props.capacity_check_minutes),
                     **(
                         {"MAX_SPEND_USD": str(props.max_spend_usd)}
                         if props.max_spend_usd is not None

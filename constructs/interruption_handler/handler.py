@@ -110,6 +110,8 @@ def _settings() -> dict[str, Any]:
         ),
         "checkpoints_table": env.get("CHECKPOINTS_TABLE"),
         "max_spend_usd": float(env["MAX_SPEND_USD"]) if env.get("MAX_SPEND_USD") else None,
+        # A deadline decision holds until the next check (absent: decided as if continuously).
+        "check_every_h": float(env.get("CAPACITY_CHECK_MINUTES", "0")) / 60,
     }
 
 
@@ -231,21 +233,22 @@ def recent_interruptions(
 
 
 def run_progress(
-    table: Any, run: str, deadline: RunDeadline, now: float
+    table: Any, run: str, deadline: RunDeadline, now: float, check_every_h: float = 0.0
 ) -> tuple[Progress | None, str]:
     """The run against its deadline, in hours of its gang's compute: its progress is the
     catalog head's step, its throughput the steps per hour between checkpoints published by
-    one trainer start (a restart's downtime is not throughput). None (and why) until two
-    checkpoints of one start are published."""
+    one trainer start (a restart's downtime is not throughput); a decision holds for
+    `check_every_h`, until the next scheduled check. None (and why) until two checkpoints of
+    one start are published."""
     pace = deadline_policy.read_pace(table, run)
     if pace.steps_per_hour is None:
         return None, ("throughput unknown until two checkpoints of one trainer start are "
                       "published: the fixed on-demand deadline applies")  # fmt: skip
     per_hour, done = pace.steps_per_hour, pace.step
     progress = Progress(
-        elapsed_h=(now - deadline.start_s) / 3600, deadline_h=deadline.deadline_h,
+        elapsed_h=max(0.0, now - deadline.start_s) / 3600, deadline_h=deadline.deadline_h,
         work_h=deadline.total_steps / per_hour, done_h=done / per_hour,
-        changeover_h=deadline.changeover_minutes / 60,
+        changeover_h=deadline.changeover_minutes / 60, decision_interval_h=check_every_h,
     )  # fmt: skip
     left_h = deadline.deadline_h - progress.elapsed_h
     return progress, (
@@ -259,7 +262,9 @@ def deadline_progress(settings: dict[str, Any], now: float) -> tuple[Progress | 
     if settings["run_deadline"] is None or not settings["run"]:
         return None, ""
     table = boto3.resource("dynamodb").Table(settings["checkpoints_table"])
-    return run_progress(table, settings["run"], settings["run_deadline"], now)
+    return run_progress(
+        table, settings["run"], settings["run_deadline"], now, settings["check_every_h"]
+    )
 
 
 # --- actions -----------------------------------------------------------------------------------
@@ -304,6 +309,25 @@ def apply(
         )
     if run:
         fleet_state.set_short_since(table, run, decision.short_since)
+
+
+TAG_ATTEMPTS = 3
+
+
+def tag_newest(ec2: Any, table: Any, run: str, instance_id: str, own: str) -> None:
+    """Tag the instance with its newest event, as its mark in the fleet state keeps it
+    whatever order events arrive in (`own`, this event's label, when it has no run or mark).
+    The mark is read again after tagging: a handler of an older event that tags last sees the
+    newer label there and tags again, so the tag ends as the mark."""
+    current = (fleet_state.latest_label(table, run, instance_id) if run else None) or own
+    for _ in range(TAG_ATTEMPTS):
+        ec2.create_tags(Resources=[instance_id], Tags=[{"Key": INTERRUPTION_TAG, "Value": current}])
+        if not run:
+            return
+        again = fleet_state.latest_label(table, run, instance_id) or own
+        if again == current:
+            return
+        current = again
 
 
 def notify(topic: str | None, subject: str, message: dict[str, Any]) -> None:
@@ -394,17 +418,15 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
         )
         return {"recorded": False, "event_id": fields["event_id"]}
     interrupting = fields["kind"] == INTERRUPTION_WARNING
+    label = f"{fields['kind']}@{fields['time']}"
     if run:
         fleet_state.mark_instance(
             table, run, fields["instance_id"],
             status=INSTANCE_STATUS_INTERRUPTING if interrupting else INSTANCE_STATUS_REBALANCING,
-            pool=instance["pool"], event_id=fields["event_id"], at=fields["time"],
+            pool=instance["pool"], event_id=fields["event_id"], at=fields["time"], label=label,
         )  # fmt: skip
     if instance["pool"] != UNKNOWN_POOL:
-        ec2.create_tags(
-            Resources=[fields["instance_id"]],
-            Tags=[{"Key": INTERRUPTION_TAG, "Value": f"{fields['kind']}@{fields['time']}"}],
-        )
+        tag_newest(ec2, table, run, fields["instance_id"], label)
     decision = requeue.Decision("none", "a rebalance recommendation: capacity rebalancing "
                                 "launches the replacement, the trainer checkpointed")  # fmt: skip
     if interrupting:

@@ -22,7 +22,7 @@ and is given back only when spot is there and the run is ahead by two changeover
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from spotrain import deadline_policy
 from spotrain.deadline_policy import Progress
@@ -224,15 +224,21 @@ def _by_deadline(
     short_since: float | None,
     now: float,
 ) -> Decision:
-    """The scheduled check of a run with a deadline. The run is on on-demand while the
-    fallback covers part of it; spot is there for the gang when every spot group runs its
-    desired capacity (a gang runs on all its machines or none)."""
-    current = (
-        deadline_policy.ON_DEMAND if covering
-        else deadline_policy.SPOT if shortfall == 0 else deadline_policy.IDLE
-    )  # fmt: skip
+    """The scheduled check of a run with a deadline, acting on the policy's choice as the
+    simulator plays it. What the run is on: on-demand while the fallback covers part of it;
+    idle while spot lacks machines, or lacked them at the last check (the spot machines in
+    service now are just starting: in the simulator the gang was idle and takes spot, or the
+    deadline sends it to on-demand); else spot, whose machines in service count as training (a
+    restore is not visible from here). Spot is there for the gang when every spot group runs
+    its desired capacity (a gang runs on all its machines or none)."""
+    if covering:
+        current = deadline_policy.ON_DEMAND
+    elif shortfall or short_since is not None:
+        current = deadline_policy.IDLE
+    else:
+        current = deadline_policy.SPOT
     choice = deadline_policy.uniform_progress(
-        progress, current=current, spot_available=shortfall == 0
+        replace(progress, changeover_left_h=0.0), current=current, spot_available=shortfall == 0
     )
     why = f"deadline policy: {choice.reason}"
     since = None if shortfall == 0 else (short_since if short_since is not None else now)
@@ -245,15 +251,39 @@ def _by_deadline(
     if choice.mode == deadline_policy.IDLE:
         return Decision("wait-for-spot", f"short of spot capacity by {shortfall}; {why}",
                         short_since=since)  # fmt: skip
-    if shortfall <= covering:
-        return Decision("none", f"on-demand covers the run; {why}", short_since=since)
+    if covering and shortfall <= covering:
+        return Decision("none", f"{why}; on-demand covers the spot shortfall of {shortfall}",
+                        short_since=since)  # fmt: skip
     fallback = next((g for g in fallbacks if g.desired < g.max_size), None)
     if fallback is None:
         return Decision("wait-for-spot", f"{why}; but no on-demand group has room: raise its "
                         "max_size", short_since=since)  # fmt: skip
+    if shortfall == 0:
+        return _gang_to_on_demand(groups, fallback, why)
     new = min(fallback.max_size, fallback.desired + shortfall - covering)
     return Decision("on-demand", f"{why}: {fallback.name} {fallback.desired} -> {new} on-demand",
                     {fallback.name: new}, short_since=since)  # fmt: skip
+
+
+def _gang_to_on_demand(groups: Sequence[Group], fallback: Group, why: str) -> Decision:
+    """Spot came back to a gang the deadline sends to on-demand to the end: its spot machines
+    go (down to each group's minimum, which keeps the coordinator) and the fallback takes
+    their places."""
+    spot = [g for g in groups if g.lifecycle == SPOT and g.desired > g.min_size]
+    moved = min(sum(g.desired - g.min_size for g in spot), fallback.max_size - fallback.desired)
+    if moved == 0:
+        return Decision("none", f"{why}; but every spot group is at its minimum: nothing moves")
+    desired, left = {fallback.name: fallback.desired + moved}, moved
+    for g in spot:
+        cut = min(left, g.desired - g.min_size)
+        desired[g.name], left = g.desired - cut, left - cut
+    return Decision(
+        "on-demand",
+        f"{why}: {moved} machine(s) move from spot to {fallback.name} "
+        f"({fallback.desired} -> {fallback.desired + moved} on-demand)",
+        desired,
+        short_since=None,
+    )
 
 
 def hold(groups: Sequence[Group], why: str, how_to_release: str) -> Decision:

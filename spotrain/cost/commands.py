@@ -10,9 +10,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from spotrain.arguments import figure_path, finite, number, run_name
 from spotrain.cost import planner, prices, report, simulation, traces
-from spotrain.errors import CostInputError, aws_errors
+from spotrain.errors import CostInputError, aws_errors, json_kind, read_json
 
+MAX_REPLAYS = 10_000
+"""The most traces, starts or samples a command replays (each one walks every tick)."""
 EVENTS_TABLE_FIX = (
     "give the catalog stack's events table (spotrain-<env>-events) and credentials that may read it"
 )
@@ -52,8 +55,8 @@ class _Pool:
 
 def _pools(args: argparse.Namespace) -> list[_Pool]:
     explicit_rate = args.interruptions_per_hour
-    if explicit_rate is not None and explicit_rate < 0:
-        raise CostInputError(f"--interruptions-per-hour is {explicit_rate}: use 0 or more")
+    finite("--interruptions-per-hour", explicit_rate, unit="interruptions per instance-hour",
+           zero=True, error=CostInputError)  # fmt: skip
     given = args.on_demand_price is not None, args.spot_price is not None
     if any(given) and not all(given):
         raise CostInputError(
@@ -144,18 +147,35 @@ def _pace(args: argparse.Namespace) -> Any:
         return read_pace(boto3.resource("dynamodb").Table(args.catalog_table), args.run)
 
 
+def _training_config(path: str) -> dict[str, Any]:
+    """The fields a plan reads from a training configuration, checked."""
+    fix = "give the file `spotrain train` takes"
+    config = read_json(path, "the training configuration", fix, CostInputError)
+    if not isinstance(config, dict):
+        raise CostInputError(
+            f"the training configuration {path} holds {json_kind(config)}, not an object: {fix}"
+        )
+    for name in ("steps", "checkpoint_every"):
+        value = config.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):  # fmt: skip
+            raise CostInputError(
+                f"the training configuration {path}: {name} is {value!r}, not a whole number "
+                f"of steps (1 or more): correct it, or give --{name.replace('_', '-')}"
+            )
+    metrics = config.get("metrics_file")
+    if metrics is not None and (not isinstance(metrics, str) or not metrics):
+        raise CostInputError(
+            f"the training configuration {path}: metrics_file is {metrics!r}, not a path: "
+            "correct it, or give --metrics"
+        )
+    return config
+
+
 def _run_inputs(args: argparse.Namespace) -> dict[str, Any]:
     """Work, step time, checkpoint cost and interval from flags, the training configuration
     and its metrics file (flags win)."""
-    config: dict[str, Any] = {}
-    if args.config:
-        try:
-            config = json.loads(Path(args.config).read_text())
-        except (OSError, json.JSONDecodeError) as error:
-            raise CostInputError(
-                f"the training configuration {args.config} cannot be read as "
-                f"JSON ({error}): give the file `spotrain train` takes"
-            ) from None
+    config = _training_config(args.config) if args.config else {}
     metrics_path = args.metrics or config.get("metrics_file")
     seen = planner.measured(metrics_path) if metrics_path else None
     pace = _pace(args) if args.catalog_table else None
@@ -179,7 +199,7 @@ def _run_inputs(args: argparse.Namespace) -> dict[str, Any]:
             "no amount of work: give --work-hours, or --steps with --step-seconds (or a "
             "--metrics file / --config whose metrics_file has step times)"
         )
-    if not work_h > 0:
+    if not 0 < work_h < math.inf:
         raise CostInputError(f"the work is {work_h} hours: give a positive number of hours")
     if checkpoint_s is None:
         raise CostInputError(
@@ -223,8 +243,13 @@ def _plan_inputs(
 def cmd_plan(args: argparse.Namespace) -> int:
     if args.nodes < 1:
         raise CostInputError(f"--nodes is {args.nodes}: a run has at least one machine")
-    if args.deadline_hours is not None and not args.deadline_hours > 0:
+    if args.deadline_hours is not None and not 0 < args.deadline_hours < math.inf:
         raise CostInputError(f"--deadline-hours is {args.deadline_hours}: give a positive number")
+    finite("--restart-minutes", args.restart_minutes, unit="minutes", zero=True,
+           error=CostInputError)  # fmt: skip
+    figure_path(args.plot)
+    if args.run is not None:
+        run_name(args.run)
     run = _run_inputs(args)
     if args.deadline_hours is not None and args.deadline_hours < run["work_h"]:
         raise CostInputError(
@@ -338,24 +363,39 @@ def _json(document: Any) -> str:
 # --- simulate ----------------------------------------------------------------------------------
 def _traces(args: argparse.Namespace, hours: float) -> list[traces.Trace]:
     if args.trace:
-        return [traces.load(path) for path in args.trace]
-    if args.interruptions_per_hour is None:
+        found = [traces.load(path) for path in args.trace]
+    elif args.interruptions_per_hour is None:
         raise CostInputError(
             "no traces: give --trace FILE (the Can't Be Late format), or "
             "--interruptions-per-hour to generate them"
         )
-    return traces.generate_many(
-        args.traces,
-        seed=args.seed,
-        hours=args.trace_hours or hours,
-        capacity=args.nodes,
-        interruptions_per_hour=args.interruptions_per_hour,
-        recovery_h=args.recovery_hours,
-        gap_s=args.gap_seconds,
-    )
+    else:
+        found = traces.generate_many(
+            args.traces,
+            seed=args.seed,
+            hours=args.trace_hours or hours,
+            capacity=args.nodes,
+            interruptions_per_hour=args.interruptions_per_hour,
+            recovery_h=args.recovery_hours,
+            gap_s=args.gap_seconds,
+        )
+    return [traces.coarsen(t, args.tick) for t in found] if args.tick else found
+
+
+def _generated_for(args: argparse.Namespace) -> bool:
+    """Traces are generated for each deadline (not given as files, nor of a fixed length)."""
+    return not args.trace and not args.trace_hours
+
+
+def _length_for(args: argparse.Namespace, window_h: float) -> float:
+    """Generated traces hold the window (the deadline, or without one 3x the work) and half
+    as much again, and at least one tick more than it for every start."""
+    return window_h + max(0.5 * window_h, args.starts * args.gap_seconds / 3600)
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    figure_path(args.plot)
+
     def job(deadline_h: float | None) -> simulation.Job:
         return simulation.Job(
             work_h=args.work_hours,
@@ -367,8 +407,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         )
 
     base = job(args.deadline_hours)
-    sampled = _traces(args, 1.5 * (args.deadline_hours or 3 * args.work_hours))
-    results = simulation.replay(base, sampled, starts=args.starts)
+    sampled = _traces(args, _length_for(args, args.deadline_hours or 3 * args.work_hours))
+    results = simulation.replay(base, sampled, starts=args.starts, wrap=args.wrap)
     summaries = [simulation.summarise(outcomes) for outcomes in results.values()]
     if args.json:
         _say(
@@ -378,10 +418,12 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                         {
                             "name": t.name,
                             "hours": t.hours,
+                            "tick_seconds": t.gap_s,
                             "availability": t.availability(args.nodes),
                         }
                         for t in sampled
                     ],
+                    "wrap": args.wrap,
                     "strategies": {
                         name: {
                             "summary": asdict(simulation.summarise(outcomes)),
@@ -393,6 +435,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                                     "spot_hours": o.spot_hours,
                                     "on_demand_hours": o.on_demand_hours,
                                     "preemptions": o.preemptions,
+                                    "wrapped": o.wrapped,
+                                    "past_trace": o.past_trace,
                                 }
                                 for o in outcomes
                             ],
@@ -405,8 +449,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     else:
         for t in sampled[:3]:
             _say(
-                f"trace {t.name}: {t.hours:.1f} h, spot for {args.nodes} machine(s) "
-                f"{t.availability(args.nodes):.0%} of the time"
+                f"trace {t.name}: {t.hours:.1f} h in ticks of {t.gap_s:g} s, spot for "
+                f"{args.nodes} machine(s) {t.availability(args.nodes):.0%} of the time"
             )
         if len(sampled) > 3:
             mean = sum(t.availability(args.nodes) for t in sampled) / len(sampled)
@@ -420,20 +464,59 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             + (f", deadline {args.deadline_hours:g} h" if args.deadline_hours else "")
         )
         _say(report.table(summaries))
+        for note in _window_notes(summaries, args.wrap):
+            _say(note)
     if args.plot:
+        fitting, left_out = [], []
+        for slack in report.SLACKS:
+            deadline = args.work_hours * (1 + slack) + args.changeover_minutes / 60
+            try:
+                for t in sampled if not _generated_for(args) else []:
+                    simulation.start_ticks(job(deadline), t, args.starts, wrap=args.wrap)
+            except CostInputError:
+                left_out.append(slack)
+            else:
+                fitting.append(slack)
+        if not fitting:
+            raise CostInputError(
+                "no deadline of the figure fits in the traces: give longer traces or --wrap"
+            )
 
         def at(slack: float) -> list[simulation.Summary]:
             deadline = args.work_hours * (1 + slack) + args.changeover_minutes / 60
-            found = simulation.replay(job(deadline), sampled, starts=args.starts)
+            replayed = (
+                _traces(args, _length_for(args, deadline)) if _generated_for(args) else sampled
+            )
+            found = simulation.replay(job(deadline), replayed, starts=args.starts, wrap=args.wrap)
             return [simulation.summarise(outcomes) for outcomes in found.values()]
 
         report.plot(
-            report.sweep(at),
+            report.sweep(at, fitting),
             Path(args.plot),
             f"{len(sampled)} trace(s), {args.work_hours:g} h of work on {args.nodes} machine(s)",
         )
-        _say(f"figure: {args.plot}")
+        if not args.json:
+            _say(f"figure: {args.plot}")
+            if left_out:
+                slacks = ", ".join(f"{s:g}" for s in left_out)
+                _say(f"  slacks {slacks} are left out: their deadlines do not fit in the traces "
+                     "(give longer ones, or --wrap)")  # fmt: skip
     return 0
+
+
+def _window_notes(summaries: list[simulation.Summary], wrap: bool) -> list[str]:
+    """What the table's runs saw beyond their traces, said where the figures are."""
+    notes = []
+    wrapped = max((s.wrapped for s in summaries), default=0)
+    past = max((s.past_trace for s in summaries), default=0)
+    runs = summaries[0].runs if summaries else 0
+    if wrap:
+        notes.append(f"--wrap: up to {wrapped} of {runs} runs per strategy went past their "
+                     "trace's end and on from its beginning")  # fmt: skip
+    if past:
+        notes.append(f"WARNING: up to {past} of {runs} runs per strategy outlived their trace "
+                     "and saw no spot after its end: give longer traces (or --wrap)")  # fmt: skip
+    return notes
 
 
 # --- status ------------------------------------------------------------------------------------
@@ -444,6 +527,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 
     from spotrain import spend_ledger
 
+    run_name(args.run)
     with aws_errors(f"the events table {args.events_table} cannot be read", EVENTS_TABLE_FIX):
         ledger = spend_ledger.read(boto3.resource("dynamodb").Table(args.events_table), args.run)
     if ledger.as_of is None:
@@ -492,6 +576,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from spotrain import spend_ledger
     from spotrain.cost import run_report
 
+    run_name(args.run)
+    figure_path(args.plot)
     dynamodb = boto3.resource("dynamodb")
     events = dynamodb.Table(args.events_table)
     with aws_errors(f"the events table {args.events_table} cannot be read", EVENTS_TABLE_FIX):
@@ -555,7 +641,14 @@ def cmd_estimate(args: argparse.Namespace) -> int:
 # --- prices ------------------------------------------------------------------------------------
 def cmd_prices(args: argparse.Namespace) -> int:
     path = Path(args.price_book) if args.price_book else prices.SNAPSHOT
-    book = prices.load(path) if path.exists() else prices.PriceBook(path=str(path))
+    if args.action == "refresh" and not path.parent.is_dir():
+        raise CostInputError(
+            f"--price-book {path}: the folder {path.parent} does not exist; create it or "
+            "give a file in a folder that does"
+        )
+    # A book given to `show` must be there; `refresh` starts a new one where none is yet.
+    fresh_book = args.action == "refresh" and not path.exists()
+    book = prices.PriceBook(path=str(path)) if fresh_book else prices.load(path)
     environments = [_environment(n) for n in (args.environment or ["local", "dev", "prod"])]
     types = args.instance_type or sorted({t for e in environments for t in e.instance_types})
     regions = args.region or sorted(
@@ -615,19 +708,6 @@ def cmd_prices(args: argparse.Namespace) -> int:
 
 
 # --- the parsers -------------------------------------------------------------------------------
-def _positive(kind: type = float) -> Any:
-    def parse(text: str) -> Any:
-        try:
-            value = kind(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not value > 0:
-            raise argparse.ArgumentTypeError(f"{text} is not positive: give a number above 0")
-        return value
-
-    return parse
-
-
 def add_parsers(commands: Any) -> None:
     cost = commands.add_parser("cost", help="what a run will cost: plan one, or replay traces")
     actions = cost.add_subparsers(dest="cost_action", required=True)
@@ -635,8 +715,8 @@ def add_parsers(commands: Any) -> None:
     plan = actions.add_parser("plan", help="expected cost per strategy, checkpoint interval")
     work = plan.add_argument_group("the work")
     work.add_argument("--work-hours", type=float, help="hours of the gang's compute")
-    work.add_argument("--steps", type=_positive(int), help="training steps (x the step time)")
-    work.add_argument("--step-seconds", type=_positive(), help="seconds per step")
+    work.add_argument("--steps", type=number(int), help="training steps (x the step time)")
+    work.add_argument("--step-seconds", type=number(), help="seconds per step")
     work.add_argument(
         "--config", help="training configuration: steps, checkpoint_every, metrics_file"
     )
@@ -645,12 +725,12 @@ def add_parsers(commands: Any) -> None:
     work.add_argument("--run", help="the run to read from --catalog-table")
     work.add_argument(
         "--checkpoint-seconds",
-        type=_positive(),
+        type=number(),
         help="seconds a checkpoint stalls training (delta)",
     )
     work.add_argument(
         "--checkpoint-every",
-        type=_positive(int),
+        type=number(int),
         help="the run's checkpoint interval in steps (checked)",
     )
     work.add_argument("--nodes", type=int, default=1, help="machines in the gang")
@@ -669,8 +749,8 @@ def add_parsers(commands: Any) -> None:
     )
     pools.add_argument("--instance-type", action="append", help="instead of the environment's")
     pools.add_argument("--region", action="append", help="instead of the primary region")
-    pools.add_argument("--on-demand-price", type=_positive(), help="USD/h, instead of the book")
-    pools.add_argument("--spot-price", type=_positive(), help="USD/h, instead of the book")
+    pools.add_argument("--on-demand-price", type=number(), help="USD/h, instead of the book")
+    pools.add_argument("--spot-price", type=number(), help="USD/h, instead of the book")
     pools.add_argument(
         "--interruptions-per-hour", type=float, help="per instance, instead of the Advisor band"
     )
@@ -679,7 +759,7 @@ def add_parsers(commands: Any) -> None:
     )
     pools.add_argument(
         "--recovery-hours",
-        type=_positive(),
+        type=number(),
         default=1.0,
         help="how long spot stays gone once taken (default 1)",
     )
@@ -687,13 +767,13 @@ def add_parsers(commands: Any) -> None:
     plan.add_argument("--price-book", help="instead of the checked-in snapshot")
     plan.add_argument(
         "--stale-after-days",
-        type=_positive(int),
+        type=number(int),
         default=prices.DEFAULT_STALE_AFTER_DAYS,
         help="flag prices older than this (default 30)",
     )
     plan.add_argument(
         "--samples",
-        type=_positive(int),
+        type=number(int, maximum=MAX_REPLAYS),
         default=200,
         help="sampled interruption traces (default 200)",
     )
@@ -708,14 +788,17 @@ def add_parsers(commands: Any) -> None:
         type=float,
         help="generate traces from this rate per instance instead",
     )
-    simulate.add_argument("--recovery-hours", type=_positive(), default=1.0)
+    simulate.add_argument("--recovery-hours", type=number(), default=1.0)
     simulate.add_argument(
-        "--traces", type=_positive(int), default=20, help="generated traces (default 20)"
+        "--traces",
+        type=number(int, maximum=MAX_REPLAYS),
+        default=20,
+        help="generated traces (default 20)",
     )
-    simulate.add_argument("--trace-hours", type=_positive(), help="length of generated traces")
+    simulate.add_argument("--trace-hours", type=number(), help="length of generated traces")
     simulate.add_argument(
         "--gap-seconds",
-        type=_positive(),
+        type=number(),
         default=300.0,
         help="tick of generated traces (default 300)",
     )
@@ -727,11 +810,27 @@ def add_parsers(commands: Any) -> None:
         default=15.0,
         help="d: restart + restore + lost work per move (default 15)",
     )
-    simulate.add_argument("--on-demand-price", type=_positive(), required=True, help="USD/h")
-    simulate.add_argument("--spot-price", type=_positive(), required=True, help="USD/h")
+    simulate.add_argument("--on-demand-price", type=number(), required=True, help="USD/h")
+    simulate.add_argument("--spot-price", type=number(), required=True, help="USD/h")
     simulate.add_argument("--nodes", type=int, default=1, help="a gang needs this many")
     simulate.add_argument(
-        "--starts", type=_positive(int), default=10, help="start offsets per trace (default 10)"
+        "--starts",
+        type=number(int, maximum=MAX_REPLAYS),
+        default=10,
+        help="start offsets per trace (default 10)",
+    )
+    simulate.add_argument(
+        "--tick",
+        type=number(),
+        metavar="SECONDS",
+        help="replay in coarser ticks than the traces' own: a coarse tick has spot only if "
+        "every tick in it had (faster replays; traces of different ticks compared alike)",
+    )
+    simulate.add_argument(
+        "--wrap",
+        action="store_true",
+        help="let a start's window run past its trace's end and on from its beginning (said "
+        "in the output); by default starts are spread over the ticks whose window fits",
     )
     _common(simulate)
     simulate.set_defaults(handler=cmd_simulate)
@@ -789,7 +888,7 @@ def add_parsers(commands: Any) -> None:
     book.add_argument("--region", action="append", help="instead of the environments'")
     book.add_argument("--price-book", help="file to read and write (default: the snapshot)")
     book.add_argument(
-        "--stale-after-days", type=_positive(int), default=prices.DEFAULT_STALE_AFTER_DAYS
+        "--stale-after-days", type=number(int), default=prices.DEFAULT_STALE_AFTER_DAYS
     )
     book.set_defaults(handler=cmd_prices)
 

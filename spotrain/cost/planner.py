@@ -24,12 +24,11 @@ from typing import Any
 
 from spotrain.catalog_schema import OCCURRED_AT_KEY, POOL_KEY
 from spotrain.cost import simulation, traces
+from spotrain.cost.prices import ADVISOR_BANDS
 from spotrain.cost.simulation import Job, Summary
-from spotrain.errors import CostInputError
+from spotrain.errors import CostInputError, read_text
 
 HOURS_PER_MONTH = 730.0
-ADVISOR_BUCKETS = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25}
-"""Spot Instance Advisor's frequency-of-interruption bands -> the monthly share read from each."""
 WASTE_WARNING_RATIO = 1.5
 """A configured interval that wastes this many times the optimum's waste is warned about."""
 DEADLINE_CONFIDENCE = 0.95
@@ -38,12 +37,12 @@ DEADLINE_CONFIDENCE = 0.95
 
 def advisor_rate_per_hour(bucket: str) -> float:
     """Interruptions per instance-hour read from an Advisor band (a monthly share)."""
-    if bucket not in ADVISOR_BUCKETS:
+    if bucket not in ADVISOR_BANDS:
         raise CostInputError(
             f"interruption frequency {bucket!r} is not an Advisor band: use one "
-            f"of {', '.join(ADVISOR_BUCKETS)}"
+            f"of {', '.join(ADVISOR_BANDS)}"
         )
-    return -math.log(1 - ADVISOR_BUCKETS[bucket]) / HOURS_PER_MONTH
+    return -math.log(1 - ADVISOR_BANDS[bucket]) / HOURS_PER_MONTH
 
 
 def daly_interval(checkpoint_cost: float, mtbf: float) -> float:
@@ -237,6 +236,16 @@ def history_rates(events: Sequence[dict[str, Any]], now: float) -> dict[tuple[st
     return {key: count / hours for key, count in warnings.items()}
 
 
+def _seconds(value: Any) -> bool:
+    """A duration a metrics line can hold: a finite number, 0 or more."""
+    return (
+        not isinstance(value, bool)
+        and isinstance(value, int | float)
+        and math.isfinite(value)
+        and value >= 0
+    )
+
+
 @dataclass(frozen=True)
 class Measured:
     """What a run's metrics file says about its speed and its checkpoints."""
@@ -253,24 +262,19 @@ def measured(path: str) -> Measured:
     """Read a metrics file (`metrics_file` of the training configuration)."""
     import json
     import statistics
-    from pathlib import Path
 
     step_times, stalls = [], []
-    try:
-        lines = Path(path).read_text().splitlines()
-    except OSError as error:
-        raise CostInputError(
-            f"the metrics file {path} cannot be read ({error.strerror}): give "
-            "the run's metrics_file"
-        ) from None
-    for line in lines:
+    text = read_text(path, "the metrics file", "give the run's metrics_file", CostInputError)
+    for line in text.splitlines():
         try:
             record = json.loads(line)
-        except json.JSONDecodeError:
+        except (json.JSONDecodeError, RecursionError):
             continue  # a line cut short by a kill
-        if isinstance(record.get("step_s"), int | float) and "event" not in record:
+        if not isinstance(record, dict):
+            continue  # not a line the trainer writes
+        if _seconds(record.get("step_s")) and "event" not in record:
             step_times.append(float(record["step_s"]))
-        if record.get("event") == "published" and isinstance(record.get("stall_s"), int | float):
+        if record.get("event") == "published" and _seconds(record.get("stall_s")):
             stalls.append(float(record["stall_s"]))
     return Measured(
         step_s=statistics.median(step_times) if step_times else None,

@@ -12,18 +12,21 @@ from __future__ import annotations
 
 import datetime
 import json
+import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import CostInputError
+from spotrain.errors import CostInputError, json_kind, read_json
 
 SNAPSHOT = Path(__file__).with_name("price_book.json")
 DEFAULT_STALE_AFTER_DAYS = 30
 PRODUCT_DESCRIPTION = "Linux/UNIX"
 PRICE_LIST_REGION = "us-east-1"
 """The Price List API answers here for every region's prices."""
+ADVISOR_BANDS = {"<5%": 0.025, "5-10%": 0.075, "10-15%": 0.125, "15-20%": 0.175, ">20%": 0.25}
+"""Spot Instance Advisor's frequency-of-interruption bands -> the monthly share read from each."""
 SPOT_SOURCE = "EC2 DescribeSpotPriceHistory, Linux/UNIX, latest price per zone"
 ON_DEMAND_SOURCE = "AWS Price List API GetProducts: AmazonEC2, Linux, shared tenancy, On-Demand"
 PRICE_LIST_FILTERS = {
@@ -124,47 +127,91 @@ def staleness(prices: PoolPrices, today: datetime.date, stale_after_days: int) -
     )
 
 
+BOOK_FIX = "rebuild it with `spotrain prices refresh`, or see the price book format in README"
+
+
 def load(path: str | Path = SNAPSHOT) -> PriceBook:
-    path = Path(path)
-    try:
-        document = json.loads(path.read_text())
-    except OSError as error:
+    """A price book file, or CostInputError naming the first figures that are not prices."""
+    document = read_json(path, "the price book", f"check the path; {BOOK_FIX}", CostInputError)
+    if not isinstance(document, dict):
         raise CostInputError(
-            f"the price book {path} cannot be read ({error.strerror}): check "
-            "the path, or leave --price-book out to use the snapshot"
-        ) from None
-    except json.JSONDecodeError as error:
-        raise CostInputError(
-            f"the price book {path} is not JSON ({error.msg}): rebuild it with "
-            "`spotrain prices refresh`"
-        ) from None
-    try:
-
-        def figures(kind: str) -> tuple[Figure, ...]:
-            return tuple(Figure(**row) for row in document.get(kind, []))
-
-        book = PriceBook(
-            figures("on_demand"),
-            figures("spot"),
-            figures("advisor"),
-            document.get("note", ""),
-            str(path),
+            f"the price book {path} holds {json_kind(document)}, not an object: {BOOK_FIX}"
         )
-        for figure in (*book.on_demand, *book.spot, *book.advisor):
-            datetime.date.fromisoformat(figure.taken_at)
-    except (TypeError, ValueError, AttributeError) as error:
-        raise CostInputError(
-            f"the price book {path} is not in the price book format ({error}): "
-            "rebuild it with `spotrain prices refresh`"
-        ) from None
-    return book
+    problems: list[str] = []
+    kinds: dict[str, tuple[Figure, ...]] = {}
+    for kind in ("on_demand", "spot", "advisor"):
+        rows = document.get(kind, [])
+        if not isinstance(rows, list):
+            problems.append(f"{kind} is {json_kind(rows)}, not a list of figures")
+            continue
+        kinds[kind] = tuple(
+            figure for index, row in enumerate(rows)
+            if (figure := _figure(row, f"{kind}[{index}]", kind, problems)) is not None
+        )  # fmt: skip
+    note = document.get("note", "")
+    if not isinstance(note, str):
+        problems.append(f"note is {json_kind(note)}, not text")
+    if problems:
+        shown = "; ".join(problems[:3]) + (
+            f"; and {len(problems) - 3} more" if problems[3:] else ""
+        )
+        raise CostInputError(f"the price book {path} is not in the price book format: {shown}; "
+                             f"{BOOK_FIX}")  # fmt: skip
+    return PriceBook(kinds["on_demand"], kinds["spot"], kinds["advisor"], note, str(path))
+
+
+_TEXT_FIELDS = {"region", "instance_type", "source", "taken_at", "availability_zone", "band"}
+_REQUIRED = {
+    "on_demand": ("region", "instance_type", "source", "taken_at", "usd_per_hour"),
+    "spot": ("region", "instance_type", "source", "taken_at", "usd_per_hour",
+             "availability_zone"),
+    "advisor": ("region", "instance_type", "source", "taken_at", "band"),
+}  # fmt: skip
+
+
+def _figure(row: Any, where: str, kind: str, problems: list[str]) -> Figure | None:
+    """One figure of the book, or None with its problems added."""
+    if not isinstance(row, dict):
+        problems.append(f"{where} is {json_kind(row)}, not an object")
+        return None
+    found = []
+    unknown = sorted(set(row) - _TEXT_FIELDS - {"usd_per_hour"})
+    if unknown:
+        found.append(f"{where} has unknown field(s) {', '.join(unknown)}")
+    found += [f"{where} lacks {name}" for name in _REQUIRED[kind] if name not in row]
+    for name in sorted(_TEXT_FIELDS & set(row)):
+        if not isinstance(row[name], str) or not row[name]:
+            found.append(f"{where}.{name} is {row[name]!r}: give text")
+    if isinstance(row.get("band"), str) and row["band"] not in ADVISOR_BANDS:
+        found.append(f"{where}.band is {row['band']!r}: give one of {', '.join(ADVISOR_BANDS)}")
+    price = row.get("usd_per_hour")
+    if "usd_per_hour" in row and not (
+        not isinstance(price, bool) and isinstance(price, int | float)
+        and math.isfinite(price) and price > 0
+    ):  # fmt: skip
+        found.append(f"{where}.usd_per_hour is {price!r}: give USD per hour, a positive number")
+    if isinstance(row.get("taken_at"), str):
+        try:
+            datetime.date.fromisoformat(row["taken_at"])
+        except ValueError:
+            found.append(f"{where}.taken_at is {row['taken_at']!r}: give a date, YYYY-MM-DD")
+    if found:
+        problems.extend(found)
+        return None
+    return Figure(**row)
 
 
 def write(book: PriceBook, path: str | Path) -> None:
     path = Path(path)
     staging = path.with_name(path.name + ".partial")
-    staging.write_text(json.dumps(book.to_json(), indent=1) + "\n")
-    staging.replace(path)
+    try:
+        staging.write_text(json.dumps(book.to_json(), indent=1) + "\n")
+        staging.replace(path)
+    except OSError as error:
+        raise CostInputError(
+            f"the price book {path} cannot be written ({error.strerror or error}): give "
+            "--price-book a file in a folder you may write"
+        ) from None
 
 
 # --- refresh: from the APIs -------------------------------------------------------------------

@@ -5,8 +5,10 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from spotrain.cost.simulation import ON_DEMAND_ONLY, Summary
+from spotrain.errors import CostInputError
 
 SLACKS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 """Deadline slack swept by the figures: the deadline is the work x (1 + slack)."""
@@ -50,6 +52,22 @@ def sweep(
     return curves
 
 
+def save_figure(figure: Any, path: Path) -> None:
+    """Write a matplotlib figure, or one error naming the path and the fix (the path's folder
+    and type were checked before the work began; a disk can still be full or read-only)."""
+    import matplotlib.pyplot as plt
+
+    try:
+        figure.savefig(path, dpi=120)
+    except OSError as error:
+        raise CostInputError(
+            f"the figure {path} cannot be written ({error.strerror or error}): give --plot "
+            "a file in a folder you may write"
+        ) from None
+    finally:
+        plt.close(figure)
+
+
 def plot(
     curves: Mapping[str, Sequence[tuple[float, float, float]]], path: Path, title: str
 ) -> None:
@@ -72,5 +90,4 @@ def plot(
     axes.set_title(title, fontsize=10)
     axes.grid(alpha=0.3)
     axes.legend(title="x: misses the deadline in some runs", fontsize=8, title_fontsize=8)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path)

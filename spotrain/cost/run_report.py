@@ -35,6 +35,7 @@ from spotrain.catalog_schema import (
     query_items,
     run_key,
 )
+from spotrain.cost.report import save_figure
 from spotrain.fleet_state import SPOT_WARNING_LEAD_S
 from spotrain.spend_ledger import CapNotice, Ledger, SpendPoint
 
@@ -413,5 +414,4 @@ def plot(report: RunReport, path: Path) -> None:
     axes.set_title(f"run {report.run}: spend against on-demand", fontsize=10)
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
+    save_figure(figure, path)

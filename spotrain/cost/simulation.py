@@ -6,7 +6,13 @@ compute; every move onto machines (a start, a restart after a preemption, a swit
 spot and on-demand) costs `changeover_h` of paid time without progress (restart + restore +
 the work since the last checkpoint). A gang on spot is preempted in the first tick with fewer
 spot instances available than it needs, and pays again to come back. Prices are per
-instance-hour; a trace shorter than the run wraps around.
+instance-hour. Time is counted in whole milliseconds, so the policies see exact progress.
+
+A start's window (its deadline, or without one its work) lies inside its trace: `replay`
+spreads the starts over the ticks whose window fits, and refuses traces where too few fit,
+unless asked to wrap around (`wrap=True`, then each wrapped window is flagged). A run that
+outlives its trace (a missed deadline, a run without one) sees no spot after the trace's end,
+and is flagged too.
 
 Strategies:
 - `on-demand`: the whole gang on on-demand from the start.
@@ -26,7 +32,7 @@ from dataclasses import dataclass
 
 from spotrain import deadline_policy
 from spotrain.cost.traces import Trace
-from spotrain.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
+from spotrain.deadline_policy import IDLE, MS_PER_HOUR, ON_DEMAND, SPOT, Progress, whole_ms
 from spotrain.errors import CostInputError
 
 ON_DEMAND_ONLY = "on-demand"
@@ -34,8 +40,17 @@ SPOT_GREEDY = "spot-greedy"
 BLUEPRINT_MIX = "blueprint-mix"
 UNIFORM_PROGRESS = "uniform-progress"
 STRATEGIES = (ON_DEMAND_ONLY, SPOT_GREEDY, BLUEPRINT_MIX, UNIFORM_PROGRESS)
+MAX_HOURS = 10_000
+"""The longest work or deadline simulated (over a year): a replay walks every tick of it."""
 DEFAULT_FALLBACK_AFTER_H = 10 / 60
 """The handler's fixed on-demand deadline (InterruptionHandlerProps.on_demand_deadline_minutes)."""
+
+
+def _finite(value: object, *, allow_zero: bool) -> bool:
+    """A finite number (not a bool) above 0, or at 0 too."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        return False
+    return value >= 0 if allow_zero else value > 0
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,27 +80,41 @@ class Job:
 
     def __post_init__(self) -> None:
         problems = []
-        if not self.work_h > 0:
+        if not _finite(self.work_h, allow_zero=False):
             problems.append(f"the work is {self.work_h} hours: give a positive number of hours")
-        if self.changeover_h < 0:
+        if not _finite(self.changeover_h, allow_zero=True):
             problems.append(f"the changeover is {self.changeover_h} hours: use 0 or more")
         for label, price in (("on-demand", self.on_demand_price), ("spot", self.spot_price)):
-            if not price > 0:
+            if not _finite(price, allow_zero=False):
                 problems.append(f"the {label} price is {price} USD/h: give a positive price")
-        if self.nodes < 1:
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int) or self.nodes < 1:
             problems.append(f"nodes is {self.nodes}: a run has at least one machine")
-        if self.deadline_h is not None and self.work_h > 0:
-            if not self.deadline_h > 0:
-                problems.append(
-                    f"the deadline is {self.deadline_h} hours away: give a positive number of hours"
-                )
-            elif self.deadline_h < self.work_h + self.start_h:
-                problems.append(
-                    f"the deadline ({self.deadline_h:g} h) is shorter than the work "
-                    f"({self.work_h:g} h) plus one start "
-                    f"({self.start_h:g} h): no strategy can meet it; move the deadline or use "
-                    "more machines"
-                )
+        if self.deadline_h is not None and not _finite(self.deadline_h, allow_zero=False):
+            problems.append(
+                f"the deadline is {self.deadline_h} hours away: give a positive number of hours"
+            )
+        for label, value, zero in (
+            ("the fallback wait", self.fallback_after_h, True),
+            ("the checkpoint interval", self.checkpoint_every_h, False),
+            ("the checkpoint cost", self.checkpoint_cost_h, True),
+            ("the first start", self.first_start_h, True),
+        ):
+            if value is not None and not _finite(value, allow_zero=zero):
+                problems.append(f"{label} is {value} hours: give a finite number of hours")
+        for label, value in (("the work", self.work_h), ("the deadline", self.deadline_h)):
+            if _finite(value, allow_zero=False) and value > MAX_HOURS:  # type: ignore[operator]
+                problems.append(f"{label} is {value:g} hours: plan runs of up to {MAX_HOURS:,} h")
+        if (
+            not problems
+            and self.deadline_h is not None
+            and (self.deadline_h < self.work_h + self.start_h)
+        ):
+            problems.append(
+                f"the deadline ({self.deadline_h:g} h) is shorter than the work "
+                f"({self.work_h:g} h) plus one start "
+                f"({self.start_h:g} h): no strategy can meet it; move the deadline or use "
+                "more machines"
+            )
         if problems:
             raise CostInputError("; ".join(problems))
 
@@ -93,14 +122,9 @@ class Job:
     def start_h(self) -> float:
         return self.first_start_h if self.first_start_h is not None else self.changeover_h
 
-    def progress(self, elapsed_h: float, done_h: float) -> Progress:
-        return Progress(
-            elapsed_h=elapsed_h,
-            deadline_h=self.deadline_h if self.deadline_h is not None else math.inf,
-            work_h=self.work_h,
-            done_h=done_h,
-            changeover_h=self.changeover_h,
-        )
+    def window_h(self) -> float:
+        """The stretch of trace a start needs: up to its deadline, or without one its work."""
+        return self.deadline_h if self.deadline_h is not None else self.work_h
 
 
 @dataclass(frozen=True)
@@ -118,38 +142,61 @@ class Outcome:
     preemptions: int
     goodput: float
     """Useful compute / paid compute."""
+    wrapped: bool = False
+    """Its window ran past the trace's end and went on from its beginning (asked for)."""
+    past_trace: bool = False
+    """It ran past the trace's end, where no spot is assumed."""
 
     @property
     def finished(self) -> bool:
         return math.isfinite(self.finish_h)
 
 
-Decide = Callable[[Progress, str, bool, float], str]
-"""(progress, current mode, spot available for the gang, tick hours) -> mode."""
+Decide = Callable[[Progress, str, bool], str]
+"""(progress, current mode, spot available for the gang) -> mode."""
 
 
 def _policy(function: Callable[..., deadline_policy.Choice]) -> Decide:
-    def decide(progress: Progress, current: str, available: bool, _tick_h: float) -> str:
+    def decide(progress: Progress, current: str, available: bool) -> str:
         return function(progress, current=current, spot_available=available).mode
 
     return decide
 
 
-def _fixed_fallback(after_h: float) -> Decide:
-    """Today's handler: on-demand after `after_h` short of spot, back to spot when it returns."""
-    short_for = 0.0
+def _fixed_fallback(after_ms: int, tick_ms: int) -> Decide:
+    """Today's handler: on-demand after `after_ms` short of spot, back to spot when it returns."""
+    short_for = 0
 
-    def decide(progress: Progress, current: str, available: bool, tick_h: float) -> str:
+    def decide(progress: Progress, current: str, available: bool) -> str:
         nonlocal short_for
         if available:
-            short_for = 0.0
+            short_for = 0
             return SPOT
         if current == ON_DEMAND:
             return ON_DEMAND
-        short_for += tick_h
-        return ON_DEMAND if short_for > after_h else IDLE
+        short_for += tick_ms
+        return ON_DEMAND if short_for > after_ms else IDLE
 
     return decide
+
+
+def _strategy(job: Job, strategy: str, tick_ms: int) -> tuple[Decide, int, int]:
+    """The decision function, machines always on on-demand, and machines of the gang."""
+    if strategy == ON_DEMAND_ONLY:
+        return (lambda *_: ON_DEMAND), 0, job.nodes
+    if strategy == SPOT_GREEDY:
+        return _policy(deadline_policy.greedy), 0, job.nodes
+    if strategy == UNIFORM_PROGRESS:
+        return _policy(deadline_policy.uniform_progress), 0, job.nodes
+    if strategy == BLUEPRINT_MIX:
+        if job.nodes == 1:
+            return (lambda *_: ON_DEMAND), 1, 0
+        return _fixed_fallback(whole_ms(job.fallback_after_h), tick_ms), 1, job.nodes - 1
+    raise CostInputError(f"strategy {strategy!r} is unknown: use one of {', '.join(STRATEGIES)}")
+
+
+def tick_ms(trace: Trace) -> int:
+    return round(trace.gap_s * 1000)
 
 
 def simulate(
@@ -158,83 +205,87 @@ def simulate(
     strategy: str,
     *,
     start_tick: int = 0,
+    wrap: bool = False,
     timeline: list[tuple[float, float, bool, str]] | None = None,
 ) -> Outcome:
-    """One run of `job` from tick `start_tick` of `trace` under `strategy`; `timeline`, when
+    """One run of `job` from tick `start_tick` of `trace` under `strategy`; past the trace's
+    end it goes on from the beginning with `wrap`, else it sees no spot. `timeline`, when
     given, receives (hours since the start, compute done, spot available, mode chosen) for
     every tick."""
-    always_on_demand, gang_on_spot = 0, job.nodes
-    if strategy == ON_DEMAND_ONLY:
-        decide: Decide = lambda *_: ON_DEMAND  # noqa: E731
-    elif strategy == SPOT_GREEDY:
-        decide = _policy(deadline_policy.greedy)
-    elif strategy == UNIFORM_PROGRESS:
-        decide = _policy(deadline_policy.uniform_progress)
-    elif strategy == BLUEPRINT_MIX:
-        always_on_demand, gang_on_spot = 1, job.nodes - 1
-        decide = _fixed_fallback(job.fallback_after_h) if gang_on_spot else lambda *_: ON_DEMAND
-    else:
-        raise CostInputError(
-            f"strategy {strategy!r} is unknown: use one of {', '.join(STRATEGIES)}"
-        )
-    tick_h = trace.gap_s / 3600
-    horizon_h = 10 * max(job.work_h, job.deadline_h or 0.0) + trace.hours
-    t = done = changeover_left = spot_h = on_demand_h = 0.0
-    since_checkpoint = stall_left = 0.0
-    started = False
-    mode, preemptions, tick = IDLE, 0, start_tick
-    while done < job.work_h and t < horizon_h:
-        available = trace.available[tick % len(trace.available)] >= gang_on_spot
-        tick += 1
+    tick = tick_ms(trace)
+    decide, always_on_demand, gang_on_spot = _strategy(job, strategy, tick)
+    work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
+                                     whole_ms(job.start_h))  # fmt: skip
+    deadline = whole_ms(job.deadline_h) if job.deadline_h is not None else None
+    every = whole_ms(job.checkpoint_every_h) if job.checkpoint_every_h is not None else None
+    checkpoint_cost = whole_ms(job.checkpoint_cost_h)
+    length = len(trace.available)
+    horizon = 10 * max(work, deadline or 0) + length * tick
+    t = done = changeover_left = spot_ms = on_demand_ms = since_checkpoint = stall_left = 0
+    started = wrapped = past_trace = False
+    mode, preemptions, index = IDLE, 0, start_tick
+    while done < work and t < horizon:
+        if index < length:
+            available = trace.available[index] >= gang_on_spot
+        elif wrap:
+            wrapped, available = True, trace.available[index % length] >= gang_on_spot
+        else:
+            past_trace, available = True, gang_on_spot == 0
+        index += 1
         if mode == SPOT and not available:
             mode, preemptions = IDLE, preemptions + 1
             done -= since_checkpoint  # lost with the machines (explicit checkpoints only)
-            since_checkpoint = stall_left = 0.0
-        chosen = decide(job.progress(t, done), mode, available, tick_h)
+            since_checkpoint = stall_left = changeover_left = 0
+        progress = Progress.from_ms(
+            elapsed=t, deadline=deadline, work=work, done=done, changeover=changeover,
+            changeover_left=changeover_left, decision_interval=tick,
+        )  # fmt: skip
+        chosen = decide(progress, mode, available)
         if chosen == SPOT and not available:
             raise AssertionError(f"{strategy} chose spot when none was available")  # a bug
         if chosen != mode and chosen != IDLE:
-            changeover_left = job.changeover_h if started else job.start_h
+            changeover_left = changeover if started else first_start
             started = True
         if timeline is not None:
-            timeline.append((t, done, available, chosen))
+            timeline.append((t / MS_PER_HOUR, done / MS_PER_HOUR, available, chosen))
         mode = chosen
-        used = tick_h
+        used = tick
         if mode != IDLE:
-            waiting = min(tick_h, changeover_left + stall_left)
-            useful = tick_h - waiting
-            if done + useful >= job.work_h:  # finishes inside this tick
-                used = waiting + (job.work_h - done)
-                useful = job.work_h - done
+            waiting = min(tick, changeover_left + stall_left)
+            useful = tick - waiting
+            if done + useful >= work:  # finishes inside this tick
+                used, useful = waiting + (work - done), work - done
             from_changeover = min(changeover_left, waiting)
             changeover_left -= from_changeover
             stall_left -= waiting - from_changeover
             done += useful
-            if job.checkpoint_every_h is not None:
+            if every is not None:
                 since_checkpoint += useful
-                if since_checkpoint >= job.checkpoint_every_h and done < job.work_h:
-                    since_checkpoint -= job.checkpoint_every_h
-                    stall_left += job.checkpoint_cost_h
+                if since_checkpoint >= every and done < work:
+                    since_checkpoint -= every
+                    stall_left += checkpoint_cost
             if mode == SPOT:
-                spot_h += used * gang_on_spot
-                on_demand_h += used * always_on_demand
+                spot_ms += used * gang_on_spot
+                on_demand_ms += used * always_on_demand
             else:
-                on_demand_h += used * (gang_on_spot + always_on_demand)
+                on_demand_ms += used * (gang_on_spot + always_on_demand)
         elif always_on_demand:
-            on_demand_h += used * always_on_demand  # the coordinator waits, warm and paid
+            on_demand_ms += used * always_on_demand  # the coordinator waits, warm and paid
         t += used
-    finish = t if done >= job.work_h else math.inf
+    finished = done >= work
+    spot_h, on_demand_h = spot_ms / MS_PER_HOUR, on_demand_ms / MS_PER_HOUR
     paid = spot_h + on_demand_h
     return Outcome(
         strategy=strategy,
         cost=spot_h * job.spot_price + on_demand_h * job.on_demand_price,
-        finish_h=finish,
-        deadline_met=(job.deadline_h is None and math.isfinite(finish))
-        or (job.deadline_h is not None and finish <= job.deadline_h + 1e-9),
+        finish_h=t / MS_PER_HOUR if finished else math.inf,
+        deadline_met=finished and (deadline is None or t <= deadline),
         spot_hours=spot_h,
         on_demand_hours=on_demand_h,
         preemptions=preemptions,
         goodput=job.work_h * job.nodes / paid if paid else 0.0,
+        wrapped=wrapped,
+        past_trace=past_trace,
     )
 
 
@@ -252,6 +303,10 @@ class Summary:
     mean_spot_hours: float
     mean_on_demand_hours: float
     mean_preemptions: float
+    wrapped: int = 0
+    """Runs whose window wrapped around its trace's end."""
+    past_trace: int = 0
+    """Runs that went on past their trace's end (and saw no spot there)."""
 
 
 def summarise(outcomes: Sequence[Outcome]) -> Summary:
@@ -270,19 +325,51 @@ def summarise(outcomes: Sequence[Outcome]) -> Summary:
         mean_spot_hours=mean([o.spot_hours for o in outcomes]),
         mean_on_demand_hours=mean([o.on_demand_hours for o in outcomes]),
         mean_preemptions=mean([float(o.preemptions) for o in outcomes]),
+        wrapped=sum(o.wrapped for o in outcomes),
+        past_trace=sum(o.past_trace for o in outcomes),
     )
 
 
+def start_ticks(job: Job, trace: Trace, starts: int, *, wrap: bool = False) -> list[int]:
+    """`starts` start ticks spread evenly over those whose window (`Job.window_h`) lies inside
+    the trace, or over the whole trace with `wrap`; CostInputError when too few fit."""
+    if isinstance(starts, bool) or not isinstance(starts, int) or starts < 1:
+        raise CostInputError(f"starts is {starts!r}: use 1 or more start offsets per trace")
+    length = len(trace.available)
+    if wrap:
+        return [index * length // starts for index in range(starts)]
+    window = -(-whole_ms(job.window_h()) // tick_ms(trace))  # ticks, rounded up
+    fit = length - window + 1
+    what = "deadline" if job.deadline_h is not None else "work"
+    if fit < 1:
+        raise CostInputError(
+            f"trace {trace.name} covers {trace.hours:g} h, less than the {what} "
+            f"({job.window_h():g} h): no start fits in it; give traces that cover the {what}, "
+            "or --wrap to go on from a trace's beginning past its end"
+        )
+    if fit < starts:
+        raise CostInputError(
+            f"only {fit} start(s) of trace {trace.name} ({trace.hours:g} h) leave the "
+            f"{what} ({job.window_h():g} h) before its end, fewer than the {starts} asked "
+            f"for: give --starts {fit} or fewer, longer traces, or --wrap"
+        )
+    return [index * fit // starts for index in range(starts)]
+
+
 def replay(
-    job: Job, traces: Sequence[Trace], *, starts: int = 1, strategies: Sequence[str] = STRATEGIES
+    job: Job,
+    traces: Sequence[Trace],
+    *,
+    starts: int = 1,
+    strategies: Sequence[str] = STRATEGIES,
+    wrap: bool = False,
 ) -> dict[str, list[Outcome]]:
-    """Every strategy from `starts` evenly spaced start ticks of every trace."""
-    if starts < 1:
-        raise CostInputError(f"starts is {starts}: use 1 or more start offsets per trace")
+    """Every strategy from `starts` evenly spaced start ticks of every trace (`start_ticks`)."""
     results: dict[str, list[Outcome]] = {s: [] for s in strategies}
     for trace in traces:
-        for index in range(starts):
-            start = index * len(trace.available) // starts
+        for start in start_ticks(job, trace, starts, wrap=wrap):
             for strategy in strategies:
-                results[strategy].append(simulate(job, trace, strategy, start_tick=start))
+                results[strategy].append(
+                    simulate(job, trace, strategy, start_tick=start, wrap=wrap)
+                )
     return results

@@ -13,14 +13,13 @@ alternates between available (exponential, mean 1/rate) and gone (exponential, m
 
 from __future__ import annotations
 
-import json
 import math
 import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import SpotrainError
+from spotrain.errors import SpotrainError, read_json
 
 FORMAT_HINT = (
     'write it as {"metadata": {"gap_seconds": 60}, "data": [2, 2, 0, 1, ...]}: one count of '
@@ -30,6 +29,11 @@ FORMAT_HINT = (
 
 class TraceError(SpotrainError, ValueError):
     """A trace file that is not the format, or generation settings that make no trace."""
+
+
+MIN_GAP_S, MAX_GAP_S = 1.0, 86_400.0
+"""A tick's length: a second (replay walks every tick) to a day."""
+MAX_GENERATED_TICKS = 2_000_000
 
 
 @dataclass(frozen=True)
@@ -61,21 +65,16 @@ def parse(document: Any, name: str) -> Trace:
     if not isinstance(document, dict) or not isinstance(document.get("metadata"), dict):
         raise TraceError(f"{where} has no metadata object: {FORMAT_HINT}")
     gap = document["metadata"].get("gap_seconds")
-    if isinstance(gap, bool) or not isinstance(gap, int | float) or not gap > 0:
+    if not _number(gap) or not MIN_GAP_S <= gap <= MAX_GAP_S:
         raise TraceError(
-            f"{where}: metadata.gap_seconds is {gap!r}, not a positive number of "
-            f"seconds: {FORMAT_HINT}"
+            f"{where}: metadata.gap_seconds is {gap!r}, not a number of seconds from "
+            f"{MIN_GAP_S:g} to {MAX_GAP_S:g}: {FORMAT_HINT}"
         )
     data = document.get("data")
     if not isinstance(data, list) or not data:
         raise TraceError(f"{where}: data is not a non-empty list: {FORMAT_HINT}")
     for index, value in enumerate(data):
-        if (
-            isinstance(value, bool)
-            or not isinstance(value, int | float)
-            or value < 0
-            or (value != int(value))
-        ):
+        if not _number(value) or value < 0 or value != int(value):
             raise TraceError(
                 f"{where}: data[{index}] is {value!r}, not a count of available "
                 f"instances (0, 1, 2, ...): {FORMAT_HINT}"
@@ -83,20 +82,38 @@ def parse(document: Any, name: str) -> Trace:
     return Trace(name=name, gap_s=float(gap), available=tuple(int(v) for v in data))
 
 
+def _number(value: Any) -> bool:
+    """A finite number that is not a bool (JSON's NaN, Infinity and 1e400 are not)."""
+    return not isinstance(value, bool) and isinstance(value, int | float) and math.isfinite(value)
+
+
+def coarsen(trace: Trace, tick_s: float) -> Trace:
+    """The trace in ticks of `tick_s` seconds: a coarse tick has the fewest instances of the
+    original ticks it overlaps (spot counts as there only if it was there all the time); a
+    last coarse tick the trace does not fill is dropped."""
+    if not _number(tick_s) or tick_s < trace.gap_s:
+        raise TraceError(
+            f"--tick {tick_s!r} is finer than trace {trace.name}'s tick of {trace.gap_s:g} s: "
+            "give a number of seconds at least that long (a tick can only be coarsened)"
+        )
+    if tick_s == trace.gap_s:
+        return trace
+    count = math.floor(len(trace.available) * trace.gap_s / tick_s)
+    if count < 1:
+        raise TraceError(
+            f"trace {trace.name} covers {trace.hours * 3600:g} s, less than one --tick of "
+            f"{tick_s:g} s: give a shorter --tick"
+        )
+    coarse = []
+    for index in range(count):
+        first = math.floor(index * tick_s / trace.gap_s)
+        last = math.ceil((index + 1) * tick_s / trace.gap_s)  # exclusive
+        coarse.append(min(trace.available[first:last]))
+    return Trace(name=trace.name, gap_s=float(tick_s), available=tuple(coarse))
+
+
 def load(path: str | Path) -> Trace:
-    path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as error:
-        raise TraceError(
-            f"trace {path} cannot be read ({error.strerror}): check the path"
-        ) from None
-    try:
-        document = json.loads(text)
-    except json.JSONDecodeError as error:
-        raise TraceError(
-            f"trace {path} is not JSON ({error.msg} at line {error.lineno}): {FORMAT_HINT}"
-        ) from None
+    document = read_json(path, "trace", f"check the path; {FORMAT_HINT}", TraceError)
     return parse(document, str(path))
 
 
@@ -112,14 +129,21 @@ def generate(
 ) -> Trace:
     """A trace from a per-instance interruption rate (see the module's note), seeded."""
     problems = [
-        f"{label} is {value}: use a positive number"
-        for label, value in (("hours", hours), ("gap_s", gap_s), ("recovery_h", recovery_h))
-        if not value > 0
+        f"{label} is {value!r}: use a positive number"
+        for label, value in (("hours", hours), ("recovery_h", recovery_h))
+        if not _number(value) or not value > 0
     ]
-    if interruptions_per_hour < 0:
-        problems.append(f"interruptions_per_hour is {interruptions_per_hour}: use 0 or more")
-    if capacity < 1:
-        problems.append(f"capacity is {capacity}: use 1 or more instances")
+    if not _number(gap_s) or not MIN_GAP_S <= gap_s <= MAX_GAP_S:
+        problems.append(f"gap_s is {gap_s!r}: use {MIN_GAP_S:g} to {MAX_GAP_S:g} seconds")
+    if not _number(interruptions_per_hour) or interruptions_per_hour < 0:
+        problems.append(f"interruptions_per_hour is {interruptions_per_hour!r}: use 0 or more")
+    if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+        problems.append(f"capacity is {capacity!r}: use 1 or more instances")
+    if not problems and hours * 3600 / gap_s > MAX_GENERATED_TICKS:
+        problems.append(
+            f"{hours:g} h in ticks of {gap_s:g} s is over {MAX_GENERATED_TICKS:,} ticks: give "
+            "fewer hours or longer ticks"
+        )
     if problems:
         raise TraceError("cannot generate a trace: " + "; ".join(problems))
     rng = random.Random(seed)

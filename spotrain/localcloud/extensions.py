@@ -440,6 +440,57 @@ def _install_autoscaling_markets() -> None:
     FakeAutoScalingGroup.replace_autoscaling_group_instances = replace_autoscaling_group_instances  # type: ignore[method-assign]
 
 
+def _install_autoscaling_bounds() -> None:
+    """Auto Scaling refuses a desired capacity outside the group's minimum and maximum (and a
+    minimum above the maximum); moto takes any. The local cloud answers as AWS does, so what
+    scales a group (the handler's holds, `spotrain fleet scale`, the runbooks) is tested
+    against the real rules."""
+    from moto.autoscaling.exceptions import ValidationError
+    from moto.autoscaling.models import AutoScalingBackend
+
+    set_desired = AutoScalingBackend.set_desired_capacity
+    update_group = AutoScalingBackend.update_auto_scaling_group
+
+    def set_desired_capacity(
+        self: AutoScalingBackend, group_name: str, desired_capacity: int | None
+    ) -> None:
+        group = self.autoscaling_groups.get(group_name)
+        if group is not None and desired_capacity is not None:
+            beyond = (
+                ("above", "max", group.max_size) if desired_capacity > group.max_size
+                else ("below", "min", group.min_size) if desired_capacity < group.min_size
+                else None
+            )  # fmt: skip
+            if beyond is not None:
+                side, bound, size = beyond
+                raise ValidationError(
+                    f"New SetDesiredCapacity value {desired_capacity} is {side} {bound} value "
+                    f"{size} for the AutoScalingGroup."
+                )
+        set_desired(self, group_name, desired_capacity)
+
+    def update_auto_scaling_group(self: AutoScalingBackend, name: str, *args: Any,
+                                  **kwargs: Any) -> Any:  # fmt: skip
+        group = self.autoscaling_groups.get(name)
+        if group is not None:
+            low = kwargs.get("min_size")
+            high = kwargs.get("max_size")
+            low = group.min_size if low is None else low
+            high = group.max_size if high is None else high
+            desired = kwargs.get("desired_capacity")
+            if low > high:
+                raise ValidationError(
+                    f"Max bound, {high}, must be greater than or equal to min bound, {low}"
+                )
+            if desired is not None and not low <= desired <= high:
+                raise ValidationError(f"Desired capacity:{desired} must be between the specified "
+                                      f"min size:{low} and max size:{high}")  # fmt: skip
+        return update_group(self, name, *args, **kwargs)
+
+    AutoScalingBackend.set_desired_capacity = set_desired_capacity  # type: ignore[method-assign]
+    AutoScalingBackend.update_auto_scaling_group = update_auto_scaling_group  # type: ignore[method-assign]
+
+
 def install() -> None:
     """Patch moto in this process (idempotent)."""
     global _installed
@@ -453,4 +504,5 @@ def install() -> None:
     _install_dynamodb_stream_functions()
     price_list.install()
     _install_autoscaling_markets()
+    _install_autoscaling_bounds()
     _installed = True

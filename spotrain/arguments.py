@@ -1,0 +1,106 @@
+"""What a user types, checked before a command uses it: argparse types (`number`, `whole`)
+for flags argparse converts, and checks a command makes first (`finite`, `run_name`,
+`figure_path`) that raise one SpotrainError naming the flag and what to give instead. So no
+number that is not finite, no name a run cannot have and no figure path matplotlib cannot
+write gets into the work.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+from spotrain.catalog_schema import run_name_problem
+from spotrain.errors import SpotrainError
+
+
+def number(kind: type = float, *, maximum: float | None = None) -> Callable[[str], float]:
+    """An argparse type: a finite number (of `kind`) above 0, and at most `maximum`."""
+
+    def parse(text: str) -> float:
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
+        if not math.isfinite(value):
+            raise argparse.ArgumentTypeError(
+                f"{text} is not a finite number: give a number above 0"
+            )
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"{text} is not positive: give a number above 0")
+        if maximum is not None and value > maximum:
+            raise argparse.ArgumentTypeError(f"{text} is too many: give at most {maximum:,}")
+        return value  # type: ignore[no-any-return]
+
+    return parse
+
+
+def whole(minimum: int, maximum: int | None = None) -> Callable[[str], int]:
+    """An argparse type: a whole number in [minimum, maximum]."""
+
+    def parse(text: str) -> int:
+        try:
+            value: int | None = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < minimum or (maximum is not None and value > maximum):
+            upper = f" and at most {maximum}" if maximum is not None else ""
+            raise argparse.ArgumentTypeError(
+                f"{text!r}: give a whole number of at least {minimum}{upper}"
+            )
+        return value
+
+    return parse
+
+
+def finite(
+    flag: str,
+    value: float | None,
+    *,
+    unit: str,
+    zero: bool = False,
+    error: type[SpotrainError] = SpotrainError,
+) -> None:
+    """A flag's number (when given) is finite and positive, or 0 too with `zero`."""
+    if value is None:
+        return
+    if math.isfinite(value) and (value >= 0 if zero else value > 0):
+        return
+    wanted = f"a number of {unit}, 0 or more" if zero else f"a positive number of {unit}"
+    raise error(f"{flag} is {value}: give {wanted}")
+
+
+def run_name(value: str | None, flag: str = "--run") -> str:
+    """A run's name, as its bucket keys, catalog keys, IAM conditions and tags accept it."""
+    problem = run_name_problem(value)
+    if problem:
+        raise SpotrainError(f"{flag}: {problem}")
+    assert value is not None  # a valid name
+    return value
+
+
+def figure_path(value: str | None, flag: str = "--plot") -> None:
+    """Where a figure goes (when asked for): a file type matplotlib writes, in a folder that
+    exists; checked before the work, so a long computation does not end at a path it cannot
+    write."""
+    if value is None:
+        return
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    path = Path(value)
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    suffix = path.suffix.lower().removeprefix(".")
+    if suffix not in kinds:
+        kind = f"ends in {path.suffix}" if path.suffix else "has no file type"
+        raise SpotrainError(
+            f"{flag} {value} {kind}: name a .png file (or .{', .'.join(sorted(kinds))})"
+        )
+    if not path.parent.is_dir():
+        raise SpotrainError(
+            f"{flag} {value}: the folder {path.parent} does not exist; create it or write "
+            "the figure elsewhere"
+        )
+    if path.is_dir():
+        raise SpotrainError(f"{flag} {value} is a folder: name a file in it")
