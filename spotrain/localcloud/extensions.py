@@ -442,42 +442,43 @@ def _install_autoscaling_markets() -> None:
 
 def _install_autoscaling_bounds() -> None:
     """Auto Scaling refuses a desired capacity outside the group's minimum and maximum (and a
-    minimum above the maximum); moto takes any. The local cloud answers as AWS does, so what
-    scales a group (the handler's holds, `spotrain fleet scale`, the runbooks) is tested
-    against the real rules."""
+    minimum above the maximum) when asked for one; moto takes any. The local cloud answers the
+    two requests as AWS does (moto's own internal moves, such as a forced delete's scale to 0,
+    are left alone), so what scales a group (the handler's holds, `spotrain fleet scale`, the
+    runbooks) is tested against the real rules."""
     from moto.autoscaling.exceptions import ValidationError
-    from moto.autoscaling.models import AutoScalingBackend
+    from moto.autoscaling.responses import AutoScalingResponse
 
-    set_desired = AutoScalingBackend.set_desired_capacity
-    update_group = AutoScalingBackend.update_auto_scaling_group
+    set_desired = AutoScalingResponse.set_desired_capacity
+    update_group = AutoScalingResponse.update_auto_scaling_group
 
-    def set_desired_capacity(
-        self: AutoScalingBackend, group_name: str, desired_capacity: int | None
-    ) -> None:
-        group = self.autoscaling_groups.get(group_name)
-        if group is not None and desired_capacity is not None:
+    def group_of(response: AutoScalingResponse) -> Any:
+        name = response._get_param("AutoScalingGroupName")
+        return response.autoscaling_backend.autoscaling_groups.get(name)
+
+    def set_desired_capacity(self: AutoScalingResponse) -> Any:
+        group, desired = group_of(self), self._get_int_param("DesiredCapacity")
+        if group is not None and desired is not None:
             beyond = (
-                ("above", "max", group.max_size) if desired_capacity > group.max_size
-                else ("below", "min", group.min_size) if desired_capacity < group.min_size
+                ("above", "max", group.max_size) if desired > group.max_size
+                else ("below", "min", group.min_size) if desired < group.min_size
                 else None
             )  # fmt: skip
             if beyond is not None:
                 side, bound, size = beyond
                 raise ValidationError(
-                    f"New SetDesiredCapacity value {desired_capacity} is {side} {bound} value "
-                    f"{size} for the AutoScalingGroup."
+                    f"New SetDesiredCapacity value {desired} is {side} {bound} value {size} "
+                    "for the AutoScalingGroup."
                 )
-        set_desired(self, group_name, desired_capacity)
+        return set_desired(self)
 
-    def update_auto_scaling_group(self: AutoScalingBackend, name: str, *args: Any,
-                                  **kwargs: Any) -> Any:  # fmt: skip
-        group = self.autoscaling_groups.get(name)
+    def update_auto_scaling_group(self: AutoScalingResponse) -> Any:
+        group = group_of(self)
         if group is not None:
-            low = kwargs.get("min_size")
-            high = kwargs.get("max_size")
+            low, high = self._get_int_param("MinSize"), self._get_int_param("MaxSize")
             low = group.min_size if low is None else low
             high = group.max_size if high is None else high
-            desired = kwargs.get("desired_capacity")
+            desired = self._get_int_param("DesiredCapacity")
             if low > high:
                 raise ValidationError(
                     f"Max bound, {high}, must be greater than or equal to min bound, {low}"
@@ -485,10 +486,10 @@ def _install_autoscaling_bounds() -> None:
             if desired is not None and not low <= desired <= high:
                 raise ValidationError(f"Desired capacity:{desired} must be between the specified "
                                       f"min size:{low} and max size:{high}")  # fmt: skip
-        return update_group(self, name, *args, **kwargs)
+        return update_group(self)
 
-    AutoScalingBackend.set_desired_capacity = set_desired_capacity  # type: ignore[method-assign]
-    AutoScalingBackend.update_auto_scaling_group = update_auto_scaling_group  # type: ignore[method-assign]
+    AutoScalingResponse.set_desired_capacity = set_desired_capacity  # type: ignore[method-assign]
+    AutoScalingResponse.update_auto_scaling_group = update_auto_scaling_group  # type: ignore[method-assign]
 
 
 def install() -> None:
