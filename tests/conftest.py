@@ -15,6 +15,13 @@ from spotrain.localcloud import control
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--update-snapshots", action="store_true",
+        help="write the synthesized stacks' snapshots (tests/fixtures/synth) anew",
+    )  # fmt: skip
+
+
 @pytest.fixture(scope="session")
 def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every environment synthesized once, as `spotrain synth` does."""
