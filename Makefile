@@ -35,7 +35,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	# and compiles no ops at install; the trainer avoids the ones it would compile at run time.
 	DS_BUILD_OPS=0 $(VENV)/bin/pip install --quiet --disable-pip-version-check \
 	  --no-build-isolation -c constraints.txt deepspeed==0.19.8
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt \
+	  -e '.[training,infrastructure,localcloud,plots,dev]'
 	touch $@
 
 # checkov pins an older boto3 than the project, so it gets a tool environment of its own.

@@ -15,7 +15,7 @@ Compared in one run, on the same machine and endpoint:
   the transport's ceiling here; and the checkpointer's own upload of that file (digests
   known), training idle.
 - the in-memory snapshot: one copy of spotrain's checkpoint bytes into warm host buffers.
-- restore: `checkpoint.restore` (catalog lookup, parallel download, SHA-256 of every piece)
+- restore: `restore_policy.restore` (catalog lookup, parallel download, SHA-256 of every piece)
   vs raw parallel downloads of the same objects, as many at once.
 """
 
@@ -124,7 +124,7 @@ def raw_multipart(path: Path, s3: Any, key_id: str) -> float:
 def raw_puts(path: Path, s3: Any, key_id: str) -> float:
     """The same bytes as parallel single PUTs of the checkpoint's largest piece (16 in flight,
     as the checkpointer sends them), read into memory before the clock starts."""
-    from spotrain.trainer.checkpoint import PIECE_WORKERS
+    from spotrain.trainer.checkpoint_store import PIECE_WORKERS
     from spotrain.trainer.manifest import CHUNK_BYTES
 
     data = path.read_bytes()
@@ -155,13 +155,13 @@ def idle_upload_seconds(path: Path, s3: Any, key_id: str) -> float:
     """The checkpointer's upload of one file whose digests were taken while it was written
     (content address, conditional write, full-object CRC32, the store's checksum read back),
     with training idle."""
-    from spotrain.trainer import checkpoint
+    from spotrain.trainer import checkpoint_store
     from spotrain.trainer.storage import S3Storage
 
     storage = S3Storage(BUCKET, "", kms_key_id=key_id, client=s3)
-    shards = checkpoint.describe_folder(path.parent)  # not timed: taken while writing
+    shards = checkpoint_store.describe_folder(path.parent)  # not timed: taken while writing
     started = time.perf_counter()
-    checkpoint.upload_shards(path.parent, shards, storage=storage, run="idle")
+    checkpoint_store.upload_shards(path.parent, shards, storage=storage, run="idle")
     return time.perf_counter() - started
 
 
@@ -192,9 +192,10 @@ def frozen_finetune(work: Path, key_id: str, s3: Any, env: dict[str, str]) -> di
     import deepspeed
     import torch
 
-    from spotrain.trainer import checkpoint
-    from spotrain.trainer.checkpointer import Checkpointer, init_distributed
+    from spotrain.trainer import checkpoint_store
+    from spotrain.trainer.checkpointer import Checkpointer
     from spotrain.trainer.model import GPT, GPTConfig
+    from spotrain.trainer.process import init_distributed
     from spotrain.trainer.storage import S3Storage
 
     with socket.socket() as probe:
@@ -236,7 +237,7 @@ def frozen_finetune(work: Path, key_id: str, s3: Any, env: dict[str, str]) -> di
     folders = {}
     for step in (steps - 1, steps):
         folders[step] = work / f"ft-restored-{step}"
-        checkpoint.fetch(storage, entries[step].manifest_key, folders[step], run="finetune")
+        checkpoint_store.fetch(storage, entries[step].manifest_key, folders[step], run="finetune")
     old_tag, new_tag = (f"step_{step:09d}" for step in (steps - 1, steps))
     changed = sum(
         changed_bytes(folders[steps - 1] / path.relative_to(folders[steps]).as_posix()
@@ -250,21 +251,23 @@ def frozen_finetune(work: Path, key_id: str, s3: Any, env: dict[str, str]) -> di
 
 def restore_times(work: Path, s3: Any, dynamodb: Any, key_id: str) -> dict[str, float]:
 
-    from spotrain.trainer import checkpoint
+    from spotrain.trainer import checkpoint_store, restore_policy
     from spotrain.trainer.catalog import DynamoCatalog
     from spotrain.trainer.storage import S3Storage
 
     storage = S3Storage(BUCKET, "", kms_key_id=key_id, client=s3)
     catalog = DynamoCatalog(TABLE, "bench", storage, client=dynamodb)
     started = time.perf_counter()
-    report = checkpoint.restore(work / "restored", storage=storage, catalog=catalog, run="bench")
+    report = restore_policy.restore(
+        work / "restored", storage=storage, catalog=catalog, run="bench"
+    )
     ours = time.perf_counter() - started
     keys = list(dict.fromkeys(p.keys[0] for s in report.manifest.shards for p in s.pieces))
     config = transfer_config(download=True)
     raw_dir = work / "raw-download"
     raw_dir.mkdir()
     started = time.perf_counter()
-    with ThreadPoolExecutor(checkpoint.PIECE_WORKERS) as pool:  # as many as the restore
+    with ThreadPoolExecutor(checkpoint_store.PIECE_WORKERS) as pool:  # as many as the restore
         list(pool.map(lambda k: s3.download_file(BUCKET, k, str(raw_dir / k.rsplit("/", 1)[1]),
                                                   Config=config), keys))  # fmt: skip
     raw = time.perf_counter() - started
@@ -358,7 +361,8 @@ def write_report(ours: dict[str, Any], naive: dict[str, float], raw: dict[str, f
         "|---|---:|",
         f"| spotrain: serialise + hash + upload + verify + manifest + catalog (while "
         f"training) | {first['uploaded_bytes'] / mb / upload_s[0]:,.0f} |",
-        f"| spotrain's upload of one hashed file, training idle (`checkpoint.upload_shards`) | "
+        "| spotrain's upload of one hashed file, training idle "
+        f"(`checkpoint_store.upload_shards`) | "
         f"{naive['bytes'] / mb / naive['idle_upload_s']:,.0f} |",
         f"| naive `upload_file` (default transfer settings) | "
         f"{naive['bytes'] / mb / naive['upload_s']:,.0f} |",
@@ -421,7 +425,7 @@ def write_report(ours: dict[str, Any], naive: dict[str, float], raw: dict[str, f
         "",
         "| | seconds | MiB/s |",
         "|---|---:|---:|",
-        f"| `checkpoint.restore` (catalog, download, SHA-256 of every shard) | "
+        f"| `restore_policy.restore` (catalog, download, SHA-256 of every shard) | "
         f"{restore['restore_s']:.1f} | {restore['bytes'] / mb / restore['restore_s']:,.0f} |",
         f"| raw parallel download of the same objects | {restore['raw_download_s']:.1f} | "
         f"{restore['bytes'] / mb / restore['raw_download_s']:,.0f} |",

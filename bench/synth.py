@@ -19,7 +19,7 @@ RUNS = 3
 CODE = """
 {preload}
 import pathlib, sys
-from spotrain import deploy
+from spotrain.tools import deploy
 deploy.synth(pathlib.Path(sys.argv[1]))
 """
 

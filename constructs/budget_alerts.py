@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import deny_insecure_transport, policy_document, statement
-from spotrain.errors import raise_if_problems
+from spotrain.core.errors import raise_if_problems
 
 ALERT_THRESHOLDS: tuple[tuple[str, int], ...] = (
     ("ACTUAL", 50),

@@ -6,9 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spotrain.catalog_schema import PARTITION_KEY, SORT_KEY
 from spotrain.cdk import Construct, aws
-from spotrain.errors import raise_if_problems
+from spotrain.core.catalog_schema import PARTITION_KEY, SORT_KEY
+from spotrain.core.errors import raise_if_problems
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -14,7 +14,7 @@ from typing import Any
 
 from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import deny_insecure_transport, policy_document, statement
-from spotrain.errors import raise_if_problems
+from spotrain.core.errors import raise_if_problems
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,6 +71,34 @@ class EncryptedBucketProps:
         if self.abort_incomplete_multipart_days < 1:
             problems.append("abort_incomplete_multipart_days must be 1 or more")
         raise_if_problems("EncryptedBucketProps", problems)
+
+
+def kms_only_puts(objects_arn: str, kms_key_arn: str) -> list[dict[str, Any]]:
+    """Refuse an object written without SSE-KMS, or with another key than the bucket's."""
+    return [
+        statement(
+            "DenyPutWithoutSseKms",
+            effect="Deny",
+            actions=["s3:PutObject"],
+            resources=[objects_arn],
+            principals={"AWS": ["*"]},
+            conditions=[("StringNotEquals", "s3:x-amz-server-side-encryption", ["aws:kms"])],
+        ),
+        statement(
+            "DenyPutWithOtherKey",
+            effect="Deny",
+            actions=["s3:PutObject"],
+            resources=[objects_arn],
+            principals={"AWS": ["*"]},
+            conditions=[
+                (
+                    "StringNotEqualsIfExists",
+                    "s3:x-amz-server-side-encryption-aws-kms-key-id",
+                    [kms_key_arn],
+                )
+            ],
+        ),
+    ]
 
 
 class EncryptedBucket(Construct):
@@ -194,32 +222,7 @@ class EncryptedBucket(Construct):
         bucket_arn, objects_arn = self.arn, f"{self.arn}/*"
         statements = [deny_insecure_transport(["s3:*"], [bucket_arn, objects_arn])]
         if props.kms_key_arn is not None:
-            statements += [
-                statement(
-                    "DenyPutWithoutSseKms",
-                    effect="Deny",
-                    actions=["s3:PutObject"],
-                    resources=[objects_arn],
-                    principals={"AWS": ["*"]},
-                    conditions=[
-                        ("StringNotEquals", "s3:x-amz-server-side-encryption", ["aws:kms"])
-                    ],
-                ),
-                statement(
-                    "DenyPutWithOtherKey",
-                    effect="Deny",
-                    actions=["s3:PutObject"],
-                    resources=[objects_arn],
-                    principals={"AWS": ["*"]},
-                    conditions=[
-                        (
-                            "StringNotEqualsIfExists",
-                            "s3:x-amz-server-side-encryption-aws-kms-key-id",
-                            [props.kms_key_arn],
-                        )
-                    ],
-                ),
-            ]
+            statements += kms_only_puts(objects_arn, props.kms_key_arn)
         if props.write_once_prefixes:
             statements.append(
                 statement(

@@ -7,7 +7,7 @@ from typing import Any
 
 from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import policy_document, statement
-from spotrain.errors import raise_if_problems
+from spotrain.core.errors import raise_if_problems
 
 
 @dataclass(frozen=True, kw_only=True)

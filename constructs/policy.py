@@ -89,3 +89,27 @@ def assume_role_policy(
             )
         ],
     )
+
+
+def policy_json(statements: list[dict[str, Any]]) -> str:
+    """The same statements as an IAM policy document, for a resource made outside Terraform
+    (a test's bucket on the local cloud holds the policy the construct deploys)."""
+    import json
+
+    def one(grant: dict[str, Any]) -> dict[str, Any]:
+        document: dict[str, Any] = {
+            "Sid": grant["sid"], "Effect": grant["effect"], "Action": grant["actions"],
+            "Resource": grant["resources"],
+        }  # fmt: skip
+        if "principals" in grant:
+            document["Principal"] = {p["type"]: p["identifiers"] for p in grant["principals"]}
+        conditions: dict[str, dict[str, list[str]]] = {}
+        for condition in grant.get("condition", []):
+            conditions.setdefault(condition["test"], {})[condition["variable"]] = condition[
+                "values"
+            ]
+        if conditions:
+            document["Condition"] = conditions
+        return document
+
+    return json.dumps({"Version": "2012-10-17", "Statement": [one(g) for g in statements]})

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
-from spotrain.errors import raise_if_problems
+from spotrain.core.errors import raise_if_problems
 
 
 @dataclass(frozen=True, kw_only=True)

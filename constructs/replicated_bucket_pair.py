@@ -14,7 +14,7 @@ from typing import Any
 from spotrain.cdk import Construct, TerraformResourceLifecycle, aws
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
-from spotrain.errors import raise_if_problems
+from spotrain.core.errors import raise_if_problems
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,17 +15,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from spotrain import catalog_schema
-from spotrain.catalog_schema import crashes_key, releases_key, run_key, spend_key
 from spotrain.cdk import Construct, Fn, TerraformResourceLifecycle, aws
-from spotrain.constructs.policy import (
-    assume_role_policy,
-    leading_keys,
-    policy_document,
-    statement,
-    via_services,
-)
-from spotrain.errors import raise_if_problems
+from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+from spotrain.constructs.spot_fleet_iam import machine_statements
+from spotrain.core.errors import raise_if_problems
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -145,18 +138,6 @@ RENDEZVOUS_PORT = 29400
 """Where the coordinator's torchrun hosts the run's rendezvous (c10d)."""
 
 
-def _through_the_vpc(
-    endpoint_ids: tuple[str, ...], statements: list[dict[str, Any]]
-) -> list[dict[str, Any]]:
-    """S3 and DynamoDB grants hold only for requests through the VPC's own endpoints."""
-    for grant in statements:
-        if any(a.startswith(("s3:", "dynamodb:")) for a in grant["actions"]):
-            grant.setdefault("condition", []).append(
-                {"test": "StringEquals", "variable": "aws:SourceVpce", "values": list(endpoint_ids)}
-            )
-    return statements
-
-
 def nnodes(min_size: int, max_size: int) -> str:
     """torchrun's --nnodes for a group of these sizes: elastic between them (at least one)."""
     return "1" if max_size <= 1 else f"{max(1, min_size)}:{max_size}"
@@ -169,20 +150,19 @@ def log_group_name(fleet_name: str) -> str:
 
 SESSION_MANAGER_SERVICES = ("ssm", "ssmmessages", "ec2messages")
 """Interface endpoints Session Manager needs in a VPC without internet access."""
-SESSION_MANAGER_AGENT_ACTIONS = (
-    "ssm:UpdateInstanceInformation",
-    "ssmmessages:CreateControlChannel",
-    "ssmmessages:CreateDataChannel",
-    "ssmmessages:OpenControlChannel",
-    "ssmmessages:OpenDataChannel",
-    "ec2messages:AcknowledgeMessage",
-    "ec2messages:DeleteMessage",
-    "ec2messages:FailMessage",
-    "ec2messages:GetEndpoint",
-    "ec2messages:GetMessages",
-    "ec2messages:SendReply",
-)
-"""What Session Manager's agent on a machine calls (none of it names a resource)."""
+
+
+def _only_the_account(
+    sid: str, actions: list[str], resources: list[str], account_id: str
+) -> dict[str, Any]:
+    """An interface endpoint's one statement: these calls, by the account's principals."""
+    return statement(
+        sid,
+        actions=actions,
+        resources=resources,
+        principals={"AWS": ["*"]},
+        conditions=[("StringEquals", "aws:PrincipalAccount", [account_id])],
+    )
 
 
 def on_demand_group_name(fleet_name: str) -> str:
@@ -192,10 +172,70 @@ def on_demand_group_name(fleet_name: str) -> str:
 class SpotFleet(Construct):
     def __init__(self, scope: Construct, id_: str, *, props: SpotFleetProps) -> None:
         super().__init__(scope, id_)
-        run_prefix = catalog_schema.run_prefix(props.run_name)
-        datasets = catalog_schema.DATASETS_PREFIX
-        sg, lt, asg = aws.security_group, aws.launch_template, aws.autoscaling_group
-        self.security_group = sg.SecurityGroup(
+        self.security_group = self._security_group(props)
+        own_groups = [
+            f"arn:aws:autoscaling:{props.region}:{props.account_id}:"
+            f"autoScalingGroup:*:autoScalingGroupName/{name}"
+            for name in (props.name, on_demand_group_name(props.name))
+        ]
+        # A machine that cannot train tells its group (SetInstanceHealth); the VPC has no route
+        # to AWS APIs but S3 and DynamoDB, so the fleet brings its own interface endpoint for
+        # that one call, as for each other API its machines use.
+        self.autoscaling_endpoint = self._interface_endpoint(
+            props, "autoscaling",
+            _only_the_account("OnlyReportTheFleetsHealth", ["autoscaling:SetInstanceHealth"],
+                              own_groups, props.account_id),
+        )  # fmt: skip
+        # A reclaimed machine's output outlives it: every machine sends its boot and training
+        # output to this group (`spotrain logs ship`), through the fleet's logs endpoint.
+        self.log_group = aws.cloudwatch_log_group.CloudwatchLogGroup(
+            self,
+            "MachineLogs",
+            name=log_group_name(props.name),
+            retention_in_days=props.log_retention_days,
+            kms_key_id=props.log_kms_key_arn,
+        )
+        machine_streams = f"{self.log_group.arn}:log-stream:*"
+        self.logs_endpoint = self._interface_endpoint(
+            props, "logs",
+            _only_the_account("OnlyTheFleetsLogs", ["logs:CreateLogStream", "logs:PutLogEvents"],
+                              [machine_streams], props.account_id),
+        )  # fmt: skip
+        # On-call reaches a machine without SSH or an open port: Session Manager, whose agent
+        # talks to these endpoints (the image carries the agent).
+        session_endpoints = [
+            self._interface_endpoint(props, service) for service in SESSION_MANAGER_SERVICES
+        ]
+        self.role = aws.iam_role.IamRole(
+            self,
+            "InstanceRole",
+            name=props.name,
+            assume_role_policy=assume_role_policy(
+                self, "InstanceTrust", "ec2.amazonaws.com", source_account=None
+            ),
+        )
+        statements = machine_statements(
+            props, own_groups=own_groups, machine_streams=machine_streams,
+            autoscaling_endpoint_id=str(self.autoscaling_endpoint.id),
+            logs_endpoint_id=str(self.logs_endpoint.id),
+            session_endpoint_ids=[str(e.id) for e in session_endpoints],
+        )  # fmt: skip
+        aws.iam_role_policy.IamRolePolicy(
+            self,
+            "RunScopedAccess",
+            role=self.role.id,
+            name="run-scoped-checkpoint-access",
+            policy=policy_document(self, "RunScopedAccessDocument", statements),
+        )
+        self.instance_profile = aws.iam_instance_profile.IamInstanceProfile(
+            self, "InstanceProfile", name=props.name, role=self.role.name
+        )
+        self.launch_template = self._launch_template(props)
+        self.group, self.on_demand_group = self._groups(props)
+
+    def _security_group(self, props: SpotFleetProps) -> Any:
+        sg = aws.security_group
+        return sg.SecurityGroup(
             self,
             "SecurityGroup",
             name=props.name,
@@ -232,213 +272,13 @@ class SpotFleet(Construct):
                 ),
             ],
         )
-        own_groups = [
-            f"arn:aws:autoscaling:{props.region}:{props.account_id}:"
-            f"autoScalingGroup:*:autoScalingGroupName/{name}"
-            for name in (props.name, on_demand_group_name(props.name))
-        ]
-        # A machine that cannot train tells its group (SetInstanceHealth); the VPC has no route
-        # to AWS APIs but S3 and DynamoDB, so the fleet brings its own interface endpoint for
-        # that one call, as for each other API its machines use.
-        self.autoscaling_endpoint = self._interface_endpoint(
-            props,
-            "autoscaling",
-            statement(
-                "OnlyReportTheFleetsHealth",
-                actions=["autoscaling:SetInstanceHealth"],
-                resources=own_groups,
-                principals={"AWS": ["*"]},
-                conditions=[("StringEquals", "aws:PrincipalAccount", [props.account_id])],
-            ),
-        )
-        # A reclaimed machine's output outlives it: every machine sends its boot and training
-        # output to this group (`spotrain logs ship`), through the fleet's logs endpoint.
-        self.log_group = aws.cloudwatch_log_group.CloudwatchLogGroup(
-            self,
-            "MachineLogs",
-            name=log_group_name(props.name),
-            retention_in_days=props.log_retention_days,
-            kms_key_id=props.log_kms_key_arn,
-        )
-        machine_streams = f"{self.log_group.arn}:log-stream:*"
-        self.logs_endpoint = self._interface_endpoint(
-            props,
-            "logs",
-            statement(
-                "OnlyTheFleetsLogs",
-                actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                resources=[machine_streams],
-                principals={"AWS": ["*"]},
-                conditions=[("StringEquals", "aws:PrincipalAccount", [props.account_id])],
-            ),
-        )
-        # On-call reaches a machine without SSH or an open port: Session Manager, whose agent
-        # talks to these endpoints (the image carries the agent).
-        session_endpoints = [
-            self._interface_endpoint(props, service) for service in SESSION_MANAGER_SERVICES
-        ]
-        self.role = aws.iam_role.IamRole(
-            self,
-            "InstanceRole",
-            name=props.name,
-            assume_role_policy=assume_role_policy(
-                self, "InstanceTrust", "ec2.amazonaws.com", source_account=None
-            ),
-        )
-        aws.iam_role_policy.IamRolePolicy(
-            self,
-            "RunScopedAccess",
-            role=self.role.id,
-            name="run-scoped-checkpoint-access",
-            policy=policy_document(
-                self,
-                "RunScopedAccessDocument",
-                _through_the_vpc(
-                    props.vpc_endpoint_ids,
-                    [
-                        statement(
-                            "ListRunPrefix",
-                            actions=["s3:ListBucket"],
-                            resources=[props.checkpoint_bucket_arn, props.replica_bucket_arn],
-                            conditions=[
-                                (
-                                    "StringLike",
-                                    "s3:prefix",
-                                    [f"{run_prefix}/*", run_prefix, f"{datasets}/*"],
-                                )
-                            ],
-                        ),
-                        statement(
-                            # Prepared datasets are shared by runs: machines read, never write.
-                            "ReadDatasets",
-                            actions=["s3:GetObject"],
-                            resources=[
-                                f"{props.checkpoint_bucket_arn}/{datasets}/*",
-                                f"{props.replica_bucket_arn}/{datasets}/*",
-                            ],
-                        ),
-                        statement(
-                            # No delete: a machine never removes published history (garbage
-                            # collection and quarantine are operator commands); aborting its own
-                            # unfinished multipart upload touches no published object.
-                            "ReadWriteRunCheckpoints",
-                            actions=[
-                                "s3:GetObject",
-                                "s3:PutObject",
-                                "s3:AbortMultipartUpload",
-                                "s3:ListMultipartUploadParts",
-                            ],
-                            resources=[f"{props.checkpoint_bucket_arn}/{run_prefix}/*"],
-                        ),
-                        statement(
-                            "ReadRunReplicas",
-                            actions=["s3:GetObject"],
-                            resources=[f"{props.replica_bucket_arn}/{run_prefix}/*"],
-                        ),
-                        statement(
-                            "RunCatalogItems",
-                            actions=[
-                                "dynamodb:GetItem",
-                                "dynamodb:PutItem",
-                                "dynamodb:UpdateItem",
-                                "dynamodb:Query",
-                                "dynamodb:ConditionCheckItem",
-                            ],
-                            resources=[
-                                props.catalog_table_arn,
-                                f"{props.catalog_table_arn}/index/*",
-                            ],
-                            conditions=[leading_keys(run_key(props.run_name))],
-                        ),
-                        statement(
-                            # A machine whose trainer cannot start has its group replace it.
-                            "ReplaceItself",
-                            actions=["autoscaling:SetInstanceHealth"],
-                            resources=own_groups,
-                            conditions=[
-                                (
-                                    "StringEquals",
-                                    "aws:SourceVpce",
-                                    [str(self.autoscaling_endpoint.id)],
-                                )
-                            ],
-                        ),
-                        statement(
-                            # The coordinator claim, reclaim marks, and reading the run's state.
-                            "RunFleetState",
-                            actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
-                            resources=[props.events_table_arn],
-                            conditions=[leading_keys(run_key(props.run_name))],
-                        ),
-                        statement(
-                            # Add crash records, never change or remove one: a machine cannot
-                            # release its own run from a hold after repeated crashes.
-                            "RecordRunCrashes",
-                            actions=["dynamodb:PutItem"],
-                            resources=[props.events_table_arn],
-                            conditions=[leading_keys(crashes_key(props.run_name))],
-                        ),
-                        statement(
-                            # Whether the run is held at its spend cap (may-start): reading
-                            # only, the ledger is the handler's.
-                            "ReadRunSpend",
-                            actions=["dynamodb:GetItem"],
-                            resources=[props.events_table_arn],
-                            conditions=[leading_keys(spend_key(props.run_name))],
-                        ),
-                        statement(
-                            "ReadRunCrashesAndReleases",
-                            actions=["dynamodb:Query"],
-                            resources=[props.events_table_arn],
-                            conditions=[
-                                leading_keys(
-                                    crashes_key(props.run_name), releases_key(props.run_name)
-                                )
-                            ],
-                        ),
-                        statement(
-                            "ShipMachineLogs",
-                            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                            resources=[machine_streams],
-                            conditions=[
-                                ("StringEquals", "aws:SourceVpce", [str(self.logs_endpoint.id)])
-                            ],
-                        ),
-                        statement(
-                            # Session Manager's agent; these calls take no resource but the
-                            # instance's, and only through the fleet's own endpoints.
-                            "SessionManagerAgent",
-                            actions=list(SESSION_MANAGER_AGENT_ACTIONS),
-                            resources=["*"],
-                            conditions=[
-                                (
-                                    "StringEquals",
-                                    "aws:SourceVpce",
-                                    [str(e.id) for e in session_endpoints],
-                                )
-                            ],
-                        ),
-                        statement(
-                            "UseDataKeys",
-                            actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
-                            resources=list(props.data_kms_key_arns),
-                            # Through S3 and DynamoDB only, in either region: a stolen credential
-                            # cannot decrypt with the keys directly.
-                            conditions=[
-                                ("StringLike", "kms:ViaService", via_services("s3", "dynamodb"))
-                            ],
-                        ),
-                    ],
-                ),
-            ),
-        )
-        self.instance_profile = aws.iam_instance_profile.IamInstanceProfile(
-            self, "InstanceProfile", name=props.name, role=self.role.name
-        )
+
+    def _launch_template(self, props: SpotFleetProps) -> Any:
+        lt = aws.launch_template
         image = aws.data_aws_ssm_parameter.DataAwsSsmParameter(
             self, "ImageId", name=props.image_parameter_name
         )
-        self.launch_template = lt.LaunchTemplate(
+        return lt.LaunchTemplate(
             self,
             "LaunchTemplate",
             name=props.name,
@@ -477,6 +317,10 @@ class SpotFleet(Construct):
                 else None
             ),
         )
+
+    def _groups(self, props: SpotFleetProps) -> tuple[Any, Any]:
+        """The spot group (with its on-demand coordinator) and the empty on-demand fallback."""
+        asg = aws.autoscaling_group
         overrides = [
             asg.AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride(instance_type=t)
             for t in props.instance_types
@@ -495,7 +339,7 @@ class SpotFleet(Construct):
         # The interruption handler moves desired capacity between the groups at run time;
         # a later deploy must not move it back.
         handler_owned = TerraformResourceLifecycle(ignore_changes=["desired_capacity"])
-        self.group = asg.AutoscalingGroup(
+        group = asg.AutoscalingGroup(
             self,
             "Group",
             name=props.name,
@@ -519,7 +363,7 @@ class SpotFleet(Construct):
         )
         # Empty until spot capacity cannot be had for the handler's deadline; then it runs
         # the shortfall on demand, and is emptied again when spot returns.
-        self.on_demand_group = asg.AutoscalingGroup(
+        on_demand_group = asg.AutoscalingGroup(
             self,
             "OnDemandFallbackGroup",
             name=on_demand_group_name(props.name),
@@ -539,6 +383,7 @@ class SpotFleet(Construct):
             tag=tags,
             lifecycle=handler_owned,
         )
+        return group, on_demand_group
 
     def _interface_endpoint(
         self, props: SpotFleetProps, service: str, only: dict[str, Any] | None = None

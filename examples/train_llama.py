@@ -22,7 +22,8 @@ import torch
 import torch.distributed as dist
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from spotrain.trainer.checkpointer import Checkpointer, init_distributed
+from spotrain.trainer.checkpointer import Checkpointer
+from spotrain.trainer.process import init_distributed
 
 VOCAB, CONTEXT, BATCH = 256, 64, 4
 

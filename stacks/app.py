@@ -18,7 +18,7 @@ import sys
 from collections.abc import Iterable
 
 from spotrain.cdk import App
-from spotrain.errors import SpotrainError
+from spotrain.core.errors import SpotrainError
 from spotrain.stacks.budget import BudgetStack
 from spotrain.stacks.catalog import CatalogStack
 from spotrain.stacks.compute import ComputeStack

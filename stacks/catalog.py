@@ -7,7 +7,6 @@ so Terraform would wait forever.
 
 from __future__ import annotations
 
-from spotrain import catalog_schema as schema
 from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.catalog_table import (
     CatalogTable,
@@ -15,6 +14,7 @@ from spotrain.constructs.catalog_table import (
     SecondaryIndex,
     TableReplica,
 )
+from spotrain.core import catalog_schema as schema
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.private_network import PrivateNetwork, PrivateNetworkProps
 from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps
+from spotrain.core.catalog_schema import RUN_TAG
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
 
@@ -79,7 +80,7 @@ class ComputeStack(EnvironmentStack):
                 log_retention_days=config.log_retention_days,
                 region=config.primary_region,
                 account_id=self.account_id,
-                tags={**config.all_tags, "spotrain:run": config.run_name},
+                tags={**config.all_tags, RUN_TAG: config.run_name},
                 emulator_drift_tolerance=config.is_local,
             ),
         )

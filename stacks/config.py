@@ -1,7 +1,7 @@
 """Per-environment configuration: one validated, frozen object per environment.
 
 `EnvironmentConfig` is checked as a whole when it is built: every problem is collected and
-raised once, as a `spotrain.errors.ConfigError` whose message lists each problem with its fix,
+raised once, as a `spotrain.core.errors.ConfigError` whose message lists each problem with its fix,
 before any construct is created.
 """
 
@@ -13,10 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from spotrain.catalog_schema import run_name_problem
-from spotrain.deadline_policy import RunDeadline
-from spotrain.errors import raise_if_problems
-from spotrain.validation import instance_type_problems
+from spotrain.core.catalog_schema import run_name_problem
+from spotrain.core.deadline_policy import RunDeadline
+from spotrain.core.errors import raise_if_problems
+from spotrain.core.validation import instance_type_problems
 
 # Commercial regions that offer GPU instances and the services the blueprint uses.
 KNOWN_REGIONS = frozenset(

@@ -6,7 +6,7 @@ accounts whose Terraform state lives in an existing S3 bucket (see README: remot
 
 from __future__ import annotations
 
-from spotrain.deadline_policy import RunDeadline
+from spotrain.core.deadline_policy import RunDeadline
 from spotrain.stacks.config import EnvironmentConfig, LocalCloud, PlannedRun, StateBackend
 
 DEFAULT_LOCAL_ENDPOINT = "https://127.0.0.1:4566"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from spotrain import catalog_schema
 from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
@@ -11,6 +10,7 @@ from spotrain.constructs.replicated_bucket_pair import (
     ReplicatedBucketPair,
     ReplicatedBucketPairProps,
 )
+from spotrain.core import catalog_schema
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.interruptions import handler_name

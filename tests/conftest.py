@@ -25,7 +25,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 @pytest.fixture(scope="session")
 def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Every environment synthesized once, as `spotrain synth` does."""
-    from spotrain import deploy
+    from spotrain.tools import deploy
 
     return deploy.synth(tmp_path_factory.mktemp("synth") / "cdktf.out")
 

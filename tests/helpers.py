@@ -7,7 +7,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from spotrain import catalog_schema as schema
+from spotrain.core import catalog_schema as schema
 
 
 def load_stack(synth_dir: Path, name: str) -> dict[str, Any]:
@@ -73,19 +73,11 @@ def kms_only_bucket(s3: Any, kms: Any, bucket: str) -> str:
         ServerSideEncryptionConfiguration={"Rules": [{"ApplyServerSideEncryptionByDefault": {
             "SSEAlgorithm": "aws:kms", "KMSMasterKeyID": key}, "BucketKeyEnabled": True}]},
     )  # fmt: skip
-    deny_put = {"Effect": "Deny", "Principal": {"AWS": "*"}, "Action": "s3:PutObject",
-                "Resource": f"arn:aws:s3:::{bucket}/*"}  # fmt: skip
-    policy = {
-        "Version": "2012-10-17",
-        "Statement": [
-            {**deny_put, "Sid": "DenyPutWithoutSseKms",
-             "Condition": {"StringNotEquals": {"s3:x-amz-server-side-encryption": "aws:kms"}}},
-            {**deny_put, "Sid": "DenyPutWithOtherKey",
-             "Condition": {"StringNotEqualsIfExists": {
-                 "s3:x-amz-server-side-encryption-aws-kms-key-id": key}}},
-        ],
-    }  # fmt: skip
-    s3.put_bucket_policy(Bucket=bucket, Policy=json.dumps(policy))
+    from spotrain.constructs.encrypted_bucket import kms_only_puts
+    from spotrain.constructs.policy import policy_json
+
+    policy = policy_json(kms_only_puts(f"arn:aws:s3:::{bucket}/*", key))
+    s3.put_bucket_policy(Bucket=bucket, Policy=policy)
     return str(key)
 
 

@@ -11,7 +11,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from spotrain.constructs.spot_fleet import SESSION_MANAGER_AGENT_ACTIONS
+from spotrain.constructs.spot_fleet_iam import SESSION_MANAGER_AGENT_ACTIONS
 
 Stack = dict[str, Any]
 

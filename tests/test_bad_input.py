@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from spotrain import cli
-from spotrain.trainer import checkpoint
+from spotrain.cli import infra
+from spotrain.cli import train as train_command
+from spotrain.trainer import checkpoint_store
 from spotrain.trainer.catalog import StoreCatalog
 from spotrain.trainer.data import synthetic_corpus, write_token_file
 from spotrain.trainer.storage import LocalStorage
@@ -36,7 +38,7 @@ def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
     def launched(*args: Any) -> None:
         raise AssertionError(f"torchrun was started: {args}")
 
-    monkeypatch.setattr(cli.os, "execv", launched)
+    monkeypatch.setattr(train_command.os, "execv", launched)
 
 
 def fails_clearly(capsys: pytest.CaptureFixture[str], argv: list[str], *expected: str) -> str:
@@ -118,7 +120,7 @@ def test_the_good_configuration_of_those_cases_would_start(
 ) -> None:
     """The battery above changes one thing at a time from a configuration that passes."""
     started: list[list[str]] = []
-    monkeypatch.setattr(cli.os, "execv", lambda _, command: started.append(command))
+    monkeypatch.setattr(train_command.os, "execv", lambda _, command: started.append(command))
     path = tmp_path / "run.json"
     path.write_text(json.dumps(good_config(tmp_path, data)))
     assert cli.main(["train", str(path), "--nproc-per-node", "1"]) == 0
@@ -150,7 +152,7 @@ def folder_run(tmp_path: Path) -> list[str]:
     folder = tmp_path / "ckpt"
     (folder / "step_000000010").mkdir(parents=True)
     (folder / "step_000000010" / "model.pt").write_bytes(b"weights" * 100)
-    checkpoint.publish(folder, storage=storage, catalog=StoreCatalog(storage, RUN),
+    checkpoint_store.publish(folder, storage=storage, catalog=StoreCatalog(storage, RUN),
                        generation=0, run=RUN, step=10, world_size=1, zero_stage=2,
                        config_hash="x", code_version="test")  # fmt: skip
     return ["--store", f"file://{tmp_path / 'store'}", "--run", RUN]
@@ -222,7 +224,7 @@ def test_an_unexpected_error_says_it_is_a_bug_and_shows_the_trace_only_under_deb
     def broken(args: Any) -> int:
         raise KeyError("surprise")
 
-    monkeypatch.setattr(cli, "cmd_synth", broken)
+    monkeypatch.setattr(infra, "cmd_synth", broken)
     assert cli.main(["synth"]) == 70
     err = capsys.readouterr().err
     assert "This is a bug in spotrain" in err and "--debug" in err and "Traceback" not in err
@@ -231,7 +233,7 @@ def test_an_unexpected_error_says_it_is_a_bug_and_shows_the_trace_only_under_deb
 
 
 def test_a_checkpointer_with_bad_settings_lists_every_problem_at_once(tmp_path: Path) -> None:
-    from spotrain.errors import ConfigError
+    from spotrain.core.errors import ConfigError
     from spotrain.trainer.checkpointer import Checkpointer
 
     with pytest.raises(ConfigError) as refused:
@@ -402,7 +404,7 @@ def test_names_are_checked_where_they_are_written(
 
 
 def test_a_deadline_with_changeover_minutes_that_are_not_minutes_lists_the_problem() -> None:
-    from spotrain.deadline_policy import RunDeadline
+    from spotrain.core.deadline_policy import RunDeadline
 
     for minutes in ("20", float("inf"), float("nan"), True):
         deadline = RunDeadline(

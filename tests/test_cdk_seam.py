@@ -12,7 +12,7 @@ import pytest
 SYNTH_AND_HASH = """
 import hashlib, pathlib, sys
 {preload}
-from spotrain import deploy
+from spotrain.tools import deploy
 from spotrain.cdk import PROVIDER_PACKAGE
 out = deploy.synth(pathlib.Path(sys.argv[1]))
 loaded = sum(1 for m in sys.modules if m.startswith(PROVIDER_PACKAGE + "."))

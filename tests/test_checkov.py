@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from spotrain import scan
+from spotrain.tools import scan
 
 
 def test_every_finding_is_explained_and_every_skip_is_used(synth_dir: Path) -> None:

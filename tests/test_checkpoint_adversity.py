@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from helpers import create_catalog_table, kms_only_bucket
 
-from spotrain import catalog_schema as schema
 from spotrain import cli
+from spotrain.core import catalog_schema as schema
 from spotrain.localcloud import control
-from spotrain.trainer import checkpoint
+from spotrain.trainer import checkpoint_store, restore_policy
 from spotrain.trainer.catalog import DynamoCatalog, StaleWriter, StoreCatalog
 from spotrain.trainer.manifest import Manifest, ManifestError, check_manifest_bytes, run_prefix
 from spotrain.trainer.storage import AlreadyExists, LocalStorage, S3Storage, StorageError
@@ -44,8 +44,8 @@ def folder_of(tmp_path: Path, step: int, *, salt: str = "") -> Path:
 
 
 def publish(storage: Any, catalog: Any, tmp_path: Path, step: int, generation: int = 0,
-            salt: str = "") -> checkpoint.PublishReport:  # fmt: skip
-    return checkpoint.publish(
+            salt: str = "") -> checkpoint_store.PublishReport:  # fmt: skip
+    return checkpoint_store.publish(
         folder_of(tmp_path, step, salt=salt), storage=storage, catalog=catalog,
         generation=generation, run=RUN, step=step, world_size=1, zero_stage=2,
         config_hash="c0ffee", code_version="test",
@@ -75,7 +75,7 @@ def test_a_refused_stale_writer_changes_no_published_byte(dynamo: Any, tmp_path:
             publish(storage, catalog, tmp_path / "stale", step, stale, salt="stale")
     after = snapshot(storage)
     assert {key: after[key] for key in before} == before  # new objects beside, none replaced
-    checkpoint.restore(tmp_path / "out", storage=storage, catalog=catalog, run=RUN)
+    restore_policy.restore(tmp_path / "out", storage=storage, catalog=catalog, run=RUN)
     assert restored_optimizer(tmp_path / "out", 20) == b"20" * 4096
 
 
@@ -91,7 +91,7 @@ def test_a_folder_run_refuses_an_older_step_without_touching_the_published_one(
         publish(storage, catalog, tmp_path / "again", 10, salt="again")
     after = snapshot(storage)
     assert {key: after[key] for key in before} == before
-    report = checkpoint.restore(tmp_path / "out", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(tmp_path / "out", storage=storage, catalog=catalog, run=RUN)
     assert report.manifest.step == 20 and report.skipped == []
 
 
@@ -120,18 +120,20 @@ def test_a_transient_read_error_stops_the_start_and_keeps_the_head(
     newest = publish(healthy, catalog, tmp_path, 20, generation).manifest
     changed = next(s for s in newest.shards if s.name.endswith("optimizer.pt"))
     flaky = Unreachable(tmp_path / "store", set(changed.keys))
-    with pytest.raises(checkpoint.StoreUnreadable, match="Nothing was passed over or rolled back"):
-        checkpoint.restore_as_writer(tmp_path / "out", storage=flaky, catalog=catalog, run=RUN,
+    with pytest.raises(
+        checkpoint_store.StoreUnreadable, match="Nothing was passed over or rolled back"
+    ):
+        restore_policy.restore_as_writer(tmp_path / "out", storage=flaky, catalog=catalog, run=RUN,
                                      generation=generation)  # fmt: skip
     assert catalog.head().step == 20  # type: ignore[union-attr]
     assert {e.status for e in catalog.entries()} == {schema.STATUS_COMPLETE}
     # Once the store answers again, the next start restores the newest checkpoint.
-    report = checkpoint.restore_as_writer(tmp_path / "out", storage=healthy, catalog=catalog,
+    report = restore_policy.restore_as_writer(tmp_path / "out", storage=healthy, catalog=catalog,
                                           run=RUN, generation=generation)  # fmt: skip
     assert report.manifest.step == 20 and report.rolled_back_from is None
     # Proof of damage is another matter: the checkpoint is passed over and the head follows.
     healthy.delete(list(changed.keys))
-    report = checkpoint.restore_as_writer(tmp_path / "again", storage=healthy, catalog=catalog,
+    report = restore_policy.restore_as_writer(tmp_path / "again", storage=healthy, catalog=catalog,
                                           run=RUN, generation=generation)  # fmt: skip
     assert (report.manifest.step, report.rolled_back_from) == (10, 20)
     assert "does not exist" in report.skipped[0][1]
@@ -187,8 +189,10 @@ def test_restore_without_the_catalog_never_returns_what_the_catalog_refused_or_r
     with pytest.raises(StaleWriter):
         publish(storage, catalog, tmp_path / "stale", 40, stale, salt="stale")
 
-    def restored_without_catalog(name: str) -> checkpoint.RestoreReport:
-        report = checkpoint.restore(tmp_path / name, storage=storage, catalog=unreachable, run=RUN)
+    def restored_without_catalog(name: str) -> checkpoint_store.RestoreReport:
+        report = restore_policy.restore(
+            tmp_path / name, storage=storage, catalog=unreachable, run=RUN
+        )
         assert "does not exist" in (report.catalog_unavailable or "")
         return report
 
@@ -223,7 +227,7 @@ def test_no_single_damaged_or_missing_object_makes_the_run_unrestorable(tmp_path
             else:
                 path.unlink()
             out = tmp_path / f"restore-{damage}"
-            report = checkpoint.restore(out, storage=storage, catalog=catalog, run=RUN)
+            report = restore_policy.restore(out, storage=storage, catalog=catalog, run=RUN)
             assert report.manifest.step in (20, 30), (key, damage)
             shutil.rmtree(out)
             path.write_bytes(data)
@@ -235,9 +239,9 @@ def test_a_torn_manifest_on_a_folder_store_is_named_when_passed_over(tmp_path: P
     catalog = StoreCatalog(storage, RUN)
     publish(storage, catalog, tmp_path, 10)
     newest = publish(storage, catalog, tmp_path, 20).manifest
-    path = storage.root / checkpoint.key_of(newest)
+    path = storage.root / checkpoint_store.key_of(newest)
     path.write_bytes(path.read_bytes()[:100])  # torn
-    report = checkpoint.restore(tmp_path / "out", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(tmp_path / "out", storage=storage, catalog=catalog, run=RUN)
     assert report.manifest.step == 10
     [(step, reason)] = report.skipped
     assert step == 20 and "is damaged" in reason
@@ -277,7 +281,7 @@ def test_s3_objects_are_write_once_and_reuse_trusts_only_s3s_checksum(
     second = publish(storage, catalog, tmp_path, 20, generation).manifest
     reused = next(s for s in second.shards if s.name.endswith("embedding.pt"))
     assert only_copy not in reused.keys and len(reused.keys) == 1
-    report = checkpoint.restore(tmp_path / "out", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(tmp_path / "out", storage=storage, catalog=catalog, run=RUN)
     assert report.manifest.step == 20 and report.skipped == []
 
 
@@ -292,15 +296,15 @@ def test_a_briefly_unavailable_object_is_retried_and_a_lasting_outage_keeps_the_
     changed = next(s for s in newest.shards if s.name.endswith("optimizer.pt"))
     pattern = f"{s3_run['bucket']}/{changed.keys[0]}"
 
-    def start(name: str) -> checkpoint.RestoreReport:
-        return checkpoint.restore_as_writer(tmp_path / name, storage=storage, catalog=catalog,
+    def start(name: str) -> checkpoint_store.RestoreReport:
+        return restore_policy.restore_as_writer(tmp_path / name, storage=storage, catalog=catalog,
                                             run=RUN, generation=generation)  # fmt: skip
 
     control.set_faults(unavailable=[{"id": "blip", "pattern": pattern, "requests": 1}])
     report = start("blip")  # botocore's standard retry mode takes the 503 in its stride
     assert (report.manifest.step, report.skipped) == (20, [])
     control.set_faults(unavailable=[{"id": "outage", "pattern": pattern, "requests": 1000}])
-    with pytest.raises(checkpoint.StoreUnreadable, match="503"):
+    with pytest.raises(checkpoint_store.StoreUnreadable, match="503"):
         start("outage")
     assert catalog.head().step == 20  # type: ignore[union-attr]
     assert {e.status for e in catalog.entries()} == {schema.STATUS_COMPLETE}
@@ -311,7 +315,7 @@ def test_a_briefly_unavailable_object_is_retried_and_a_lasting_outage_keeps_the_
 def test_manifest_is_named_by_its_own_bytes() -> None:
     manifest = Manifest(run=RUN, step=5, shards=(), world_size=1, zero_stage=2,
                         config_hash="x", code_version="y", created_at="now")  # fmt: skip
-    key = checkpoint.key_of(manifest)
+    key = checkpoint_store.key_of(manifest)
     assert key.startswith(f"runs/{RUN}/checkpoints/step_000000005/manifest-")
     assert check_manifest_bytes(key, manifest.to_json()) == manifest
     with pytest.raises(ManifestError, match="damaged"):

@@ -17,9 +17,9 @@ from typing import Any
 import pytest
 from helpers import create_catalog_table, kms_only_bucket
 
-from spotrain import catalog_schema as schema
+from spotrain.core import catalog_schema as schema
 from spotrain.localcloud import control
-from spotrain.trainer import checkpoint
+from spotrain.trainer import checkpoint_store, restore_policy
 from spotrain.trainer.catalog import CatalogError, DynamoCatalog, StaleWriter, StoreCatalog
 from spotrain.trainer.manifest import Manifest, Shard, shard_key
 from spotrain.trainer.storage import (
@@ -55,7 +55,7 @@ def shards_of_step(step: int, frozen: bytes = b"embedding" * 4096) -> dict[str, 
 def publish(
     folder: Path, storage: Any, catalog: Any, step: int, generation: int = 1, **kw: Any
 ) -> Any:
-    return checkpoint.publish(
+    return checkpoint_store.publish(
         folder, storage=storage, catalog=catalog, generation=generation, run=RUN, step=step,
         world_size=2, zero_stage=2, config_hash="c0ffee", code_version="test", **kw,
     )  # fmt: skip
@@ -96,11 +96,13 @@ def test_round_trip_restores_every_file_bit_for_bit(tmp_path: Path) -> None:
     catalog = StoreCatalog(storage, RUN)
     files = shards_of_step(10)
     publish(write_folder(tmp_path / "ckpt", files), storage, catalog, step=10)
-    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(
+        tmp_path / "restored", storage=storage, catalog=catalog, run=RUN
+    )
     assert report.manifest.step == 10 and report.skipped == []
     restored = {p.relative_to(tmp_path / "restored").as_posix(): p.read_bytes()
                 for p in (tmp_path / "restored").rglob("*")
-                if p.is_file() and p.name != checkpoint.RESTORE_MARKER}  # fmt: skip
+                if p.is_file() and p.name != checkpoint_store.RESTORE_MARKER}  # fmt: skip
     assert restored == files
 
 
@@ -136,7 +138,9 @@ def test_corrupt_shard_falls_back_to_the_previous_checkpoint(tmp_path: Path) -> 
     data = bytearray(path.read_bytes())
     data[100] ^= 0xFF
     path.write_bytes(bytes(data))
-    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(
+        tmp_path / "restored", storage=storage, catalog=catalog, run=RUN
+    )
     assert report.manifest.step == 10
     assert report.skipped[0][0] == 20 and "corrupt" in report.skipped[0][1]
     assert (tmp_path / "restored" / "latest").read_bytes() == b"global_step10"
@@ -147,8 +151,8 @@ def test_missing_shard_falls_back_and_nothing_restorable_is_a_clear_error(tmp_pa
     catalog = StoreCatalog(storage, RUN)
     only = publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, step=10)
     storage.delete([shard_key(RUN, only.manifest.shards[0].sha256)])
-    with pytest.raises(checkpoint.RestoreError, match=r"step 10: .*does not exist"):
-        checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    with pytest.raises(checkpoint_store.RestoreError, match=r"step 10: .*does not exist"):
+        restore_policy.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
     assert not (tmp_path / "restored").exists()
 
 
@@ -162,7 +166,9 @@ def test_crash_before_the_manifest_leaves_the_last_good_checkpoint(tmp_path: Pat
         with contextlib.suppress(AlreadyExists):  # the frozen shard is stored already
             storage.put_file(source, shard_key(RUN, sha256_of(source)))
     assert catalog.head().step == 10  # type: ignore[union-attr]
-    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(
+        tmp_path / "restored", storage=storage, catalog=catalog, run=RUN
+    )
     assert report.manifest.step == 10
 
 
@@ -216,7 +222,9 @@ def test_quarantined_checkpoint_is_skipped_by_restore(dynamo: Any, tmp_path: Pat
     publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, 10, generation)
     publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, 20, generation)
     catalog.quarantine(20, "loss spike after step 15")
-    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(
+        tmp_path / "restored", storage=storage, catalog=catalog, run=RUN
+    )
     assert report.manifest.step == 10
 
 
@@ -243,7 +251,7 @@ def test_publish_and_restore_through_the_local_cloud(local_cloud: Any, tmp_path:
     assert report.uploaded_bytes == report.manifest.total_bytes
     big = next(s for s in report.manifest.shards if s.name.endswith("big.pt"))
     assert [c.size for c in big.chunks] == [4 * 1024 * 1024] * 3  # three conditional PUTs
-    head = s3.head_object(Bucket=bucket, Key=checkpoint.key_of(report.manifest))
+    head = s3.head_object(Bucket=bucket, Key=checkpoint_store.key_of(report.manifest))
     assert head["SSEKMSKeyId"] == key
     # Without a key named (operators' commands), writes name the bucket's default key.
     S3Storage(bucket, "", client=s3).put_bytes("runs/demo/by-default", b"x")
@@ -251,7 +259,9 @@ def test_publish_and_restore_through_the_local_cloud(local_cloud: Any, tmp_path:
     s3.delete_bucket_encryption(Bucket=bucket)
     with pytest.raises(StorageError, match=r"(403|AccessDenied).*pass the bucket's key"):
         S3Storage(bucket, "", client=s3).put_bytes("runs/demo/stray", b"x")
-    restored = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    restored = restore_policy.restore(
+        tmp_path / "restored", storage=storage, catalog=catalog, run=RUN
+    )
     assert restored.manifest == report.manifest
     assert (tmp_path / "restored" / "global_step10" / "big.pt").read_bytes() == files[
         "global_step10/big.pt"
@@ -266,7 +276,7 @@ def test_gc_keeps_the_newest_two_and_frees_only_what_they_do_not_share(tmp_path:
         publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage, catalog, step)
         for step in (10, 20, 30, 40)
     ]
-    result = checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
+    result = checkpoint_store.collect_garbage(storage=storage, catalog=catalog, run=RUN)
     assert (result.kept, result.collected) == ([30, 40], [10, 20])
     assert [(e.step, e.status) for e in catalog.entries()] == [
         (10, schema.STATUS_COLLECTED), (20, schema.STATUS_COLLECTED),
@@ -280,7 +290,9 @@ def test_gc_keeps_the_newest_two_and_frees_only_what_they_do_not_share(tmp_path:
         s.size for r in reports[:2] for s in r.manifest.shards if s.sha256 != frozen.sha256
     )
     for report in reports[2:]:
-        checkpoint.verify(storage, checkpoint.key_of(report.manifest), tmp_path / "scratch")
+        checkpoint_store.verify(
+            storage, checkpoint_store.key_of(report.manifest), tmp_path / "scratch"
+        )
 
 
 def test_gc_deletes_nothing_when_a_manifest_it_must_judge_cannot_be_read(tmp_path: Path) -> None:
@@ -291,15 +303,15 @@ def test_gc_deletes_nothing_when_a_manifest_it_must_judge_cannot_be_read(tmp_pat
     retained = storage.root / catalog.head().manifest_key  # type: ignore[union-attr]
     retained.write_bytes(retained.read_bytes()[:-10])
     before = storage.list("runs")
-    with pytest.raises(checkpoint.SpotrainError, match="stopped before deleting anything"):
-        checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
+    with pytest.raises(checkpoint_store.SpotrainError, match="stopped before deleting anything"):
+        checkpoint_store.collect_garbage(storage=storage, catalog=catalog, run=RUN)
     assert storage.list("runs") == before
 
 
 def test_gc_refuses_to_keep_fewer_than_two(tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
-    with pytest.raises(checkpoint.SpotrainError, match="keep at least 2"):
-        checkpoint.collect_garbage(
+    with pytest.raises(checkpoint_store.SpotrainError, match="keep at least 2"):
+        checkpoint_store.collect_garbage(
             storage=storage, catalog=StoreCatalog(storage, RUN), run=RUN, keep=1
         )
 
@@ -317,12 +329,14 @@ def test_gc_marks_collected_checkpoints_in_the_catalog(dynamo: Any, tmp_path: Pa
             generation,
         )
     first = catalog.entries()[0]
-    checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
+    checkpoint_store.collect_garbage(storage=storage, catalog=catalog, run=RUN)
     assert [(e.step, e.status) for e in catalog.entries()] == [
         (10, schema.STATUS_COLLECTED), (20, schema.STATUS_COMPLETE), (30, schema.STATUS_COMPLETE)
     ]  # fmt: skip
     assert storage.stat(first.manifest_key) is None
-    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(
+        tmp_path / "restored", storage=storage, catalog=catalog, run=RUN
+    )
     assert report.manifest.step == 30
 
 
@@ -401,23 +415,27 @@ def test_large_files_are_stored_in_chunks_and_only_changed_chunks_are_sent(
 
     for report in (first, third, fourth):  # each restores bit for bit, chunk by chunk
         restored = tmp_path / f"restored-{report.manifest.step}"
-        checkpoint.fetch(storage, checkpoint.key_of(report.manifest), restored, run=RUN)
+        checkpoint_store.fetch(storage, checkpoint_store.key_of(report.manifest), restored, run=RUN)
         assert (restored / name).read_bytes() == (tmp_path / f"s{report.manifest.step}" / name
                                                   ).read_bytes()  # fmt: skip
     # One damaged copy of a shared chunk: the other serves, and the restore says so.
     shared = fourth.manifest.shards[0].chunks[0]
     assert len(shared.keys) == 2
     (tmp_path / "bucket" / shared.keys[0]).write_bytes(b"rot")
-    report = checkpoint.restore(tmp_path / "after-rot", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(
+        tmp_path / "after-rot", storage=storage, catalog=catalog, run=RUN
+    )
     assert report.manifest.step == 4 and "bytes from 0" in report.notes[0]
     assert (tmp_path / "after-rot" / name).read_bytes() == bytes(weights)
     # Collection keeps what the newest two reference and frees only older chunks' objects.
-    collected = checkpoint.collect_garbage(storage=storage, catalog=catalog, run=RUN)
+    collected = checkpoint_store.collect_garbage(storage=storage, catalog=catalog, run=RUN)
     assert collected.collected == [1, 2]
     # Only steps 1 and 2 held chunk 5 as first written (one object) and chunk 7 before it
     # changed (two objects by then); everything else is still referenced.
     assert collected.freed_bytes == 3 * chunk
-    checkpoint.fetch(storage, checkpoint.key_of(third.manifest), tmp_path / "third", run=RUN)
+    checkpoint_store.fetch(
+        storage, checkpoint_store.key_of(third.manifest), tmp_path / "third", run=RUN
+    )
 
 
 def test_the_trainers_chunks_follow_its_tensors_so_an_unchanged_tensor_is_reused_whole(
@@ -427,11 +445,11 @@ def test_the_trainers_chunks_follow_its_tensors_so_an_unchanged_tensor_is_reused
     so a frozen tensor makes the same chunks whatever changed beside it."""
     import torch
 
-    from spotrain.trainer.checkpointer import _HashingWriter
+    from spotrain.trainer.snapshot import HashingWriter
 
     def chunks_of(state: dict[str, Any]) -> dict[str, int]:
         with (tmp_path / "state.pt").open("wb") as target:
-            writer = _HashingWriter(target)
+            writer = HashingWriter(target)
             torch.save(state, writer)
         shard = writer.hasher.shard("state.pt")
         assert shard.size == (tmp_path / "state.pt").stat().st_size
@@ -459,8 +477,8 @@ def test_the_trainers_uploader_checks_its_parents_pieces_and_finds_older_ones_by
 
     storage = LocalStorage(tmp_path / "bucket")
 
-    def upload(known: dict[str, list[str]], *pieces: bytes) -> checkpoint.UploadReport:
-        uploader = checkpoint.PieceUploader(storage=storage, run=RUN, known=known)
+    def upload(known: dict[str, list[str]], *pieces: bytes) -> checkpoint_store.UploadReport:
+        uploader = checkpoint_store.PieceUploader(storage=storage, run=RUN, known=known)
         chunks = [uploader.put_bytes(data).result() for data in pieces]
         return uploader.finish([Shard(f"f{i}", c.sha256, c.size, c.crc32)
                                 for i, c in enumerate(chunks)])  # fmt: skip
@@ -469,7 +487,7 @@ def test_the_trainers_uploader_checks_its_parents_pieces_and_finds_older_ones_by
     upload({}, old)  # an older checkpoint
     parent = upload({}, kept)
     assert parent.uploaded_bytes == 1000 and len(parent.stored_keys) == 1
-    known = checkpoint.known_pieces(parent.shards)
+    known = checkpoint_store.known_pieces(parent.shards)
     report = upload(known, kept, old, new)
     keys = {s.sha256: s.keys for s in report.shards}
     # kept: the parent's object checked and a second copy made; old: found at its address,
@@ -511,7 +529,9 @@ def test_roll_back_moves_the_head_back_and_a_new_publish_follows_it(
     statuses = {e.step: e.status for e in catalog.entries()}
     assert statuses == {10: schema.STATUS_COMPLETE, 20: schema.STATUS_ROLLED_BACK,
                         30: schema.STATUS_ROLLED_BACK}  # fmt: skip
-    report = checkpoint.restore(tmp_path / "restored", storage=storage, catalog=catalog, run=RUN)
+    report = restore_policy.restore(
+        tmp_path / "restored", storage=storage, catalog=catalog, run=RUN
+    )
     assert report.manifest.step == 10
     # The run goes on from 10 and publishes 20 again, which the old head would have refused.
     publish(write_folder(tmp_path / "again", shards_of_step(21)), storage, catalog, 20, generation)

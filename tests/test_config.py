@@ -7,8 +7,8 @@ import dataclasses
 
 import pytest
 
-from spotrain.deadline_policy import RunDeadline
-from spotrain.errors import ConfigError
+from spotrain.core.deadline_policy import RunDeadline
+from spotrain.core.errors import ConfigError
 from spotrain.stacks import environments
 from spotrain.stacks.config import EnvironmentConfig, LocalCloud, PlannedRun
 

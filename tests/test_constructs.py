@@ -14,7 +14,7 @@ from spotrain.constructs.catalog_table import CatalogTableProps, SecondaryIndex
 from spotrain.constructs.encrypted_bucket import EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKeyProps
 from spotrain.constructs.replicated_bucket_pair import ReplicatedBucketPairProps
-from spotrain.errors import ConfigError
+from spotrain.core.errors import ConfigError
 from spotrain.stacks import environments
 
 

@@ -11,9 +11,10 @@ from typing import Any
 
 import pytest
 
-from spotrain import cli, deadline_policy
-from spotrain.cost import planner, prices, simulation, traces
-from spotrain.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
+from spotrain import cli
+from spotrain.core import deadline_policy, prices
+from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
+from spotrain.cost import planner, simulation, traces
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PRICE_BOOK = FIXTURES / "price_book.json"
@@ -666,7 +667,7 @@ def test_plan_takes_the_runs_pace_and_work_left_from_its_catalog(
     restart's downtime between generations is not throughput), the work left after its head."""
     import boto3
 
-    from spotrain.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
+    from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
 
     table = boto3.resource("dynamodb").Table("catalog")
     records = [

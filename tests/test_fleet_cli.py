@@ -11,7 +11,7 @@ from helpers import create_catalog_table
 from moto import mock_aws
 
 from spotrain import cli
-from spotrain.fleet_state import DEFAULT_MAX_CRASHES
+from spotrain.core.fleet_state import DEFAULT_MAX_CRASHES
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def test_a_machine_that_got_its_own_spot_notice_exits_preempted_not_crashed(
     """The boot script passes the machine's IMDS notice: whatever the trainer's exit (its
     torchrun agent is stopped on purpose), the machine is marked interrupted and it is no
     crash, even if the handler's event never comes."""
-    from spotrain import fleet_state
+    from spotrain.core import fleet_state
 
     state = ["--events-table", "events", "--run", "r"]
     notice = '{"action": "terminate", "time": "2026-11-23T16:33:31Z"}'
@@ -108,7 +108,7 @@ def test_mistakes_get_one_line_that_names_the_fix(
 def test_one_on_demand_machine_coordinates_and_another_takes_over_when_it_is_gone(
     aws: None, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from spotrain import fleet_state
+    from spotrain.core import fleet_state
 
     state = ["--events-table", "events", "--run", "r"]
     assert cli.main(["fleet", "coordinator", *state]) == 2  # nobody yet, and no waiting

@@ -18,8 +18,10 @@ import pytest
 from helpers import create_catalog_table, kms_only_bucket
 from training import TINY_MODEL
 
-from spotrain import cli, fleet_state
+from spotrain import cli
+from spotrain.cli import train as train_command
 from spotrain.constructs.spot_fleet import USER_DATA, user_data_values
+from spotrain.core import fleet_state
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
 from spotrain.stacks.compute import image_parameter_name
@@ -112,7 +114,7 @@ def test_packer_recipe_bakes_an_imdsv2_only_encrypted_image_and_publishes_its_id
 def test_boot_service_waits_longer_than_an_emergency_checkpoint_and_stops_crash_loops() -> None:
     unit = configparser.ConfigParser(strict=False)
     unit.read(IMAGES / "spotrain-trainer.service")
-    assert int(unit["Service"]["TimeoutStopSec"]) > cli.DEFAULT_SHUTDOWN_TIMEOUT_S
+    assert int(unit["Service"]["TimeoutStopSec"]) > train_command.DEFAULT_SHUTDOWN_TIMEOUT_S
     assert unit["Service"]["KillSignal"] == "SIGTERM"
     assert unit["Service"]["Restart"] == "on-failure"
     assert int(unit["Unit"]["StartLimitBurst"]) >= 1
@@ -251,3 +253,89 @@ def test_bootstrap_looks_for_the_marker_the_trainer_writes() -> None:
     from spotrain.trainer.engine import FIRST_STEP_MARKER
 
     assert f"first_step=$WORK_DIR/work/{FIRST_STEP_MARKER} " in BOOTSTRAP.read_text()
+
+
+BLOCKER = """
+import importlib.abc, sys
+
+class Blocked(importlib.abc.MetaPathFinder):
+    # What a GPU machine's image does not install (the training extra alone).
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("cdktf", "cdktf_cdktf_provider_aws", "constructs", "moto",
+                                  "matplotlib", "yaml"):
+            raise ImportError(f"{name} is not in a training machine's image")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+import spotrain.trainer.train  # the trainer's entry point (each rank runs it)
+from spotrain.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["--help"], "spotrain local up|down|status"),
+        (["train", "{tmp}/none.json"], "training configuration {tmp}/none.json not found"),
+        (
+            [
+                "config",
+                "get",
+                "--store",
+                "file://{tmp}/store",
+                "--run",
+                "r",
+                "--to",
+                "{tmp}/c.json",
+            ],
+            "run 'r' has no training configuration",
+        ),
+        (["fleet", "exit", "--run", "r"], "needs --events-table and --run"),
+        (["fleet", "may-start", "--run", "Bad!", "--events-table", "t"], "is not valid"),
+        (["logs", "ship", "--group", "", "--stream", "i-0"], "is not a log group name"),
+        (["data", "show", "--store", "file://{tmp}/store", "--name", "d"], "dataset 'd'"),
+    ],
+)
+def test_the_machine_side_commands_need_only_the_training_extra(
+    argv: list[str], expected: str, tmp_path: Path
+) -> None:
+    """The image installs the training extra alone: the trainer and every command a machine
+    runs import without CDKTF, the provider bindings, the emulator, matplotlib or YAML."""
+    filled = [a.replace("{tmp}", str(tmp_path)) for a in argv]
+    done = subprocess.run([sys.executable, "-c", BLOCKER, *filled], capture_output=True,
+                          text=True, timeout=120)  # fmt: skip
+    output = done.stdout + done.stderr
+    assert "not in a training machine's image" not in output, output[-2000:]
+    assert "Traceback" not in output and expected.replace("{tmp}", str(tmp_path)) in output, output[
+        -2000:
+    ]
+
+
+def test_a_command_of_an_extra_that_is_not_installed_names_the_extra(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCKER, "cost", "simulate", "--interruptions-per-hour", "0.1",
+         "--work-hours", "1", "--on-demand-price", "3", "--spot-price", "1",
+         "--plot", str(tmp_path / "f.png")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "needs the plots extra" in done.stderr and "pip install 'spotrain[plots]'" in done.stderr
+
+
+def test_every_library_of_an_extra_is_named_for_the_message_that_asks_for_it() -> None:
+    import tomllib
+
+    from spotrain.cli import EXTRA_OF
+
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"
+    ]
+    modules = {"PyYAML": "yaml", "moto[server]": "moto"}
+    for extra, requirements in extras.items():
+        if extra == "dev":
+            continue
+        for requirement in requirements:
+            name = requirement.split("==")[0]
+            module = modules.get(name, name.replace("-", "_"))
+            assert EXTRA_OF.get(module) == extra, f"{name} ({extra}) is not in EXTRA_OF"

@@ -22,10 +22,10 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from spotrain import deploy
 from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
 from spotrain.localcloud import control, faults
 from spotrain.stacks.config import EnvironmentConfig
+from spotrain.tools import deploy
 
 pytestmark = pytest.mark.integration
 
@@ -240,7 +240,7 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     environment's."""
     import re
 
-    from spotrain.rehearsal import Rehearsal
+    from spotrain.tools.rehearsal import Rehearsal
 
     for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
         monkeypatch.setenv(name, value)
@@ -292,7 +292,7 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     configuration from the deployed bucket, meet at the on-demand one and train one run; a
     spot one is reclaimed and the others go on without it; the group's replacement joins the
     running group. Losses are those of one uninterrupted process with the same global batch."""
-    from spotrain.fleet_rehearsal import MACHINES, STEPS, FleetRehearsal
+    from spotrain.tools.fleet_rehearsal import MACHINES, STEPS, FleetRehearsal
 
     for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
         monkeypatch.setenv(name, value)
@@ -497,9 +497,9 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
     trainer publishes and restores a checkpoint and records a crash; it cannot delete or
     overwrite what it published, touch another run's keys, write datasets, release its run
     from a crash hold, or use its credentials from outside the VPC. On-call can."""
-    from spotrain import fleet_state
-    from spotrain.catalog_schema import run_prefix
-    from spotrain.trainer import checkpoint
+    from spotrain.core import fleet_state
+    from spotrain.core.catalog_schema import run_prefix
+    from spotrain.trainer import checkpoint_store, restore_policy
     from spotrain.trainer.catalog import CatalogError, DynamoCatalog
     from spotrain.trainer.storage import AlreadyExists, S3Storage
 
@@ -536,7 +536,7 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
         folder.mkdir()
         (folder / "model.pt").write_bytes(os.urandom(6 * 1024 * 1024))
         (folder / "optim.pt").write_bytes(os.urandom(1024))
-        report = checkpoint.publish(
+        report = checkpoint_store.publish(
             folder,
             storage=storage,
             run=run,
@@ -548,14 +548,14 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
             config_hash="c",
             code_version="v",
         )
-        restored = checkpoint.restore(
+        restored = restore_policy.restore(
             tmp_path / "restored", storage=storage, catalog=catalog, run=run
         )
         assert restored.manifest.step == 1 and not restored.fell_back
         assert (tmp_path / "restored" / "model.pt").read_bytes() == (
             folder / "model.pt"
         ).read_bytes()
-        manifest = checkpoint.key_of(report.manifest)
+        manifest = checkpoint_store.key_of(report.manifest)
         shard = next(k for s in report.manifest.shards for k in s.keys)
 
         def put(key: str, **condition: str) -> Any:  # encrypted as the bucket requires

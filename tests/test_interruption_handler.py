@@ -20,9 +20,9 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from spotrain import catalog_schema as schema
-from spotrain import fleet_state
 from spotrain.constructs.interruption_handler import handler
+from spotrain.core import catalog_schema as schema
+from spotrain.core import fleet_state
 
 FIXTURES = Path(__file__).parent / "fixtures" / "events"
 TABLE = "spotrain-test-events"
@@ -538,7 +538,7 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
     a bug) does, read from the table's stream as Lambda receives it."""
     from helpers import create_catalog_table, stream_records
 
-    from spotrain.trainer import checkpoint
+    from spotrain.trainer import checkpoint_store
     from spotrain.trainer.catalog import DynamoCatalog
     from spotrain.trainer.storage import LocalStorage
 
@@ -551,7 +551,7 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
         folder = tmp_path / f"step{step}"
         folder.mkdir()
         (folder / "model.pt").write_bytes(bytes([step]) * 64)
-        checkpoint.publish(folder, storage=storage, run=RUN, catalog=catalog,
+        checkpoint_store.publish(folder, storage=storage, run=RUN, catalog=catalog,
                            generation=generation, step=step, world_size=1, zero_stage=2,
                            config_hash="c", code_version="v")  # fmt: skip
     catalog.roll_back(2, generation, "step 3 diverged")
@@ -596,7 +596,7 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     simulator's Uniform Progress chose for that tick (one decision function, used twice)."""
     from helpers import create_catalog_table
 
-    from spotrain.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
+    from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
     from spotrain.cost import simulation, traces
 
     per_hour, start = 3600, 1_800_000_000.0  # one step a second; the run's time 0

@@ -26,13 +26,18 @@ def test_zip_entries_are_sorted_with_fixed_times_and_permissions() -> None:
         "interruption_handler.py",
         "requeue.py",
         "spotrain/__init__.py",
-        "spotrain/catalog_schema.py",
-        "spotrain/cost/__init__.py",
-        "spotrain/cost/prices.py",
-        "spotrain/deadline_policy.py",
-        "spotrain/errors.py",
-        "spotrain/fleet_state.py",
-        "spotrain/spend_ledger.py",
+        # The core floor, whole: what the handler imports, and nothing from above it.
+        "spotrain/core/__init__.py",
+        "spotrain/core/catalog_schema.py",
+        "spotrain/core/deadline_policy.py",
+        "spotrain/core/errors.py",
+        "spotrain/core/events.py",
+        "spotrain/core/fleet_state.py",
+        "spotrain/core/handler_settings.py",
+        "spotrain/core/price_book.json",
+        "spotrain/core/prices.py",
+        "spotrain/core/spend_ledger.py",
+        "spotrain/core/validation.py",
     ]
     for info in archive.infolist():
         assert info.date_time == (1980, 1, 1, 0, 0, 0)
@@ -47,8 +52,8 @@ def test_zip_imports_and_exposes_the_handler(tmp_path: Path) -> None:
     # Only the unpacked zip on the path first, as in the Lambda runtime.
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
-        "import interruption_handler as h, spotrain.catalog_schema as s, "
-        "spotrain.fleet_state as f; "
+        "import interruption_handler as h, spotrain.core.catalog_schema as s, "
+        "spotrain.core.fleet_state as f; "
         "print(callable(h.handle)); print(s.__file__); print(f.__file__); "
         "print(h.requeue.__file__)"
     )

@@ -24,3 +24,122 @@ def test_folders_are_reachable_under_the_spotrain_name() -> None:
     app = importlib.import_module("spotrain.stacks.app")
     assert Path(fleet.__file__).resolve() == ROOT / "constructs" / "spot_fleet.py"
     assert Path(app.__file__).resolve() == ROOT / "stacks" / "app.py"
+
+
+# --- the house in floors -----------------------------------------------------------------------
+FOLDERS = {"spotrain": ROOT / "spotrain", "spotrain.constructs": ROOT / "constructs",
+           "spotrain.stacks": ROOT / "stacks", "spotrain.trainer": ROOT / "trainer"}  # fmt: skip
+UNITS = ("core", "cdk", "trainer", "cost", "localcloud", "constructs", "stacks", "tools", "cli")
+# What each unit may import: the core is the ground floor; the trainer, the cost model, the
+# local cloud, the constructs and the stacks stand on it (stacks compose constructs, both
+# through the CDKTF seam `cdk`); the tools drive them; the command line drives everything.
+MAY_IMPORT = {
+    "core": set(),
+    "cdk": set(),
+    "trainer": {"core"},
+    "cost": {"core"},
+    "localcloud": {"core"},
+    "constructs": {"core", "cdk"},
+    "stacks": {"core", "cdk", "constructs"},
+    "tools": {"core", "cdk", "trainer", "cost", "localcloud", "constructs", "stacks"},
+    "cli": {"core", "cdk", "trainer", "cost", "localcloud", "constructs", "stacks", "tools"},
+}
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in FOLDERS.items():
+        for path in folder.rglob("*.py"):
+            parts = list(path.relative_to(folder).with_suffix("").parts)
+            if package == "spotrain" and parts[0] in ("constructs", "stacks", "trainer"):
+                continue
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            found[".".join([package, *parts])] = path
+    return found
+
+
+def _unit(module: str) -> str:
+    return module.split(".")[1]
+
+
+def _imports(path: Path) -> set[str]:
+    """Every module a file imports, at its top or inside a function."""
+    import ast
+
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names |= {alias.name for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+    return names
+
+
+def test_imports_only_point_down_the_floors() -> None:
+    modules = _modules()
+    assert {_unit(m) for m in modules} == set(UNITS)
+    edges = {
+        (_unit(module), _unit(target))
+        for module, path in modules.items()
+        for target in _imports(path)
+        if target in modules and _unit(target) != _unit(module)
+    }
+    upward = sorted(f"{a} -> {b}" for a, b in edges if b not in MAY_IMPORT[a])
+    assert upward == [], f"imports that point up a floor: {upward}"
+
+
+def test_the_core_needs_the_standard_library_and_boto3_alone() -> None:
+    import sys
+
+    allowed = set(sys.stdlib_module_names) | {"boto3", "botocore", "spotrain"}
+    for module, path in _modules().items():
+        if _unit(module) != "core":
+            continue
+        outside = sorted(
+            name for name in _imports(path)
+            if name.split(".")[0] not in allowed
+            or (name.startswith("spotrain.") and not name.startswith("spotrain.core"))
+        )  # fmt: skip
+        assert outside == [], f"{module} imports {outside}: the Lambda zip and machines ship core"
+
+
+def _definitions(path: Path) -> list[tuple[str, int]]:
+    import ast
+
+    return [
+        (node.name, node.end_lineno - node.lineno + 1)  # type: ignore[operator]
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+    ]
+
+
+def test_the_command_line_is_small_modules_of_short_functions() -> None:
+    for path in sorted((ROOT / "spotrain" / "cli").glob("*.py")):
+        lines = len(path.read_text().splitlines())
+        assert lines <= 400, f"{path.name} has {lines} lines: give a command group its own module"
+        long = [f"{name} ({n} lines)" for name, n in _definitions(path) if n > 60]
+        assert long == [], f"{path.name}: {long}: split them"
+
+
+def test_no_construct_is_built_by_a_constructor_over_120_lines() -> None:
+    for path in sorted((ROOT / "constructs").rglob("*.py")):
+        long = [f"{name} ({n} lines)" for name, n in _definitions(path)
+                if name == "__init__" and n > 120]  # fmt: skip
+        assert long == [], f"{path.relative_to(ROOT)}: {long}: build its parts in helpers"
+
+
+def test_the_exception_tree_names_every_error_spotrain_raises() -> None:
+    import spotrain.core.errors as errors
+
+    for module in _modules():
+        if _unit(module) in ("core", "cost", "trainer", "tools"):
+            importlib.import_module(module)
+
+    def every(kind: type) -> set[type]:
+        return {kind} | {sub for child in kind.__subclasses__() for sub in every(child)}
+
+    names = {kind.__name__ for kind in every(errors.SpotrainError)}
+    assert len(names) >= 21
+    missing = sorted(name for name in names if name not in (errors.__doc__ or ""))
+    assert missing == [], f"spotrain/core/errors.py's tree lacks {missing}"

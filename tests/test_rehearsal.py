@@ -11,7 +11,7 @@ from unittest import mock
 import pytest
 
 from spotrain.localcloud import control
-from spotrain.rehearsal import local_cloud
+from spotrain.tools.rehearsal import local_cloud
 
 pytestmark = pytest.mark.integration
 

@@ -6,7 +6,7 @@ from typing import Any
 
 from spotrain.constructs.interruption_handler import requeue
 from spotrain.constructs.interruption_handler.requeue import Group
-from spotrain.deadline_policy import Progress
+from spotrain.core.deadline_policy import Progress
 
 PRIMARY = Group(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True,
                 pools=("g5.xlarge#us-east-1a", "g6.xlarge#us-east-1a"), desired=2, min_size=1,

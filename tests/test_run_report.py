@@ -14,10 +14,11 @@ from typing import Any
 import boto3
 import pytest
 
-from spotrain import cli, fleet_state, spend_ledger
-from spotrain.catalog_schema import INSTANCE_STATUS_INTERRUPTING
+from spotrain import cli
+from spotrain.core import fleet_state, spend_ledger
+from spotrain.core.catalog_schema import INSTANCE_STATUS_INTERRUPTING
+from spotrain.core.spend_ledger import CapNotice, Ledger
 from spotrain.cost import run_report
-from spotrain.spend_ledger import CapNotice, Ledger
 from spotrain.trainer.catalog import DynamoCatalog
 from spotrain.trainer.manifest import Manifest
 from spotrain.trainer.storage import LocalStorage

@@ -17,9 +17,9 @@ import boto3
 import pytest
 from helpers import create_catalog_table, kms_only_bucket
 
-from spotrain import catalog_schema as schema
+from spotrain.core import catalog_schema as schema
 from spotrain.localcloud import control
-from spotrain.trainer import checkpoint
+from spotrain.trainer import checkpoint_store
 from spotrain.trainer.catalog import DynamoCatalog
 from spotrain.trainer.manifest import Manifest
 from spotrain.trainer.storage import open_storage
@@ -73,7 +73,7 @@ class Run:
             (folder / f"step_{step:09d}").mkdir(parents=True)
             (folder / f"step_{step:09d}" / "model.pt").write_bytes(os.urandom(40_000))
             (folder / "latest").write_text(f"step_{step:09d}")
-            checkpoint.publish(
+            checkpoint_store.publish(
                 folder, storage=self.storage, catalog=self.catalog, generation=generation,
                 run=name, step=step, world_size=2, zero_stage=2, config_hash="c0ffee",
                 code_version="test",
@@ -201,7 +201,7 @@ def check_replica_restore(run: Run, result: subprocess.CompletedProcess[str]) ->
 
 
 def interruptions_in_every_pool(run: Run) -> dict[str, str]:
-    from spotrain import fleet_state
+    from spotrain.core import fleet_state
 
     table = boto3.resource(
         "dynamodb", endpoint_url=run.cloud.endpoint, region_name=REGION,
@@ -230,7 +230,7 @@ def over_budget(run: Run) -> dict[str, str]:
                                           DesiredCapacity=3)  # fmt: skip
     autoscaling.set_desired_capacity(AutoScalingGroupName=run.groups[1], DesiredCapacity=2)
     # The handler's checks counted the run's machines: $84 over four hours, $240 on on-demand.
-    from spotrain import spend_ledger
+    from spotrain.core import spend_ledger
 
     events = control.resource("dynamodb", run.cloud.endpoint, REGION).Table(run.env["EVENTS"])
     start, previous = time.time() - 4 * 3600, spend_ledger.Ledger()

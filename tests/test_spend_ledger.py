@@ -15,8 +15,9 @@ import boto3
 import pytest
 from helpers import launch_template
 
-from spotrain import cli, spend_ledger
-from spotrain.spend_ledger import ON_DEMAND, SPOT, Ledger, Machine
+from spotrain import cli
+from spotrain.core import spend_ledger
+from spotrain.core.spend_ledger import ON_DEMAND, SPOT, Ledger, Machine
 
 T0 = 1_800_000_000.0
 

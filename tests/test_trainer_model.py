@@ -170,25 +170,26 @@ def test_spotrain_train_refuses_a_bad_configuration_before_starting_torchrun(
 
 def test_spotrain_train_builds_a_multi_node_launch_and_needs_a_rendezvous() -> None:
     from spotrain import cli
-    from spotrain.errors import SpotrainError
+    from spotrain.cli import train as train_command
+    from spotrain.core.errors import SpotrainError
 
     args = cli.parser().parse_args(
         ["train", "run.json", "--nproc-per-node", "8", "--nnodes", "2:4", "--set", "steps=3"]
     )
     with pytest.raises(SpotrainError, match="needs --rdzv-endpoint HOST:PORT"):
-        cli.torchrun_command(args)
+        train_command.torchrun_command(args)
     args.rdzv_endpoint = "10.0.0.5:29400"
-    command = cli.torchrun_command(args)
+    command = train_command.torchrun_command(args)
     joined = " ".join(command)
     assert "--nnodes 2:4 --rdzv-backend c10d --rdzv-endpoint 10.0.0.5:29400" in joined
-    assert f"--shutdown-timeout {cli.DEFAULT_SHUTDOWN_TIMEOUT_S}" in joined
+    assert f"--shutdown-timeout {train_command.DEFAULT_SHUTDOWN_TIMEOUT_S}" in joined
     assert command[-4:] == ["spotrain.trainer.train", "run.json", "--set", "steps=3"]
     assert command[1:3] == ["-m", "spotrain.trainer.launch"]  # torchrun, repaired
     assert "is_host" not in joined  # torch decides from the endpoint's address
     args.rdzv_host = True
-    assert "last_call_timeout=30,is_host=true" in " ".join(cli.torchrun_command(args))
+    assert "last_call_timeout=30,is_host=true" in " ".join(train_command.torchrun_command(args))
     args.rdzv_host = False
-    assert "last_call_timeout=30,is_host=false" in " ".join(cli.torchrun_command(args))
+    assert "last_call_timeout=30,is_host=false" in " ".join(train_command.torchrun_command(args))
 
 
 def test_launch_gives_the_ranks_the_shutdown_timeout_on_a_membership_change(

@@ -21,7 +21,7 @@ import pytest
 from helpers import create_catalog_table, kms_only_bucket
 from training import TINY_MODEL, losses_of, prepare, train
 
-from spotrain.catalog_schema import checkpoint_tag
+from spotrain.core.catalog_schema import checkpoint_tag
 from spotrain.cost import planner
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService

@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from spotrain import catalog_schema as schema
-from spotrain.errors import SpotrainError
+from spotrain.core import catalog_schema as schema
+from spotrain.core.errors import SpotrainError
 from spotrain.trainer.manifest import (
     Manifest,
     parse_record_key,

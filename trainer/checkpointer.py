@@ -32,71 +32,39 @@ past proven damage exactly as a training start does.
 
 from __future__ import annotations
 
-import copy
 import hashlib
 import os
-import random
 import shutil
-import sys
 import time
-from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from spotrain.catalog_schema import checkpoint_id, checkpoint_tag, run_name_problem
-from spotrain.errors import SpotrainError, raise_if_problems
-from spotrain.trainer import checkpoint, failpoints, local_tier
-from spotrain.trainer.catalog import CatalogEntry, CatalogError, open_catalog
-from spotrain.trainer.manifest import RECORD_BYTES, Chunk, ChunkHasher, Manifest, Shard
+from spotrain.core.catalog_schema import checkpoint_id, checkpoint_tag, run_name_problem
+from spotrain.core.errors import SpotrainError, raise_if_problems
+from spotrain.trainer import checkpoint_store, failpoints, local_tier, restore_policy
+from spotrain.trainer.catalog import CatalogEntry, open_catalog
+from spotrain.trainer.manifest import Manifest, Shard
 from spotrain.trainer.preemption import Agreement, PreemptionFlag
+from spotrain.trainer.process import (
+    OnEvent,
+    Place,
+    Say,
+    broadcast_from_rank0,
+    ranks_per_machine,
+    rng_state,
+    say,
+    set_rng_state,
+)
+from spotrain.trainer.restore_policy import refuse_changed_definition
+from spotrain.trainer.snapshot import Staged, make_snapshot_engine, stream_staged, write_staged
 from spotrain.trainer.spot_notice import SpotNoticeWatcher
 from spotrain.trainer.storage import open_storage
 
-Say = Callable[[str], None]
-OnEvent = Callable[..., None]
-
-
-def say(message: str) -> None:
-    print(f"[spotrain] {message}", flush=True)
-
-
 _to_terminal = say
-
-
-class ConfigChanged(SpotrainError):
-    """The run's checkpoint was trained with another definition, and the change was not
-    declared intended."""
-
-
-def definition_changes(trained: dict[str, Any], now: dict[str, Any]) -> list[str]:
-    """The fields whose values differ between the definition a checkpoint was trained with and
-    the one starting now, as `field: old -> new`."""
-    changes = []
-    for name in sorted(set(trained) | set(now)):
-        if trained.get(name) != now.get(name):
-            changes.append(f"{name}: {trained.get(name)!r} -> {now.get(name)!r}")
-    return changes
-
-
-def refuse_changed_definition(
-    run: str, trained: dict[str, Any] | None, now: dict[str, Any] | None, step: int
-) -> None:
-    """Raise if the checkpoint at `step` was trained with another definition than `now`."""
-    if trained is None or now is None:
-        return
-    changes = definition_changes(trained, now)
-    if changes:
-        listed = "".join(f"\n  - {change}" for change in changes)
-        raise ConfigChanged(
-            f"run {run!r}: its checkpoint at step {step} was trained with another "
-            f"configuration:{listed}\nset allow_config_change=true to continue with the new "
-            "values, or start again with the old ones; nothing was changed"
-        )
 
 
 def code_version() -> str:
@@ -106,178 +74,10 @@ def code_version() -> str:
     return ", ".join(f"{name} {number}" for name, number in libraries.items())
 
 
-@dataclass(frozen=True)
-class Place:
-    """Where this process sits: one leader per machine fetches and watches for spot notices."""
-
-    rank: int
-    world: int
-    leader: bool
-
-    @classmethod
-    def here(cls) -> Place:
-        import torch.distributed as dist
-
-        rank = dist.get_rank()
-        return cls(rank, dist.get_world_size(), int(os.environ.get("LOCAL_RANK", rank)) == 0)
-
-
-def init_distributed() -> None:
-    """`deepspeed.init_distributed` for this machine: NCCL on GPUs; on CPUs gloo, and without
-    the shared-memory all-reduce DeepSpeed would otherwise JIT-compile on first use (minutes)."""
-    import deepspeed
-    import deepspeed.comm.torch  # the module (sys.modules), not torch
-
-    if not torch.cuda.is_available():
-        sys.modules["deepspeed.comm.torch"].build_shm_op = lambda: None  # type: ignore[attr-defined]
-    deepspeed.init_distributed(dist_backend="nccl" if torch.cuda.is_available() else "gloo")
-
-
 # ----------------------------------------------------------------------------- snapshots
 
 
-class _HashingWriter:
-    """Where torch.save writes: the bytes are cut into chunks and each byte is hashed once,
-    into its chunk's SHA-256 (the content address) and CRC32 (the upload's checksum), on its
-    way to a file, or (`hand_over`) by the uploaders that take each chunk to the store, never
-    touching the disk."""
-
-    def __init__(
-        self, target: Any = None, hand_over: Callable[[bytes], Future[Chunk]] | None = None
-    ) -> None:
-        self.target, self.hasher = target, ChunkHasher(hand_over=hand_over)
-
-    def write(self, data: Any) -> int:
-        size = memoryview(data).nbytes
-        self.hasher.update(data, alone=size >= RECORD_BYTES)
-        return int(self.target.write(data)) if self.target is not None else size
-
-    def flush(self) -> None:
-        if self.target is not None:
-            self.target.flush()
-
-
-def _tensors_in(item: Any, found: dict[int, torch.Tensor]) -> None:
-    if isinstance(item, torch.Tensor):
-        found.setdefault(id(item), item)
-    elif isinstance(item, dict):
-        for value in item.values():
-            _tensors_in(value, found)
-    elif isinstance(item, (list, tuple)):
-        for value in item:
-            _tensors_in(value, found)
-
-
-@dataclass
-class _Staged:
-    path: Path
-    """Where DeepSpeed meant the file to go."""
-    state: Any
-    """A copy of what it meant to write: tensors in host buffers, everything else deep-copied."""
-
-
-def _make_snapshot_engine() -> Any:
-    """DeepSpeed's checkpoint engine, replaced: `save` copies the state into host buffers and
-    returns; `Checkpointer` writes the copies later, off the training loop's time."""
-    from deepspeed.runtime.checkpoint_engine.checkpoint_engine import CheckpointEngine
-
-    class Snapshots(CheckpointEngine):  # type: ignore[misc]
-        def __init__(self) -> None:
-            super().__init__()
-            self.name = "spotrain-snapshots"
-            self.staged: list[_Staged] = []
-            self.tier = "save"
-            # One set of buffers per tier and file name, reused by that tier's next checkpoint
-            # (a full one is never snapshot while the previous is still being written):
-            # allocating (and on GPUs pinning) them costs more than the copy itself.
-            self._buffers: dict[str, list[torch.Tensor]] = {}
-
-        def create(self, info: Any) -> None:
-            pass
-
-        def save(self, state_dict: Any, path: str) -> None:
-            found: dict[int, torch.Tensor] = {}
-            _tensors_in(state_dict, found)
-            buffers = self._buffers.setdefault(f"{self.tier}/{Path(path).name}", [])
-            memo: dict[int, Any] = {}
-            for index, tensor in enumerate(found.values()):
-                source = tensor.detach()
-                if index == len(buffers) or not _fits(buffers[index], source):
-                    buffer = torch.empty(source.shape, dtype=source.dtype,
-                                         pin_memory=source.is_cuda)  # fmt: skip
-                    buffers[index:index + 1] = [buffer]  # fmt: skip
-                buffers[index].copy_(source, non_blocking=source.is_cuda)
-                memo[id(tensor)] = buffers[index]
-            # Whatever is not a tensor (step counters, learning rates, the loss scaler) is
-            # copied too: the optimizer changes it while the snapshot waits to be written.
-            self.staged.append(_Staged(Path(path), copy.deepcopy(state_dict, memo)))
-
-        def load(self, path: str, map_location: Any = None) -> Any:
-            return torch.load(path, map_location=map_location, weights_only=False)
-
-        def commit(self, info: Any) -> bool:
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()  # the non-blocking copies have landed
-            return True
-
-        def preserves_storage_sharing(self) -> bool:
-            return False  # every tensor is copied on its own already: no need to clone first
-
-        def take(self) -> list[_Staged]:
-            staged, self.staged = self.staged, []
-            return staged
-
-    return Snapshots()
-
-
-def _fits(buffer: torch.Tensor, source: torch.Tensor) -> bool:
-    return buffer.shape == source.shape and buffer.dtype == source.dtype
-
-
-def _write_staged(staged: list[_Staged], root: Path) -> list[Shard]:
-    """Serialise each snapshot file under `root`, hashed as it is written."""
-    shards = []
-    for item in staged:
-        item.path.parent.mkdir(parents=True, exist_ok=True)
-        with item.path.open("wb") as target:
-            writer = _HashingWriter(target)
-            torch.save(item.state, writer)
-        shards.append(writer.hasher.shard(item.path.relative_to(root).as_posix()))
-    return shards
-
-
-def _stream_staged(
-    staged: list[_Staged], root: Path, uploader: checkpoint.PieceUploader
-) -> list[Shard]:
-    """Serialise each snapshot file straight to the store: each chunk is handed to `uploader`
-    as soon as it is cut (its workers hash it, in parallel), so hashing and uploading overlap
-    serialising and nothing is written here."""
-    shards = []
-    for item in staged:
-        writer = _HashingWriter(hand_over=uploader.put_bytes)
-        torch.save(item.state, writer)
-        shards.append(writer.hasher.shard(item.path.relative_to(root).as_posix()))
-    return shards
-
-
 # ----------------------------------------------------------------------------- random state
-
-
-def rng_state() -> dict[str, Any]:
-    return {
-        "python": random.getstate(),
-        "numpy": np.random.get_state(),
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
-    }
-
-
-def set_rng_state(state: dict[str, Any]) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None:
-        torch.cuda.set_rng_state_all(state["cuda"])
 
 
 # ----------------------------------------------------------------------------- the checkpointer
@@ -297,7 +97,7 @@ class Restored:
 class _InFlight:
     step: int
     root: Path
-    work: Future[checkpoint.UploadReport]
+    work: Future[checkpoint_store.UploadReport]
     """This rank's write and upload of its snapshot."""
     stall_s: float
     """How long training waited for the snapshot."""
@@ -349,9 +149,9 @@ class Checkpointer:
             problems.append(f"every is {every}: checkpoint every 1 or more steps")
         if light_every is not None and light_every < 1:
             problems.append(f"light_every is {light_every}: use 1 or more, or None for none")
-        if keep_last is not None and keep_last < checkpoint.MIN_KEEP:
+        if keep_last is not None and keep_last < checkpoint_store.MIN_KEEP:
             problems.append(
-                f"keep_last is {keep_last}: keep at least {checkpoint.MIN_KEEP} complete "
+                f"keep_last is {keep_last}: keep at least {checkpoint_store.MIN_KEEP} complete "
                 "checkpoints (so a damaged newest one has a fallback), or None to keep all"
             )
         raise_if_problems("checkpointer", problems)
@@ -420,7 +220,7 @@ class Checkpointer:
         if place.rank == 0:
             _ = self.generation  # fence any older start before reading the head
         self._engine = engine
-        self._snapshots = engine.checkpoint_engine = _make_snapshot_engine()
+        self._snapshots = engine.checkpoint_engine = make_snapshot_engine()
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         if place.leader:  # saves a killed start never published are of no use
             shutil.rmtree(self._work("save"), ignore_errors=True)
@@ -492,10 +292,10 @@ class Checkpointer:
             try:
                 report = self._restore_published(folder, roll_back=True)
                 chosen[0], chosen[1] = report.manifest.step, report.manifest.world_size
-                manifest_of_chosen[0] = checkpoint.key_of(report.manifest)
-            except checkpoint.NothingPublished:
+                manifest_of_chosen[0] = checkpoint_store.key_of(report.manifest)
+            except checkpoint_store.NothingPublished:
                 pass  # a new run
-        _broadcast(chosen)
+        broadcast_from_rank0(chosen)
         dist.broadcast_object_list(manifest_of_chosen, src=0)
         step, world_size, from_light = (int(v) for v in chosen)
         if place.leader:  # light checkpoints older than the one restored are of no more use
@@ -509,7 +309,7 @@ class Checkpointer:
             return Restored(step, world_size, light_root / checkpoint_tag(step), from_light=True)
         self._parent_key = manifest_of_chosen[0]
         if place.leader and place.rank != 0:
-            checkpoint.fetch(self.storage, str(manifest_of_chosen[0]), folder, run=self.run)
+            checkpoint_store.fetch(self.storage, str(manifest_of_chosen[0]), folder, run=self.run)
         tag = checkpoint_tag(step)
         if world_size != place.world:
             if place.leader:
@@ -520,18 +320,11 @@ class Checkpointer:
         return Restored(step, world_size, folder)
 
     def _light_step_to_use(self, offers: list[tuple[int, str | None] | None]) -> int | None:
-        """Rank 0: the light step every machine can restore, if it is newer than the published
-        head and descends from it."""
-        if not any(offers):
-            return None
-        try:
-            head = self.catalog.head()
-        except CatalogError:
-            return None  # without the head, descent cannot be checked: restore from the store
-        head_id = checkpoint_id(self.run, head.step) if head else None
-        return local_tier.usable_step(offers, head.step if head else None, head_id)
+        return restore_policy.light_step_to_use(self.catalog, self.run, offers)
 
-    def _restore_published(self, folder: Path, *, roll_back: bool) -> checkpoint.RestoreReport:
+    def _restore_published(
+        self, folder: Path, *, roll_back: bool
+    ) -> checkpoint_store.RestoreReport:
         """The restore policy, for a training start and an operator alike: the newest published
         checkpoint that verifies (found from the store's records while the catalog cannot be
         read), refused if trained with another definition, and, when `roll_back`, the head
@@ -542,11 +335,11 @@ class Checkpointer:
 
         parts = {"storage": self.storage, "catalog": self.catalog, "run": self.run}
         if roll_back:
-            report = checkpoint.restore_as_writer(
+            report = restore_policy.restore_as_writer(
                 folder, **parts, generation=lambda: self.generation, accept=refuse_changed
             )
         else:
-            report = checkpoint.restore(folder, **parts)
+            report = restore_policy.restore(folder, **parts)
             refuse_changed(report.manifest)
         if report.catalog_unavailable:
             self._tell(f"catalog unavailable ({report.catalog_unavailable}); found "
@@ -626,7 +419,7 @@ class Checkpointer:
 
     def _snapshot(
         self, step: int, tier: str, *, uploading: bool = False
-    ) -> tuple[Path, list[_Staged], list[Shard]]:
+    ) -> tuple[Path, list[Staged], list[Shard]]:
         """Collective: every rank copies its state of `step` into host memory. Returns the
         DeepSpeed checkpoint root, this rank's staged files, and (rank 0, when `uploading`) the
         small files DeepSpeed wrote directly (its recovery script), described for the upload."""
@@ -643,13 +436,13 @@ class Checkpointer:
         staged = self._snapshots.take()
         direct: list[Shard] = []
         if uploading and self.place.rank == 0 and any(p.is_file() for p in root.rglob("*")):
-            direct = checkpoint.describe_folder(root)  # before any rank writes its snapshot
+            direct = checkpoint_store.describe_folder(root)  # before any rank writes its snapshot
         dist.barrier()
         return root, staged, direct
 
     def _collect_after_publish(self) -> None:
         try:
-            self.collect_garbage(self.keep_last or checkpoint.MIN_KEEP)
+            self.collect_garbage(self.keep_last or checkpoint_store.MIN_KEEP)
         except SpotrainError as error:  # retention can wait; training goes on
             self._tell(f"superseded checkpoints not collected this time: {error}")
 
@@ -684,20 +477,20 @@ class Checkpointer:
         self.status = f"step {step} uploading"
 
     def _write_and_upload(
-        self, root: Path, staged: list[_Staged], direct: list[Shard]
-    ) -> checkpoint.UploadReport:
+        self, root: Path, staged: list[Staged], direct: list[Shard]
+    ) -> checkpoint_store.UploadReport:
         if self._known is None:  # resumed: the pieces of the checkpoint this run came from
             self._known = {}
             if self._parent_key is not None:
                 try:
-                    parent = checkpoint.read_manifest(self.storage, self._parent_key)
-                    self._known = checkpoint.known_pieces(parent.shards)
+                    parent = checkpoint_store.read_manifest(self.storage, self._parent_key)
+                    self._known = checkpoint_store.known_pieces(parent.shards)
                 except SpotrainError:
                     pass  # reuse is then found piece by piece, as addresses turn out taken
-        uploader = checkpoint.PieceUploader(storage=self.storage, run=self.run,
+        uploader = checkpoint_store.PieceUploader(storage=self.storage, run=self.run,
                                             known=self._known)  # fmt: skip
         try:
-            shards = _stream_staged(staged, root, uploader)
+            shards = stream_staged(staged, root, uploader)
             for shard in direct:
                 uploader.put_file(root, shard)
         except BaseException:
@@ -712,7 +505,7 @@ class Checkpointer:
 
         began = time.perf_counter()
         root, staged, _ = self._snapshot(step, "light")
-        _write_staged(staged, root)
+        write_staged(staged, root)
         dist.barrier()
         # Descends from the checkpoint in flight if there is one: once published it is the head.
         parent = checkpoint_id(self.run, self.in_flight.step) if self.in_flight else self.parent
@@ -737,7 +530,7 @@ class Checkpointer:
         flight, self.in_flight = self.in_flight, None
         if flight is None:
             return
-        mine: checkpoint.UploadReport | str
+        mine: checkpoint_store.UploadReport | str
         try:
             mine = flight.work.result()
         except Exception as error:  # reported on every rank below
@@ -755,7 +548,7 @@ class Checkpointer:
             raise SpotrainError(outcome[0])
         self.parent = checkpoint_id(self.run, flight.step)
         self.status = f"step {flight.step} published"
-        self._known = checkpoint.known_pieces(s for report in everyone for s in report.shards)
+        self._known = checkpoint_store.known_pieces(s for report in everyone for s in report.shards)
         if self.keep_last is not None and self.place.rank == 0 and self._pool is not None:
             self._collecting = self._pool.submit(self._collect_after_publish)
 
@@ -771,9 +564,9 @@ class Checkpointer:
                     return f"ranks wrote different files named {shard.name} at step {flight.step}"
         timings = {"stall_s": round(flight.stall_s, 3),
                    "upload_s": round(time.perf_counter() - flight.began, 3),
-                   "machines": self.place.world // _ranks_per_machine()}  # fmt: skip
+                   "machines": self.place.world // ranks_per_machine()}  # fmt: skip
         try:
-            checkpoint.commit(
+            checkpoint_store.commit(
                 list(shards.values()), storage=self.storage, catalog=self.catalog,
                 generation=self.generation, run=self.run, step=flight.step,
                 world_size=self.place.world, zero_stage=self._engine.zero_optimization_stage(),
@@ -803,12 +596,14 @@ class Checkpointer:
 
     def entry_at(self, step: int | None) -> CatalogEntry:
         """The entry for `step` (the head if None), or a CatalogError saying what exists."""
-        return checkpoint.entry_at(self.catalog, step)
+        return checkpoint_store.entry_at(self.catalog, step)
 
     def manifest(self, entry: CatalogEntry) -> Manifest:
-        return checkpoint.read_manifest(self.storage, entry.manifest_key)
+        return checkpoint_store.read_manifest(self.storage, entry.manifest_key)
 
-    def restore_into(self, folder: Path, *, roll_back: bool = True) -> checkpoint.RestoreReport:
+    def restore_into(
+        self, folder: Path, *, roll_back: bool = True
+    ) -> checkpoint_store.RestoreReport:
         """An operator's restore into `folder`, by the training start's policy: when it falls
         back past proven damage it moves the head back too (taking the run's lease, so a writer
         still running stops before it publishes on top of a damaged head), unless not
@@ -816,12 +611,14 @@ class Checkpointer:
         return self._restore_published(folder, roll_back=roll_back)
 
     def verify(self, entry: CatalogEntry, scratch: Path) -> tuple[Manifest, list[str]]:
-        return checkpoint.verify(self.storage, entry.manifest_key, scratch)
+        return checkpoint_store.verify(self.storage, entry.manifest_key, scratch)
 
-    def collect_garbage(self, keep: int = checkpoint.MIN_KEEP) -> checkpoint.CollectReport:
+    def collect_garbage(
+        self, keep: int = checkpoint_store.MIN_KEEP
+    ) -> checkpoint_store.CollectReport:
         """Remove superseded checkpoints beyond the newest `keep` (deletes: an operator's
         credentials; a fleet machine's role may not delete)."""
-        return checkpoint.collect_garbage(storage=self.storage, catalog=self.catalog,
+        return checkpoint_store.collect_garbage(storage=self.storage, catalog=self.catalog,
                                           run=self.run, keep=keep, say=self._tell)  # fmt: skip
 
     def quarantine(self, step: int, reason: str) -> None:
@@ -830,10 +627,6 @@ class Checkpointer:
     def roll_back(self, step: int, reason: str) -> list[int]:
         """Make `step` the head again, fencing any writer still running."""
         return self.catalog.roll_back(step, self.generation, reason)
-
-
-def _ranks_per_machine() -> int:
-    return max(1, int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
 
 
 def _definition_hash(definition: dict[str, Any] | None) -> str:
@@ -861,14 +654,3 @@ def _convert_to_universal(folder: Path, tag: str) -> None:
             inject_missing_state=True,
         )
     )
-
-
-def _broadcast(values: torch.Tensor) -> None:
-    import torch.distributed as dist
-
-    device = (
-        torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else "cpu"
-    )
-    on_device = values.to(device)
-    dist.broadcast(on_device, src=0)
-    values.copy_(on_device.cpu())

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from spotrain.errors import SpotrainError
+from spotrain.core.errors import SpotrainError
 
 ONES = [
     "zero",

@@ -31,8 +31,8 @@ from typing import Any
 
 import numpy as np
 
-from spotrain.catalog_schema import dataset_prefix
-from spotrain.errors import SpotrainError
+from spotrain.core.catalog_schema import dataset_prefix
+from spotrain.core.errors import SpotrainError
 from spotrain.trainer.storage import AlreadyExists, Storage, digests_of, open_storage
 
 FORMAT_VERSION = 1

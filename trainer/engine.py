@@ -25,22 +25,17 @@ from typing import Any
 import numpy as np
 import torch
 
-from spotrain.catalog_schema import run_name_problem
-from spotrain.errors import SpotrainError, raise_if_problems
+from spotrain.core.catalog_schema import run_name_problem
+from spotrain.core.errors import SpotrainError, raise_if_problems
+from spotrain.core.validation import instance_type_problems
 from spotrain.trainer import datasets
-from spotrain.trainer.checkpointer import (
-    Checkpointer,
-    ConfigChanged,
-    Place,
-    init_distributed,
-    refuse_changed_definition,
-    say,
-)
+from spotrain.trainer.checkpointer import Checkpointer
 from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
 from spotrain.trainer.model import GPT, GPTConfig
+from spotrain.trainer.process import Place, init_distributed, say
+from spotrain.trainer.restore_policy import ConfigChanged, refuse_changed_definition
 from spotrain.trainer.spot_notice import SPOT_NOTICE_REASON
 from spotrain.trainer.storage import Storage, open_storage
-from spotrain.validation import instance_type_problems
 
 __all__ = ["ConfigChanged", "TrainConfig", "TrainResult", "preflight", "train"]
 

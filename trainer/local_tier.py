@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrain.trainer.checkpoint import describe_folder
+from spotrain.trainer.checkpoint_store import describe_folder
 from spotrain.trainer.manifest import Shard, describe_file
 
 MANIFEST = "light-manifest.json"

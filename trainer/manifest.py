@@ -31,8 +31,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotrain.catalog_schema import checkpoint_id, checkpoint_tag, run_prefix
-from spotrain.errors import SpotrainError
+from spotrain.core.catalog_schema import checkpoint_id, checkpoint_tag, run_prefix
+from spotrain.core.errors import SpotrainError
 from spotrain.trainer.storage import crc32_text
 
 FORMAT_VERSION = 3

@@ -12,8 +12,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from spotrain.errors import raise_if_problems
-from spotrain.validation import instance_type_problems
+from spotrain.core.errors import raise_if_problems
+from spotrain.core.validation import instance_type_problems
 
 
 @dataclass(frozen=True)

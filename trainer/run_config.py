@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import SpotrainError, json_kind
+from spotrain.core.errors import SpotrainError, json_kind
 from spotrain.trainer.manifest import config_key, configs_prefix
 from spotrain.trainer.storage import Storage
 

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from spotrain.errors import SpotrainError
+from spotrain.core.errors import SpotrainError
 
 _CHUNK = 8 * 1024 * 1024
 DEFAULT_MAX_ATTEMPTS = 6

@@ -19,10 +19,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import ConfigError, SpotrainError, raise_if_problems
+from spotrain.core.errors import ConfigError, SpotrainError, raise_if_problems
+from spotrain.core.validation import type_problems
 from spotrain.trainer.engine import REJOIN_EXIT, TrainConfig, train
 from spotrain.trainer.model import GPTConfig
-from spotrain.validation import type_problems
 
 
 def _value(text: str) -> Any:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from spotrain.catalog_schema import (
+from spotrain.core.catalog_schema import (
     HEAD_SORT_KEY,
     PARTITION_KEY,
     SORT_KEY,

@@ -18,60 +18,47 @@ import tempfile
 import zipfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
-import spotrain.catalog_schema
-import spotrain.cost
-import spotrain.cost.prices
-import spotrain.deadline_policy
-import spotrain.errors
-import spotrain.fleet_state
-import spotrain.spend_ledger
-from spotrain.catalog_schema import (
-    INTERRUPTION_TAG,
-    caps_key,
-    crashes_key,
-    event_key,
-    releases_key,
-    run_key,
-    spend_key,
-)
+import spotrain.core
 from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
 from spotrain.constructs.interruption_handler import catalog_watch, requeue
 from spotrain.constructs.interruption_handler import handler as handler_module
+from spotrain.constructs.interruption_handler.iam import handler_statements
 from spotrain.constructs.policy import (
     assume_role_policy,
     deny_insecure_transport,
-    leading_keys,
     policy_document,
     statement,
-    via_services,
 )
-from spotrain.deadline_policy import RunDeadline
-from spotrain.errors import raise_if_problems
+from spotrain.core import handler_settings
+from spotrain.core.deadline_policy import RunDeadline
+from spotrain.core.errors import raise_if_problems
+from spotrain.core.events import (
+    EC2_SOURCE,
+    INTERRUPTION_WARNING_TYPE,
+    REBALANCE_RECOMMENDATION_TYPE,
+)
 
 HANDLED_EVENTS = {
-    "InterruptionWarning": "EC2 Spot Instance Interruption Warning",
-    "RebalanceRecommendation": "EC2 Instance Rebalance Recommendation",
+    "InterruptionWarning": INTERRUPTION_WARNING_TYPE,
+    "RebalanceRecommendation": REBALANCE_RECOMMENDATION_TYPE,
 }
 _ZIP_TIMESTAMP = (1980, 1, 1, 0, 0, 0)
 
 
 def build_handler_zip() -> bytes:
-    """The deployment package: the handler, its requeue rules, and the spotrain modules it
-    imports (standard library and boto3 only)."""
+    """The deployment package: the handler, its requeue rules and catalog watch, and the core
+    floor whole (standard library and boto3 only), its data files included."""
+    core = Path(spotrain.core.__file__).parent
     files = {
         "interruption_handler.py": Path(handler_module.__file__).read_bytes(),
         "requeue.py": Path(requeue.__file__).read_bytes(),
         "catalog_watch.py": Path(catalog_watch.__file__).read_bytes(),
         "spotrain/__init__.py": b"",
-        "spotrain/catalog_schema.py": Path(spotrain.catalog_schema.__file__).read_bytes(),
-        "spotrain/deadline_policy.py": Path(spotrain.deadline_policy.__file__).read_bytes(),
-        "spotrain/errors.py": Path(spotrain.errors.__file__).read_bytes(),
-        "spotrain/cost/__init__.py": Path(spotrain.cost.__file__).read_bytes(),
-        "spotrain/cost/prices.py": Path(spotrain.cost.prices.__file__).read_bytes(),
-        "spotrain/spend_ledger.py": Path(spotrain.spend_ledger.__file__).read_bytes(),
-        "spotrain/fleet_state.py": Path(spotrain.fleet_state.__file__).read_bytes(),
-    }
+        **{f"spotrain/core/{p.name}": p.read_bytes() for p in sorted(core.iterdir())
+           if p.suffix in (".py", ".json")},
+    }  # fmt: skip
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name in sorted(files):
@@ -123,15 +110,15 @@ class InterruptionHandlerProps:
     """Who hears of interruptions and capacity moves (notice topic subscriptions)."""
     log_retention_days: int
     """Retention of the function's log group."""
-    event_retention_days: int = 90
+    event_retention_days: int = handler_settings.EVENT_RETENTION_DAYS
     """Days an event record is kept (table TTL)."""
-    hot_pool_threshold: int = 2
+    hot_pool_threshold: int = handler_settings.HOT_POOL_THRESHOLD
     """Interruptions in the window that make a pool hot (its capacity moves elsewhere)."""
-    rate_window_minutes: int = 60
+    rate_window_minutes: int = handler_settings.RATE_WINDOW_MINUTES
     """Window over which a pool's interruptions are counted."""
-    on_demand_deadline_minutes: int = 10
+    on_demand_deadline_minutes: int = handler_settings.ON_DEMAND_DEADLINE_MINUTES
     """How long the run may lack spot capacity before the on-demand group covers it."""
-    capacity_check_minutes: int = 5
+    capacity_check_minutes: int = handler_settings.CAPACITY_CHECK_MINUTES
     """How often the scheduled capacity check runs."""
     catalog_stream_arn: str | None = None
     """Stream of the checkpoint catalog table: the handler alarms when a run's head moves back
@@ -183,6 +170,70 @@ class InterruptionHandlerProps:
 class InterruptionHandler(Construct):
     def __init__(self, scope: Construct, id_: str, *, props: InterruptionHandlerProps) -> None:
         super().__init__(scope, id_)
+        log_group = self._queue_topic_and_logs(props)
+        role = aws.iam_role.IamRole(
+            self,
+            "Role",
+            name=props.name,
+            assume_role_policy=assume_role_policy(
+                self, "Trust", "lambda.amazonaws.com", source_account=props.account_id
+            ),
+        )
+        policy = aws.iam_role_policy.IamRolePolicy(
+            self,
+            "Policy",
+            role=role.id,
+            name="record-interruptions",
+            policy=policy_document(
+                self,
+                "PolicyDocument",
+                handler_statements(
+                    props, log_group_arn=log_group.arn, topic_arn=self.topic.arn,
+                    dead_letter_queue_arn=self.dead_letter_queue.arn,
+                ),
+            ),
+        )  # fmt: skip
+        self.function = self._function(props, role, log_group)
+        if props.catalog_stream_arn is not None:
+            aws.lambda_event_source_mapping.LambdaEventSourceMapping(
+                self,
+                "CatalogStreamMapping",
+                event_source_arn=props.catalog_stream_arn,
+                function_name=self.function.arn,
+                # From the oldest record the stream keeps (24 h): no change goes unread.
+                starting_position="TRIM_HORIZON",
+                batch_size=100,
+                maximum_retry_attempts=8,
+                bisect_batch_on_function_error=True,
+                destination_config={"on_failure": {"destination_arn": self.dead_letter_queue.arn}},
+                depends_on=[policy],  # Lambda checks the role's stream access at creation
+            )
+        self.rules = self._rules(props)
+        aws.sqs_queue_policy.SqsQueuePolicy(
+            self,
+            "DeadLetterQueuePolicy",
+            queue_url=self.dead_letter_queue.url,
+            policy=policy_document(
+                self,
+                "DeadLetterQueuePolicyDocument",
+                [
+                    statement(
+                        "EventBridgeDeadLetters",
+                        actions=["sqs:SendMessage"],
+                        resources=[self.dead_letter_queue.arn],
+                        principals={"Service": ["events.amazonaws.com"]},
+                        conditions=[
+                            ("ArnEquals", "aws:SourceArn", [r.arn for r in self.rules.values()])
+                        ],
+                    ),
+                    deny_insecure_transport(["sqs:*"], [self.dead_letter_queue.arn]),
+                ],
+            ),
+        )
+
+    def _queue_topic_and_logs(self, props: InterruptionHandlerProps) -> Any:
+        """The dead-letter queue and notice topic (kept as attributes), and the function's log
+        group."""
         self.dead_letter_queue = aws.sqs_queue.SqsQueue(
             self,
             "DeadLetterQueue",
@@ -215,179 +266,15 @@ class InterruptionHandler(Construct):
                 self, f"NoticeSubscription{index}", topic_arn=self.topic.arn, protocol="email",
                 endpoint=email,
             )  # fmt: skip
-        group_arns = [
-            f"arn:aws:autoscaling:{g.region}:{props.account_id}:autoScalingGroup:*:"
-            f"autoScalingGroupName/{g.name}"
-            for g in props.capacity_groups
-        ]
-        role = aws.iam_role.IamRole(
-            self,
-            "Role",
-            name=props.name,
-            assume_role_policy=assume_role_policy(
-                self, "Trust", "lambda.amazonaws.com", source_account=props.account_id
-            ),
-        )
-        watch_catalog = []
-        if props.catalog_stream_arn is not None:
-            watch_catalog = [
-                statement(
-                    "ReadCatalogStream",
-                    actions=[
-                        "dynamodb:DescribeStream",
-                        "dynamodb:GetRecords",
-                        "dynamodb:GetShardIterator",
-                    ],
-                    resources=[props.catalog_stream_arn],
-                ),
-                # Lambda's poller lists the table's streams; ListStreams has no resource-level
-                # permission.
-                statement("ListCatalogStreams", actions=["dynamodb:ListStreams"], resources=["*"]),
-            ]
-        read_progress = []
-        if props.run_deadline is not None:
-            read_progress = [
-                statement(
-                    # The run's head and checkpoint records: its progress and throughput.
-                    "ReadRunProgress",
-                    actions=["dynamodb:GetItem", "dynamodb:Query"],
-                    resources=[props.checkpoints_table_arn],
-                    conditions=[leading_keys(run_key(props.run_name))],
-                )
-            ]
-        policy = aws.iam_role_policy.IamRolePolicy(
-            self,
-            "Policy",
-            role=role.id,
-            name="record-interruptions",
-            policy=policy_document(
-                self,
-                "PolicyDocument",
-                [
-                    statement(
-                        "WriteOwnLogs",
-                        actions=["logs:CreateLogStream", "logs:PutLogEvents"],
-                        resources=[f"{log_group.arn}:*"],
-                    ),
-                    statement(
-                        "RecordEventsAndFleetState",
-                        actions=[
-                            "dynamodb:PutItem",
-                            "dynamodb:GetItem",
-                            "dynamodb:UpdateItem",
-                            "dynamodb:Query",
-                        ],
-                        resources=[props.events_table_arn],
-                        # Events (EVENT#<id>), this run's fleet state and its spend ledger
-                        # only: not another run's in a table two environments could share.
-                        conditions=[
-                            leading_keys(
-                                event_key("*"), run_key(props.run_name), spend_key(props.run_name)
-                            )
-                        ],
-                    ),
-                    statement(
-                        # A run held after repeated crashes is not requeued; only reading:
-                        # releases and raised spend caps are the operator's.
-                        "ReadRunCrashesAndReleases",
-                        actions=["dynamodb:Query"],
-                        resources=[props.events_table_arn],
-                        conditions=[
-                            leading_keys(
-                                crashes_key(props.run_name),
-                                releases_key(props.run_name),
-                                caps_key(props.run_name),
-                            )
-                        ],
-                    ),
-                    statement(
-                        "CountInterruptionsByPool",
-                        actions=["dynamodb:Query"],
-                        resources=[f"{props.events_table_arn}/index/*"],
-                    ),
-                    statement(
-                        "TagTheRunsInstances",
-                        actions=["ec2:CreateTags"],
-                        resources=[f"arn:aws:ec2:*:{props.account_id}:instance/*"],
-                        conditions=[
-                            ("StringEquals", "aws:ResourceTag/spotrain:run", [props.run_name]),
-                            # Only its own mark: never the run tag or anything else.
-                            ("ForAllValues:StringEquals", "aws:TagKeys", [INTERRUPTION_TAG]),
-                        ],
-                    ),
-                    statement(
-                        "ScaleTheRunsGroups",
-                        actions=[
-                            "autoscaling:SetDesiredCapacity",
-                            # A held run's groups go to 0, minimum included, and come back.
-                            "autoscaling:UpdateAutoScalingGroup",
-                        ],
-                        resources=group_arns,
-                    ),
-                    statement("Notify", actions=["sns:Publish"], resources=[self.topic.arn]),
-                    statement(
-                        # The run's spend ledger: prices of its pools. Neither call supports
-                        # resource-level permissions.
-                        "PriceTheRunsMachines",
-                        actions=["ec2:DescribeSpotPriceHistory", "pricing:GetProducts"],
-                        resources=["*"],
-                    ),
-                    statement(
-                        "PublishTheRunsSpend",
-                        actions=["cloudwatch:PutMetricData"],
-                        resources=["*"],
-                        conditions=[
-                            (
-                                "StringEquals",
-                                "cloudwatch:namespace",
-                                [handler_module.METRIC_NAMESPACE],
-                            )
-                        ],
-                    ),
-                    statement(
-                        "DeadLetter",
-                        actions=["sqs:SendMessage"],
-                        resources=[self.dead_letter_queue.arn],
-                    ),
-                    statement(
-                        "UseKey",
-                        actions=["kms:Decrypt", "kms:GenerateDataKey"],
-                        resources=[props.kms_key_arn],
-                        # Through the services that hold its data only (the table, queue,
-                        # topic; Lambda for its environment), never KMS directly.
-                        conditions=[
-                            (
-                                "StringLike",
-                                "kms:ViaService",
-                                via_services("dynamodb", "sqs", "sns", "lambda"),
-                            )
-                        ],
-                    ),
-                    # Describe and X-Ray calls do not support resource-level permissions.
-                    statement(
-                        "LookUpInstancesAndGroups",
-                        actions=[
-                            "ec2:DescribeInstances",
-                            "autoscaling:DescribeAutoScalingGroups",
-                        ],
-                        resources=["*"],
-                    ),
-                    statement(
-                        "Trace",
-                        actions=["xray:PutTraceSegments", "xray:PutTelemetryRecords"],
-                        resources=["*"],
-                    ),
-                    *watch_catalog,
-                    *read_progress,
-                ],
-            ),
-        )
+        return log_group
+
+    def _function(self, props: InterruptionHandlerProps, role: Any, log_group: Any) -> Any:
         package = build_handler_zip()
         self.package_sha256 = hashlib.sha256(package).digest()
         staging = Path(tempfile.mkdtemp(prefix="spotrain-lambda-")) / "interruption_handler.zip"
         staging.write_bytes(package)
         asset = TerraformAsset(self, "Package", path=str(staging), type=AssetType.FILE)
-        self.function = aws.lambda_function.LambdaFunction(
+        return aws.lambda_function.LambdaFunction(
             self,
             "Function",
             function_name=props.name,
@@ -438,25 +325,14 @@ class InterruptionHandler(Construct):
                 else None
             ),
         )
-        if props.catalog_stream_arn is not None:
-            aws.lambda_event_source_mapping.LambdaEventSourceMapping(
-                self,
-                "CatalogStreamMapping",
-                event_source_arn=props.catalog_stream_arn,
-                function_name=self.function.arn,
-                # From the oldest record the stream keeps (24 h): no change goes unread.
-                starting_position="TRIM_HORIZON",
-                batch_size=100,
-                maximum_retry_attempts=8,
-                bisect_batch_on_function_error=True,
-                destination_config={"on_failure": {"destination_arn": self.dead_letter_queue.arn}},
-                depends_on=[policy],  # Lambda checks the role's stream access at creation
-            )
-        self.rules = {}
+
+    def _rules(self, props: InterruptionHandlerProps) -> dict[str, Any]:
+        """The warning, recommendation and schedule rules, each targeting the function."""
+        rules = {}
         rule_settings: dict[str, dict[str, str]] = {
             rule_id: {
                 "description": f"Send '{detail_type}' events to the interruption handler",
-                "event_pattern": json.dumps({"source": ["aws.ec2"], "detail-type": [detail_type]}),
+                "event_pattern": json.dumps({"source": [EC2_SOURCE], "detail-type": [detail_type]}),
             }
             for rule_id, detail_type in HANDLED_EVENTS.items()
         }
@@ -485,25 +361,5 @@ class InterruptionHandler(Construct):
                 principal="events.amazonaws.com",
                 source_arn=rule.arn,
             )
-            self.rules[rule_id] = rule
-        aws.sqs_queue_policy.SqsQueuePolicy(
-            self,
-            "DeadLetterQueuePolicy",
-            queue_url=self.dead_letter_queue.url,
-            policy=policy_document(
-                self,
-                "DeadLetterQueuePolicyDocument",
-                [
-                    statement(
-                        "EventBridgeDeadLetters",
-                        actions=["sqs:SendMessage"],
-                        resources=[self.dead_letter_queue.arn],
-                        principals={"Service": ["events.amazonaws.com"]},
-                        conditions=[
-                            ("ArnEquals", "aws:SourceArn", [r.arn for r in self.rules.values()])
-                        ],
-                    ),
-                    deny_insecure_transport(["sqs:*"], [self.dead_letter_queue.arn]),
-                ],
-            ),
-        )
+            rules[rule_id] = rule
+        return rules

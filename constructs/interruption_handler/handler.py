@@ -23,9 +23,9 @@ point for the run's report, and judges it against the run's cap (MAX_SPEND_USD, 
 operators): notices at 50, 80 and 100% (each kept too), and at 100% the run is held like a
 run that crashed too often.
 
-Runs with boto3 and the standard library only; ships with spotrain/catalog_schema.py,
-spotrain/fleet_state.py, spotrain/deadline_policy.py, spotrain/spend_ledger.py,
-spotrain/cost/prices.py, spotrain/errors.py, requeue.py and catalog_watch.py.
+Runs with boto3 and the standard library only; ships with spotrain/core/catalog_schema.py,
+spotrain/core/fleet_state.py, spotrain/core/deadline_policy.py, spotrain/core/spend_ledger.py,
+spotrain/core/prices.py, spotrain/core/errors.py, requeue.py and catalog_watch.py.
 """
 
 from __future__ import annotations
@@ -52,8 +52,10 @@ except ImportError:
         requeue,
     )
 
-from spotrain import deadline_policy, fleet_state, spend_ledger
-from spotrain.catalog_schema import (
+from spotrain.core import deadline_policy, fleet_state, spend_ledger
+from spotrain.core import handler_settings as defaults
+from spotrain.core import prices as price_book
+from spotrain.core.catalog_schema import (
     EVENT_SORT_KEY,
     EXPIRES_AT_KEY,
     INSTANCE_STATUS_INTERRUPTING,
@@ -63,23 +65,20 @@ from spotrain.catalog_schema import (
     PARTITION_KEY,
     POOL_INDEX,
     POOL_KEY,
+    RUN_TAG,
     SORT_KEY,
     UNKNOWN_POOL,
     event_key,
     pool_key,
 )
-from spotrain.cost import prices as price_book
-from spotrain.deadline_policy import Progress, RunDeadline
+from spotrain.core.deadline_policy import Progress, RunDeadline
+from spotrain.core.events import (
+    CAPACITY_CHECK,
+    INTERRUPTION_WARNING,
+    KIND_OF,
+    SOURCE_OF,
+)
 
-INTERRUPTION_WARNING = "interruption-warning"
-REBALANCE_RECOMMENDATION = "rebalance-recommendation"
-CAPACITY_CHECK = "capacity-check"
-HANDLED_DETAIL_TYPES = {
-    "EC2 Spot Instance Interruption Warning": INTERRUPTION_WARNING,
-    "EC2 Instance Rebalance Recommendation": REBALANCE_RECOMMENDATION,
-    "Scheduled Event": CAPACITY_CHECK,
-}
-RUN_TAG = "spotrain:run"
 METRIC_NAMESPACE = "spotrain"
 """CloudWatch namespace of the run's spend (the role may publish to no other)."""
 GROUP_TAG = "aws:autoscaling:groupName"
@@ -97,21 +96,23 @@ def _settings() -> dict[str, Any]:
     env = os.environ
     return {
         "events_table": env["EVENTS_TABLE"],
-        "retention_days": int(env.get("EVENT_RETENTION_DAYS", "90")),
+        "retention_days": int(env.get("EVENT_RETENTION_DAYS", defaults.EVENT_RETENTION_DAYS)),
         "run": env.get("RUN_NAME", ""),
         "groups": json.loads(env.get("CAPACITY_GROUPS", "[]")),
         "topic": env.get("ALERT_TOPIC_ARN"),
         "dead_letter_queue": env.get("DEAD_LETTER_QUEUE_URL"),
-        "hot_threshold": int(env.get("HOT_POOL_THRESHOLD", "2")),
-        "window_s": 60 * float(env.get("RATE_WINDOW_MINUTES", "60")),
-        "deadline_s": 60 * float(env.get("ON_DEMAND_DEADLINE_MINUTES", "10")),
+        "hot_threshold": int(env.get("HOT_POOL_THRESHOLD", defaults.HOT_POOL_THRESHOLD)),
+        "window_s": 60 * float(env.get("RATE_WINDOW_MINUTES", defaults.RATE_WINDOW_MINUTES)),
+        "deadline_s": 60
+        * float(env.get("ON_DEMAND_DEADLINE_MINUTES", defaults.ON_DEMAND_DEADLINE_MINUTES)),
         "run_deadline": (
             RunDeadline(**json.loads(env["RUN_DEADLINE"])) if env.get("RUN_DEADLINE") else None
         ),
         "checkpoints_table": env.get("CHECKPOINTS_TABLE"),
         "max_spend_usd": float(env["MAX_SPEND_USD"]) if env.get("MAX_SPEND_USD") else None,
-        # A deadline decision holds until the next check (absent: decided as if continuously).
-        "check_every_h": float(env.get("CAPACITY_CHECK_MINUTES", "0")) / 60,
+        # A deadline decision holds until the next check.
+        "check_every_h": float(env.get("CAPACITY_CHECK_MINUTES", defaults.CAPACITY_CHECK_MINUTES))
+        / 60,
     }
 
 
@@ -129,9 +130,8 @@ def parse(event: Any) -> dict[str, str]:
     """The fields we act on, or UnhandledEvent naming what is wrong."""
     if not isinstance(event, dict):
         raise UnhandledEvent(f"an event is a JSON object, got {type(event).__name__}")
-    kind = HANDLED_DETAIL_TYPES.get(str(event.get("detail-type")))
-    expected_source = "aws.events" if kind == CAPACITY_CHECK else "aws.ec2"
-    if kind is None or event.get("source") != expected_source:
+    kind = KIND_OF.get(str(event.get("detail-type")))
+    if kind is None or event.get("source") != SOURCE_OF[kind]:
         raise UnhandledEvent(
             f"detail-type {event.get('detail-type')!r} from {event.get('source')!r} is not handled"
         )

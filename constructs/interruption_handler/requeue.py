@@ -14,7 +14,7 @@ Rules, in order:
    of that, the on-demand fallback group is raised by the shortfall.
 
 A run with a deadline replaces rule 4's fixed wait, and the scheduled check's return to spot,
-with the deadline policy (`spotrain.deadline_policy.uniform_progress`, the one the cost
+with the deadline policy (`spotrain.core.deadline_policy.uniform_progress`, the one the cost
 simulator replays): on-demand covers the shortfall when the run falls behind its schedule,
 and is given back only when spot is there and the run is ahead by two changeovers.
 """
@@ -24,8 +24,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from spotrain import deadline_policy
-from spotrain.deadline_policy import Progress
+from spotrain.core import deadline_policy
+from spotrain.core.deadline_policy import Progress
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"

@@ -15,9 +15,10 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from spotrain.cost import planner, prices
+from spotrain.core import prices
+from spotrain.core.errors import CostInputError
+from spotrain.cost import planner
 from spotrain.cost.simulation import ON_DEMAND_ONLY
-from spotrain.errors import CostInputError
 
 SAMPLES = 100
 SEED = 0

@@ -22,11 +22,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from spotrain.catalog_schema import OCCURRED_AT_KEY, POOL_KEY
+from spotrain.core.catalog_schema import OCCURRED_AT_KEY, POOL_KEY
+from spotrain.core.errors import CostInputError, read_text
+from spotrain.core.events import INTERRUPTION_WARNING
+from spotrain.core.prices import ADVISOR_BANDS
 from spotrain.cost import simulation, traces
-from spotrain.cost.prices import ADVISOR_BANDS
 from spotrain.cost.simulation import Job, Summary
-from spotrain.errors import CostInputError, read_text
 
 HOURS_PER_MONTH = 730.0
 WASTE_WARNING_RATIO = 1.5
@@ -227,7 +228,7 @@ def history_rates(events: Sequence[dict[str, Any]], now: float) -> dict[tuple[st
             continue
         oldest = min(oldest, datetime.fromisoformat(at.replace("Z", "+00:00")).timestamp())
         pool = str(item.get(POOL_KEY, ""))
-        if item.get("kind") != "interruption-warning" or "#" not in pool:
+        if item.get("kind") != INTERRUPTION_WARNING or "#" not in pool:
             continue
         instance_type, zone = pool.split("#", 1)
         key = (instance_type, zone[:-1])  # us-east-1a -> us-east-1

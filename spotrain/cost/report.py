@@ -7,8 +7,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from spotrain.core.errors import CostInputError
 from spotrain.cost.simulation import ON_DEMAND_ONLY, Summary
-from spotrain.errors import CostInputError
 
 SLACKS = (0.1, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0)
 """Deadline slack swept by the figures: the deadline is the work x (1 + slack)."""

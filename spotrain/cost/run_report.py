@@ -21,7 +21,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from spotrain.catalog_schema import (
+from spotrain.core.catalog_schema import (
     CHECKPOINT_PREFIX,
     HEAD_SORT_KEY,
     INSTANCE_PREFIX,
@@ -35,9 +35,9 @@ from spotrain.catalog_schema import (
     query_items,
     run_key,
 )
+from spotrain.core.fleet_state import SPOT_WARNING_LEAD_S
+from spotrain.core.spend_ledger import CapNotice, Ledger, SpendPoint
 from spotrain.cost.report import save_figure
-from spotrain.fleet_state import SPOT_WARNING_LEAD_S
-from spotrain.spend_ledger import CapNotice, Ledger, SpendPoint
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ Strategies:
 - `blueprint-mix`: what the fleet does without a deadline: the coordinator on on-demand for
   the whole run, the other machines on spot, covered by on-demand after a fixed wait
   (`fallback_after_h`, the handler's on-demand deadline) and given back when spot returns.
-- `uniform-progress`: the deadline-aware policy (`spotrain.deadline_policy`), the one the
+- `uniform-progress`: the deadline-aware policy (`spotrain.core.deadline_policy`), the one the
   interruption handler runs for runs with a deadline.
 """
 
@@ -30,10 +30,10 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from spotrain import deadline_policy
+from spotrain.core import deadline_policy, handler_settings
+from spotrain.core.deadline_policy import IDLE, MS_PER_HOUR, ON_DEMAND, SPOT, Progress, whole_ms
+from spotrain.core.errors import CostInputError
 from spotrain.cost.traces import Trace
-from spotrain.deadline_policy import IDLE, MS_PER_HOUR, ON_DEMAND, SPOT, Progress, whole_ms
-from spotrain.errors import CostInputError
 
 ON_DEMAND_ONLY = "on-demand"
 SPOT_GREEDY = "spot-greedy"
@@ -42,8 +42,8 @@ UNIFORM_PROGRESS = "uniform-progress"
 STRATEGIES = (ON_DEMAND_ONLY, SPOT_GREEDY, BLUEPRINT_MIX, UNIFORM_PROGRESS)
 MAX_HOURS = 10_000
 """The longest work or deadline simulated (over a year): a replay walks every tick of it."""
-DEFAULT_FALLBACK_AFTER_H = 10 / 60
-"""The handler's fixed on-demand deadline (InterruptionHandlerProps.on_demand_deadline_minutes)."""
+DEFAULT_FALLBACK_AFTER_H = handler_settings.ON_DEMAND_DEADLINE_MINUTES / 60
+"""The handler's fixed on-demand deadline, as it is deployed by default."""
 
 
 def _finite(value: object, *, allow_zero: bool) -> bool:

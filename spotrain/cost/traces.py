@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import SpotrainError, read_json
+from spotrain.core.errors import SpotrainError, read_json
 
 FORMAT_HINT = (
     'write it as {"metadata": {"gap_seconds": 60}, "data": [2, 2, 0, 1, ...]}: one count of '

@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import LocalCloudError
+from spotrain.core.errors import LocalCloudError
 from spotrain.localcloud import faults
 from spotrain.localcloud.tls import create_certificates
 

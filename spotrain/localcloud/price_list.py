@@ -14,7 +14,7 @@ import json
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from spotrain.cost import prices
+from spotrain.core import prices
 from spotrain.localcloud import faults
 
 BOOK_NAME = "price_book.json"

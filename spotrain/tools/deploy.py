@@ -11,11 +11,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from spotrain import terraform
-from spotrain.errors import ConfigError
+from spotrain.core.errors import ConfigError
 from spotrain.localcloud import control
 from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
+from spotrain.tools import terraform
 
 DEFAULT_OUTDIR = Path("cdktf.out")
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import SpotrainError
+from spotrain.core.errors import SpotrainError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SKIPS_FILE = ROOT / "checkov-skips.yaml"
 
 

@@ -23,7 +23,7 @@ import signal
 import sys
 from typing import IO, Any
 
-from spotrain.errors import SpotrainError
+from spotrain.core.errors import SpotrainError
 
 SEND_INTERVAL_S = 5
 """At most this much output is lost with a machine that dies without warning (a spot reclaim
@@ -34,11 +34,8 @@ _GROUP_NAME = re.compile(r"[.\-_/#A-Za-z0-9]{1,512}")
 _STREAM_NAME = re.compile(r"[^:*]{1,512}")
 
 
-def open_stream(client: Any, group: str, stream: str) -> None:
-    """Create `stream` in `group` (it may be there already), or SpotrainError saying what is
-    wrong with either."""
-    from botocore.exceptions import ClientError
-
+def check_names(group: str, stream: str) -> None:
+    """SpotrainError unless CloudWatch takes these names."""
     if not _GROUP_NAME.fullmatch(group):
         raise SpotrainError(f"--group {group!r} is not a log group name: give the run's log "
                             "group (the compute stack's output log_group)")  # fmt: skip
@@ -46,6 +43,14 @@ def open_stream(client: Any, group: str, stream: str) -> None:
         raise SpotrainError(f"--stream {stream!r} is not a log stream name: 1-512 "
                             "characters without ':' or '*' (the boot script gives the "
                             "instance id)")  # fmt: skip
+
+
+def open_stream(client: Any, group: str, stream: str) -> None:
+    """Create `stream` in `group` (it may be there already), or SpotrainError saying what is
+    wrong with either."""
+    from botocore.exceptions import ClientError
+
+    check_names(group, stream)
     try:
         client.create_log_stream(logGroupName=group, logStreamName=stream)
     except ClientError as error:
@@ -63,6 +68,7 @@ def ship(source: IO[str], *, group: str, stream: str, echo: IO[str] | None) -> N
     import boto3
     import watchtower
 
+    check_names(group, stream)  # before a client, which needs a region
     client = boto3.client("logs")
     open_stream(client, group, stream)
     handler = watchtower.CloudWatchLogHandler(
@@ -73,7 +79,7 @@ def ship(source: IO[str], *, group: str, stream: str, echo: IO[str] | None) -> N
         send_interval=SEND_INTERVAL_S,
     )
     handler.setFormatter(logging.Formatter("%(message)s"))
-    logger = logging.Logger(f"spotrain.machine_logs.{stream}")
+    logger = logging.Logger(f"spotrain.tools.machine_logs.{stream}")
     logger.addHandler(handler)
     try:
         for line in source:

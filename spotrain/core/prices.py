@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import CostInputError, json_kind, read_json
+from spotrain.core.errors import CostInputError, json_kind, read_json
 
 SNAPSHOT = Path(__file__).with_name("price_book.json")
 DEFAULT_STALE_AFTER_DAYS = 30

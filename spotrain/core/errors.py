@@ -1,16 +1,22 @@
 """Errors a spotrain user can hit. Each message says what was wrong and what to do.
 
 SpotrainError
-├── ConfigError       bad environment or training configuration, construct props (lists every
-│                     problem)
-├── LocalCloudError   the local cloud cannot start, is not running, or did not answer
-├── TerraformError    a terraform command failed (names the stack and the command to rerun)
-├── CostInputError    inputs to a cost estimate that describe no run, or prices it lacks
-└── the trainer's own, documented where they are raised: StorageError (ObjectMissing,
-    AlreadyExists) in trainer/storage.py, CatalogError (StaleWriter) in trainer/catalog.py,
-    ManifestError in trainer/manifest.py, RestoreError (NothingPublished, StoreUnreadable),
-    DamagedCheckpoint and DestinationError in trainer/checkpoint.py, DataError in
-    trainer/data.py
+├── ConfigError        bad environment or training configuration, construct props (lists
+│                      every problem)
+├── LocalCloudError    the local cloud cannot start, is not running, or did not answer
+├── TerraformError     a terraform command failed (names the stack and the command to rerun)
+├── CostInputError     inputs to a cost estimate that describe no run, or prices it lacks
+├── TraceError         a spot availability trace that is not the format (cost/traces.py)
+├── RehearsalFailed    a rehearsal's story went wrong (tools/rehearsal.py)
+└── the trainer's own, documented where they are raised:
+    ├── StorageError (ObjectMissing, AlreadyExists)                 trainer/storage.py
+    ├── CatalogError (StaleWriter)                                  trainer/catalog.py
+    ├── ManifestError                                               trainer/manifest.py
+    ├── RestoreError (NothingPublished, StoreUnreadable),
+    │   DamagedCheckpoint, DestinationError                         trainer/checkpoint_store.py
+    ├── ConfigChanged                                               trainer/restore_policy.py
+    ├── DataError                                                   trainer/data.py
+    └── DatasetError                                                trainer/datasets.py
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ from typing import Any
 
 from spotrain.localcloud import control
 from spotrain.localcloud.machines import LocalMachine, deployed_user_data, in_service
-from spotrain.rehearsal import (
+from spotrain.tools.rehearsal import (
     Phase,
     RehearsalFailed,
     Trainer,
@@ -121,7 +121,7 @@ class FleetRehearsal:
 
     def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> FleetReport:
         """Deploy `local` (starting the local cloud if needed), then `story`."""
-        from spotrain.rehearsal import Rehearsal, local_cloud
+        from spotrain.tools.rehearsal import Rehearsal, local_cloud
 
         with local_cloud(port=port, keep_cloud=keep_cloud, say=self.say) as cloud:
             self.say(f"[1/5] local cloud at {cloud.endpoint}; deploying the `local` environment")
@@ -152,7 +152,7 @@ class FleetRehearsal:
         self, cloud: control.RunningCloud, outputs: dict[str, Any], corpus: Path,
         reference: tuple[Phase, Trainer],
     ) -> FleetReport:  # fmt: skip
-        from spotrain import cli, fleet_state
+        from spotrain.core import fleet_state
         from spotrain.trainer.catalog import DynamoCatalog
         from spotrain.trainer.storage import LocalStorage
 
@@ -169,8 +169,8 @@ class FleetRehearsal:
                 "rehearsal's): stop it with `spotrain local down` and rehearse again"
             )
         self.say(f"[2/5] dataset and configuration for run `{run}` into s3://{bucket}")
-        self._cli(cli, ["data", "prepare", str(corpus), "--store", f"s3://{bucket}",
-                        "--name", DATASET, "--shard-tokens", "40000"])  # fmt: skip
+        self._cli(["data", "prepare", str(corpus), "--store", f"s3://{bucket}",
+                   "--name", DATASET, "--shard-tokens", "40000"], aws_env)  # fmt: skip
         metrics = Phase("fleet", self.work / "fleet.jsonl")
         definition = {
             "run": run, "store": f"s3://{bucket}", "data": f"dataset:{DATASET}",
@@ -180,8 +180,8 @@ class FleetRehearsal:
             "metrics_file": str(metrics.metrics),  # one host: whichever machine is rank 0
         }  # fmt: skip
         (self.work / "fleet-run.json").write_text(json.dumps(definition))
-        self._cli(cli, ["config", "put", str(self.work / "fleet-run.json"),
-                        "--store", f"s3://{bucket}"])  # fmt: skip
+        self._cli(["config", "put", str(self.work / "fleet-run.json"),
+                   "--store", f"s3://{bucket}"], aws_env)  # fmt: skip
 
         autoscaling = control.client("autoscaling", cloud.endpoint, region)
         ec2 = control.client("ec2", cloud.endpoint, region)
@@ -316,9 +316,19 @@ class FleetRehearsal:
     def _indented(self, message: str) -> None:
         self.say(f"      {message.strip()}")
 
-    def _cli(self, cli: Any, argv: list[str]) -> None:
-        if cli.main(argv) != 0:
-            raise RehearsalFailed(f"`spotrain {' '.join(argv)}` failed")
+    def _cli(self, argv: list[str], aws_env: dict[str, str] | None = None) -> None:
+        """`spotrain ARGV` as a user runs it: its own process, the local cloud's settings."""
+        import os
+        import subprocess
+        import sys
+
+        done = subprocess.run(
+            [sys.executable, "-m", "spotrain.cli", *argv], capture_output=True, text=True,
+            env={**os.environ, **(aws_env or {})}, timeout=TIMEOUT_S,
+        )  # fmt: skip
+        if done.returncode != 0:
+            raise RehearsalFailed(f"`spotrain {' '.join(argv)}` failed: "
+                                  f"{(done.stderr or done.stdout).strip()[-2000:]}")  # fmt: skip
 
     def _corpus(self) -> Path:
         from spotrain.trainer.data import synthetic_corpus
@@ -334,11 +344,9 @@ class FleetRehearsal:
         import os
         import sys
 
-        from spotrain import cli
-
         store = f"file://{self.work / 'uninterrupted-store'}"
-        self._cli(cli, ["data", "prepare", str(corpus), "--store", store, "--name", DATASET,
-                        "--shard-tokens", "40000"])  # fmt: skip
+        self._cli(["data", "prepare", str(corpus), "--store", store, "--name", DATASET,
+                   "--shard-tokens", "40000"])  # fmt: skip
         phase = Phase("uninterrupted", self.work / "uninterrupted.jsonl")
         fields = {
             "run": "uninterrupted", "store": store, "data": f"dataset:{DATASET}", "model": MODEL,

@@ -11,9 +11,20 @@ import argparse
 import math
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from spotrain.catalog_schema import run_name_problem
-from spotrain.errors import SpotrainError
+from spotrain.core.catalog_schema import run_name_problem
+from spotrain.core.errors import CostInputError, SpotrainError
+
+MAX_REPLAYS = 10_000
+"""The most traces, starts or samples a command replays (each one walks every tick)."""
+EVENTS_TABLE_FIX = (
+    "give the catalog stack's events table (spotrain-<env>-events) and credentials that may read it"
+)
+CATALOG_TABLE_FIX = (
+    "give the catalog stack's checkpoint table (spotrain-<env>-checkpoints) and credentials that "
+    "may read it"
+)
 
 
 def number(kind: type = float, *, maximum: float | None = None) -> Callable[[str], float]:
@@ -72,9 +83,10 @@ def finite(
     raise error(f"{flag} is {value}: give {wanted}")
 
 
-def run_name(value: str | None, flag: str = "--run") -> str:
-    """A run's name, as its bucket keys, catalog keys, IAM conditions and tags accept it."""
-    problem = run_name_problem(value)
+def run_name(value: str | None, flag: str = "--run", *, kind: str = "run") -> str:
+    """A run's (or a dataset's) name, as its bucket keys, catalog keys, IAM conditions and
+    tags accept it."""
+    problem = run_name_problem(value, kind)
     if problem:
         raise SpotrainError(f"{flag}: {problem}")
     assert value is not None  # a valid name
@@ -104,3 +116,13 @@ def figure_path(value: str | None, flag: str = "--plot") -> None:
         )
     if path.is_dir():
         raise SpotrainError(f"{flag} {value} is a folder: name a file in it")
+
+
+def environment(name: str) -> Any:
+    """The environment configuration of that name (stacks/environments.py)."""
+    from spotrain.stacks.environments import all_environments
+
+    found = {e.name: e for e in all_environments()}
+    if name not in found:
+        raise CostInputError(f"environment {name!r} is unknown: use one of {', '.join(found)}")
+    return found[name]

@@ -42,7 +42,7 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
-from spotrain.catalog_schema import (
+from spotrain.core.catalog_schema import (
     CHECKPOINT_PREFIX,
     HEAD_SORT_KEY,
     PARTITION_KEY,

@@ -38,10 +38,10 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from spotrain import catalog_schema as schema
-from spotrain.errors import SpotrainError
+from spotrain.core import catalog_schema as schema
+from spotrain.core.errors import SpotrainError
 from spotrain.trainer import failpoints
-from spotrain.trainer.catalog import Catalog, CatalogEntry, CatalogError, StoreCatalog
+from spotrain.trainer.catalog import Catalog, CatalogEntry, CatalogError
 from spotrain.trainer.manifest import (
     Chunk,
     Manifest,
@@ -98,7 +98,7 @@ class DestinationError(SpotrainError):
     """The folder to restore into holds something a restore must not touch."""
 
 
-_PROOF_OF_DAMAGE = (DamagedCheckpoint, ObjectMissing, ManifestError)
+PROOF_OF_DAMAGE = (DamagedCheckpoint, ObjectMissing, ManifestError)
 
 
 @dataclass(frozen=True)
@@ -531,74 +531,6 @@ def fetch(
     return manifest
 
 
-def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) -> RestoreReport:
-    """Restore the newest published checkpoint that verifies, passing over any proven damaged.
-    If the catalog cannot be read, the checkpoints are found from the store's records."""
-    unavailable = None
-    try:
-        entries, head = catalog.entries(), catalog.head()
-    except CatalogError as error:
-        if isinstance(catalog, StoreCatalog):
-            raise
-        unavailable = str(error)
-        fallback = StoreCatalog(storage, run)
-        entries, head = fallback.entries(), fallback.head()
-    candidates = [e for e in entries if e.status == schema.STATUS_COMPLETE]
-    if head is not None:  # never restore past the published head (a newer one may be torn)
-        candidates = [e for e in candidates if e.step <= head.step]
-    skipped: list[tuple[int, str]] = []
-    notes: list[str] = []
-    for entry in sorted(candidates, key=lambda e: e.step, reverse=True):
-        try:
-            manifest = fetch(storage, entry.manifest_key, destination, run=run, notes=notes)
-        except _PROOF_OF_DAMAGE as error:
-            skipped.append((entry.step, str(error)))
-            continue
-        except StorageError as error:
-            raise StoreUnreadable(
-                f"run {run!r}: checkpoint step {entry.step} could not be read from "
-                f"{storage.uri}, and nothing shows it is damaged ({error}). Nothing was passed "
-                "over or rolled back; check that the store is reachable and that these "
-                "credentials may read it, then start again"
-            ) from error
-        return RestoreReport(
-            manifest=manifest,
-            skipped=skipped,
-            catalog_unavailable=unavailable,
-            head_step=head.step if head else None,
-            notes=notes,
-        )
-    if not skipped:
-        raise NothingPublished(f"run {run!r} has no complete checkpoint in {storage.uri}")
-    reasons = "; ".join(f"step {s}: {r}" for s, r in skipped)
-    raise RestoreError(
-        f"run {run!r} has no restorable checkpoint ({reasons}); check the store with "
-        "`spotrain checkpoints verify`, restore the replica region's copy, or start afresh "
-        "under a new run name"
-    )
-
-
-def restore_as_writer(
-    destination: Path, *, storage: Storage, catalog: Catalog, run: str,
-    generation: int | Callable[[], int], accept: Callable[[Manifest], None] | None = None,
-) -> RestoreReport:  # fmt: skip
-    """`restore` for the run's lease holder: after passing over damaged checkpoints it moves
-    the catalog's head back to the one restored (fenced by the lease), or this run could never
-    publish until it passed the damaged one again, and nobody restores that one again. Not when
-    the catalog could not be read: its head is left for when it can. `generation`: the lease,
-    or how to take it (an operator takes it only when the head must move). `accept` may refuse
-    the restored checkpoint (by raising) before anything in the catalog changes."""
-    report = restore(destination, storage=storage, catalog=catalog, run=run)
-    if accept is not None:
-        accept(report.manifest)
-    if report.fell_back and not report.catalog_unavailable:
-        why = "; ".join(reason for _, reason in report.skipped) or "not complete"
-        lease = generation if isinstance(generation, int) else generation()
-        catalog.roll_back(report.manifest.step, lease, f"a restore fell back past it: {why}")
-        report.rolled_back_from = report.head_step
-    return report
-
-
 def entry_at(catalog: Catalog, step: int | None) -> CatalogEntry:
     """The catalog's entry for `step` (the head if None), or a CatalogError saying what exists."""
     if step is None:
@@ -661,7 +593,7 @@ def collect_garbage(
         try:
             manifests[entry.manifest_key] = read_manifest(storage, entry.manifest_key)
         except SpotrainError as error:
-            if isinstance(error, _PROOF_OF_DAMAGE) and entry.status != schema.STATUS_COMPLETE:
+            if isinstance(error, PROOF_OF_DAMAGE) and entry.status != schema.STATUS_COMPLETE:
                 continue  # quarantined or rolled back, and damaged: never restored, protects none
             raise SpotrainError(
                 f"garbage collection stopped before deleting anything: the manifest of step "

@@ -14,7 +14,7 @@ import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from spotrain.errors import TerraformError
+from spotrain.core.errors import TerraformError
 
 PROVIDER_SOURCE = "registry.terraform.io/hashicorp/aws"
 PROVIDER_VERSION = "5.100.0"

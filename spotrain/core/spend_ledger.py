@@ -25,7 +25,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any, Protocol
 
-from spotrain.catalog_schema import (
+from spotrain.core import prices as price_book
+from spotrain.core.catalog_schema import (
     CAP_NOTICE_PREFIX,
     EXPIRES_AT_KEY,
     LEDGER_SORT_KEY,
@@ -33,12 +34,12 @@ from spotrain.catalog_schema import (
     SORT_KEY,
     SPEND_POINT_PREFIX,
     cap_notice_sort_key,
+    cap_sort_key,
     caps_key,
     query_items,
     spend_key,
     spend_point_sort_key,
 )
-from spotrain.cost import prices as price_book
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
@@ -384,8 +385,7 @@ def current_cap(table: Any, run: str, configured: float | None) -> float | None:
 def raise_cap(table: Any, run: str, max_spend_usd: float, *, raised_by: str, now: float) -> None:
     """An operator's new cap (machines cannot write it); the next capacity check releases a run
     held at its old cap."""
-    stamp = datetime.fromtimestamp(now, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
     table.put_item(Item={
-        PARTITION_KEY: caps_key(run), SORT_KEY: f"CAP#{stamp}",
+        PARTITION_KEY: caps_key(run), SORT_KEY: cap_sort_key(now),
         "max_spend_usd": Decimal(str(max_spend_usd)), "raised_by": raised_by, "at": int(now),
     })  # fmt: skip

@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrain.errors import SpotrainError
+from spotrain.core import events
+from spotrain.core.errors import SpotrainError
 from spotrain.localcloud import control
 
 # Small enough for a laptop CPU, big enough that a step outlasts the notice poll several times.
@@ -155,7 +156,7 @@ class Rehearsal:
     def deploy(self, endpoint: str) -> dict[str, Any]:
         """Apply the `local` environment; its stacks' outputs, and its configuration under
         "config"."""
-        from spotrain import deploy
+        from spotrain.tools import deploy
 
         config = deploy.local_environment_ready(endpoint)
         out = self.work / "cdktf.out"
@@ -298,7 +299,7 @@ class Rehearsal:
     def _restore_from_replica(
         self, cloud: control.RunningCloud, bucket: str, region: str, run: str
     ) -> tuple[int, float]:
-        from spotrain.trainer import checkpoint
+        from spotrain.trainer import restore_policy
         from spotrain.trainer.catalog import StoreCatalog
         from spotrain.trainer.storage import open_storage
 
@@ -307,7 +308,7 @@ class Rehearsal:
         )
         target = self.work / "replica-restore"
         began = time.perf_counter()
-        report = checkpoint.restore(
+        report = restore_policy.restore(
             target, storage=storage, catalog=StoreCatalog(storage, run), run=run
         )
         took = time.perf_counter() - began
@@ -425,7 +426,7 @@ def deliver_interruption(
     now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     event = {
         "version": "0", "id": f"rehearsal-{instance}-{int(time.time())}",
-        "detail-type": "EC2 Spot Instance Interruption Warning", "source": "aws.ec2",
+        "detail-type": events.INTERRUPTION_WARNING_TYPE, "source": events.EC2_SOURCE,
         "account": "123456789012", "time": now, "region": region,
         "resources": [f"arn:aws:ec2:{region}:123456789012:instance/{instance}"],
         "detail": {"instance-id": instance, "instance-action": "terminate"},
@@ -446,8 +447,9 @@ def deliver_capacity_check(
     deployed handler's code with the deployed function's configuration: it moves the run's
     spend ledger over its machines' time so far, priced by the local cloud's price book."""
     event = {
-        "version": "0", "id": f"rehearsal-check-{time.time_ns()}", "detail-type":
-        "Scheduled Event", "source": "aws.events", "account": "123456789012",
+        "version": "0", "id": f"rehearsal-check-{time.time_ns()}",
+        "detail-type": events.SCHEDULED_TYPE, "source": events.SCHEDULE_SOURCE,
+        "account": "123456789012",
         "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "region": region,
         "resources": [f"arn:aws:events:{region}:123456789012:rule/capacity-check"], "detail": {},
     }  # fmt: skip
@@ -487,7 +489,7 @@ def prices_from(book: Path | None) -> Iterator[None]:
 
 def spend_line(cloud: control.RunningCloud, events_table: str, region: str, run: str) -> str:
     """The run's spend as the handler's checks counted it, for a rehearsal's report."""
-    from spotrain import spend_ledger
+    from spotrain.core import spend_ledger
 
     table = control.resource("dynamodb", cloud.endpoint, region).Table(events_table)
     ledger = spend_ledger.read(table, run)

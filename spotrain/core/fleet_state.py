@@ -18,14 +18,17 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from spotrain.catalog_schema import (
+from spotrain.core.catalog_schema import (
     COORDINATOR_SORT_KEY,
     INSTANCE_STATUS_INTERRUPTING,
     PARTITION_KEY,
     RUN_STATE_SORT_KEY,
     SORT_KEY,
+    STAMP_FORMAT,
+    crash_sort_key,
     crashes_key,
     instance_sort_key,
+    release_sort_key,
     releases_key,
     run_key,
 )
@@ -132,15 +135,12 @@ def _remember_first(table: Any, run: str, attribute: str, value: Any) -> None:
         )
 
 
-_TIME_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
-
-
 def event_time(value: str) -> str:
     """An event time (ISO 8601) in one fixed-width UTC form, so stored times compare as text."""
     moment = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if moment.tzinfo is None:
         moment = moment.replace(tzinfo=UTC)
-    return moment.astimezone(UTC).strftime(_TIME_FORMAT)
+    return moment.astimezone(UTC).strftime(STAMP_FORMAT)
 
 
 SPOT_WARNING_LEAD_S = 120
@@ -249,17 +249,13 @@ def record_exit(
     table.put_item(
         Item={
             PARTITION_KEY: crashes_key(run),
-            SORT_KEY: f"CRASH#{_stamp(now)}#{instance_id}#{uuid.uuid4().hex[:8]}",
+            SORT_KEY: crash_sort_key(now, instance_id, uuid.uuid4().hex[:8]),
             "instance_id": instance_id, "code": exit_code, "at": int(now),
         },
         ConditionExpression=f"attribute_not_exists({PARTITION_KEY})",  # a new record, always
     )  # fmt: skip
     state = run_state(table, run, max_crashes=max_crashes)
     return ExitVerdict("crash", state.crashes, state.failed)
-
-
-def _stamp(epoch_s: float) -> str:
-    return datetime.fromtimestamp(epoch_s, UTC).strftime(_TIME_FORMAT)
 
 
 def count_foreign_event(table: Any, run: str) -> int:
@@ -280,7 +276,7 @@ def reset_crashes(table: Any, run: str, *, released_by: str = "") -> int:
     forgiven = _count(table, crashes_key(run))
     now = time.time()
     table.put_item(Item={
-        PARTITION_KEY: releases_key(run), SORT_KEY: f"RELEASE#{_stamp(now)}",
+        PARTITION_KEY: releases_key(run), SORT_KEY: release_sort_key(now),
         "forgiven": forgiven, "released_by": released_by, "at": int(now),
     })  # fmt: skip
     return forgiven

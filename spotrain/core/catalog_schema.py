@@ -7,6 +7,7 @@ It has no dependencies so it can ship inside the interruption handler's Lambda z
 from __future__ import annotations
 
 import re
+from datetime import UTC, datetime
 from typing import Any
 
 _RUN_NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,62}$")
@@ -125,6 +126,9 @@ def event_key(event_id: str) -> str:
     return f"EVENT#{event_id}"
 
 
+RUN_TAG = "spotrain:run"
+"""Every machine, group and volume of a run carries it: the handler takes only its run's events,
+may tag and scale only its run's machines, and the ledger counts them."""
 INTERRUPTION_TAG = "spotrain:interruption"
 """The tag the interruption handler puts on a machine it was warned about (kind@time)."""
 
@@ -156,17 +160,35 @@ def instance_sort_key(instance_id: str) -> str:
     return f"{INSTANCE_PREFIX}{instance_id}"
 
 
+STAMP_FORMAT = "%Y-%m-%dT%H:%M:%S.%fZ"
+"""Times in keys and marks: fixed-width UTC text, so they compare and sort as time does."""
+
+
+def stamp(epoch_s: float) -> str:
+    return datetime.fromtimestamp(epoch_s, UTC).strftime(STAMP_FORMAT)
+
+
 # A run's crashes and their releases live under keys of their own, so IAM can let machines add
 # crash records (PutItem) without letting them release their own run: only an operator writes
 # a release, and a release forgives the crashes recorded before it (it stores their count).
 def crashes_key(run_name: str) -> str:
-    """Partition of the run's crash records (`CRASH#<time>#<instance>#<nonce>`)."""
+    """Partition of the run's crash records (`crash_sort_key`)."""
     return f"CRASHES#{run_name}"
 
 
+def crash_sort_key(at: float, instance_id: str, nonce: str) -> str:
+    """`CRASH#<time>#<instance>#<nonce>`: `instance_id`, `code`, `at`."""
+    return f"CRASH#{stamp(at)}#{instance_id}#{nonce}"
+
+
 def releases_key(run_name: str) -> str:
-    """Partition of the run's releases (`RELEASE#<time>`: `forgiven`, `released_by`)."""
+    """Partition of the run's releases (`release_sort_key`)."""
     return f"RELEASES#{run_name}"
+
+
+def release_sort_key(at: float) -> str:
+    """`RELEASE#<time>`: `forgiven` (the crashes it forgave), `released_by`, `at`."""
+    return f"RELEASE#{stamp(at)}"
 
 
 # A run's spend lives under a key of its own too: the interruption handler writes it, machines
@@ -200,6 +222,11 @@ def cap_notice_sort_key(at: float, percent: int) -> str:
 
 
 def caps_key(run_name: str) -> str:
-    """Partition of the run's spend cap raises (`CAP#<time>`: `max_spend_usd`, `raised_by`):
-    operators write them (`spotrain fleet release`), the handler reads them, machines neither."""
+    """Partition of the run's spend cap raises (`cap_sort_key`): operators write them
+    (`spotrain fleet release`), the handler reads them, machines neither."""
     return f"CAPS#{run_name}"
+
+
+def cap_sort_key(at: float) -> str:
+    """`CAP#<time>`: `max_spend_usd`, `raised_by`, `at`."""
+    return f"CAP#{stamp(at)}"

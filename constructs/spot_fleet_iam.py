@@ -1,0 +1,184 @@
+"""What a fleet's machines may do (the instance role's one policy), kept apart from the fleet's
+other parts: one run's prefix in the checkpoint buckets (read, write once, never delete), the
+shared datasets (read), the run's catalog items and fleet state, its own crash records (add,
+never remove), its spend (read), its group's health, its log streams, Session Manager's agent,
+and the data keys through S3 and DynamoDB only. Every S3 and DynamoDB grant holds only through
+the VPC's own endpoints; the other services' through the fleet's interface endpoints."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from spotrain.constructs.policy import leading_keys, statement, via_services
+from spotrain.constructs.run_access import read_run_crashes_and_releases
+from spotrain.core import catalog_schema
+from spotrain.core.catalog_schema import crashes_key, run_key, spend_key
+
+if TYPE_CHECKING:
+    from spotrain.constructs.spot_fleet import SpotFleetProps
+
+SESSION_MANAGER_AGENT_ACTIONS = (
+    "ssm:UpdateInstanceInformation",
+    "ssmmessages:CreateControlChannel",
+    "ssmmessages:CreateDataChannel",
+    "ssmmessages:OpenControlChannel",
+    "ssmmessages:OpenDataChannel",
+    "ec2messages:AcknowledgeMessage",
+    "ec2messages:DeleteMessage",
+    "ec2messages:FailMessage",
+    "ec2messages:GetEndpoint",
+    "ec2messages:GetMessages",
+    "ec2messages:SendReply",
+)
+"""What Session Manager's agent on a machine calls (none of it names a resource)."""
+
+
+def machine_statements(
+    props: SpotFleetProps,
+    *,
+    own_groups: list[str],
+    machine_streams: str,
+    autoscaling_endpoint_id: str,
+    logs_endpoint_id: str,
+    session_endpoint_ids: list[str],
+) -> list[dict[str, Any]]:
+    """The instance role's statements for the fleet of `props`."""
+    run_prefix = catalog_schema.run_prefix(props.run_name)
+    datasets = catalog_schema.DATASETS_PREFIX
+    return _through_the_vpc(props.vpc_endpoint_ids, [
+        statement(
+            "ListRunPrefix",
+            actions=["s3:ListBucket"],
+            resources=[props.checkpoint_bucket_arn, props.replica_bucket_arn],
+            conditions=[
+                (
+                    "StringLike",
+                    "s3:prefix",
+                    [f"{run_prefix}/*", run_prefix, f"{datasets}/*"],
+                )
+            ],
+        ),
+        statement(
+            # Prepared datasets are shared by runs: machines read, never write.
+            "ReadDatasets",
+            actions=["s3:GetObject"],
+            resources=[
+                f"{props.checkpoint_bucket_arn}/{datasets}/*",
+                f"{props.replica_bucket_arn}/{datasets}/*",
+            ],
+        ),
+        statement(
+            # No delete: a machine never removes published history (garbage
+            # collection and quarantine are operator commands); aborting its own
+            # unfinished multipart upload touches no published object.
+            "ReadWriteRunCheckpoints",
+            actions=[
+                "s3:GetObject",
+                "s3:PutObject",
+                "s3:AbortMultipartUpload",
+                "s3:ListMultipartUploadParts",
+            ],
+            resources=[f"{props.checkpoint_bucket_arn}/{run_prefix}/*"],
+        ),
+        statement(
+            "ReadRunReplicas",
+            actions=["s3:GetObject"],
+            resources=[f"{props.replica_bucket_arn}/{run_prefix}/*"],
+        ),
+        statement(
+            "RunCatalogItems",
+            actions=[
+                "dynamodb:GetItem",
+                "dynamodb:PutItem",
+                "dynamodb:UpdateItem",
+                "dynamodb:Query",
+                "dynamodb:ConditionCheckItem",
+            ],
+            resources=[
+                props.catalog_table_arn,
+                f"{props.catalog_table_arn}/index/*",
+            ],
+            conditions=[leading_keys(run_key(props.run_name))],
+        ),
+        statement(
+            # A machine whose trainer cannot start has its group replace it.
+            "ReplaceItself",
+            actions=["autoscaling:SetInstanceHealth"],
+            resources=own_groups,
+            conditions=[
+                (
+                    "StringEquals",
+                    "aws:SourceVpce",
+                    [autoscaling_endpoint_id],
+                )
+            ],
+        ),
+        statement(
+            # The coordinator claim, reclaim marks, and reading the run's state.
+            "RunFleetState",
+            actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
+            resources=[props.events_table_arn],
+            conditions=[leading_keys(run_key(props.run_name))],
+        ),
+        statement(
+            # Add crash records, never change or remove one: a machine cannot
+            # release its own run from a hold after repeated crashes.
+            "RecordRunCrashes",
+            actions=["dynamodb:PutItem"],
+            resources=[props.events_table_arn],
+            conditions=[leading_keys(crashes_key(props.run_name))],
+        ),
+        statement(
+            # Whether the run is held at its spend cap (may-start): reading
+            # only, the ledger is the handler's.
+            "ReadRunSpend",
+            actions=["dynamodb:GetItem"],
+            resources=[props.events_table_arn],
+            conditions=[leading_keys(spend_key(props.run_name))],
+        ),
+        read_run_crashes_and_releases(props.events_table_arn, props.run_name),
+        statement(
+            "ShipMachineLogs",
+            actions=["logs:CreateLogStream", "logs:PutLogEvents"],
+            resources=[machine_streams],
+            conditions=[
+                ("StringEquals", "aws:SourceVpce", [logs_endpoint_id])
+            ],
+        ),
+        statement(
+            # Session Manager's agent; these calls take no resource but the
+            # instance's, and only through the fleet's own endpoints.
+            "SessionManagerAgent",
+            actions=list(SESSION_MANAGER_AGENT_ACTIONS),
+            resources=["*"],
+            conditions=[
+                (
+                    "StringEquals",
+                    "aws:SourceVpce",
+                    list(session_endpoint_ids),
+                )
+            ],
+        ),
+        statement(
+            "UseDataKeys",
+            actions=["kms:Decrypt", "kms:Encrypt", "kms:GenerateDataKey"],
+            resources=list(props.data_kms_key_arns),
+            # Through S3 and DynamoDB only, in either region: a stolen credential
+            # cannot decrypt with the keys directly.
+            conditions=[
+                ("StringLike", "kms:ViaService", via_services("s3", "dynamodb"))
+            ],
+        ),
+    ])  # fmt: skip
+
+
+def _through_the_vpc(
+    endpoint_ids: tuple[str, ...], statements: list[dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """S3 and DynamoDB grants hold only for requests through the VPC's own endpoints."""
+    for grant in statements:
+        if any(a.startswith(("s3:", "dynamodb:")) for a in grant["actions"]):
+            grant.setdefault("condition", []).append(
+                {"test": "StringEquals", "variable": "aws:SourceVpce", "values": list(endpoint_ids)}
+            )
+    return statements

@@ -1,0 +1,129 @@
+"""`spotrain`: the command line.
+
+spotrain local up|down|status     the local cloud (AWS emulator on loopback)
+spotrain synth                    synthesize every environment into cdktf.out/
+spotrain deploy ENV               apply ENV's stacks (local starts the local cloud)
+spotrain plan ENV                 show whether ENV's stacks would change
+spotrain destroy ENV              destroy ENV's stacks
+spotrain scan                     checkov over every synthesized stack, reasoned skips only
+spotrain train CONFIG             train (torchrun on this machine, or one node of many)
+spotrain config put|get|history   the run's configuration, stored where the fleet reads it
+spotrain data prepare|show        datasets: text into token shards in the store
+spotrain checkpoints ...          list, show, verify, restore, gc a run's checkpoints
+spotrain cost plan|simulate       a run's cost per strategy before it starts; trace replay
+spotrain prices refresh|show      the price book (on-demand, spot per zone, Advisor bands)
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import traceback
+
+# The command groups, in the order `spotrain --help` lists them; each registers its own
+# parsers and handlers (`add_parsers`), and imports what it needs only when it runs.
+from spotrain.cli import (
+    budget,
+    checkpoints,
+    cost,
+    data,
+    fleet,
+    infra,
+    local,
+    logs,
+    prices,
+    train,
+)
+from spotrain.core.errors import SpotrainError
+
+
+def parser() -> argparse.ArgumentParser:
+    root = argparse.ArgumentParser(
+        prog="spotrain", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    root.add_argument(
+        "--debug", action="store_true", help="show the traceback of any error (for bug reports)"
+    )
+    commands = root.add_subparsers(dest="command", required=True)
+    local.add_parsers(commands)
+    fleet.add_parsers(commands)
+    logs.add_parsers(commands)
+    budget.add_parsers(commands)
+    cost.add_parsers(commands)
+    prices.add_parsers(commands)
+    infra.add_synth_parsers(commands)
+    train.add_parsers(commands)
+    data.add_parsers(commands)
+    checkpoints.add_parsers(commands)
+    infra.add_environment_parsers(commands)
+    return root
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except SpotrainError as error:
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (`| head`): nothing left to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except ImportError as error:
+        extra = _extra_for(error)
+        if extra is None:
+            raise
+        if args.debug:
+            traceback.print_exc()
+        print(f"error: `spotrain {args.command}` needs the {extra} extra, which this "
+              f"installation lacks ({error}): pip install 'spotrain[{extra}]'",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    except Exception as error:  # the last line of defence: one line, not a trace
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        if args.debug:
+            traceback.print_exc()
+        if isinstance(error, ClientError | BotoCoreError):
+            print(f"error: AWS refused or could not be reached: {error}; check your "
+                  "credentials, AWS_REGION and the names you gave", file=sys.stderr)  # fmt: skip
+            return 2
+        print(
+            f"error: {type(error).__name__}: {error}\nThis is a bug in spotrain "
+            f"{_version()}: please report it with the command you ran and its output with "
+            "--debug (which shows where it happened).",
+            file=sys.stderr,
+        )
+        return 70
+
+
+EXTRA_OF = {
+    "torch": "training", "deepspeed": "training", "numpy": "training", "tokenizers": "training",
+    "tqdm": "training", "watchtower": "training",
+    "cdktf": "infrastructure", "cdktf_cdktf_provider_aws": "infrastructure",
+    "constructs": "infrastructure", "yaml": "infrastructure",
+    "moto": "localcloud", "cryptography": "localcloud",
+    "matplotlib": "plots",
+}  # fmt: skip
+"""The library each optional part of spotrain imports, and the extra (pyproject.toml) that
+installs it: a machine installs only what its kind needs."""
+
+
+def _extra_for(error: ImportError) -> str | None:
+    name = error.name or str(error).split()[0].strip("'\"")
+    return EXTRA_OF.get(name.split(".")[0])
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("spotrain")
+    except PackageNotFoundError:
+        return "(not installed)"

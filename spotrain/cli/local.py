@@ -1,0 +1,180 @@
+"""`spotrain local up|down|status|fault` (the local cloud) and `spotrain rehearse` (the whole
+story on it)."""
+
+from __future__ import annotations
+
+import argparse
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from spotrain.cli.arguments import whole
+from spotrain.cli.output import say
+from spotrain.core.errors import SpotrainError
+from spotrain.localcloud import control, faults
+
+
+def cmd_local(args: argparse.Namespace) -> int:
+    if args.action == "up":
+        cloud = control.up(port=args.port)
+        say(f"local cloud running at {cloud.endpoint} (pid {cloud.pid}, log {cloud.log})")
+        say(
+            f"use it with: export AWS_ENDPOINT_URL={cloud.endpoint} "
+            f"AWS_CA_BUNDLE={cloud.ca_bundle} AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local"
+        )
+    elif args.action == "down":
+        say("local cloud stopped" if control.down() else "local cloud was not running")
+    elif args.action == "fault":
+        changes = _fault_changes(args.fault)  # a mistake is named before anything else
+        control.require()
+        say(_describe_faults(control.set_faults(**changes)))
+    else:
+        cloud = control.status()
+        if cloud is None:
+            say("local cloud is not running (start it with `spotrain local up`)")
+            return 1
+        say(f"local cloud running at {cloud.endpoint} (pid {cloud.pid})")
+    return 0
+
+
+FAULT_USAGE = (
+    "name a fault: region-down REGION, region-up REGION, replication-pending BUCKET/KEY-PATTERN, "
+    "replication-resumed, unavailable BUCKET/KEY-PATTERN REQUESTS, or clear"
+)
+
+
+def _region(region: str) -> str:
+    from spotrain.stacks.config import KNOWN_REGIONS
+
+    if region not in KNOWN_REGIONS:
+        raise SpotrainError(
+            f"{region!r} is not an AWS region spotrain knows: use one of "
+            f"{', '.join(sorted(KNOWN_REGIONS))}"
+        )
+    return region
+
+
+def _object_pattern(pattern: str) -> str:
+    if "/" not in pattern.strip("/"):
+        raise SpotrainError(
+            f"{pattern!r} names no objects: write BUCKET/KEY-PATTERN, e.g. my-bucket/runs/*"
+        )
+    return pattern
+
+
+def _fault_changes(words: list[str]) -> dict[str, Any]:
+    """The `control.set_faults` arguments `spotrain local fault WORDS` asks for."""
+    current = faults.read(control.faults_file())
+    match words:
+        case ["region-down", region]:
+            return {"regions_down": [*current.regions_down, _region(region)]}
+        case ["region-up", region]:
+            return {"regions_down": [r for r in current.regions_down if r != _region(region)]}
+        case ["replication-pending", pattern]:
+            return {"replication_pending": [*current.replication_pending, _object_pattern(pattern)]}
+        case ["replication-resumed"]:
+            return {"replication_pending": []}
+        case ["unavailable", pattern, requests]:
+            entry = {"id": uuid.uuid4().hex, "pattern": _object_pattern(pattern),
+                     "requests": _positive_int(requests, "REQUESTS")}  # fmt: skip
+            return {"unavailable": [*current.unavailable, entry]}
+        case ["clear"]:
+            return {"regions_down": [], "replication_pending": [], "unavailable": []}
+    raise SpotrainError(f"`spotrain local fault {' '.join(words)}`: {FAULT_USAGE}")
+
+
+def _describe_faults(current: faults.Faults) -> str:
+    unavailable = ", ".join(f"{u['pattern']} (next {u['requests']} requests)"
+                            for u in current.unavailable)  # fmt: skip
+    return (
+        f"regions down: {', '.join(current.regions_down) or 'none'}; replication pending for: "
+        f"{', '.join(current.replication_pending) or 'nothing'}; unavailable: "
+        f"{unavailable or 'nothing'}"
+    )
+
+
+def _positive_int(text: str, what: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise SpotrainError(f"{what} is {text!r}: give a whole number of 1 or more")
+    return value
+
+
+def cmd_rehearse(args: argparse.Namespace) -> int:
+    import shutil
+
+    from spotrain.tools.fleet_rehearsal import FleetRehearsal
+    from spotrain.tools.rehearsal import Rehearsal
+
+    work = control.state_dir().parent / ("fleet-rehearsal" if args.fleet else "rehearsal")
+    shutil.rmtree(work, ignore_errors=True)
+    work.mkdir(parents=True)
+    began = time.monotonic()
+    price_book = None
+    if args.price_book:
+        from spotrain.core import prices
+
+        price_book = Path(args.price_book)
+        prices.load(price_book)  # a book that cannot be read is refused before anything starts
+    rehearsal = FleetRehearsal if args.fleet else Rehearsal
+    report = rehearsal(work, say=say, price_book=price_book).run(
+        keep_cloud=args.keep_cloud, port=args.port
+    )
+    say(f"\n{report.render()}\n")
+    say(
+        f"{'fleet ' if args.fleet else ''}rehearsal {'passed' if report.passed else 'FAILED'} in "
+        f"{time.monotonic() - began:.0f} s (logs and configurations: {work})"
+    )
+    return 0 if report.passed else 1
+
+
+def add_parsers(commands: Any) -> None:
+    local = commands.add_parser("local", help="start, stop or inspect the local cloud")
+    local.add_argument(
+        "action", choices=["up", "down", "status", "fault"], help="what to do (`fault`: see below)"
+    )
+    local.add_argument(
+        "fault",
+        nargs="*",
+        metavar="FAULT",
+        help="with `fault`: region-down REGION | region-up REGION | replication-pending "
+        "BUCKET/KEY-PATTERN | replication-resumed | unavailable BUCKET/KEY-PATTERN REQUESTS "
+        "(the next REQUESTS requests for those objects get 503) | clear",
+    )
+    local.add_argument(
+        "--port",
+        type=whole(0, 65535),
+        default=control.DEFAULT_PORT,
+        help="loopback port for `up` (0 picks a free one)",
+    )
+    local.set_defaults(handler=cmd_local)
+
+    rehearse = commands.add_parser(
+        "rehearse",
+        help="the whole story on the local cloud: deploy, train, spot interruption, resume, "
+        "replica-region restore, report",
+    )
+    rehearse.add_argument(
+        "--fleet", action="store_true",
+        help="the fleet story instead: 3 machines booted from the deployed launch template "
+        "train one run, one is reclaimed, its replacement joins",
+    )  # fmt: skip
+    rehearse.add_argument(
+        "--keep-cloud", action="store_true", help="leave the local cloud running afterwards"
+    )
+    rehearse.add_argument(
+        "--port",
+        type=whole(0, 65535),
+        default=control.DEFAULT_PORT,
+        help="loopback port for the local cloud if it is not running (0 picks a free one)",
+    )
+    rehearse.add_argument(
+        "--price-book",
+        help="prices the local cloud answers with, for the report's spend (default: the "
+        "checked-in snapshot; `spotrain prices refresh --price-book FILE` writes one)",
+    )
+    rehearse.set_defaults(handler=cmd_rehearse)

@@ -1,0 +1,218 @@
+"""What a plan is given, gathered and checked: the work (flags, the training configuration,
+its metrics file, the run's catalog), and the pools it may run in with their prices (flags or
+the price book) and interruption rates (flags, the run's own events, the Advisor's band)."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import math
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spotrain.cli.arguments import CATALOG_TABLE_FIX, EVENTS_TABLE_FIX, environment, finite
+from spotrain.core import prices
+from spotrain.core.errors import CostInputError, aws_errors, json_kind, read_json
+from spotrain.cost import planner
+
+
+@dataclass(frozen=True)
+class Pool:
+    label: str
+    on_demand_price: float
+    spot_price: float
+    rate: float
+    rate_source: str
+    notes: tuple[str, ...] = ()
+
+
+def pools(args: argparse.Namespace) -> list[Pool]:
+    explicit_rate = args.interruptions_per_hour
+    finite("--interruptions-per-hour", explicit_rate, unit="interruptions per instance-hour",
+           zero=True, error=CostInputError)  # fmt: skip
+    given = args.on_demand_price is not None, args.spot_price is not None
+    if any(given) and not all(given):
+        raise CostInputError(
+            "give both --on-demand-price and --spot-price, or neither (the "
+            "price book then prices each instance type)"
+        )
+    if all(given) and not args.instance_type:
+        if explicit_rate is None:
+            raise CostInputError(
+                "no interruption rate for given prices: add --interruptions-per-hour (per instance)"
+            )
+        return [
+            Pool(
+                "given prices",
+                args.on_demand_price,
+                args.spot_price,
+                explicit_rate,
+                "--interruptions-per-hour",
+            )
+        ]
+    config = environment(args.environment)
+    types = args.instance_type or list(config.instance_types)
+    regions = args.region or [config.primary_region]
+    book = prices.load(args.price_book) if args.price_book else prices.load()
+    history = _history(args.events_table) if args.events_table else {}
+    found_pools = []
+    for region in regions:
+        for instance_type in types:
+            # Prices given on the command line need nothing from the book but its Advisor band.
+            found = None if all(given) else book.pool(instance_type, region)
+            advisor = book.advisor_for(instance_type, region)
+            notes = []
+            stale = found and prices.staleness(found, today(), args.stale_after_days)
+            if stale:
+                notes.append(stale)
+            if explicit_rate is not None:
+                rate, source = explicit_rate, "--interruptions-per-hour"
+            elif (instance_type, region) in history:
+                rate = history[(instance_type, region)]
+                source = f"the run's own interruptions ({args.events_table})"
+            elif advisor is not None and advisor.band:
+                rate = planner.advisor_rate_per_hour(advisor.band)
+                source = f"Spot Instance Advisor {advisor.band} ({advisor.taken_at})"
+            else:
+                raise CostInputError(
+                    f"no interruption rate for {instance_type} in {region}: the price book has "
+                    "no Advisor band for it; give --interruptions-per-hour (per instance)"
+                )
+            on_demand = args.on_demand_price or (found and found.on_demand.usd_per_hour) or 0.0
+            spot = args.spot_price or (found and found.spot_price) or 0.0
+            found_pools.append(
+                Pool(f"{instance_type} {region}", on_demand, spot, rate, source, tuple(notes))
+            )
+    return found_pools
+
+
+def _history(table_name: str) -> dict[tuple[str, str], float]:
+    """Interruption rates per (type, region) from the environment's events table."""
+    import time
+
+    import boto3
+
+    table = boto3.resource("dynamodb").Table(table_name)
+    scan: dict[str, Any] = {
+        "ProjectionExpression": "#k, #p, #t",
+        "ExpressionAttributeNames": {"#k": "kind", "#p": "pool", "#t": "occurred_at"},
+    }
+    items: list[dict[str, Any]] = []
+    with aws_errors(f"the events table {table_name} cannot be read", EVENTS_TABLE_FIX):
+        while True:
+            page = table.scan(**scan)
+            items += page["Items"]
+            if "LastEvaluatedKey" not in page:
+                break
+            scan["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+    return planner.history_rates(items, time.time())
+
+
+def _pace(args: argparse.Namespace) -> Any:
+    """The run's head and throughput from the checkpoint catalog."""
+    import boto3
+
+    from spotrain.core.deadline_policy import read_pace
+
+    if not args.run:
+        raise CostInputError("--catalog-table needs --run: the run whose checkpoints to read")
+    with aws_errors(f"the catalog table {args.catalog_table} cannot be read", CATALOG_TABLE_FIX):
+        return read_pace(boto3.resource("dynamodb").Table(args.catalog_table), args.run)
+
+
+def _training_config(path: str) -> dict[str, Any]:
+    """The fields a plan reads from a training configuration, checked."""
+    fix = "give the file `spotrain train` takes"
+    config = read_json(path, "the training configuration", fix, CostInputError)
+    if not isinstance(config, dict):
+        raise CostInputError(
+            f"the training configuration {path} holds {json_kind(config)}, not an object: {fix}"
+        )
+    for name in ("steps", "checkpoint_every"):
+        value = config.get(name)
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                  or value < 1):  # fmt: skip
+            raise CostInputError(
+                f"the training configuration {path}: {name} is {value!r}, not a whole number "
+                f"of steps (1 or more): correct it, or give --{name.replace('_', '-')}"
+            )
+    metrics = config.get("metrics_file")
+    if metrics is not None and (not isinstance(metrics, str) or not metrics):
+        raise CostInputError(
+            f"the training configuration {path}: metrics_file is {metrics!r}, not a path: "
+            "correct it, or give --metrics"
+        )
+    return config
+
+
+def run_inputs(args: argparse.Namespace) -> dict[str, Any]:
+    """Work, step time, checkpoint cost and interval from flags, the training configuration
+    and its metrics file (flags win)."""
+    config = _training_config(args.config) if args.config else {}
+    metrics_path = args.metrics or config.get("metrics_file")
+    seen = planner.measured(metrics_path) if metrics_path else None
+    pace = _pace(args) if args.catalog_table else None
+    from_catalog = 3600 / pace.steps_per_hour if pace and pace.steps_per_hour else None
+    step_s = args.step_seconds or (seen.step_s if seen else None) or from_catalog
+    checkpoint_s = args.checkpoint_seconds or (seen.checkpoint_s if seen else None)
+    steps = args.steps or config.get("steps")
+    every = args.checkpoint_every or config.get("checkpoint_every")
+    if args.work_hours is not None:
+        work_h = args.work_hours
+    elif steps and step_s:
+        done = pace.step if pace else 0  # a run with history: the work left
+        if done >= steps:
+            raise CostInputError(
+                f"the run's head is at step {done} of {steps}: nothing is "
+                "left to plan; give --steps with the run's new total"
+            )
+        work_h = (steps - done) * step_s / 3600
+    else:
+        raise CostInputError(
+            "no amount of work: give --work-hours, or --steps with --step-seconds (or a "
+            "--metrics file / --config whose metrics_file has step times)"
+        )
+    if not 0 < work_h < math.inf:
+        raise CostInputError(f"the work is {work_h} hours: give a positive number of hours")
+    if checkpoint_s is None:
+        raise CostInputError(
+            "no checkpoint cost: give --checkpoint-seconds (training stalled per "
+            "checkpoint), or a --metrics file with published checkpoints"
+        )
+    return {
+        "work_h": work_h,
+        "done_steps": pace.step if pace else 0,
+        "step_s": step_s,
+        "checkpoint_s": checkpoint_s,
+        "checkpoint_every": every,
+        "measured": asdict(seen) if seen else None,
+    }
+
+
+def plan_inputs(
+    args: argparse.Namespace,
+    run: dict[str, Any],
+    pool: Pool,
+    deadline_h: float | None,
+    samples: int,
+) -> planner.PlanInputs:
+    return planner.PlanInputs(
+        work_h=run["work_h"],
+        nodes=args.nodes,
+        deadline_h=deadline_h,
+        checkpoint_s=run["checkpoint_s"],
+        restart_h=args.restart_minutes / 60,
+        interruptions_per_hour=pool.rate,
+        recovery_h=args.recovery_hours,
+        on_demand_price=pool.on_demand_price,
+        spot_price=pool.spot_price,
+        step_s=run["step_s"],
+        checkpoint_every=run["checkpoint_every"],
+        samples=samples,
+        seed=args.seed,
+    )
+
+
+def today() -> datetime.date:
+    """The date prices are judged stale against (UTC)."""
+    return datetime.datetime.now(datetime.UTC).date()

@@ -1,0 +1,104 @@
+"""`spotrain prices refresh|show`: the price book, rebuilt from the EC2 and Price List APIs of
+the account the credentials reach, or shown with each figure's date."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+from pathlib import Path
+from typing import Any
+
+from spotrain.cli.arguments import environment, number
+from spotrain.cli.output import say
+from spotrain.cli.plan_inputs import today
+from spotrain.core import prices
+from spotrain.core.errors import CostInputError
+
+
+def cmd_prices(args: argparse.Namespace) -> int:
+    path = Path(args.price_book) if args.price_book else prices.SNAPSHOT
+    if args.action == "refresh" and not path.parent.is_dir():
+        raise CostInputError(
+            f"--price-book {path}: the folder {path.parent} does not exist; create it or "
+            "give a file in a folder that does"
+        )
+    # A book given to `show` must be there; `refresh` starts a new one where none is yet.
+    fresh_book = args.action == "refresh" and not path.exists()
+    book = prices.PriceBook(path=str(path)) if fresh_book else prices.load(path)
+    environments = [environment(n) for n in (args.environment or ["local", "dev", "prod"])]
+    types = args.instance_type or sorted({t for e in environments for t in e.instance_types})
+    regions = args.region or sorted(
+        {r for e in environments for r in (e.primary_region, e.replica_region)}
+    )
+    if args.action == "show":
+        return _show(book, path, types, regions, args.stale_after_days)
+    return _refresh(book, path, types, regions)
+
+
+def _show(
+    book: prices.PriceBook, path: Path, types: list[str], regions: list[str], stale_after: int
+) -> int:
+    if not (book.on_demand or book.spot):
+        say(
+            f"the price book {path} holds no prices yet: run `spotrain prices refresh` "
+            "with credentials for an AWS account"
+        )
+        return 0
+    for region in regions:
+        for instance_type in types:
+            try:
+                found = book.pool(instance_type, region)
+            except CostInputError as error:
+                say(f"{instance_type} {region}: {error}")
+                continue
+            zones = ", ".join(f"{f.availability_zone} ${f.usd_per_hour:.4f}" for f in found.spot)
+            band = found.advisor.band if found.advisor else "no Advisor band"
+            stale = prices.staleness(found, today(), stale_after)
+            say(
+                f"{instance_type} {region}: on-demand ${found.on_demand.usd_per_hour:.4f}/h; "
+                f"spot {zones}; {band}; taken {found.oldest()}"
+                + (f"\n  WARNING: {stale}" if stale else "")
+            )
+    return 0
+
+
+def _refresh(book: prices.PriceBook, path: Path, types: list[str], regions: list[str]) -> int:
+    import boto3
+
+    clients: dict[str, Any] = {}
+
+    def ec2_for(region: str) -> Any:
+        if region not in clients:
+            clients[region] = boto3.client("ec2", region_name=region)
+        return clients[region]
+
+    pricing = boto3.client("pricing", region_name=prices.PRICE_LIST_REGION)
+    fresh, missing = prices.refresh(
+        book, instance_types=types, regions=regions, ec2_for=ec2_for, pricing=pricing,
+        now=datetime.datetime.now(datetime.UTC),
+    )  # fmt: skip
+    prices.write(fresh, path)
+    say(
+        f"price book {path}: {len(fresh.on_demand)} on-demand and {len(fresh.spot)} spot "
+        f"prices for {len(types)} instance type(s) in {', '.join(regions)}"
+    )
+    for line in missing:
+        say(f"  WARNING: {line} (is the type offered there?)")
+    return 0 if not missing else 1
+
+
+def add_parsers(commands: Any) -> None:
+    book = commands.add_parser("prices", help="the price book: refresh it from AWS, show it")
+    book.add_argument("action", choices=["refresh", "show"])
+    book.add_argument(
+        "--environment",
+        action="append",
+        help="types and regions of these environments (default: all)",
+    )
+    book.add_argument("--instance-type", action="append", help="instead of the environments'")
+    book.add_argument("--region", action="append", help="instead of the environments'")
+    book.add_argument("--price-book", help="file to read and write (default: the snapshot)")
+    book.add_argument(
+        "--stale-after-days", type=number(int), default=prices.DEFAULT_STALE_AFTER_DAYS
+    )
+    book.set_defaults(handler=cmd_prices)
