@@ -801,3 +801,10 @@ def test_the_estimate_prices_the_planned_run_as_the_planner_does_and_says_what_i
     out = capsys.readouterr().out
     assert "cannot be read by this version (RuntimeError: half-merged)" in out
     assert "| spot: " in out
+
+
+def test_goodput_counts_the_work_done_not_the_work_asked_for() -> None:
+    # Spot for 2 h, then the trace ends: greedy without a deadline never finishes its 4 h.
+    stuck = simulation.simulate(job(deadline_h=None), trace([1, 1]), simulation.SPOT_GREEDY)
+    assert not stuck.finished and stuck.past_trace
+    assert stuck.goodput == pytest.approx(1.5 / 2.0)  # 0.5 h changeover, 1.5 h of work

@@ -283,7 +283,7 @@ def simulate(
         spot_hours=spot_h,
         on_demand_hours=on_demand_h,
         preemptions=preemptions,
-        goodput=job.work_h * job.nodes / paid if paid else 0.0,
+        goodput=done / MS_PER_HOUR * job.nodes / paid if paid else 0.0,  # work done / paid
         wrapped=wrapped,
         past_trace=past_trace,
     )
