@@ -232,6 +232,25 @@ def test_an_unexpected_error_says_it_is_a_bug_and_shows_the_trace_only_under_deb
     assert "Traceback" in capsys.readouterr().err
 
 
+def test_a_missing_library_names_its_extra_and_any_other_is_a_bug_not_a_trace(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    def lacking(name: str) -> Any:
+        def synth(args: Any) -> int:
+            raise ModuleNotFoundError(f"No module named '{name}'", name=name)
+
+        return synth
+
+    monkeypatch.setattr(infra, "cmd_synth", lacking("cdktf"))
+    assert cli.main(["synth"]) == 2
+    err = capsys.readouterr().err
+    assert "needs the infrastructure extra" in err and "Traceback" not in err
+    monkeypatch.setattr(infra, "cmd_synth", lacking("nowhere"))
+    assert cli.main(["synth"]) == 70
+    err = capsys.readouterr().err
+    assert "This is a bug in spotrain" in err and "Traceback" not in err
+
+
 def test_a_checkpointer_with_bad_settings_lists_every_problem_at_once(tmp_path: Path) -> None:
     from spotrain.core.errors import ConfigError
     from spotrain.trainer.checkpointer import Checkpointer

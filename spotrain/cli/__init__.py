@@ -75,21 +75,17 @@ def main(argv: list[str] | None = None) -> int:
     except BrokenPipeError:  # the reader went away (`| head`): nothing left to say
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
-    except ImportError as error:
-        extra = _extra_for(error)
-        if extra is None:
-            raise
-        if args.debug:
-            traceback.print_exc()
-        print(f"error: `spotrain {args.command}` needs the {extra} extra, which this "
-              f"installation lacks ({error}): pip install 'spotrain[{extra}]'",
-              file=sys.stderr)  # fmt: skip
-        return 2
     except Exception as error:  # the last line of defence: one line, not a trace
         from botocore.exceptions import BotoCoreError, ClientError
 
         if args.debug:
             traceback.print_exc()
+        extra = _extra_for(error) if isinstance(error, ImportError) else None
+        if extra is not None:
+            print(f"error: `spotrain {args.command}` needs the {extra} extra, which this "
+                  f"installation lacks ({error}): pip install 'spotrain[{extra}]'",
+                  file=sys.stderr)  # fmt: skip
+            return 2
         if isinstance(error, ClientError | BotoCoreError):
             print(f"error: AWS refused or could not be reached: {error}; check your "
                   "credentials, AWS_REGION and the names you gave", file=sys.stderr)  # fmt: skip

@@ -45,12 +45,11 @@ def check_names(group: str, stream: str) -> None:
                             "instance id)")  # fmt: skip
 
 
-def open_stream(client: Any, group: str, stream: str) -> None:
-    """Create `stream` in `group` (it may be there already), or SpotrainError saying what is
-    wrong with either."""
+def create_stream(client: Any, group: str, stream: str) -> None:
+    """Create `stream` in `group` (it may be there already), or SpotrainError when the group
+    does not exist."""
     from botocore.exceptions import ClientError
 
-    check_names(group, stream)
     try:
         client.create_log_stream(logGroupName=group, logStreamName=stream)
     except ClientError as error:
@@ -70,7 +69,7 @@ def ship(source: IO[str], *, group: str, stream: str, echo: IO[str] | None) -> N
 
     check_names(group, stream)  # before a client, which needs a region
     client = boto3.client("logs")
-    open_stream(client, group, stream)
+    create_stream(client, group, stream)
     handler = watchtower.CloudWatchLogHandler(
         log_group_name=group,
         log_stream_name=stream,
