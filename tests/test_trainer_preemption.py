@@ -33,6 +33,9 @@ from spotrain.trainer.storage import LocalStorage, open_storage
 pytestmark = pytest.mark.integration
 
 STEPS, EVERY = 12, 3
+LONG_STEPS = 48
+"""How far the uninterrupted run goes: a run stopped by a spot notice may get past STEPS first
+(steps take milliseconds here, the notice is polled), and its resume is compared up to here."""
 
 
 def base(corpus: str) -> dict[str, Any]:
@@ -42,10 +45,12 @@ def base(corpus: str) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def reference(corpus: str, tmp_path_factory: pytest.TempPathFactory) -> list[float]:
-    """Losses of the run that nobody interrupts."""
+    """Losses of the run that nobody interrupts (LONG_STEPS of them; the learning rate does not
+    depend on the run's length, so a run of STEPS has the first STEPS)."""
     folder = tmp_path_factory.mktemp("reference")
-    run = train({**base(corpus), "store": f"file://{folder / 'store'}"}, folder, "reference")
-    assert len(run.losses) == STEPS
+    run = train({**base(corpus), "steps": LONG_STEPS, "store": f"file://{folder / 'store'}"},
+                folder, "reference")  # fmt: skip
+    assert len(run.losses) == LONG_STEPS
     return run.losses
 
 
@@ -89,7 +94,7 @@ def resume_and_compare(
     else:
         assert f"resumed {config['run']} at step {head}" in resumed.output, resumed.output[-3000:]
     kept = head or 0
-    assert interrupted[:kept] + resumed.losses == reference  # bit for bit
+    assert interrupted[:kept] + resumed.losses == reference[: config["steps"]]  # bit for bit
     return kept
 
 
@@ -167,16 +172,18 @@ def test_spot_interruption_notice_stops_the_run_before_any_signal(
             launch.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
         deadline = time.monotonic() + 120
-        while len(losses_of(launch.metrics)) < 4:
+        while len(losses_of(launch.metrics)) < 2:
             assert process.poll() is None and time.monotonic() < deadline, "training did not start"
-            time.sleep(0.05)
+            time.sleep(0.02)
         imds.announce_interruption()
         output, _ = process.communicate(timeout=120)
     assert process.returncode == 0, output[-3000:]  # no signal: torchrun exits cleanly
     stopped = re.search(r"stopped after step (\d+) \(spot interruption notice: terminate", output)
     assert stopped, output[-3000:]
     assert head_step(config, {}) == int(stopped.group(1))
-    resume_and_compare({**config, "steps": STEPS}, losses_of(launch.metrics), reference, tmp_path)
+    assert int(stopped.group(1)) < LONG_STEPS, "the notice took too long to stop the run"
+    resume_and_compare({**config, "steps": LONG_STEPS}, losses_of(launch.metrics), reference,
+                       tmp_path)  # fmt: skip
 
 
 def test_rebalance_recommendation_checkpoints_now_and_training_goes_on(
@@ -188,7 +195,7 @@ def test_rebalance_recommendation_checkpoints_now_and_training_goes_on(
                   "checkpoint_every": 1000, "spot_notice_endpoint": imds.endpoint,
                   "spot_notice_poll_seconds": 0.2}  # fmt: skip
         finished = train(config, tmp_path, "rebalanced")
-    assert finished.losses == reference
+    assert finished.losses == reference[:STEPS]
     published = [r["step"] for r in finished.records if r.get("event") == "published"]
     assert len(published) == 2 and published[0] < STEPS and published[1] == STEPS
     assert "checkpoint requested after step" in finished.output
@@ -213,7 +220,7 @@ def test_light_checkpoint_on_the_work_disk_resumes_a_crashed_run_without_the_sto
     resumed = train(config, tmp_path, "restarted")  # on the same work disk
     assert "restoring step 6 from this machine's light checkpoint" in resumed.output
     assert "resumed conformance at step 6 (light checkpoint)" in resumed.output
-    assert crashed.losses[:6] + resumed.losses == reference
+    assert crashed.losses[:6] + resumed.losses == reference[:STEPS]
     assert head_step(config, {}) == STEPS  # the run's end is published as a full checkpoint
 
 
@@ -241,5 +248,5 @@ def test_corrupt_head_is_passed_over_the_head_follows_and_the_run_goes_on(
     assert f"skipped checkpoint step {2 * EVERY}: shard" in resumed.output
     assert f"head moved back from step {2 * EVERY} to {EVERY}" in resumed.output
     assert f"resumed corrupt-head at step {EVERY}" in resumed.output
-    assert first.losses[:EVERY] + resumed.losses == reference
+    assert first.losses[:EVERY] + resumed.losses == reference[:STEPS]
     assert head_step(config, env) == STEPS
