@@ -36,9 +36,10 @@ class SpotFleetProps:
     image_parameter_name: str
     """SSM parameter holding the image id; the image build writes it."""
     min_size: int
-    """Fewest instances."""
+    """Fewest instances while the run trains (the group is deployed empty; the interruption
+    handler starts it at these sizes)."""
     desired_size: int
-    """Instances at start."""
+    """Instances when the run starts."""
     max_size: int
     """Most instances."""
     on_demand_base_capacity: int
@@ -336,15 +337,17 @@ class SpotFleet(Construct):
             asg.AutoscalingGroupTag(key=key, value=value, propagate_at_launch=True)
             for key, value in sorted(props.tags.items())
         ]
-        # The interruption handler moves desired capacity between the groups at run time;
-        # a later deploy must not move it back.
-        handler_owned = TerraformResourceLifecycle(ignore_changes=["desired_capacity"])
+        # Deployed empty: a run pays only while it trains. The interruption handler starts
+        # the group at the declared sizes once the run's configuration is stored, moves
+        # capacity between the groups, and empties them when the run is done; a later deploy
+        # must not move any of that back.
+        handler_owned = TerraformResourceLifecycle(ignore_changes=["desired_capacity", "min_size"])
         group = asg.AutoscalingGroup(
             self,
             "Group",
             name=props.name,
-            min_size=props.min_size,
-            desired_capacity=props.desired_size,
+            min_size=0,
+            desired_capacity=0,
             max_size=props.max_size,
             vpc_zone_identifier=props.subnet_ids,
             capacity_rebalance=True,

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 from spotrain.constructs.policy import leading_keys, statement, via_services
 from spotrain.constructs.run_access import read_run_crashes_and_releases
 from spotrain.core import catalog_schema
-from spotrain.core.catalog_schema import crashes_key, run_key, spend_key
+from spotrain.core.catalog_schema import crashes_key, lifecycle_key, run_key, spend_key
 
 if TYPE_CHECKING:
     from spotrain.constructs.spot_fleet import SpotFleetProps
@@ -129,12 +129,13 @@ def machine_statements(
             conditions=[leading_keys(crashes_key(props.run_name))],
         ),
         statement(
-            # Whether the run is held at its spend cap (may-start): reading
-            # only, the ledger is the handler's.
-            "ReadRunSpend",
+            # Whether the run is held at its spend cap, finished or cancelled
+            # (may-start): reading only, the ledger and lifecycle are the handler's and
+            # operators'.
+            "ReadRunSpendAndLifecycle",
             actions=["dynamodb:GetItem"],
             resources=[props.events_table_arn],
-            conditions=[leading_keys(spend_key(props.run_name))],
+            conditions=[leading_keys(spend_key(props.run_name), lifecycle_key(props.run_name))],
         ),
         read_run_crashes_and_releases(props.events_table_arn, props.run_name),
         statement(

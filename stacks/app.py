@@ -61,6 +61,8 @@ def add_environment(app: App, config: EnvironmentConfig) -> dict[str, object]:
         catalog_stream_arn=catalog.checkpoints.stream_arn,
         checkpoints_table_arn=catalog.checkpoints.arn,
         checkpoints_table_name=catalog.checkpoints.name,
+        checkpoint_bucket_name=storage.checkpoints.primary.name,
+        checkpoint_bucket_arn=storage.checkpoints.primary.arn,
     )
     return {
         "storage": storage,

@@ -21,11 +21,19 @@ def handler_name(config: EnvironmentConfig) -> str:
 
 
 def capacity_groups(config: EnvironmentConfig) -> tuple[CapacityGroup, ...]:
-    """The fleet's groups the handler may scale: spot first, on-demand as the fallback. Both
-    run in the primary region, which holds the run's data."""
+    """The fleet's groups the handler may scale: spot first (started at the run's declared
+    sizes), on-demand as the fallback (empty until needed). Both run in the primary region,
+    which holds the run's data."""
     spot = fleet_group_name(config)
     return (
-        CapacityGroup(name=spot, region=config.primary_region, lifecycle="spot", holds_data=True),
+        CapacityGroup(
+            name=spot,
+            region=config.primary_region,
+            lifecycle="spot",
+            holds_data=True,
+            min_size=config.fleet_min_size,
+            desired=config.fleet_desired_size,
+        ),
         CapacityGroup(
             name=on_demand_group_name(spot),
             region=config.primary_region,
@@ -47,6 +55,8 @@ class InterruptionsStack(EnvironmentStack):
         catalog_stream_arn: str,
         checkpoints_table_arn: str,
         checkpoints_table_name: str,
+        checkpoint_bucket_name: str,
+        checkpoint_bucket_arn: str,
     ) -> None:
         super().__init__(scope, "interruptions", config=config)
         self.handler = InterruptionHandler(
@@ -67,6 +77,8 @@ class InterruptionsStack(EnvironmentStack):
                 max_spend_usd=config.max_spend_usd,
                 checkpoints_table_arn=checkpoints_table_arn,
                 checkpoints_table_name=checkpoints_table_name,
+                config_bucket_name=checkpoint_bucket_name,
+                config_bucket_arn=checkpoint_bucket_arn,
                 emulator_drift_tolerance=config.is_local,
             ),
         )

@@ -135,7 +135,9 @@ def test_fleet_is_spot_with_an_on_demand_coordinator_over_several_types(synth_di
     groups = resources(load_stack(synth_dir, "prod-compute"), "aws_autoscaling_group")
     group = next(g for g in groups.values() if g["name"] == "spotrain-prod-gpt-large-fleet")
     assert group["capacity_rebalance"] is True
-    assert group["lifecycle"] == {"ignore_changes": ["desired_capacity"]}
+    # Deployed empty (a run pays only while it trains); the handler owns its sizes after.
+    assert (group["min_size"], group["desired_capacity"], group["max_size"]) == (0, 0, 16)
+    assert group["lifecycle"] == {"ignore_changes": ["desired_capacity", "min_size"]}
     distribution = group["mixed_instances_policy"]["instances_distribution"]
     assert distribution == {
         "on_demand_allocation_strategy": "prioritized",
@@ -164,7 +166,7 @@ def test_on_demand_fallback_group_starts_empty_with_the_same_template(synth_dir:
         fallback["mixed_instances_policy"]["launch_template"]
         == spot["mixed_instances_policy"]["launch_template"]
     )
-    assert fallback["lifecycle"] == {"ignore_changes": ["desired_capacity"]}
+    assert fallback["lifecycle"] == {"ignore_changes": ["desired_capacity", "min_size"]}
 
 
 def test_launch_template_image_comes_from_the_image_parameter(synth_dir: Path) -> None:
@@ -247,9 +249,14 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
         for action in set(writes) & set(grant["actions"]):
             writes[action].update(*keys)
     assert not any(
-        key.startswith(("RELEASES#", "SPEND#", "CAPS#")) for keys in writes.values() for key in keys
-    ), writes  # nor its spend ledger nor its cap
-    assert by_sid["ReadRunSpend"]["actions"] == ["dynamodb:GetItem"]
+        key.startswith(("RELEASES#", "SPEND#", "CAPS#", "LIFECYCLE#"))
+        for keys in writes.values()
+        for key in keys
+    ), writes  # nor its spend ledger, its cap, or whether it was cancelled or finished
+    reading = by_sid["ReadRunSpendAndLifecycle"]
+    assert reading["actions"] == ["dynamodb:GetItem"]
+    [leading] = [c for c in reading["condition"] if c["variable"] == "dynamodb:LeadingKeys"]
+    assert leading["values"] == ["SPEND#gpt-small", "LIFECYCLE#gpt-small"]
     assert writes["dynamodb:PutItem"] == {"RUN#gpt-small", "CRASHES#gpt-small"}
     assert "CRASHES#gpt-small" not in writes["dynamodb:UpdateItem"]
     # The data keys only through S3 and DynamoDB: a stolen credential cannot call KMS.
@@ -321,7 +328,16 @@ def test_handler_role_touches_only_its_runs_state_its_tag_and_its_services_keys(
     assert (leading["test"], leading["variable"]) == (
         "ForAllValues:StringLike", "dynamodb:LeadingKeys",
     )  # fmt: skip
-    assert leading["values"] == ["EVENT#*", "RUN#gpt-small", "SPEND#gpt-small"]
+    assert leading["values"] == ["EVENT#*", "RUN#gpt-small", "SPEND#gpt-small",
+                                 "LIFECYCLE#gpt-small"]  # fmt: skip
+    # Whether the run's configuration is stored (it then starts): its prefix, listing only.
+    listing = by_sid["ListRunConfiguration"]
+    assert listing["actions"] == ["s3:ListBucket"]
+    [prefix] = listing["condition"]
+    assert (prefix["variable"], prefix["values"]) == ("s3:prefix", ["runs/gpt-small/config/*"])
+    # And whether its final step is published (it then stops): its catalog items only.
+    [catalog] = by_sid["ReadRunProgress"]["condition"]
+    assert catalog["values"] == ["RUN#gpt-small"]
     [releases] = by_sid["ReadRunCrashesAndReleases"]["condition"]
     assert releases["values"] == ["CRASHES#gpt-small", "RELEASES#gpt-small", "CAPS#gpt-small"]
     variables = only(resources(stack, "aws_lambda_function"))["environment"]["variables"]
@@ -562,7 +578,10 @@ def test_a_run_with_a_deadline_gives_its_handler_the_deadline_and_its_progress_o
         "RUN_DEADLINE"
         not in only(resources(dev, "aws_lambda_function"))["environment"]["variables"]
     )
+    # Without a deadline the handler still reads the run's catalog items (whether its final
+    # step is published), with the same grant.
     dev_policy = only(
         {n: p for n, p in resources(dev, "aws_iam_role_policy").items() if "Handler" in n}
     )
-    assert "ReadRunProgress" not in {s["sid"] for s in statements(dev, dev_policy["policy"])}
+    dev_reading = {s["sid"]: s for s in statements(dev, dev_policy["policy"])}["ReadRunProgress"]
+    assert dev_reading["actions"] == reading["actions"]

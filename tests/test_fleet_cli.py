@@ -131,3 +131,54 @@ def test_one_on_demand_machine_coordinates_and_another_takes_over_when_it_is_gon
     assert fleet_state.claim_coordinator(table, "r", instance_id="i-second",
                                          address="10.0.1.6", port=29400, now=later + 1)  # fmt: skip
     assert fleet_state.coordinator(table, "r").endpoint == "10.0.1.6:29400"  # type: ignore[union-attr]
+
+
+def test_run_cancel_takes_the_groups_to_0_and_resume_puts_them_back(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`spotrain run` on the `local` environment's names: the run's groups found by their run
+    tag, its lifecycle, fleet state and ledger in the environment's events table."""
+    import json
+
+    from spotrain.core import fleet_state, run_lifecycle
+
+    create_catalog_table(boto3.client("dynamodb"), "spotrain-local-events")
+    create_catalog_table(boto3.client("dynamodb"), "spotrain-local-checkpoints")
+    ec2, autoscaling = boto3.client("ec2"), boto3.client("autoscaling")
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ec2.create_launch_template(LaunchTemplateName="demo", LaunchTemplateData={"ImageId": image})
+    for name, sizes in (("demo-fleet", (1, 2)), ("demo-fleet-on-demand", (0, 0))):
+        autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=name, MinSize=sizes[0], DesiredCapacity=sizes[1], MaxSize=4,
+            AvailabilityZones=["us-east-1a"], LaunchTemplate={"LaunchTemplateName": "demo"},
+            Tags=[{"Key": "spotrain:run", "Value": "demo", "PropagateAtLaunch": True}],
+        )  # fmt: skip
+    table = boto3.resource("dynamodb").Table("spotrain-local-events")
+    run_lifecycle.mark_started(table, "demo", 1.0)
+
+    def sizes() -> list[tuple[int, int]]:
+        found = autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
+        return [(g["MinSize"], g["DesiredCapacity"]) for g in found]
+
+    assert cli.main(["run", "status", "local", "demo", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["phase"], status["step"], sum(status["machines"].values())) == (
+        "starting", None, 2)  # fmt: skip
+    assert cli.main(["run", "cancel", "local", "demo"]) == 0
+    assert "cancelled: its groups are at 0; 2 machine(s) publish" in capsys.readouterr().out
+    assert sizes() == [(0, 0), (0, 0)]
+    assert run_lifecycle.read(table, "demo").cancelled_at is not None
+    assert cli.main(["run", "list", "local"]) == 0
+    assert capsys.readouterr().out.split()[:2] == ["demo", "cancelled"]
+    # A machine leaving a cancelled run is no crash, and no machine of it may start.
+    assert cli.main(["fleet", "exit", "--events-table", "spotrain-local-events", "--run", "demo",
+                     "--instance", "i-1", "--code", "143"]) == 0  # fmt: skip
+    assert cli.main(["fleet", "may-start", "--events-table", "spotrain-local-events",
+                     "--run", "demo"]) == 3  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(["run", "resume", "local", "demo"]) == 0
+    assert "resumed: demo-fleet 1..2, demo-fleet-on-demand 0..0" in capsys.readouterr().out
+    assert sizes() == [(1, 2), (0, 0)]
+    assert fleet_state.run_state(table, "demo").held_sizes is None
+    assert cli.main(["run", "status", "local", "ghost"]) == 2
+    assert "no Auto Scaling group of run ghost" in capsys.readouterr().err

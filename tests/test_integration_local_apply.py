@@ -177,7 +177,7 @@ def test_catalog_tables_are_encrypted_with_recovery_and_streams(local: Local) ->
     assert [i["IndexName"] for i in indexes] == ["lineage"]
 
 
-def test_spot_fleet_is_in_service_with_an_on_demand_coordinator(local: Local) -> None:
+def test_spot_fleet_is_deployed_empty_with_an_on_demand_coordinator(local: Local) -> None:
     group = local.client("autoscaling").describe_auto_scaling_groups(
         AutoScalingGroupNames=["spotrain-local-demo-fleet"]
     )["AutoScalingGroups"][0]
@@ -189,8 +189,37 @@ def test_spot_fleet_is_in_service_with_an_on_demand_coordinator(local: Local) ->
     assert distribution["SpotAllocationStrategy"] == "price-capacity-optimized"
     overrides = [o["InstanceType"] for o in policy["LaunchTemplate"]["Overrides"]]
     assert overrides == list(local.config.instance_types)
-    in_service = [i for i in group["Instances"] if i["LifecycleState"] == "InService"]
-    assert len(in_service) == local.config.fleet_desired_size
+    # A run pays only while it trains: nothing runs until its configuration is stored.
+    assert (group["MinSize"], group["DesiredCapacity"], group["Instances"]) == (0, 0, [])
+
+
+def test_a_run_without_its_configuration_starts_no_machine_and_counts_no_crash(
+    local: Local, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The deployed handler's capacity check (its code, its deployed configuration) on a run
+    whose training configuration is not stored yet: it waits, with the command that starts it,
+    and its groups stay empty; `spotrain run list` shows it waiting."""
+    from spotrain import cli
+    from spotrain.core import fleet_state
+    from spotrain.tools.rehearsal import deliver_capacity_check
+
+    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
+        monkeypatch.setenv(name, value)
+    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    result = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
+    assert result["decision"] == "wait", result
+    assert "`spotrain config put" in result["reason"], result
+    groups = local.client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=[outputs["fleet_group"], f"{outputs['fleet_group']}-on-demand"]
+    )["AutoScalingGroups"]
+    assert [(g["DesiredCapacity"], len(g["Instances"])) for g in groups] == [(0, 0), (0, 0)]
+    table = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
+        outputs["events_table"]
+    )
+    assert fleet_state.run_state(table, local.config.run_name).crashes == 0
+    capsys.readouterr()
+    assert cli.main(["run", "list", "local"]) == 0
+    assert re.match(r"demo\s+waiting\s+step -", capsys.readouterr().out), "run list"
 
 
 def test_launch_template_requires_imdsv2_and_encrypts_volumes(local: Local) -> None:
@@ -298,6 +327,7 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
         monkeypatch.setenv(name, value)
     said: list[str] = []
     outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    notices = _subscribe_a_queue(local, outputs["notice_topic"])
     book = _price_book(tmp_path / "prices.json")
     report = FleetRehearsal(tmp_path, say=said.append, price_book=book).story(
         local.cloud, {**outputs, "config": local.config}
@@ -305,6 +335,14 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     rendered = report.render()
     assert report.passed, rendered + "\n" + "\n".join(said)
     assert [n for _, n in report.worlds] == [MACHINES, MACHINES - 1, MACHINES]
+    # A run pays only while it trains: its final publish reached the deployed handler over
+    # the catalog's stream, its groups went to 0 and stayed, the ledger stopped, and on-call
+    # heard it finished, with what it cost.
+    assert report.finish.by_stream and report.finish.in_service == 0, rendered
+    assert report.finish.ledger_usd[0] == report.finish.ledger_usd[1] > 0, rendered
+    [finished] = [m for m in _drain_queue(local, notices) if m.get("kind") == "finished"]
+    assert (finished["run"], finished["step"]) == (report.run, STEPS)
+    assert finished["spend_usd"] > 0 and "spotrain cost report" in finished["report"]
     assert report.reclaimed_stop == report.reclaimed_resume  # nothing lost to the reclaim
     assert report.join_stop == report.join_resume  # nor to the join
     assert report.head_step == STEPS and report.crashes == 0
@@ -361,6 +399,27 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     assert 0 <= preemption["time_to_resume_s"] < 300 and preemption["cost_usd"] >= 0, found
     assert found["head_step"] == STEPS and 0 < found["goodput"] < 1, found
     assert found["checkpoints"] > 0 and found["mean_stall_s"] > 0, found
+
+
+def _subscribe_a_queue(local: Local, topic: str) -> str:
+    """A queue subscribed to the notice topic, as on-call's email is: its URL."""
+    sqs, sns = local.client("sqs"), local.client("sns")
+    queue = sqs.create_queue(QueueName=f"on-call-{uuid.uuid4().hex[:6]}")["QueueUrl"]
+    arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"][
+        "QueueArn"
+    ]
+    sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=arn)
+    return str(queue)
+
+
+def _drain_queue(local: Local, queue: str) -> list[dict[str, Any]]:
+    """Every notice the queue got (each message's JSON body)."""
+    sqs, found = local.client("sqs"), []
+    while batch := sqs.receive_message(QueueUrl=queue, MaxNumberOfMessages=10).get("Messages"):
+        for message in batch:
+            found.append(json.loads(json.loads(message["Body"])["Message"]))
+            sqs.delete_message(QueueUrl=queue, ReceiptHandle=message["ReceiptHandle"])
+    return found
 
 
 FLEET_POLICY = "run-scoped-checkpoint-access"

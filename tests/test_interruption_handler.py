@@ -654,3 +654,125 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
         assert got == expected, (t, done, spot, result)
         assert "deadline policy" in result["reason"]
     catalog.delete()
+
+
+# --- a run pays only while it trains ---------------------------------------------------------
+def _lifecycle_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
+    """The groups deployed empty with the run's declared sizes, its configuration bucket and
+    the catalog (with its stream) configured as the stack configures them; the catalog."""
+    from helpers import create_catalog_table
+
+    from spotrain.trainer.catalog import DynamoCatalog
+    from spotrain.trainer.storage import LocalStorage
+
+    create_group("east-spot", "us-east-1", "us-east-1b", 0)
+    create_group("east-on-demand", "us-east-1", "us-east-1b", 0)
+    boto3.client("s3").create_bucket(Bucket="configs")
+    create_catalog_table(boto3.client("dynamodb"), "catalog", stream=True)
+    monkeypatch.setenv("CONFIG_BUCKET", "configs")
+    monkeypatch.setenv("CHECKPOINTS_TABLE", "catalog")
+    monkeypatch.setenv("CAPACITY_GROUPS", json.dumps([
+        {"name": "east-spot", "region": "us-east-1", "lifecycle": "spot", "holds_data": True,
+         "min_size": 1, "desired": 2},
+        {"name": "east-on-demand", "region": "us-east-1", "lifecycle": "on-demand",
+         "holds_data": True, "min_size": 0, "desired": 0},
+    ]))  # fmt: skip
+    return DynamoCatalog("catalog", RUN, LocalStorage(tmp_path / "store"),
+                         client=boto3.client("dynamodb"))  # fmt: skip
+
+
+def _sizes(name: str) -> tuple[int, int, int]:
+    [group] = boto3.client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=[name]
+    )["AutoScalingGroups"]
+    in_service = sum(i["LifecycleState"] == "InService" for i in group["Instances"])
+    return int(group["MinSize"]), int(group["DesiredCapacity"]), in_service
+
+
+def _publish(catalog: Any, tmp_path: Path, generation: int, step: int, *, final: bool) -> None:
+    from spotrain.trainer import checkpoint_store
+
+    folder = tmp_path / f"step{step}"
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(bytes([step]) * 64)
+    from spotrain.trainer.storage import LocalStorage
+
+    storage = LocalStorage(tmp_path / "store")
+    checkpoint_store.publish(folder, storage=storage, run=RUN, catalog=catalog,
+                             generation=generation, step=step, world_size=1, zero_stage=2,
+                             config_hash="c", code_version="v", final=final)  # fmt: skip
+
+
+def test_a_run_waits_for_its_configuration_starts_and_has_no_machine_once_finished(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from helpers import stream_records
+
+    from spotrain.core import run_lifecycle
+
+    catalog = _lifecycle_environment(monkeypatch, tmp_path)
+    check = event("scheduled-capacity-check")
+    waiting = handler.handle(check)
+    assert waiting["decision"] == "wait" and "`spotrain config put" in waiting["reason"]
+    assert _sizes("east-spot") == (0, 0, 0)
+    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    started = handler.handle(check)
+    assert started["decision"] == "start", started
+    assert _sizes("east-spot") == (1, 2, 2) and _sizes("east-on-demand") == (0, 0, 0)
+    assert handler.handle(check)["decision"] == "none"  # started once; the usual rules now
+    cloud.notices()
+
+    generation = catalog.acquire_lease("trainer")
+    _publish(catalog, tmp_path, generation, 10, final=False)
+    _publish(catalog, tmp_path, generation, 20, final=True)
+    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    assert handler.handle({"Records": records})["finished"] == [20]
+    assert _sizes("east-spot") == (0, 0, 0)
+    [finished] = cloud.notices()
+    assert (finished["kind"], finished["run"], finished["step"]) == ("finished", RUN, 20)
+    assert {"spend_usd", "on_demand_usd", "machine_hours"} <= set(finished)
+    handler.handle({"Records": records})  # redelivered: nothing said twice
+    assert cloud.notices() == []
+    # Checks keep it there, and a machine that leaves is not counted as a crash.
+    assert handler.handle(check)["decision"] == "hold" and _sizes("east-spot") == (0, 0, 0)
+    verdict = fleet_state.record_exit(cloud.table, RUN, run_instance(), 143, max_crashes=1)
+    assert (verdict.kind, verdict.crashes) == ("stopped", 0)
+    assert run_lifecycle.read(cloud.table, RUN).finished_step == 20
+
+
+def test_the_capacity_check_finishes_a_run_whose_stream_notice_was_missed(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    catalog = _lifecycle_environment(monkeypatch, tmp_path)
+    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    check = event("scheduled-capacity-check")
+    assert handler.handle(check)["decision"] == "start"
+    _publish(catalog, tmp_path, catalog.acquire_lease("trainer"), 5, final=True)
+    cloud.notices()
+    result = handler.handle(check)
+    assert result["decision"] == "hold" and "finished" in result["reason"], result
+    assert _sizes("east-spot") == (0, 0, 0)
+    assert [n["kind"] for n in cloud.notices() if "kind" in n] == ["finished"]
+
+
+def test_a_cancelled_run_is_not_requeued_stays_at_0_and_its_machines_may_not_start(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    from spotrain import cli
+    from spotrain.core import run_lifecycle
+
+    _lifecycle_environment(monkeypatch, tmp_path)
+    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    check = event("scheduled-capacity-check")
+    handler.handle(check)
+    run_lifecycle.mark_cancelled(cloud.table, RUN, by="on-call", at=1.0)
+    assert not run_lifecycle.mark_cancelled(cloud.table, RUN, by="again", at=2.0)
+    result = handler.handle(for_instance("spot-interruption-warning", run_instance()))
+    assert result["decision"] == "hold" and "cancelled by on-call" in result["reason"]
+    assert handler.handle(check)["decision"] == "hold" and _sizes("east-spot")[:2] == (0, 0)
+    tables = ["--events-table", TABLE, "--run", RUN]
+    assert cli.main(["fleet", "may-start", *tables]) == 3
+    assert "cancelled by on-call" in capsys.readouterr().out
+    run_lifecycle.clear_cancelled(cloud.table, RUN)
+    assert cli.main(["fleet", "may-start", *tables]) == 0

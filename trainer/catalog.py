@@ -303,6 +303,8 @@ class DynamoCatalog:
         }
         if manifest.parent:
             item[schema.LINEAGE_KEY] = {"S": manifest.parent}
+        if manifest.extra.get("final"):
+            item[schema.FINAL_KEY] = {"BOOL": True}
         if manifest.extra.get("timings"):
             item[schema.TIMINGS_KEY] = {
                 "M": {k: {"N": str(v)} for k, v in manifest.extra["timings"].items()}

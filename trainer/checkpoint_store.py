@@ -330,12 +330,14 @@ def commit(
     parent: str | None = None,
     config: dict[str, Any] | None = None,
     timings: dict[str, float] | None = None,
+    final: bool = False,
     just_stored: Collection[str] = (),
 ) -> Manifest:
     """Write the manifest naming `shards` (all stored and verified) and make it the run's head
     in the catalog. `config`: the definition the checkpoint was trained with, kept in the
     manifest so a later start can tell whether it changed; `timings`: what the checkpoint cost
-    the run (`stall_s`, `upload_s`, `machines`), for its cost report."""
+    the run (`stall_s`, `upload_s`, `machines`), for its cost report; `final`: the run's last
+    step (the catalog record says so, and the fleet's machines go)."""
     keys = sorted({key for s in shards for key in s.stored_keys})
     if not all(piece.keys for s in shards for piece in s.pieces):
         raise SpotrainError(f"step {step}: every shard must be stored before it is committed")
@@ -361,6 +363,7 @@ def commit(
         extra={
             **({"config": config} if config is not None else {}),
             **({"timings": timings} if timings else {}),
+            **({"final": True} if final else {}),
         },
     )
     content = manifest.to_json()

@@ -102,6 +102,8 @@ class _InFlight:
     stall_s: float
     """How long training waited for the snapshot."""
     began: float
+    final: bool = False
+    """The run's last step: published marked final, the run is done (its machines go)."""
 
 
 class Checkpointer:
@@ -372,7 +374,7 @@ class Checkpointer:
         if agreed.checkpoint_now:
             self._say(f"checkpoint requested after step {step} ({asked or 'on another machine'})")
         if agreed.stop or agreed.checkpoint_now or last or step % self.every == 0:
-            self._start(step)
+            self._start(step, final=last)
         elif self.light_every and step % self.light_every == 0:
             self._save_light(step)
         if not agreed.stop:
@@ -455,10 +457,12 @@ class Checkpointer:
             if self.place.leader:
                 shutil.rmtree(root, ignore_errors=True)
 
-    def _start(self, step: int) -> None:
-        """Collective: snapshot `step` and start writing and uploading it in the background."""
+    def _start(self, step: int, *, final: bool = False) -> None:
+        """Collective: snapshot `step` and start writing and uploading it in the background
+        (`final`: the run's last step)."""
         if self.in_flight is not None:
             if self.in_flight.step == step:
+                self.in_flight.final = self.in_flight.final or final
                 return
             self._finish()
         began = time.perf_counter()
@@ -473,7 +477,7 @@ class Checkpointer:
             failpoints.hit("after-snapshot")
         assert self._pool is not None
         work = self._pool.submit(self._write_and_upload, root, staged, direct)
-        self.in_flight = _InFlight(step, root, work, stall, began)
+        self.in_flight = _InFlight(step, root, work, stall, began, final)
         self.status = f"step {step} uploading"
 
     def _write_and_upload(
@@ -571,7 +575,7 @@ class Checkpointer:
                 generation=self.generation, run=self.run, step=flight.step,
                 world_size=self.place.world, zero_stage=self._engine.zero_optimization_stage(),
                 config_hash=_definition_hash(self.definition), code_version=code_version(),
-                parent=self.parent, config=self.definition, timings=timings,
+                parent=self.parent, config=self.definition, timings=timings, final=flight.final,
                 just_stored={key for report in reports for key in report.stored_keys},
             )  # fmt: skip
         except SpotrainError as error:

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotrain.core.catalog_schema import checkpoint_id, checkpoint_tag, run_prefix
+from spotrain.core.catalog_schema import checkpoint_id, checkpoint_tag, configs_prefix, run_prefix
 from spotrain.core.errors import SpotrainError
 from spotrain.trainer.storage import crc32_text
 
@@ -290,11 +290,6 @@ def parse_record_key(key: str) -> tuple[int, str, str] | None:
         kind,
         f"{prefix}/checkpoints/{tag}/manifest-{digest}.json",
     )
-
-
-def configs_prefix(run: str) -> str:
-    """Versions of the run's training configuration (run_config.py), oldest first by key."""
-    return f"{run_prefix(run)}/config/"
 
 
 def config_key(run: str, stored_at: str, content: bytes) -> str:

@@ -13,8 +13,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spotrain.core.catalog_schema import configs_prefix
 from spotrain.core.errors import SpotrainError, json_kind
-from spotrain.trainer.manifest import config_key, configs_prefix
+from spotrain.trainer.manifest import config_key
 from spotrain.trainer.storage import Storage
 
 

@@ -7,6 +7,9 @@ never removed. The trainer's roll back is the one legitimate move backwards, and
 (`rolled_back`, with a new `updated_at`). Anything else is an alarm: a machine's credentials
 or a bug moved the head back, or rewrote or removed a record, and on-call should look.
 
+A record that is published marked final says the run is done (`final_publishes`): the
+handler then takes the run's machines away.
+
 Standard library only (ships in the handler's zip).
 """
 
@@ -15,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from spotrain.core.catalog_schema import (
+    FINAL_KEY,
     HEAD_SORT_KEY,
     PARTITION_KEY,
     SORT_KEY,
@@ -73,3 +77,22 @@ def finding(record: dict[str, Any]) -> dict[str, Any] | None:
 
 def findings(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f for f in (finding(r) for r in records) if f is not None]
+
+
+def final_publishes(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """(run, step) of each complete checkpoint record that appeared marked final."""
+    done = []
+    for record in records:
+        change = record.get("dynamodb", {})
+        keys, new = _plain(change.get("Keys")), _plain(change.get("NewImage"))
+        if (
+            record.get("eventName") == "INSERT"
+            and keys.get(SORT_KEY, "").startswith(_CHECKPOINT_PREFIX)
+            and new.get(FINAL_KEY) == "True"
+            and new.get("status") == STATUS_COMPLETE
+        ):
+            run = keys.get(PARTITION_KEY, "").removeprefix(run_key(""))
+            done.append(
+                (run, int(new.get("step") or keys[SORT_KEY].removeprefix(_CHECKPOINT_PREFIX)))
+            )
+    return done

@@ -88,6 +88,10 @@ class CapacityGroup:
     """`spot` or `on-demand` (the fallback after the deadline)."""
     holds_data: bool
     """In the region the run writes its checkpoints to (preferred: no egress)."""
+    min_size: int = 0
+    desired: int = 0
+    """The sizes the run declares for the group: deployed empty, the group is started at
+    these once the run's configuration is stored."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -132,6 +136,10 @@ class InterruptionHandlerProps:
     checkpoints_table_arn: str | None = None
     """The checkpoint catalog: a run with a deadline has its progress read from it."""
     checkpoints_table_name: str | None = None
+    config_bucket_name: str | None = None
+    """The bucket the run's training configuration is stored in: the run's groups start once
+    one is there (None: at the first capacity check)."""
+    config_bucket_arn: str | None = None
     emulator_drift_tolerance: bool = False
     """Local cloud only: ignore dead-letter config drift the emulator reports on every read."""
 
@@ -157,6 +165,13 @@ class InterruptionHandlerProps:
             problems.append("on_demand_deadline_minutes must be 0 or more")
         if self.max_spend_usd is not None and not 0 < self.max_spend_usd < float("inf"):
             problems.append(f"max_spend_usd is {self.max_spend_usd}: give a positive amount in USD")
+        for group in self.capacity_groups:
+            if not 0 <= group.min_size <= group.desired:
+                problems.append(f"capacity group {group.name!r} declares min_size "
+                                f"{group.min_size} and desired {group.desired}: need "
+                                "0 <= min_size <= desired")  # fmt: skip
+        if (self.config_bucket_name is None) != (self.config_bucket_arn is None):
+            problems.append("give config_bucket_name and config_bucket_arn together")
         if self.run_deadline is not None:
             problems += self.run_deadline.problems()
             if not (self.checkpoints_table_arn and self.checkpoints_table_name):
@@ -309,11 +324,18 @@ class InterruptionHandler(Construct):
                         else {}
                     ),
                     **(
-                        {
-                            "RUN_DEADLINE": json.dumps(asdict(props.run_deadline), sort_keys=True),
-                            "CHECKPOINTS_TABLE": props.checkpoints_table_name,
-                        }
+                        {"RUN_DEADLINE": json.dumps(asdict(props.run_deadline), sort_keys=True)}
                         if props.run_deadline is not None
+                        else {}
+                    ),
+                    **(
+                        {"CHECKPOINTS_TABLE": props.checkpoints_table_name}
+                        if props.checkpoints_table_name is not None
+                        else {}
+                    ),
+                    **(
+                        {"CONFIG_BUCKET": props.config_bucket_name}
+                        if props.config_bucket_name is not None
                         else {}
                     ),
                 }

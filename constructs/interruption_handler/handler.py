@@ -15,6 +15,12 @@ checkpoint catalog (`run_progress`). Changes to the checkpoint catalog (its
 table's stream) that rewrite history (a head moved back without a roll back, a complete
 checkpoint's record rewritten or removed) are alarms to the same topic (`catalog_watch.py`).
 
+A run pays only while it trains (`spotrain.core.run_lifecycle`): its groups are deployed
+empty and the capacity check starts them at the sizes the run declares once its training
+configuration is stored (CONFIG_BUCKET); when the run publishes its final step (a catalog
+record marked final, seen on the stream, and by each check as a backstop) its groups go to 0
+and the topic gets the run's cost summary; a cancelled run's groups stay at 0.
+
 Nothing raises: an event that is malformed, of an unknown kind, or that fails half-way is
 logged and sent to the dead-letter queue with the reason, from where it can be redriven.
 
@@ -52,12 +58,14 @@ except ImportError:
         requeue,
     )
 
-from spotrain.core import deadline_policy, fleet_state, spend_ledger
+from spotrain.core import deadline_policy, fleet_state, run_lifecycle, spend_ledger
 from spotrain.core import handler_settings as defaults
 from spotrain.core import prices as price_book
 from spotrain.core.catalog_schema import (
     EVENT_SORT_KEY,
     EXPIRES_AT_KEY,
+    FINAL_KEY,
+    HEAD_SORT_KEY,
     INSTANCE_STATUS_INTERRUPTING,
     INSTANCE_STATUS_REBALANCING,
     INTERRUPTION_TAG,
@@ -68,8 +76,10 @@ from spotrain.core.catalog_schema import (
     RUN_TAG,
     SORT_KEY,
     UNKNOWN_POOL,
+    configs_prefix,
     event_key,
     pool_key,
+    run_key,
 )
 from spotrain.core.deadline_policy import Progress, RunDeadline
 from spotrain.core.events import (
@@ -109,6 +119,8 @@ def _settings() -> dict[str, Any]:
             RunDeadline(**json.loads(env["RUN_DEADLINE"])) if env.get("RUN_DEADLINE") else None
         ),
         "checkpoints_table": env.get("CHECKPOINTS_TABLE"),
+        # Where the run's training configuration is stored: its groups start once it is.
+        "config_bucket": env.get("CONFIG_BUCKET"),
         "max_spend_usd": float(env["MAX_SPEND_USD"]) if env.get("MAX_SPEND_USD") else None,
         # A deadline decision holds until the next check.
         "check_every_h": float(env.get("CAPACITY_CHECK_MINUTES", defaults.CAPACITY_CHECK_MINUTES))
@@ -265,6 +277,43 @@ def deadline_progress(settings: dict[str, Any], now: float) -> tuple[Progress | 
     return run_progress(
         table, settings["run"], settings["run_deadline"], now, settings["check_every_h"]
     )
+
+
+def configuration_stored(settings: dict[str, Any]) -> bool:
+    """Whether the run's training configuration is in its bucket (any stored version: they are
+    checked when stored, the dataset they name included). Without CONFIG_BUCKET the handler
+    cannot tell, and the run starts at the first check."""
+    if not settings["config_bucket"]:
+        return True
+    listed = boto3.client("s3").list_objects_v2(
+        Bucket=settings["config_bucket"], Prefix=configs_prefix(settings["run"]), MaxKeys=1
+    )
+    return int(listed.get("KeyCount", 0)) > 0
+
+
+def final_step(settings: dict[str, Any]) -> int | None:
+    """The run's published head when it is marked final (the run is done), else None."""
+    if not settings["checkpoints_table"] or not settings["run"]:
+        return None
+    catalog = boto3.resource("dynamodb").Table(settings["checkpoints_table"])
+    pk = run_key(settings["run"])
+    head = catalog.get_item(Key={PARTITION_KEY: pk, SORT_KEY: HEAD_SORT_KEY},
+                            ConsistentRead=True).get("Item")  # fmt: skip
+    if not head or "latest" not in head:
+        return None
+    record = catalog.get_item(Key={PARTITION_KEY: pk, SORT_KEY: head["latest"]},
+                              ConsistentRead=True).get("Item") or {}  # fmt: skip
+    return int(record["step"]) if record.get(FINAL_KEY) and "step" in record else None
+
+
+def declared_sizes(settings: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """The sizes the run declares for its groups (the deployment's), which a start puts in
+    place."""
+    return {
+        spec["name"]: {"min_size": int(spec["min_size"]), "desired": int(spec["desired"])}
+        for spec in settings["groups"]
+        if "desired" in spec
+    }
 
 
 # --- actions -----------------------------------------------------------------------------------
@@ -454,6 +503,9 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
         if held_for_spend and not state.failed:
             decision = requeue.Decision("hold", "the run reached its spend cap: not requeued "
                                         "(`spotrain fleet release` raises the cap)")  # fmt: skip
+        stopped = run_lifecycle.read(table, run) if run else run_lifecycle.Lifecycle()
+        if stopped.stopped:
+            decision = requeue.Decision("hold", f"not requeued: {stopped.why_stopped}")
         apply(decision, groups, table, run, autoscaling)
     result = {
         "recorded": True, "event_id": fields["event_id"], "run": run, "pool": instance["pool"],
@@ -467,21 +519,29 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
 
 def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
     now = _now()
+    run = settings["run"]
     table = boto3.resource("dynamodb").Table(settings["events_table"])
     autoscaling = _autoscaling_by_region()
     groups = capacity_groups(settings, autoscaling)
-    state = fleet_state.run_state(table, settings["run"])
+    state = fleet_state.run_state(table, run)
     try:
         counted, ledger = update_ledger(settings, table, now)
     except Exception as error:  # the capacity decision goes on; the next check counts the time
         log.exception("the spend ledger was not updated")
         counted = {"error": f"{type(error).__name__}: {error}"}
-        ledger = spend_ledger.read(table, settings["run"]) if settings["run"] else None
+        ledger = spend_ledger.read(table, run) if run else None
     over_cap = ledger is not None and _judge_spend(settings, table, ledger, now)
-    if not state.failed and not over_cap and state.held_sizes:
+    lifecycle = run_lifecycle.read(table, run) if run else run_lifecycle.Lifecycle()
+    if run and lifecycle.finished_step is None and (step := final_step(settings)) is not None:
+        # The stream's notice was missed (or is still on its way): the check makes sure.
+        lifecycle = _finish(settings, table, step, now, ledger)
+    decision = _lifecycle_decision(settings, table, groups, lifecycle, now)
+    if decision is not None:
+        apply(decision, groups, table, run, autoscaling)
+    elif not state.failed and not over_cap and state.held_sizes:
         decision = requeue.release(groups, state.held_sizes)
-        apply(decision, groups, table, settings["run"], autoscaling)
-        fleet_state.set_held_sizes(table, settings["run"], None)
+        apply(decision, groups, table, run, autoscaling)
+        fleet_state.set_held_sizes(table, run, None)
     else:
         progress, measured = deadline_progress(settings, now)
         decision = requeue.reconcile(
@@ -492,21 +552,73 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
             assert ledger is not None and ledger.cap_usd is not None
             decision = requeue.hold(
                 groups, f"the run spent ${ledger.spend_usd:,.2f} of its ${ledger.cap_usd:,.2f} cap",
-                f"`spotrain fleet release --run {settings['run']} --max-spend-usd N` raises it",
+                f"`spotrain fleet release --run {run} --max-spend-usd N` raises it",
             )  # fmt: skip
         if measured:
             decision = replace(decision, reason=f"{decision.reason} ({measured})")
         if decision.min_sizes:  # holding: remember what to put back first
-            fleet_state.set_held_sizes(table, settings["run"], {
+            fleet_state.set_held_sizes(table, run, {
                 g.name: {"min_size": g.min_size, "desired": g.desired}
                 for g in groups if g.name in decision.min_sizes
             })  # fmt: skip
-        apply(decision, groups, table, settings["run"], autoscaling)
+        apply(decision, groups, table, run, autoscaling)
     if decision.desired:
-        notify(settings["topic"], f"spotrain: {decision.action} (run {settings['run']})",
-               asdict(decision))  # fmt: skip
+        notify(settings["topic"], f"spotrain: {decision.action} (run {run})", asdict(decision))
     return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
             "ledger": counted}  # fmt: skip
+
+
+def _lifecycle_decision(
+    settings: dict[str, Any], table: Any, groups: list[requeue.Group],
+    lifecycle: run_lifecycle.Lifecycle, now: float,
+) -> requeue.Decision | None:  # fmt: skip
+    """Whether the run may have machines at all: a finished or cancelled run, and one whose
+    configuration is not stored yet, has its groups at 0; a run whose configuration was just
+    stored starts. None: the run trains, and the usual rules decide."""
+    run = settings["run"]
+    if not run:
+        return None
+    if lifecycle.stopped:
+        return requeue.hold(groups, lifecycle.why_stopped, "no machine runs for it")
+    if lifecycle.started_at is not None:
+        return None
+    if not configuration_stored(settings):
+        bucket = f"s3://{settings['config_bucket']}"
+        waiting = requeue.hold(groups, f"waiting: run {run} has no training configuration in "
+                               f"{bucket}", "until one is stored")  # fmt: skip
+        return replace(waiting, action="wait", reason=f"{waiting.reason}; `spotrain config put "
+                       f"CONFIG --store {bucket}` stores one, and the next check starts the "
+                       "run")  # fmt: skip
+    run_lifecycle.mark_started(table, run, now)
+    fleet_state.set_held_sizes(table, run, None)  # the declared sizes replace any remembered
+    started = requeue.start(groups, declared_sizes(settings))
+    return started if started.desired else None
+
+
+def _finish(
+    settings: dict[str, Any], table: Any, step: int, now: float,
+    ledger: spend_ledger.Ledger | None = None,
+) -> run_lifecycle.Lifecycle:  # fmt: skip
+    """The run published its final step: mark it finished, take its groups to 0 and, the first
+    time, send the topic the run's cost summary."""
+    run = settings["run"]
+    first = run_lifecycle.mark_finished(table, run, step, now)
+    lifecycle = run_lifecycle.read(table, run)
+    autoscaling = _autoscaling_by_region()
+    groups = capacity_groups(settings, autoscaling)
+    stop = requeue.hold(groups, lifecycle.why_stopped, "no machine runs for it")
+    apply(stop, groups, table, run, autoscaling)
+    if first:
+        ledger = ledger or spend_ledger.read(table, run)
+        notify(settings["topic"], f"spotrain: run {run} finished at step {step}", {
+            "run": run, "kind": "finished", "step": step, "decision": stop.reason,
+            "spend_usd": round(ledger.spend_usd, 2),
+            "on_demand_usd": round(ledger.on_demand_usd, 2),
+            "machine_hours": round(sum(p["seconds"] for p in ledger.per_pool.values()) / 3600, 3),
+            "report": f"spotrain cost report --run {run} --events-table {settings['events_table']}",
+        })  # fmt: skip
+        log.info("run %s finished at step %d: %s", run, step, stop.reason)
+    return lifecycle
 
 
 def _judge_spend(
@@ -586,7 +698,13 @@ def _on_catalog_changes(settings: dict[str, Any], records: list[Any]) -> dict[st
         severity = "ALARM" if item["severity"] == catalog_watch.ALARM else "notice"
         notify(settings["topic"], f"spotrain {severity}: {item['kind']} (run {item['run']})", item)
         log.warning("%s", json.dumps(item, default=str))
-    return {"catalog_changes": len(records), "findings": found}
+    finished = [
+        step for run, step in catalog_watch.final_publishes(records) if run == settings["run"]
+    ]
+    if finished:
+        table = boto3.resource("dynamodb").Table(settings["events_table"])
+        _finish(settings, table, max(finished), _now())
+    return {"catalog_changes": len(records), "findings": found, "finished": finished}
 
 
 def _is_stream_batch(event: Any) -> bool:

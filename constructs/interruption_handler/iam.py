@@ -11,7 +11,15 @@ from typing import TYPE_CHECKING, Any
 from spotrain.constructs.interruption_handler.handler import METRIC_NAMESPACE
 from spotrain.constructs.policy import leading_keys, statement, via_services
 from spotrain.constructs.run_access import read_run_crashes_and_releases
-from spotrain.core.catalog_schema import INTERRUPTION_TAG, RUN_TAG, event_key, run_key, spend_key
+from spotrain.core.catalog_schema import (
+    INTERRUPTION_TAG,
+    RUN_TAG,
+    configs_prefix,
+    event_key,
+    lifecycle_key,
+    run_key,
+    spend_key,
+)
 
 if TYPE_CHECKING:
     from spotrain.constructs.interruption_handler.construct import InterruptionHandlerProps
@@ -44,16 +52,28 @@ def handler_statements(
             statement("ListCatalogStreams", actions=["dynamodb:ListStreams"], resources=["*"]),
         ]
     read_progress = []
-    if props.run_deadline is not None:
+    if props.checkpoints_table_arn is not None:
         read_progress = [
             statement(
-                # The run's head and checkpoint records: its progress and throughput.
+                # The run's head and checkpoint records: whether its final step is published,
+                # and with a deadline its progress and throughput.
                 "ReadRunProgress",
                 actions=["dynamodb:GetItem", "dynamodb:Query"],
                 resources=[props.checkpoints_table_arn],
                 conditions=[leading_keys(run_key(props.run_name))],
             )
         ]
+    if props.config_bucket_arn is not None:
+        read_progress.append(
+            statement(
+                # Whether the run's training configuration is stored (its groups start then):
+                # listing its configuration prefix only, never reading an object.
+                "ListRunConfiguration",
+                actions=["s3:ListBucket"],
+                resources=[props.config_bucket_arn],
+                conditions=[("StringLike", "s3:prefix", [f"{configs_prefix(props.run_name)}*"])],
+            )
+        )
     return [
         statement(
             "WriteOwnLogs",
@@ -69,10 +89,15 @@ def handler_statements(
                 "dynamodb:Query",
             ],
             resources=[props.events_table_arn],
-            # Events (EVENT#<id>), this run's fleet state and its spend ledger
+            # Events (EVENT#<id>), this run's fleet state, spend ledger and lifecycle
             # only: not another run's in a table two environments could share.
             conditions=[
-                leading_keys(event_key("*"), run_key(props.run_name), spend_key(props.run_name))
+                leading_keys(
+                    event_key("*"),
+                    run_key(props.run_name),
+                    spend_key(props.run_name),
+                    lifecycle_key(props.run_name),
+                )
             ],
         ),
         # A run held after repeated crashes is not requeued; only reading: releases and raised

@@ -13,6 +13,10 @@ Rules, in order:
 4. No spot group can take it: the run is short of spot capacity. After `on_demand_deadline_s`
    of that, the on-demand fallback group is raised by the shortfall.
 
+Before these rules the handler asks whether the run may have machines at all
+(`spotrain.core.run_lifecycle`): `start` raises a run's groups to its declared sizes once its
+configuration is stored, and `hold` keeps a waiting, finished or cancelled run at 0.
+
 A run with a deadline replaces rule 4's fixed wait, and the scheduled check's return to spot,
 with the deadline policy (`spotrain.core.deadline_policy.uniform_progress`, the one the cost
 simulator replays): on-demand covers the shortfall when the run falls behind its schedule,
@@ -298,6 +302,24 @@ def hold(groups: Sequence[Group], why: str, how_to_release: str) -> Decision:
         {g.name: 0 for g in running},
         min_sizes={g.name: 0 for g in running},
     )
+
+
+def start(groups: Sequence[Group], declared: Mapping[str, Mapping[str, int]]) -> Decision:
+    """A run that may now train (its configuration is stored): each group is raised to the
+    sizes the run declares (`min_size`, `desired`); a group already larger keeps its size."""
+    desired, min_sizes = {}, {}
+    for group in groups:
+        sizes = declared.get(group.name)
+        if not sizes:
+            continue
+        want_min = max(group.min_size, int(sizes.get("min_size", 0)))
+        want = max(group.desired, int(sizes.get("desired", 0)), want_min)
+        if (want_min, want) != (group.min_size, group.desired):
+            desired[group.name], min_sizes[group.name] = want, want_min
+    summary = ", ".join(f"{name} {min_sizes[name]}..{desired[name]}" for name in sorted(desired))
+    return Decision("start", f"the run's configuration is stored: its groups start ({summary})"
+                    if desired else "the run's configuration is stored: its groups already run",
+                    desired, min_sizes=min_sizes)  # fmt: skip
 
 
 def release(groups: Sequence[Group], held: Mapping[str, Mapping[str, int]]) -> Decision:

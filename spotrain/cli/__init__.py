@@ -8,6 +8,8 @@ spotrain destroy ENV              destroy ENV's stacks
 spotrain scan                     checkov over every synthesized stack, reasoned skips only
 spotrain train CONFIG             train (torchrun on this machine, or one node of many)
 spotrain config put|get|history   the run's configuration, stored where the fleet reads it
+spotrain run list|status|cancel|resume ENV [RUN]
+                                  an environment's runs: phase, step, machines, spend
 spotrain data prepare|show        datasets: text into token shards in the store
 spotrain checkpoints ...          list, show, verify, restore, gc a run's checkpoints
 spotrain cost plan|simulate       a run's cost per strategy before it starts; trace replay
@@ -33,6 +35,7 @@ from spotrain.cli import (
     local,
     logs,
     prices,
+    runs,
     train,
 )
 from spotrain.core.errors import SpotrainError
@@ -47,6 +50,7 @@ def parser() -> argparse.ArgumentParser:
     )
     commands = root.add_subparsers(dest="command", required=True)
     local.add_parsers(commands)
+    runs.add_parsers(commands)
     fleet.add_parsers(commands)
     logs.add_parsers(commands)
     budget.add_parsers(commands)

@@ -19,16 +19,22 @@ from spotrain.core.errors import SpotrainError
 def _put(storage: Any, args: argparse.Namespace) -> int:
     from dataclasses import asdict
 
-    from spotrain.trainer import run_config
+    from spotrain.trainer import datasets, run_config
     from spotrain.trainer.train import load_config
 
     if args.config is None:
         raise SpotrainError("`spotrain config put` needs the configuration file: "
                             "spotrain config put CONFIG --store URI")  # fmt: skip
     config = load_config(args.config, args.set)  # every problem, before anything is stored
+    if datasets.is_dataset(config.data):
+        # Stored means ready: the run's machines start once a configuration is there, so the
+        # dataset it names must be there first.
+        datasets.read_manifest(*datasets.locate(config.data, args.store,
+                                                kms_key_id=config.kms_key_id))  # fmt: skip
     stored = run_config.put(storage, asdict(config))
-    say(f"run {config.run}: configuration stored as {storage.uri}/{stored.key}; machines "
-        "that start from now on train with it")  # fmt: skip
+    say(f"run {config.run}: configuration stored as {storage.uri}/{stored.key}; its machines "
+        "start at the interruption handler's next capacity check (if it waited for one), "
+        "and machines that start from now on train with it")  # fmt: skip
     return 0
 
 

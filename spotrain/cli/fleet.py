@@ -87,10 +87,14 @@ def _reset_crashes(fleet: _Fleet, args: argparse.Namespace) -> int:
 
 
 def _may_start(fleet: _Fleet, args: argparse.Namespace) -> int:
-    from spotrain.core import fleet_state, spend_ledger
+    from spotrain.core import fleet_state, run_lifecycle, spend_ledger
 
     failed = fleet_state.run_state(fleet.table, args.run).failed
     spend = spend_ledger.read(fleet.table, args.run)
+    lifecycle = run_lifecycle.read(fleet.table, args.run)
+    if lifecycle.stopped:
+        say(f"run {args.run} may not start: {lifecycle.why_stopped}")
+        return 3
     if failed:
         say(f"run {args.run} is held after repeated crashes: fix the cause, then "
             "`spotrain fleet reset-crashes`")  # fmt: skip

@@ -34,6 +34,12 @@ def run_prefix(run_name: str) -> str:
     return f"{RUNS_PREFIX}/{run_name}"
 
 
+def configs_prefix(run_name: str) -> str:
+    """Versions of the run's training configuration (`spotrain config put`), oldest first by
+    key; the handler starts a run's machines once one is there."""
+    return f"{run_prefix(run_name)}/config/"
+
+
 DATASETS_PREFIX = "datasets"
 """Prepared datasets, shared by runs: machines may read them, never write."""
 
@@ -80,6 +86,10 @@ HEAD_SORT_KEY = "HEAD"
 """The run's head item: the latest complete checkpoint, moved only by a conditional write."""
 LEASE_SORT_KEY = "LEASE"
 """The run's writer lease: generation numbers fence off stale writers."""
+
+FINAL_KEY = "final"
+"""On a checkpoint's record: it is the run's last step (the trainer finished the run); the
+interruption handler then takes the run's machines away."""
 
 STATUS_COMPLETE = "COMPLETE"
 STATUS_QUARANTINED = "QUARANTINED"
@@ -219,6 +229,13 @@ def spend_point_sort_key(as_of: float) -> str:
 
 def cap_notice_sort_key(at: float, percent: int) -> str:
     return f"{CAP_NOTICE_PREFIX}{round(at * 1000):015d}#{percent:03d}"
+
+
+def lifecycle_key(run_name: str) -> str:
+    """Partition of the run's lifecycle (`RUN_STATE_SORT_KEY`: `started_at`, `finished_step`,
+    `finished_at`, `cancelled_at`, `cancelled_by`): the handler and operators write it,
+    machines only read it (a machine may not start, or keep going, a run that was stopped)."""
+    return f"LIFECYCLE#{run_name}"
 
 
 def caps_key(run_name: str) -> str:

@@ -54,7 +54,7 @@ class RunState:
 @dataclass(frozen=True)
 class ExitVerdict:
     kind: str
-    """finished | preempted | crash"""
+    """finished | preempted | stopped | crash"""
     crashes: int
     failed: bool
 
@@ -237,14 +237,23 @@ def record_exit(
     *,
     max_crashes: int = DEFAULT_MAX_CRASHES,
 ) -> ExitVerdict:
-    """Account for a trainer exit. A clean exit, or any exit of a machine being interrupted,
-    is not a failure; other exits count as crashes, and `max_crashes` of them since the run's
-    last release hold it (the handler and the boot script hold at DEFAULT_MAX_CRASHES)."""
-    if exit_code == 0 or instance_status(table, run, instance_id) == INSTANCE_STATUS_INTERRUPTING:
+    """Account for a trainer exit. A clean exit, any exit of a machine being interrupted, and
+    any exit of a machine of a run that was stopped (cancelled or finished: its groups went to
+    0 and the machine was told to leave) is not a failure; other exits count as crashes, and
+    `max_crashes` of them since the run's last release hold it (the handler and the boot
+    script hold at DEFAULT_MAX_CRASHES)."""
+    from spotrain.core import run_lifecycle
+
+    kind = None
+    if exit_code == 0:
+        kind = "finished"
+    elif instance_status(table, run, instance_id) == INSTANCE_STATUS_INTERRUPTING:
+        kind = "preempted"
+    elif run_lifecycle.read(table, run).stopped:
+        kind = "stopped"
+    if kind is not None:
         state = run_state(table, run, max_crashes=max_crashes)
-        return ExitVerdict(
-            "finished" if exit_code == 0 else "preempted", state.crashes, state.failed
-        )
+        return ExitVerdict(kind, state.crashes, state.failed)
     now = time.time()
     table.put_item(
         Item={

@@ -28,7 +28,8 @@
   template's instance type (none) and all on on-demand. Here each new machine takes the
   group's first override type, and those beyond `OnDemandBaseCapacity` (plus
   `OnDemandPercentageAboveBaseCapacity` of the rest) are spot machines
-  (`InstanceLifecycle: spot`), as AWS launches them.
+  (`InstanceLifecycle: spot`), as AWS launches them. An UpdateAutoScalingGroup that names no
+  policy keeps the group's (moto drops it, and the group then launches machines of no type).
 
 `install()` patches moto in this process; the local cloud server calls it before it serves.
 """
@@ -440,6 +441,35 @@ def _install_autoscaling_markets() -> None:
     FakeAutoScalingGroup.replace_autoscaling_group_instances = replace_autoscaling_group_instances  # type: ignore[method-assign]
 
 
+def _install_autoscaling_update_keeps_the_policy() -> None:
+    """UpdateAutoScalingGroup changes only what it names; moto drops the group's mixed
+    instances policy when a request names none (a scale by minimum and desired), and the
+    group then launches instances of no type, in no market. The local cloud keeps it, as AWS
+    does, so a group the handler starts or releases launches what it was deployed with."""
+    from moto.autoscaling.models import FakeAutoScalingGroup
+
+    update = FakeAutoScalingGroup.update
+
+    def keep_the_policy(self: FakeAutoScalingGroup, *args: Any, **kwargs: Any) -> None:
+        kept = self.mixed_instances_policy
+        if (
+            kept
+            and kwargs.get("mixed_instances_policy") is None
+            and not kwargs.get("launch_template")
+        ):
+            # As it was given (the template by id or by name: moto refuses both at once).
+            spec = dict(kept["LaunchTemplate"]["LaunchTemplateSpecification"])
+            if spec.get("LaunchTemplateId"):
+                spec.pop("LaunchTemplateName", None)
+            kwargs["mixed_instances_policy"] = {
+                **kept, "LaunchTemplate": {**kept["LaunchTemplate"],
+                                           "LaunchTemplateSpecification": spec},
+            }  # fmt: skip
+        update(self, *args, **kwargs)
+
+    FakeAutoScalingGroup.update = keep_the_policy  # type: ignore[method-assign]
+
+
 def _install_autoscaling_bounds() -> None:
     """Auto Scaling refuses a desired capacity outside the group's minimum and maximum (and a
     minimum above the maximum) when asked for one; moto takes any. The local cloud answers the
@@ -503,6 +533,7 @@ def install() -> None:
     _install_s3_checksums()
     authorization.install()
     _install_dynamodb_stream_functions()
+    _install_autoscaling_update_keeps_the_policy()
     price_list.install()
     _install_autoscaling_markets()
     _install_autoscaling_bounds()

@@ -2,7 +2,8 @@
 
 1. prepare a dataset with `spotrain data prepare` into the deployed bucket, and store the
    run's configuration there with `spotrain config put`;
-2. scale the deployed fleet group to 3 and play each of its instances on this host
+2. the handler's capacity check starts the deployed fleet group (deployed empty) now that the
+   configuration is stored; scale it to 3 and play each of its instances on this host
    (`spotrain.localcloud.machines`): the deployed launch template's user data, then
    bootstrap.sh; the on-demand one claims the coordinator role, the spot ones find it in the
    fleet state, and all three train the run together and publish into the deployed catalog;
@@ -14,7 +15,10 @@
 5. report steps lost, notice to published, time to re-form and to join, every step's loss
    against one process that trained the same run uninterrupted with the same global batch,
    and the fleet's spend (the handler's scheduled check at the start, after the reclaim and
-   at the end, priced by the local cloud's price book).
+   at the end, priced by the local cloud's price book);
+6. once the run publishes its final step, the catalog's stream reaches the deployed handler
+   (run by the local cloud from the deployed zip), which takes the groups to 0: no machine in
+   service after the next check, and the ledger stays where it is.
 
 Run by `spotrain rehearse --fleet`, and by the tests on their own deployment.
 """
@@ -53,7 +57,23 @@ JOIN_AFTER_STEPS = 10
 LOSS_TOLERANCE = 1e-5
 """Relative: a group of another size sums the same batch in another order."""
 DATASET = "rehearsal-corpus"
+FINISH_WAIT_S = 60
+"""How long the catalog's stream may take to reach the handler after the final publish."""
 TIMEOUT_S = 600
+
+
+@dataclass(frozen=True)
+class Finish:
+    """What became of the fleet once the run published its final step."""
+
+    by_stream: bool
+    """The catalog's stream told the deployed handler (before any capacity check)."""
+    seconds: float
+    """From the last machine's exit to the run marked finished."""
+    in_service: int
+    """Machines in service after the next capacity check."""
+    ledger_usd: tuple[float, float]
+    """The spend ledger one and two checks after the finish."""
 
 
 @dataclass
@@ -76,12 +96,17 @@ class FleetReport:
     head_step: int
     max_loss_difference: float
     steps_compared: int
+    finish: Finish
     spend: str = "not counted"
     problems: list[str] = field(default_factory=list)
 
     @property
     def passed(self) -> bool:
         return not self.problems
+
+    @property
+    def finish_seen_by(self) -> str:
+        return "the catalog stream" if self.finish.by_stream else "the capacity check"
 
     def render(self) -> str:
         sizes = " -> ".join(f"{n} (from step {s})" for s, n in self.worlds)
@@ -105,6 +130,10 @@ class FleetReport:
             f"  published head                step {self.head_step}",
             f"  losses                        {self.steps_compared} steps, each within "
             f"{self.max_loss_difference:.1e} (relative) of the uninterrupted run's",
+            f"  after the final step          {self.finish_seen_by} marked the run finished "
+            f"{self.finish.seconds:.1f} s after the last exit; "
+            f"{self.finish.in_service} machine(s) in service after the next check; ledger "
+            f"${self.finish.ledger_usd[0]:,.4f} then ${self.finish.ledger_usd[1]:,.4f}",
             f"  spend                         {self.spend}",
             *(f"  PROBLEM: {p}" for p in self.problems),
         ]  # fmt: skip
@@ -185,6 +214,18 @@ class FleetRehearsal:
 
         autoscaling = control.client("autoscaling", cloud.endpoint, region)
         ec2 = control.client("ec2", cloud.endpoint, region)
+
+        def check() -> dict[str, Any]:
+            return deliver_capacity_check(cloud, outputs["handler_function"], region)
+
+        # The groups were deployed empty: the handler's check starts them now that the run's
+        # configuration is stored (and the spend ledger starts counting their time).
+        started = check()
+        if not in_service(autoscaling, group)[0]:
+            raise RehearsalFailed(f"the capacity check did not start {group}: "
+                                  f"{started['decision']}: {started['reason']}")  # fmt: skip
+        self._indented(f"capacity check: {started['decision']}: {started['reason']}")
+        # Three machines rather than the declared two, as `spotrain fleet scale` asks.
         autoscaling.set_desired_capacity(
             AutoScalingGroupName=group, DesiredCapacity=MACHINES, HonorCooldown=False
         )
@@ -193,11 +234,6 @@ class FleetRehearsal:
             raise RehearsalFailed(f"{group} has {len(members)} instances, not {MACHINES}")
         user_data = deployed_user_data(ec2, launch_template)
         port = control.free_port()
-
-        def check() -> None:
-            deliver_capacity_check(cloud, outputs["handler_function"], region)
-
-        check()  # the spend ledger starts: every machine's time since its launch
         self.say(f"[3/5] {MACHINES} instances of the group {group} boot from the launch "
                  f"template {launch_template}: one on-demand (the run's coordinator), the "
                  "others spot")  # fmt: skip
@@ -242,14 +278,15 @@ class FleetRehearsal:
 
         reference_phase, reference_trainer = reference
         reference_trainer.finish()
-        check()
         table = control.resource("dynamodb", cloud.endpoint, region).Table(outputs["events_table"])
+        finish = self._after_the_finish(table, run, check,
+                                        lambda: len(in_service(autoscaling, group)[0]))  # fmt: skip
         head = catalog.head()
         return self._report(
             run=run, launch_template=launch_template, metrics=metrics,
             expected=reference_phase.losses(), codes=codes, reclaimed=reclaimed,
             coordinator=coordinator, joiner=joiner, noticed_at=noticed_at, joined_at=joined_at,
-            handled=handled,
+            handled=handled, finish=finish,
             crashes=fleet_state.run_state(table, run).crashes,
             head_step=head.step if head else 0,
             spend=spend_line(cloud, outputs["events_table"], region, run),
@@ -259,7 +296,7 @@ class FleetRehearsal:
         self, *, run: str, launch_template: str, metrics: Phase, expected: dict[int, float],
         codes: dict[str, int], reclaimed: LocalMachine, coordinator: LocalMachine,
         joiner: LocalMachine, noticed_at: float, joined_at: float, handled: dict[str, Any],
-        crashes: int,
+        finish: Finish, crashes: int,
         head_step: int,
         spend: str,
     ) -> FleetReport:  # fmt: skip
@@ -300,6 +337,12 @@ class FleetRehearsal:
             problems.append(f"{crashes} crash(es) counted for run {run}")
         if head_step != STEPS:
             problems.append(f"the catalog's head is step {head_step}, not {STEPS}")
+        if finish.in_service:
+            problems.append(f"{finish.in_service} machine(s) still in service after the run "
+                            "finished and the next capacity check")  # fmt: skip
+        if finish.ledger_usd[0] != finish.ledger_usd[1]:
+            problems.append(f"the ledger grew after the finish: ${finish.ledger_usd[0]:.4f} -> "
+                            f"${finish.ledger_usd[1]:.4f}")  # fmt: skip
         reclaim_stop, join_stop = stops[0], stops[1]
         return FleetReport(
             run=run, launch_template=launch_template, machines=fates, worlds=worlds,
@@ -309,8 +352,34 @@ class FleetRehearsal:
             join_stop=int(join_stop["step"]), join_resume=int(starts[2]["step"]),
             join_s=float(starts[2]["at"]) - joined_at, handler=handled, crashes=crashes,
             head_step=head_step, max_loss_difference=worst, steps_compared=len(differences),
-            spend=spend, problems=problems,
+            finish=finish, spend=spend, problems=problems,
         )  # fmt: skip
+
+    def _after_the_finish(
+        self, table: Any, run: str, check: Callable[[], dict[str, Any]],
+        in_service: Callable[[], int],
+    ) -> Finish:  # fmt: skip
+        """The run published its final step: the catalog's stream reaches the deployed handler
+        (run by the local cloud from the deployed zip), which takes the groups to 0; then two
+        capacity checks, between which the ledger must not move."""
+        from spotrain.core import run_lifecycle, spend_ledger
+
+        exited = time.monotonic()
+        waited_until = exited + FINISH_WAIT_S
+        while run_lifecycle.read(table, run).finished_step is None:
+            if time.monotonic() > waited_until:
+                break
+            time.sleep(0.2)
+        by_stream = run_lifecycle.read(table, run).finished_step is not None
+        took = time.monotonic() - exited
+        self.say(f"      run {run} finished: its groups go to 0 "
+                 f"({'catalog stream' if by_stream else 'not seen on the stream'})")  # fmt: skip
+        check()
+        first = spend_ledger.read(table, run).spend_usd
+        remaining = in_service()
+        check()
+        return Finish(by_stream=by_stream, seconds=took, in_service=remaining,
+                      ledger_usd=(first, spend_ledger.read(table, run).spend_usd))  # fmt: skip
 
     # --- helpers -------------------------------------------------------------------------
     def _indented(self, message: str) -> None:

@@ -1,6 +1,7 @@
 """The rehearsal: the whole story of a spot run on the local cloud, in one command.
 
-1. bring up the local cloud and deploy the `local` environment;
+1. bring up the local cloud and deploy the `local` environment; store the environment run's
+   configuration, so the handler's capacity check starts the run's fleet (deployed empty);
 2. train a small GPT on CPU, checkpointing to the local S3 with the DynamoDB catalog;
 3. announce a spot interruption (the local IMDS endpoint, and the EventBridge event to the
    deployed handler's code with its deployed configuration): the trainer publishes an
@@ -192,10 +193,14 @@ class Rehearsal:
             )
         }
         run = run or config.run_name
-        instance = self._fleet_instance(cloud, outputs["fleet_group"], primary)
-        # The handler's checks count the deployed fleet's machine time (the environment's run).
-        deliver_capacity_check(cloud, outputs["handler_function"], primary)
         settings = {**self._settings(), "run": run}
+        # The fleet is deployed empty: as a user does, store the environment run's
+        # configuration; the handler's capacity check then starts the run's groups, and its
+        # checks count the fleet's machine time from there.
+        self._store_configuration(cloud, outputs, {**settings, "run": config.run_name,
+                                                   "steps": STEPS}, keys[primary])  # fmt: skip
+        deliver_capacity_check(cloud, outputs["handler_function"], primary)
+        instance = self._fleet_instance(cloud, outputs["fleet_group"], primary)
         on_primary = {
             **settings,
             "store": f"s3://{outputs['checkpoint_bucket']}",
@@ -286,6 +291,26 @@ class Rehearsal:
             "run": "rehearsal", "data": str(corpus), "model": MODEL,
             "checkpoint_every": CHECKPOINT_EVERY, "micro_batch": 4, "log_every": 5, "seed": 7,
         }  # fmt: skip
+
+    def _store_configuration(
+        self, cloud: control.RunningCloud, outputs: dict[str, Any], fields: dict[str, Any],
+        key: str,
+    ) -> None:  # fmt: skip
+        """`spotrain config put`: the run's training configuration, checked, into its bucket."""
+        from dataclasses import asdict
+
+        from spotrain.trainer import run_config
+        from spotrain.trainer.storage import open_storage
+        from spotrain.trainer.train import load_config
+
+        region = outputs["config"].primary_region
+        store = f"s3://{outputs['checkpoint_bucket']}"
+        path = self.work / "fleet-configuration.json"
+        path.write_text(json.dumps({**fields, "store": store, "work_dir": "/set/by/each/machine"}))
+        storage = open_storage(store, kms_key_id=key,
+                               client=control.client("s3", cloud.endpoint, region))  # fmt: skip
+        stored = run_config.put(storage, asdict(load_config(path)))
+        self._indented(f"run {fields['run']}'s configuration stored as {stored.key}")
 
     def _fleet_instance(self, cloud: control.RunningCloud, group: str, region: str) -> str:
         from spotrain.localcloud.machines import in_service

@@ -1,0 +1,274 @@
+"""`spotrain run list|status|cancel|resume ENV [RUN]`: an environment's runs, each with its own
+groups (found by the run tag), lifecycle, fleet state, spend and checkpoints.
+
+A run pays only while it trains: `cancel` takes its groups to nothing at once (each machine
+gets SIGTERM and publishes its emergency checkpoint before it goes) and marks it cancelled, so
+the interruption handler keeps it there and no machine of it may start; `resume` puts back the
+sizes it had and it continues from its head. Operator credentials: machines may read a run's
+lifecycle, never write it."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spotrain.cli.arguments import environment, run_name
+from spotrain.cli.output import json_text, say
+from spotrain.core.errors import SpotrainError, aws_errors
+
+
+@dataclass(frozen=True)
+class _Where:
+    """The environment's tables and Auto Scaling, in its primary region."""
+
+    events: Any
+    catalog: Any
+    autoscaling: Any
+    events_table: str
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run: str
+    phase: str
+    why: str
+    step: int | None
+    """The published head's step (None: nothing published yet)."""
+    final: bool
+    machines: dict[str, int]
+    """In service, per group."""
+    sizes: dict[str, str]
+    """min..desired..max per group."""
+    spend_usd: float
+    on_demand_usd: float
+    cap_usd: float | None
+    crashes: int
+    last_interruption: str | None
+
+
+def _where(env_name: str) -> _Where:
+    import boto3
+
+    from spotrain.core.catalog_schema import CHECKPOINTS_TABLE_SUFFIX, EVENTS_TABLE_SUFFIX
+    from spotrain.stacks.base import resource_name
+
+    config = environment(env_name)
+    region = config.primary_region
+    events_table = resource_name(config, EVENTS_TABLE_SUFFIX)
+    dynamodb = boto3.resource("dynamodb", region_name=region)
+    return _Where(
+        events=dynamodb.Table(events_table),
+        catalog=dynamodb.Table(resource_name(config, CHECKPOINTS_TABLE_SUFFIX)),
+        autoscaling=boto3.client("autoscaling", region_name=region),
+        events_table=events_table,
+    )
+
+
+def run_groups(autoscaling: Any, run: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """Groups tagged with a run (`run`'s only, if given), by run."""
+    from spotrain.core.catalog_schema import RUN_TAG
+
+    wanted = {"Name": f"tag:{RUN_TAG}", "Values": [run]} if run else {
+        "Name": "tag-key", "Values": [RUN_TAG]}  # fmt: skip
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for page in autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
+        Filters=[wanted]
+    ):
+        for group in page["AutoScalingGroups"]:
+            tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+            by_run.setdefault(tags[RUN_TAG], []).append(group)
+    return by_run
+
+
+def _in_service(group: dict[str, Any]) -> int:
+    return sum(i.get("LifecycleState") == "InService" for i in group.get("Instances", []))
+
+
+def status_of(where: _Where, run: str, groups: list[dict[str, Any]]) -> RunStatus:
+    from spotrain.core import fleet_state, run_lifecycle, spend_ledger
+    from spotrain.core.catalog_schema import (
+        FINAL_KEY,
+        HEAD_SORT_KEY,
+        PARTITION_KEY,
+        SORT_KEY,
+        run_key,
+    )
+
+    lifecycle = run_lifecycle.read(where.events, run)
+    state = fleet_state.run_state(where.events, run)
+    ledger = spend_ledger.read(where.events, run)
+    head = where.catalog.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: HEAD_SORT_KEY},
+                                  ConsistentRead=True).get("Item")  # fmt: skip
+    step, final = None, False
+    if head and "latest" in head:
+        step = int(head["step"])
+        record = where.catalog.get_item(
+            Key={PARTITION_KEY: run_key(run), SORT_KEY: head["latest"]}
+        ).get("Item") or {}  # fmt: skip
+        final = bool(record.get(FINAL_KEY))
+    machines = {g["AutoScalingGroupName"]: _in_service(g) for g in groups}
+    marks = sorted(fleet_state.instances(where.events, run),
+                   key=lambda item: str(item.get("updated_at", "")))  # fmt: skip
+    phase = run_lifecycle.phase(
+        lifecycle, failed=state.failed, over_cap=ledger.held,
+        in_service=sum(machines.values()), trained_since_start=step is not None,
+    )  # fmt: skip
+    why = lifecycle.why_stopped or (
+        "held after repeated crashes (`spotrain fleet reset-crashes`)" if state.failed
+        else "held at its spend cap (`spotrain fleet release --max-spend-usd N`)" if ledger.held
+        else "no training configuration stored (`spotrain config put`)" if phase == "waiting"
+        else ""
+    )  # fmt: skip
+    return RunStatus(
+        run=run, phase=phase, why=why, step=step, final=final, machines=machines,
+        sizes={g["AutoScalingGroupName"]: f"{g['MinSize']}..{g['DesiredCapacity']}.."
+               f"{g['MaxSize']}" for g in groups},
+        spend_usd=round(ledger.spend_usd, 2), on_demand_usd=round(ledger.on_demand_usd, 2),
+        cap_usd=ledger.cap_usd, crashes=state.crashes,
+        last_interruption=(f"{marks[-1]['sk'].split('#', 1)[1]} {marks[-1].get('status')} at "
+                           f"{marks[-1].get('updated_at')}" if marks else None),
+    )  # fmt: skip
+
+
+def _line(status: RunStatus) -> str:
+    machines = sum(status.machines.values())
+    step = "-" if status.step is None else f"{status.step}{' (final)' if status.final else ''}"
+    cap = f" of ${status.cap_usd:,.2f}" if status.cap_usd is not None else ""
+    return (f"{status.run:<24} {status.phase:<10} step {step:<14} machines {machines:<3} "
+            f"${status.spend_usd:,.2f}{cap}")  # fmt: skip
+
+
+def _list(where: _Where, args: argparse.Namespace) -> int:
+    statuses = [status_of(where, run, groups)
+                for run, groups in sorted(run_groups(where.autoscaling).items())]  # fmt: skip
+    if args.json:
+        say(json_text([asdict(s) for s in statuses]))
+    elif not statuses:
+        say(f"no run has groups in environment {args.environment}")
+    for status in [] if args.json else statuses:
+        say(_line(status))
+    return 0
+
+
+def _status(where: _Where, args: argparse.Namespace) -> int:
+    status = status_of(where, args.run, _groups_of(where, args))
+    if args.json:
+        say(json_text(asdict(status)))
+        return 0
+    say(_line(status) + (f": {status.why}" if status.why else ""))
+    for name, count in status.machines.items():
+        say(f"  {name:<44} {count} in service (min..desired..max {status.sizes[name]})")
+    say(
+        f"  spend ${status.spend_usd:,.2f} (on-demand equivalent ${status.on_demand_usd:,.2f}); "
+        f"{status.crashes} crash(es); last interruption: {status.last_interruption or 'none'}"
+    )
+    return 0
+
+
+def _cancel(where: _Where, args: argparse.Namespace) -> int:
+    from spotrain.core import fleet_state, run_lifecycle
+
+    groups = _groups_of(where, args)
+    lifecycle = run_lifecycle.read(where.events, args.run)
+    if lifecycle.finished_step is not None:
+        raise SpotrainError(f"run {args.run} already finished (step {lifecycle.finished_step} "
+                            "is final): its groups are at 0; nothing to cancel")  # fmt: skip
+    # Sizes first, then the mark: a resume finds what to put back whichever step failed.
+    fleet_state.set_held_sizes(where.events, args.run, {
+        g["AutoScalingGroupName"]: {"min_size": int(g["MinSize"]),
+                                    "desired": int(g["DesiredCapacity"])}
+        for g in groups
+    })  # fmt: skip
+    run_lifecycle.mark_cancelled(where.events, args.run, by=_caller(), at=time.time())
+    for group in groups:
+        where.autoscaling.update_auto_scaling_group(
+            AutoScalingGroupName=group["AutoScalingGroupName"], MinSize=0, DesiredCapacity=0
+        )
+    said = sum(_in_service(g) for g in groups)
+    say(f"run {args.run} cancelled: its groups are at 0; {said} machine(s) publish their "
+        f"emergency checkpoint and leave. `spotrain run resume {args.environment} {args.run}` "
+        "continues it from its head")  # fmt: skip
+    return 0
+
+
+def _resume(where: _Where, args: argparse.Namespace) -> int:
+    from spotrain.core import fleet_state, run_lifecycle, spend_ledger
+
+    groups = {g["AutoScalingGroupName"] for g in _groups_of(where, args)}
+    lifecycle = run_lifecycle.read(where.events, args.run)
+    if lifecycle.finished_step is not None:
+        raise SpotrainError(
+            f"run {args.run} finished (step {lifecycle.finished_step} is final): "
+            "to train further, store a configuration under a new run name"
+        )
+    if lifecycle.cancelled_at is None:
+        say(f"run {args.run} is not cancelled: nothing to resume")
+        return 0
+    run_lifecycle.clear_cancelled(where.events, args.run)
+    state = fleet_state.run_state(where.events, args.run)
+    if state.failed or spend_ledger.read(where.events, args.run).held:
+        say(f"run {args.run} is no longer cancelled, but still held "
+            f"({'after repeated crashes' if state.failed else 'at its spend cap'}): its "
+            "groups stay at 0 until it is released")  # fmt: skip
+        return 0
+    back = {name: sizes for name, sizes in (state.held_sizes or {}).items() if name in groups}
+    for name, sizes in sorted(back.items()):
+        where.autoscaling.update_auto_scaling_group(
+            AutoScalingGroupName=name, MinSize=sizes["min_size"], DesiredCapacity=sizes["desired"]
+        )
+    fleet_state.set_held_sizes(where.events, args.run, None)
+    sizes_text = ", ".join(f"{n} {s['min_size']}..{s['desired']}" for n, s in sorted(back.items()))
+    say(f"run {args.run} resumed: {sizes_text or 'its groups start at the next check'}; it "
+        "continues from its head")  # fmt: skip
+    return 0
+
+
+def _groups_of(where: _Where, args: argparse.Namespace) -> list[dict[str, Any]]:
+    groups = run_groups(where.autoscaling, args.run).get(args.run, [])
+    if not groups:
+        raise SpotrainError(f"no Auto Scaling group of run {args.run} in environment "
+                            f"{args.environment}: `spotrain run list {args.environment}` shows "
+                            "its runs")  # fmt: skip
+    return groups
+
+
+def _caller() -> str:
+    import boto3
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        return str(boto3.client("sts").get_caller_identity()["Arn"])
+    except (BotoCoreError, ClientError):
+        return "unknown"
+
+
+ACTIONS: dict[str, Callable[[_Where, argparse.Namespace], int]] = {
+    "list": _list, "status": _status, "cancel": _cancel, "resume": _resume,
+}  # fmt: skip
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if args.action != "list":
+        if not args.run:
+            raise SpotrainError(f"`spotrain run {args.action}` needs the run: "
+                                f"`spotrain run {args.action} {args.environment} RUN`")  # fmt: skip
+        run_name(args.run, "RUN")
+    fix = "check the environment is deployed, AWS_REGION and your credentials"
+    with aws_errors(f"`spotrain run {args.action}`", fix):
+        return ACTIONS[args.action](_where(args.environment), args)
+
+
+def add_parsers(commands: Any) -> None:
+    run = commands.add_parser("run", help="an environment's runs: list, status, cancel, resume")
+    run.add_argument("action", choices=list(ACTIONS),
+                     help="list: every run with its phase; status: one run's step, machines, "
+                     "spend and last interruption; cancel: its machines checkpoint and go, its "
+                     "groups stay at 0; resume: a cancelled run continues from its "
+                     "head")  # fmt: skip
+    run.add_argument("environment", help="the environment (stacks/environments.py)")
+    run.add_argument("run", nargs="?", help="the run (every action but list)")
+    run.add_argument("--json", action="store_true", help="list, status: JSON for scripts")
+    run.set_defaults(handler=cmd_run)

@@ -1,0 +1,144 @@
+"""A run's lifecycle: whether its machines may run at all.
+
+A run pays only while it trains. Its groups are deployed empty; the interruption handler's
+capacity check starts them (at the sizes the run declares) once the run's training
+configuration is in the checkpoint bucket, and takes them back to nothing when the run
+publishes its final step (the catalog's stream tells the handler at once, the next check makes
+sure) or an operator cancels it. A finished or cancelled run has no machine in service.
+
+The lifecycle lives under a key of its own (`catalog_schema.lifecycle_key`): the handler and
+operators write it, machines may only read it, so no machine can restart a run that was
+stopped. Shared by the handler (it ships in the Lambda zip: boto3 and the standard library
+only), `spotrain run` and `spotrain fleet may-start`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import Decimal
+from typing import Any
+
+from spotrain.core.catalog_schema import PARTITION_KEY, RUN_STATE_SORT_KEY, SORT_KEY, lifecycle_key
+
+WAITING = "waiting"
+"""No training configuration stored yet: no machine starts (`spotrain config put`)."""
+STARTING = "starting"
+"""Started: machines are booting or meeting, no step trained by this start yet."""
+TRAINING = "training"
+HELD = "held"
+"""At its spend cap: groups at 0 until an operator raises the cap."""
+FAILED = "failed"
+"""Held after repeated crashes: groups at 0 until an operator releases it."""
+FINISHED = "finished"
+CANCELLED = "cancelled"
+PHASES = (WAITING, STARTING, TRAINING, HELD, FAILED, FINISHED, CANCELLED)
+
+
+@dataclass(frozen=True)
+class Lifecycle:
+    started_at: float | None = None
+    """When the handler first started the run's groups (its configuration was stored)."""
+    finished_step: int | None = None
+    """The final step the run published (it is done)."""
+    finished_at: float | None = None
+    cancelled_at: float | None = None
+    cancelled_by: str = ""
+
+    @property
+    def stopped(self) -> bool:
+        """Finished or cancelled: the run's groups stay at 0."""
+        return self.finished_step is not None or self.cancelled_at is not None
+
+    @property
+    def why_stopped(self) -> str:
+        if self.cancelled_at is not None:
+            by = f" by {self.cancelled_by}" if self.cancelled_by else ""
+            return f"the run was cancelled{by} (`spotrain run resume` starts it again)"
+        if self.finished_step is not None:
+            return f"the run finished: its final step {self.finished_step} is published"
+        return ""
+
+
+def _key(run: str) -> dict[str, str]:
+    return {PARTITION_KEY: lifecycle_key(run), SORT_KEY: RUN_STATE_SORT_KEY}
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if value is not None else None
+
+
+def read(table: Any, run: str) -> Lifecycle:
+    item = table.get_item(Key=_key(run), ConsistentRead=True).get("Item") or {}
+    step = item.get("finished_step")
+    return Lifecycle(
+        started_at=_number(item.get("started_at")),
+        finished_step=int(step) if step is not None else None,
+        finished_at=_number(item.get("finished_at")),
+        cancelled_at=_number(item.get("cancelled_at")),
+        cancelled_by=str(item.get("cancelled_by", "")),
+    )
+
+
+def _at(epoch_s: float) -> Decimal:
+    return Decimal(str(round(epoch_s, 3)))
+
+
+def _set_once(table: Any, run: str, values: dict[str, Any], guard: str) -> bool:
+    """Set `values` unless `guard` is already set; True when this call set them."""
+    from botocore.exceptions import ClientError
+
+    names = {f"#{i}": name for i, name in enumerate(values)}
+    try:
+        table.update_item(
+            Key=_key(run),
+            UpdateExpression="SET " + ", ".join(f"#{i} = :{i}" for i in range(len(values))),
+            ConditionExpression=f"attribute_not_exists({guard})",
+            ExpressionAttributeNames=names,
+            ExpressionAttributeValues={f":{i}": v for i, v in enumerate(values.values())},
+        )
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
+
+
+def mark_started(table: Any, run: str, at: float) -> bool:
+    return _set_once(table, run, {"started_at": _at(at)}, "started_at")
+
+
+def mark_finished(table: Any, run: str, step: int, at: float) -> bool:
+    """The run published its final step `step`; True the first time (one notice)."""
+    return _set_once(table, run, {"finished_step": step, "finished_at": _at(at)}, "finished_step")
+
+
+def mark_cancelled(table: Any, run: str, *, by: str, at: float) -> bool:
+    """Operator: the run stops (its machines checkpoint and go); False if already cancelled."""
+    return _set_once(table, run, {"cancelled_at": _at(at), "cancelled_by": by}, "cancelled_at")
+
+
+def clear_cancelled(table: Any, run: str) -> None:
+    """Operator: a cancelled run may start again."""
+    table.update_item(Key=_key(run), UpdateExpression="REMOVE cancelled_at, cancelled_by")
+
+
+def phase(
+    lifecycle: Lifecycle,
+    *,
+    failed: bool,
+    over_cap: bool,
+    in_service: int,
+    trained_since_start: bool,
+) -> str:
+    """One word for where the run stands (see PHASES)."""
+    if lifecycle.cancelled_at is not None:
+        return CANCELLED
+    if lifecycle.finished_step is not None:
+        return FINISHED
+    if failed:
+        return FAILED
+    if over_cap:
+        return HELD
+    if lifecycle.started_at is None:
+        return WAITING
+    return TRAINING if in_service and trained_since_start else STARTING
