@@ -64,8 +64,6 @@ from spotrain.core import prices as price_book
 from spotrain.core.catalog_schema import (
     EVENT_SORT_KEY,
     EXPIRES_AT_KEY,
-    FINAL_KEY,
-    HEAD_SORT_KEY,
     INSTANCE_STATUS_INTERRUPTING,
     INSTANCE_STATUS_REBALANCING,
     INTERRUPTION_TAG,
@@ -79,7 +77,6 @@ from spotrain.core.catalog_schema import (
     configs_prefix,
     event_key,
     pool_key,
-    run_key,
 )
 from spotrain.core.deadline_policy import Progress, RunDeadline
 from spotrain.core.events import (
@@ -296,14 +293,8 @@ def final_step(settings: dict[str, Any]) -> int | None:
     if not settings["checkpoints_table"] or not settings["run"]:
         return None
     catalog = boto3.resource("dynamodb").Table(settings["checkpoints_table"])
-    pk = run_key(settings["run"])
-    head = catalog.get_item(Key={PARTITION_KEY: pk, SORT_KEY: HEAD_SORT_KEY},
-                            ConsistentRead=True).get("Item")  # fmt: skip
-    if not head or "latest" not in head:
-        return None
-    record = catalog.get_item(Key={PARTITION_KEY: pk, SORT_KEY: head["latest"]},
-                              ConsistentRead=True).get("Item") or {}  # fmt: skip
-    return int(record["step"]) if record.get(FINAL_KEY) and "step" in record else None
+    head = run_lifecycle.published_head(catalog, settings["run"])
+    return head.step if head is not None and head.final else None
 
 
 def declared_sizes(settings: dict[str, Any]) -> dict[str, dict[str, int]]:
@@ -534,7 +525,8 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
     lifecycle = run_lifecycle.read(table, run) if run else run_lifecycle.Lifecycle()
     if run and lifecycle.finished_step is None and (step := final_step(settings)) is not None:
         # The stream's notice was missed (or is still on its way): the check makes sure.
-        lifecycle = _finish(settings, table, step, now, ledger)
+        # The lifecycle decision below takes the groups to 0.
+        lifecycle = _finish(settings, table, step, now, ledger, stop=False)
     decision = _lifecycle_decision(settings, table, groups, lifecycle, now)
     if decision is not None:
         apply(decision, groups, table, run, autoscaling)
@@ -597,27 +589,29 @@ def _lifecycle_decision(
 
 def _finish(
     settings: dict[str, Any], table: Any, step: int, now: float,
-    ledger: spend_ledger.Ledger | None = None,
+    ledger: spend_ledger.Ledger | None = None, *, stop: bool = True,
 ) -> run_lifecycle.Lifecycle:  # fmt: skip
-    """The run published its final step: mark it finished, take its groups to 0 and, the first
-    time, send the topic the run's cost summary."""
+    """The run published its final step: mark it finished, take its groups to 0 (unless the
+    caller does: `stop`) and, the first time, send the topic the run's cost summary."""
     run = settings["run"]
     first = run_lifecycle.mark_finished(table, run, step, now)
     lifecycle = run_lifecycle.read(table, run)
-    autoscaling = _autoscaling_by_region()
-    groups = capacity_groups(settings, autoscaling)
-    stop = requeue.hold(groups, lifecycle.why_stopped, "no machine runs for it")
-    apply(stop, groups, table, run, autoscaling)
+    if stop:
+        autoscaling = _autoscaling_by_region()
+        groups = capacity_groups(settings, autoscaling)
+        apply(requeue.hold(groups, lifecycle.why_stopped, "no machine runs for it"), groups,
+              table, run, autoscaling)  # fmt: skip
     if first:
         ledger = ledger or spend_ledger.read(table, run)
         notify(settings["topic"], f"spotrain: run {run} finished at step {step}", {
-            "run": run, "kind": "finished", "step": step, "decision": stop.reason,
+            "run": run, "kind": "finished", "step": step,
+            "decision": f"{lifecycle.why_stopped}: its groups go to 0",
             "spend_usd": round(ledger.spend_usd, 2),
             "on_demand_usd": round(ledger.on_demand_usd, 2),
             "machine_hours": round(sum(p["seconds"] for p in ledger.per_pool.values()) / 3600, 3),
             "report": f"spotrain cost report --run {run} --events-table {settings['events_table']}",
         })  # fmt: skip
-        log.info("run %s finished at step %d: %s", run, step, stop.reason)
+        log.info("run %s finished at step %d", run, step)
     return lifecycle
 
 

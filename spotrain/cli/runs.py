@@ -89,32 +89,18 @@ def _in_service(group: dict[str, Any]) -> int:
 
 def status_of(where: _Where, run: str, groups: list[dict[str, Any]]) -> RunStatus:
     from spotrain.core import fleet_state, run_lifecycle, spend_ledger
-    from spotrain.core.catalog_schema import (
-        FINAL_KEY,
-        HEAD_SORT_KEY,
-        PARTITION_KEY,
-        SORT_KEY,
-        run_key,
-    )
 
     lifecycle = run_lifecycle.read(where.events, run)
     state = fleet_state.run_state(where.events, run)
     ledger = spend_ledger.read(where.events, run)
-    head = where.catalog.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: HEAD_SORT_KEY},
-                                  ConsistentRead=True).get("Item")  # fmt: skip
-    step, final = None, False
-    if head and "latest" in head:
-        step = int(head["step"])
-        record = where.catalog.get_item(
-            Key={PARTITION_KEY: run_key(run), SORT_KEY: head["latest"]}
-        ).get("Item") or {}  # fmt: skip
-        final = bool(record.get(FINAL_KEY))
+    head = run_lifecycle.published_head(where.catalog, run)
+    step, final = (head.step, head.final) if head is not None else (None, False)
     machines = {g["AutoScalingGroupName"]: _in_service(g) for g in groups}
     marks = sorted(fleet_state.instances(where.events, run),
                    key=lambda item: str(item.get("updated_at", "")))  # fmt: skip
     phase = run_lifecycle.phase(
         lifecycle, failed=state.failed, over_cap=ledger.held,
-        in_service=sum(machines.values()), trained_since_start=step is not None,
+        in_service=sum(machines.values()), published=step is not None,
     )  # fmt: skip
     why = lifecycle.why_stopped or (
         "held after repeated crashes (`spotrain fleet reset-crashes`)" if state.failed

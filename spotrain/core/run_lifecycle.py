@@ -18,7 +18,15 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
-from spotrain.core.catalog_schema import PARTITION_KEY, RUN_STATE_SORT_KEY, SORT_KEY, lifecycle_key
+from spotrain.core.catalog_schema import (
+    FINAL_KEY,
+    HEAD_SORT_KEY,
+    PARTITION_KEY,
+    RUN_STATE_SORT_KEY,
+    SORT_KEY,
+    lifecycle_key,
+    run_key,
+)
 
 WAITING = "waiting"
 """No training configuration stored yet: no machine starts (`spotrain config put`)."""
@@ -57,6 +65,25 @@ class Lifecycle:
         if self.finished_step is not None:
             return f"the run finished: its final step {self.finished_step} is published"
         return ""
+
+
+@dataclass(frozen=True)
+class PublishedHead:
+    step: int
+    final: bool
+    """Its catalog record is marked final: the run published its last step."""
+
+
+def published_head(catalog: Any, run: str) -> PublishedHead | None:
+    """The run's head in the checkpoint catalog (a boto3 Table), and whether it is final; None
+    before anything is published."""
+    head = catalog.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: HEAD_SORT_KEY},
+                            ConsistentRead=True).get("Item")  # fmt: skip
+    if not head or "latest" not in head:
+        return None
+    record = catalog.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: head["latest"]},
+                              ConsistentRead=True).get("Item") or {}  # fmt: skip
+    return PublishedHead(int(head["step"]), bool(record.get(FINAL_KEY)))
 
 
 def _key(run: str) -> dict[str, str]:
@@ -128,9 +155,10 @@ def phase(
     failed: bool,
     over_cap: bool,
     in_service: int,
-    trained_since_start: bool,
+    published: bool,
 ) -> str:
-    """One word for where the run stands (see PHASES)."""
+    """One word for where the run stands (see PHASES); `published`: the run has a published
+    checkpoint (a started run with machines and one is training)."""
     if lifecycle.cancelled_at is not None:
         return CANCELLED
     if lifecycle.finished_step is not None:
@@ -141,4 +169,4 @@ def phase(
         return HELD
     if lifecycle.started_at is None:
         return WAITING
-    return TRAINING if in_service and trained_since_start else STARTING
+    return TRAINING if in_service and published else STARTING
