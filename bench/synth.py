@@ -47,7 +47,7 @@ def main() -> None:
     rows = [(label, statistics.median(t), min(t), max(t)) for label, t in times.items()]
     lazy = rows[0][1]
     lines = [
-        "# Synthesis time: all environments (15 stacks), fresh process",
+        "# Synthesis time: all environments and their runs (19 stacks), fresh process",
         "",
         f"Command: `.venv/bin/python bench/synth.py` ({RUNS} runs of each kind, alternating)",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, "

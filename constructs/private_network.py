@@ -1,13 +1,17 @@
-"""A private VPC for the fleet: no internet gateway, no public addresses.
+"""A private VPC for an environment's fleets: no internet gateway, no public addresses.
 
-Instances reach S3 and DynamoDB through gateway endpoints (free, stay on the AWS network);
-nothing else is routable. Flow logs go to an encrypted log group.
+Instances reach S3 and DynamoDB through gateway endpoints (free, stay on the AWS network), and
+the few other APIs their machines call through interface endpoints shared by every run of the
+environment (one per service: a VPC holds one private DNS name per service): Auto Scaling for
+a machine's health, CloudWatch Logs for its output, and Session Manager's three. Nothing else
+is routable. Flow logs go to an encrypted log group.
 """
 
 from __future__ import annotations
 
 import ipaddress
 from dataclasses import dataclass
+from typing import Any
 
 from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
@@ -35,6 +39,9 @@ class PrivateNetworkProps:
     """ARNs of the only buckets the VPC may reach (its S3 endpoint's policy)."""
     dynamodb_tables: tuple[str, ...]
     """ARNs of the only tables the VPC may reach (its DynamoDB endpoint's policy)."""
+    fleet_name_prefix: str
+    """What every fleet of the environment is named with (`spotrain-<env>-`): the interface
+    endpoints serve only their groups' health reports and their machines' log streams."""
 
     def __post_init__(self) -> None:
         problems = []
@@ -166,6 +173,74 @@ class PrivateNetwork(Construct):
             iam_role_arn=flow_role.arn,
         )
 
+        self.endpoint_security_group = self._endpoint_security_group(props)
+        self.interface_endpoints = self._interface_endpoints(props)
+
+    def _interface_endpoints(self, props: PrivateNetworkProps) -> dict[str, Any]:
+        """One per service the machines call besides S3 and DynamoDB, shared by every run."""
+        fleets = f"{props.fleet_name_prefix}*"
+        return {
+            # A machine that cannot train tells its group (SetInstanceHealth).
+            "autoscaling": self._interface_endpoint(props, "autoscaling", _only_the_account(
+                "OnlyReportTheFleetsHealth", ["autoscaling:SetInstanceHealth"],
+                [f"arn:aws:autoscaling:{props.region}:{props.account_id}:autoScalingGroup:*:"
+                 f"autoScalingGroupName/{fleets}"], props.account_id)),
+            # A reclaimed machine's output outlives it: every machine sends its output to its
+            # run's log group (`spotrain logs ship`).
+            "logs": self._interface_endpoint(props, "logs", _only_the_account(
+                "OnlyTheFleetsLogs", ["logs:CreateLogStream", "logs:PutLogEvents"],
+                [f"arn:aws:logs:{props.region}:{props.account_id}:log-group:/spotrain/{fleets}"
+                 ":log-stream:*"], props.account_id)),
+            # On-call reaches a machine without SSH or an open port: Session Manager, whose
+            # agent talks to these (the image carries the agent).
+            **{service: self._interface_endpoint(props, service)
+               for service in SESSION_MANAGER_SERVICES},
+        }  # fmt: skip
+
+    def _endpoint_security_group(self, props: PrivateNetworkProps) -> Any:
+        sg = aws.security_group
+        return sg.SecurityGroup(
+            self,
+            "EndpointSecurityGroup",
+            name=f"{props.name}-endpoints",
+            description="Interface endpoints: HTTPS from the private subnets only",
+            vpc_id=self.vpc.id,
+            ingress=[
+                sg.SecurityGroupIngress(
+                    description="HTTPS from the machines of the fleets",
+                    from_port=443,
+                    to_port=443,
+                    protocol="tcp",
+                    cidr_blocks=[props.cidr],
+                )
+            ],
+            egress=[],
+        )
+
+    def _interface_endpoint(
+        self, props: PrivateNetworkProps, service: str, only: dict[str, Any] | None = None
+    ) -> Any:
+        """An interface endpoint in the private subnets, with private DNS: the service's usual
+        name finds it. `only`: the one statement its policy allows (None: the service's
+        default)."""
+        policy = (
+            policy_document(self, f"{service.capitalize()}InterfaceEndpointPolicy", [only])
+            if only is not None
+            else None
+        )
+        return aws.vpc_endpoint.VpcEndpoint(
+            self,
+            f"{service.capitalize()}Endpoint",
+            vpc_id=self.vpc.id,
+            service_name=f"com.amazonaws.{props.region}.{service}",
+            vpc_endpoint_type="Interface",
+            subnet_ids=self.subnet_ids,
+            security_group_ids=[self.endpoint_security_group.id],
+            private_dns_enabled=True,
+            policy=policy,
+            tags={"Name": f"{props.name}-{service}"},
+        )
+
     @property
     def endpoint_ids(self) -> tuple[str, ...]:
         return tuple(str(e.id) for e in self.endpoints.values())
@@ -173,3 +248,20 @@ class PrivateNetwork(Construct):
     @property
     def subnet_ids(self) -> list[str]:
         return [str(s.id) for s in self.subnets]
+
+
+SESSION_MANAGER_SERVICES = ("ssm", "ssmmessages", "ec2messages")
+"""Interface endpoints Session Manager needs in a VPC without internet access."""
+
+
+def _only_the_account(
+    sid: str, actions: list[str], resources: list[str], account_id: str
+) -> dict[str, Any]:
+    """An interface endpoint's one statement: these calls, by the account's principals."""
+    return statement(
+        sid,
+        actions=actions,
+        resources=resources,
+        principals={"AWS": ["*"]},
+        conditions=[("StringEquals", "aws:PrincipalAccount", [account_id])],
+    )

@@ -1,13 +1,15 @@
-"""The training fleet: a spot Auto Scaling group over several GPU types with an on-demand
+"""A run's training fleet: a spot Auto Scaling group over several GPU types with an on-demand
 coordinator, capacity rebalancing, an empty on-demand fallback group for when spot capacity
-cannot be had, and an instance role scoped to one run.
+cannot be had, and an instance role scoped to the run.
 
 The on-demand base capacity keeps the coordinator (torchrun rendezvous host) off spot; every
 other instance is spot, placed by price-capacity-optimized allocation across the instance
 types x zones. Instances require IMDSv2, have encrypted volumes, get no public address, and
 may touch only their run's prefix in the checkpoint buckets and their run's catalog items.
 Their boot and training output goes to the fleet's encrypted log group (a stream each), and
-on-call reaches them with Session Manager: both through the fleet's own interface endpoints.
+on-call reaches them with Session Manager: both through the environment's interface endpoints.
+The fleet's security group lets its own members talk to each other (another run's machines
+cannot reach them) and reach only those endpoints and S3 and DynamoDB.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from spotrain.cdk import Construct, Fn, TerraformResourceLifecycle, aws
-from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+from spotrain.constructs.policy import assume_role_policy, policy_document
 from spotrain.constructs.spot_fleet_iam import machine_statements
 from spotrain.core.errors import raise_if_problems
 
@@ -61,6 +63,14 @@ class SpotFleetProps:
     vpc_endpoint_ids: tuple[str, ...]
     """Gateway endpoints of the fleet's VPC: the role's S3 and DynamoDB access holds only
     through them (aws:SourceVpce), so its credentials are useless outside the VPC."""
+    autoscaling_endpoint_id: str
+    """The environment's Auto Scaling interface endpoint (the machines' health reports)."""
+    logs_endpoint_id: str
+    """Its CloudWatch Logs interface endpoint (the machines' output)."""
+    session_endpoint_ids: tuple[str, ...]
+    """Its Session Manager interface endpoints."""
+    endpoint_security_group_id: str
+    """The security group of those interface endpoints: the fleet's HTTPS goes there."""
     data_kms_key_arns: tuple[str, ...]
     """Keys the trainer encrypts and decrypts checkpoints and catalog items with."""
     log_kms_key_arn: str
@@ -149,23 +159,6 @@ def log_group_name(fleet_name: str) -> str:
     return f"/spotrain/{fleet_name}/machines"
 
 
-SESSION_MANAGER_SERVICES = ("ssm", "ssmmessages", "ec2messages")
-"""Interface endpoints Session Manager needs in a VPC without internet access."""
-
-
-def _only_the_account(
-    sid: str, actions: list[str], resources: list[str], account_id: str
-) -> dict[str, Any]:
-    """An interface endpoint's one statement: these calls, by the account's principals."""
-    return statement(
-        sid,
-        actions=actions,
-        resources=resources,
-        principals={"AWS": ["*"]},
-        conditions=[("StringEquals", "aws:PrincipalAccount", [account_id])],
-    )
-
-
 def on_demand_group_name(fleet_name: str) -> str:
     return f"{fleet_name}-on-demand"
 
@@ -179,16 +172,8 @@ class SpotFleet(Construct):
             f"autoScalingGroup:*:autoScalingGroupName/{name}"
             for name in (props.name, on_demand_group_name(props.name))
         ]
-        # A machine that cannot train tells its group (SetInstanceHealth); the VPC has no route
-        # to AWS APIs but S3 and DynamoDB, so the fleet brings its own interface endpoint for
-        # that one call, as for each other API its machines use.
-        self.autoscaling_endpoint = self._interface_endpoint(
-            props, "autoscaling",
-            _only_the_account("OnlyReportTheFleetsHealth", ["autoscaling:SetInstanceHealth"],
-                              own_groups, props.account_id),
-        )  # fmt: skip
         # A reclaimed machine's output outlives it: every machine sends its boot and training
-        # output to this group (`spotrain logs ship`), through the fleet's logs endpoint.
+        # output to this group (`spotrain logs ship`), through the environment's logs endpoint.
         self.log_group = aws.cloudwatch_log_group.CloudwatchLogGroup(
             self,
             "MachineLogs",
@@ -197,16 +182,6 @@ class SpotFleet(Construct):
             kms_key_id=props.log_kms_key_arn,
         )
         machine_streams = f"{self.log_group.arn}:log-stream:*"
-        self.logs_endpoint = self._interface_endpoint(
-            props, "logs",
-            _only_the_account("OnlyTheFleetsLogs", ["logs:CreateLogStream", "logs:PutLogEvents"],
-                              [machine_streams], props.account_id),
-        )  # fmt: skip
-        # On-call reaches a machine without SSH or an open port: Session Manager, whose agent
-        # talks to these endpoints (the image carries the agent).
-        session_endpoints = [
-            self._interface_endpoint(props, service) for service in SESSION_MANAGER_SERVICES
-        ]
         self.role = aws.iam_role.IamRole(
             self,
             "InstanceRole",
@@ -217,9 +192,9 @@ class SpotFleet(Construct):
         )
         statements = machine_statements(
             props, own_groups=own_groups, machine_streams=machine_streams,
-            autoscaling_endpoint_id=str(self.autoscaling_endpoint.id),
-            logs_endpoint_id=str(self.logs_endpoint.id),
-            session_endpoint_ids=[str(e.id) for e in session_endpoints],
+            autoscaling_endpoint_id=props.autoscaling_endpoint_id,
+            logs_endpoint_id=props.logs_endpoint_id,
+            session_endpoint_ids=list(props.session_endpoint_ids),
         )  # fmt: skip
         aws.iam_role_policy.IamRolePolicy(
             self,
@@ -240,7 +215,7 @@ class SpotFleet(Construct):
             self,
             "SecurityGroup",
             name=props.name,
-            description="Training fleet: ranks talk to each other; out only to AWS endpoints",
+            description="Fleet of one run: its ranks talk to each other; out only to AWS endpoints",
             vpc_id=props.vpc_id,
             ingress=[
                 sg.SecurityGroupIngress(
@@ -270,6 +245,13 @@ class SpotFleet(Construct):
                             "DynamodbPrefixList", f"com.amazonaws.{props.region}.dynamodb"
                         ),
                     ],
+                ),
+                sg.SecurityGroupEgress(
+                    description="HTTPS to the interface endpoints of the environment",
+                    from_port=443,
+                    to_port=443,
+                    protocol="tcp",
+                    security_groups=[props.endpoint_security_group_id],
                 ),
             ],
         )
@@ -387,30 +369,6 @@ class SpotFleet(Construct):
             lifecycle=handler_owned,
         )
         return group, on_demand_group
-
-    def _interface_endpoint(
-        self, props: SpotFleetProps, service: str, only: dict[str, Any] | None = None
-    ) -> Any:
-        """An interface endpoint in the fleet's subnets and security group (the machines reach
-        it through the group's self rules), with private DNS: the service's usual name finds
-        it. `only`: the one statement its policy allows (None: the service's default)."""
-        policy = (
-            policy_document(self, f"{service.capitalize()}EndpointPolicy", [only])
-            if only is not None
-            else None
-        )
-        return aws.vpc_endpoint.VpcEndpoint(
-            self,
-            f"{service.capitalize()}Endpoint",
-            vpc_id=props.vpc_id,
-            service_name=f"com.amazonaws.{props.region}.{service}",
-            vpc_endpoint_type="Interface",
-            subnet_ids=props.subnet_ids,
-            security_group_ids=[self.security_group.id],
-            private_dns_enabled=True,
-            policy=policy,
-            tags={"Name": f"{props.name}-{service}"},
-        )
 
     def _prefix_list(self, id_: str, service: str) -> str:
         return str(aws.data_aws_prefix_list.DataAwsPrefixList(self, id_, name=service).id)

@@ -56,7 +56,7 @@ for name in SPOTRAIN_RUN SPOTRAIN_REGION SPOTRAIN_BUCKET SPOTRAIN_CATALOG_TABLE 
   [[ -n "${!name:-}" ]] || missing+=("$name")
 done
 if ((${#missing[@]})); then
-  fail "missing ${missing[*]}: the launch template's user data writes them to $RUN_ENV (redeploy the compute stack)"
+  fail "missing ${missing[*]}: the launch template's user data writes them to $RUN_ENV (redeploy the run's stack, <env>-run-<run>)"
 fi
 [[ -z "$CONFIG" || -f "$CONFIG" ]] || fail "training configuration $CONFIG (SPOTRAIN_CONFIG) not found"
 if [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" && -z "${SPOTRAIN_EVENTS_TABLE:-}" ]]; then

@@ -1,11 +1,13 @@
-"""The CDKTF app: five stacks per environment, composed from the constructs.
+"""The CDKTF app: five stacks per environment and one per run, composed from the constructs.
 
 Stacks per environment (deploy one environment with `cdktf deploy '<env>-*'`):
   <env>-storage        keys, access-log buckets, replicated checkpoint buckets
   <env>-catalog        checkpoint catalog and interruption events tables
-  <env>-compute        private network and the spot fleet
+  <env>-network        private network, gateway and interface endpoints
   <env>-budget         monthly budget and alerts
-  <env>-interruptions  EventBridge rules -> interruption handler Lambda
+  <env>-interruptions  EventBridge rules -> interruption handler Lambda (serves every run)
+  <env>-run-<run>      per run (runs/<env>/<run>.toml): its fleet and its declaration to the
+                       handler (deploy one run with `cdktf deploy <env>-run-<run>`)
 
 Run as `python -m spotrain.stacks.app` (cdktf.json does); `SPOTRAIN_LOCAL_ENDPOINT` points the
 local environment at a local cloud on another port.
@@ -21,35 +23,37 @@ from spotrain.cdk import App
 from spotrain.core.errors import SpotrainError
 from spotrain.stacks.budget import BudgetStack
 from spotrain.stacks.catalog import CatalogStack
-from spotrain.stacks.compute import ComputeStack
 from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
 from spotrain.stacks.interruptions import InterruptionsStack
+from spotrain.stacks.network import NetworkStack
+from spotrain.stacks.run import RunStack, run_stack_part
+from spotrain.stacks.runs import RunConfig, load_runs
 from spotrain.stacks.storage import StorageStack
 
-STACK_PARTS = ("storage", "catalog", "compute", "budget", "interruptions")
+STACK_PARTS = ("storage", "catalog", "network", "budget", "interruptions")
+"""The environment's own stacks; each run adds `run-<run>`."""
 
 
-def add_environment(app: App, config: EnvironmentConfig) -> dict[str, object]:
-    """Create the environment's stacks in `app`; returns them by part."""
+def add_environment(
+    app: App, config: EnvironmentConfig, runs: tuple[RunConfig, ...] | None = None
+) -> dict[str, object]:
+    """Create the environment's stacks and one per run in `app` (`runs`: those the repository
+    declares, `runs/<env>/`); returns them by part."""
+    runs = load_runs(config.name) if runs is None else runs
     storage = StorageStack(app, config=config)
     primary_key = storage.keys["Primary"].arn
     replica_key = storage.keys["Replica"].arn
     catalog = CatalogStack(
         app, config=config, primary_key_arn=primary_key, replica_key_arn=replica_key
     )
-    compute = ComputeStack(
+    network = NetworkStack(
         app,
         config=config,
         primary_key_arn=primary_key,
-        replica_key_arn=replica_key,
         checkpoint_bucket_arn=storage.checkpoints.primary.arn,
-        checkpoint_bucket_name=storage.checkpoints.primary.name,
-        replica_bucket_arn=storage.checkpoints.replica.arn,
         catalog_table_arn=catalog.checkpoints.arn,
-        catalog_table_name=catalog.checkpoints.name,
         events_table_arn=catalog.events.arn,
-        events_table_name=catalog.events.name,
     )
     budget = BudgetStack(app, config=config)
     interruptions = InterruptionsStack(
@@ -64,13 +68,30 @@ def add_environment(app: App, config: EnvironmentConfig) -> dict[str, object]:
         checkpoint_bucket_name=storage.checkpoints.primary.name,
         checkpoint_bucket_arn=storage.checkpoints.primary.arn,
     )
-    return {
+    stacks: dict[str, object] = {
         "storage": storage,
         "catalog": catalog,
-        "compute": compute,
+        "network": network,
         "budget": budget,
         "interruptions": interruptions,
     }
+    for run in runs:
+        stacks[run_stack_part(run.name)] = RunStack(
+            app,
+            config=config,
+            run=run,
+            network=network.network,
+            primary_key_arn=primary_key,
+            replica_key_arn=replica_key,
+            checkpoint_bucket_arn=storage.checkpoints.primary.arn,
+            checkpoint_bucket_name=storage.checkpoints.primary.name,
+            replica_bucket_arn=storage.checkpoints.replica.arn,
+            catalog_table_arn=catalog.checkpoints.arn,
+            catalog_table_name=catalog.checkpoints.name,
+            events_table_arn=catalog.events.arn,
+            events_table_name=catalog.events.name,
+        )
+    return stacks
 
 
 def build_app(environments: Iterable[EnvironmentConfig], outdir: str | None = None) -> App:

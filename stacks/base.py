@@ -28,11 +28,14 @@ LOCAL_ENDPOINT_SERVICES = (
 LOCAL_MAX_RETRIES = 2
 
 
-def provider_settings(config: EnvironmentConfig, region: str) -> dict[str, Any]:
-    """AwsProvider arguments for a region of this environment."""
+def provider_settings(
+    config: EnvironmentConfig, region: str, run_tags: dict[str, str] | None = None
+) -> dict[str, Any]:
+    """AwsProvider arguments for a region of this environment (a run's stack adds the run's
+    tags: every resource of the run carries the run and its owner)."""
     settings: dict[str, Any] = {
         "region": region,
-        "default_tags": [{"tags": config.all_tags}],
+        "default_tags": [{"tags": {**config.all_tags, **(run_tags or {})}}],
     }
     if config.local is not None:
         settings |= {
@@ -77,14 +80,23 @@ def resource_name(config: EnvironmentConfig, suffix: str) -> str:
 
 
 class EnvironmentStack(TerraformStack):
-    """A stack named `<environment>-<part>` with the primary-region provider as default."""
+    """A stack named `<environment>-<part>` with the primary-region provider as default;
+    `run_tags` tag every resource of a run's stack with the run."""
 
-    def __init__(self, scope: Construct, part: str, *, config: EnvironmentConfig) -> None:
+    def __init__(
+        self,
+        scope: Construct,
+        part: str,
+        *,
+        config: EnvironmentConfig,
+        run_tags: dict[str, str] | None = None,
+    ) -> None:
         name = config.stack_name(part)
         super().__init__(scope, name)
         self.config = config
+        self.run_tags = dict(run_tags or {})
         self.primary_provider = aws.provider.AwsProvider(
-            self, "Primary", **provider_settings(config, config.primary_region)
+            self, "Primary", **provider_settings(config, config.primary_region, self.run_tags)
         )
         if config.state is not None:
             S3Backend(self, **state_backend_settings(config, name))
@@ -103,7 +115,7 @@ class EnvironmentStack(TerraformStack):
                 self,
                 "Replica",
                 alias="replica",
-                **provider_settings(self.config, self.config.replica_region),
+                **provider_settings(self.config, self.config.replica_region, self.run_tags),
             )
         return self._replica_provider
 

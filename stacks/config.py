@@ -13,8 +13,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
-from spotrain.core.catalog_schema import run_name_problem
-from spotrain.core.deadline_policy import RunDeadline
 from spotrain.core.errors import raise_if_problems
 from spotrain.core.validation import instance_type_problems
 
@@ -54,7 +52,6 @@ LOG_RETENTION_DAYS = frozenset(
 
 _ENV_NAME = re.compile(r"^[a-z][a-z0-9-]{1,14}$")
 _BUCKET_PREFIX = re.compile(r"^[a-z0-9][a-z0-9-]{2,38}[a-z0-9]$")
-_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _EMAIL = re.compile(r"^[^@\s]+@[^@\s]+\.[A-Za-z]{2,}$")
 _TAG_KEY = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
 _LOOPBACK_ENDPOINT = re.compile(r"^https://(127\.\d+\.\d+\.\d+|localhost):\d{1,5}$")
@@ -78,71 +75,21 @@ class StateBackend:
     """Region of the state bucket."""
 
 
-def _positive_number(value: object) -> bool:
-    return (
-        not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < float("inf")
-    )
-
-
-@dataclass(frozen=True, kw_only=True)
-class PlannedRun:
-    """What the environment's run is expected to need: the pull-request estimate
-    (`spotrain cost estimate`) prices it with the planner, so a change to the fleet shows what
-    it does to the run's bill."""
-
-    machine_hours: float
-    """The run's size: machine-hours of compute without interruptions or checkpoints. The
-    fleet's N machines do it in machine_hours / N hours (the estimate assumes the run scales
-    with its machines), so a bigger fleet costs more per day and finishes sooner."""
-    checkpoint_seconds: float = 60.0
-    """Seconds training stalls per checkpoint (the run's metrics say, once it has run)."""
-    interruptions_per_hour: float | None = None
-    """Per instance: the team's assumption until the run has history (`spotrain cost plan
-    --events-table` measures it); None: the Spot Instance Advisor band in the price book."""
-
-    def problems(self) -> list[str]:
-        found = []
-        for name in ("machine_hours", "checkpoint_seconds"):
-            if not _positive_number(getattr(self, name)):
-                found.append(
-                    f"planned_run.{name} is {getattr(self, name)!r}: give a positive number"
-                )
-        rate = self.interruptions_per_hour
-        zero = isinstance(rate, int | float) and not isinstance(rate, bool) and rate == 0
-        if not (rate is None or zero or _positive_number(rate)):
-            found.append(
-                f"planned_run.interruptions_per_hour is {rate!r}: give 0 or more per "
-                "instance, or None for the Advisor band"
-            )
-        return found
-
-
 @dataclass(frozen=True, kw_only=True)
 class EnvironmentConfig:
     """Everything that differs between environments (local, dev, prod, ...)."""
 
     name: str
-    """Environment name; stacks are named `<name>-<part>` so `cdktf deploy '<name>-*'` works."""
+    """Environment name; stacks are named `<name>-<part>` (its runs' `<name>-run-<run>`) so
+    `cdktf deploy '<name>-*'` deploys it whole."""
     primary_region: str
     """Region that runs the fleet and holds the primary checkpoint bucket and catalog."""
     replica_region: str
     """Region that receives replicated checkpoints (and the catalog replica in real clouds)."""
     bucket_prefix: str
     """Globally unique prefix for bucket names, e.g. `acme-spotrain-dev`."""
-    run_name: str
-    """The training run this fleet serves; IAM is scoped to its bucket prefix and catalog items."""
-    instance_types: tuple[str, ...]
-    """GPU instance types the spot fleet may use, most preferred first (at least two)."""
     availability_zones: tuple[str, ...]
     """Availability zones of the primary region for the fleet's private subnets."""
-    fleet_min_size: int = 1
-    """Fewest instances in the fleet (the on-demand coordinator counts)."""
-    fleet_desired_size: int = 2
-    """Instances the fleet starts with."""
-    fleet_max_size: int = 4
-    """Most instances in the fleet."""
-    on_demand_base_capacity: int = 1
-    """On-demand instances kept before spot is used: the warm coordinator (at least 1)."""
     vpc_cidr: str = "10.40.0.0/16"
     """Address range of the fleet's VPC; subnets are /20 slices of it."""
     monthly_budget_usd: float
@@ -159,21 +106,12 @@ class EnvironmentConfig:
     """Remote state; None keeps state beside the synthesized stack (tests only)."""
     local: LocalCloud | None = None
     """Set for the local cloud; None for real AWS environments."""
-    max_spend_usd: float | None = None
-    """The run's spend cap in USD (machine time at its pools' prices): notices at 50, 80 and
-    100%; at 100% the run is held and its groups go to 0, each machine checkpointing as it
-    goes, until `spotrain fleet release --max-spend-usd N` raises it. None: no cap."""
-    run_deadline: RunDeadline | None = None
-    """When the run must be done: the interruption handler then chooses spot or on-demand
-    by its progress (Uniform Progress); None keeps the fixed on-demand fallback."""
-    planned_run: PlannedRun | None = None
-    """The run's expected work, priced in each pull request's plan comment; None: no estimate."""
 
     def __post_init__(self) -> None:
         # Types first: the value checks below would misread a budget given as a string, or
         # instance types given as one string (its letters).
         raise_if_problems(f"environment {self.name!r}", instance_type_problems(self))
-        for name in ("instance_types", "availability_zones", "alert_emails"):
+        for name in ("availability_zones", "alert_emails"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
         raise_if_problems(f"environment {self.name!r}", self._problems())
@@ -216,24 +154,8 @@ class EnvironmentConfig:
                 f"bucket_prefix {self.bucket_prefix!r} is not a valid S3 name prefix: use 4-40 "
                 "lowercase letters, digits or '-', starting and ending with a letter or digit"
             )
-        run_problem = run_name_problem(self.run_name)
-        if run_problem:
-            problems.append(f"run_name: {run_problem}")
-        if len(self.instance_types) < 2:
-            problems.append(
-                f"instance_types has {len(self.instance_types)} entr(ies): list at least two "
-                "GPU instance types (e.g. 'g5.xlarge', 'g6.xlarge') so spot can pick a pool"
-            )
-        for itype in self.instance_types:
-            if not _INSTANCE_TYPE.match(itype):
-                problems.append(
-                    f"instance type {itype!r} is malformed: write it as family.size, "
-                    "e.g. 'g5.xlarge'"
-                )
         if len(set(self.availability_zones)) != len(self.availability_zones):
             problems.append("availability_zones lists a zone twice: list each zone once")
-        if len(set(self.instance_types)) != len(self.instance_types):
-            problems.append("instance_types lists a type twice: list each type once")
         if not self.availability_zones:
             problems.append(
                 f"availability_zones is empty: name at least one zone of {self.primary_region} "
@@ -252,22 +174,6 @@ class EnvironmentConfig:
                 "availability_zones names more than 16 zones: the VPC has 16 /20 slices"
             )
         problems += _vpc_cidr_problems(self.vpc_cidr)
-        if self.on_demand_base_capacity < 1:
-            problems.append(
-                f"on_demand_base_capacity is {self.on_demand_base_capacity}: keep at least 1 "
-                "so the coordinator runs on on-demand capacity"
-            )
-        if not (0 <= self.fleet_min_size <= self.fleet_desired_size <= self.fleet_max_size):
-            problems.append(
-                f"fleet sizes min={self.fleet_min_size} desired={self.fleet_desired_size} "
-                f"max={self.fleet_max_size} are not ordered: need 0 <= min <= desired <= max"
-            )
-        if self.fleet_min_size < self.on_demand_base_capacity:
-            problems.append(
-                f"fleet_min_size {self.fleet_min_size} is below on_demand_base_capacity "
-                f"{self.on_demand_base_capacity}: raise fleet_min_size so the coordinator "
-                "is always kept"
-            )
         if not self.monthly_budget_usd > 0:
             problems.append(
                 f"monthly_budget_usd is {self.monthly_budget_usd}: set a positive amount in USD"
@@ -300,15 +206,6 @@ class EnvironmentConfig:
                 f"local endpoint {self.local.endpoint!r} is not a loopback HTTPS URL: use "
                 "https://127.0.0.1:<port> (the address `spotrain local up` prints)"
             )
-        if self.max_spend_usd is not None and not _positive_number(self.max_spend_usd):
-            problems.append(
-                f"max_spend_usd is {self.max_spend_usd!r}: give the run's cap as a positive "
-                "amount in USD, or None for no cap"
-            )
-        if self.run_deadline is not None:
-            problems += self.run_deadline.problems()
-        if self.planned_run is not None:
-            problems += self.planned_run.problems()
         if self.local is None and self.state is None:
             problems.append(
                 "state is not set for a real environment: give a StateBackend(bucket=..., "

@@ -16,6 +16,16 @@ from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.interruptions import handler_name
 
 
+def checkpoint_bucket_name(config: EnvironmentConfig, region: str) -> str:
+    """The environment's checkpoint bucket in `region` (its runs' prefixes, its datasets)."""
+    return f"{config.bucket_prefix}-checkpoints-{region}"
+
+
+def data_key_alias(config: EnvironmentConfig, region: str) -> str:
+    """The alias (without `alias/`) of the environment's data key in `region`."""
+    return f"spotrain-{config.name}-data-{region}"
+
+
 class StorageStack(EnvironmentStack):
     def __init__(self, scope: Construct, *, config: EnvironmentConfig) -> None:
         super().__init__(scope, "storage", config=config)
@@ -30,7 +40,7 @@ class StorageStack(EnvironmentStack):
                 self,
                 f"{label}Key",
                 props=EncryptionKeyProps(
-                    alias=f"spotrain-{config.name}-data-{region}",
+                    alias=data_key_alias(config, region),
                     description=f"spotrain {config.name}: checkpoints, catalog, logs in {region}",
                     account_id=self.account_id,
                     region=region,
@@ -63,7 +73,7 @@ class StorageStack(EnvironmentStack):
         def checkpoint_bucket(label: str) -> EncryptedBucketProps:
             region, provider = regions[label]
             return EncryptedBucketProps(
-                bucket_name=f"{config.bucket_prefix}-checkpoints-{region}",
+                bucket_name=checkpoint_bucket_name(config, region),
                 account_id=self.account_id,
                 kms_key_arn=keys[label].arn,
                 access_log_bucket=log_buckets[label].log_target_name,

@@ -232,6 +232,23 @@ def test_an_unexpected_error_says_it_is_a_bug_and_shows_the_trace_only_under_deb
     assert "Traceback" in capsys.readouterr().err
 
 
+def test_an_upload_aws_refused_is_said_as_aws_refusing_it_not_as_a_bug(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """s3transfer wraps a refused upload (a bucket policy's 403) in its own exception."""
+    from boto3.exceptions import S3UploadFailedError
+
+    def refused(args: Any) -> int:
+        raise S3UploadFailedError("Failed to upload x to b/k: An error occurred (403) when "
+                                  "calling the PutObject operation: Forbidden")  # fmt: skip
+
+    monkeypatch.setattr(infra, "cmd_synth", refused)
+    assert cli.main(["synth"]) == 2
+    err = capsys.readouterr().err
+    assert "AWS refused or could not be reached" in err and "Forbidden" in err
+    assert "This is a bug" not in err
+
+
 def test_a_missing_library_names_its_extra_and_any_other_is_a_bug_not_a_trace(
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -15,7 +15,6 @@ from spotrain.constructs.encrypted_bucket import EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKeyProps
 from spotrain.constructs.replicated_bucket_pair import ReplicatedBucketPairProps
 from spotrain.core.errors import ConfigError
-from spotrain.stacks import environments
 
 
 def only(mapping: dict[str, Any]) -> Any:
@@ -130,9 +129,9 @@ def test_catalog_key_design(synth_dir: Path) -> None:
     assert events["global_secondary_index"][0]["name"] == "by-pool"
 
 
-# --- compute --------------------------------------------------------------------------------
+# --- a run's fleet --------------------------------------------------------------------------------
 def test_fleet_is_spot_with_an_on_demand_coordinator_over_several_types(synth_dir: Path) -> None:
-    groups = resources(load_stack(synth_dir, "prod-compute"), "aws_autoscaling_group")
+    groups = resources(load_stack(synth_dir, "prod-run-gpt-large"), "aws_autoscaling_group")
     group = next(g for g in groups.values() if g["name"] == "spotrain-prod-gpt-large-fleet")
     assert group["capacity_rebalance"] is True
     # Deployed empty (a run pays only while it trains); the handler owns its sizes after.
@@ -155,7 +154,7 @@ def test_fleet_is_spot_with_an_on_demand_coordinator_over_several_types(synth_di
 
 
 def test_on_demand_fallback_group_starts_empty_with_the_same_template(synth_dir: Path) -> None:
-    groups = resources(load_stack(synth_dir, "prod-compute"), "aws_autoscaling_group")
+    groups = resources(load_stack(synth_dir, "prod-run-gpt-large"), "aws_autoscaling_group")
     spot = next(g for g in groups.values() if g["name"] == "spotrain-prod-gpt-large-fleet")
     fallback = next(g for g in groups.values() if g["name"].endswith("-fleet-on-demand"))
     assert (fallback["min_size"], fallback["desired_capacity"]) == (0, 0)
@@ -170,7 +169,7 @@ def test_on_demand_fallback_group_starts_empty_with_the_same_template(synth_dir:
 
 
 def test_launch_template_image_comes_from_the_image_parameter(synth_dir: Path) -> None:
-    stack = load_stack(synth_dir, "dev-compute")
+    stack = load_stack(synth_dir, "dev-run-gpt-small")
     parameter = only(data_sources(stack, "aws_ssm_parameter"))
     assert parameter["name"] == "/spotrain/dev/image-id"
     template = only(resources(stack, "aws_launch_template"))
@@ -188,9 +187,10 @@ def test_no_stack_carries_an_unresolved_token(synth_dir: Path) -> None:
 def test_launch_template_user_data_is_encoded_by_terraform_from_deployed_names(
     synth_dir: Path,
 ) -> None:
-    for env in ("local", "dev", "prod"):
+    for env, run in (("local", "demo"), ("local", "second"), ("dev", "gpt-small"),
+                     ("prod", "gpt-large")):  # fmt: skip
         [template] = resources(
-            load_stack(synth_dir, f"{env}-compute"), "aws_launch_template"
+            load_stack(synth_dir, f"{env}-run-{run}"), "aws_launch_template"
         ).values()
         user_data = template["user_data"]
         assert user_data.startswith("${base64encode(format(")
@@ -204,7 +204,7 @@ def test_launch_template_user_data_is_encoded_by_terraform_from_deployed_names(
 
 
 def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
-    stack = load_stack(synth_dir, "dev-compute")
+    stack = load_stack(synth_dir, "dev-run-gpt-small")
     policy = next(
         p for name, p in resources(stack, "aws_iam_role_policy").items() if "RunScoped" in name
     )
@@ -216,25 +216,19 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     assert leading_keys["variable"] == "dynamodb:LeadingKeys"
     assert leading_keys["values"] == ["RUN#gpt-small"]
     # S3 and DynamoDB grants hold only through the VPC's own endpoints: stolen credentials
-    # are of no use outside it.
-    endpoints = {
-        e["vpc_endpoint_type"]: sorted(
-            f"${{aws_vpc_endpoint.{n}.id}}"
-            for n, other in resources(stack, "aws_vpc_endpoint").items()
-            if other["vpc_endpoint_type"] == e["vpc_endpoint_type"]
-        )
-        for e in resources(stack, "aws_vpc_endpoint").values()
-    }
+    # are of no use outside it. (The endpoints are the network stack's, read from its state.)
     for sid, grant in by_sid.items():
         vpce = [c for c in grant.get("condition", []) if c["variable"] == "aws:SourceVpce"]
         if any(a.startswith(("s3:", "dynamodb:")) for a in grant["actions"]):
-            assert [(c["test"], sorted(c["values"])) for c in vpce] == [
-                ("StringEquals", endpoints["Gateway"])
-            ], sid
+            [(test, values)] = [(c["test"], c["values"]) for c in vpce]
+            assert test == "StringEquals" and len(values) == 2, sid
+            assert {("S3GatewayEndpoint" in v, "DynamodbGatewayEndpoint" in v)
+                    for v in values} == {(True, False), (False, True)}, sid  # fmt: skip
+            assert all(v.startswith("${data.terraform_remote_state.") for v in values)
         elif sid in ("ReplaceItself", "ShipMachineLogs", "SessionManagerAgent"):
-            # Other APIs only through the fleet's own interface endpoints.
-            [used] = [sorted(c["values"]) for c in vpce]
-            assert used and set(used) <= set(endpoints["Interface"]), sid
+            # Other APIs only through the environment's interface endpoints.
+            [used] = [c["values"] for c in vpce]
+            assert used and all("Endpoint" in v and "Gateway" not in v for v in used), sid
         else:
             assert vpce == [], sid
     # Machines never delete: published history is removed only by operator commands.
@@ -265,13 +259,14 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
     assert via["values"] == ["s3.*.amazonaws.com", "dynamodb.*.amazonaws.com"]
 
 
-def test_the_fleet_reaches_the_auto_scaling_api_only_to_report_its_own_health(
+def test_the_fleets_reach_the_auto_scaling_api_only_to_report_their_own_health(
     synth_dir: Path,
 ) -> None:
-    """Machines have no route to AWS APIs but S3 and DynamoDB: the fleet's own interface
-    endpoints let a machine that cannot train tell its group, send its output to the fleet's
-    log group, and on-call reach it with Session Manager; nothing else."""
-    stack = load_stack(synth_dir, "dev-compute")
+    """Machines have no route to AWS APIs but S3 and DynamoDB: the environment's interface
+    endpoints (one per service, shared by its runs) let a machine that cannot train tell its
+    group, send its output to its run's log group, and on-call reach it with Session Manager;
+    nothing else, and for the environment's fleets only."""
+    stack = load_stack(synth_dir, "dev-network")
     interfaces = {e["service_name"].rsplit(".", 1)[1]: e
                   for e in resources(stack, "aws_vpc_endpoint").values()
                   if e["vpc_endpoint_type"] == "Interface"}  # fmt: skip
@@ -279,24 +274,34 @@ def test_the_fleet_reaches_the_auto_scaling_api_only_to_report_its_own_health(
     for endpoint in interfaces.values():
         assert endpoint["private_dns_enabled"] is True
         [group] = endpoint["security_group_ids"]
-        assert group.startswith("${aws_security_group.Fleet_SecurityGroup")
+        assert group.startswith("${aws_security_group.Network_EndpointSecurityGroup")
+    [endpoint_group] = resources(stack, "aws_security_group").values()
+    assert endpoint_group["egress"] == []
+    assert [(r["from_port"], r["to_port"], r["cidr_blocks"]) for r in endpoint_group["ingress"]
+            ] == [(443, 443, ["10.40.0.0/16"])]  # fmt: skip
     [logs] = statements(stack, interfaces["logs"]["policy"])
     assert logs["actions"] == ["logs:CreateLogStream", "logs:PutLogEvents"]
     [streams] = logs["resources"]
-    assert streams.startswith("${aws_cloudwatch_log_group.Fleet_MachineLogs_")
-    assert streams.endswith(".arn}:log-stream:*")
+    assert streams.endswith(":log-group:/spotrain/spotrain-dev-*:log-stream:*"), streams
     endpoint = interfaces["autoscaling"]
     [grant] = statements(stack, endpoint["policy"])
     assert grant["actions"] == ["autoscaling:SetInstanceHealth"]
-    assert all(r.endswith(("/spotrain-dev-gpt-small-fleet", "-gpt-small-fleet-on-demand"))
-               for r in grant["resources"]), grant["resources"]  # fmt: skip
+    [groups] = grant["resources"]
+    assert groups.endswith(":autoScalingGroup:*:autoScalingGroupName/spotrain-dev-*"), groups
     assert grant["condition"][0]["variable"] == "aws:PrincipalAccount"
+    # A run's fleet reaches them over HTTPS, and its own members on every port: never
+    # another run's machines.
+    fleet = only(resources(load_stack(synth_dir, "dev-run-gpt-small"), "aws_security_group"))
+    assert [r["self"] for r in fleet["ingress"]] == [True]
+    to_endpoints = [r for r in fleet["egress"] if r.get("security_groups")]
+    [(port, [target])] = [(r["from_port"], r["security_groups"]) for r in to_endpoints]
+    assert port == 443 and "EndpointSecurityGroup" in target
 
 
 def test_the_vpc_endpoints_reach_only_the_environments_buckets_and_tables(
     synth_dir: Path,
 ) -> None:
-    stack = load_stack(synth_dir, "dev-compute")
+    stack = load_stack(synth_dir, "dev-network")
     reachable = {}
     gateways = {
         n: e for n, e in resources(stack, "aws_vpc_endpoint").items()
@@ -316,7 +321,7 @@ def test_the_vpc_endpoints_reach_only_the_environments_buckets_and_tables(
     assert len(tables) == 4 and all("*" not in t or t.endswith("/index/*") for t in tables)
 
 
-def test_handler_role_touches_only_its_runs_state_its_tag_and_its_services_keys(
+def test_handler_role_touches_only_its_environments_runs_its_tag_and_its_services_keys(
     synth_dir: Path,
 ) -> None:
     stack = load_stack(synth_dir, "dev-interruptions")
@@ -328,20 +333,31 @@ def test_handler_role_touches_only_its_runs_state_its_tag_and_its_services_keys(
     assert (leading["test"], leading["variable"]) == (
         "ForAllValues:StringLike", "dynamodb:LeadingKeys",
     )  # fmt: skip
-    assert leading["values"] == ["EVENT#*", "RUN#gpt-small", "SPEND#gpt-small",
-                                 "LIFECYCLE#gpt-small"]  # fmt: skip
-    # Whether the run's configuration is stored (it then starts): its prefix, listing only.
+    # Every run of the environment (its tables are its own), never a machine's crash records
+    # or an operator's releases and caps.
+    assert leading["values"] == ["EVENT#*", "RUN#*", "SPEND#*", "LIFECYCLE#*", "FOREIGN#events"]
+    # Whether a run's configuration is stored (it then starts): run prefixes, listing only.
     listing = by_sid["ListRunConfiguration"]
     assert listing["actions"] == ["s3:ListBucket"]
     [prefix] = listing["condition"]
-    assert (prefix["variable"], prefix["values"]) == ("s3:prefix", ["runs/gpt-small/config/*"])
-    # And whether its final step is published (it then stops): its catalog items only.
+    assert (prefix["variable"], prefix["values"]) == ("s3:prefix", ["runs/*/config/*"])
+    # And whether its final step is published (it then stops): the runs' catalog items only.
     [catalog] = by_sid["ReadRunProgress"]["condition"]
-    assert catalog["values"] == ["RUN#gpt-small"]
+    assert catalog["values"] == ["RUN#*"]
     [releases] = by_sid["ReadRunCrashesAndReleases"]["condition"]
-    assert releases["values"] == ["CRASHES#gpt-small", "RELEASES#gpt-small", "CAPS#gpt-small"]
-    variables = only(resources(stack, "aws_lambda_function"))["environment"]["variables"]
-    assert variables["MAX_SPEND_USD"] == "1500.0"
+    assert releases["values"] == ["CRASHES#*", "RELEASES#*", "CAPS#*"]
+    # The runs declare themselves under the environment's path; the handler reads only that.
+    declarations = by_sid["ReadRunDeclarations"]
+    assert declarations["actions"] == ["ssm:GetParametersByPath"]
+    [path] = declarations["resources"]
+    assert path.endswith(":parameter/spotrain/dev/runs")
+    # It scales and tags only what carries its environment's tag, named as its fleets are.
+    scaling = by_sid["ScaleTheRunsGroups"]
+    [groups] = scaling["resources"]
+    assert groups.endswith(":autoScalingGroup:*:autoScalingGroupName/spotrain-dev-*")
+    [tagged] = scaling["condition"]
+    assert (tagged["variable"], tagged["values"]) == ("aws:ResourceTag/spotrain:environment",
+                                                      ["dev"])  # fmt: skip
     pricing = by_sid["PriceTheRunsMachines"]
     assert pricing["actions"] == ["ec2:DescribeSpotPriceHistory", "pricing:GetProducts"]
     [namespace] = by_sid["PublishTheRunsSpend"]["condition"]
@@ -351,11 +367,11 @@ def test_handler_role_touches_only_its_runs_state_its_tag_and_its_services_keys(
     tagging = {c["variable"]: c for c in by_sid["TagTheRunsInstances"]["condition"]}
     assert tagging["aws:TagKeys"]["test"] == "ForAllValues:StringEquals"
     assert tagging["aws:TagKeys"]["values"] == ["spotrain:interruption"]
-    assert tagging["aws:ResourceTag/spotrain:run"]["values"] == ["gpt-small"]
+    assert tagging["aws:ResourceTag/spotrain:environment"]["values"] == ["dev"]
     [via] = by_sid["UseKey"]["condition"]
     assert via["variable"] == "kms:ViaService"
     assert sorted(via["values"]) == sorted(
-        f"{s}.*.amazonaws.com" for s in ("dynamodb", "sqs", "sns", "lambda")
+        f"{s}.*.amazonaws.com" for s in ("dynamodb", "sqs", "sns", "lambda", "ssm")
     )
 
 
@@ -395,8 +411,8 @@ def test_local_provider_points_every_service_at_the_local_cloud(synth_dir: Path)
 
 
 def test_state_backend_is_s3_with_native_locking(synth_dir: Path) -> None:
-    backend = load_stack(synth_dir, "prod-compute")["terraform"]["backend"]["s3"]
-    assert backend["key"] == "spotrain/prod-compute.tfstate"
+    backend = load_stack(synth_dir, "prod-run-gpt-large")["terraform"]["backend"]["s3"]
+    assert backend["key"] == "spotrain/prod-run-gpt-large.tfstate"
     assert backend["use_lockfile"] is True
     assert backend["encrypt"] is True
 
@@ -457,30 +473,36 @@ def test_eventbridge_may_encrypt_the_rules_dead_letters_and_nothing_else(
     assert not fnmatch.fnmatchcase(f"arn:aws:events:us-east-1:{account}:rule/other", pattern)
 
 
-def test_handler_is_told_the_run_its_groups_topic_and_queue(synth_dir: Path) -> None:
+def test_handler_is_told_its_environment_topic_and_queue_and_each_run_declares_itself(
+    synth_dir: Path,
+) -> None:
     stack = load_stack(synth_dir, "dev-interruptions")
     variables = only(resources(stack, "aws_lambda_function"))["environment"]["variables"]
-    assert variables["RUN_NAME"] == "gpt-small"
-    groups = json.loads(variables["CAPACITY_GROUPS"])
-    assert [(g["name"], g["lifecycle"], g["region"]) for g in groups] == [
-        ("spotrain-dev-gpt-small-fleet", "spot", "us-east-1"),
-        ("spotrain-dev-gpt-small-fleet-on-demand", "on-demand", "us-east-1"),
-    ]
+    assert (variables["ENVIRONMENT"], variables["RUNS_PARAMETER_PATH"]) == (
+        "dev", "/spotrain/dev/runs")  # fmt: skip
+    assert not {"RUN_NAME", "CAPACITY_GROUPS", "MAX_SPEND_USD"} & set(variables)
+    run = load_stack(synth_dir, "dev-run-gpt-small")
+    parameter = only(resources(run, "aws_ssm_parameter"))
+    assert parameter["name"] == "/spotrain/dev/runs/gpt-small"
+    assert parameter["type"] == "SecureString" and "PrimaryKey" in parameter["key_id"]
+    declared = json.loads(parameter["value"])
+    assert (declared["run"], declared["max_spend_usd"], declared["run_deadline"]) == (
+        "gpt-small", 1500.0, None)  # fmt: skip
+    assert [(g["name"], g["lifecycle"], g["region"], g["min_size"], g["desired"])
+            for g in declared["groups"]] == [
+        ("spotrain-dev-gpt-small-fleet", "spot", "us-east-1", 1, 2),
+        ("spotrain-dev-gpt-small-fleet-on-demand", "on-demand", "us-east-1", 0, 0),
+    ]  # fmt: skip
     assert variables["ALERT_TOPIC_ARN"].startswith("${aws_sns_topic.")
     assert variables["DEAD_LETTER_QUEUE_URL"].startswith("${aws_sqs_queue.")
-    statements = {
-        s["sid"]: s
-        for d in data_sources(stack, "aws_iam_policy_document").values()
-        for s in d["statement"]
-    }
-    assert statements["ScaleTheRunsGroups"]["resources"] == [
-        "arn:aws:autoscaling:us-east-1:${data.aws_caller_identity.Caller.account_id}"
-        f":autoScalingGroup:*:autoScalingGroupName/{g['name']}"
-        for g in groups
-    ]
-    tag_condition = statements["TagTheRunsInstances"]["condition"][0]
-    assert tag_condition["variable"] == "aws:ResourceTag/spotrain:run"
-    assert tag_condition["values"] == ["gpt-small"]
+    # Every resource of the run carries the run and its owner: the bill splits by both.
+    tags = run["provider"]["aws"][0]["default_tags"][0]["tags"]
+    assert (tags["spotrain:run"], tags["spotrain:owner"], tags["cost-center"]) == (
+        "gpt-small", "ml-platform@example.com", "research")  # fmt: skip
+    [group] = [g for g in resources(run, "aws_autoscaling_group").values()
+               if g["name"] == "spotrain-dev-gpt-small-fleet"]  # fmt: skip
+    assert {t["key"]: t["value"] for t in group["tag"]}["spotrain:owner"] == (
+        "ml-platform@example.com")  # fmt: skip
 
 
 # --- props validation -----------------------------------------------------------------------
@@ -537,15 +559,16 @@ def test_bad_props_fail_before_synthesis_with_a_fix(build: Any, expected: str) -
 def test_fleet_props_check_sizes_and_types() -> None:
     from spotrain.constructs.spot_fleet import SpotFleetProps
 
-    config = environments.dev()
     base = dict(
-        name="f", run_name="r", instance_types=config.instance_types, subnet_ids=["s"],
+        name="f", run_name="r", instance_types=("g5.xlarge", "g6.xlarge"), subnet_ids=["s"],
         vpc_id="v", image_parameter_name="/p", min_size=1, desired_size=2, max_size=4,
         on_demand_base_capacity=1, checkpoint_bucket_arn="a", replica_bucket_arn="b",
         checkpoint_bucket_name="n", catalog_table_arn="t", catalog_table_name="tn",
         data_kms_key_arns=("k",), region="us-east-1", tags={}, events_table_arn="e",
         log_kms_key_arn="k", log_retention_days=30,
         events_table_name="en", account_id="123456789012", vpc_endpoint_ids=("vpce-1",),
+        autoscaling_endpoint_id="vpce-a", logs_endpoint_id="vpce-l",
+        session_endpoint_ids=("vpce-s",), endpoint_security_group_id="sg-e",
     )  # fmt: skip
     SpotFleetProps(**base)  # type: ignore[arg-type]
     with pytest.raises(ConfigError) as caught:
@@ -557,10 +580,13 @@ def test_fleet_props_check_sizes_and_types() -> None:
 def test_a_run_with_a_deadline_gives_its_handler_the_deadline_and_its_progress_only(
     synth_dir: Path,
 ) -> None:
+    from spotrain.stacks.runs import load_runs
+
+    run = load_stack(synth_dir, "prod-run-gpt-large")
+    deadline = json.loads(only(resources(run, "aws_ssm_parameter"))["value"])["run_deadline"]
+    assert deadline == dataclasses.asdict(load_runs("prod")[0].deadline)
     prod = load_stack(synth_dir, "prod-interruptions")
     variables = only(resources(prod, "aws_lambda_function"))["environment"]["variables"]
-    deadline = json.loads(variables["RUN_DEADLINE"])
-    assert deadline == dataclasses.asdict(environments.prod().run_deadline)
     # The catalog stack's checkpoint table, resolved by Terraform from that stack's outputs.
     assert variables["CHECKPOINTS_TABLE"].startswith("${data.terraform_remote_state.")
     assert "CheckpointCatalog" in variables["CHECKPOINTS_TABLE"]
@@ -572,7 +598,7 @@ def test_a_run_with_a_deadline_gives_its_handler_the_deadline_and_its_progress_o
     assert reading["actions"] == ["dynamodb:GetItem", "dynamodb:Query"]
     assert len(reading["resources"]) == 1 and "/index/" not in reading["resources"][0]
     [leading] = reading["condition"]
-    assert (leading["variable"], leading["values"]) == ("dynamodb:LeadingKeys", ["RUN#gpt-large"])
+    assert (leading["variable"], leading["values"]) == ("dynamodb:LeadingKeys", ["RUN#*"])
     dev = load_stack(synth_dir, "dev-interruptions")
     assert (
         "RUN_DEADLINE"

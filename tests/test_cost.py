@@ -762,20 +762,22 @@ def test_the_estimate_prices_the_planned_run_as_the_planner_does_and_says_what_i
 
     from spotrain.cost import estimate
     from spotrain.stacks import environments
+    from spotrain.stacks.runs import load_runs
 
     dev = environments.dev()
-    assert dev.planned_run is not None
-    dev = dataclasses.replace(
-        dev, planned_run=dataclasses.replace(dev.planned_run, interruptions_per_hour=None)
+    [small] = load_runs("dev")
+    assert small.planned is not None
+    small = dataclasses.replace(
+        small, planned=dataclasses.replace(small.planned, interruptions_per_hour=None)
     )
     book = prices.load(PRICE_BOOK)
-    found = estimate.estimate(dev, book)
+    found = estimate.estimate(dev, small, book)
     assert found is not None and found.spot is not None and found.on_demand is not None
     assert found.rate_source == "Spot Instance Advisor >20% (2026-11-20)"
     plan = planner.plan(planner.PlanInputs(
-        work_h=dev.planned_run.machine_hours / dev.fleet_desired_size,
-        nodes=dev.fleet_desired_size, deadline_h=None,
-        checkpoint_s=dev.planned_run.checkpoint_seconds, restart_h=estimate.RESTART_HOURS,
+        work_h=small.planned.machine_hours / small.desired_size,
+        nodes=small.desired_size, deadline_h=None,
+        checkpoint_s=small.planned.checkpoint_seconds, restart_h=estimate.RESTART_HOURS,
         interruptions_per_hour=planner.advisor_rate_per_hour(">20%"),
         recovery_h=estimate.RECOVERY_HOURS, on_demand_price=20.0, spot_price=6.0,
         samples=estimate.SAMPLES, seed=estimate.SEED,
@@ -783,23 +785,25 @@ def test_the_estimate_prices_the_planned_run_as_the_planner_does_and_says_what_i
     by_name = {s.strategy: s for s in plan.summaries}
     assert found.on_demand.cost_usd == by_name[simulation.ON_DEMAND_ONLY].mean_cost
     assert found.spot.cost_usd == by_name[found.spot.strategy].mean_cost
-    assert found.on_demand.per_day_usd == pytest.approx(20.0 * dev.fleet_desired_size * 24, 0.02)
+    assert found.on_demand.per_day_usd == pytest.approx(20.0 * small.desired_size * 24, 0.02)
 
-    text = estimate.markdown(found, None, base_note="the base has no environment 'dev'.")
-    assert "Against the base branch: the base has no environment 'dev'." in text
+    text = estimate.markdown(found, None, base_note="the base has no run 'gpt-small' (it is new).")
+    assert "Against the base branch: the base has no run 'gpt-small' (it is new)." in text
     assert text.count("| new | new |") == 2
-    assert "no `planned_run`" in estimate.markdown(estimate.estimate(environments.local(), book),
-                                                   None)  # fmt: skip
-    unpriced = estimate.estimate(environments.prod(), book)
+    [demo, _] = load_runs("local")
+    no_work = estimate.markdown(estimate.estimate(environments.local(), demo, book), None,
+                                run="demo")  # fmt: skip
+    assert "`demo`" in no_work and "plans no work" in no_work
+    unpriced = estimate.estimate(environments.prod(), load_runs("prod")[0], book)
     assert unpriced is not None and "no on-demand or spot price for p4d.24xlarge" in str(
         unpriced.problem)  # fmt: skip
 
-    (tmp_path / "stacks").mkdir()
-    (tmp_path / "stacks" / "environments.py").write_text("raise RuntimeError('half-merged')\n")
+    (tmp_path / "runs" / "dev").mkdir(parents=True)
+    (tmp_path / "runs" / "dev" / "gpt-small.toml").write_text("half = merged = twice\n")
     assert cli.main(["cost", "estimate", "dev", "--base", str(tmp_path), "--price-book",
                      str(PRICE_BOOK)]) == 0  # fmt: skip
     out = capsys.readouterr().out
-    assert "cannot be read by this version (RuntimeError: half-merged)" in out
+    assert "cannot be read by this version (gpt-small.toml: it is not TOML" in out
     assert "| spot: " in out
 
 

@@ -24,7 +24,7 @@ from spotrain.constructs.spot_fleet import USER_DATA, user_data_values
 from spotrain.core import fleet_state
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
-from spotrain.stacks.compute import image_parameter_name
+from spotrain.stacks.run import image_parameter_name
 from spotrain.trainer.catalog import DynamoCatalog
 from spotrain.trainer.storage import LocalStorage
 
@@ -147,7 +147,7 @@ def test_bootstrap_names_what_is_missing() -> None:
     )  # fmt: skip
     assert result.returncode == 2
     assert "missing SPOTRAIN_BUCKET SPOTRAIN_CATALOG_TABLE SPOTRAIN_KMS_KEY_ID" in result.stderr
-    assert "redeploy the compute stack" in result.stderr
+    assert "redeploy the run's stack" in result.stderr
 
 
 @pytest.mark.integration

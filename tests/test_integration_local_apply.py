@@ -25,6 +25,7 @@ from botocore.exceptions import ClientError
 from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
 from spotrain.localcloud import control, faults
 from spotrain.stacks.config import EnvironmentConfig
+from spotrain.stacks.runs import RunConfig
 from spotrain.tools import deploy
 
 pytestmark = pytest.mark.integration
@@ -41,6 +42,15 @@ class Local:
 
     def client(self, service: str, region: str | None = None) -> Any:
         return control.client(service, self.cloud.endpoint, region or self.config.primary_region)
+
+    @property
+    def outputs(self) -> dict[str, Any]:
+        """The stacks' outputs, the rehearsal run's (demo) at the top, each run's under "runs"."""
+        return deploy.outputs_of(self.config, self.results)  # type: ignore[attr-defined]
+
+    @property
+    def run(self) -> RunConfig:
+        return self.outputs["run"]
 
     @property
     def primary_bucket(self) -> str:
@@ -69,8 +79,9 @@ def test_applies_every_stack_of_the_environment(local: Local) -> None:
     names = [r.name for r in local.results]  # type: ignore[attr-defined]
     assert names[0] in ("local-budget", "local-storage")
     assert set(names) == {
-        f"local-{p}" for p in ("storage", "catalog", "compute", "budget", "interruptions")
-    }
+        f"local-{p}" for p in ("storage", "catalog", "network", "budget", "interruptions",
+                               "run-demo", "run-second")
+    }  # fmt: skip
     assert sum(len(r.resources) for r in local.results) > 60  # type: ignore[attr-defined]
 
 
@@ -94,7 +105,7 @@ def test_checkpoint_buckets_are_private_versioned_and_kms_encrypted(local: Local
 
 
 def test_replication_copies_a_checkpoint_to_the_replica_region(local: Local) -> None:
-    key = f"runs/{local.config.run_name}/step_000000001/shard-{uuid.uuid4().hex[:6]}"
+    key = f"runs/{local.run.name}/step_000000001/shard-{uuid.uuid4().hex[:6]}"
     body = os.urandom(64 * 1024)
     # The bucket policy refuses puts that do not name the bucket's own key.
     primary_key = local.client("kms").describe_key(
@@ -139,7 +150,7 @@ def test_checkpoint_bucket_policy_is_enforced(local: Local) -> None:
     # what a run published is never overwritten. The steps of a multipart upload carry no
     # condition; its completion does.
     sse = {"ServerSideEncryption": "aws:kms", "SSEKMSKeyId": key}
-    published = f"runs/{local.config.run_name}/policy-probe-{uuid.uuid4().hex[:6]}"
+    published = f"runs/{local.run.name}/policy-probe-{uuid.uuid4().hex[:6]}"
     with pytest.raises(ClientError) as refused:
         s3.put_object(Bucket=local.primary_bucket, Key=published, Body=b"x", **sse)
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
@@ -188,7 +199,7 @@ def test_spot_fleet_is_deployed_empty_with_an_on_demand_coordinator(local: Local
     assert distribution["OnDemandPercentageAboveBaseCapacity"] == 0
     assert distribution["SpotAllocationStrategy"] == "price-capacity-optimized"
     overrides = [o["InstanceType"] for o in policy["LaunchTemplate"]["Overrides"]]
-    assert overrides == list(local.config.instance_types)
+    assert overrides == list(local.run.instance_types)
     # A run pays only while it trains: nothing runs until its configuration is stored.
     assert (group["MinSize"], group["DesiredCapacity"], group["Instances"]) == (0, 0, [])
 
@@ -205,21 +216,26 @@ def test_a_run_without_its_configuration_starts_no_machine_and_counts_no_crash(
 
     for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
         monkeypatch.setenv(name, value)
-    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
-    result = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
-    assert result["decision"] == "wait", result
-    assert "`spotrain config put" in result["reason"], result
+    outputs = local.outputs
+    runs = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")["runs"]
+    assert sorted(runs) == ["demo", "second"]  # one handler serves every run of its environment
+    for result in runs.values():
+        assert result["decision"] == "wait", result
+        assert "`spotrain config put" in result["reason"], result
+    fleets = [o["fleet_group"] for o in outputs["runs"].values()]
     groups = local.client("autoscaling").describe_auto_scaling_groups(
-        AutoScalingGroupNames=[outputs["fleet_group"], f"{outputs['fleet_group']}-on-demand"]
+        AutoScalingGroupNames=[*fleets, *(f"{f}-on-demand" for f in fleets)]
     )["AutoScalingGroups"]
-    assert [(g["DesiredCapacity"], len(g["Instances"])) for g in groups] == [(0, 0), (0, 0)]
+    assert [(g["DesiredCapacity"], len(g["Instances"])) for g in groups] == [(0, 0)] * 4
     table = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
         outputs["events_table"]
     )
-    assert fleet_state.run_state(table, local.config.run_name).crashes == 0
+    assert fleet_state.run_state(table, local.run.name).crashes == 0
     capsys.readouterr()
     assert cli.main(["run", "list", "local"]) == 0
-    assert re.match(r"demo\s+waiting\s+step -", capsys.readouterr().out), "run list"
+    listed = capsys.readouterr().out
+    assert re.search(r"^demo\s+waiting\s+step -", listed, re.M), listed
+    assert re.search(r"^second\s+waiting\s+step -", listed, re.M), listed
 
 
 def test_launch_template_requires_imdsv2_and_encrypts_volumes(local: Local) -> None:
@@ -245,16 +261,16 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
                    check=True, timeout=60)  # fmt: skip
     written = (tmp_path / "etc" / "spotrain" / "run.env").read_text().splitlines()
     settings = dict(line.split("=", 1) for line in written)
-    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    outputs = local.outputs
     key = local.client("kms").describe_key(KeyId=outputs["primary_key_alias"])["KeyMetadata"]
     assert settings == {
-        "SPOTRAIN_RUN": local.config.run_name,
+        "SPOTRAIN_RUN": local.run.name,
         "SPOTRAIN_REGION": local.config.primary_region,
         "SPOTRAIN_BUCKET": outputs["checkpoint_bucket"],
         "SPOTRAIN_CATALOG_TABLE": outputs["checkpoint_catalog_table"],
         "SPOTRAIN_KMS_KEY_ID": key["Arn"],
         "SPOTRAIN_EVENTS_TABLE": outputs["events_table"],
-        "SPOTRAIN_NNODES": f"{local.config.fleet_min_size}:{local.config.fleet_max_size}",
+        "SPOTRAIN_NNODES": f"{local.run.min_size}:{local.run.max_size}",
         "SPOTRAIN_RDZV_PORT": "29400",
         "SPOTRAIN_LOG_GROUP": outputs["machine_log_group"],
     }
@@ -274,7 +290,7 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
         monkeypatch.setenv(name, value)
     said: list[str] = []
-    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    outputs = local.outputs
     book = _price_book(tmp_path / "prices.json")
     report = Rehearsal(tmp_path, say=said.append, price_book=book).story(
         local.cloud, {**outputs, "config": local.config}, run="solo"
@@ -297,17 +313,19 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
 
 
 def _price_book(path: Path) -> Path:
-    """Test figures for the local environment's instance types in every zone: $20/h
+    """Test figures for the local environment's runs' instance types in every zone: $20/h
     on-demand, $5/h spot (made up, not AWS prices)."""
-    from spotrain.stacks.environments import GPU_INSTANCE_TYPES
+    from spotrain.stacks.runs import load_runs
+
+    types = sorted({t for run in load_runs("local") for t in run.instance_types})
 
     row = {"region": "us-east-1", "source": "test figure", "taken_at": "2026-11-24"}
     path.write_text(json.dumps({
         "format": 1, "note": "Test figures only: not AWS prices.",
         "on_demand": [{**row, "instance_type": t, "usd_per_hour": 20.0}
-                      for t in GPU_INSTANCE_TYPES],
+                      for t in types],
         "spot": [{**row, "instance_type": t, "availability_zone": f"us-east-1{zone}",
-                  "usd_per_hour": 5.0} for t in GPU_INSTANCE_TYPES for zone in "abcdef"],
+                  "usd_per_hour": 5.0} for t in types for zone in "abcdef"],
     }))  # fmt: skip
     return path
 
@@ -326,7 +344,7 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
         monkeypatch.setenv(name, value)
     said: list[str] = []
-    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    outputs = local.outputs
     notices = _subscribe_a_queue(local, outputs["notice_topic"])
     book = _price_book(tmp_path / "prices.json")
     report = FleetRehearsal(tmp_path, say=said.append, price_book=book).story(
@@ -430,11 +448,13 @@ def _deployed_access(local: Local) -> dict[str, Any]:
     trust and policy, the checkpoint buckets' policies and encryption, the tables' keys, the
     data keys and the gateway endpoints its requests come through."""
     iam, ec2 = local.client("iam"), local.client("ec2")
-    [role] = [
-        r
+    fleet_roles = {
+        r["RoleName"]: r
         for r in iam.list_roles()["Roles"]
         if FLEET_POLICY in iam.list_role_policies(RoleName=r["RoleName"])["PolicyNames"]
-    ]
+    }
+    assert sorted(fleet_roles) == ["spotrain-local-demo-fleet", "spotrain-local-second-fleet"]
+    role = fleet_roles["spotrain-local-demo-fleet"]  # the demo run's machines
     buckets = {}
     for bucket, region in (
         (local.primary_bucket, local.config.primary_region),
@@ -457,6 +477,10 @@ def _deployed_access(local: Local) -> dict[str, Any]:
         for e in ec2.describe_vpc_endpoints()["VpcEndpoints"]
         if e["VpcEndpointType"] == "Gateway"
     }
+    [interface] = [
+        e["VpcEndpointId"] for e in ec2.describe_vpc_endpoints()["VpcEndpoints"]
+        if e["ServiceName"].endswith(".autoscaling")
+    ]  # fmt: skip
     key = local.client("kms").describe_key(
         KeyId=f"alias/spotrain-local-data-{local.config.primary_region}"
     )["KeyMetadata"]["Arn"]
@@ -465,6 +489,7 @@ def _deployed_access(local: Local) -> dict[str, Any]:
         "buckets": buckets,
         "tables": tables,
         "endpoints": endpoints,
+        "interface": interface,
         "key": key,
         "policy": iam.get_role_policy(RoleName=role["RoleName"], PolicyName=FLEET_POLICY)[
             "PolicyDocument"
@@ -563,7 +588,7 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
     from spotrain.trainer.storage import AlreadyExists, S3Storage
 
     access = _deployed_access(local)
-    run, region = local.config.run_name, local.config.primary_region
+    run, region = local.run.name, local.config.primary_region
     monkeypatch.setenv("SPOTRAIN_HOME", str(tmp_path / "enforcing-cloud"))
     cloud = control.up(port=0)
     try:
@@ -634,15 +659,40 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
             s3.delete_objects(Bucket=bucket, Delete={"Objects": [{"Key": manifest}]})
         assert storage.exists(manifest) and storage.exists(shard)
 
-        # Another run's keys and items, and the shared datasets, are out of reach.
-        other = run_prefix("someone-else")
+        # The environment's other run (deployed beside it): its keys, its catalog items and
+        # its groups are out of reach, as are the shared datasets (read only).
+        other = run_prefix("second")
         refused(lambda: put(f"{other}/x", IfNoneMatch="*"))
         refused(lambda: s3.list_objects_v2(Bucket=bucket, Prefix=f"{other}/"))
         refused(lambda: put("datasets/x", IfNoneMatch="*"))
         with pytest.raises(CatalogError, match="AccessDenied"):
             DynamoCatalog(
-                "spotrain-local-checkpoints", "someone-else", storage, client=dynamodb
+                "spotrain-local-checkpoints", "second", storage, client=dynamodb
             ).acquire_lease("i-0machine")
+        from spotrain.localcloud.authorization import PERMITTED, verdict
+
+        groups = (
+            "arn:aws:autoscaling:us-east-1:123456789012:autoScalingGroup:x:autoScalingGroupName"
+        )
+        policy = access["policy"]
+        assert (
+            verdict(
+                policy,
+                "autoscaling:SetInstanceHealth",
+                f"{groups}/spotrain-local-demo-fleet",
+                {"aws:SourceVpce": access["interface"]},
+            )
+            == PERMITTED
+        )
+        assert (
+            verdict(
+                policy,
+                "autoscaling:SetInstanceHealth",
+                f"{groups}/spotrain-local-second-fleet",
+                {"aws:SourceVpce": access["interface"]},
+            )
+            != PERMITTED
+        )
         head = {"TableName": "spotrain-local-checkpoints",
                 "Key": {"pk": {"S": f"RUN#{run}"}, "sk": {"S": "HEAD"}}}  # fmt: skip
         refused(lambda: dynamodb.delete_item(**head), 400, "AccessDeniedException")
@@ -733,7 +783,7 @@ def test_the_catalog_stream_runs_the_deployed_handler_which_alarms_on_rewritten_
     catalog = "spotrain-local-checkpoints"
     stream = dynamodb.describe_table(TableName=catalog)["Table"]["LatestStreamArn"]
     assert mapping["EventSourceArn"] == stream
-    outputs = {k: v for r in local.results for k, v in r.outputs.items()}  # type: ignore[attr-defined]
+    outputs = local.outputs
     queue = sqs.create_queue(QueueName=f"on-call-{uuid.uuid4().hex[:6]}")["QueueUrl"]
     attributes = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])
     queue_arn = attributes["Attributes"]["QueueArn"]
@@ -755,6 +805,74 @@ def test_the_catalog_stream_runs_the_deployed_handler_which_alarms_on_rewritten_
     [(subject, alarm)] = alarms
     assert subject.startswith("spotrain ALARM: head-moved-back")
     assert (alarm["from_step"], alarm["to_step"]) == (7, 2)
+
+
+def test_a_second_run_is_submitted_started_cancelled_retired_and_submitted_again(
+    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """`spotrain run submit` on the environment's second run (its file in the repository):
+    its stack applies, its training configuration is stored (the dataset it names prepared
+    first), and the deployed handler's next check starts its group while the first run's is
+    left as it is; `run cancel` takes it to 0, `run retire` destroys its stack (its groups and
+    its declaration go; its stored configuration stays) and `run list` shows it declared only;
+    submitting it again puts the stack back and stores no second copy of the configuration."""
+    from spotrain import cli
+    from spotrain.tools.rehearsal import deliver_capacity_check
+
+    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)  # its synthesis folder and Terraform logs go here
+    outputs, autoscaling, ssm = local.outputs, local.client("autoscaling"), local.client("ssm")
+    store = f"s3://{outputs['checkpoint_bucket']}"
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("the second run reads its own prepared dataset\n" * 200)
+    key = local.client("kms").describe_key(KeyId=outputs["primary_key_alias"])["KeyMetadata"]["Arn"]
+    assert cli.main(["data", "prepare", str(corpus), "--store", store, "--name", "corpus-v1",
+                     "--kms-key-id", key]) == 0  # fmt: skip
+    assert cli.main(["run", "submit", "local", str(ROOT / "runs" / "local" / "second.toml")]) == 0
+    said = capsys.readouterr().out
+    assert "run second submitted to local: its fleet spotrain-local-second-fleet" in said, said
+    assert cli.main(["config", "history", "--store", store, "--run", "second"]) == 0
+    versions = capsys.readouterr().out.count(".json")
+    assert versions == 1
+
+    def sizes(group: str) -> tuple[int, int]:
+        [found] = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])[
+            "AutoScalingGroups"]  # fmt: skip
+        return int(found["MinSize"]), int(found["DesiredCapacity"])
+
+    demo_before = sizes("spotrain-local-demo-fleet")
+    second = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1",
+                                    "second")  # fmt: skip
+    assert second["decision"] == "start", second
+    assert sizes("spotrain-local-second-fleet") == (1, 1)  # runs/local/second.toml's sizes
+    assert sizes("spotrain-local-demo-fleet") == demo_before
+    assert cli.main(["run", "list", "local"]) == 0
+    assert re.search(r"^second\s+(starting|training)\s", capsys.readouterr().out, re.M)
+
+    assert cli.main(["run", "cancel", "local", "second"]) == 0
+    assert sizes("spotrain-local-second-fleet") == (0, 0)
+    assert cli.main(["run", "retire", "local", "second"]) == 0
+    assert (
+        autoscaling.describe_auto_scaling_groups(
+            AutoScalingGroupNames=["spotrain-local-second-fleet"]
+        )["AutoScalingGroups"]
+        == []
+    )
+    declared = ssm.get_parameters_by_path(Path="/spotrain/local/runs")["Parameters"]
+    assert [p["Name"] for p in declared] == ["/spotrain/local/runs/demo"]
+    capsys.readouterr()
+    assert cli.main(["run", "list", "local"]) == 0
+    listed = capsys.readouterr().out
+    assert re.search(r"^second\s+declared\s.*`spotrain run submit local second`", listed, re.M)
+
+    # Back as the repository declares it (the deployment's later tests expect it).
+    assert cli.main(["run", "submit", "local", "second"]) == 0
+    assert sizes("spotrain-local-second-fleet") == (0, 0)  # cancelled: it stays at 0
+    capsys.readouterr()
+    assert cli.main(["config", "history", "--store", store, "--run", "second"]) == 0
+    assert capsys.readouterr().out.count(".json") == versions  # the same one, not stored again
 
 
 def test_second_plan_shows_no_changes(local: Local) -> None:

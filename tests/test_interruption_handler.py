@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import random
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -21,8 +22,11 @@ import pytest
 from moto import mock_aws
 
 from spotrain.constructs.interruption_handler import handler
+from spotrain.constructs.interruption_handler.construct import CapacityGroup, declared_run
 from spotrain.core import catalog_schema as schema
 from spotrain.core import fleet_state
+from spotrain.core.deadline_policy import RunDeadline
+from spotrain.core.handler_settings import run_parameter_name, runs_parameter_path
 
 FIXTURES = Path(__file__).parent / "fixtures" / "events"
 TABLE = "spotrain-test-events"
@@ -107,7 +111,8 @@ def _drain(url: str) -> list[dict[str, Any]]:
     return messages
 
 
-def create_group(name: str, region: str, zone: str, desired: int) -> None:
+def create_group(name: str, region: str, zone: str, desired: int, run: str = RUN) -> None:
+    """A group as a run's stack deploys it, tagged with its environment and run."""
     ec2 = boto3.client("ec2", region_name=region)
     image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
     template = ec2.create_launch_template(
@@ -122,6 +127,9 @@ def create_group(name: str, region: str, zone: str, desired: int) -> None:
                 "Overrides": [{"InstanceType": "g5.xlarge"}, {"InstanceType": "g6.xlarge"}],
             }
         },
+        Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True}
+              for k, v in (("spotrain:environment", os.environ["ENVIRONMENT"]),
+                           ("spotrain:run", run))],
     )  # fmt: skip
 
 
@@ -153,19 +161,35 @@ def _handler_environment(dynamodb: Any, monkeypatch: pytest.MonkeyPatch) -> Clou
         "Attributes"
     ]["QueueArn"]
     sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=notices_arn)
+    environment = f"unit{random.getrandbits(32):08x}"  # its own runs on a shared local cloud
     for key, value in {
-        "EVENTS_TABLE": TABLE, "RUN_NAME": RUN, "ALERT_TOPIC_ARN": topic,
+        "EVENTS_TABLE": TABLE, "ALERT_TOPIC_ARN": topic,
         "DEAD_LETTER_QUEUE_URL": queue_url, "HOT_POOL_THRESHOLD": "2",
-        "ON_DEMAND_DEADLINE_MINUTES": "10",
-        "CAPACITY_GROUPS": json.dumps([
-            {"name": "east-spot", "region": "us-east-1", "lifecycle": "spot", "holds_data": True},
-            {"name": "west-spot", "region": "us-west-2", "lifecycle": "spot", "holds_data": False},
-            {"name": "east-on-demand", "region": "us-east-1", "lifecycle": "on-demand",
-             "holds_data": True},
-        ]),
+        "ON_DEMAND_DEADLINE_MINUTES": "10", "ENVIRONMENT": environment,
+        "RUNS_PARAMETER_PATH": runs_parameter_path(environment),
     }.items():  # fmt: skip
         monkeypatch.setenv(key, value)
+    declare_run([
+        CapacityGroup(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True),
+        CapacityGroup(name="west-spot", region="us-west-2", lifecycle="spot", holds_data=False),
+        CapacityGroup(name="east-on-demand", region="us-east-1", lifecycle="on-demand",
+                      holds_data=True),
+    ])  # fmt: skip
     return Cloud(table, queue_url, notices_url)
+
+
+def declare_run(groups: list[CapacityGroup], run: str = RUN, **settings: Any) -> None:
+    """What the run's stack writes: its declaration to the environment's handler."""
+    boto3.client("ssm", region_name=REGION).put_parameter(
+        Name=run_parameter_name(os.environ["ENVIRONMENT"], run), Type="SecureString",
+        Overwrite=True,
+        Value=declared_run(run=run, capacity_groups=tuple(groups), **settings),
+    )  # fmt: skip
+
+
+def check_run(check: dict[str, Any], run: str = RUN) -> dict[str, Any]:
+    """The scheduled capacity check (of every run of the environment): `run`'s result."""
+    return handler.handle(check)["runs"][run]
 
 
 def for_instance(name: str, instance_id: str, **changes: str) -> dict[str, Any]:
@@ -216,7 +240,8 @@ def test_a_machine_of_another_run_is_counted_and_left_alone(
         result = handler.handle(
             for_instance("spot-interruption-warning", stranger, id=f"stranger-{attempt}")
         )
-        assert result["recorded"] is False and "not gpt-small" in result["ignored"]
+        assert result["recorded"] is False
+        assert "not to a run of environment unit" in result["ignored"]
     assert cloud.table.scan(FilterExpression="sk = :e",
                             ExpressionAttributeValues={":e": "EVENT"})["Count"] == 0  # fmt: skip
     assert fleet_state.instance_status(cloud.table, RUN, stranger) is None
@@ -226,8 +251,8 @@ def test_a_machine_of_another_run_is_counted_and_left_alone(
     assert "spotrain:interruption" not in {t["Key"] for t in tags_now}
     assert desired("east-spot", "us-east-1") == 2
     assert cloud.notices() == [] and cloud.dead_letters() == []
-    state = cloud.table.get_item(Key={"pk": f"RUN#{RUN}", "sk": "STATE"})["Item"]
-    assert state["foreign_events"] == 2
+    counted = cloud.table.get_item(Key={"pk": schema.FOREIGN_EVENTS_KEY, "sk": "STATE"})["Item"]
+    assert counted["foreign_events"] == 2
 
 
 def test_a_rebalance_recommendation_marks_but_never_requeues(cloud: Cloud) -> None:
@@ -296,13 +321,13 @@ def test_a_run_that_crashed_too_often_is_held(cloud: Cloud) -> None:
     # The scheduled check takes the held run's groups to nothing: no machine idles, billed.
     cloud.notices()
     check = event("scheduled-capacity-check")
-    assert handler.handle(check)["decision"] == "hold"
+    assert check_run(check)["decision"] == "hold"
     assert desired("east-spot", "us-east-1") == 0
     [notice] = cloud.notices()
     assert "scaled to 0" in notice["reason"]
-    assert handler.handle(check)["decision"] == "hold" and cloud.notices() == []  # said once
+    assert check_run(check)["decision"] == "hold" and cloud.notices() == []  # said once
     fleet_state.reset_crashes(cloud.table, RUN)  # on-call fixed the cause
-    assert handler.handle(check)["decision"] == "release"
+    assert check_run(check)["decision"] == "release"
     assert desired("east-spot", "us-east-1") == 2
     assert "back to east-spot 0..2" in cloud.notices()[0]["reason"]
     assert fleet_state.run_state(cloud.table, RUN).held_sizes is None
@@ -334,9 +359,9 @@ def test_capacity_check_falls_back_to_on_demand_after_the_deadline(
     clock = iter([1000.0, 1700.0])
     monkeypatch.setattr(handler, "_now", lambda: next(clock))
     check = event("scheduled-capacity-check")
-    assert handler.handle(check)["decision"] == "wait-for-spot"
+    assert check_run(check)["decision"] == "wait-for-spot"
     assert fleet_state.run_state(cloud.table, RUN).short_since == 1000.0
-    assert handler.handle(check)["decision"] == "on-demand"
+    assert check_run(check)["decision"] == "on-demand"
     assert desired("east-on-demand", "us-east-1") == 1
 
 
@@ -621,14 +646,12 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
     monkeypatch.setenv("CHECKPOINTS_TABLE", names["catalog"])
     monkeypatch.setenv("CAPACITY_CHECK_MINUTES", "60")  # a check per tick of the script
-    monkeypatch.setenv("RUN_DEADLINE", json.dumps({
-        "started_at": iso(start), "finish_by": iso(start + 14 * 3600),
-        "total_steps": 8 * per_hour, "changeover_minutes": 15,
-    }))  # fmt: skip
-    monkeypatch.setenv("CAPACITY_GROUPS", json.dumps([
-        {"name": names[kind], "region": REGION, "lifecycle": kind, "holds_data": True}
-        for kind in ("spot", "on-demand")
-    ]))  # fmt: skip
+    declare_run(
+        [CapacityGroup(name=names[kind], region=REGION, lifecycle=kind, holds_data=True)
+         for kind in ("spot", "on-demand")],
+        run_deadline=RunDeadline(started_at=iso(start), finish_by=iso(start + 14 * 3600),
+                                 total_steps=8 * per_hour, changeover_minutes=15),
+    )  # fmt: skip
     create_group(names["spot"], REGION, "us-east-1b", 1)
     create_group(names["on-demand"], REGION, "us-east-1b", 0)
     spot_now = {"available": False}
@@ -648,7 +671,7 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
         catalog.put_item(Item={"pk": run_key(RUN), "sk": HEAD_SORT_KEY,
                                "step": round(done * per_hour)})  # fmt: skip
         monkeypatch.setattr(handler, "_now", lambda t=t: start + t * 3600)
-        result = handler.handle(event("scheduled-capacity-check"))
+        result = check_run(event("scheduled-capacity-check"))
         on_demand = desired(names["on-demand"], REGION) > 0
         got = "on-demand" if on_demand else "spot" if spot else "idle"
         assert got == expected, (t, done, spot, result)
@@ -671,12 +694,12 @@ def _lifecycle_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> A
     create_catalog_table(boto3.client("dynamodb"), "catalog", stream=True)
     monkeypatch.setenv("CONFIG_BUCKET", "configs")
     monkeypatch.setenv("CHECKPOINTS_TABLE", "catalog")
-    monkeypatch.setenv("CAPACITY_GROUPS", json.dumps([
-        {"name": "east-spot", "region": "us-east-1", "lifecycle": "spot", "holds_data": True,
-         "min_size": 1, "desired": 2},
-        {"name": "east-on-demand", "region": "us-east-1", "lifecycle": "on-demand",
-         "holds_data": True, "min_size": 0, "desired": 0},
-    ]))  # fmt: skip
+    declare_run([
+        CapacityGroup(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True,
+                      min_size=1, desired=2),
+        CapacityGroup(name="east-on-demand", region="us-east-1", lifecycle="on-demand",
+                      holds_data=True),
+    ])  # fmt: skip
     return DynamoCatalog("catalog", RUN, LocalStorage(tmp_path / "store"),
                          client=boto3.client("dynamodb"))  # fmt: skip
 
@@ -712,21 +735,21 @@ def test_a_run_waits_for_its_configuration_starts_and_has_no_machine_once_finish
 
     catalog = _lifecycle_environment(monkeypatch, tmp_path)
     check = event("scheduled-capacity-check")
-    waiting = handler.handle(check)
+    waiting = check_run(check)
     assert waiting["decision"] == "wait" and "`spotrain config put" in waiting["reason"]
     assert _sizes("east-spot") == (0, 0, 0)
     boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
-    started = handler.handle(check)
+    started = check_run(check)
     assert started["decision"] == "start", started
     assert _sizes("east-spot") == (1, 2, 2) and _sizes("east-on-demand") == (0, 0, 0)
-    assert handler.handle(check)["decision"] == "none"  # started once; the usual rules now
+    assert check_run(check)["decision"] == "none"  # started once; the usual rules now
     cloud.notices()
 
     generation = catalog.acquire_lease("trainer")
     _publish(catalog, tmp_path, generation, 10, final=False)
     _publish(catalog, tmp_path, generation, 20, final=True)
     records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
-    assert handler.handle({"Records": records})["finished"] == [20]
+    assert handler.handle({"Records": records})["finished"] == {RUN: 20}
     assert _sizes("east-spot") == (0, 0, 0)
     [finished] = cloud.notices()
     assert (finished["kind"], finished["run"], finished["step"]) == ("finished", RUN, 20)
@@ -734,7 +757,7 @@ def test_a_run_waits_for_its_configuration_starts_and_has_no_machine_once_finish
     handler.handle({"Records": records})  # redelivered: nothing said twice
     assert cloud.notices() == []
     # Checks keep it there, and a machine that leaves is not counted as a crash.
-    assert handler.handle(check)["decision"] == "hold" and _sizes("east-spot") == (0, 0, 0)
+    assert check_run(check)["decision"] == "hold" and _sizes("east-spot") == (0, 0, 0)
     verdict = fleet_state.record_exit(cloud.table, RUN, run_instance(), 143, max_crashes=1)
     assert (verdict.kind, verdict.crashes) == ("stopped", 0)
     assert run_lifecycle.read(cloud.table, RUN).finished_step == 20
@@ -746,10 +769,10 @@ def test_the_capacity_check_finishes_a_run_whose_stream_notice_was_missed(
     catalog = _lifecycle_environment(monkeypatch, tmp_path)
     boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
     check = event("scheduled-capacity-check")
-    assert handler.handle(check)["decision"] == "start"
+    assert check_run(check)["decision"] == "start"
     _publish(catalog, tmp_path, catalog.acquire_lease("trainer"), 5, final=True)
     cloud.notices()
-    result = handler.handle(check)
+    result = check_run(check)
     assert result["decision"] == "hold" and "finished" in result["reason"], result
     assert _sizes("east-spot") == (0, 0, 0)
     assert [n["kind"] for n in cloud.notices() if "kind" in n] == ["finished"]
@@ -765,14 +788,93 @@ def test_a_cancelled_run_is_not_requeued_stays_at_0_and_its_machines_may_not_sta
     _lifecycle_environment(monkeypatch, tmp_path)
     boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
     check = event("scheduled-capacity-check")
-    handler.handle(check)
+    check_run(check)
     run_lifecycle.mark_cancelled(cloud.table, RUN, by="on-call", at=1.0)
     assert not run_lifecycle.mark_cancelled(cloud.table, RUN, by="again", at=2.0)
     result = handler.handle(for_instance("spot-interruption-warning", run_instance()))
     assert result["decision"] == "hold" and "cancelled by on-call" in result["reason"]
-    assert handler.handle(check)["decision"] == "hold" and _sizes("east-spot")[:2] == (0, 0)
+    assert check_run(check)["decision"] == "hold" and _sizes("east-spot")[:2] == (0, 0)
     tables = ["--events-table", TABLE, "--run", RUN]
     assert cli.main(["fleet", "may-start", *tables]) == 3
     assert "cancelled by on-call" in capsys.readouterr().out
     run_lifecycle.clear_cancelled(cloud.table, RUN)
     assert cli.main(["fleet", "may-start", *tables]) == 0
+
+
+# --- one handler, every run of its environment ---------------------------------------------
+def test_one_handler_serves_each_run_of_its_environment_on_its_own(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two runs declared by their stacks: each waits for its own configuration and starts on
+    its own; one finishing stops its groups only; a spot warning requeues the warned machine's
+    run; a group not tagged with the environment is never scaled, and a declaration that
+    cannot be read leaves the other runs served."""
+    from helpers import stream_records
+
+    catalog = _lifecycle_environment(monkeypatch, tmp_path)
+    other = "gpt-sweep"
+    create_group("sweep-spot", "us-east-1", "us-east-1b", 0, run=other)
+    declare_run([CapacityGroup(name="sweep-spot", region="us-east-1", lifecycle="spot",
+                               holds_data=True, min_size=1, desired=1)], run=other)  # fmt: skip
+    check = event("scheduled-capacity-check")
+    runs = handler.handle(check)["runs"]
+    assert {r: d["decision"] for r, d in runs.items()} == {RUN: "wait", other: "wait"}
+    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{other}/config/1-a.json",
+                                  Body=b"{}")  # fmt: skip
+    runs = handler.handle(check)["runs"]
+    assert (runs[RUN]["decision"], runs[other]["decision"]) == ("wait", "start")
+    assert (_sizes("sweep-spot"), _sizes("east-spot")) == ((1, 1, 1), (0, 0, 0))
+    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    assert check_run(check)["decision"] == "start" and _sizes("east-spot") == (1, 2, 2)
+
+    # A warning for the other run's machine is that run's: its group is the one kept.
+    [sweeper] = [i["InstanceId"] for i in boto3.client("autoscaling").describe_auto_scaling_groups(
+        AutoScalingGroupNames=["sweep-spot"])["AutoScalingGroups"][0]["Instances"]]  # fmt: skip
+    warned = handler.handle(for_instance("spot-interruption-warning", sweeper, id="sweep-1"))
+    assert (warned["run"], warned["decision"]) == (other, "replace-in-place"), warned
+    assert fleet_state.instance_status(cloud.table, other, sweeper) == "INTERRUPTING"
+    assert fleet_state.instance_status(cloud.table, RUN, sweeper) is None
+
+    # The first run finishes: its groups go to 0; the other trains on.
+    _publish(catalog, tmp_path, catalog.acquire_lease("trainer"), 20, final=True)
+    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    assert handler.handle({"Records": records})["finished"] == {RUN: 20}
+    assert _sizes("east-spot") == (0, 0, 0) and _sizes("sweep-spot")[:2] == (1, 1)
+
+    # A group named in a declaration but tagged with another environment is not scaled.
+    create_group("foreign-spot", "us-east-1", "us-east-1b", 1, run="intruder")
+    boto3.client("autoscaling").create_or_update_tags(
+        Tags=[
+            {
+                "ResourceId": "foreign-spot",
+                "ResourceType": "auto-scaling-group",
+                "Key": "spotrain:environment",
+                "Value": "someone-elses",
+                "PropagateAtLaunch": True,
+            }
+        ]
+    )
+    declare_run(
+        [
+            CapacityGroup(
+                name="foreign-spot",
+                region="us-east-1",
+                lifecycle="spot",
+                holds_data=True,
+                min_size=1,
+                desired=3,
+            )
+        ],
+        run="intruder",
+    )
+    boto3.client("s3").put_object(Bucket="configs", Key="runs/intruder/config/1-a.json",
+                                  Body=b"{}")  # fmt: skip
+    # And a declaration that is not one: logged, left out; the others are checked.
+    boto3.client("ssm").put_parameter(
+        Name=run_parameter_name(os.environ["ENVIRONMENT"], "broken"), Type="SecureString",
+        Value="{not json",
+    )  # fmt: skip
+    runs = handler.handle(check)["runs"]
+    assert sorted(runs) == ["gpt-small", "gpt-sweep", "intruder"]
+    assert runs[RUN]["decision"] == "hold" and "finished" in runs[RUN]["reason"]
+    assert _sizes("foreign-spot")[1] == 1  # as it was: not the handler's to scale

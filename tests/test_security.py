@@ -11,8 +11,9 @@ import security_rules as rules
 from helpers import load_stack
 
 ENVIRONMENTS = ("local", "dev", "prod")
-PARTS = ("storage", "catalog", "compute", "budget", "interruptions")
-STACKS = [f"{env}-{part}" for env in ENVIRONMENTS for part in PARTS]
+PARTS = ("storage", "catalog", "network", "budget", "interruptions")
+RUNS = ("local-run-demo", "local-run-second", "dev-run-gpt-small", "prod-run-gpt-large")
+STACKS = [f"{env}-{part}" for env in ENVIRONMENTS for part in PARTS] + list(RUNS)
 
 
 @pytest.mark.parametrize("rule", sorted(rules.RULES))
@@ -87,11 +88,11 @@ BREAKAGES: dict[str, tuple[str, Callable[[dict[str, Any]], None]]] = {
     "buckets_are_versioned": ("local-storage", _unversioned_bucket),
     "bucket_policies_require_tls": ("local-storage", _plain_http_bucket),
     "kms_keys_rotate": ("local-storage", _unrotated_key),
-    "instances_require_imdsv2": ("local-compute", _imdsv1),
+    "instances_require_imdsv2": ("local-run-demo", _imdsv1),
     "tables_are_encrypted_and_recoverable": ("local-catalog", _unrecoverable_table),
     "queues_topics_and_logs_are_encrypted": ("local-interruptions", _plain_log_group),
     "iam_policies_are_scoped": ("local-interruptions", _wildcard_policy),
-    "no_public_network_paths": ("local-compute", _public_subnet),
+    "no_public_network_paths": ("local-network", _public_subnet),
     "key_policies_grant_only_the_account_and_conditioned_services": (
         "dev-storage",
         _unconditioned_key_grant,

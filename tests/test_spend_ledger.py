@@ -4,6 +4,7 @@ however often the checks come; and the handler's check keeps it on the local clo
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -135,7 +136,16 @@ class RunOnTheLocalCloud:
         from spotrain.constructs.interruption_handler import handler
 
         handler._now = lambda: at  # type: ignore[attr-defined]
-        return handler.handle(event("scheduled-capacity-check"))
+        return handler.handle(event("scheduled-capacity-check"))["runs"][self.run]
+
+    def declare(self, **settings: Any) -> None:
+        """The run's declaration to the handler, as its stack writes it (cap, deadline)."""
+        from test_interruption_handler import REGION, declare_run
+
+        from spotrain.constructs.interruption_handler.construct import CapacityGroup
+
+        group = CapacityGroup(name=self.run, region=REGION, lifecycle="spot", holds_data=True)
+        declare_run([group], run=self.run, **settings)
 
 
 @pytest.fixture
@@ -156,13 +166,14 @@ def run_on_the_local_cloud(
     monkeypatch.setattr(handler, "_now", handler._now)  # restored after check_at's changes
     cloud = _handler_environment(boto3.resource("dynamodb"), monkeypatch)
     run = f"ledger-{int(time.time() * 1000) % 10**8}"
-    monkeypatch.setenv("RUN_NAME", run)
     ec2, autoscaling = boto3.client("ec2"), boto3.client("autoscaling")
     template = launch_template(ec2, run)
     autoscaling.create_auto_scaling_group(
         AutoScalingGroupName=run, MinSize=0, MaxSize=4, DesiredCapacity=3,
         AvailabilityZones=["us-east-1a"],
-        Tags=[{"Key": "spotrain:run", "Value": run, "PropagateAtLaunch": True}],
+        Tags=[{"Key": "spotrain:run", "Value": run, "PropagateAtLaunch": True},
+              {"Key": "spotrain:environment", "Value": os.environ["ENVIRONMENT"],
+               "PropagateAtLaunch": True}],
         MixedInstancesPolicy={
             "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateId": template},
                                "Overrides": [{"InstanceType": "g5.xlarge"}]},
@@ -170,16 +181,16 @@ def run_on_the_local_cloud(
                                       "OnDemandPercentageAboveBaseCapacity": 0},
         },
     )  # fmt: skip
-    monkeypatch.setenv("CAPACITY_GROUPS", f'[{{"name": "{run}", "region": "{REGION}", '
-                       '"lifecycle": "spot", "holds_data": true}]')  # fmt: skip
     launched = [
         i for r in ec2.describe_instances(
             Filters=[{"Name": "tag:spotrain:run", "Values": [run]}])["Reservations"]
         for i in r["Instances"]
     ]  # fmt: skip
     control.set_price_book(Path(__file__).parent / "fixtures" / "price_book.json")
+    setting = RunOnTheLocalCloud(run, cloud, launched)
+    setting.declare()
     try:
-        yield RunOnTheLocalCloud(run, cloud, launched)
+        yield setting
     finally:
         control.set_price_book(None)
         cloud.table.delete()
@@ -228,7 +239,7 @@ def test_a_run_at_its_cap_is_held_with_its_groups_at_0_until_released(
     from test_interruption_handler import REGION, _drain, desired
 
     setting = run_on_the_local_cloud
-    monkeypatch.setenv("MAX_SPEND_USD", "30")
+    setting.declare(max_spend_usd=30.0)
     start = max(i["LaunchTime"].timestamp() for i in setting.launched)
     for minutes in (20, 31, 49, 61):  # $10, $15.50, $24.50, $30.50
         result = setting.check_at(start + minutes * 60)

@@ -66,7 +66,11 @@ def test_merges_deploy_dev_before_prod_one_at_a_time_behind_environments() -> No
     assert job["strategy"]["matrix"]["environment"] == ["dev", "prod"]
     assert job["strategy"]["max-parallel"] == 1
     assert job["environment"] == "${{ matrix.environment }}"  # prod approval lives there
-    assert any("cdktf deploy" in s.get("run", "") for s in job["steps"])
+    runs = [s.get("run", "") for s in job["steps"]]
+    deploy = next(i for i, r in enumerate(runs) if "cdktf deploy" in r)
+    # Merging is submitting: after the stacks, each declared run's configuration is stored.
+    submit = next(i for i, r in enumerate(runs) if "spotrain run submit" in r)
+    assert deploy < submit and "runs/${{ matrix.environment }}/*.toml" in runs[submit]
 
 
 def _step(job: dict, name: str) -> dict:  # type: ignore[type-arg]
@@ -85,13 +89,14 @@ new AsyncFunction("require", "github", "context", script)(require, github, conte
 
 
 @pytest.mark.integration
-def test_the_plan_comment_carries_each_environments_run_estimate_against_the_base_branch(
+def test_the_plan_comment_carries_each_runs_estimate_against_the_base_branch(
     local_cloud: Any, tmp_path: Path
 ) -> None:
     """The plan job's own estimate step and comment script, run as GitHub runs them: the base
     branch is fetched from `origin`, prices are refreshed through the plan role's credentials
     (here the local cloud, answering from a test book), and the comment shows the estimate
-    with its change. The base branch ran dev on 3 machines; this one runs it on 2."""
+    with its change. The base branch ran dev's run on 3 machines; this one runs it on 2, and
+    adds prod's run, which the comment shows as new."""
     from spotrain.localcloud import control
 
     job = load("plan.yml")["jobs"]["plan"]
@@ -100,12 +105,12 @@ def test_the_plan_comment_carries_each_environments_run_estimate_against_the_bas
     origin = tmp_path / "origin.git"
     subprocess.run(["git", "init", "-q", "--bare", str(origin)], check=True)
     base = tmp_path / "base-source"
-    (base / "stacks").mkdir(parents=True)
-    ours = (ROOT / "stacks" / "environments.py").read_text()
-    theirs = ours.replace("        fleet_desired_size=2,\n        fleet_max_size=8,",
-                          "        fleet_desired_size=3,\n        fleet_max_size=8,")  # fmt: skip
-    assert theirs != ours  # dev's fleet, as the base branch had it
-    (base / "stacks" / "environments.py").write_text(theirs)
+    (base / "runs" / "dev").mkdir(parents=True)
+    ours = (ROOT / "runs" / "dev" / "gpt-small.toml").read_text()
+    theirs = ours.replace("desired_size = 2\n", "desired_size = 3\n")
+    assert theirs != ours  # dev's run's fleet, as the base branch had it
+    (base / "runs" / "dev" / "gpt-small.toml").write_text(theirs)
+    # prod's run is new in this pull request: the base declares no run there.
     git = ["git", "-c", "user.name=t", "-c", "user.email=t@example.com"]
     for command in (["init", "-q", "-b", "main"], ["add", "."], ["commit", "-qm", "base"],
                     ["push", "-q", str(origin), "main"]):  # fmt: skip
@@ -156,4 +161,6 @@ def test_the_plan_comment_carries_each_environments_run_estimate_against_the_bas
         assert re.fullmatch(r" -\$[\d.,]+ \(-3[23]\.\d%\) ", per_day), dev
         assert re.fullmatch(r" [-+]\$[\d.,]+ \([-+][0-4]\.\d%\) ", to_completion), dev
     assert re.search(r"taken \d{4}-\d{2}-\d{2} \(AWS Price List", dev), dev
-    assert "deadline 504 h" in prod and prod.count("| no change | no change |") == 2, prod
+    assert "Run estimate: `gpt-large`" in prod and "deadline 504 h" in prod, prod
+    assert "the base has no run 'gpt-large' (it is new)" in prod, prod
+    assert prod.count("| new | new |") == 2, prod

@@ -1,7 +1,8 @@
 """EventBridge rules for spot interruption warnings, rebalance recommendations and a scheduled
 capacity check, feeding the handler Lambda, with a dead-letter queue, retries, an encrypted
-log group and notice topic, and a role that may only touch the events table, the run's
-instances and Auto Scaling groups, the topic and the queue.
+log group and notice topic, and a role that may only touch the events table, the
+environment's runs' instances and Auto Scaling groups, the topic and the queue. The handler
+serves every run of its environment: each run's stack declares the run with `declared_run`.
 
 The Lambda zip is built here in Python at synth time, byte-for-byte reproducible (fixed
 timestamps and permissions, sorted entries), so `source_code_hash` changes only when the code
@@ -39,6 +40,7 @@ from spotrain.core.events import (
     INTERRUPTION_WARNING_TYPE,
     REBALANCE_RECOMMENDATION_TYPE,
 )
+from spotrain.core.handler_settings import runs_parameter_path
 
 HANDLED_EVENTS = {
     "InterruptionWarning": INTERRUPTION_WARNING_TYPE,
@@ -94,6 +96,45 @@ class CapacityGroup:
     these once the run's configuration is stored."""
 
 
+def declared_run(
+    *,
+    run: str,
+    capacity_groups: tuple[CapacityGroup, ...],
+    max_spend_usd: float | None = None,
+    run_deadline: RunDeadline | None = None,
+) -> str:
+    """A run's declaration to its environment's handler (the value of its SSM parameter,
+    `handler_settings.run_parameter_name`): the groups the handler may scale for it (at least
+    one spot group; an on-demand one for fallback), its spend cap (notices at 50, 80 and 100%;
+    held at 100% until an operator raises it) and its deadline (spot or on-demand by its
+    progress, instead of the fixed on-demand wait)."""
+    problems = []
+    lifecycles = [g.lifecycle for g in capacity_groups]
+    if requeue.SPOT not in lifecycles:
+        problems.append("capacity_groups needs at least one spot group")
+    for group in capacity_groups:
+        if group.lifecycle not in (requeue.SPOT, requeue.ON_DEMAND):
+            problems.append(
+                f"capacity group {group.name!r} has lifecycle {group.lifecycle!r}: "
+                f"use {requeue.SPOT!r} or {requeue.ON_DEMAND!r}"
+            )
+        if not 0 <= group.min_size <= group.desired:
+            problems.append(f"capacity group {group.name!r} declares min_size "
+                            f"{group.min_size} and desired {group.desired}: need "
+                            "0 <= min_size <= desired")  # fmt: skip
+    if max_spend_usd is not None and not 0 < max_spend_usd < float("inf"):
+        problems.append(f"max_spend_usd is {max_spend_usd}: give a positive amount in USD")
+    if run_deadline is not None:
+        problems += run_deadline.problems()
+    raise_if_problems(f"run {run!r}'s declaration to the interruption handler", problems)
+    return json.dumps({
+        "run": run,
+        "groups": [asdict(g) for g in capacity_groups],
+        "max_spend_usd": max_spend_usd,
+        "run_deadline": asdict(run_deadline) if run_deadline is not None else None,
+    }, sort_keys=True)  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
 class InterruptionHandlerProps:
     name: str
@@ -106,10 +147,13 @@ class InterruptionHandlerProps:
     """Key for the log group, queue and function environment."""
     account_id: str
     """Account of the role's trust guard."""
-    run_name: str
-    """The run the environment's fleet trains (instance tag `spotrain:run`)."""
-    capacity_groups: tuple[CapacityGroup, ...]
-    """Groups the handler may scale: at least one spot group; an on-demand one for fallback."""
+    region: str
+    """Region of the handler (where its environment's runs declare themselves)."""
+    environment: str
+    """The environment whose runs it serves: the groups it may scale are tagged
+    `spotrain:environment` with it, and named with `group_name_prefix`."""
+    group_name_prefix: str
+    """What every run's group of the environment is named with (`spotrain-<env>-`)."""
     alert_emails: tuple[str, ...]
     """Who hears of interruptions and capacity moves (notice topic subscriptions)."""
     log_retention_days: int
@@ -127,14 +171,9 @@ class InterruptionHandlerProps:
     catalog_stream_arn: str | None = None
     """Stream of the checkpoint catalog table: the handler alarms when a run's head moves back
     without a roll back, or a complete checkpoint's record is rewritten or removed."""
-    max_spend_usd: float | None = None
-    """The run's spend cap: notices at 50, 80 and 100%; at 100% the run is held and its groups
-    go to 0 until an operator raises the cap (`spotrain fleet release`)."""
-    run_deadline: RunDeadline | None = None
-    """When the run must be done: the capacity check then decides spot or on-demand by the
-    run's progress (Uniform Progress) instead of the fixed on-demand deadline."""
     checkpoints_table_arn: str | None = None
-    """The checkpoint catalog: a run with a deadline has its progress read from it."""
+    """The checkpoint catalog: whether a run's final step is published, and with a deadline
+    its progress."""
     checkpoints_table_name: str | None = None
     config_bucket_name: str | None = None
     """The bucket the run's training configuration is stored in: the run's groups start once
@@ -149,36 +188,16 @@ class InterruptionHandlerProps:
             problems.append(f"name {self.name!r} is over 50 characters: Lambda names are limited")
         if self.event_retention_days < 1:
             problems.append("event_retention_days must be 1 or more")
-        lifecycles = [g.lifecycle for g in self.capacity_groups]
-        if requeue.SPOT not in lifecycles:
-            problems.append("capacity_groups needs at least one spot group")
-        for group in self.capacity_groups:
-            if group.lifecycle not in (requeue.SPOT, requeue.ON_DEMAND):
-                problems.append(
-                    f"capacity group {group.name!r} has lifecycle {group.lifecycle!r}: "
-                    f"use {requeue.SPOT!r} or {requeue.ON_DEMAND!r}"
-                )
         for field_name in ("hot_pool_threshold", "rate_window_minutes", "capacity_check_minutes"):
             if getattr(self, field_name) < 1:
                 problems.append(f"{field_name} must be 1 or more")
         if self.on_demand_deadline_minutes < 0:
             problems.append("on_demand_deadline_minutes must be 0 or more")
-        if self.max_spend_usd is not None and not 0 < self.max_spend_usd < float("inf"):
-            problems.append(f"max_spend_usd is {self.max_spend_usd}: give a positive amount in USD")
-        for group in self.capacity_groups:
-            if not 0 <= group.min_size <= group.desired:
-                problems.append(f"capacity group {group.name!r} declares min_size "
-                                f"{group.min_size} and desired {group.desired}: need "
-                                "0 <= min_size <= desired")  # fmt: skip
         if (self.config_bucket_name is None) != (self.config_bucket_arn is None):
             problems.append("give config_bucket_name and config_bucket_arn together")
-        if self.run_deadline is not None:
-            problems += self.run_deadline.problems()
-            if not (self.checkpoints_table_arn and self.checkpoints_table_name):
-                problems.append(
-                    "run_deadline needs checkpoints_table_arn and checkpoints_table_name: the "
-                    "run's progress is read there"
-                )
+        if not self.group_name_prefix.startswith("spotrain-"):
+            problems.append(f"group_name_prefix {self.group_name_prefix!r} must start with "
+                            "'spotrain-' (the fleets' names)")  # fmt: skip
         raise_if_problems("InterruptionHandlerProps", problems)
 
 
@@ -308,26 +327,14 @@ class InterruptionHandler(Construct):
                 "variables": {
                     "EVENTS_TABLE": props.events_table_name,
                     "EVENT_RETENTION_DAYS": str(props.event_retention_days),
-                    "RUN_NAME": props.run_name,
-                    "CAPACITY_GROUPS": json.dumps(
-                        [asdict(g) for g in props.capacity_groups], sort_keys=True
-                    ),
+                    "ENVIRONMENT": props.environment,
+                    "RUNS_PARAMETER_PATH": runs_parameter_path(props.environment),
                     "ALERT_TOPIC_ARN": self.topic.arn,
                     "DEAD_LETTER_QUEUE_URL": self.dead_letter_queue.url,
                     "HOT_POOL_THRESHOLD": str(props.hot_pool_threshold),
                     "RATE_WINDOW_MINUTES": str(props.rate_window_minutes),
                     "ON_DEMAND_DEADLINE_MINUTES": str(props.on_demand_deadline_minutes),
                     "CAPACITY_CHECK_MINUTES": str(props.capacity_check_minutes),
-                    **(
-                        {"MAX_SPEND_USD": str(props.max_spend_usd)}
-                        if props.max_spend_usd is not None
-                        else {}
-                    ),
-                    **(
-                        {"RUN_DEADLINE": json.dumps(asdict(props.run_deadline), sort_keys=True)}
-                        if props.run_deadline is not None
-                        else {}
-                    ),
                     **(
                         {"CHECKPOINTS_TABLE": props.checkpoints_table_name}
                         if props.checkpoints_table_name is not None

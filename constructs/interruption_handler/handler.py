@@ -8,10 +8,15 @@ For a warning or recommendation it
 3. for a warning, requeues: keeps the capacity in place, shifts it to a healthier group, or
    after a deadline falls back to on-demand (`requeue.py` decides);
 4. notifies the alert topic.
+One handler serves every run of its environment: each run's stack declares the run (its
+groups, cap and deadline) in an SSM parameter under RUNS_PARAMETER_PATH, read at each
+invocation, and an instance's run is its `spotrain:run` tag. The handler scales only groups
+tagged with its environment and the run that declares them; each run's cap, deadline policy,
+crash hold and requeue are its own, and one run's failure does not stop the others' checks.
 The scheduled check (EventBridge schedule) covers a shortfall with on-demand after the
-deadline and gives on-demand back when spot returns; for a run with a deadline
-(RUN_DEADLINE) it follows the deadline policy instead, on the run's progress read from the
-checkpoint catalog (`run_progress`). Changes to the checkpoint catalog (its
+deadline and gives on-demand back when spot returns; for a run with a deadline it follows the
+deadline policy instead, on the run's progress read from the checkpoint catalog
+(`run_progress`). Changes to the checkpoint catalog (its
 table's stream) that rewrite history (a head moved back without a roll back, a complete
 checkpoint's record rewritten or removed) are alarms to the same topic (`catalog_watch.py`).
 
@@ -25,7 +30,7 @@ Nothing raises: an event that is malformed, of an unknown kind, or that fails ha
 logged and sent to the dead-letter queue with the reason, from where it can be redriven.
 
 Each scheduled check also moves the run's spend ledger (`spend_ledger.py`), keeps a spend
-point for the run's report, and judges it against the run's cap (MAX_SPEND_USD, raised by
+point for the run's report, and judges it against the run's cap (its declaration's, raised by
 operators): notices at 50, 80 and 100% (each kept too), and at 100% the run is held like a
 run that crashed too often.
 
@@ -89,6 +94,7 @@ from spotrain.core.events import (
 METRIC_NAMESPACE = "spotrain"
 """CloudWatch namespace of the run's spend (the role may publish to no other)."""
 GROUP_TAG = "aws:autoscaling:groupName"
+ENVIRONMENT_TAG = "spotrain:environment"
 
 log = logging.getLogger()
 log.setLevel(logging.INFO)
@@ -104,25 +110,64 @@ def _settings() -> dict[str, Any]:
     return {
         "events_table": env["EVENTS_TABLE"],
         "retention_days": int(env.get("EVENT_RETENTION_DAYS", defaults.EVENT_RETENTION_DAYS)),
-        "run": env.get("RUN_NAME", ""),
-        "groups": json.loads(env.get("CAPACITY_GROUPS", "[]")),
+        "environment": env["ENVIRONMENT"],
+        "runs_path": env["RUNS_PARAMETER_PATH"],
+        # A run's own (`declared_runs` fills them in for each).
+        "run": "",
+        "groups": [],
+        "run_deadline": None,
+        "max_spend_usd": None,
         "topic": env.get("ALERT_TOPIC_ARN"),
         "dead_letter_queue": env.get("DEAD_LETTER_QUEUE_URL"),
         "hot_threshold": int(env.get("HOT_POOL_THRESHOLD", defaults.HOT_POOL_THRESHOLD)),
         "window_s": 60 * float(env.get("RATE_WINDOW_MINUTES", defaults.RATE_WINDOW_MINUTES)),
         "deadline_s": 60
         * float(env.get("ON_DEMAND_DEADLINE_MINUTES", defaults.ON_DEMAND_DEADLINE_MINUTES)),
-        "run_deadline": (
-            RunDeadline(**json.loads(env["RUN_DEADLINE"])) if env.get("RUN_DEADLINE") else None
-        ),
         "checkpoints_table": env.get("CHECKPOINTS_TABLE"),
         # Where the run's training configuration is stored: its groups start once it is.
         "config_bucket": env.get("CONFIG_BUCKET"),
-        "max_spend_usd": float(env["MAX_SPEND_USD"]) if env.get("MAX_SPEND_USD") else None,
         # A deadline decision holds until the next check.
         "check_every_h": float(env.get("CAPACITY_CHECK_MINUTES", defaults.CAPACITY_CHECK_MINUTES))
         / 60,
     }
+
+
+def run_settings(settings: dict[str, Any], run: str, declared: Any) -> dict[str, Any]:
+    """The settings of one run's check: the environment's, with what the run's stack declares
+    (its groups, cap and deadline; `construct.declared_run` writes it)."""
+    if not isinstance(declared, dict) or declared.get("run") != run:
+        raise ValueError(f"the declaration does not name run {run!r}")
+    groups = declared["groups"]
+    if not isinstance(groups, list) or not all(isinstance(g, dict) and g.get("name")
+                                               for g in groups):  # fmt: skip
+        raise ValueError("its groups are not a list of named groups")
+    cap, deadline = declared.get("max_spend_usd"), declared.get("run_deadline")
+    return {
+        **settings, "run": run, "groups": groups,
+        "max_spend_usd": float(cap) if cap is not None else None,
+        "run_deadline": RunDeadline(**deadline) if deadline else None,
+    }  # fmt: skip
+
+
+def declared_runs(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Every run of the environment, by name, as the settings of its check: each run's stack
+    declares it under RUNS_PARAMETER_PATH. A declaration that cannot be read is logged and
+    left out (the other runs are served)."""
+    runs = {}
+    pages = (
+        boto3.client("ssm")
+        .get_paginator("get_parameters_by_path")
+        .paginate(Path=settings["runs_path"], Recursive=False, WithDecryption=True)
+    )
+    for page in pages:
+        for parameter in page["Parameters"]:
+            run = parameter["Name"].rsplit("/", 1)[-1]
+            try:
+                runs[run] = run_settings(settings, run, json.loads(parameter["Value"]))
+            except (ValueError, TypeError, KeyError) as error:
+                log.error("run %s is not served: its declaration %s is unusable (%s: %s)",
+                          run, parameter["Name"], type(error).__name__, error)  # fmt: skip
+    return runs
 
 
 def _now() -> float:
@@ -182,7 +227,9 @@ def describe_instance(ec2: Any, instance_id: str) -> dict[str, str]:
 def capacity_groups(
     settings: dict[str, Any], autoscaling: Callable[[str], Any]
 ) -> list[requeue.Group]:
-    """The run's groups as they are now (configured in CAPACITY_GROUPS, read from each region)."""
+    """The run's groups as they are now (as its stack declares them, read from each region).
+    A group that is not tagged with the handler's environment and this run is not the
+    handler's to scale: it is left out."""
     groups = []
     for spec in settings["groups"]:
         found = autoscaling(spec["region"]).describe_auto_scaling_groups(
@@ -192,6 +239,13 @@ def capacity_groups(
             log.warning("capacity group %s in %s does not exist", spec["name"], spec["region"])
             continue
         group = found[0]
+        tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+        owner = (tags.get(ENVIRONMENT_TAG), tags.get(RUN_TAG))
+        if owner != (settings["environment"], settings["run"]):
+            log.warning("capacity group %s is tagged environment %s, run %s: not scaled for run "
+                        "%s of %s", spec["name"], *owner, settings["run"],
+                        settings["environment"])  # fmt: skip
+            continue
         policy = group.get("MixedInstancesPolicy", {}).get("LaunchTemplate", {})
         types = [o["InstanceType"] for o in policy.get("Overrides", []) if "InstanceType" in o]
         pools = tuple(pool_key(t, zone) for t in types for zone in group["AvailabilityZones"])
@@ -267,7 +321,7 @@ def run_progress(
 
 
 def deadline_progress(settings: dict[str, Any], now: float) -> tuple[Progress | None, str]:
-    """The progress of the handler's run when it has a deadline (else None, '')."""
+    """The progress of the checked run when it has a deadline (else None, '')."""
     if settings["run_deadline"] is None or not settings["run"]:
         return None, ""
     table = boto3.resource("dynamodb").Table(settings["checkpoints_table"])
@@ -442,16 +496,23 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
     table = boto3.resource("dynamodb").Table(settings["events_table"])
     ec2 = boto3.client("ec2")
     instance = describe_instance(ec2, fields["instance_id"])
-    run = settings["run"]
-    if "run" in instance and instance["run"] != run:
+    runs = declared_runs(settings)
+    if "run" in instance and instance["run"] not in runs:
         # The rules see every spot warning of the account and region: a machine tagged with
-        # another run, or none, is not this handler's to mark, tag, requeue or dead-letter.
-        count = fleet_state.count_foreign_event(table, run)
+        # no run of this environment is not this handler's to mark, tag, requeue or
+        # dead-letter.
+        count = fleet_state.count_foreign_event(table)
         reason = (f"{fields['instance_id']} belongs to run {instance['run'] or '(none)'}, "
-                  f"not {run}")  # fmt: skip
+                  f"not to a run of environment {settings['environment']}")  # fmt: skip
         log.info("ignored %s %s: %s (%d so far)", fields["kind"], fields["event_id"], reason,
                  count)  # fmt: skip
         return {"recorded": False, "event_id": fields["event_id"], "ignored": reason}
+    if "run" in instance:
+        settings = runs[instance["run"]]
+    elif len(runs) == 1:  # a machine already gone: the environment's one run
+        settings = next(iter(runs.values()))
+    # else: gone, and any of several runs': recorded, and the next capacity check covers it.
+    run = settings["run"]
     if not record(table, fields, instance["pool"], settings["retention_days"]):
         log.info(
             "duplicate %s %s for %s", fields["kind"], fields["event_id"], fields["instance_id"]
@@ -469,7 +530,11 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
         tag_newest(ec2, table, run, fields["instance_id"], label)
     decision = requeue.Decision("none", "a rebalance recommendation: capacity rebalancing "
                                 "launches the replacement, the trainer checkpointed")  # fmt: skip
-    if interrupting:
+    if interrupting and not run:
+        decision = requeue.Decision("none", "the machine is gone and its run cannot be told "
+                                    "among the environment's: recorded; the next capacity "
+                                    "check covers its run")  # fmt: skip
+    elif interrupting:
         autoscaling = _autoscaling_by_region()
         groups = capacity_groups(settings, autoscaling)
         pools = {p for g in groups for p in g.pools} | {instance["pool"]}
@@ -509,6 +574,19 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
 
 
 def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
+    """Every run of the environment, each on its own: one run's failure is reported in its
+    result (and logged) and the others are checked."""
+    results: dict[str, Any] = {}
+    for run, run_settings_ in sorted(declared_runs(settings).items()):
+        try:
+            results[run] = _check_run(run_settings_)
+        except Exception as error:  # the other runs' checks go on; the next check retries
+            log.exception("the capacity check of run %s failed", run)
+            results[run] = {"decision": "error", "reason": f"{type(error).__name__}: {error}"}
+    return {"runs": results}
+
+
+def _check_run(settings: dict[str, Any]) -> dict[str, Any]:
     now = _now()
     run = settings["run"]
     table = boto3.resource("dynamodb").Table(settings["events_table"])
@@ -692,12 +770,17 @@ def _on_catalog_changes(settings: dict[str, Any], records: list[Any]) -> dict[st
         severity = "ALARM" if item["severity"] == catalog_watch.ALARM else "notice"
         notify(settings["topic"], f"spotrain {severity}: {item['kind']} (run {item['run']})", item)
         log.warning("%s", json.dumps(item, default=str))
-    finished = [
-        step for run, step in catalog_watch.final_publishes(records) if run == settings["run"]
-    ]
-    if finished:
+    final: dict[str, int] = {}
+    for run, step in catalog_watch.final_publishes(records):
+        final[run] = max(step, final.get(run, step))
+    finished = {}
+    if final:
+        runs = declared_runs(settings)
         table = boto3.resource("dynamodb").Table(settings["events_table"])
-        _finish(settings, table, max(finished), _now())
+        for run, step in sorted(final.items()):
+            if run in runs:  # a run of the environment: its groups go to 0
+                _finish(runs[run], table, step, _now())
+                finished[run] = step
     return {"catalog_changes": len(records), "findings": found, "finished": finished}
 
 

@@ -1,8 +1,10 @@
 """What the interruption handler may do (its role's one policy), kept apart from its other
-parts: record events and its run's fleet state and spend, read its run's crashes, releases
-and caps, count interruptions by pool, tag only its run's instances with the interruption mark,
-scale only its run's groups, notify, price and publish its run's spend, dead-letter, use its
-key through the services that hold its data, and (with a deadline) read its run's progress."""
+parts: read its environment's run declarations, record events and its runs' fleet state,
+spend and lifecycle, read their crashes, releases and caps, count interruptions by pool, tag
+only its environment's instances with the interruption mark, scale only its environment's
+groups, notify, price and publish its runs' spend, dead-letter, use its key through the
+services that hold its data, and read its runs' progress and whether their configuration is
+stored. Its environment has its own tables and bucket; every run of it is the handler's."""
 
 from __future__ import annotations
 
@@ -12,14 +14,19 @@ from spotrain.constructs.interruption_handler.handler import METRIC_NAMESPACE
 from spotrain.constructs.policy import leading_keys, statement, via_services
 from spotrain.constructs.run_access import read_run_crashes_and_releases
 from spotrain.core.catalog_schema import (
+    FOREIGN_EVENTS_KEY,
     INTERRUPTION_TAG,
-    RUN_TAG,
     configs_prefix,
     event_key,
     lifecycle_key,
     run_key,
     spend_key,
 )
+from spotrain.core.handler_settings import runs_parameter_path
+
+ENVIRONMENT_TAG = "spotrain:environment"
+EVERY_RUN = "*"
+"""Every run of the environment (its tables and bucket are the environment's own)."""
 
 if TYPE_CHECKING:
     from spotrain.constructs.interruption_handler.construct import InterruptionHandlerProps
@@ -31,10 +38,11 @@ def handler_statements(
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The handler role's statements."""
     group_arns = [
-        f"arn:aws:autoscaling:{g.region}:{props.account_id}:autoScalingGroup:*:"
-        f"autoScalingGroupName/{g.name}"
-        for g in props.capacity_groups
+        f"arn:aws:autoscaling:*:{props.account_id}:autoScalingGroup:*:"
+        f"autoScalingGroupName/{props.group_name_prefix}*"
     ]
+    of_the_environment = ("StringEquals", f"aws:ResourceTag/{ENVIRONMENT_TAG}",
+                          [props.environment])  # fmt: skip
     watch_catalog = []
     if props.catalog_stream_arn is not None:
         watch_catalog = [
@@ -60,7 +68,7 @@ def handler_statements(
                 "ReadRunProgress",
                 actions=["dynamodb:GetItem", "dynamodb:Query"],
                 resources=[props.checkpoints_table_arn],
-                conditions=[leading_keys(run_key(props.run_name))],
+                conditions=[leading_keys(run_key(EVERY_RUN))],
             )
         ]
     if props.config_bucket_arn is not None:
@@ -71,10 +79,17 @@ def handler_statements(
                 "ListRunConfiguration",
                 actions=["s3:ListBucket"],
                 resources=[props.config_bucket_arn],
-                conditions=[("StringLike", "s3:prefix", [f"{configs_prefix(props.run_name)}*"])],
+                conditions=[("StringLike", "s3:prefix", [f"{configs_prefix(EVERY_RUN)}*"])],
             )
         )
+    parameters = runs_parameter_path(props.environment)
     return [
+        statement(
+            # Each run's stack declares the run (its groups, cap and deadline) here.
+            "ReadRunDeclarations",
+            actions=["ssm:GetParametersByPath"],
+            resources=[f"arn:aws:ssm:{props.region}:{props.account_id}:parameter{parameters}"],
+        ),
         statement(
             "WriteOwnLogs",
             actions=["logs:CreateLogStream", "logs:PutLogEvents"],
@@ -89,20 +104,22 @@ def handler_statements(
                 "dynamodb:Query",
             ],
             resources=[props.events_table_arn],
-            # Events (EVENT#<id>), this run's fleet state, spend ledger and lifecycle
-            # only: not another run's in a table two environments could share.
+            # Events (EVENT#<id>), the runs' fleet state, spend ledgers and lifecycles, and
+            # the count of foreign events; never a machine's crash records or an operator's
+            # releases and caps.
             conditions=[
                 leading_keys(
                     event_key("*"),
-                    run_key(props.run_name),
-                    spend_key(props.run_name),
-                    lifecycle_key(props.run_name),
+                    run_key(EVERY_RUN),
+                    spend_key(EVERY_RUN),
+                    lifecycle_key(EVERY_RUN),
+                    FOREIGN_EVENTS_KEY,
                 )
             ],
         ),
         # A run held after repeated crashes is not requeued; only reading: releases and raised
         # spend caps are the operator's.
-        read_run_crashes_and_releases(props.events_table_arn, props.run_name, caps=True),
+        read_run_crashes_and_releases(props.events_table_arn, EVERY_RUN, caps=True),
         statement(
             "CountInterruptionsByPool",
             actions=["dynamodb:Query"],
@@ -113,7 +130,7 @@ def handler_statements(
             actions=["ec2:CreateTags"],
             resources=[f"arn:aws:ec2:*:{props.account_id}:instance/*"],
             conditions=[
-                ("StringEquals", f"aws:ResourceTag/{RUN_TAG}", [props.run_name]),
+                of_the_environment,
                 # Only its own mark: never the run tag or anything else.
                 ("ForAllValues:StringEquals", "aws:TagKeys", [INTERRUPTION_TAG]),
             ],
@@ -126,6 +143,7 @@ def handler_statements(
                 "autoscaling:UpdateAutoScalingGroup",
             ],
             resources=group_arns,
+            conditions=[of_the_environment],
         ),
         statement("Notify", actions=["sns:Publish"], resources=[topic_arn]),
         statement(
@@ -157,12 +175,13 @@ def handler_statements(
             actions=["kms:Decrypt", "kms:GenerateDataKey"],
             resources=[props.kms_key_arn],
             # Through the services that hold its data only (the table, queue,
-            # topic; Lambda for its environment), never KMS directly.
+            # topic; Lambda for its environment; SSM for the runs' declarations), never KMS
+            # directly.
             conditions=[
                 (
                     "StringLike",
                     "kms:ViaService",
-                    via_services("dynamodb", "sqs", "sns", "lambda"),
+                    via_services("dynamodb", "sqs", "sns", "lambda", "ssm"),
                 )
             ],
         ),

@@ -80,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except Exception as error:  # the last line of defence: one line, not a trace
+        from boto3.exceptions import S3UploadFailedError
         from botocore.exceptions import BotoCoreError, ClientError
 
         if args.debug:
@@ -90,7 +91,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"installation lacks ({error}): pip install 'spotrain[{extra}]'",
                   file=sys.stderr)  # fmt: skip
             return 2
-        if isinstance(error, ClientError | BotoCoreError):
+        # An upload s3transfer gave up on carries AWS's refusal as its message.
+        if isinstance(error, ClientError | BotoCoreError | S3UploadFailedError):
             print(f"error: AWS refused or could not be reached: {error}; check your "
                   "credentials, AWS_REGION and the names you gave", file=sys.stderr)  # fmt: skip
             return 2

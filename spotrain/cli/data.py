@@ -16,23 +16,39 @@ from spotrain.core.errors import SpotrainError
 
 
 # --- config ------------------------------------------------------------------------------------
-def _put(storage: Any, args: argparse.Namespace) -> int:
+def store_configuration(
+    storage: Any, path: Path, overrides: list[str], store: str, *, unless_newest: bool = False
+) -> Any:
+    """Check the training configuration in `path` (every problem, and a `dataset:NAME` it names
+    prepared in `store`) and store it as its run's newest version; the stored version.
+    `unless_newest`: when the run's newest version is this one already, store nothing and
+    return that version."""
     from dataclasses import asdict
 
     from spotrain.trainer import datasets, run_config
     from spotrain.trainer.train import load_config
 
-    if args.config is None:
-        raise SpotrainError("`spotrain config put` needs the configuration file: "
-                            "spotrain config put CONFIG --store URI")  # fmt: skip
-    config = load_config(args.config, args.set)  # every problem, before anything is stored
+    config = load_config(path, overrides)  # every problem, before anything is stored
     if datasets.is_dataset(config.data):
         # Stored means ready: the run's machines start once a configuration is there, so the
         # dataset it names must be there first.
-        datasets.read_manifest(*datasets.locate(config.data, args.store,
+        datasets.read_manifest(*datasets.locate(config.data, store,
                                                 kms_key_id=config.kms_key_id))  # fmt: skip
-    stored = run_config.put(storage, asdict(config))
-    say(f"run {config.run}: configuration stored as {storage.uri}/{stored.key}; its machines "
+    document = asdict(config)
+    if unless_newest and run_config.history(storage, config.run):
+        newest = run_config.newest(storage, config.run)
+        if newest.document == document:
+            return newest
+    return run_config.put(storage, document)
+
+
+def _put(storage: Any, args: argparse.Namespace) -> int:
+    if args.config is None:
+        raise SpotrainError("`spotrain config put` needs the configuration file: "
+                            "spotrain config put CONFIG --store URI")  # fmt: skip
+    stored = store_configuration(storage, args.config, args.set, args.store)
+    config = stored.document
+    say(f"run {config['run']}: configuration stored as {storage.uri}/{stored.key}; its machines "
         "start at the interruption handler's next capacity check (if it waited for one), "
         "and machines that start from now on train with it")  # fmt: skip
     return 0

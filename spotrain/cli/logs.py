@@ -23,7 +23,7 @@ def add_parsers(commands: Any) -> None:
     )
     logs.add_argument("action", choices=["ship"],
                       help="ship: send standard input, line by line, to the stream")  # fmt: skip
-    logs.add_argument("--group", required=True, help="log group (the compute stack's)")
+    logs.add_argument("--group", required=True, help="log group (a run stack's machine_log_group)")
     logs.add_argument("--stream", required=True, help="log stream, e.g. the instance id")
     logs.add_argument("--echo", action="store_true",
                       help="also copy each line to standard output (the journal)")  # fmt: skip

@@ -51,7 +51,7 @@ def pools(args: argparse.Namespace) -> list[Pool]:
             )
         ]
     config = environment(args.environment)
-    types = args.instance_type or list(config.instance_types)
+    types = args.instance_type or _declared_types(config.name)
     regions = args.region or [config.primary_region]
     book = prices.load(args.price_book) if args.price_book else prices.load()
     history = _history(args.events_table) if args.events_table else {}
@@ -216,3 +216,16 @@ def plan_inputs(
 def today() -> datetime.date:
     """The date prices are judged stale against (UTC)."""
     return datetime.datetime.now(datetime.UTC).date()
+
+
+def _declared_types(environment: str) -> list[str]:
+    """The instance types the environment's runs declare, in their order, each once."""
+    from spotrain.stacks.runs import load_runs
+
+    types = list(dict.fromkeys(t for run in load_runs(environment) for t in run.instance_types))
+    if not types:
+        raise CostInputError(
+            f"environment {environment!r} declares no runs (runs/{environment}/): name the "
+            "types to plan with --instance-type"
+        )
+    return types

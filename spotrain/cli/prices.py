@@ -13,6 +13,7 @@ from spotrain.cli.output import say
 from spotrain.cli.plan_inputs import today
 from spotrain.core import prices
 from spotrain.core.errors import CostInputError
+from spotrain.stacks.runs import load_runs
 
 
 def cmd_prices(args: argparse.Namespace) -> int:
@@ -26,7 +27,9 @@ def cmd_prices(args: argparse.Namespace) -> int:
     fresh_book = args.action == "refresh" and not path.exists()
     book = prices.PriceBook(path=str(path)) if fresh_book else prices.load(path)
     environments = [environment(n) for n in (args.environment or ["local", "dev", "prod"])]
-    types = args.instance_type or sorted({t for e in environments for t in e.instance_types})
+    types = args.instance_type or sorted(
+        {t for e in environments for run in load_runs(e.name) for t in run.instance_types}
+    )
     regions = args.region or sorted(
         {r for e in environments for r in (e.primary_region, e.replica_region)}
     )

@@ -1,5 +1,11 @@
-"""`spotrain run list|status|cancel|resume ENV [RUN]`: an environment's runs, each with its own
-groups (found by the run tag), lifecycle, fleet state, spend and checkpoints.
+"""`spotrain run submit|list|status|cancel|resume|retire ENV [RUN]`: an environment's runs, each
+declared in the repository (`runs/<env>/<run>.toml`) with its own stack and groups (found by the
+run tag), lifecycle, fleet state, spend and checkpoints.
+
+`submit` does by hand what merging the run's pull request does: it checks the run file, deploys
+the run's stack (its groups start empty) and stores its training configuration, so the
+interruption handler starts the run at its next check. `retire` destroys a run's stack once no
+machine of it is in service; its checkpoints, catalog items and history stay.
 
 A run pays only while it trains: `cancel` takes its groups to nothing at once (each machine
 gets SIGTERM and publishes its emergency checkpoint before it goes) and marks it cancelled, so
@@ -28,6 +34,7 @@ class _Where:
     catalog: Any
     autoscaling: Any
     events_table: str
+    environment: str
 
 
 @dataclass(frozen=True)
@@ -64,18 +71,20 @@ def _where(env_name: str) -> _Where:
         catalog=dynamodb.Table(resource_name(config, CHECKPOINTS_TABLE_SUFFIX)),
         autoscaling=boto3.client("autoscaling", region_name=region),
         events_table=events_table,
+        environment=config.name,
     )
 
 
-def run_groups(autoscaling: Any, run: str | None = None) -> dict[str, list[dict[str, Any]]]:
-    """Groups tagged with a run (`run`'s only, if given), by run."""
+def run_groups(where: _Where, run: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The environment's groups tagged with a run (`run`'s only, if given), by run."""
     from spotrain.core.catalog_schema import RUN_TAG
 
     wanted = {"Name": f"tag:{RUN_TAG}", "Values": [run]} if run else {
         "Name": "tag-key", "Values": [RUN_TAG]}  # fmt: skip
+    of_the_environment = {"Name": "tag:spotrain:environment", "Values": [where.environment]}
     by_run: dict[str, list[dict[str, Any]]] = {}
-    for page in autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
-        Filters=[wanted]
+    for page in where.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
+        Filters=[of_the_environment, wanted]
     ):
         for group in page["AutoScalingGroups"]:
             tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
@@ -128,14 +137,24 @@ def _line(status: RunStatus) -> str:
 
 
 def _list(where: _Where, args: argparse.Namespace) -> int:
-    statuses = [status_of(where, run, groups)
-                for run, groups in sorted(run_groups(where.autoscaling).items())]  # fmt: skip
+    from spotrain.stacks.runs import load_runs
+
+    deployed = run_groups(where)
+    statuses = [status_of(where, run, groups) for run, groups in sorted(deployed.items())]
+    # Declared in the repository, not deployed yet: nothing runs, nothing is paid.
+    statuses += [
+        RunStatus(run=r.name, phase="declared", why=f"its stack is not deployed: `spotrain run "
+                  f"submit {args.environment} {r.name}` (or merging its pull request) deploys it",
+                  step=None, final=False, machines={}, sizes={}, spend_usd=0.0,
+                  on_demand_usd=0.0, cap_usd=r.max_spend_usd, crashes=0, last_interruption=None)
+        for r in load_runs(args.environment) if r.name not in deployed
+    ]  # fmt: skip
     if args.json:
         say(json_text([asdict(s) for s in statuses]))
     elif not statuses:
         say(f"no run has groups in environment {args.environment}")
     for status in [] if args.json else statuses:
-        say(_line(status))
+        say(_line(status) + (f": {status.why}" if status.phase == "declared" else ""))
     return 0
 
 
@@ -213,7 +232,7 @@ def _resume(where: _Where, args: argparse.Namespace) -> int:
 
 
 def _groups_of(where: _Where, args: argparse.Namespace) -> list[dict[str, Any]]:
-    groups = run_groups(where.autoscaling, args.run).get(args.run, [])
+    groups = run_groups(where, args.run).get(args.run, [])
     if not groups:
         raise SpotrainError(f"no Auto Scaling group of run {args.run} in environment "
                             f"{args.environment}: `spotrain run list {args.environment}` shows "
@@ -231,8 +250,111 @@ def _caller() -> str:
         return "unknown"
 
 
+def _declared(env_name: str, target: str) -> Any:
+    """The run `target` names (a run of the environment, or its file), as the repository
+    declares it; a file elsewhere is refused with where it belongs."""
+    from pathlib import Path
+
+    from spotrain.stacks.runs import RUN_FILE_SUFFIX, read_run, run_file, runs_dir
+
+    path = Path(target) if target.endswith(RUN_FILE_SUFFIX) else run_file(env_name, target)
+    expected = run_file(env_name, path.stem)
+    if path.resolve() != expected.resolve():
+        raise SpotrainError(f"{target} is not where the repository declares runs of "
+                            f"{env_name}: move it to {expected} (and open a pull request: "
+                            "merging deploys it, as submit does)")  # fmt: skip
+    if not path.is_file():
+        raise SpotrainError(f"{path} does not exist: declare the run there (see "
+                            f"{runs_dir() / 'README.md'})")  # fmt: skip
+    return read_run(path, env_name)
+
+
+def _run_deployment(env_name: str, run: str, out: str) -> Any:
+    """Terraform over the run's own stack, freshly synthesized from the repository."""
+    from pathlib import Path
+
+    from spotrain.stacks.run import run_stack_part
+    from spotrain.tools import deploy
+
+    config = deploy.environment(env_name)
+    endpoint = deploy.resolve_local_endpoint()
+    if config.is_local:
+        config = deploy.local_environment_ready(endpoint)
+    deploy.synth(Path(out), local_endpoint=endpoint)
+    return deploy.Deployment(config=config, outdir=Path(out), log=say,
+                             only=config.stack_name(run_stack_part(run)))  # fmt: skip
+
+
+def _submit(where: _Where, args: argparse.Namespace) -> int:
+    import json
+    import tempfile
+    from pathlib import Path
+
+    from spotrain.cli.data import store_configuration
+    from spotrain.trainer.storage import open_storage
+
+    run = _declared(args.environment, args.run)
+    with aws_errors(f"environment {args.environment} is not deployed or not reachable",
+                    f"`spotrain deploy {args.environment}` deploys it"):  # fmt: skip
+        where.events.load()
+    results = _run_deployment(args.environment, run.name, args.out).apply()
+    outputs = {k: v for r in results for k, v in r.outputs.items()}
+    store = f"s3://{_checkpoint_bucket(args.environment)}"
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / f"{run.name}.json"
+        # The machine's own fields are filled in by each machine's boot script.
+        path.write_text(json.dumps({**run.training_document(), "store": store,
+                                    "work_dir": "/set/by/each/machine"}))  # fmt: skip
+        stored = store_configuration(
+            open_storage(store, kms_key_id=_primary_key(args.environment)),
+            path,
+            [],
+            store,
+            unless_newest=True,  # submitting again stores no copy of the same configuration
+        )
+    say(f"run {run.name} submitted to {args.environment}: its fleet {outputs['fleet_group']} "
+        f"is deployed empty and its configuration stored as {store}/{stored.key}; the "
+        "interruption handler starts it at its next capacity check. `spotrain run status "
+        f"{args.environment} {run.name}` follows it")  # fmt: skip
+    return 0
+
+
+def _retire(where: _Where, args: argparse.Namespace) -> int:
+    groups = run_groups(where, args.run).get(args.run, [])
+    training = sum(_in_service(g) for g in groups)
+    if training:
+        raise SpotrainError(f"run {args.run} has {training} machine(s) in service: `spotrain run "
+                            f"cancel {args.environment} {args.run}` first (they checkpoint and "
+                            "leave), then retire it")  # fmt: skip
+    _run_deployment(args.environment, args.run, args.out).destroy()
+    say(f"run {args.run} retired: its stack is destroyed; its checkpoints, catalog items and "
+        "history stay (`spotrain checkpoints list` reads them)")  # fmt: skip
+    return 0
+
+
+def _checkpoint_bucket(env_name: str) -> str:
+    from spotrain.stacks.storage import checkpoint_bucket_name
+
+    config = environment(env_name)
+    return checkpoint_bucket_name(config, config.primary_region)
+
+
+def _primary_key(env_name: str) -> str:
+    """The ARN of the environment's data key in its primary region: the checkpoint bucket
+    takes writes that name its own key, by ARN."""
+    import boto3
+
+    from spotrain.stacks.storage import data_key_alias
+
+    config = environment(env_name)
+    alias = f"alias/{data_key_alias(config, config.primary_region)}"
+    kms = boto3.client("kms", region_name=config.primary_region)
+    return str(kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"])
+
+
 ACTIONS: dict[str, Callable[[_Where, argparse.Namespace], int]] = {
-    "list": _list, "status": _status, "cancel": _cancel, "resume": _resume,
+    "submit": _submit, "list": _list, "status": _status, "cancel": _cancel, "resume": _resume,
+    "retire": _retire,
 }  # fmt: skip
 
 
@@ -241,20 +363,27 @@ def cmd_run(args: argparse.Namespace) -> int:
         if not args.run:
             raise SpotrainError(f"`spotrain run {args.action}` needs the run: "
                                 f"`spotrain run {args.action} {args.environment} RUN`")  # fmt: skip
-        run_name(args.run, "RUN")
+        if args.action != "submit":
+            run_name(args.run, "RUN")
     fix = "check the environment is deployed, AWS_REGION and your credentials"
     with aws_errors(f"`spotrain run {args.action}`", fix):
         return ACTIONS[args.action](_where(args.environment), args)
 
 
 def add_parsers(commands: Any) -> None:
-    run = commands.add_parser("run", help="an environment's runs: list, status, cancel, resume")
+    run = commands.add_parser(
+        "run", help="an environment's runs: submit, list, status, cancel, resume, retire"
+    )
     run.add_argument("action", choices=list(ACTIONS),
-                     help="list: every run with its phase; status: one run's step, machines, "
-                     "spend and last interruption; cancel: its machines checkpoint and go, its "
-                     "groups stay at 0; resume: a cancelled run continues from its "
-                     "head")  # fmt: skip
+                     help="submit: deploy a run the repository declares and store its training "
+                     "configuration; list: every run with its phase; status: one run's step, "
+                     "machines, spend and last interruption; cancel: its machines checkpoint "
+                     "and go, its groups stay at 0; resume: a cancelled run continues from its "
+                     "head; retire: destroy a stopped run's stack, keeping its "
+                     "checkpoints")  # fmt: skip
     run.add_argument("environment", help="the environment (stacks/environments.py)")
-    run.add_argument("run", nargs="?", help="the run (every action but list)")
+    run.add_argument("run", nargs="?", help="the run (every action but list); submit: the run "
+                     "or its file, runs/ENV/RUN.toml")  # fmt: skip
     run.add_argument("--json", action="store_true", help="list, status: JSON for scripts")
+    run.add_argument("--out", default="cdktf.out", help="submit, retire: synthesis folder")
     run.set_defaults(handler=cmd_run)

@@ -103,6 +103,11 @@ def run_key(run_name: str) -> str:
     return f"RUN#{run_name}"
 
 
+FOREIGN_EVENTS_KEY = "FOREIGN#events"
+"""Where the handler counts events about machines of no run of its environment (the rules see
+every spot warning of the account and region)."""
+
+
 CHECKPOINT_PREFIX = "CKPT#"
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from spotrain.core.catalog_schema import (
     COORDINATOR_SORT_KEY,
+    FOREIGN_EVENTS_KEY,
     INSTANCE_STATUS_INTERRUPTING,
     PARTITION_KEY,
     RUN_STATE_SORT_KEY,
@@ -267,11 +268,11 @@ def record_exit(
     return ExitVerdict("crash", state.crashes, state.failed)
 
 
-def count_foreign_event(table: Any, run: str) -> int:
-    """An event about a machine of another run (or none) reached this run's handler: counted
-    in the run's state, so a shared account's noise shows, and nothing else done."""
+def count_foreign_event(table: Any) -> int:
+    """An event about a machine of no run of the environment reached its handler: counted, so
+    a shared account's noise shows, and nothing else done."""
     item = table.update_item(
-        Key=_state_key(run),
+        Key={PARTITION_KEY: FOREIGN_EVENTS_KEY, SORT_KEY: RUN_STATE_SORT_KEY},
         UpdateExpression="ADD foreign_events :one",
         ExpressionAttributeValues={":one": 1},
         ReturnValues="UPDATED_NEW",

@@ -14,3 +14,14 @@ ON_DEMAND_DEADLINE_MINUTES = 10
 """How long a run without a deadline waits short of spot before on-demand covers it."""
 CAPACITY_CHECK_MINUTES = 5
 """How often the scheduled capacity check runs; a deadline decision holds until the next."""
+
+
+def runs_parameter_path(environment: str) -> str:
+    """Where each run of the environment declares itself to the interruption handler: one SSM
+    parameter per run, written by the run's stack (`run_parameter_name`), so the handler serves
+    every run of its environment without being redeployed for each."""
+    return f"/spotrain/{environment}/runs"
+
+
+def run_parameter_name(environment: str, run: str) -> str:
+    return f"{runs_parameter_path(environment)}/{run}"

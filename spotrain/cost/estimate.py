@@ -1,18 +1,15 @@
-"""`spotrain cost estimate`: the planner's figures for an environment's planned run (its
-`planned_run`, fleet size, first instance type and deadline), and the change against another
-version of the environments: a pull request's plan comment shows both, as Infracost does for
-resources, but for the run.
+"""`spotrain cost estimate`: the planner's figures for each run of an environment (its
+`[planned]` work, desired machines, first instance type and deadline), and the change against
+another version of the run files: a pull request's plan comment shows both, as Infracost does
+for resources, but for the runs.
 
 Same seed, same sampled traces on both sides: a change in the estimate comes from a change
 in the environment or the prices, not from sampling."""
 
 from __future__ import annotations
 
-import importlib.util
 import math
-import sys
 from dataclasses import asdict, dataclass, replace
-from pathlib import Path
 from typing import Any
 
 from spotrain.core import prices
@@ -69,18 +66,18 @@ class Estimate:
 
 
 def estimate(
-    environment: Any, book: prices.PriceBook, *, samples: int = SAMPLES
+    environment: Any, run: Any, book: prices.PriceBook, *, samples: int = SAMPLES
 ) -> Estimate | None:
-    """The planner's estimate of the environment's planned run; None if it plans none."""
-    planned = environment.planned_run
+    """The planner's estimate of a run of the environment; None if it plans no work."""
+    planned = run.planned
     if planned is None:
         return None
-    instance_type, region = environment.instance_types[0], environment.primary_region
-    deadline = environment.run_deadline
+    instance_type, region = run.instance_types[0], environment.primary_region
+    deadline = run.deadline
     deadline_h = deadline.deadline_h if deadline else None
     base = Estimate(
-        environment=environment.name, run=environment.run_name, machine_hours=planned.machine_hours,
-        nodes=environment.fleet_desired_size, pool=f"{instance_type} {region}",
+        environment=environment.name, run=run.name, machine_hours=planned.machine_hours,
+        nodes=run.desired_size, pool=f"{instance_type} {region}",
         deadline_h=deadline_h, spot=None, on_demand=None,
     )  # fmt: skip
     try:
@@ -88,17 +85,17 @@ def estimate(
     except CostInputError as error:
         return replace(base, problem=str(error))
     if planned.interruptions_per_hour is not None:
-        rate, source = planned.interruptions_per_hour, "planned_run.interruptions_per_hour"
+        rate, source = planned.interruptions_per_hour, "planned.interruptions_per_hour"
     elif (advisor := book.advisor_for(instance_type, region)) and advisor.band:
         rate = planner.advisor_rate_per_hour(advisor.band)
         source = f"Spot Instance Advisor {advisor.band} ({advisor.taken_at})"
     else:
         return replace(base, problem=(
-            f"no interruption rate for {instance_type} in {region}: set planned_run."
+            f"no interruption rate for {instance_type} in {region}: set planned."
             "interruptions_per_hour, or add its Advisor band to the price book"))  # fmt: skip
     plan = planner.plan(planner.PlanInputs(
-        work_h=planned.machine_hours / environment.fleet_desired_size,
-        nodes=environment.fleet_desired_size, deadline_h=deadline_h,
+        work_h=planned.machine_hours / run.desired_size,
+        nodes=run.desired_size, deadline_h=deadline_h,
         checkpoint_s=planned.checkpoint_seconds, restart_h=RESTART_HOURS,
         interruptions_per_hour=rate, recovery_h=RECOVERY_HOURS,
         on_demand_price=pool.on_demand.usd_per_hour or 0.0, spot_price=pool.spot_price,
@@ -122,29 +119,6 @@ def estimate(
     )  # fmt: skip
 
 
-def environments_at(checkout: Path) -> dict[str, Any]:
-    """The environments another checkout (a pull request's base branch) defines, read with
-    this version's configuration classes."""
-    path = Path(checkout) / "stacks" / "environments.py"
-    if not path.is_file():
-        raise CostInputError(f"{path} does not exist: give the root of a spotrain checkout")
-    name = "spotrain_environments_at_base"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the file runs
-    try:
-        spec.loader.exec_module(module)
-        return {e.name: e for e in module.all_environments()}
-    except Exception as error:  # any failure of foreign code: said once, with what to do
-        raise CostInputError(
-            f"the environments at {checkout} cannot be read by this version "
-            f"({type(error).__name__}: {error}): the estimate shows this side alone"
-        ) from None
-    finally:
-        sys.modules.pop(name, None)
-
-
 # --- the comment -------------------------------------------------------------------------------
 def _money(value: float) -> str:
     return f"${value:,.2f}" if math.isfinite(value) else "n/a"
@@ -160,12 +134,14 @@ def _change(now: float, before: float) -> str:
     return f"{'+' if delta > 0 else '-'}${abs(delta):,.2f}{share}"
 
 
-def markdown(head: Estimate | None, base: Estimate | None, *, base_note: str = "") -> str:
-    """The plan comment's section for one environment."""
+def markdown(
+    head: Estimate | None, base: Estimate | None, *, base_note: str = "", run: str = ""
+) -> str:
+    """The plan comment's section for one run."""
     if head is None:
         return (
-            "#### Run estimate\nThis environment sets no `planned_run`: no estimate (add one in "
-            "`stacks/environments.py` to see the run's cost in pull requests)."
+            f"#### Run estimate: `{run}`\nThe run plans no work: no estimate (add `[planned]` to "
+            "its run file to see its cost in pull requests)."
         )
     deadline = f", deadline {head.deadline_h:g} h" if head.deadline_h else ""
     lines = [
@@ -195,7 +171,8 @@ def markdown(head: Estimate | None, base: Estimate | None, *, base_note: str = "
         lines.append(f"| {label} | {_money(now.per_day_usd)} | {_money(now.cost_usd)} | "
                      f"{now.finish_h:,.1f} h | {met} | {per_day} | {change} |")  # fmt: skip
     if base is None:
-        lines.append("\nAgainst the base branch: " + (base_note or "the base plans no run."))
+        lines.append("\nAgainst the base branch: " + (base_note or "the base plans no work for "
+                                                        "this run."))  # fmt: skip
     elif not comparable:
         lines.append(f"\nAgainst the base branch: the base was not priced ({base.problem}).")
     lines.append(

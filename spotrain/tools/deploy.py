@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from spotrain.core.errors import ConfigError
 from spotrain.localcloud import control
@@ -36,10 +37,15 @@ def environment(name: str, local_endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> Envi
 def synth(outdir: Path = DEFAULT_OUTDIR, local_endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> Path:
     """Synthesize every environment into `outdir` (replacing what was there)."""
     from spotrain.stacks.app import build_app
+    from spotrain.stacks.runs import load_runs
 
+    configs = all_environments(local_endpoint=local_endpoint)
+    for config in configs:  # every run file is checked before anything is written
+        load_runs(config.name)
     if outdir.exists():
         shutil.rmtree(outdir)
-    build_app(all_environments(local_endpoint=local_endpoint), outdir=str(outdir)).synth()
+    # Absolute: the synthesizer (a node process) keeps the folder it was started in.
+    build_app(configs, outdir=str(outdir.resolve())).synth()
     return outdir
 
 
@@ -59,6 +65,8 @@ class Deployment:
     log: Callable[[str], None] = print
     verbose: bool = False
     """Stream Terraform's output to the terminal instead of per-stack log files."""
+    only: str | None = None
+    """One stack of the environment (a run's, `<env>-run-<run>`) instead of all of them."""
     environment: dict[str, str] = field(init=False, default_factory=dict)
     """Process environment Terraform runs with (CLI configuration, credentials, endpoint)."""
 
@@ -74,7 +82,7 @@ class Deployment:
 
     @property
     def stacks(self) -> list[str]:
-        return terraform.stacks_in_order(self.outdir, f"{self.config.name}-*")
+        return terraform.stacks_in_order(self.outdir, self.only or f"{self.config.name}-*")
 
     def stack_dir(self, name: str) -> Path:
         return self.outdir / "stacks" / name
@@ -144,9 +152,35 @@ class Deployment:
         )  # fmt: skip
 
 
+REHEARSAL_RUN = "demo"
+"""The `local` environment's run the rehearsals train (runs/local/demo.toml)."""
+
+
+def outputs_of(
+    config: EnvironmentConfig, results: list[StackResult], run: str = REHEARSAL_RUN
+) -> dict[str, Any]:
+    """The environment's stacks' outputs in one mapping, with its configuration under
+    "config", each run's stack's outputs under "runs" by run, and `run`'s (its RunConfig
+    under "run") also at the top, where a rehearsal of that run reads them."""
+    from spotrain.stacks.runs import load_runs
+
+    runs = {r.name: r for r in load_runs(config.name)}
+    outputs: dict[str, Any] = {"config": config, "runs": {}}
+    prefix = config.stack_name("run-")
+    for result in results:
+        if result.name.startswith(prefix):
+            outputs["runs"][result.name.removeprefix(prefix)] = result.outputs
+        else:
+            outputs.update(result.outputs)
+    if run in outputs["runs"]:
+        outputs.update(outputs["runs"][run])
+        outputs["run"] = runs[run]
+    return outputs
+
+
 def local_environment_ready(endpoint: str) -> EnvironmentConfig:
     """The `local` environment for a running local cloud, with its account prepared."""
-    from spotrain.stacks.compute import image_parameter_name
+    from spotrain.stacks.run import image_parameter_name
 
     config = environment("local", local_endpoint=endpoint)
     assert config.state is not None

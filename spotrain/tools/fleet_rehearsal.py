@@ -186,7 +186,7 @@ class FleetRehearsal:
         from spotrain.trainer.storage import LocalStorage
 
         config = outputs["config"]
-        region, run = config.primary_region, config.run_name
+        region, run = config.primary_region, outputs["run"].name
         bucket, group = outputs["checkpoint_bucket"], outputs["fleet_group"]
         aws_env = control.aws_environment(cloud.endpoint, region)
         dynamodb = control.client("dynamodb", cloud.endpoint, region)
@@ -216,7 +216,7 @@ class FleetRehearsal:
         ec2 = control.client("ec2", cloud.endpoint, region)
 
         def check() -> dict[str, Any]:
-            return deliver_capacity_check(cloud, outputs["handler_function"], region)
+            return deliver_capacity_check(cloud, outputs["handler_function"], region, run)
 
         # The groups were deployed empty: the handler's check starts them now that the run's
         # configuration is stored (and the spend ledger starts counting their time).
@@ -239,7 +239,7 @@ class FleetRehearsal:
                  "others spot")  # fmt: skip
         for index, member in enumerate(members[:MACHINES]):
             self._boot(member, "on-demand" if index == 0 else "spot", user_data, aws_env,
-                       port, config.instance_types[0])  # fmt: skip
+                       port, outputs["run"].instance_types[0])  # fmt: skip
         coordinator, reclaimed = self.machines[0], self.machines[-1]
         self._wait(lambda: max(metrics.losses(), default=0) >= INTERRUPT_AFTER_STEP, metrics)
 
@@ -271,7 +271,7 @@ class FleetRehearsal:
         self.say(f"[5/5] the group's replacement {replacement['InstanceId']} boots and joins")
         joined_at = time.time()
         joiner = self._boot(replacement, "spot", user_data, aws_env, port,
-                            config.instance_types[0])  # fmt: skip
+                            outputs["run"].instance_types[0])  # fmt: skip
         codes = {m.instance_id: m.wait(timeout=TIMEOUT_S) for m in self.machines
                  if m is not reclaimed}  # fmt: skip
         codes[reclaimed.instance_id] = reclaimed_code

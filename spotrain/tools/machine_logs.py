@@ -38,7 +38,7 @@ def check_names(group: str, stream: str) -> None:
     """SpotrainError unless CloudWatch takes these names."""
     if not _GROUP_NAME.fullmatch(group):
         raise SpotrainError(f"--group {group!r} is not a log group name: give the run's log "
-                            "group (the compute stack's output log_group)")  # fmt: skip
+                            "group (the run stack's output machine_log_group)")  # fmt: skip
     if not _STREAM_NAME.fullmatch(stream):
         raise SpotrainError(f"--stream {stream!r} is not a log stream name: 1-512 "
                             "characters without ':' or '*' (the boot script gives the "
@@ -58,7 +58,7 @@ def create_stream(client: Any, group: str, stream: str) -> None:
             return
         if code == "ResourceNotFoundException":
             raise SpotrainError(f"log group {group} does not exist: give the run's log group "
-                                "(the compute stack's output log_group)") from None  # fmt: skip
+                                "(the run stack's output machine_log_group)") from None  # fmt: skip
         raise
 
 

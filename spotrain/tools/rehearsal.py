@@ -165,9 +165,7 @@ class Rehearsal:
         began = time.monotonic()
         deployment = deploy.Deployment(config=config, outdir=out, log=self._indented)
         results = deployment.apply()
-        outputs: dict[str, Any] = {"config": config}
-        for result in results:
-            outputs.update(result.outputs)
+        outputs = deploy.outputs_of(config, results)
         self.say(f"      {sum(len(r.resources) for r in results)} resources applied in "
                  f"{time.monotonic() - began:.0f} s")  # fmt: skip
         return outputs
@@ -192,12 +190,12 @@ class Rehearsal:
                 (replica, outputs["replica_key_alias"]),
             )
         }
-        run = run or config.run_name
+        run = run or outputs["run"].name
         settings = {**self._settings(), "run": run}
         # The fleet is deployed empty: as a user does, store the environment run's
         # configuration; the handler's capacity check then starts the run's groups, and its
         # checks count the fleet's machine time from there.
-        self._store_configuration(cloud, outputs, {**settings, "run": config.run_name,
+        self._store_configuration(cloud, outputs, {**settings, "run": outputs["run"].name,
                                                    "steps": STEPS}, keys[primary])  # fmt: skip
         deliver_capacity_check(cloud, outputs["handler_function"], primary)
         instance = self._fleet_instance(cloud, outputs["fleet_group"], primary)
@@ -274,7 +272,7 @@ class Rehearsal:
             final_loss=combined[STEPS], reference_loss=expected[STEPS],
             max_loss_difference=max(abs(combined[s] - expected[s]) for s in expected),
             handler=handled,
-            spend=spend_line(cloud, outputs["events_table"], primary, config.run_name),
+            spend=spend_line(cloud, outputs["events_table"], primary, outputs["run"].name),
         )  # fmt: skip
 
     # --- helpers -------------------------------------------------------------------------
@@ -466,11 +464,12 @@ def deliver_interruption(
 
 
 def deliver_capacity_check(
-    cloud: control.RunningCloud, function_name: str, region: str
+    cloud: control.RunningCloud, function_name: str, region: str, run: str | None = None
 ) -> dict[str, Any]:
     """The scheduled capacity check (every 5 minutes in a deployment) delivered to the
-    deployed handler's code with the deployed function's configuration: it moves the run's
-    spend ledger over its machines' time so far, priced by the local cloud's price book."""
+    deployed handler's code with the deployed function's configuration: it checks every run
+    of the environment and moves each run's spend ledger over its machines' time so far,
+    priced by the local cloud's price book. Every run's result, or `run`'s."""
     event = {
         "version": "0", "id": f"rehearsal-check-{time.time_ns()}",
         "detail-type": events.SCHEDULED_TYPE, "source": events.SCHEDULE_SOURCE,
@@ -481,7 +480,13 @@ def deliver_capacity_check(
     (result,) = _deployed_handler(cloud, function_name, region, event)
     if "rejected" in result:
         raise RehearsalFailed(f"the handler rejected the capacity check: {result['rejected']}")
-    return result
+    if run is None:
+        return result
+    if run not in result["runs"]:
+        raise RehearsalFailed(f"the handler's capacity check does not know run {run}: it "
+                              f"checked {sorted(result['runs'])} (is the run's stack "
+                              "deployed?)")  # fmt: skip
+    return result["runs"][run]
 
 
 def _deployed_handler(

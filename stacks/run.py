@@ -1,0 +1,132 @@
+"""A run's own stack, `<env>-run-<run>`: its fleet (spot group with the on-demand coordinator,
+the on-demand fallback group, launch template, instance role scoped to the run's prefix and
+items, security group, log group) and its declaration to the environment's interruption
+handler (the run's groups, cap and deadline, as an SSM parameter the handler reads). Every
+resource carries the run and its owner as cost-allocation tags."""
+
+from __future__ import annotations
+
+from spotrain.cdk import Construct, TerraformOutput, aws
+from spotrain.constructs.interruption_handler.construct import CapacityGroup, declared_run
+from spotrain.constructs.private_network import PrivateNetwork
+from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps, on_demand_group_name
+from spotrain.core.catalog_schema import RUN_TAG
+from spotrain.core.handler_settings import run_parameter_name
+from spotrain.stacks.base import EnvironmentStack
+from spotrain.stacks.config import EnvironmentConfig
+from spotrain.stacks.runs import RunConfig, fleet_group_name
+
+
+def image_parameter_name(environment: str) -> str:
+    """SSM parameter the image build writes the image id to."""
+    return f"/spotrain/{environment}/image-id"
+
+
+def run_stack_part(run: str) -> str:
+    """The part of `<env>-run-<run>`: one stack per run."""
+    return f"run-{run}"
+
+
+def capacity_groups(config: EnvironmentConfig, run: RunConfig) -> tuple[CapacityGroup, ...]:
+    """The run's groups the handler may scale: spot first (started at the run's declared
+    sizes), on-demand as the fallback (empty until needed). Both run in the primary region,
+    which holds the run's data."""
+    spot = fleet_group_name(config.name, run.name)
+    return (
+        CapacityGroup(
+            name=spot,
+            region=config.primary_region,
+            lifecycle="spot",
+            holds_data=True,
+            min_size=run.min_size,
+            desired=run.desired_size,
+        ),
+        CapacityGroup(
+            name=on_demand_group_name(spot),
+            region=config.primary_region,
+            lifecycle="on-demand",
+            holds_data=True,
+        ),
+    )
+
+
+class RunStack(EnvironmentStack):
+    def __init__(
+        self,
+        scope: Construct,
+        *,
+        config: EnvironmentConfig,
+        run: RunConfig,
+        network: PrivateNetwork,
+        primary_key_arn: str,
+        replica_key_arn: str,
+        checkpoint_bucket_arn: str,
+        checkpoint_bucket_name: str,
+        replica_bucket_arn: str,
+        catalog_table_arn: str,
+        catalog_table_name: str,
+        events_table_arn: str,
+        events_table_name: str,
+    ) -> None:
+        super().__init__(scope, run_stack_part(run.name), config=config, run_tags=run.run_tags)
+        self.run = run
+        endpoints = network.interface_endpoints
+        self.fleet = SpotFleet(
+            self,
+            "Fleet",
+            props=SpotFleetProps(
+                name=fleet_group_name(config.name, run.name),
+                run_name=run.name,
+                instance_types=run.instance_types,
+                subnet_ids=network.subnet_ids,
+                vpc_id=str(network.vpc.id),
+                image_parameter_name=image_parameter_name(config.name),
+                min_size=run.min_size,
+                desired_size=run.desired_size,
+                max_size=run.max_size,
+                on_demand_base_capacity=run.on_demand_base_capacity,
+                checkpoint_bucket_arn=checkpoint_bucket_arn,
+                checkpoint_bucket_name=checkpoint_bucket_name,
+                replica_bucket_arn=replica_bucket_arn,
+                catalog_table_arn=catalog_table_arn,
+                catalog_table_name=catalog_table_name,
+                events_table_arn=events_table_arn,
+                events_table_name=events_table_name,
+                vpc_endpoint_ids=network.endpoint_ids,
+                autoscaling_endpoint_id=str(endpoints["autoscaling"].id),
+                logs_endpoint_id=str(endpoints["logs"].id),
+                session_endpoint_ids=tuple(
+                    str(endpoints[s].id) for s in ("ssm", "ssmmessages", "ec2messages")
+                ),
+                endpoint_security_group_id=str(network.endpoint_security_group.id),
+                data_kms_key_arns=(primary_key_arn, replica_key_arn),
+                log_kms_key_arn=primary_key_arn,
+                log_retention_days=config.log_retention_days,
+                region=config.primary_region,
+                account_id=self.account_id,
+                tags={**config.all_tags, **run.run_tags, RUN_TAG: run.name},
+                emulator_drift_tolerance=config.is_local,
+            ),
+        )
+        # The run declares itself to the environment's interruption handler: its groups and
+        # sizes, its cap and its deadline. Retiring the run (destroying this stack) removes it.
+        self.declaration = aws.ssm_parameter.SsmParameter(
+            self,
+            "HandlerDeclaration",
+            name=run_parameter_name(config.name, run.name),
+            description=f"Run {run.name}: its groups, cap and deadline, for the handler",
+            # Nothing secret, but encrypted at rest as everything is: the handler decrypts it
+            # through SSM with the environment's key.
+            type="SecureString",
+            key_id=primary_key_arn,
+            value=declared_run(
+                run=run.name,
+                capacity_groups=capacity_groups(config, run),
+                max_spend_usd=run.max_spend_usd,
+                run_deadline=run.deadline,
+            ),
+        )
+        TerraformOutput(self, "fleet_group", value=self.fleet.group.name)
+        TerraformOutput(self, "on_demand_group", value=self.fleet.on_demand_group.name)
+        TerraformOutput(self, "launch_template", value=self.fleet.launch_template.id)
+        TerraformOutput(self, "machine_log_group", value=self.fleet.log_group.name)

@@ -1,0 +1,333 @@
+"""Runs: each declared in the repository as `runs/<environment>/<run>.toml`, one file per run.
+
+An environment is the shared ground (network, buckets, tables, keys, budget, the interruption
+handler); a run is what trains on it, with its own fleet (the `<env>-run-<run>` stack). A run
+file says what the run trains (its training configuration, inline or the path to a JSON file
+beside it), on which machines, for whom (`owner`, a cost-allocation tag on every resource of
+the run), and within what spend and deadline. The file's name is the run's name.
+
+`load_runs` reads every run of an environment and checks them as a whole: every problem of
+every file is collected and raised once, as a `ConfigError` naming the file, the field and
+the fix, before any stack is built.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import tomllib
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, field, fields
+from datetime import date, datetime
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from spotrain.core.catalog_schema import run_name_problem
+from spotrain.core.deadline_policy import RunDeadline
+from spotrain.core.errors import (
+    ConfigError,
+    SpotrainError,
+    json_kind,
+    raise_if_problems,
+    read_json,
+    read_text,
+)
+from spotrain.core.validation import instance_type_problems, type_problems
+
+RUNS_DIR = Path(__file__).resolve().parent.parent / "runs"
+"""Where the repository declares its runs: `runs/<environment>/<run>.toml`."""
+RUNS_DIR_VARIABLE = "SPOTRAIN_RUNS_DIR"
+"""Names another folder of run files (a test's, or a checkout's elsewhere)."""
+RUN_FILE_SUFFIX = ".toml"
+
+_INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
+_TAG_KEY = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
+_TAG_VALUE = re.compile(r"^[\w.:/=+\-@ ]{1,256}$")
+RUN_TAG_KEYS = ("spotrain:run", "spotrain:owner")
+"""The run's cost-allocation tags (with the environment's): the bill splits per run and per
+person."""
+
+
+FLEET_NAME_LIMIT = 64
+"""IAM role names (the fleet's instance role is named for it) take 64 characters."""
+
+
+def fleet_group_name(environment: str, run: str) -> str:
+    """The run's spot group (and fleet, role, launch template) name; its on-demand fallback
+    adds `-on-demand`."""
+    return f"spotrain-{environment}-{run}-fleet"
+
+
+def _positive_number(value: object) -> bool:
+    return not isinstance(value, bool) and isinstance(value, int | float) and 0 < value < math.inf
+
+
+@dataclass(frozen=True, kw_only=True)
+class PlannedRun:
+    """What the run is expected to need: the pull-request estimate (`spotrain cost estimate`)
+    prices it with the planner, so a change to the run shows what it does to its bill."""
+
+    machine_hours: float
+    """The run's size: machine-hours of compute without interruptions or checkpoints. The
+    fleet's N machines do it in machine_hours / N hours (the estimate assumes the run scales
+    with its machines), so a bigger fleet costs more per day and finishes sooner."""
+    checkpoint_seconds: float = 60.0
+    """Seconds training stalls per checkpoint (the run's metrics say, once it has run)."""
+    interruptions_per_hour: float | None = None
+    """Per instance: the team's assumption until the run has history (`spotrain cost plan
+    --events-table` measures it); None: the Spot Instance Advisor band in the price book."""
+
+    def problems(self) -> list[str]:
+        found = []
+        for name in ("machine_hours", "checkpoint_seconds"):
+            if not _positive_number(getattr(self, name)):
+                found.append(f"planned.{name} is {getattr(self, name)!r}: give a positive number")
+        rate = self.interruptions_per_hour
+        zero = isinstance(rate, int | float) and not isinstance(rate, bool) and rate == 0
+        if not (rate is None or zero or _positive_number(rate)):
+            found.append(
+                f"planned.interruptions_per_hour is {rate!r}: give 0 or more per instance, "
+                "or leave it out for the Advisor band"
+            )
+        return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunConfig:
+    """One run of an environment: what it trains, on which machines, for whom, within what."""
+
+    name: str
+    """The run (the file's name): its prefix in the buckets, its catalog items, its tag."""
+    environment: str
+    """The environment it trains in (the folder its file is in)."""
+    owner: str
+    """Who the run is for (a team or a person, e.g. an e-mail address): the `spotrain:owner`
+    cost-allocation tag on every resource of the run."""
+    training: Mapping[str, Any]
+    """The training configuration `spotrain run submit` stores for the run's machines (its
+    `run` field is the run's name)."""
+    instance_types: tuple[str, ...]
+    """GPU instance types the run's spot group may use, most preferred first (at least two)."""
+    min_size: int = 1
+    """Fewest machines while the run trains (the on-demand coordinator counts)."""
+    desired_size: int = 2
+    """Machines the run starts with."""
+    max_size: int = 4
+    """Most machines."""
+    on_demand_base_capacity: int = 1
+    """On-demand machines kept before spot is used: the warm coordinator (at least 1)."""
+    max_spend_usd: float | None = None
+    """The run's spend cap in USD (machine time at its pools' prices): notices at 50, 80 and
+    100%; at 100% the run is held and its groups go to 0, each machine checkpointing as it
+    goes, until `spotrain fleet release --max-spend-usd N` raises it. None: no cap."""
+    deadline: RunDeadline | None = None
+    """When the run must be done: the interruption handler then chooses spot or on-demand by
+    its progress (Uniform Progress); None keeps the fixed on-demand fallback."""
+    planned: PlannedRun | None = None
+    """The run's expected work, priced in each pull request's plan comment; None: no
+    estimate."""
+    tags: Mapping[str, str] = field(default_factory=dict)
+    """More cost-allocation tags on the run's resources (the environment's come too)."""
+    source: str = ""
+    """The file the run was read from (for messages)."""
+
+    def __post_init__(self) -> None:
+        subject = f"run {self.source or self.name!r}"
+        raise_if_problems(subject, instance_type_problems(self))
+        object.__setattr__(self, "instance_types", tuple(self.instance_types))
+        object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
+        object.__setattr__(self, "training", MappingProxyType(dict(self.training)))
+        raise_if_problems(subject, self._problems())
+
+    @property
+    def run_tags(self) -> dict[str, str]:
+        """The run's own tags: its extra ones, then the run and its owner."""
+        return {**self.tags, "spotrain:run": self.name, "spotrain:owner": self.owner}
+
+    def training_document(self) -> dict[str, Any]:
+        """The training configuration to store, named for this run."""
+        return {**self.training, "run": self.name}
+
+    def _problems(self) -> list[str]:
+        problems: list[str] = []
+        if problem := run_name_problem(self.name):
+            problems.append(f"the file's name: {problem} (the file's name is the run's)")
+        fleet = fleet_group_name(self.environment, self.name)
+        if len(fleet) > FLEET_NAME_LIMIT:
+            problems.append(
+                f"the run's name is too long for environment {self.environment!r}: its fleet "
+                f"{fleet!r} must fit in {FLEET_NAME_LIMIT} characters (IAM role names); keep the "
+                f"name to {len(self.name) - len(fleet) + FLEET_NAME_LIMIT} characters"
+            )
+        if not self.owner.strip() or not _TAG_VALUE.match(self.owner):
+            problems.append(
+                f"owner {self.owner!r} is not a tag value: name the team or person the run is "
+                "for in 1-256 letters, digits, spaces or _.:/=+-@ (e.g. 'ml-platform@example.com')"
+            )
+        if len(self.instance_types) < 2:
+            problems.append(
+                f"instance_types has {len(self.instance_types)} entr(ies): list at least two "
+                "GPU instance types (e.g. 'g5.xlarge', 'g6.xlarge') so spot can pick a pool"
+            )
+        for itype in self.instance_types:
+            if not _INSTANCE_TYPE.match(itype):
+                problems.append(
+                    f"instance type {itype!r} is malformed: write it as family.size, "
+                    "e.g. 'g5.xlarge'"
+                )
+        if len(set(self.instance_types)) != len(self.instance_types):
+            problems.append("instance_types lists a type twice: list each type once")
+        if self.on_demand_base_capacity < 1:
+            problems.append(
+                f"on_demand_base_capacity is {self.on_demand_base_capacity}: keep at least 1 "
+                "so the coordinator runs on on-demand capacity"
+            )
+        if not (0 <= self.min_size <= self.desired_size <= self.max_size):
+            problems.append(
+                f"sizes min_size={self.min_size} desired_size={self.desired_size} "
+                f"max_size={self.max_size} are not ordered: need 0 <= min <= desired <= max"
+            )
+        if self.min_size < self.on_demand_base_capacity:
+            problems.append(
+                f"min_size {self.min_size} is below on_demand_base_capacity "
+                f"{self.on_demand_base_capacity}: raise min_size so the coordinator is always "
+                "kept"
+            )
+        if self.max_spend_usd is not None and not _positive_number(self.max_spend_usd):
+            problems.append(
+                f"max_spend_usd is {self.max_spend_usd!r}: give the run's cap as a positive "
+                "amount in USD, or leave it out for no cap"
+            )
+        if self.deadline is not None:
+            problems += [
+                p.replace("run_deadline.", "deadline.", 1) for p in self.deadline.problems()
+            ]
+        if self.planned is not None:
+            problems += self.planned.problems()
+        for key, value in self.tags.items():
+            if not _TAG_KEY.match(key) or key.lower().startswith(("aws:", "spotrain:")):
+                problems.append(
+                    f"tag key {key!r} is not allowed: use 1-128 letters, digits, spaces or "
+                    "_.:/=+-@ and do not start with 'aws:' or 'spotrain:'"
+                )
+            if len(value) > 256:
+                problems.append(f"tag {key!r} has a value over 256 characters: shorten it")
+        stored_run = self.training.get("run")
+        if stored_run is not None and stored_run != self.name:
+            problems.append(
+                f"training.run is {stored_run!r}, but the file names run {self.name!r}: leave "
+                "`run` out of the training configuration (the file's name is the run's)"
+            )
+        return problems
+
+
+# --- reading run files -------------------------------------------------------------------------
+_TABLES: dict[str, type] = {"deadline": RunDeadline, "planned": PlannedRun}
+_FILE_FIELDS = tuple(f.name for f in fields(RunConfig) if f.name not in ("name", "environment",
+                                                                          "source"))  # fmt: skip
+_FIX = "fix the file (TOML: https://toml.io)"
+
+
+def runs_dir() -> Path:
+    """The folder of run files: `SPOTRAIN_RUNS_DIR`, else the repository's `runs/`."""
+    named = os.environ.get(RUNS_DIR_VARIABLE)
+    return Path(named) if named else RUNS_DIR
+
+
+def run_file(environment: str, run: str, directory: Path | None = None) -> Path:
+    """Where the repository declares `run` of `environment`."""
+    return (directory or runs_dir()) / environment / f"{run}{RUN_FILE_SUFFIX}"
+
+
+def read_run(path: Path, environment: str) -> RunConfig:
+    """The run declared in `path`, or a ConfigError listing every problem of the file."""
+    return _read(path, environment)
+
+
+def load_runs(environment: str, directory: Path | None = None) -> tuple[RunConfig, ...]:
+    """Every run the repository declares for `environment`, by name; every problem of every
+    file at once."""
+    folder = (directory or runs_dir()) / environment
+    paths = sorted(folder.glob(f"*{RUN_FILE_SUFFIX}")) if folder.is_dir() else []
+    runs, problems = [], []
+    for path in paths:
+        try:
+            runs.append(_read(path, environment))
+        except ConfigError as error:
+            problems += [f"{path.name}: {p}" for p in error.problems]
+    raise_if_problems(f"the runs of environment {environment!r} ({folder})", problems)
+    return tuple(runs)
+
+
+def _read(path: Path, environment: str) -> RunConfig:
+    text = read_text(path, "run file", _FIX)
+    subject = f"run file {path}"
+    try:
+        document = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as error:
+        raise ConfigError(subject, [f"it is not TOML ({error}): {_FIX}"]) from None
+    problems = [
+        f"{key} is not a field of a run: use {', '.join(_FILE_FIELDS)}"
+        for key in document
+        if key not in _FILE_FIELDS
+    ]
+    values: dict[str, Any] = {k: v for k, v in document.items() if k in _FILE_FIELDS}
+    for key in ("owner", "training", "instance_types"):
+        if key not in values:
+            problems.append(f"{key} is missing: every run names its {key.replace('_', ' ')}")
+    for key, kind in _TABLES.items():
+        if key in values:
+            table, found = _table(values[key], kind, key)
+            problems += found
+            values[key] = table
+    if isinstance(values.get("training"), str):
+        values["training"], found = _training_file(path.parent / values["training"])
+        problems += found
+    problems += type_problems(RunConfig, values)
+    raise_if_problems(subject, problems)
+    try:
+        return RunConfig(name=path.stem, environment=environment, source=str(path), **values)
+    except ConfigError as error:
+        raise ConfigError(subject, error.problems) from None
+
+
+def _table(value: Any, kind: type, key: str) -> tuple[Any, list[str]]:
+    names = [f.name for f in fields(kind)]
+    if not isinstance(value, dict):
+        return None, [
+            f"{key} is {json_kind(value)}: make it a table ([{key}]) of {', '.join(names)}"
+        ]
+    unknown = [f"{key}.{k} is not a field of [{key}]: use {', '.join(names)}"
+               for k in value if k not in names]  # fmt: skip
+    required = [
+        f.name for f in fields(kind) if f.default is MISSING and f.default_factory is MISSING
+    ]
+    missing = [f"{key}.{k} is missing" for k in required if k not in value]
+    if unknown or missing:
+        return None, unknown + missing
+    # TOML has its own times: a deadline's are taken as the ISO 8601 text they are written as.
+    value = {k: v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime | date) else v
+             for k, v in value.items()}  # fmt: skip
+    typed = type_problems(kind, value, prefix=f"{key}.")
+    if typed:
+        return None, typed
+    return kind(**value), []
+
+
+def _training_file(path: Path) -> tuple[dict[str, Any], list[str]]:
+    """The training configuration a run file names by path (relative to the run file)."""
+    try:
+        document = read_json(
+            path,
+            "training configuration",
+            "give the path of a JSON file "
+            "relative to the run file, or write it inline as [training]",
+        )
+    except SpotrainError as error:  # one problem in the list, beside the file's others
+        return {}, [f"training: {error}"]
+    if not isinstance(document, dict):
+        return {}, [f"training: {path} holds {json_kind(document)}, not a training "
+                    "configuration (an object)"]  # fmt: skip
+    return document, []
