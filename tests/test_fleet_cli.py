@@ -151,13 +151,23 @@ def test_run_cancel_takes_the_groups_to_0_and_resume_puts_them_back(
         autoscaling.create_auto_scaling_group(
             AutoScalingGroupName=name, MinSize=sizes[0], DesiredCapacity=sizes[1], MaxSize=4,
             AvailabilityZones=["us-east-1a"], LaunchTemplate={"LaunchTemplateName": "demo"},
-            Tags=[{"Key": "spotrain:run", "Value": "demo", "PropagateAtLaunch": True}],
+            Tags=[{"Key": "spotrain:run", "Value": "demo", "PropagateAtLaunch": True},
+                  {"Key": "spotrain:environment", "Value": "local", "PropagateAtLaunch": True}],
         )  # fmt: skip
+    # Another environment's group of a run with the same name is not this run's.
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName="elsewhere-demo-fleet", MinSize=1, DesiredCapacity=1, MaxSize=4,
+        AvailabilityZones=["us-east-1a"], LaunchTemplate={"LaunchTemplateName": "demo"},
+        Tags=[{"Key": "spotrain:run", "Value": "demo", "PropagateAtLaunch": True},
+              {"Key": "spotrain:environment", "Value": "dev", "PropagateAtLaunch": True}],
+    )  # fmt: skip
     table = boto3.resource("dynamodb").Table("spotrain-local-events")
     run_lifecycle.mark_started(table, "demo", 1.0)
 
     def sizes() -> list[tuple[int, int]]:
-        found = autoscaling.describe_auto_scaling_groups()["AutoScalingGroups"]
+        found = autoscaling.describe_auto_scaling_groups(
+            AutoScalingGroupNames=["demo-fleet", "demo-fleet-on-demand", "elsewhere-demo-fleet"]
+        )["AutoScalingGroups"]
         return [(g["MinSize"], g["DesiredCapacity"]) for g in found]
 
     assert cli.main(["run", "status", "local", "demo", "--json"]) == 0
@@ -166,10 +176,13 @@ def test_run_cancel_takes_the_groups_to_0_and_resume_puts_them_back(
         "starting", None, 2)  # fmt: skip
     assert cli.main(["run", "cancel", "local", "demo"]) == 0
     assert "cancelled: its groups are at 0; 2 machine(s) publish" in capsys.readouterr().out
-    assert sizes() == [(0, 0), (0, 0)]
+    assert sizes() == [(0, 0), (0, 0), (1, 1)]  # the other environment's is left alone
     assert run_lifecycle.read(table, "demo").cancelled_at is not None
     assert cli.main(["run", "list", "local"]) == 0
-    assert capsys.readouterr().out.split()[:2] == ["demo", "cancelled"]
+    listed = capsys.readouterr().out
+    assert listed.split()[:2] == ["demo", "cancelled"]
+    # Declared in the repository, not deployed: listed with the command that deploys it.
+    assert "second                   declared" in listed and "run submit local second" in listed
     # A machine leaving a cancelled run is no crash, and no machine of it may start.
     assert cli.main(["fleet", "exit", "--events-table", "spotrain-local-events", "--run", "demo",
                      "--instance", "i-1", "--code", "143"]) == 0  # fmt: skip
@@ -178,7 +191,7 @@ def test_run_cancel_takes_the_groups_to_0_and_resume_puts_them_back(
     capsys.readouterr()
     assert cli.main(["run", "resume", "local", "demo"]) == 0
     assert "resumed: demo-fleet 1..2, demo-fleet-on-demand 0..0" in capsys.readouterr().out
-    assert sizes() == [(1, 2), (0, 0)]
+    assert sizes() == [(1, 2), (0, 0), (1, 1)]
     assert fleet_state.run_state(table, "demo").held_sizes is None
     assert cli.main(["run", "status", "local", "ghost"]) == 2
     assert "no Auto Scaling group of run ghost" in capsys.readouterr().err
