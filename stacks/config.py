@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from spotrain.core.catalog_schema import ENVIRONMENT_TAG
 from spotrain.core.errors import raise_if_problems
 from spotrain.core.validation import instance_type_problems
 
@@ -123,7 +124,7 @@ class EnvironmentConfig:
     @property
     def all_tags(self) -> dict[str, str]:
         """Tags on every resource; the two spotrain tags are the cost allocation keys."""
-        return {**self.tags, "spotrain:environment": self.name, "spotrain:project": "spotrain"}
+        return {**self.tags, ENVIRONMENT_TAG: self.name, "spotrain:project": "spotrain"}
 
     def stack_name(self, part: str) -> str:
         return f"{self.name}-{part}"

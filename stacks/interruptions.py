@@ -13,7 +13,7 @@ from spotrain.constructs.interruption_handler.construct import (
 )
 from spotrain.stacks.base import EnvironmentStack, resource_name
 from spotrain.stacks.config import EnvironmentConfig
-from spotrain.stacks.network import fleet_name_prefix
+from spotrain.stacks.runs import fleet_name_prefix
 
 
 def handler_name(config: EnvironmentConfig) -> str:
@@ -47,7 +47,7 @@ class InterruptionsStack(EnvironmentStack):
                 account_id=self.account_id,
                 region=config.primary_region,
                 environment=config.name,
-                group_name_prefix=fleet_name_prefix(config),
+                group_name_prefix=fleet_name_prefix(config.name),
                 alert_emails=config.alert_emails,
                 log_retention_days=config.log_retention_days,
                 catalog_stream_arn=catalog_stream_arn,

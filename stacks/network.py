@@ -7,11 +7,7 @@ from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.private_network import PrivateNetwork, PrivateNetworkProps
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-
-
-def fleet_name_prefix(config: EnvironmentConfig) -> str:
-    """What every fleet of the environment is named with (see `stacks.run.fleet_group_name`)."""
-    return f"spotrain-{config.name}-"
+from spotrain.stacks.runs import fleet_name_prefix
 
 
 class NetworkStack(EnvironmentStack):
@@ -39,7 +35,7 @@ class NetworkStack(EnvironmentStack):
                 log_retention_days=config.log_retention_days,
                 s3_buckets=(checkpoint_bucket_arn,),  # the replica's region is not this one
                 dynamodb_tables=(catalog_table_arn, events_table_arn),
-                fleet_name_prefix=fleet_name_prefix(config),
+                fleet_name_prefix=fleet_name_prefix(config.name),
             ),
         )
         TerraformOutput(self, "vpc", value=self.network.vpc.id)

@@ -10,7 +10,6 @@ from spotrain.cdk import Construct, TerraformOutput, aws
 from spotrain.constructs.interruption_handler.construct import CapacityGroup, declared_run
 from spotrain.constructs.private_network import PrivateNetwork
 from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps, on_demand_group_name
-from spotrain.core.catalog_schema import RUN_TAG
 from spotrain.core.handler_settings import run_parameter_name
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
@@ -104,7 +103,7 @@ class RunStack(EnvironmentStack):
                 log_retention_days=config.log_retention_days,
                 region=config.primary_region,
                 account_id=self.account_id,
-                tags={**config.all_tags, **run.run_tags, RUN_TAG: run.name},
+                tags={**config.all_tags, **run.run_tags},
                 emulator_drift_tolerance=config.is_local,
             ),
         )

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from spotrain.core.catalog_schema import run_name_problem
+from spotrain.core.catalog_schema import RUN_TAG, run_name_problem
 from spotrain.core.deadline_policy import RunDeadline
 from spotrain.core.errors import (
     ConfigError,
@@ -45,19 +45,24 @@ RUN_FILE_SUFFIX = ".toml"
 _INSTANCE_TYPE = re.compile(r"^[a-z][a-z0-9-]*\.[a-z0-9]+$")
 _TAG_KEY = re.compile(r"^[\w.:/=+\-@ ]{1,128}$")
 _TAG_VALUE = re.compile(r"^[\w.:/=+\-@ ]{1,256}$")
-RUN_TAG_KEYS = ("spotrain:run", "spotrain:owner")
-"""The run's cost-allocation tags (with the environment's): the bill splits per run and per
-person."""
+OWNER_TAG = "spotrain:owner"
+"""With the run tag, the run's cost-allocation tags: the bill splits per run and per person."""
 
 
 FLEET_NAME_LIMIT = 64
 """IAM role names (the fleet's instance role is named for it) take 64 characters."""
 
 
+def fleet_name_prefix(environment: str) -> str:
+    """What every fleet of the environment is named with: the handler may scale, and the
+    shared endpoints serve, only what is named so."""
+    return f"spotrain-{environment}-"
+
+
 def fleet_group_name(environment: str, run: str) -> str:
     """The run's spot group (and fleet, role, launch template) name; its on-demand fallback
     adds `-on-demand`."""
-    return f"spotrain-{environment}-{run}-fleet"
+    return f"{fleet_name_prefix(environment)}{run}-fleet"
 
 
 def _positive_number(value: object) -> bool:
@@ -144,7 +149,7 @@ class RunConfig:
     @property
     def run_tags(self) -> dict[str, str]:
         """The run's own tags: its extra ones, then the run and its owner."""
-        return {**self.tags, "spotrain:run": self.name, "spotrain:owner": self.owner}
+        return {**self.tags, RUN_TAG: self.name, OWNER_TAG: self.owner}
 
     def training_document(self) -> dict[str, Any]:
         """The training configuration to store, named for this run."""
@@ -241,11 +246,6 @@ def run_file(environment: str, run: str, directory: Path | None = None) -> Path:
     return (directory or runs_dir()) / environment / f"{run}{RUN_FILE_SUFFIX}"
 
 
-def read_run(path: Path, environment: str) -> RunConfig:
-    """The run declared in `path`, or a ConfigError listing every problem of the file."""
-    return _read(path, environment)
-
-
 def load_runs(environment: str, directory: Path | None = None) -> tuple[RunConfig, ...]:
     """Every run the repository declares for `environment`, by name; every problem of every
     file at once."""
@@ -254,14 +254,15 @@ def load_runs(environment: str, directory: Path | None = None) -> tuple[RunConfi
     runs, problems = [], []
     for path in paths:
         try:
-            runs.append(_read(path, environment))
+            runs.append(read_run(path, environment))
         except ConfigError as error:
             problems += [f"{path.name}: {p}" for p in error.problems]
     raise_if_problems(f"the runs of environment {environment!r} ({folder})", problems)
     return tuple(runs)
 
 
-def _read(path: Path, environment: str) -> RunConfig:
+def read_run(path: Path, environment: str) -> RunConfig:
+    """The run declared in `path`, or a ConfigError listing every problem of the file."""
     text = read_text(path, "run file", _FIX)
     subject = f"run file {path}"
     try:

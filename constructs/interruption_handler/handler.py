@@ -67,6 +67,7 @@ from spotrain.core import deadline_policy, fleet_state, run_lifecycle, spend_led
 from spotrain.core import handler_settings as defaults
 from spotrain.core import prices as price_book
 from spotrain.core.catalog_schema import (
+    ENVIRONMENT_TAG,
     EVENT_SORT_KEY,
     EXPIRES_AT_KEY,
     INSTANCE_STATUS_INTERRUPTING,
@@ -94,7 +95,6 @@ from spotrain.core.events import (
 METRIC_NAMESPACE = "spotrain"
 """CloudWatch namespace of the run's spend (the role may publish to no other)."""
 GROUP_TAG = "aws:autoscaling:groupName"
-ENVIRONMENT_TAG = "spotrain:environment"
 
 log = logging.getLogger()
 log.setLevel(logging.INFO)

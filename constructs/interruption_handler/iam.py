@@ -14,6 +14,7 @@ from spotrain.constructs.interruption_handler.handler import METRIC_NAMESPACE
 from spotrain.constructs.policy import leading_keys, statement, via_services
 from spotrain.constructs.run_access import read_run_crashes_and_releases
 from spotrain.core.catalog_schema import (
+    ENVIRONMENT_TAG,
     FOREIGN_EVENTS_KEY,
     INTERRUPTION_TAG,
     configs_prefix,
@@ -24,7 +25,6 @@ from spotrain.core.catalog_schema import (
 )
 from spotrain.core.handler_settings import runs_parameter_path
 
-ENVIRONMENT_TAG = "spotrain:environment"
 EVERY_RUN = "*"
 """Every run of the environment (its tables and bucket are the environment's own)."""
 

@@ -35,9 +35,12 @@ def store_configuration(
         datasets.read_manifest(*datasets.locate(config.data, store,
                                                 kms_key_id=config.kms_key_id))  # fmt: skip
     document = asdict(config)
-    if unless_newest and run_config.history(storage, config.run):
-        newest = run_config.newest(storage, config.run)
-        if newest.document == document:
+    if unless_newest:
+        try:
+            newest = run_config.newest(storage, config.run)
+        except SpotrainError:  # none stored yet, or the newest unreadable: this one goes in
+            newest = None
+        if newest is not None and newest.document == document:
             return newest
     return run_config.put(storage, document)
 

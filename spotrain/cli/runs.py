@@ -77,11 +77,11 @@ def _where(env_name: str) -> _Where:
 
 def run_groups(where: _Where, run: str | None = None) -> dict[str, list[dict[str, Any]]]:
     """The environment's groups tagged with a run (`run`'s only, if given), by run."""
-    from spotrain.core.catalog_schema import RUN_TAG
+    from spotrain.core.catalog_schema import ENVIRONMENT_TAG, RUN_TAG
 
     wanted = {"Name": f"tag:{RUN_TAG}", "Values": [run]} if run else {
         "Name": "tag-key", "Values": [RUN_TAG]}  # fmt: skip
-    of_the_environment = {"Name": "tag:spotrain:environment", "Values": [where.environment]}
+    of_the_environment = {"Name": f"tag:{ENVIRONMENT_TAG}", "Values": [where.environment]}
     by_run: dict[str, list[dict[str, Any]]] = {}
     for page in where.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
         Filters=[of_the_environment, wanted]

@@ -144,6 +144,9 @@ def event_key(event_id: str) -> str:
 RUN_TAG = "spotrain:run"
 """Every machine, group and volume of a run carries it: the handler takes only its run's events,
 may tag and scale only its run's machines, and the ledger counts them."""
+ENVIRONMENT_TAG = "spotrain:environment"
+"""The environment every resource of it carries (a cost-allocation key; the handler acts only
+on what carries its own)."""
 INTERRUPTION_TAG = "spotrain:interruption"
 """The tag the interruption handler puts on a machine it was warned about (kind@time)."""
 
