@@ -112,6 +112,14 @@ if [[ -n "${SPOTRAIN_LOG_GROUP:-}" ]]; then
 fi
 echo "spotrain bootstrap: $instance_id ($instance_type in $zone, $lifecycle) joins run $SPOTRAIN_RUN"
 
+# The machine is being stopped (a spot reclaim, `spotrain run cancel`, a scale-in): the service
+# manager sends SIGTERM to every process of the service, the trainer included, which publishes
+# its emergency checkpoint. This script stays to the end (a trapped signal waits for the
+# command running), so the exit is accounted as a stop, not a crash, and a coordinator gives
+# up its role for the run's next machine.
+asked_to_stop=
+trap 'asked_to_stop=1; echo "spotrain bootstrap: $instance_id is asked to stop (SIGTERM); its trainer publishes its emergency checkpoint"' TERM
+
 # Crash accounting in the run's fleet state: a run held after repeated crashes does not start
 # (no restart loop on any machine); an exit of a machine being interrupted is a preemption.
 fleet=()
@@ -130,7 +138,16 @@ if [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]; then
   if [[ "$lifecycle" != "spot" ]] && SPOTRAIN_RDZV_ENDPOINT=$(spotrain_run "${claim[@]}"); then
     echo "spotrain bootstrap: $instance_id coordinates run $SPOTRAIN_RUN at $SPOTRAIN_RDZV_ENDPOINT"
     rdzv_host=--rdzv-host
-    (while sleep "${SPOTRAIN_COORDINATOR_HEARTBEAT:-60}"; do spotrain_run "${claim[@]}" >/dev/null || exit; done) &
+    # Renewed in the background; stopped between renewals (a signal ends `wait` at once but
+    # lets a renewal finish), so none lands after the role is given up.
+    (
+      trap 'exit 0' TERM
+      while true; do
+        sleep "${SPOTRAIN_COORDINATOR_HEARTBEAT:-60}" &
+        wait $! || true
+        spotrain_run "${claim[@]}" >/dev/null || exit
+      done
+    ) &
     heartbeat=$!
   else
     SPOTRAIN_RDZV_ENDPOINT=$(spotrain_run "${fleet[@]}" coordinator --wait "${SPOTRAIN_COORDINATOR_WAIT:-600}") ||
@@ -164,17 +181,22 @@ if [[ -n "${fetch_config:-}" ]]; then
     --to "$CONFIG" || status=$?
 fi
 ((status)) || spotrain_run "${train[@]}" || status=$?
-[[ -z "$heartbeat" ]] || kill "$heartbeat" 2>/dev/null || true
+if [[ -n "$heartbeat" ]]; then
+  kill "$heartbeat" 2>/dev/null || true
+  wait "$heartbeat" 2>/dev/null || true
+  spotrain_run "${fleet[@]}" coordinator --release --instance "$instance_id" || true
+fi
 if ((${#fleet[@]})); then
   # A machine that got its own spot notice says so: whatever its trainer's exit, it was
   # reclaimed, not a crash (the handler's event may come later, or not at all).
-  reclaimed=()
+  exit_facts=()
   if token=$(curl -sf -X PUT "$IMDS/latest/api/token" -H "X-aws-ec2-metadata-token-ttl-seconds: 60") &&
     notice=$(metadata spot/instance-action); then
-    reclaimed=(--spot-notice "$notice" --pool "$instance_type#$zone")
+    exit_facts=(--spot-notice "$notice" --pool "$instance_type#$zone")
   fi
+  [[ -z "$asked_to_stop" ]] || exit_facts+=(--asked-to-stop)
   verdict=0
-  spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" "${reclaimed[@]}" || verdict=$?
+  spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" "${exit_facts[@]}" || verdict=$?
   if ((verdict == 5)) && [[ ! -e "$first_step" ]]; then
     # The trainer crashed before it trained a step: this machine
     # may be what is wrong, so its group replaces it instead of it idling, billed. A run that

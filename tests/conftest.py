@@ -4,6 +4,7 @@ per session."""
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,3 +72,12 @@ def dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
         client = boto3.client("dynamodb")
         create_catalog_table(client, "catalog")
         yield client
+
+
+@pytest.fixture(autouse=True)
+def _a_cold_interruption_handler() -> None:
+    """Each test's cloud is a new one: a warm handler's run declarations from an earlier test
+    (it reuses them for a while) do not belong to it."""
+    handler = sys.modules.get("spotrain.constructs.interruption_handler.handler")
+    if handler is not None:
+        handler._declarations.clear()

@@ -179,8 +179,17 @@ def test_publish_moves_the_head_and_records_lineage(dynamo: Any, tmp_path: Path)
     generation = catalog.acquire_lease("host-a")
     publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, 10, generation)
     publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, 20, generation,
-            parent="demo/step_000000010")  # fmt: skip
+            parent="demo/step_000000010", loss=2.375)  # fmt: skip
     assert catalog.head().step == 20  # type: ignore[union-attr]
+    # The loss the loop gave with the step is on its record (`spotrain run status` shows it).
+    records = dynamo.query(
+        TableName="catalog", KeyConditionExpression="#pk = :pk",
+        ExpressionAttributeNames={"#pk": schema.PARTITION_KEY},
+        ExpressionAttributeValues={":pk": {"S": schema.run_key(RUN)}},
+    )["Items"]  # fmt: skip
+    losses = {r["sk"]["S"]: r.get(schema.LOSS_KEY, {}).get("N") for r in records
+              if r["sk"]["S"].startswith(schema.CHECKPOINT_PREFIX)}  # fmt: skip
+    assert losses == {"CKPT#000000000010": None, "CKPT#000000000020": "2.375"}
     assert [(e.step, e.parent) for e in catalog.entries()] == [
         (10, None), (20, "demo/step_000000010")
     ]  # fmt: skip

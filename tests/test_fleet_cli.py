@@ -195,3 +195,149 @@ def test_run_cancel_takes_the_groups_to_0_and_resume_puts_them_back(
     assert fleet_state.run_state(table, "demo").held_sizes is None
     assert cli.main(["run", "status", "local", "ghost"]) == 2
     assert "no Auto Scaling group of run ghost" in capsys.readouterr().err
+
+
+def test_a_coordinator_that_leaves_hands_its_role_to_the_next_machine_at_once(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The boot script of a coordinator that stops (its run cancelled, its machine scaled in)
+    gives the role up: the run's next on-demand machine takes it without waiting for the
+    claim to go stale. Only the holder can give it up."""
+    state = ["--events-table", "events", "--run", "r"]
+
+    def claim(instance: str) -> int:
+        return cli.main(["fleet", "coordinator", *state, "--claim", "--instance", instance,
+                         "--address", "10.0.1.5", "--port", "29400"])  # fmt: skip
+
+    assert claim("i-first") == 0
+    capsys.readouterr()
+    assert cli.main(["fleet", "coordinator", *state, "--release", "--instance", "i-second"]) == 0
+    assert "i-second did not coordinate it" in capsys.readouterr().out
+    assert claim("i-second") == 4  # still the first machine's
+    assert cli.main(["fleet", "coordinator", *state, "--release", "--instance", "i-first"]) == 0
+    assert "i-first no longer coordinates it" in capsys.readouterr().out
+    assert claim("i-second") == 0
+
+
+def test_a_machine_asked_to_stop_exits_stopped_not_crashed(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """SIGTERM reached the boot script (the machine is being stopped, whoever asked): the
+    trainer's status after its emergency checkpoint is no crash."""
+    from spotrain.core import fleet_state
+
+    state = ["--events-table", "events", "--run", "r"]
+    assert cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "1",
+                     "--asked-to-stop"]) == 0  # fmt: skip
+    assert "trainer exit 1 on i-1: stopped; run r has 0 crash(es)" in capsys.readouterr().out
+    assert fleet_state.run_state(boto3.resource("dynamodb").Table("events"), "r").crashes == 0
+    assert cli.main(["fleet", "exit", *state, "--instance", "i-1", "--code", "1"]) == 5
+
+
+def _local_demo_run(*, machines: int = 1) -> None:
+    """The `local` environment's tables, checkpoint bucket and demo groups, as deployed."""
+    create_catalog_table(boto3.client("dynamodb"), "spotrain-local-events")
+    create_catalog_table(boto3.client("dynamodb"), "spotrain-local-checkpoints")
+    ec2, autoscaling = boto3.client("ec2"), boto3.client("autoscaling")
+    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    ec2.create_launch_template(LaunchTemplateName="demo", LaunchTemplateData={"ImageId": image})
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName="demo-fleet", MinSize=machines, DesiredCapacity=machines,
+        MaxSize=4, AvailabilityZones=["us-east-1a"],
+        LaunchTemplate={"LaunchTemplateName": "demo"},
+        Tags=[{"Key": "spotrain:run", "Value": "demo", "PropagateAtLaunch": True},
+              {"Key": "spotrain:environment", "Value": "local", "PropagateAtLaunch": True}],
+    )  # fmt: skip
+
+
+def test_run_status_shows_progress_loss_pace_eta_deadline_and_head(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Steps of the stored configuration's steps, the head's loss and manifest, the pace
+    between checkpoints of one trainer start, the ETA at that pace against the declared
+    deadline."""
+    import datetime
+    import json
+    from decimal import Decimal
+
+    from spotrain.core import catalog_schema as schema
+    from spotrain.core import run_lifecycle
+    from spotrain.trainer import run_config
+    from spotrain.trainer.storage import open_storage
+
+    _local_demo_run()
+    run_lifecycle.mark_started(boto3.resource("dynamodb").Table("spotrain-local-events"),
+                               "demo", 1.0)  # fmt: skip
+    bucket = "spotrain-local-checkpoints-us-east-1"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    run_config.put(open_storage(f"s3://{bucket}"), {"run": "demo", "steps": 400})
+    catalog = boto3.resource("dynamodb").Table("spotrain-local-checkpoints")
+    now = datetime.datetime.now(datetime.UTC)
+    for step, minutes_ago in ((100, 60), (200, 30)):  # 200 steps an hour
+        catalog.put_item(Item={
+            schema.PARTITION_KEY: "RUN#demo", schema.SORT_KEY: schema.checkpoint_sort_key(step),
+            "step": step, "generation": 1, "manifest": f"runs/demo/step_{step}.json",
+            "created_at": (now - datetime.timedelta(minutes=minutes_ago)).isoformat(),
+            schema.LOSS_KEY: Decimal("2.5") if step == 200 else 3,
+        })  # fmt: skip
+    catalog.put_item(Item={schema.PARTITION_KEY: "RUN#demo", schema.SORT_KEY: "HEAD",
+                           "step": 200, "latest": schema.checkpoint_sort_key(200)})  # fmt: skip
+    # Declared to finish within half an hour: an hour of work is left at this pace.
+    finish_by = (now + datetime.timedelta(minutes=30)).isoformat(timespec="seconds")
+    boto3.client("ssm").put_parameter(
+        Name="/spotrain/local/runs/demo", Type="SecureString",
+        Value=json.dumps({"run": "demo", "groups": [], "max_spend_usd": None,
+                          "run_deadline": {"finish_by": finish_by}}),
+    )  # fmt: skip
+
+    assert cli.main(["run", "status", "local", "demo", "--json"]) == 0
+    status = json.loads(capsys.readouterr().out)
+    assert (status["phase"], status["step"], status["steps"], status["loss"]) == (
+        "training", 200, 400, 2.5)  # fmt: skip
+    assert status["steps_per_hour"] == pytest.approx(200, rel=0.01)
+    eta = datetime.datetime.fromisoformat(status["eta"])
+    assert abs((eta - now).total_seconds() - 3600) < 120
+    assert status["finish_by"] == finish_by
+    assert status["head_manifest"] == f"s3://{bucket}/runs/demo/step_200.json"
+    assert cli.main(["run", "status", "local", "demo"]) == 0
+    said = capsys.readouterr().out
+    assert said.split()[:6] == ["demo", "training", "step", "200/400", "loss", "2.5000"], said
+    assert "200 steps/h; ETA " in said and "(late at this pace)" in said, said
+    assert f"head: step 200, loss 2.5000, published {status['head_at']}" in said
+
+
+def test_run_logs_shows_every_machine_or_one_gone_ones_included(
+    aws: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from spotrain.cli import run_logs
+    from spotrain.core import run_lifecycle
+
+    _local_demo_run(machines=0)
+    logs = boto3.client("logs")
+    group = "/spotrain/spotrain-local-demo-fleet/machines"
+    assert cli.main(["run", "logs", "local", "demo"]) == 2  # not deployed yet
+    assert "its stack is not deployed" in capsys.readouterr().err
+    logs.create_log_group(logGroupName=group)
+    start_ms = int(time.time() * 1000) - 60_000
+    for number, machine in enumerate(("i-gone", "i-here")):
+        logs.create_log_stream(logGroupName=group, logStreamName=machine)
+        logs.put_log_events(logGroupName=group, logStreamName=machine, logEvents=[
+            {"timestamp": start_ms + number * 10 + line, "message": f"{machine} {text}"}
+            for line, text in enumerate(("boots", "step 10/20"))])  # fmt: skip
+    assert cli.main(["run", "logs", "local", "demo"]) == 0
+    assert capsys.readouterr().out.splitlines() == [
+        "i-gone  i-gone boots", "i-gone  i-gone step 10/20",
+        "i-here  i-here boots", "i-here  i-here step 10/20"]  # fmt: skip
+    assert cli.main(["run", "logs", "local", "demo", "--machine", "i-gone"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["i-gone boots", "i-gone step 10/20"]
+    assert cli.main(["run", "logs", "local", "demo", "--machine", "i-never"]) == 2
+    assert "machine i-never wrote nothing" in capsys.readouterr().err
+    # Following a run that stopped with no machine left: what there is, then done.
+    run_lifecycle.mark_cancelled(boto3.resource("dynamodb").Table("spotrain-local-events"),
+                                 "demo", by="me", at=1.0)  # fmt: skip
+    monkeypatch.setattr(run_logs, "FOLLOW_POLL_S", 0.0)
+    monkeypatch.setattr(run_logs, "STOPPED_CHECK_S", 0.0)
+    assert cli.main(["run", "logs", "local", "demo", "--machine", "i-here", "--follow"]) == 0
+    assert capsys.readouterr().out.splitlines() == ["i-here boots", "i-here step 10/20"]

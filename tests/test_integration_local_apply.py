@@ -875,6 +875,189 @@ def test_a_second_run_is_submitted_started_cancelled_retired_and_submitted_again
     assert capsys.readouterr().out.count(".json") == versions  # the same one, not stored again
 
 
+TWO_RUNS_TRAINING = {
+    "steps": 400, "checkpoint_every": 20, "micro_batch": 4, "seed": 5, "log_every": 100,
+    "model": {"context": 32, "layers": 2, "heads": 2, "width": 64},
+}  # fmt: skip
+"""Both runs of the story below train this: the same losses at every step, unless a cancel
+and resume lost or changed anything."""
+
+
+class _PlayedFleet:
+    """The instances of deployed groups, each played on this host from its group's launch
+    template (as the fleet rehearsal plays them), and shut down as EC2 stops an instance."""
+
+    def __init__(self, local: Local, work: Path) -> None:
+        self.local, self.work = local, work
+        self.autoscaling, self.ec2 = local.client("autoscaling"), local.client("ec2")
+        self.machines: dict[str, tuple[str, Any]] = {}
+        """By instance id: its group and the machine played."""
+
+    def boot(self, group: str) -> Any:
+        """The group's instance in service that is not played yet, booted (the coordinator
+        of its run: on-demand)."""
+        from spotrain.localcloud.machines import LocalMachine, deployed_user_data, in_service
+
+        members, template = in_service(self.autoscaling, group)
+        [member] = [m for m in members if m["InstanceId"] not in self.machines]
+        machine = LocalMachine(
+            instance_id=member["InstanceId"],
+            instance_type=member.get("InstanceType") or "g6.xlarge",
+            zone=member.get("AvailabilityZone") or "us-east-1a", lifecycle="on-demand",
+            root=self.work / member["InstanceId"],
+            user_data=deployed_user_data(self.ec2, template),
+            aws_env=control.aws_environment(self.local.cloud.endpoint, "us-east-1"),
+            rdzv_port=control.free_port(), settings={"SPOTRAIN_RDZV_LAST_CALL": "1"},
+        )  # fmt: skip
+        self.machines[member["InstanceId"]] = (group, machine)
+        return machine.start()
+
+    def shut_down_the_terminated(self, group: str) -> dict[str, int | None]:
+        """Every played machine of `group` that its group no longer has, stopped as its OS
+        stops it (SIGTERM, then SIGKILL after the unit's stop timeout): their exit codes."""
+        from spotrain.localcloud.machines import in_service
+
+        kept = {m["InstanceId"] for m in in_service(self.autoscaling, group)[0]}
+        return {instance: machine.shut_down()
+                for instance, (its_group, machine) in self.machines.items()
+                if its_group == group and machine.running() and instance not in kept}  # fmt: skip
+
+    def stop_all(self) -> None:
+        for _, machine in self.machines.values():
+            machine.stop()
+
+
+def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses(
+    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A third run is declared beside the repository's two and submitted; `second` is resumed
+    with a configuration of the same training. Each trains on a machine booted from its own
+    deployed launch template, at the same time. `run cancel second`: its group goes to 0, its
+    machine is stopped as EC2 stops one (SIGTERM), publishes its emergency checkpoint and
+    leaves, accounted as stopped, its coordinator role given up; `run resume` boots a new
+    machine that resumes from that checkpoint, and every step's loss equals the third run's,
+    which nothing interrupted. `run logs` shows the stopped machine's last words; `run list`
+    and `status` each state; both runs finish and their groups go to 0; `run retire` removes
+    the third."""
+    import shutil as shell_tools
+    import time
+
+    from spotrain import cli
+    from spotrain.core import fleet_state, run_lifecycle
+    from spotrain.tools.rehearsal import Phase, deliver_capacity_check
+
+    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    outputs = local.outputs
+    store = f"s3://{outputs['checkpoint_bucket']}"
+    table = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
+        outputs["events_table"])  # fmt: skip
+    catalog = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
+        outputs["checkpoint_catalog_table"])  # fmt: skip
+
+    def head(run: str) -> int:
+        found = run_lifecycle.published_head(catalog, run)
+        return found.step if found else 0
+
+    # Declared as a user declares a run: a file beside the environment's others.
+    runs = tmp_path / "runs" / "local"
+    shell_tools.copytree(ROOT / "runs" / "local", runs)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("two runs of one environment read the same prepared words\n" * 400)
+    key = local.client("kms").describe_key(KeyId=outputs["primary_key_alias"])["KeyMetadata"]["Arn"]
+    assert cli.main(["data", "prepare", str(corpus), "--store", store, "--name", "two-runs",
+                     "--kms-key-id", key]) == 0  # fmt: skip
+    metrics = {run: Phase(run, tmp_path / f"{run}.jsonl") for run in ("second", "third")}
+    training = {**TWO_RUNS_TRAINING, "data": "dataset:two-runs"}
+    (runs / "third.toml").write_text("\n".join([
+        'owner = "research@example.com"', 'instance_types = ["g6.xlarge", "g5.xlarge"]',
+        "min_size = 1", "desired_size = 1", "max_size = 1", "[training]",
+        *(f"{k} = {json.dumps(v)}" for k, v in training.items() if k != "model"),
+        f'metrics_file = "{metrics["third"].metrics}"',
+        "model = { context = 32, layers = 2, heads = 2, width = 64 }", "",
+    ]))  # fmt: skip
+    monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
+    fleet = _PlayedFleet(local, tmp_path / "machines")
+    try:
+        assert cli.main(["run", "submit", "local", "third"]) == 0
+        second_config = tmp_path / "second.json"
+        second_config.write_text(json.dumps({
+            **training, "run": "second", "store": store, "work_dir": "/set/by/each/machine",
+            "metrics_file": str(metrics["second"].metrics)}))  # fmt: skip
+        assert cli.main(["config", "put", str(second_config), "--store", store]) == 0
+        assert cli.main(["run", "resume", "local", "second"]) == 0  # cancelled before
+        checked = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
+        assert checked["runs"]["third"]["decision"] == "start", checked
+
+        groups = {run: f"spotrain-local-{run}-fleet" for run in ("second", "third")}
+        first = {run: fleet.boot(group) for run, group in groups.items()}
+        # Both train at the same time, each from its own deployed template, into its own
+        # checkpoints.
+        deadline = time.monotonic() + 300
+        while not (head("second") >= 40 and head("third") >= 40):
+            assert all(m.running() for m in first.values()), {
+                r: m.output[-3000:] for r, m in first.items()}  # fmt: skip
+            assert time.monotonic() < deadline, {r: m.output[-3000:] for r, m in first.items()}
+            time.sleep(0.2)
+        assert all(m.running() for m in first.values())
+        assert head("second") < TWO_RUNS_TRAINING["steps"] > head("third")
+
+        capsys.readouterr()
+        assert cli.main(["run", "cancel", "local", "second"]) == 0
+        codes = fleet.shut_down_the_terminated(groups["second"])
+        cancelled = first["second"]
+        assert list(codes) == [cancelled.instance_id], codes
+        [stopped] = metrics["second"].events("stopped")
+        stopped_at = int(stopped["step"])
+        assert stopped_at < TWO_RUNS_TRAINING["steps"]
+        assert head("second") == stopped_at  # its emergency checkpoint is published
+        said = cancelled.output
+        assert f"{cancelled.instance_id} is asked to stop (SIGTERM)" in said, said[-3000:]
+        assert "spotrain train: stopped by SIGTERM" in said and "Traceback" not in said, said
+        assert ": stopped; run second has 0 crash(es)" in said, said[-3000:]
+        assert f"{cancelled.instance_id} no longer coordinates it" in said, said[-3000:]
+        assert fleet_state.run_state(table, "second").crashes == 0
+        capsys.readouterr()
+        assert cli.main(["run", "status", "local", "second", "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert (status["phase"], status["step"], sum(status["machines"].values())) == (
+            "cancelled", stopped_at, 0)  # fmt: skip
+        # On-call reads the stopped machine's last words after it is gone.
+        assert cli.main(["run", "logs", "local", "second", "--machine",
+                         cancelled.instance_id]) == 0  # fmt: skip
+        shipped = capsys.readouterr().out
+        assert "is asked to stop (SIGTERM)" in shipped and f"stopped after step {stopped_at}" in (
+            shipped), shipped[-3000:]  # fmt: skip
+
+        assert cli.main(["run", "resume", "local", "second"]) == 0
+        resumed = fleet.boot(groups["second"])  # the group's new instance: it coordinates
+        assert resumed.wait(timeout=300) == 0, resumed.output[-3000:]
+        assert first["third"].wait(timeout=300) == 0, first["third"].output[-3000:]
+        assert f"resumed second at step {stopped_at}" in resumed.output, resumed.output[-3000:]
+        losses = {run: phase.losses() for run, phase in metrics.items()}
+        assert sorted(losses["third"]) == list(range(1, TWO_RUNS_TRAINING["steps"] + 1))
+        assert losses["second"] == pytest.approx(losses["third"], rel=1e-6)
+
+        # Finished: the catalog's stream took both runs' groups to 0.
+        deadline = time.monotonic() + 60
+        while any(run_lifecycle.read(table, run).finished_step is None for run in groups):
+            assert time.monotonic() < deadline, "a finish did not reach the handler"
+            time.sleep(0.5)
+        capsys.readouterr()
+        assert cli.main(["run", "list", "local"]) == 0
+        listed = capsys.readouterr().out
+        for run in groups:
+            steps = TWO_RUNS_TRAINING["steps"]
+            assert re.search(rf"^{run}\s+finished\s+step {steps}/{steps} \(final\)\s+loss "
+                             rf"{losses[run][steps]:.4f}\s+machines 0 ", listed,
+                             re.M), listed  # fmt: skip
+        assert cli.main(["run", "retire", "local", "third"]) == 0
+    finally:
+        fleet.stop_all()
+
+
 def test_second_plan_shows_no_changes(local: Local) -> None:
     assert local.deployment.plan_has_changes() == {name: False for name in local.deployment.stacks}
 

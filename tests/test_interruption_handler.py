@@ -878,3 +878,42 @@ def test_one_handler_serves_each_run_of_its_environment_on_its_own(
     assert sorted(runs) == ["gpt-small", "gpt-sweep", "intruder"]
     assert runs[RUN]["decision"] == "hold" and "finished" in runs[RUN]["reason"]
     assert _sizes("foreign-spot")[1] == 1  # as it was: not the handler's to scale
+
+
+def test_a_burst_of_warnings_reads_the_declarations_once_and_a_new_run_at_once(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pool reclaimed at once sends a warning per machine: a warm handler reads its runs'
+    declarations once for all of them (SSM would throttle a read per warning), reads again
+    for a machine of a run it does not know yet, and each capacity check reads afresh."""
+    reads: list[str] = []
+    read = handler._read_declarations
+
+    def counted(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+        reads.append(settings["runs_path"])
+        return read(settings)
+
+    monkeypatch.setattr(handler, "_read_declarations", counted)
+    create_group("east-spot", "us-east-1", "us-east-1b", 2)
+    for number in range(5):
+        result = handler.handle(for_instance("spot-interruption-warning", run_instance(),
+                                             id=f"burst-{number}"))  # fmt: skip
+        assert result["recorded"] is True and result["run"] == RUN
+    assert len(reads) == 1
+    # A run declared a moment ago: its machine's warning is its, not a foreign one.
+    create_group("sweep-spot", "us-east-1", "us-east-1b", 1, run="gpt-sweep")
+    declare_run([CapacityGroup(name="sweep-spot", region="us-east-1", lifecycle="spot",
+                               holds_data=True)], run="gpt-sweep")  # fmt: skip
+    newcomer = launch_instance(
+        boto3.client("ec2"),
+        {"spotrain:run": "gpt-sweep", "aws:autoscaling:groupName": "sweep-spot"},
+    )
+    result = handler.handle(for_instance("spot-interruption-warning", newcomer, id="new-run"))
+    assert (result["recorded"], result["run"]) == (True, "gpt-sweep"), result
+    assert len(reads) == 2
+    handler.handle(event("scheduled-capacity-check"))
+    assert len(reads) == 3
+    # Past its time, a warm handler reads them again.
+    monkeypatch.setattr(handler, "DECLARATIONS_TTL_S", 0.0)
+    handler.handle(for_instance("spot-interruption-warning", run_instance(), id="later"))
+    assert len(reads) == 4

@@ -305,6 +305,8 @@ class DynamoCatalog:
             item[schema.LINEAGE_KEY] = {"S": manifest.parent}
         if manifest.extra.get("final"):
             item[schema.FINAL_KEY] = {"BOOL": True}
+        if manifest.extra.get("loss") is not None:
+            item[schema.LOSS_KEY] = {"N": repr(float(manifest.extra["loss"]))}
         if manifest.extra.get("timings"):
             item[schema.TIMINGS_KEY] = {
                 "M": {k: {"N": str(v)} for k, v in manifest.extra["timings"].items()}

@@ -28,6 +28,7 @@ import contextlib
 import datetime
 import hashlib
 import json
+import math
 import os
 import shutil
 import threading
@@ -331,13 +332,15 @@ def commit(
     config: dict[str, Any] | None = None,
     timings: dict[str, float] | None = None,
     final: bool = False,
+    loss: float | None = None,
     just_stored: Collection[str] = (),
 ) -> Manifest:
     """Write the manifest naming `shards` (all stored and verified) and make it the run's head
     in the catalog. `config`: the definition the checkpoint was trained with, kept in the
     manifest so a later start can tell whether it changed; `timings`: what the checkpoint cost
     the run (`stall_s`, `upload_s`, `machines`), for its cost report; `final`: the run's last
-    step (the catalog record says so, and the fleet's machines go)."""
+    step (the catalog record says so, and the fleet's machines go); `loss`: the training loss
+    of `step` (the catalog record shows it; a loss that is not a finite number is left out)."""
     keys = sorted({key for s in shards for key in s.stored_keys})
     if not all(piece.keys for s in shards for piece in s.pieces):
         raise SpotrainError(f"step {step}: every shard must be stored before it is committed")
@@ -364,6 +367,7 @@ def commit(
             **({"config": config} if config is not None else {}),
             **({"timings": timings} if timings else {}),
             **({"final": True} if final else {}),
+            **({"loss": loss} if loss is not None and math.isfinite(loss) else {}),
         },
     )
     content = manifest.to_json()

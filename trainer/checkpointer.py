@@ -104,6 +104,8 @@ class _InFlight:
     began: float
     final: bool = False
     """The run's last step: published marked final, the run is done (its machines go)."""
+    loss: float | None = None
+    """The step's training loss, for the catalog record."""
 
 
 class Checkpointer:
@@ -361,8 +363,9 @@ class Checkpointer:
     def uploading_here(self) -> bool:
         return self.in_flight is not None and not self.in_flight.work.done()
 
-    def after_step(self, step: int, *, last: bool = False) -> bool:
-        """Collective, after every optimizer step (`step` steps done; `last`: the final one).
+    def after_step(self, step: int, *, last: bool = False, loss: float | None = None) -> bool:
+        """Collective, after every optimizer step (`step` steps done; `last`: the final one;
+        `loss`: the step's training loss, which a checkpoint of it records in the catalog).
         Publishes the checkpoint in flight once every rank finished uploading it, takes the
         checkpoints that are due, and returns True when the run must stop (SIGTERM or a spot
         notice on any machine): its checkpoint of `step` is then published."""
@@ -374,7 +377,7 @@ class Checkpointer:
         if agreed.checkpoint_now:
             self._say(f"checkpoint requested after step {step} ({asked or 'on another machine'})")
         if agreed.stop or agreed.checkpoint_now or last or step % self.every == 0:
-            self._start(step, final=last)
+            self._start(step, final=last, loss=loss)
         elif self.light_every and step % self.light_every == 0:
             self._save_light(step)
         if not agreed.stop:
@@ -457,12 +460,13 @@ class Checkpointer:
             if self.place.leader:
                 shutil.rmtree(root, ignore_errors=True)
 
-    def _start(self, step: int, *, final: bool = False) -> None:
+    def _start(self, step: int, *, final: bool = False, loss: float | None = None) -> None:
         """Collective: snapshot `step` and start writing and uploading it in the background
-        (`final`: the run's last step)."""
+        (`final`: the run's last step; `loss`: its training loss)."""
         if self.in_flight is not None:
             if self.in_flight.step == step:
                 self.in_flight.final = self.in_flight.final or final
+                self.in_flight.loss = loss if loss is not None else self.in_flight.loss
                 return
             self._finish()
         began = time.perf_counter()
@@ -477,7 +481,7 @@ class Checkpointer:
             failpoints.hit("after-snapshot")
         assert self._pool is not None
         work = self._pool.submit(self._write_and_upload, root, staged, direct)
-        self.in_flight = _InFlight(step, root, work, stall, began, final)
+        self.in_flight = _InFlight(step, root, work, stall, began, final, loss)
         self.status = f"step {step} uploading"
 
     def _write_and_upload(
@@ -576,6 +580,7 @@ class Checkpointer:
                 world_size=self.place.world, zero_stage=self._engine.zero_optimization_stage(),
                 config_hash=_definition_hash(self.definition), code_version=code_version(),
                 parent=self.parent, config=self.definition, timings=timings, final=flight.final,
+                loss=flight.loss,
                 just_stored={key for report in reports for key in report.stored_keys},
             )  # fmt: skip
         except SpotrainError as error:

@@ -391,7 +391,7 @@ def train(config: TrainConfig) -> TrainResult:
                 first_step.touch()
             progress.step(done, losses[-1], x.numel() * world, time.perf_counter() - started,
                           checkpointer.status)  # fmt: skip
-            if checkpointer.after_step(done, last=done == config.steps):
+            if checkpointer.after_step(done, last=done == config.steps, loss=losses[-1]):
                 # A machine that was not asked to stop stays: its agent meets the others again.
                 # One that got a spot notice leaves the group for good.
                 reasons = _why_this_machine_stops(checkpointer.preemption.reason, world)

@@ -36,10 +36,23 @@ def _repair_torchrun() -> None:
 
 
 def main() -> None:
+    import signal
+    import sys
+
     from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import SignalException
 
     _repair_torchrun()
-    run.main()
+    try:
+        run.main()
+    except SignalException as stopped:
+        # The machine is stopping (a reclaim, a cancel, a scale-in): torchrun forwarded the
+        # signal and waited for the ranks' emergency checkpoint before it got here. One line,
+        # not torchrun's traceback, and the status a signal's death would give.
+        name = signal.Signals(stopped.sigval).name
+        print(f"spotrain train: stopped by {name} (each rank's emergency checkpoint, or why "
+              "it has none, is above)", file=sys.stderr, flush=True)  # fmt: skip
+        sys.exit(128 + int(stopped.sigval))
 
 
 if __name__ == "__main__":

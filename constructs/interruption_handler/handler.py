@@ -9,8 +9,9 @@ For a warning or recommendation it
    after a deadline falls back to on-demand (`requeue.py` decides);
 4. notifies the alert topic.
 One handler serves every run of its environment: each run's stack declares the run (its
-groups, cap and deadline) in an SSM parameter under RUNS_PARAMETER_PATH, read at each
-invocation, and an instance's run is its `spotrain:run` tag. The handler scales only groups
+groups, cap and deadline) in an SSM parameter under RUNS_PARAMETER_PATH (read by every
+capacity check, and reused by a warm handler for DECLARATIONS_TTL_S in between unless an event
+names a run it does not know), and an instance's run is its `spotrain:run` tag. The handler scales only groups
 tagged with its environment and the run that declares them; each run's cap, deadline policy,
 crash hold and requeue are its own, and one run's failure does not stop the others' checks.
 The scheduled check (EventBridge schedule) covers a shortfall with on-demand after the
@@ -149,10 +150,27 @@ def run_settings(settings: dict[str, Any], run: str, declared: Any) -> dict[str,
     }  # fmt: skip
 
 
-def declared_runs(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
+DECLARATIONS_TTL_S = 30.0
+"""How long a warm handler reuses the runs' declarations: a pool reclaimed at once sends
+hundreds of warnings a minute, and reading SSM for each would exceed its throughput."""
+_declarations: dict[str, tuple[float, dict[str, dict[str, Any]]]] = {}
+"""Per RUNS_PARAMETER_PATH: when read (monotonic) and what."""
+
+
+def declared_runs(settings: dict[str, Any], *, fresh: bool = False) -> dict[str, dict[str, Any]]:
     """Every run of the environment, by name, as the settings of its check: each run's stack
-    declares it under RUNS_PARAMETER_PATH. A declaration that cannot be read is logged and
-    left out (the other runs are served)."""
+    declares it under RUNS_PARAMETER_PATH. Read again when `fresh` or older than
+    DECLARATIONS_TTL_S. A declaration that cannot be read is logged and left out (the other
+    runs are served)."""
+    path = settings["runs_path"]
+    read_at, runs = _declarations.get(path, (-DECLARATIONS_TTL_S, {}))
+    if fresh or time.monotonic() - read_at >= DECLARATIONS_TTL_S:
+        runs = _read_declarations(settings)
+        _declarations[path] = (time.monotonic(), runs)
+    return runs
+
+
+def _read_declarations(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
     runs = {}
     pages = (
         boto3.client("ssm")
@@ -497,6 +515,8 @@ def _on_instance_event(settings: dict[str, Any], fields: dict[str, str]) -> dict
     ec2 = boto3.client("ec2")
     instance = describe_instance(ec2, fields["instance_id"])
     runs = declared_runs(settings)
+    if "run" in instance and instance["run"] not in runs:  # a run declared since the last read?
+        runs = declared_runs(settings, fresh=True)
     if "run" in instance and instance["run"] not in runs:
         # The rules see every spot warning of the account and region: a machine tagged with
         # no run of this environment is not this handler's to mark, tag, requeue or
@@ -577,7 +597,7 @@ def _on_capacity_check(settings: dict[str, Any]) -> dict[str, Any]:
     """Every run of the environment, each on its own: one run's failure is reported in its
     result (and logged) and the others are checked."""
     results: dict[str, Any] = {}
-    for run, run_settings_ in sorted(declared_runs(settings).items()):
+    for run, run_settings_ in sorted(declared_runs(settings, fresh=True).items()):
         try:
             results[run] = _check_run(run_settings_)
         except Exception as error:  # the other runs' checks go on; the next check retries
@@ -776,6 +796,8 @@ def _on_catalog_changes(settings: dict[str, Any], records: list[Any]) -> dict[st
     finished = {}
     if final:
         runs = declared_runs(settings)
+        if set(final) - set(runs):  # a run declared since the last read?
+            runs = declared_runs(settings, fresh=True)
         table = boto3.resource("dynamodb").Table(settings["events_table"])
         for run, step in sorted(final.items()):
             if run in runs:  # a run of the environment: its groups go to 0

@@ -58,7 +58,8 @@ def _exit(fleet: _Fleet, args: argparse.Namespace) -> int:
         raise SpotrainError("`spotrain fleet exit` needs --instance ID and --code N")
     if args.spot_notice:
         _mark_reclaimed(fleet.table, args)
-    verdict = fleet_state.record_exit(fleet.table, args.run, args.instance, args.code)
+    verdict = fleet_state.record_exit(fleet.table, args.run, args.instance, args.code,
+                                      asked_to_stop=args.asked_to_stop)  # fmt: skip
     held = ", and is held: too many" if verdict.failed else ""
     say(f"trainer exit {args.code} on {args.instance}: {verdict.kind}; run {args.run} has "
         f"{verdict.crashes} crash(es){held}")  # fmt: skip
@@ -205,6 +206,17 @@ def _coordinator(fleet: _Fleet, args: argparse.Namespace) -> int:
     other machine). Prints the rendezvous endpoint, HOST:PORT, alone on its line."""
     from spotrain.core import fleet_state
 
+    if args.release:
+        if not args.instance:
+            raise SpotrainError("`spotrain fleet coordinator --release` needs --instance "
+                                "(this machine's)")  # fmt: skip
+        released = fleet_state.release_coordinator(fleet.table, args.run,
+                                                   instance_id=args.instance)  # fmt: skip
+        say(
+            f"run {args.run}: {args.instance} "
+            + ("no longer coordinates it" if released else "did not coordinate it")
+        )
+        return 0
     if args.claim:
         if not (args.instance and args.address and args.port):
             raise SpotrainError("`spotrain fleet coordinator --claim` needs --instance, "
@@ -303,8 +315,8 @@ def add_parsers(commands: Any) -> None:
         "a crash); may-start: exit 3 if the run is held after crashes; reset-crashes: release "
         "a held run (operator credentials: machines cannot); release: raise the run's spend cap "
         "(--max-spend-usd N; operator credentials); coordinator: claim the run's "
-        "rendezvous (--claim) or print where it is (HOST:PORT); unhealthy: have the group "
-        "replace --instance (a machine that cannot train)",
+        "rendezvous (--claim), give it up (--release) or print where it is (HOST:PORT); "
+        "unhealthy: have the group replace --instance (a machine that cannot train)",
     )
     fleet.add_argument("--group", action="append", default=[], help="Auto Scaling group name")
     fleet.add_argument("--desired", type=whole(0), help="desired capacity for `scale`")
@@ -319,12 +331,18 @@ def add_parsers(commands: Any) -> None:
     fleet.add_argument("--spot-notice", metavar="JSON",
                        help="exit: the machine's own interruption notice (the metadata "
                        "service's spot/instance-action): the exit is a preemption")  # fmt: skip
+    fleet.add_argument("--asked-to-stop", action="store_true",
+                       help="exit: the machine was sent SIGTERM (it is being stopped): "
+                       "not a crash, whatever the trainer's status")  # fmt: skip
     fleet.add_argument("--max-spend-usd", type=float,
                        help="release: the run's new spend cap in USD")  # fmt: skip
     fleet.add_argument("--pool", metavar="TYPE#ZONE",
                        help="exit --spot-notice: the machine's capacity pool")  # fmt: skip
     fleet.add_argument("--claim", action="store_true",
                        help="coordinator: take or renew the role for this machine")  # fmt: skip
+    fleet.add_argument("--release", action="store_true",
+                       help="coordinator: give up the role this machine holds (it is "
+                       "leaving): the next on-demand machine takes it at once")  # fmt: skip
     fleet.add_argument("--address", help="coordinator --claim: this machine's private address")
     fleet.add_argument("--port", type=whole(1, 65535), help="coordinator --claim: its port")
     fleet.add_argument("--wait", type=whole(0), default=0,

@@ -26,7 +26,7 @@ def _deployment(  # type: ignore[no-untyped-def]
     else:
         endpoint = deploy.resolve_local_endpoint()
     started = time.monotonic()
-    deploy.synth(outdir, local_endpoint=endpoint)
+    deploy.synth(outdir, local_endpoint=endpoint, only=config.name)
     say(f"synthesized {outdir}/ in {time.monotonic() - started:.1f}s")
     return deploy.Deployment(config=config, outdir=outdir, log=say, verbose=verbose)
 

@@ -33,8 +33,12 @@ class _Where:
     events: Any
     catalog: Any
     autoscaling: Any
+    ssm: Any
+    bucket: str
+    """The checkpoint bucket in the primary region."""
     events_table: str
     environment: str
+    region: str
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,22 @@ class RunStatus:
     cap_usd: float | None
     crashes: int
     last_interruption: str | None
+    steps: int | None = None
+    """The run's training steps, from its newest stored configuration."""
+    loss: float | None = None
+    """The training loss at the head's step."""
+    head_at: str | None = None
+    """When the head was published."""
+    head_manifest: str | None = None
+    """The head's manifest, in the checkpoint bucket."""
+    steps_per_hour: float | None = None
+    """Between checkpoints of one trainer start (None until there are two)."""
+    eta: str | None = None
+    """When it finishes at that pace (ISO 8601, UTC), while it trains."""
+    finish_by: str | None = None
+    """Its declared deadline."""
+    leaving: int = 0
+    """Machines still stopping (their emergency checkpoint), not in service any more."""
 
 
 def _where(env_name: str) -> _Where:
@@ -61,6 +81,7 @@ def _where(env_name: str) -> _Where:
 
     from spotrain.core.catalog_schema import CHECKPOINTS_TABLE_SUFFIX, EVENTS_TABLE_SUFFIX
     from spotrain.stacks.base import resource_name
+    from spotrain.stacks.storage import checkpoint_bucket_name
 
     config = environment(env_name)
     region = config.primary_region
@@ -70,8 +91,11 @@ def _where(env_name: str) -> _Where:
         events=dynamodb.Table(events_table),
         catalog=dynamodb.Table(resource_name(config, CHECKPOINTS_TABLE_SUFFIX)),
         autoscaling=boto3.client("autoscaling", region_name=region),
+        ssm=boto3.client("ssm", region_name=region),
+        bucket=checkpoint_bucket_name(config, region),
         events_table=events_table,
         environment=config.name,
+        region=region,
     )
 
 
@@ -96,8 +120,52 @@ def _in_service(group: dict[str, Any]) -> int:
     return sum(i.get("LifecycleState") == "InService" for i in group.get("Instances", []))
 
 
+def _leaving(group: dict[str, Any]) -> int:
+    return sum(str(i.get("LifecycleState", "")).startswith("Terminating")
+               for i in group.get("Instances", []))  # fmt: skip
+
+
+def _total_steps(where: _Where, run: str) -> int | None:
+    """The steps of the run's newest stored configuration (None if none is readable)."""
+    from spotrain.trainer import run_config
+    from spotrain.trainer.storage import open_storage
+
+    try:
+        stored = run_config.newest(open_storage(f"s3://{where.bucket}"), run)
+        return int(stored.document["steps"])
+    except (SpotrainError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _finish_by(where: _Where, run: str) -> str | None:
+    """The run's deadline, as its stack declared it to the handler."""
+    import json
+
+    from botocore.exceptions import ClientError
+
+    from spotrain.core.handler_settings import run_parameter_name
+
+    try:
+        found = where.ssm.get_parameter(Name=run_parameter_name(where.environment, run),
+                                        WithDecryption=True)  # fmt: skip
+        deadline = json.loads(found["Parameter"]["Value"]).get("run_deadline") or {}
+    except (ClientError, ValueError):
+        return None
+    return deadline.get("finish_by")
+
+
+def _eta(step: int, steps: int | None, per_hour: float | None) -> str | None:
+    import datetime
+
+    if steps is None or not per_hour or step >= steps:
+        return None
+    then = time.time() + (steps - step) / per_hour * 3600
+    return datetime.datetime.fromtimestamp(then, datetime.UTC).isoformat(timespec="minutes")
+
+
 def status_of(where: _Where, run: str, groups: list[dict[str, Any]]) -> RunStatus:
     from spotrain.core import fleet_state, run_lifecycle, spend_ledger
+    from spotrain.core.deadline_policy import read_pace
 
     lifecycle = run_lifecycle.read(where.events, run)
     state = fleet_state.run_state(where.events, run)
@@ -117,6 +185,8 @@ def status_of(where: _Where, run: str, groups: list[dict[str, Any]]) -> RunStatu
         else "no training configuration stored (`spotrain config put`)" if phase == "waiting"
         else ""
     )  # fmt: skip
+    steps = _total_steps(where, run)
+    per_hour = read_pace(where.catalog, run).steps_per_hour if head is not None else None
     return RunStatus(
         run=run, phase=phase, why=why, step=step, final=final, machines=machines,
         sizes={g["AutoScalingGroupName"]: f"{g['MinSize']}..{g['DesiredCapacity']}.."
@@ -125,15 +195,23 @@ def status_of(where: _Where, run: str, groups: list[dict[str, Any]]) -> RunStatu
         cap_usd=ledger.cap_usd, crashes=state.crashes,
         last_interruption=(f"{marks[-1]['sk'].split('#', 1)[1]} {marks[-1].get('status')} at "
                            f"{marks[-1].get('updated_at')}" if marks else None),
+        steps=steps, loss=head.loss if head else None, head_at=head.created_at if head else None,
+        head_manifest=f"s3://{where.bucket}/{head.manifest}" if head else None,
+        steps_per_hour=round(per_hour, 1) if per_hour else None,
+        eta=_eta(step or 0, steps, per_hour) if phase == run_lifecycle.TRAINING else None,
+        finish_by=_finish_by(where, run), leaving=sum(_leaving(g) for g in groups),
     )  # fmt: skip
 
 
 def _line(status: RunStatus) -> str:
     machines = sum(status.machines.values())
-    step = "-" if status.step is None else f"{status.step}{' (final)' if status.final else ''}"
+    step = "-" if status.step is None else str(status.step)
+    step += f"/{status.steps}" if status.steps is not None else ""
+    step += " (final)" if status.final else ""
+    loss = f"loss {status.loss:.4f}" if status.loss is not None else "loss -"
     cap = f" of ${status.cap_usd:,.2f}" if status.cap_usd is not None else ""
-    return (f"{status.run:<24} {status.phase:<10} step {step:<14} machines {machines:<3} "
-            f"${status.spend_usd:,.2f}{cap}")  # fmt: skip
+    return (f"{status.run:<24} {status.phase:<10} step {step:<16} {loss:<12} machines "
+            f"{machines:<3} ${status.spend_usd:,.2f}{cap}")  # fmt: skip
 
 
 def _list(where: _Where, args: argparse.Namespace) -> int:
@@ -166,11 +244,31 @@ def _status(where: _Where, args: argparse.Namespace) -> int:
     say(_line(status) + (f": {status.why}" if status.why else ""))
     for name, count in status.machines.items():
         say(f"  {name:<44} {count} in service (min..desired..max {status.sizes[name]})")
+    if status.leaving:
+        say(f"  {status.leaving} machine(s) leaving: publishing their emergency checkpoint")
     say(
         f"  spend ${status.spend_usd:,.2f} (on-demand equivalent ${status.on_demand_usd:,.2f}); "
         f"{status.crashes} crash(es); last interruption: {status.last_interruption or 'none'}"
     )
+    if status.step is not None:
+        loss = f", loss {status.loss:.4f}" if status.loss is not None else ""
+        say(f"  head: step {status.step}{loss}, published {status.head_at}: "
+            f"{status.head_manifest}")  # fmt: skip
+    pace = (f"{status.steps_per_hour:,.0f} steps/h" if status.steps_per_hour
+            else "pace unknown until two checkpoints of one start")  # fmt: skip
+    eta = f"; ETA {status.eta}" if status.eta else ""
+    late = status.eta is not None and status.finish_by is not None and (
+        _instant(status.eta) > _instant(status.finish_by))  # fmt: skip
+    deadline = (f"; deadline {status.finish_by}{' (late at this pace)' if late else ''}"
+                if status.finish_by else "")  # fmt: skip
+    say(f"  {pace}{eta}{deadline}")
     return 0
+
+
+def _instant(text: str) -> float:
+    import datetime
+
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
 def _cancel(where: _Where, args: argparse.Namespace) -> int:
@@ -202,7 +300,8 @@ def _cancel(where: _Where, args: argparse.Namespace) -> int:
 def _resume(where: _Where, args: argparse.Namespace) -> int:
     from spotrain.core import fleet_state, run_lifecycle, spend_ledger
 
-    groups = {g["AutoScalingGroupName"] for g in _groups_of(where, args)}
+    described = _groups_of(where, args)
+    groups = {g["AutoScalingGroupName"] for g in described}
     lifecycle = run_lifecycle.read(where.events, args.run)
     if lifecycle.finished_step is not None:
         raise SpotrainError(
@@ -212,6 +311,14 @@ def _resume(where: _Where, args: argparse.Namespace) -> int:
     if lifecycle.cancelled_at is None:
         say(f"run {args.run} is not cancelled: nothing to resume")
         return 0
+    leaving = [i["InstanceId"] for g in described for i in g.get("Instances", [])]
+    if leaving:
+        # Their emergency checkpoint is the head a resumed run starts from: a machine started
+        # before it is published would take the run's lease and refuse it.
+        raise SpotrainError(f"run {args.run} is cancelled but {len(leaving)} machine(s) of it "
+                            f"are still leaving ({', '.join(sorted(leaving))}), publishing "
+                            "their emergency checkpoint: resume it once they are gone (about "
+                            "two minutes; `spotrain run status` counts them)")  # fmt: skip
     run_lifecycle.clear_cancelled(where.events, args.run)
     state = fleet_state.run_state(where.events, args.run)
     if state.failed or spend_ledger.read(where.events, args.run).held:
@@ -280,7 +387,7 @@ def _run_deployment(env_name: str, run: str, out: str) -> Any:
     endpoint = deploy.resolve_local_endpoint()
     if config.is_local:
         config = deploy.local_environment_ready(endpoint)
-    deploy.synth(Path(out), local_endpoint=endpoint)
+    deploy.synth(Path(out), local_endpoint=endpoint, only=config.name)
     return deploy.Deployment(config=config, outdir=Path(out), log=say,
                              only=config.stack_name(run_stack_part(run)))  # fmt: skip
 
@@ -299,7 +406,7 @@ def _submit(where: _Where, args: argparse.Namespace) -> int:
         where.events.load()
     results = _run_deployment(args.environment, run.name, args.out).apply()
     outputs = {k: v for r in results for k, v in r.outputs.items()}
-    store = f"s3://{_checkpoint_bucket(args.environment)}"
+    store = f"s3://{where.bucket}"
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / f"{run.name}.json"
         # The machine's own fields are filled in by each machine's boot script.
@@ -332,13 +439,6 @@ def _retire(where: _Where, args: argparse.Namespace) -> int:
     return 0
 
 
-def _checkpoint_bucket(env_name: str) -> str:
-    from spotrain.stacks.storage import checkpoint_bucket_name
-
-    config = environment(env_name)
-    return checkpoint_bucket_name(config, config.primary_region)
-
-
 def _primary_key(env_name: str) -> str:
     """The ARN of the environment's data key in its primary region: the checkpoint bucket
     takes writes that name its own key, by ARN."""
@@ -352,9 +452,23 @@ def _primary_key(env_name: str) -> str:
     return str(kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"])
 
 
+def _logs(where: _Where, args: argparse.Namespace) -> int:
+    from spotrain.cli import run_logs
+    from spotrain.core.run_lifecycle import CANCELLED, FAILED, FINISHED, HELD
+
+    def stopped() -> bool:
+        groups = run_groups(where, args.run).get(args.run, [])
+        status = status_of(where, args.run, groups)
+        return status.phase in (CANCELLED, FAILED, FINISHED, HELD) and not any(
+            status.machines.values()
+        )
+
+    return run_logs.show(where, args, stopped)
+
+
 ACTIONS: dict[str, Callable[[_Where, argparse.Namespace], int]] = {
-    "submit": _submit, "list": _list, "status": _status, "cancel": _cancel, "resume": _resume,
-    "retire": _retire,
+    "submit": _submit, "list": _list, "status": _status, "logs": _logs, "cancel": _cancel,
+    "resume": _resume, "retire": _retire,
 }  # fmt: skip
 
 
@@ -372,18 +486,26 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def add_parsers(commands: Any) -> None:
     run = commands.add_parser(
-        "run", help="an environment's runs: submit, list, status, cancel, resume, retire"
+        "run", help="an environment's runs: submit, list, status, logs, cancel, resume, retire"
     )
     run.add_argument("action", choices=list(ACTIONS),
                      help="submit: deploy a run the repository declares and store its training "
-                     "configuration; list: every run with its phase; status: one run's step, "
-                     "machines, spend and last interruption; cancel: its machines checkpoint "
+                     "configuration; list: every run with its phase; status: one run's step "
+                     "of its steps, loss, machines, spend, pace, ETA and deadline, head "
+                     "checkpoint and last interruption; cancel: its machines checkpoint "
                      "and go, its groups stay at 0; resume: a cancelled run continues from its "
-                     "head; retire: destroy a stopped run's stack, keeping its "
-                     "checkpoints")  # fmt: skip
+                     "head; logs: what its machines printed, gone ones included; retire: "
+                     "destroy a stopped run's stack, keeping its checkpoints")  # fmt: skip
     run.add_argument("environment", help="the environment (stacks/environments.py)")
     run.add_argument("run", nargs="?", help="the run (every action but list); submit: the run "
                      "or its file, runs/ENV/RUN.toml")  # fmt: skip
     run.add_argument("--json", action="store_true", help="list, status: JSON for scripts")
     run.add_argument("--out", default="cdktf.out", help="submit, retire: synthesis folder")
+    run.add_argument("--machine", metavar="INSTANCE_ID",
+                     help="logs: this machine's lines alone (its instance id)")  # fmt: skip
+    run.add_argument(
+        "--follow",
+        action="store_true",
+        help="logs: keep printing new lines until the run stops (or Ctrl-C)",
+    )
     run.set_defaults(handler=cmd_run)

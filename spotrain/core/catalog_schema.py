@@ -87,6 +87,10 @@ HEAD_SORT_KEY = "HEAD"
 LEASE_SORT_KEY = "LEASE"
 """The run's writer lease: generation numbers fence off stale writers."""
 
+LOSS_KEY = "loss"
+"""On a checkpoint's record: the training loss of its step, as the loop gave it to the
+`Checkpointer` (absent if it gave none); `spotrain run status` shows the head's."""
+
 FINAL_KEY = "final"
 """On a checkpoint's record: it is the run's last step (the trainer finished the run); the
 interruption handler then takes the run's machines away."""

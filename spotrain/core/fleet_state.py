@@ -237,12 +237,14 @@ def record_exit(
     exit_code: int,
     *,
     max_crashes: int = DEFAULT_MAX_CRASHES,
+    asked_to_stop: bool = False,
 ) -> ExitVerdict:
-    """Account for a trainer exit. A clean exit, any exit of a machine being interrupted, and
-    any exit of a machine of a run that was stopped (cancelled or finished: its groups went to
-    0 and the machine was told to leave) is not a failure; other exits count as crashes, and
-    `max_crashes` of them since the run's last release hold it (the handler and the boot
-    script hold at DEFAULT_MAX_CRASHES)."""
+    """Account for a trainer exit. A clean exit, any exit of a machine being interrupted, any
+    exit of a machine of a run that was stopped (cancelled or finished: its groups went to 0
+    and the machine was told to leave), and any exit of a machine `asked_to_stop` (SIGTERM:
+    its instance is being stopped, whoever asked) is not a failure; other exits count as
+    crashes, and `max_crashes` of them since the run's last release hold it (the handler and
+    the boot script hold at DEFAULT_MAX_CRASHES)."""
     from spotrain.core import run_lifecycle
 
     kind = None
@@ -250,7 +252,7 @@ def record_exit(
         kind = "finished"
     elif instance_status(table, run, instance_id) == INSTANCE_STATUS_INTERRUPTING:
         kind = "preempted"
-    elif run_lifecycle.read(table, run).stopped:
+    elif asked_to_stop or run_lifecycle.read(table, run).stopped:
         kind = "stopped"
     if kind is not None:
         state = run_state(table, run, max_crashes=max_crashes)
@@ -266,6 +268,32 @@ def record_exit(
     )  # fmt: skip
     state = run_state(table, run, max_crashes=max_crashes)
     return ExitVerdict("crash", state.crashes, state.failed)
+
+
+def release_coordinator(table: Any, run: str, *, instance_id: str) -> bool:
+    """The coordinator leaves (its run finished, was cancelled, or its machine is stopping):
+    its claim goes stale at once, so the next on-demand machine of the run takes the role
+    without waiting COORDINATOR_STALE_S. False if another machine holds it (nothing changed).
+    An update, not a delete: the machines' role may update their run's items only."""
+    return _updated_if(
+        table, Key=_coordinator_key(run), UpdateExpression="SET #h = :gone",
+        ConditionExpression="#i = :me",
+        ExpressionAttributeNames={"#i": "instance_id", "#h": "heartbeat_at"},
+        ExpressionAttributeValues={":me": instance_id, ":gone": Decimal(0)},
+    )  # fmt: skip
+
+
+def _updated_if(table: Any, **update: Any) -> bool:
+    """The conditional `update` done: False if its condition did not hold (nothing changed)."""
+    from botocore.exceptions import ClientError
+
+    try:
+        table.update_item(**update)
+    except ClientError as error:
+        if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
+            return False
+        raise
+    return True
 
 
 def count_foreign_event(table: Any) -> int:
@@ -327,25 +355,17 @@ def claim_coordinator(
     """Take (or renew) the coordinator's role: granted if nobody holds it, this machine does,
     or the holder stopped renewing it (its machine is gone). False if another machine holds
     it."""
-    from botocore.exceptions import ClientError
-
     now = time.time() if now is None else now
-    try:
-        # An update, not a put: the machines' role may read and update their run's items only.
-        table.update_item(
-            Key=_coordinator_key(run),
-            UpdateExpression="SET #i = :me, #a = :address, #p = :port, #h = :now",
-            ConditionExpression="attribute_not_exists(#i) OR #i = :me OR #h < :stale",
-            ExpressionAttributeNames={"#i": "instance_id", "#a": "address", "#p": "port",
-                                      "#h": "heartbeat_at"},
-            ExpressionAttributeValues={
-                ":me": instance_id, ":address": address, ":port": port,
-                ":now": Decimal(str(round(now, 3))),
-                ":stale": Decimal(str(round(now - COORDINATOR_STALE_S, 3))),
-            },
-        )  # fmt: skip
-    except ClientError as error:
-        if error.response["Error"]["Code"] == "ConditionalCheckFailedException":
-            return False
-        raise
-    return True
+    # An update, not a put: the machines' role may read and update their run's items only.
+    return _updated_if(
+        table, Key=_coordinator_key(run),
+        UpdateExpression="SET #i = :me, #a = :address, #p = :port, #h = :now",
+        ConditionExpression="attribute_not_exists(#i) OR #i = :me OR #h < :stale",
+        ExpressionAttributeNames={"#i": "instance_id", "#a": "address", "#p": "port",
+                                  "#h": "heartbeat_at"},
+        ExpressionAttributeValues={
+            ":me": instance_id, ":address": address, ":port": port,
+            ":now": Decimal(str(round(now, 3))),
+            ":stale": Decimal(str(round(now - COORDINATOR_STALE_S, 3))),
+        },
+    )  # fmt: skip

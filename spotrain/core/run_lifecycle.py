@@ -21,6 +21,7 @@ from typing import Any
 from spotrain.core.catalog_schema import (
     FINAL_KEY,
     HEAD_SORT_KEY,
+    LOSS_KEY,
     PARTITION_KEY,
     RUN_STATE_SORT_KEY,
     SORT_KEY,
@@ -72,6 +73,12 @@ class PublishedHead:
     step: int
     final: bool
     """Its catalog record is marked final: the run published its last step."""
+    loss: float | None = None
+    """The training loss of its step, if the loop gave it."""
+    created_at: str = ""
+    """When it was written (ISO 8601, UTC)."""
+    manifest: str = ""
+    """Its manifest's key in the checkpoint bucket."""
 
 
 def published_head(catalog: Any, run: str) -> PublishedHead | None:
@@ -83,7 +90,12 @@ def published_head(catalog: Any, run: str) -> PublishedHead | None:
         return None
     record = catalog.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: head["latest"]},
                               ConsistentRead=True).get("Item") or {}  # fmt: skip
-    return PublishedHead(int(head["step"]), bool(record.get(FINAL_KEY)))
+    loss = record.get(LOSS_KEY)
+    return PublishedHead(
+        int(head["step"]), bool(record.get(FINAL_KEY)),
+        loss=float(loss) if loss is not None else None,
+        created_at=str(record.get("created_at", "")), manifest=str(record.get("manifest", "")),
+    )  # fmt: skip
 
 
 def _key(run: str) -> dict[str, str]:

@@ -13,16 +13,30 @@ from __future__ import annotations
 import base64
 import contextlib
 import os
+import re
 import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from spotrain.localcloud.imds import LocalMetadataService
 
-BOOTSTRAP = Path(__file__).resolve().parents[2] / "images" / "bootstrap.sh"
+IMAGES = Path(__file__).resolve().parents[2] / "images"
+BOOTSTRAP = IMAGES / "bootstrap.sh"
+
+
+def _service_stop_timeout_s() -> float:
+    """How long the image's service manager waits between SIGTERM and SIGKILL when the
+    machine stops (the trainer unit's TimeoutStopSec)."""
+    unit = (IMAGES / "spotrain-trainer.service").read_text()
+    [value] = re.findall(r"^TimeoutStopSec=(\d+)\s*$", unit, re.M)
+    return float(value)
+
+
+SERVICE_STOP_TIMEOUT_S = _service_stop_timeout_s()
 
 
 def deployed_user_data(ec2: Any, launch_template: str) -> str:
@@ -123,11 +137,30 @@ class LocalMachine:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
+    def shut_down(self, timeout_s: float = SERVICE_STOP_TIMEOUT_S) -> int | None:
+        """The instance is terminated (its group scaled in, a run cancelled): its OS stops the
+        trainer service as systemd does, SIGTERM to every process of it at once and SIGKILL to
+        what is left after `timeout_s`. The boot script's exit status (None if it was never
+        started)."""
+        if self.process is None:
+            return None
+        if self.running():
+            tree = _process_tree(self.process.pid)
+            _signal_all(tree, signal.SIGTERM)
+            deadline = time.monotonic() + timeout_s
+            while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
+                self.process.poll()  # reaps the boot script, our own child
+                time.sleep(0.2)
+            _signal_all([pid for pid in tree if _alive(pid)], signal.SIGKILL)
+        code = self.process.wait(timeout=60)
+        self.stop()
+        return code
+
     def stop(self) -> None:
-        """Gone, as a reclaimed or terminated instance is: every process it started."""
+        """Gone at once, as a machine that loses power is: every process it started."""
         if self.running():
             assert self.process is not None
-            _kill_tree(self.process.pid)
+            _signal_all(_process_tree(self.process.pid), signal.SIGKILL)
             self.process.wait(timeout=60)
         if self._reader is not None:
             self._reader.join(timeout=10)
@@ -135,9 +168,9 @@ class LocalMachine:
             self.imds.stop()
 
 
-def _kill_tree(root: int) -> None:
-    """SIGKILL a process and every descendant (torchrun starts its ranks in sessions of their
-    own, so a process-group kill would miss them)."""
+def _process_tree(root: int) -> list[int]:
+    """A process and every descendant, parents first (torchrun starts its ranks in sessions of
+    their own, so a process-group signal would miss them; a service's cgroup does not)."""
     children: dict[int, list[int]] = {}
     for status in Path("/proc").glob("[0-9]*/stat"):
         try:
@@ -145,11 +178,24 @@ def _kill_tree(root: int) -> None:
         except (OSError, IndexError, ValueError):
             continue  # exited meanwhile
         children.setdefault(parent, []).append(int(status.parent.name))
-    doomed, pending = [], [root]
+    tree, pending = [], [root]
     while pending:
         pid = pending.pop()
-        doomed.append(pid)
+        tree.append(pid)
         pending += children.get(pid, [])
-    for pid in doomed:  # parents first: none of them can react by starting another
+    return tree
+
+
+def _signal_all(pids: list[int], signum: int) -> None:
+    for pid in pids:  # parents first: none of them can react by starting another
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signum)
+
+
+def _alive(pid: int) -> bool:
+    """Running, not a zombie waiting for its parent to reap it."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"

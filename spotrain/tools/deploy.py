@@ -34,12 +34,19 @@ def environment(name: str, local_endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> Envi
     return known[name]
 
 
-def synth(outdir: Path = DEFAULT_OUTDIR, local_endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> Path:
-    """Synthesize every environment into `outdir` (replacing what was there)."""
+def synth(
+    outdir: Path = DEFAULT_OUTDIR,
+    local_endpoint: str = DEFAULT_LOCAL_ENDPOINT,
+    *,
+    only: str | None = None,
+) -> Path:
+    """Synthesize every environment (or the one named `only`, for a command that deploys it)
+    into `outdir` (replacing what was there)."""
     from spotrain.stacks.app import build_app
     from spotrain.stacks.runs import load_runs
 
-    configs = all_environments(local_endpoint=local_endpoint)
+    configs = [c for c in all_environments(local_endpoint=local_endpoint)
+               if only is None or c.name == only]  # fmt: skip
     for config in configs:  # every run file is checked before anything is written
         load_runs(config.name)
     if outdir.exists():

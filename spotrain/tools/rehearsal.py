@@ -161,7 +161,7 @@ class Rehearsal:
 
         config = deploy.local_environment_ready(endpoint)
         out = self.work / "cdktf.out"
-        deploy.synth(out, local_endpoint=endpoint)
+        deploy.synth(out, local_endpoint=endpoint, only=config.name)
         began = time.monotonic()
         deployment = deploy.Deployment(config=config, outdir=out, log=self._indented)
         results = deployment.apply()
