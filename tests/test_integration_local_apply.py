@@ -417,6 +417,13 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     assert 0 <= preemption["time_to_resume_s"] < 300 and preemption["cost_usd"] >= 0, found
     assert found["head_step"] == STEPS and 0 < found["goodput"] < 1, found
     assert found["checkpoints"] > 0 and found["mean_stall_s"] > 0, found
+    # On-call reads why the reclaimed machine left, after it is gone, as a user would.
+    capsys.readouterr()
+    assert cli.main(["run", "logs", "local", report.run, "--machine", reclaimed[0]]) == 0
+    said = capsys.readouterr().out
+    assert f"joins run {report.run}" in said, said[-3000:]
+    assert f"{reclaimed[0]} was reclaimed (terminate at " in said, said[-3000:]
+    assert f"on {reclaimed[0]}: preempted; run {report.run} has 0 crash(es)" in said, said
 
 
 def _subscribe_a_queue(local: Local, topic: str) -> str:
@@ -807,76 +814,8 @@ def test_the_catalog_stream_runs_the_deployed_handler_which_alarms_on_rewritten_
     assert (alarm["from_step"], alarm["to_step"]) == (7, 2)
 
 
-def test_a_second_run_is_submitted_started_cancelled_retired_and_submitted_again(
-    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
-) -> None:  # fmt: skip
-    """`spotrain run submit` on the environment's second run (its file in the repository):
-    its stack applies, its training configuration is stored (the dataset it names prepared
-    first), and the deployed handler's next check starts its group while the first run's is
-    left as it is; `run cancel` takes it to 0, `run retire` destroys its stack (its groups and
-    its declaration go; its stored configuration stays) and `run list` shows it declared only;
-    submitting it again puts the stack back and stores no second copy of the configuration."""
-    from spotrain import cli
-    from spotrain.tools.rehearsal import deliver_capacity_check
-
-    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(tmp_path)  # its synthesis folder and Terraform logs go here
-    outputs, autoscaling, ssm = local.outputs, local.client("autoscaling"), local.client("ssm")
-    store = f"s3://{outputs['checkpoint_bucket']}"
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("the second run reads its own prepared dataset\n" * 200)
-    key = local.client("kms").describe_key(KeyId=outputs["primary_key_alias"])["KeyMetadata"]["Arn"]
-    assert cli.main(["data", "prepare", str(corpus), "--store", store, "--name", "corpus-v1",
-                     "--kms-key-id", key]) == 0  # fmt: skip
-    assert cli.main(["run", "submit", "local", str(ROOT / "runs" / "local" / "second.toml")]) == 0
-    said = capsys.readouterr().out
-    assert "run second submitted to local: its fleet spotrain-local-second-fleet" in said, said
-    assert cli.main(["config", "history", "--store", store, "--run", "second"]) == 0
-    versions = capsys.readouterr().out.count(".json")
-    assert versions == 1
-
-    def sizes(group: str) -> tuple[int, int]:
-        [found] = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[group])[
-            "AutoScalingGroups"]  # fmt: skip
-        return int(found["MinSize"]), int(found["DesiredCapacity"])
-
-    demo_before = sizes("spotrain-local-demo-fleet")
-    second = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1",
-                                    "second")  # fmt: skip
-    assert second["decision"] == "start", second
-    assert sizes("spotrain-local-second-fleet") == (1, 1)  # runs/local/second.toml's sizes
-    assert sizes("spotrain-local-demo-fleet") == demo_before
-    assert cli.main(["run", "list", "local"]) == 0
-    assert re.search(r"^second\s+(starting|training)\s", capsys.readouterr().out, re.M)
-
-    assert cli.main(["run", "cancel", "local", "second"]) == 0
-    assert sizes("spotrain-local-second-fleet") == (0, 0)
-    assert cli.main(["run", "retire", "local", "second"]) == 0
-    assert (
-        autoscaling.describe_auto_scaling_groups(
-            AutoScalingGroupNames=["spotrain-local-second-fleet"]
-        )["AutoScalingGroups"]
-        == []
-    )
-    declared = ssm.get_parameters_by_path(Path="/spotrain/local/runs")["Parameters"]
-    assert [p["Name"] for p in declared] == ["/spotrain/local/runs/demo"]
-    capsys.readouterr()
-    assert cli.main(["run", "list", "local"]) == 0
-    listed = capsys.readouterr().out
-    assert re.search(r"^second\s+declared\s.*`spotrain run submit local second`", listed, re.M)
-
-    # Back as the repository declares it (the deployment's later tests expect it).
-    assert cli.main(["run", "submit", "local", "second"]) == 0
-    assert sizes("spotrain-local-second-fleet") == (0, 0)  # cancelled: it stays at 0
-    capsys.readouterr()
-    assert cli.main(["config", "history", "--store", store, "--run", "second"]) == 0
-    assert capsys.readouterr().out.count(".json") == versions  # the same one, not stored again
-
-
 TWO_RUNS_TRAINING = {
-    "steps": 400, "checkpoint_every": 20, "micro_batch": 4, "seed": 5, "log_every": 100,
+    "steps": 200, "checkpoint_every": 20, "micro_batch": 4, "seed": 5, "log_every": 100,
     "model": {"context": 32, "layers": 2, "heads": 2, "width": 64},
 }  # fmt: skip
 """Both runs of the story below train this: the same losses at every step, unless a cancel
@@ -931,15 +870,17 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    """A third run is declared beside the repository's two and submitted; `second` is resumed
-    with a configuration of the same training. Each trains on a machine booted from its own
-    deployed launch template, at the same time. `run cancel second`: its group goes to 0, its
-    machine is stopped as EC2 stops one (SIGTERM), publishes its emergency checkpoint and
-    leaves, accounted as stopped, its coordinator role given up; `run resume` boots a new
+    """A third run is declared beside the repository's two (listed as declared) and submitted
+    by its file: its stack applies and its configuration is stored; `second` gets a
+    configuration of the same training. One capacity check of the deployed handler starts both
+    and leaves the finished demo run's groups as they are. Each trains on a machine booted from
+    its own deployed launch template, at the same time. `run cancel second`: its groups go to
+    0, its machine is stopped as EC2 stops one (SIGTERM), publishes its emergency checkpoint
+    and leaves, accounted as stopped, its coordinator role given up; `run resume` boots a new
     machine that resumes from that checkpoint, and every step's loss equals the third run's,
     which nothing interrupted. `run logs` shows the stopped machine's last words; `run list`
-    and `status` each state; both runs finish and their groups go to 0; `run retire` removes
-    the third."""
+    and `status` each state; both runs finish and their groups go to 0; `run retire` destroys
+    the third's stack (its groups and declaration go) and it is listed as declared again."""
     import shutil as shell_tools
     import time
 
@@ -961,6 +902,16 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         found = run_lifecycle.published_head(catalog, run)
         return found.step if found else 0
 
+    def sizes(group: str) -> tuple[int, int]:
+        [found] = local.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[group])["AutoScalingGroups"]  # fmt: skip
+        return int(found["MinSize"]), int(found["DesiredCapacity"])
+
+    def listed() -> str:
+        capsys.readouterr()
+        assert cli.main(["run", "list", "local"]) == 0
+        return capsys.readouterr().out
+
     # Declared as a user declares a run: a file beside the environment's others.
     runs = tmp_path / "runs" / "local"
     shell_tools.copytree(ROOT / "runs" / "local", runs)
@@ -981,17 +932,23 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
     fleet = _PlayedFleet(local, tmp_path / "machines")
     try:
-        assert cli.main(["run", "submit", "local", "third"]) == 0
+        assert re.search(r"^third\s+declared\s.*`spotrain run submit local third`", listed(),
+                         re.M)  # fmt: skip
+        assert cli.main(["run", "submit", "local", str(runs / "third.toml")]) == 0
+        said = capsys.readouterr().out
+        assert "run third submitted to local: its fleet spotrain-local-third-fleet" in said, said
         second_config = tmp_path / "second.json"
         second_config.write_text(json.dumps({
             **training, "run": "second", "store": store, "work_dir": "/set/by/each/machine",
             "metrics_file": str(metrics["second"].metrics)}))  # fmt: skip
         assert cli.main(["config", "put", str(second_config), "--store", store]) == 0
-        assert cli.main(["run", "resume", "local", "second"]) == 0  # cancelled before
-        checked = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
-        assert checked["runs"]["third"]["decision"] == "start", checked
-
         groups = {run: f"spotrain-local-{run}-fleet" for run in ("second", "third")}
+        demo_before = sizes("spotrain-local-demo-fleet")
+        checked = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
+        assert {run: checked["runs"][run]["decision"] for run in groups} == {
+            "second": "start", "third": "start"}, checked  # fmt: skip
+        assert [sizes(group) for group in groups.values()] == [(1, 1), (1, 1)]  # as declared
+        assert sizes("spotrain-local-demo-fleet") == demo_before
         first = {run: fleet.boot(group) for run, group in groups.items()}
         # Both train at the same time, each from its own deployed template, into its own
         # checkpoints.
@@ -1003,9 +960,13 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
             time.sleep(0.2)
         assert all(m.running() for m in first.values())
         assert head("second") < TWO_RUNS_TRAINING["steps"] > head("third")
+        now_listed = listed()
+        for run in groups:
+            assert re.search(rf"^{run}\s+training\s", now_listed, re.M), now_listed
 
         capsys.readouterr()
         assert cli.main(["run", "cancel", "local", "second"]) == 0
+        assert sizes(groups["second"]) == (0, 0)
         codes = fleet.shut_down_the_terminated(groups["second"])
         cancelled = first["second"]
         assert list(codes) == [cancelled.instance_id], codes
@@ -1045,15 +1006,19 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         while any(run_lifecycle.read(table, run).finished_step is None for run in groups):
             assert time.monotonic() < deadline, "a finish did not reach the handler"
             time.sleep(0.5)
-        capsys.readouterr()
-        assert cli.main(["run", "list", "local"]) == 0
-        listed = capsys.readouterr().out
+        finished = listed()
         for run in groups:
             steps = TWO_RUNS_TRAINING["steps"]
             assert re.search(rf"^{run}\s+finished\s+step {steps}/{steps} \(final\)\s+loss "
-                             rf"{losses[run][steps]:.4f}\s+machines 0 ", listed,
-                             re.M), listed  # fmt: skip
+                             rf"{losses[run][steps]:.4f}\s+machines 0 ", finished,
+                             re.M), finished  # fmt: skip
         assert cli.main(["run", "retire", "local", "third"]) == 0
+        assert local.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[groups["third"]])["AutoScalingGroups"] == []  # fmt: skip
+        declared = local.client("ssm").get_parameters_by_path(Path="/spotrain/local/runs")
+        assert sorted(p["Name"] for p in declared["Parameters"]) == [
+            "/spotrain/local/runs/demo", "/spotrain/local/runs/second"]  # fmt: skip
+        assert re.search(r"^third\s+declared\s", listed(), re.M)
     finally:
         fleet.stop_all()
 

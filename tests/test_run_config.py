@@ -67,3 +67,23 @@ def test_config_put_keeps_every_version_and_get_returns_the_newest(
     assert len(capsys.readouterr().out.splitlines()) == 2
     assert cli.main(["config", "get", *store, "--run", "undefined", "--to", "x"]) == 2
     assert "store one with `spotrain config put CONFIG" in capsys.readouterr().err
+
+
+def test_submitting_the_same_configuration_again_stores_no_copy(tmp_path: Path) -> None:
+    """`run submit` stores the run's configuration unless its newest version is that one: a
+    second submit of an unchanged run adds nothing to its history; a changed one is stored."""
+    from spotrain.cli.data import store_configuration
+    from spotrain.trainer import run_config
+    from spotrain.trainer.storage import open_storage
+
+    store = f"file://{tmp_path / 'store'}"
+    storage = open_storage(store)
+    path = tmp_path / "train.json"
+    document = {"run": "submitted", "store": store, "data": "/d.bin", "steps": 5, "work_dir": "/w"}
+    path.write_text(json.dumps(document))
+    first = store_configuration(storage, path, [], store, unless_newest=True)
+    again = store_configuration(storage, path, [], store, unless_newest=True)
+    assert again.key == first.key and len(run_config.history(storage, "submitted")) == 1
+    path.write_text(json.dumps({**document, "steps": 6}))
+    changed = store_configuration(storage, path, [], store, unless_newest=True)
+    assert changed.key != first.key and len(run_config.history(storage, "submitted")) == 2

@@ -56,6 +56,10 @@ def synth(
     return outdir
 
 
+PLAN_WORKERS = 4
+"""Stacks planned at once."""
+
+
 @dataclass
 class StackResult:
     name: str
@@ -117,13 +121,21 @@ class Deployment:
         return results
 
     def plan_has_changes(self) -> dict[str, bool]:
-        """Per stack: does `terraform plan` want to change anything?"""
-        changes = {}
-        for name in self.stacks:
+        """Per stack: does `terraform plan` want to change anything? Plans change nothing, so
+        several run at once (each mostly waits on the cloud's API); inits first, one at a
+        time, as they share the provider cache."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        names = self.stacks
+        for name in names:
             self.init(name)
-            plan = ["plan", "-detailed-exitcode", "-input=false", "-no-color", "-lock=false"]
-            changes[name] = self._tf(name, plan, success_codes=(0, 2)).returncode == 2
-        return changes
+        plan = ["plan", "-detailed-exitcode", "-input=false", "-no-color", "-lock=false"]
+
+        def changed(name: str) -> bool:
+            return bool(self._tf(name, plan, success_codes=(0, 2)).returncode == 2)
+
+        with ThreadPoolExecutor(PLAN_WORKERS) as pool:
+            return dict(zip(names, pool.map(changed, names), strict=True))
 
     def destroy(self) -> None:
         for name in reversed(self.stacks):

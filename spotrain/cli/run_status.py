@@ -1,0 +1,238 @@
+"""What `spotrain run list|status` reads about a run: where its environment keeps it (tables,
+groups, bucket, declarations, in its primary region), and its status gathered from them: its
+phase, the head checkpoint and its loss, the step of its steps, machines, spend, pace, ETA
+against its deadline, crashes and last interruption."""
+
+from __future__ import annotations
+
+import argparse
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spotrain.cli.arguments import environment
+from spotrain.cli.output import json_text, say
+from spotrain.core.errors import SpotrainError
+
+
+@dataclass(frozen=True)
+class Where:
+    """The environment's tables and Auto Scaling, in its primary region."""
+
+    events: Any
+    catalog: Any
+    autoscaling: Any
+    ssm: Any
+    bucket: str
+    """The checkpoint bucket in the primary region."""
+    events_table: str
+    environment: str
+    region: str
+
+
+@dataclass(frozen=True)
+class RunStatus:
+    run: str
+    phase: str
+    why: str
+    step: int | None
+    """The published head's step (None: nothing published yet)."""
+    final: bool
+    machines: dict[str, int]
+    """In service, per group."""
+    sizes: dict[str, str]
+    """min..desired..max per group."""
+    spend_usd: float
+    on_demand_usd: float
+    cap_usd: float | None
+    crashes: int
+    last_interruption: str | None
+    steps: int | None = None
+    """The run's training steps, from its newest stored configuration."""
+    loss: float | None = None
+    """The training loss at the head's step."""
+    head_at: str | None = None
+    """When the head was published."""
+    head_manifest: str | None = None
+    """The head's manifest, in the checkpoint bucket."""
+    steps_per_hour: float | None = None
+    """Between checkpoints of one trainer start (None until there are two)."""
+    eta: str | None = None
+    """When it finishes at that pace (ISO 8601, UTC), while it trains."""
+    finish_by: str | None = None
+    """Its declared deadline."""
+    leaving: int = 0
+    """Machines still stopping (their emergency checkpoint), not in service any more."""
+
+
+def where_of(env_name: str) -> Where:
+    import boto3
+
+    from spotrain.core.catalog_schema import CHECKPOINTS_TABLE_SUFFIX, EVENTS_TABLE_SUFFIX
+    from spotrain.stacks.base import resource_name
+    from spotrain.stacks.storage import checkpoint_bucket_name
+
+    config = environment(env_name)
+    region = config.primary_region
+    events_table = resource_name(config, EVENTS_TABLE_SUFFIX)
+    dynamodb = boto3.resource("dynamodb", region_name=region)
+    return Where(
+        events=dynamodb.Table(events_table),
+        catalog=dynamodb.Table(resource_name(config, CHECKPOINTS_TABLE_SUFFIX)),
+        autoscaling=boto3.client("autoscaling", region_name=region),
+        ssm=boto3.client("ssm", region_name=region),
+        bucket=checkpoint_bucket_name(config, region),
+        events_table=events_table,
+        environment=config.name,
+        region=region,
+    )
+
+
+def run_groups(where: Where, run: str | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The environment's groups tagged with a run (`run`'s only, if given), by run."""
+    from spotrain.core.catalog_schema import ENVIRONMENT_TAG, RUN_TAG
+
+    wanted = {"Name": f"tag:{RUN_TAG}", "Values": [run]} if run else {
+        "Name": "tag-key", "Values": [RUN_TAG]}  # fmt: skip
+    of_the_environment = {"Name": f"tag:{ENVIRONMENT_TAG}", "Values": [where.environment]}
+    by_run: dict[str, list[dict[str, Any]]] = {}
+    for page in where.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
+        Filters=[of_the_environment, wanted]
+    ):
+        for group in page["AutoScalingGroups"]:
+            tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+            by_run.setdefault(tags[RUN_TAG], []).append(group)
+    return by_run
+
+
+def in_service(group: dict[str, Any]) -> int:
+    return sum(i.get("LifecycleState") == "InService" for i in group.get("Instances", []))
+
+
+def _leaving(group: dict[str, Any]) -> int:
+    return sum(str(i.get("LifecycleState", "")).startswith("Terminating")
+               for i in group.get("Instances", []))  # fmt: skip
+
+
+def _total_steps(where: Where, run: str) -> int | None:
+    """The steps of the run's newest stored configuration (None if none is readable)."""
+    from spotrain.trainer import run_config
+    from spotrain.trainer.storage import open_storage
+
+    try:
+        stored = run_config.newest(open_storage(f"s3://{where.bucket}"), run)
+        return int(stored.document["steps"])
+    except (SpotrainError, KeyError, TypeError, ValueError):
+        return None
+
+
+def _finish_by(where: Where, run: str) -> str | None:
+    """The run's deadline, as its stack declared it to the handler."""
+    import json
+
+    from botocore.exceptions import ClientError
+
+    from spotrain.core.handler_settings import run_parameter_name
+
+    try:
+        found = where.ssm.get_parameter(Name=run_parameter_name(where.environment, run),
+                                        WithDecryption=True)  # fmt: skip
+        deadline = json.loads(found["Parameter"]["Value"]).get("run_deadline") or {}
+    except (ClientError, ValueError):
+        return None
+    return deadline.get("finish_by")
+
+
+def _eta(step: int, steps: int | None, per_hour: float | None) -> str | None:
+    import datetime
+
+    if steps is None or not per_hour or step >= steps:
+        return None
+    then = time.time() + (steps - step) / per_hour * 3600
+    return datetime.datetime.fromtimestamp(then, datetime.UTC).isoformat(timespec="minutes")
+
+
+def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus:
+    from spotrain.core import fleet_state, run_lifecycle, spend_ledger
+    from spotrain.core.deadline_policy import read_pace
+
+    lifecycle = run_lifecycle.read(where.events, run)
+    state = fleet_state.run_state(where.events, run)
+    ledger = spend_ledger.read(where.events, run)
+    head = run_lifecycle.published_head(where.catalog, run)
+    step, final = (head.step, head.final) if head is not None else (None, False)
+    machines = {g["AutoScalingGroupName"]: in_service(g) for g in groups}
+    marks = sorted(fleet_state.instances(where.events, run),
+                   key=lambda item: str(item.get("updated_at", "")))  # fmt: skip
+    phase = run_lifecycle.phase(
+        lifecycle, failed=state.failed, over_cap=ledger.held,
+        in_service=sum(machines.values()), published=step is not None,
+    )  # fmt: skip
+    why = lifecycle.why_stopped or (
+        "held after repeated crashes (`spotrain fleet reset-crashes`)" if state.failed
+        else "held at its spend cap (`spotrain fleet release --max-spend-usd N`)" if ledger.held
+        else "no training configuration stored (`spotrain config put`)" if phase == "waiting"
+        else ""
+    )  # fmt: skip
+    steps = _total_steps(where, run)
+    per_hour = read_pace(where.catalog, run).steps_per_hour if head is not None else None
+    return RunStatus(
+        run=run, phase=phase, why=why, step=step, final=final, machines=machines,
+        sizes={g["AutoScalingGroupName"]: f"{g['MinSize']}..{g['DesiredCapacity']}.."
+               f"{g['MaxSize']}" for g in groups},
+        spend_usd=round(ledger.spend_usd, 2), on_demand_usd=round(ledger.on_demand_usd, 2),
+        cap_usd=ledger.cap_usd, crashes=state.crashes,
+        last_interruption=(f"{marks[-1]['sk'].split('#', 1)[1]} {marks[-1].get('status')} at "
+                           f"{marks[-1].get('updated_at')}" if marks else None),
+        steps=steps, loss=head.loss if head else None, head_at=head.created_at if head else None,
+        head_manifest=f"s3://{where.bucket}/{head.manifest}" if head else None,
+        steps_per_hour=round(per_hour, 1) if per_hour else None,
+        eta=_eta(step or 0, steps, per_hour) if phase == run_lifecycle.TRAINING else None,
+        finish_by=_finish_by(where, run), leaving=sum(_leaving(g) for g in groups),
+    )  # fmt: skip
+
+
+def line(status: RunStatus) -> str:
+    machines = sum(status.machines.values())
+    step = "-" if status.step is None else str(status.step)
+    step += f"/{status.steps}" if status.steps is not None else ""
+    step += " (final)" if status.final else ""
+    loss = f"loss {status.loss:.4f}" if status.loss is not None else "loss -"
+    cap = f" of ${status.cap_usd:,.2f}" if status.cap_usd is not None else ""
+    return (f"{status.run:<24} {status.phase:<10} step {step:<16} {loss:<12} machines "
+            f"{machines:<3} ${status.spend_usd:,.2f}{cap}")  # fmt: skip
+
+
+def show(status: RunStatus, args: argparse.Namespace) -> int:
+    """`run status`: one run's status, as text or JSON (`--json`)."""
+    if args.json:
+        say(json_text(asdict(status)))
+        return 0
+    say(line(status) + (f": {status.why}" if status.why else ""))
+    for name, count in status.machines.items():
+        say(f"  {name:<44} {count} in service (min..desired..max {status.sizes[name]})")
+    if status.leaving:
+        say(f"  {status.leaving} machine(s) leaving: publishing their emergency checkpoint")
+    say(
+        f"  spend ${status.spend_usd:,.2f} (on-demand equivalent ${status.on_demand_usd:,.2f}); "
+        f"{status.crashes} crash(es); last interruption: {status.last_interruption or 'none'}"
+    )
+    if status.step is not None:
+        loss = f", loss {status.loss:.4f}" if status.loss is not None else ""
+        say(f"  head: step {status.step}{loss}, published {status.head_at}: "
+            f"{status.head_manifest}")  # fmt: skip
+    pace = (f"{status.steps_per_hour:,.0f} steps/h" if status.steps_per_hour
+            else "pace unknown until two checkpoints of one start")  # fmt: skip
+    eta = f"; ETA {status.eta}" if status.eta else ""
+    late = status.eta is not None and status.finish_by is not None and (
+        _instant(status.eta) > _instant(status.finish_by))  # fmt: skip
+    deadline = (f"; deadline {status.finish_by}{' (late at this pace)' if late else ''}"
+                if status.finish_by else "")  # fmt: skip
+    say(f"  {pace}{eta}{deadline}")
+    return 0
+
+
+def _instant(text: str) -> float:
+    import datetime
+
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
