@@ -341,3 +341,36 @@ def test_run_logs_shows_every_machine_or_one_gone_ones_included(
     monkeypatch.setattr(run_logs, "STOPPED_CHECK_S", 0.0)
     assert cli.main(["run", "logs", "local", "demo", "--machine", "i-here", "--follow"]) == 0
     assert capsys.readouterr().out.splitlines() == ["i-here boots", "i-here step 10/20"]
+
+
+def test_resume_waits_for_the_machines_of_a_cancelled_run_to_leave(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A machine of the cancelled run is still in its group (publishing its emergency
+    checkpoint): a resumed run's new machines would start from an older head, so resume
+    refuses and names it; once it is gone, resume puts the sizes back."""
+    from spotrain.core import fleet_state, run_lifecycle
+
+    _local_demo_run(machines=1)
+    table = boto3.resource("dynamodb").Table("spotrain-local-events")
+    autoscaling = boto3.client("autoscaling")
+    fleet_state.set_held_sizes(table, "demo", {"demo-fleet": {"min_size": 1, "desired": 1}})
+    run_lifecycle.mark_cancelled(table, "demo", by="me", at=1.0)
+    [leaving] = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=["demo-fleet"])[
+        "AutoScalingGroups"][0]["Instances"]  # fmt: skip
+    assert cli.main(["run", "resume", "local", "demo"]) == 2
+    error = capsys.readouterr().err
+    assert f"still leaving ({leaving['InstanceId']})" in error and "Traceback" not in error
+    assert run_lifecycle.read(table, "demo").cancelled_at is not None  # still cancelled
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="demo-fleet", MinSize=0,
+                                          DesiredCapacity=0)  # fmt: skip
+    assert cli.main(["run", "resume", "local", "demo"]) == 0
+    assert "resumed: demo-fleet 1..1" in capsys.readouterr().out
+
+
+def test_log_options_outside_run_logs_are_refused(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", "status", "local", "demo", "--follow"]) == 2
+    error = capsys.readouterr().err
+    assert "--machine and --follow go with `spotrain run logs`" in error

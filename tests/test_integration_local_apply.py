@@ -839,14 +839,12 @@ class _PlayedFleet:
 
         members, template = in_service(self.autoscaling, group)
         [member] = [m for m in members if m["InstanceId"] not in self.machines]
-        machine = LocalMachine(
-            instance_id=member["InstanceId"],
-            instance_type=member.get("InstanceType") or "g6.xlarge",
-            zone=member.get("AvailabilityZone") or "us-east-1a", lifecycle="on-demand",
-            root=self.work / member["InstanceId"],
+        machine = LocalMachine.of_member(
+            member, lifecycle="on-demand", root=self.work,
             user_data=deployed_user_data(self.ec2, template),
             aws_env=control.aws_environment(self.local.cloud.endpoint, "us-east-1"),
-            rdzv_port=control.free_port(), settings={"SPOTRAIN_RDZV_LAST_CALL": "1"},
+            rdzv_port=control.free_port(), default_type="g6.xlarge",
+            settings={"SPOTRAIN_RDZV_LAST_CALL": "1"},
         )  # fmt: skip
         self.machines[member["InstanceId"]] = (group, machine)
         return machine.start()

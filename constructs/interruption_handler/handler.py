@@ -11,9 +11,10 @@ For a warning or recommendation it
 One handler serves every run of its environment: each run's stack declares the run (its
 groups, cap and deadline) in an SSM parameter under RUNS_PARAMETER_PATH (read by every
 capacity check, and reused by a warm handler for DECLARATIONS_TTL_S in between unless an event
-names a run it does not know), and an instance's run is its `spotrain:run` tag. The handler scales only groups
-tagged with its environment and the run that declares them; each run's cap, deadline policy,
-crash hold and requeue are its own, and one run's failure does not stop the others' checks.
+names a run it does not know), and an instance's run is its `spotrain:run` tag. The handler
+scales only groups tagged with its environment and the run that declares them; each run's
+cap, deadline policy, crash hold and requeue are its own, and one run's failure does not stop
+the others' checks.
 The scheduled check (EventBridge schedule) covers a shortfall with on-demand after the
 deadline and gives on-demand back when spot returns; for a run with a deadline it follows the
 deadline policy instead, on the run's progress read from the checkpoint catalog

@@ -12,6 +12,7 @@ from typing import Any
 
 from spotrain.cli.arguments import environment
 from spotrain.cli.output import json_text, say
+from spotrain.core.deadline_policy import instant
 from spotrain.core.errors import SpotrainError
 
 
@@ -25,7 +26,6 @@ class Where:
     ssm: Any
     bucket: str
     """The checkpoint bucket in the primary region."""
-    events_table: str
     environment: str
     region: str
 
@@ -74,15 +74,13 @@ def where_of(env_name: str) -> Where:
 
     config = environment(env_name)
     region = config.primary_region
-    events_table = resource_name(config, EVENTS_TABLE_SUFFIX)
     dynamodb = boto3.resource("dynamodb", region_name=region)
     return Where(
-        events=dynamodb.Table(events_table),
+        events=dynamodb.Table(resource_name(config, EVENTS_TABLE_SUFFIX)),
         catalog=dynamodb.Table(resource_name(config, CHECKPOINTS_TABLE_SUFFIX)),
         autoscaling=boto3.client("autoscaling", region_name=region),
         ssm=boto3.client("ssm", region_name=region),
         bucket=checkpoint_bucket_name(config, region),
-        events_table=events_table,
         environment=config.name,
         region=region,
     )
@@ -152,32 +150,61 @@ def _eta(step: int, steps: int | None, per_hour: float | None) -> str | None:
     return datetime.datetime.fromtimestamp(then, datetime.UTC).isoformat(timespec="minutes")
 
 
-def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus:
+@dataclass(frozen=True)
+class _Standing:
+    """What decides a run's phase (a few reads), before the details of its status."""
+
+    lifecycle: Any
+    state: Any
+    ledger: Any
+    head: Any
+    machines: dict[str, int]
+    phase: str
+
+
+def _standing(where: Where, run: str, groups: list[dict[str, Any]]) -> _Standing:
     from spotrain.core import fleet_state, run_lifecycle, spend_ledger
-    from spotrain.core.deadline_policy import read_pace
 
     lifecycle = run_lifecycle.read(where.events, run)
     state = fleet_state.run_state(where.events, run)
     ledger = spend_ledger.read(where.events, run)
     head = run_lifecycle.published_head(where.catalog, run)
-    step, final = (head.step, head.final) if head is not None else (None, False)
     machines = {g["AutoScalingGroupName"]: in_service(g) for g in groups}
-    marks = sorted(fleet_state.instances(where.events, run),
-                   key=lambda item: str(item.get("updated_at", "")))  # fmt: skip
     phase = run_lifecycle.phase(
         lifecycle, failed=state.failed, over_cap=ledger.held,
-        in_service=sum(machines.values()), published=step is not None,
+        in_service=sum(machines.values()), published=head is not None,
     )  # fmt: skip
-    why = lifecycle.why_stopped or (
+    return _Standing(lifecycle, state, ledger, head, machines, phase)
+
+
+def stopped(where: Where, run: str) -> bool:
+    """The run is finished, cancelled, held or failed, and none of its machines is in service."""
+    from spotrain.core.run_lifecycle import CANCELLED, FAILED, FINISHED, HELD
+
+    standing = _standing(where, run, run_groups(where, run).get(run, []))
+    return standing.phase in (CANCELLED, FAILED, FINISHED, HELD) and not any(
+        standing.machines.values())  # fmt: skip
+
+
+def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus:
+    from spotrain.core import fleet_state, run_lifecycle
+    from spotrain.core.deadline_policy import read_throughput
+
+    it = _standing(where, run, groups)
+    state, ledger, head, phase = it.state, it.ledger, it.head, it.phase
+    step, final = (head.step, head.final) if head is not None else (None, False)
+    marks = sorted(fleet_state.instances(where.events, run),
+                   key=lambda item: str(item.get("updated_at", "")))  # fmt: skip
+    why = it.lifecycle.why_stopped or (
         "held after repeated crashes (`spotrain fleet reset-crashes`)" if state.failed
         else "held at its spend cap (`spotrain fleet release --max-spend-usd N`)" if ledger.held
         else "no training configuration stored (`spotrain config put`)" if phase == "waiting"
         else ""
     )  # fmt: skip
     steps = _total_steps(where, run)
-    per_hour = read_pace(where.catalog, run).steps_per_hour if head is not None else None
+    per_hour = read_throughput(where.catalog, run) if head is not None else None
     return RunStatus(
-        run=run, phase=phase, why=why, step=step, final=final, machines=machines,
+        run=run, phase=phase, why=why, step=step, final=final, machines=it.machines,
         sizes={g["AutoScalingGroupName"]: f"{g['MinSize']}..{g['DesiredCapacity']}.."
                f"{g['MaxSize']}" for g in groups},
         spend_usd=round(ledger.spend_usd, 2), on_demand_usd=round(ledger.on_demand_usd, 2),
@@ -225,14 +252,8 @@ def show(status: RunStatus, args: argparse.Namespace) -> int:
             else "pace unknown until two checkpoints of one start")  # fmt: skip
     eta = f"; ETA {status.eta}" if status.eta else ""
     late = status.eta is not None and status.finish_by is not None and (
-        _instant(status.eta) > _instant(status.finish_by))  # fmt: skip
+        instant(status.eta) > instant(status.finish_by))  # fmt: skip
     deadline = (f"; deadline {status.finish_by}{' (late at this pace)' if late else ''}"
                 if status.finish_by else "")  # fmt: skip
     say(f"  {pace}{eta}{deadline}")
     return 0
-
-
-def _instant(text: str) -> float:
-    import datetime
-
-    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()

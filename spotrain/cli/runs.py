@@ -245,16 +245,8 @@ def _primary_key(env_name: str) -> str:
 
 def _logs(where: Where, args: argparse.Namespace) -> int:
     from spotrain.cli import run_logs
-    from spotrain.core.run_lifecycle import CANCELLED, FAILED, FINISHED, HELD
 
-    def stopped() -> bool:
-        groups = run_groups(where, args.run).get(args.run, [])
-        status = status_of(where, args.run, groups)
-        return status.phase in (CANCELLED, FAILED, FINISHED, HELD) and not any(
-            status.machines.values()
-        )
-
-    return run_logs.show(where, args, stopped)
+    return run_logs.show(where, args, lambda: run_status.stopped(where, args.run))
 
 
 ACTIONS: dict[str, Callable[[Where, argparse.Namespace], int]] = {
@@ -264,6 +256,9 @@ ACTIONS: dict[str, Callable[[Where, argparse.Namespace], int]] = {
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    if args.action != "logs" and (args.machine or args.follow):
+        raise SpotrainError("--machine and --follow go with `spotrain run logs`: "
+                            f"`spotrain run logs {args.environment} RUN --follow`")  # fmt: skip
     if args.action != "list":
         if not args.run:
             raise SpotrainError(f"`spotrain run {args.action}` needs the run: "

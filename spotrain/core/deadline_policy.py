@@ -281,7 +281,7 @@ def greedy(progress: Progress, *, current: str, spot_available: bool) -> Choice:
 
 
 # --- a run's deadline, as the environment configures it and the handler reads it ---------------
-def _instant(value: str) -> float:
+def instant(value: str) -> float:
     """Epoch seconds of an ISO 8601 time with its zone (e.g. 2026-12-01T00:00:00Z)."""
     parsed = datetime.fromisoformat(value.replace("Z", "+00:00"))
     if parsed.tzinfo is None:
@@ -311,7 +311,7 @@ class RunDeadline:
             try:
                 if not isinstance(value, str):
                     raise ValueError(f"it is a {type(value).__name__}, not text")
-                times[name] = _instant(value)
+                times[name] = instant(value)
             except ValueError as error:
                 found.append(
                     f"run_deadline.{name} {value!r} is not an ISO 8601 time with its zone "
@@ -346,11 +346,11 @@ class RunDeadline:
 
     @property
     def start_s(self) -> float:
-        return _instant(self.started_at)
+        return instant(self.started_at)
 
     @property
     def deadline_h(self) -> float:
-        return (_instant(self.finish_by) - self.start_s) / 3600
+        return (instant(self.finish_by) - self.start_s) / 3600
 
 
 # --- a run's pace, from its checkpoint catalog ----------------------------------------------
@@ -370,10 +370,17 @@ def throughput(records: list[dict[str, Any]]) -> float | None:
     for before, after in pairwise(ordered):
         if before.get("generation") != after.get("generation"):
             continue
-        took = _instant(after["created_at"]) - _instant(before["created_at"])
+        took = instant(after["created_at"]) - instant(before["created_at"])
         if took > 0:
             steps, seconds = steps + int(after["step"]) - int(before["step"]), seconds + took
     return steps / seconds * 3600 if steps else None
+
+
+def read_throughput(table: Any, run: str) -> float | None:
+    """The run's steps per hour (`throughput`) from the checkpoint catalog (a boto3 Table)."""
+    records = query_items(table, run_key(run), CHECKPOINT_PREFIX,
+                          ProjectionExpression="#sk, step, created_at, generation")  # fmt: skip
+    return throughput(records)
 
 
 def read_pace(table: Any, run: str) -> Pace:
@@ -381,6 +388,4 @@ def read_pace(table: Any, run: str) -> Pace:
     head = table.get_item(
         Key={PARTITION_KEY: run_key(run), SORT_KEY: HEAD_SORT_KEY}, ConsistentRead=True
     ).get("Item")
-    records = query_items(table, run_key(run), CHECKPOINT_PREFIX,
-                          ProjectionExpression="#sk, step, created_at, generation")  # fmt: skip
-    return Pace(int(head["step"]) if head else 0, throughput(records))
+    return Pace(int(head["step"]) if head else 0, read_throughput(table, run))

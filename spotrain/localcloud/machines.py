@@ -89,6 +89,22 @@ class LocalMachine:
         self._lines: list[str] = []
         self._reader: threading.Thread | None = None
 
+    @classmethod
+    def of_member(
+        cls, member: dict[str, Any], *, lifecycle: str, root: Path, user_data: str,
+        aws_env: dict[str, str], rdzv_port: int, default_type: str,
+        settings: dict[str, str] | None = None,
+    ) -> LocalMachine:  # fmt: skip
+        """The Auto Scaling group's instance `member` (as DescribeAutoScalingGroups lists it),
+        played under `root / its id` (`default_type` where the listing names no type)."""
+        return cls(
+            instance_id=member["InstanceId"],
+            instance_type=member.get("InstanceType") or default_type,
+            zone=member.get("AvailabilityZone") or "us-east-1a", lifecycle=lifecycle,
+            root=root / member["InstanceId"], user_data=user_data, aws_env=aws_env,
+            rdzv_port=rdzv_port, settings=settings,
+        )  # fmt: skip
+
     def start(self) -> LocalMachine:
         self.root.mkdir(parents=True, exist_ok=True)
         subprocess.run(["bash", "-c", self.user_data], check=True, timeout=60,

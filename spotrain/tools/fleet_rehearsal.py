@@ -433,15 +433,13 @@ class FleetRehearsal:
         self, member: dict[str, Any], lifecycle: str, user_data: str, aws_env: dict[str, str],
         port: int, default_type: str,
     ) -> LocalMachine:  # fmt: skip
-        instance = member["InstanceId"]
-        machine = LocalMachine(
-            instance_id=instance, instance_type=member.get("InstanceType") or default_type,
-            zone=member.get("AvailabilityZone", "us-east-1a"), lifecycle=lifecycle,
-            root=self.work / "machines" / instance, user_data=user_data, aws_env=aws_env,
-            rdzv_port=port, settings={"SPOTRAIN_RDZV_LAST_CALL": "10"},
+        machine = LocalMachine.of_member(
+            member, lifecycle=lifecycle, root=self.work / "machines", user_data=user_data,
+            aws_env=aws_env, rdzv_port=port, default_type=default_type,
+            settings={"SPOTRAIN_RDZV_LAST_CALL": "10"},
         )  # fmt: skip
         self.machines.append(machine)
-        self._indented(f"{instance} ({lifecycle}) boots")
+        self._indented(f"{machine.instance_id} ({lifecycle}) boots")
         return machine.start()
 
     def _wait(self, condition: Callable[[], bool], metrics: Phase) -> None:
