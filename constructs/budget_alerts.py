@@ -47,6 +47,11 @@ class BudgetAlertsProps:
         raise_if_problems("BudgetAlertsProps", problems)
 
 
+def monthly_budget_name(name: str) -> str:
+    """The budget BudgetAlerts named `name` creates."""
+    return f"{name}-monthly"
+
+
 class BudgetAlerts(Construct):
     def __init__(self, scope: Construct, id_: str, *, props: BudgetAlertsProps) -> None:
         super().__init__(scope, id_)
@@ -84,7 +89,7 @@ class BudgetAlerts(Construct):
         self.budget = aws.budgets_budget.BudgetsBudget(
             self,
             "MonthlyBudget",
-            name=f"{props.name}-monthly",
+            name=monthly_budget_name(props.name),
             budget_type="COST",
             limit_amount=f"{props.monthly_limit_usd:.2f}",
             limit_unit="USD",

@@ -5,8 +5,17 @@ by spotrain's Checkpointer. The lines marked `# spotrain` are all it adds to the
         --store file:///tmp/llama-store --work-dir /tmp/llama-work --steps 40
 
 Stop it (Ctrl-C, SIGTERM, a spot interruption notice with --spot-notices) and start it again:
-it publishes a checkpoint before it exits and continues from it with the same losses. On the
-fleet, point --store at the checkpoint bucket (with --catalog-table and --kms-key-id).
+it publishes a checkpoint before it exits and continues from it with the same losses.
+
+On the fleet it is a run's entry point (`runs/<env>/<run>.toml`):
+
+    [entry_point]
+    script = "examples/train_llama.py"
+    args = ["--steps", "200"]
+
+and needs none of the run's coordinates: `spotrain train` starts it on every machine with the
+run, store, catalog, key, work disk and metadata service in the environment (SPOTRAIN_RUN,
+SPOTRAIN_STORE, ...), where the Checkpointer finds whatever it is not given.
 
 The model is built from a configuration (random weights, nothing downloaded); each step's batch
 is drawn from the step number, so a resumed run sees the batches it would have seen.
@@ -38,9 +47,10 @@ def batch_for(step: int, rank: int) -> torch.Tensor:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run-name", required=True, help="the run: key of its checkpoints")
-    parser.add_argument("--store", required=True, help="s3://BUCKET or file:///PATH")
-    parser.add_argument("--work-dir", required=True, help="fast local disk")
+    # Each left out: the Checkpointer reads it from the environment (on the fleet, set).
+    parser.add_argument("--run-name", help="the run: key of its checkpoints")
+    parser.add_argument("--store", help="s3://BUCKET or file:///PATH")
+    parser.add_argument("--work-dir", help="fast local disk")
     parser.add_argument("--catalog-table")
     parser.add_argument("--kms-key-id")
     parser.add_argument("--steps", type=int, default=40)

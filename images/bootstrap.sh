@@ -174,7 +174,7 @@ if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
 fi
 
 status=0
-first_step=$WORK_DIR/work/.spotrain-first-step # engine.FIRST_STEP_MARKER: a step was trained
+first_step=$WORK_DIR/work/.spotrain-first-step # membership.FIRST_STEP_MARKER: a step was trained
 rm -f "$first_step"                            # this start has trained nothing yet
 if [[ -n "${fetch_config:-}" ]]; then
   spotrain_run spotrain config get --store "s3://$SPOTRAIN_BUCKET" --run "$SPOTRAIN_RUN" \

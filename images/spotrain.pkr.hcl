@@ -1,6 +1,7 @@
 # Machine image for the training fleet: the Deep Learning Base GPU AMI (NVIDIA driver,
-# Docker, NVIDIA container toolkit) plus the trainer container and the boot service.
-#   packer init images && packer build -var environment=dev -var trainer_image=ECR_URI images
+# Docker, NVIDIA container toolkit) plus the code image (the trainer with your code) and the
+# boot service. `spotrain image bake ENV --image REPO@sha256:...` runs
+#   packer init images && packer build -var environment=ENV -var region=R -var trainer_image=REF images
 # The build writes the new image id to /spotrain/<environment>/image-id, where the fleet's
 # launch template reads it.
 
@@ -25,7 +26,7 @@ variable "region" {
 
 variable "trainer_image" {
   type        = string
-  description = "URI of the trainer container built from images/Dockerfile (ECR, pinned by digest)"
+  description = "the code image `spotrain image build` printed: the trainer with your code, REPO@sha256:DIGEST"
 }
 
 variable "instance_type" {

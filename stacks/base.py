@@ -13,6 +13,7 @@ LOCAL_ENDPOINT_SERVICES = (
     "budgets",
     "dynamodb",
     "ec2",
+    "ecr",
     "events",
     "iam",
     "kms",

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 from spotrain.cdk import Construct, TerraformOutput
-from spotrain.constructs.budget_alerts import BudgetAlerts, BudgetAlertsProps
+from spotrain.constructs.budget_alerts import BudgetAlerts, BudgetAlertsProps, monthly_budget_name
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
-from spotrain.stacks.base import EnvironmentStack
+from spotrain.stacks.base import EnvironmentStack, resource_name
 from spotrain.stacks.config import EnvironmentConfig
+
+BUDGET_SUFFIX = "budget"
+
+
+def budget_name(config: EnvironmentConfig) -> str:
+    """The environment's monthly budget (`spotrain budget NAME`, the runbooks' BUDGET)."""
+    return monthly_budget_name(resource_name(config, BUDGET_SUFFIX))
 
 
 class BudgetStack(EnvironmentStack):
@@ -28,7 +35,7 @@ class BudgetStack(EnvironmentStack):
             self,
             "Budget",
             props=BudgetAlertsProps(
-                name=self.resource_name("budget"),
+                name=resource_name(config, BUDGET_SUFFIX),
                 monthly_limit_usd=config.monthly_budget_usd,
                 emails=config.alert_emails,
                 cost_filter_tag=("spotrain:environment", config.name),

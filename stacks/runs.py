@@ -26,6 +26,7 @@ from typing import Any
 
 from spotrain.core.catalog_schema import RUN_TAG, run_name_problem
 from spotrain.core.deadline_policy import RunDeadline
+from spotrain.core.entry_point import EntryPoint
 from spotrain.core.errors import (
     ConfigError,
     SpotrainError,
@@ -36,7 +37,10 @@ from spotrain.core.errors import (
 )
 from spotrain.core.validation import instance_type_problems, type_problems
 
-RUNS_DIR = Path(__file__).resolve().parent.parent / "runs"
+CHECKOUT = Path(__file__).resolve().parent.parent
+"""The repository's root: the code folder of the image the runs' machines boot (a run's
+entry-point script is found from here)."""
+RUNS_DIR = CHECKOUT / "runs"
 """Where the repository declares its runs: `runs/<environment>/<run>.toml`."""
 RUNS_DIR_VARIABLE = "SPOTRAIN_RUNS_DIR"
 """Names another folder of run files (a test's, or a checkout's elsewhere)."""
@@ -110,11 +114,14 @@ class RunConfig:
     owner: str
     """Who the run is for (a team or a person, e.g. an e-mail address): the `spotrain:owner`
     cost-allocation tag on every resource of the run."""
-    training: Mapping[str, Any]
-    """The training configuration `spotrain run submit` stores for the run's machines (its
-    `run` field is the run's name)."""
     instance_types: tuple[str, ...]
     """GPU instance types the run's spot group may use, most preferred first (at least two)."""
+    training: Mapping[str, Any] = field(default_factory=dict)
+    """The built-in trainer's configuration `spotrain run submit` stores for the run's
+    machines (its `run` field is the run's name). Empty when the run has an entry point."""
+    entry_point: EntryPoint | None = None
+    """Or the user's own training script the machines run (in the image), with its
+    arguments; it reads the run's coordinates from the environment (`Checkpointer`)."""
     min_size: int = 1
     """Fewest machines while the run trains (the on-demand coordinator counts)."""
     desired_size: int = 2
@@ -152,7 +159,10 @@ class RunConfig:
         return {**self.tags, RUN_TAG: self.name, OWNER_TAG: self.owner}
 
     def training_document(self) -> dict[str, Any]:
-        """The training configuration to store, named for this run."""
+        """The training configuration to store, named for this run: the built-in trainer's,
+        or the entry point the machines start."""
+        if self.entry_point is not None:
+            return {"run": self.name, "entry_point": self.entry_point.document()}
         return {**self.training, "run": self.name}
 
     def _problems(self) -> list[str]:
@@ -219,6 +229,20 @@ class RunConfig:
                 )
             if len(value) > 256:
                 problems.append(f"tag {key!r} has a value over 256 characters: shorten it")
+        if (self.entry_point is None) == (not self.training):
+            problems.append(
+                "give the run's training as [training] (the built-in trainer's configuration) "
+                "or as [entry_point] (your own script, e.g. script = 'examples/train_llama.py'), "
+                "exactly one of them"
+            )
+        if self.entry_point is not None:
+            problems += self.entry_point.problems()
+            script = self.entry_point.script
+            if script and not self.entry_point.problems() and not (CHECKOUT / script).is_file():
+                problems.append(
+                    f"entry_point.script {script} is not in the checkout ({CHECKOUT}): the "
+                    "image carries the checkout, so give the script's path from its root"
+                )
         stored_run = self.training.get("run")
         if stored_run is not None and stored_run != self.name:
             problems.append(
@@ -229,7 +253,8 @@ class RunConfig:
 
 
 # --- reading run files -------------------------------------------------------------------------
-_TABLES: dict[str, type] = {"deadline": RunDeadline, "planned": PlannedRun}
+_TABLES: dict[str, type] = {"deadline": RunDeadline, "planned": PlannedRun,
+                            "entry_point": EntryPoint}  # fmt: skip
 _FILE_FIELDS = tuple(f.name for f in fields(RunConfig) if f.name not in ("name", "environment",
                                                                           "source"))  # fmt: skip
 _FIX = "fix the file (TOML: https://toml.io)"
@@ -275,9 +300,12 @@ def read_run(path: Path, environment: str) -> RunConfig:
         if key not in _FILE_FIELDS
     ]
     values: dict[str, Any] = {k: v for k, v in document.items() if k in _FILE_FIELDS}
-    for key in ("owner", "training", "instance_types"):
+    for key in ("owner", "instance_types"):
         if key not in values:
             problems.append(f"{key} is missing: every run names its {key.replace('_', ' ')}")
+    if "training" not in values and "entry_point" not in values:
+        problems.append("training is missing: give the run's [training] (the built-in trainer's "
+                        "configuration) or its [entry_point] (your own script)")  # fmt: skip
     for key, kind in _TABLES.items():
         if key in values:
             table, found = _table(values[key], kind, key)

@@ -1,8 +1,10 @@
-"""Storage: a KMS key per region, access-log buckets, and the replicated checkpoint buckets."""
+"""Storage: a KMS key per region, access-log buckets, the replicated checkpoint buckets, and the
+container registry of the trainer image."""
 
 from __future__ import annotations
 
 from spotrain.cdk import Construct, TerraformOutput
+from spotrain.constructs.container_registry import ContainerRegistry, ContainerRegistryProps
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
 from spotrain.constructs.interruption_handler.construct import rule_arns
@@ -19,6 +21,11 @@ from spotrain.stacks.interruptions import handler_name
 def checkpoint_bucket_name(config: EnvironmentConfig, region: str) -> str:
     """The environment's checkpoint bucket in `region` (its runs' prefixes, its datasets)."""
     return f"{config.bucket_prefix}-checkpoints-{region}"
+
+
+def image_repository_name(config: EnvironmentConfig) -> str:
+    """The environment's container repository (the trainer image and the user's code)."""
+    return f"spotrain-{config.name}/trainer"
 
 
 def data_key_alias(config: EnvironmentConfig, region: str) -> str:
@@ -97,7 +104,20 @@ class StorageStack(EnvironmentStack):
                 emulator_drift_tolerance=config.is_local,
             ),
         )
+        # The trainer image and the user's code layered on it (`spotrain image build`), in the
+        # primary region beside the fleets that run them, under the environment's data key.
+        self.registry = ContainerRegistry(
+            self,
+            "Images",
+            props=ContainerRegistryProps(
+                name=image_repository_name(config),
+                kms_key_arn=keys["Primary"].arn,
+                force_delete=config.is_local,
+                provider=self.primary_provider,
+            ),
+        )
         TerraformOutput(self, "checkpoint_bucket", value=self.checkpoints.primary.name)
+        TerraformOutput(self, "image_repository", value=self.registry.url)
         TerraformOutput(self, "replica_bucket", value=self.checkpoints.replica.name)
         TerraformOutput(self, "primary_key_alias", value=keys["Primary"].alias.name)
         TerraformOutput(self, "replica_key_alias", value=keys["Replica"].alias.name)

@@ -185,6 +185,24 @@ def test_checkpoint_commands_name_the_fix_for_bad_arguments(
     fails_clearly(capsys, ["checkpoints", "verify", *store], "is damaged")
 
 
+def test_no_region_names_the_variable_boto3_reads(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """boto3 reads AWS_DEFAULT_REGION (or the config file), never AWS_REGION: a shell that set
+    only AWS_REGION is told the one line that works."""
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.delenv("AWS_DEFAULT_REGION", raising=False)
+    monkeypatch.setenv("AWS_REGION", "us-east-1")
+    fails_clearly(
+        capsys,
+        ["fleet", "status", "--group", "g"],
+        "export AWS_DEFAULT_REGION=$AWS_REGION: boto3 does not read AWS_REGION",
+    )
+    monkeypatch.delenv("AWS_REGION")
+    fails_clearly(capsys, ["fleet", "status", "--group", "g"],
+                  "no AWS region: export AWS_DEFAULT_REGION=<region>")  # fmt: skip
+
+
 def test_checkpoint_commands_name_the_fix_for_missing_aws_resources(
     dynamo: Any, folder_run: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

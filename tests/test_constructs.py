@@ -61,6 +61,22 @@ def test_replica_bucket_and_key_live_in_the_replica_region(synth_dir: Path) -> N
     assert replica["force_destroy"] is False
 
 
+def test_the_image_registry_is_encrypted_immutable_and_scans_every_push(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-storage")
+    [(_, repository)] = resources(stack, "aws_ecr_repository").items()
+    assert repository["name"] == "spotrain-dev/trainer"
+    assert repository["image_tag_mutability"] == "IMMUTABLE"
+    assert repository["image_scanning_configuration"] == {"scan_on_push": True}
+    [encryption] = repository["encryption_configuration"]
+    assert encryption["encryption_type"] == "KMS"
+    assert encryption["kms_key"].startswith("${aws_kms_key.PrimaryKey")
+    assert repository["force_delete"] is False
+    [(_, lifecycle)] = resources(stack, "aws_ecr_lifecycle_policy").items()
+    [rule] = json.loads(lifecycle["policy"])["rules"]
+    assert (rule["selection"]["tagStatus"], rule["action"]["type"]) == ("untagged", "expire")
+    assert stack["output"]["image_repository"]["value"].startswith("${aws_ecr_repository.")
+
+
 def test_checkpoint_bucket_policy_refuses_puts_without_its_kms_key(synth_dir: Path) -> None:
     stack = load_stack(synth_dir, "dev-storage")
     policy = next(

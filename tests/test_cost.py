@@ -14,10 +14,11 @@ import pytest
 from spotrain import cli
 from spotrain.core import deadline_policy, prices
 from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
-from spotrain.cost import planner, simulation, traces
+from spotrain.cost import planner, report, simulation, traces
 
 FIXTURES = Path(__file__).parent / "fixtures"
 PRICE_BOOK = FIXTURES / "price_book.json"
+EXAMPLE_BOOK = Path(__file__).resolve().parents[1] / "examples" / "price-book.json"
 
 
 # --- published worked examples -----------------------------------------------------------------
@@ -351,6 +352,12 @@ def test_simulate_prints_each_strategy_as_json_from_public_format_traces(
     assert code == 0
     document = json.loads(capsys.readouterr().out.split("\nfigure:")[0])
     assert set(document["strategies"]) == set(simulation.STRATEGIES)
+    # It recommends as `cost plan` does: the cheapest that meets the deadline often enough.
+    summaries = [simulation.Summary(**found["summary"])
+                 for found in document["strategies"].values()]  # fmt: skip
+    assert document["recommended"] == dict(
+        zip(("strategy", "why"), planner.recommend(summaries, has_deadline=True), strict=True)
+    )
     for found in document["strategies"].values():
         assert len(found["runs"]) == 5
         for run in found["runs"]:
@@ -805,6 +812,53 @@ def test_the_estimate_prices_the_planned_run_as_the_planner_does_and_says_what_i
     out = capsys.readouterr().out
     assert "cannot be read by this version (gpt-small.toml: it is not TOML" in out
     assert "| spot: " in out
+
+
+def test_figures_mark_the_deadline_and_name_only_what_they_draw(tmp_path: Path) -> None:
+    met = {simulation.ON_DEMAND_ONLY: [(0.1, 1.0, 1.0), (0.5, 1.0, 1.0)],
+           simulation.BLUEPRINT_MIX: [(0.1, 1.0, 1.0), (0.5, 1.0, 1.0)]}  # fmt: skip
+    drawn = report.plot(met, tmp_path / "met.png", "nothing missed")
+    assert drawn == [simulation.ON_DEMAND_ONLY, simulation.BLUEPRINT_MIX]  # no "misses" entry
+    missed = {**met, simulation.SPOT_GREEDY: [(0.1, 0.4, 0.5), (0.5, 0.3, 1.0)]}
+    drawn = report.plot(missed, tmp_path / "missed.png", "one missed", deadline_slack=0.25,
+                        deadline_label="30 h")  # fmt: skip
+    assert drawn[-2:] == ["misses the deadline in some runs", "your deadline (30 h)"]
+    assert (tmp_path / "missed.png").stat().st_size > 0
+
+
+def test_plan_takes_the_machines_the_run_starts_with(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`cost plan --environment dev` plans the fleet `cost estimate dev` prices: the run's
+    desired_size, its instance types; --nodes overrides; runs that disagree ask which."""
+
+    def planned(*extra: str) -> dict[str, Any]:
+        assert cli.main(["cost", "plan", "--work-hours", "10", "--checkpoint-seconds", "30",
+                         "--price-book", str(EXAMPLE_BOOK), "--samples", "20", "--json",
+                         *extra]) == 0  # fmt: skip
+        return dict(json.loads(capsys.readouterr().out))
+
+    from spotrain.stacks.runs import load_runs
+
+    [small] = load_runs("dev")
+    document = planned("--environment", "dev")
+    assert (document["nodes"], document["nodes_from"]) == (
+        small.desired_size, "run gpt-small's desired_size")  # fmt: skip
+    assert [p["pool"].split()[0] for p in document["pools"]] == list(small.instance_types)
+    assert planned("--environment", "dev", "--nodes", "4")["nodes"] == 4
+    assert planned("--environment", "dev", "--run", "gpt-small")["nodes"] == small.desired_size
+
+
+def test_estimate_without_prices_names_the_price_book_it_takes(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"format": 1, "on_demand": [], "spot": [], "advisor": []}))
+    assert cli.main(["cost", "estimate", "dev", "--price-book", str(empty)]) == 0
+    out = capsys.readouterr().out
+    assert "--price-book FILE" in out and "--on-demand-price" not in out
+    assert cli.main(["cost", "estimate", "dev", "--price-book", str(EXAMPLE_BOOK)]) == 0
+    assert "| spot: " in capsys.readouterr().out  # the documented example prices every run
 
 
 def test_goodput_counts_the_work_done_not_the_work_asked_for() -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 from helpers import create_catalog_table, kms_only_bucket
+from training import LLAMA_LOSSES, printed_losses
 
 from spotrain.localcloud import control
 
@@ -24,24 +25,7 @@ pytestmark = pytest.mark.integration
 ROOT = Path(__file__).resolve().parents[1]
 REGION = "us-east-1"
 STEPS = 8
-# Rank 0's loss at each step of an uninterrupted 8-step run (2 ranks, seeded model and data;
-# examples/train_llama.py). A resume that lost any state (weights, optimizer moments, schedule,
-# data position) leaves these values at once.
-UNINTERRUPTED = [
-    5.557129383087158,
-    5.293605804443359,
-    5.081634521484375,
-    5.074024200439453,
-    4.811350345611572,
-    4.701788425445557,
-    4.537586212158203,
-    4.388881683349609,
-]
-
-
-def losses(output: str) -> dict[int, float]:
-    return {int(m[1]): float(m[2]) for m in re.finditer(r'\{"step": (\d+), "loss": ([\d.]+)\}',
-                                                        output)}  # fmt: skip
+UNINTERRUPTED = LLAMA_LOSSES[:STEPS]
 
 
 def test_sigterm_mid_run_publishes_and_the_restart_resumes_with_the_same_losses(
@@ -79,7 +63,7 @@ def test_sigterm_mid_run_publishes_and_the_restart_resumes_with_the_same_losses(
     second = subprocess.run(command, capture_output=True, text=True, env=env, timeout=180)
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert f"resumed llama at step {stop}" in second.stdout
-    trained = {**losses(output), **losses(second.stdout)}
+    trained = {**printed_losses(output), **printed_losses(second.stdout)}
     assert sorted(trained) == list(range(1, STEPS + 1))
     assert [trained[step] for step in range(1, STEPS + 1)] == pytest.approx(UNINTERRUPTED,
                                                                             rel=1e-5)  # fmt: skip

@@ -58,7 +58,9 @@ def test_a_machine_that_got_its_own_spot_notice_exits_preempted_not_crashed(
     assert "i-1 was reclaimed (terminate at 2026-11-23T16:33:31Z)" in out
     assert "trainer exit 1 on i-1: preempted; run r has 0 crash(es)" in out
     table = boto3.resource("dynamodb").Table("events")
-    assert fleet_state.instance_status(table, "r", "i-1") == "INTERRUPTING"
+    assert fleet_state.instance_status(table, "r", "i-1") == "INTERRUPTING"  # for reports
+    [mark] = fleet_state.instances(table, "r")
+    assert fleet_state.shown_status(mark) == "RECLAIMED"  # it has left: not interrupting still
     assert cli.main(["fleet", "exit", *state, "--instance", "i-2", "--code", "1",
                      "--spot-notice", "not json"]) == 2  # fmt: skip
     assert "spot/instance-action" in capsys.readouterr().err
@@ -92,7 +94,10 @@ def test_a_coordinator_that_never_answers_is_named_with_what_to_check(
         (["budget", "spotrain-nope-monthly"], "spotrain-<env>-monthly"),
         (["fleet", "scale", "--group", "no-such-group", "--desired", "1"], "no Auto Scaling group"),
         (["fleet", "status", "--group", "no-such-group"], "no Auto Scaling group named"),
-        (["fleet", "may-start", "--events-table", "no-such-table", "--run", "r"], "AWS_REGION"),
+        (
+            ["fleet", "may-start", "--events-table", "no-such-table", "--run", "r"],
+            "AWS_DEFAULT_REGION",
+        ),
         (["fleet", "exit", "--events-table", "events", "--run", "r"], "--instance ID"),
     ],
 )

@@ -7,6 +7,7 @@ from __future__ import annotations
 import configparser
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -38,12 +39,12 @@ def pins() -> dict[str, str]:
     return dict(line.split("==", 1) for line in lines if "==" in line)
 
 
-def dockerfile() -> list[tuple[str, str]]:
+def dockerfile(name: str = "Dockerfile") -> list[tuple[str, str]]:
     """(instruction, arguments): comment lines dropped first (as Docker does, also inside a
     continued instruction), then continuation lines joined."""
     kept = [
         line
-        for line in (IMAGES / "Dockerfile").read_text().splitlines()
+        for line in (IMAGES / name).read_text().splitlines()
         if not line.strip().startswith("#")
     ]
     text = re.sub(r"\\\n", " ", "\n".join(kept))
@@ -250,7 +251,7 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
 def test_bootstrap_looks_for_the_marker_the_trainer_writes() -> None:
     """The boot script tells a start that never trained (its machine is replaced) from a later
     crash by the trainer's first-step marker: one name on both sides."""
-    from spotrain.trainer.engine import FIRST_STEP_MARKER
+    from spotrain.trainer.membership import FIRST_STEP_MARKER
 
     assert f"first_step=$WORK_DIR/work/{FIRST_STEP_MARKER} " in BOOTSTRAP.read_text()
 
@@ -268,6 +269,7 @@ class Blocked(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Blocked())
 import spotrain.trainer.train  # the trainer's entry point (each rank runs it)
+import spotrain.trainer.entry_point  # a user's script's rank process
 from spotrain.cli import main
 sys.exit(main(sys.argv[1:]))
 """
@@ -339,3 +341,81 @@ def test_every_library_of_an_extra_is_named_for_the_message_that_asks_for_it() -
             name = requirement.split("==")[0]
             module = modules.get(name, name.replace("-", "_"))
             assert EXTRA_OF.get(module) == extra, f"{name} ({extra}) is not in EXTRA_OF"
+
+
+def test_the_code_image_layers_the_checkout_and_its_pinned_requirements_on_the_trainer() -> None:
+    """images/Dockerfile.code: FROM the trainer image it is given (by digest), the code's own
+    requirements pinned, the checkout as the working directory (entry points are found from
+    its root); the build context leaves out what was built or installed here."""
+    steps = dockerfile("Dockerfile.code")
+    assert steps[:2] == [("ARG", "TRAINER_IMAGE"), ("FROM", "${TRAINER_IMAGE}")]
+    copies = [args.split() for kind, args in steps if kind == "COPY"]
+    assert ["images/requirements-code.txt", "/tmp/requirements-code.txt"] in copies
+    assert copies[-1][-2:] == [".", "/code"] and steps[-1] == ("WORKDIR", "/code")
+    assert ("USER", "trainer") in steps
+    requirements = [line for line in (IMAGES / "requirements-code.txt").read_text().splitlines()
+                    if line and not line.startswith("#")]  # fmt: skip
+    assert requirements and all(re.fullmatch(r"[\w.\-\[\]]+==[\w.]+", r) for r in requirements)
+    for name, version in (r.split("==") for r in requirements):
+        assert pins().get(name, version) == version, f"{name} differs from constraints.txt"
+    ignored = (ROOT / ".dockerignore").read_text().splitlines()
+    assert {".git/", ".venv/", "node_modules/", "cdktf.out/", ".spotrain/"} <= set(ignored)
+
+
+@pytest.fixture
+def registry(monkeypatch: pytest.MonkeyPatch) -> Any:
+    from moto import mock_aws
+
+    for key, value in {"AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "t",
+                       "AWS_SECRET_ACCESS_KEY": "t"}.items():  # fmt: skip
+        monkeypatch.setenv(key, value)
+    with mock_aws():
+        ecr = boto3.client("ecr")
+        ecr.create_repository(repositoryName="spotrain-dev/trainer",
+                              imageTagMutability="IMMUTABLE")  # fmt: skip
+        yield ecr
+
+
+def test_image_build_pushes_the_trainer_then_the_code_on_it_by_digest(
+    registry: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["image", "build", "dev", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    uri = registry.describe_repositories()["repositories"][0]["repositoryUri"]
+    commands = [shlex.split(line.removeprefix("$ ")) for line in out.splitlines()
+                if line.startswith("$ ")]  # fmt: skip
+    tag = re.search(r":trainer-(\S+)$", commands[0][-2])
+    assert tag, out
+    commit = tag[1]  # the checkout's commit (a clean checkout's; else shown as <commit>)
+    assert commands == [
+        ["docker", "build", "-f", "images/Dockerfile", "-t", f"{uri}:trainer-{commit}", "."],
+        ["docker", "push", f"{uri}:trainer-{commit}"],
+        ["docker", "build", "-f", "images/Dockerfile.code", "--build-arg",
+         f"TRAINER_IMAGE={uri}@<digest of trainer-{commit}>", "-t", f"{uri}:code-{commit}", "."],
+        ["docker", "push", f"{uri}:code-{commit}"],
+    ]  # fmt: skip
+    # An image already pushed for the commit is reused, by its digest, not built again.
+    manifest = '{"schemaVersion": 2, "config": {"digest": "sha256:' + "1" * 64 + '"}}'
+    registry.put_image(repositoryName="spotrain-dev/trainer", imageManifest=manifest,
+                       imageManifestMediaType="application/vnd.oci.image.manifest.v1+json",
+                       imageTag=f"trainer-{commit}")  # fmt: skip
+    [pushed] = registry.describe_images(repositoryName="spotrain-dev/trainer")["imageDetails"]
+    assert cli.main(["image", "build", "dev", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"{uri}:trainer-{commit} is in the registry already" in out
+    assert f"TRAINER_IMAGE={uri}@{pushed['imageDigest']}" in out
+    assert f"spotrain image bake dev --image {uri}@<digest of code-{commit}>" in out
+
+
+def test_image_bake_takes_one_image_by_digest_and_runs_the_recipe(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["image", "bake", "dev", "--image", "repo:latest"]) == 2
+    assert "needs --image REPOSITORY@sha256:DIGEST" in capsys.readouterr().err
+    image = "123.dkr.ecr.us-east-1.amazonaws.com/spotrain-dev/trainer@sha256:" + "a" * 64
+    assert cli.main(["image", "bake", "dev", "--image", image, "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert f"$ packer init {IMAGES}" in out
+    assert (f"$ packer build -var environment=dev -var region=us-east-1 -var "
+            f"trainer_image={image} {IMAGES}") in out  # fmt: skip
+    assert "/spotrain/dev/image-id" in out

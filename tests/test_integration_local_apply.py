@@ -172,6 +172,21 @@ def test_checkpoint_bucket_policy_is_enforced(local: Local) -> None:
     assert refused.value.response["ResponseMetadata"]["HTTPStatusCode"] == 412
 
 
+def test_the_image_registry_is_encrypted_immutable_and_scans_every_push(local: Local) -> None:
+    ecr = local.client("ecr")
+    [repository] = ecr.describe_repositories(repositoryNames=["spotrain-local/trainer"])[
+        "repositories"]  # fmt: skip
+    assert repository["imageTagMutability"] == "IMMUTABLE"
+    assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
+    key = local.client("kms").describe_key(KeyId=local.outputs["primary_key_alias"])
+    assert repository["encryptionConfiguration"] == {
+        "encryptionType": "KMS", "kmsKey": key["KeyMetadata"]["Arn"]}  # fmt: skip
+    assert local.outputs["image_repository"] == repository["repositoryUri"]
+    policy = json.loads(ecr.get_lifecycle_policy(repositoryName="spotrain-local/trainer")[
+        "lifecyclePolicyText"])  # fmt: skip
+    assert policy["rules"][0]["selection"]["tagStatus"] == "untagged"
+
+
 def test_catalog_tables_are_encrypted_with_recovery_and_streams(local: Local) -> None:
     dynamodb = local.client("dynamodb")
     for name in ("spotrain-local-checkpoints", "spotrain-local-events"):
@@ -291,7 +306,7 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
         monkeypatch.setenv(name, value)
     said: list[str] = []
     outputs = local.outputs
-    book = _price_book(tmp_path / "prices.json")
+    book = EXAMPLE_PRICE_BOOK
     report = Rehearsal(tmp_path, say=said.append, price_book=book).story(
         local.cloud, {**outputs, "config": local.config}, run="solo"
     )
@@ -312,22 +327,10 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     assert "unpriced" not in told
 
 
-def _price_book(path: Path) -> Path:
-    """Test figures for the local environment's runs' instance types in every zone: $20/h
-    on-demand, $5/h spot (made up, not AWS prices)."""
-    from spotrain.stacks.runs import load_runs
-
-    types = sorted({t for run in load_runs("local") for t in run.instance_types})
-
-    row = {"region": "us-east-1", "source": "test figure", "taken_at": "2026-11-24"}
-    path.write_text(json.dumps({
-        "format": 1, "note": "Test figures only: not AWS prices.",
-        "on_demand": [{**row, "instance_type": t, "usd_per_hour": 20.0}
-                      for t in types],
-        "spot": [{**row, "instance_type": t, "availability_zone": f"us-east-1{zone}",
-                  "usd_per_hour": 5.0} for t in types for zone in "abcdef"],
-    }))  # fmt: skip
-    return path
+EXAMPLE_PRICE_BOOK = ROOT / "examples" / "price-book.json"
+"""The README's example book (made-up figures for every instance type the example runs
+declare: g5.xlarge $20/h on-demand, $5/h spot): the rehearsals price their spend with it, so
+the documented format is the one that works."""
 
 
 def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
@@ -346,7 +349,7 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     said: list[str] = []
     outputs = local.outputs
     notices = _subscribe_a_queue(local, outputs["notice_topic"])
-    book = _price_book(tmp_path / "prices.json")
+    book = EXAMPLE_PRICE_BOOK
     report = FleetRehearsal(tmp_path, say=said.append, price_book=book).story(
         local.cloud, {**outputs, "config": local.config}
     )
@@ -831,19 +834,23 @@ class _PlayedFleet:
         self.autoscaling, self.ec2 = local.client("autoscaling"), local.client("ec2")
         self.machines: dict[str, tuple[str, Any]] = {}
         """By instance id: its group and the machine played."""
+        self.rdzv_ports: dict[str, int] = {}
+        """One host plays every machine: each run's coordinator hosts its rendezvous on a free
+        port of its own."""
 
-    def boot(self, group: str) -> Any:
-        """The group's instance in service that is not played yet, booted (the coordinator
-        of its run: on-demand)."""
+    def boot(self, group: str, lifecycle: str = "on-demand") -> Any:
+        """The group's next instance in service that is not played yet, booted (by default
+        the coordinator of its run: on-demand)."""
         from spotrain.localcloud.machines import LocalMachine, deployed_user_data, in_service
 
         members, template = in_service(self.autoscaling, group)
-        [member] = [m for m in members if m["InstanceId"] not in self.machines]
+        member = next(m for m in members if m["InstanceId"] not in self.machines)
         machine = LocalMachine.of_member(
-            member, lifecycle="on-demand", root=self.work,
+            member, lifecycle=lifecycle, root=self.work,
             user_data=deployed_user_data(self.ec2, template),
             aws_env=control.aws_environment(self.local.cloud.endpoint, "us-east-1"),
-            rdzv_port=control.free_port(), default_type="g6.xlarge",
+            rdzv_port=self.rdzv_ports.setdefault(group, control.free_port()),
+            default_type="g6.xlarge",
             settings={"SPOTRAIN_RDZV_LAST_CALL": "1"},
         )  # fmt: skip
         self.machines[member["InstanceId"]] = (group, machine)
@@ -1017,6 +1024,124 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         assert sorted(p["Name"] for p in declared["Parameters"]) == [
             "/spotrain/local/runs/demo", "/spotrain/local/runs/second"]  # fmt: skip
         assert re.search(r"^third\s+declared\s", listed(), re.M)
+    finally:
+        fleet.stop_all()
+
+
+def test_a_run_of_the_users_own_script_is_reclaimed_and_resumes_with_the_same_losses(
+    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """A run declared with an entry point, examples/train_llama.py (a Hugging Face Llama with
+    the Checkpointer's four statements, nothing else of spotrain's), on two machines: `run
+    submit` deploys its stack and stores the entry point; the handler starts it; both machines
+    boot from its deployed launch template and run the script under `spotrain train`, the run's
+    coordinates in their environment. The spot machine is reclaimed (its notice, then EC2
+    stops it): the run publishes its emergency checkpoint, the reclaimed exit is counted as a
+    preemption, the coordinator stays for the group's replacement, and the two resume from that
+    checkpoint with the losses of a run that nothing interrupted. The run finishes and its
+    groups go to 0; `run retire` removes its stack."""
+    import shlex
+    import shutil as shell_tools
+    import time
+
+    from training import LLAMA_LOSSES, printed_losses
+
+    from spotrain import cli
+    from spotrain.core import fleet_state, run_lifecycle
+    from spotrain.tools.rehearsal import deliver_capacity_check
+
+    steps = len(LLAMA_LOSSES)
+    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    outputs = local.outputs
+    events = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
+        outputs["events_table"])  # fmt: skip
+    catalog = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
+        outputs["checkpoint_catalog_table"])  # fmt: skip
+
+    def head() -> int:
+        found = run_lifecycle.published_head(catalog, "llama")
+        return found.step if found else 0
+
+    runs = tmp_path / "runs" / "local"
+    shell_tools.copytree(ROOT / "runs" / "local", runs)
+    (runs / "llama.toml").write_text("\n".join([
+        'owner = "research@example.com"', 'instance_types = ["g6.xlarge", "g5.xlarge"]',
+        "min_size = 2", "desired_size = 2", "max_size = 2", "[entry_point]",
+        'script = "examples/train_llama.py"',
+        f'args = ["--steps", "{steps}", "--checkpoint-every", "3"]', f"steps = {steps}", "",
+    ]))  # fmt: skip
+    monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
+    fleet = _PlayedFleet(local, tmp_path / "machines")
+    group = "spotrain-local-llama-fleet"
+    try:
+        assert cli.main(["run", "submit", "local", "llama"]) == 0
+        # The runbooks' starting point: every name it exports is a deployed resource.
+        capsys.readouterr()
+        assert cli.main(["run", "env", "local", "llama"]) == 0
+        exported = dict(w.split("=", 1) for w in shlex.split(capsys.readouterr().out)[1:])
+        replica = exported["REPLICA_REGION"]
+        local.client("s3").head_bucket(Bucket=exported["STORE"].removeprefix("s3://"))
+        local.client("s3", replica).head_bucket(
+            Bucket=exported["REPLICA_STORE"].removeprefix("s3://"))  # fmt: skip
+        local.client("dynamodb").describe_table(TableName=exported["CATALOG"])
+        local.client("dynamodb").describe_table(TableName=exported["EVENTS"])
+        local.client("kms").describe_key(KeyId=exported["KMS_KEY"])
+        local.client("kms", replica).describe_key(KeyId=exported["REPLICA_KMS_KEY"])
+        assert len(local.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[exported["FLEET_GROUP"], exported["ON_DEMAND_GROUP"]])[
+            "AutoScalingGroups"]) == 2  # fmt: skip
+        local.client("budgets").describe_budget(AccountId=ACCOUNT, BudgetName=exported["BUDGET"])
+        assert exported["RUN"] == "llama" and exported["AWS_DEFAULT_REGION"] == "us-east-1"
+        checked = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
+        assert checked["runs"]["llama"]["decision"] == "start", checked
+        coordinator = fleet.boot(group, "on-demand")
+        reclaimed = fleet.boot(group, "spot")
+        deadline = time.monotonic() + 300
+        while head() < 3:  # past its first checkpoint
+            assert coordinator.running() and reclaimed.running(), (
+                coordinator.output[-3000:], reclaimed.output[-3000:])  # fmt: skip
+            assert time.monotonic() < deadline, (
+                coordinator.output[-3000:], reclaimed.output[-3000:])  # fmt: skip
+            time.sleep(0.1)
+        # Reclaimed: its notice, then EC2 stops it; its group launches a replacement.
+        reclaimed.announce_interruption()
+        local.client("autoscaling").terminate_instance_in_auto_scaling_group(
+            InstanceId=reclaimed.instance_id, ShouldDecrementDesiredCapacity=False)  # fmt: skip
+        reclaimed.shut_down()  # its trainer's status: stopped by SIGTERM, or done on the notice
+        # Said by rank 0, wherever it is: "(SIGTERM)" there, or "(another rank was asked ...)".
+        stopped = re.search(r"stopped after step (\d+) \(", coordinator.output + reclaimed.output)
+        assert stopped, (coordinator.output[-3000:], reclaimed.output[-3000:])
+        stop = int(stopped[1])
+        assert 3 <= stop < steps and head() == stop  # its emergency checkpoint is the head
+        assert ": preempted; run llama has 0 crash(es)" in reclaimed.output, reclaimed.output
+        assert coordinator.running(), coordinator.output[-3000:]  # it stays for the replacement
+        replacement = fleet.boot(group, "spot")
+        assert replacement.wait(timeout=300) == 0, replacement.output[-3000:]
+        assert coordinator.wait(timeout=300) == 0, coordinator.output[-3000:]
+        said = [m.output for m in (coordinator, reclaimed, replacement)]
+        assert all("Traceback" not in s for s in said), said
+        assert any(f"resumed llama at step {stop}" in s for s in said), said
+        trained = {k: v for s in said for k, v in printed_losses(s).items()}
+        assert sorted(trained) == list(range(1, steps + 1)), trained
+        in_order = [trained[step] for step in range(1, steps + 1)]
+        assert in_order == pytest.approx(LLAMA_LOSSES, rel=1e-5)
+        assert fleet_state.run_state(events, "llama").crashes == 0
+        deadline = time.monotonic() + 60
+        while run_lifecycle.read(events, "llama").finished_step is None:
+            assert time.monotonic() < deadline, "the finish did not reach the handler"
+            time.sleep(0.5)
+        capsys.readouterr()
+        assert cli.main(["run", "status", "local", "llama", "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert (status["phase"], status["step"], status["steps"]) == ("finished", steps, steps)
+        # Its progress, as people would rather look at it: the preemption and the restart.
+        assert cli.main(["run", "status", "local", "llama", "--plot",
+                         str(tmp_path / "llama.png")]) == 0  # fmt: skip
+        assert (tmp_path / "llama.png").stat().st_size > 0
+        assert cli.main(["run", "retire", "local", "llama"]) == 0
     finally:
         fleet.stop_all()
 

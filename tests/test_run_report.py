@@ -162,3 +162,28 @@ def test_a_start_warned_before_its_first_checkpoint_is_the_one_publishing_in_the
     assert (preemption.reached_step, preemption.resumed_from, preemption.steps_lost) == (19, 19, 0)
     # Start 2 trains 2 s a step: it trained again at 40 - 2 (upload) - 6 x 2 = 26 s.
     assert preemption.time_to_resume_s == pytest.approx(26)
+
+
+def test_the_progress_figure_marks_each_restart_and_preemption_over_the_steps(
+    tmp_path: Path,
+) -> None:
+    """`spotrain run status --plot`: the scripted run's three starts (two restarts, at 300
+    and 520) and two warnings (reached 350 and 520), its loss at each checkpoint."""
+    checkpoints = [
+        run_report.Checkpoint(step=step, generation=generation, published_at=T0 + at,
+                              parent_step=parent, loss=10.0 / step)
+        for step, generation, at, parent in CHECKPOINTS
+    ]  # fmt: skip
+    warnings = [run_report.Interruption(at=T0 + at, instance_id=instance, pool=pool)
+                for at, instance, pool in WARNINGS]  # fmt: skip
+    drawn = run_report.plot_progress(RUN, checkpoints, warnings, tmp_path / "progress.png")
+    assert drawn == [
+        "loss at each checkpoint", "restart (resumed from)", "preemption",
+        "steps per hour (between checkpoints of one start)",
+    ]  # fmt: skip
+    assert (tmp_path / "progress.png").stat().st_size > 0
+    no_loss = [run_report.Checkpoint(step=c.step, generation=c.generation,
+                                     published_at=c.published_at, parent_step=c.parent_step)
+               for c in checkpoints]  # fmt: skip
+    assert "loss at each checkpoint" not in run_report.plot_progress(
+        RUN, no_loss, [], tmp_path / "no-loss.png")  # fmt: skip

@@ -87,7 +87,7 @@ def test_the_training_configuration_may_be_a_json_file_beside_the_run_file(tmp_p
         (GOOD.replace("max_size = 4", "max_size = 4.5"), "max_size is 4.5: it must be an integer"),
         (GOOD.replace("max_spend_usd = 100", "max_spend_usd = 0"), "max_spend_usd is 0"),
         (GOOD.replace("max_spend_usd = 100", 'max_spend_usd = "100"'), "it must be a finite"),
-        ("colour = 'red'\n" + GOOD, "colour is not a field of a run: use owner, training"),
+        ("colour = 'red'\n" + GOOD, "colour is not a field of a run: use owner, instance_types"),
         (GOOD.replace("[training]", "[trainig]"), "training is missing"),
         (GOOD + '\n[tags]\n"spotrain:run" = "x"\n', "do not start with 'aws:' or 'spotrain:'"),
         (GOOD + "\n[planned]\nmachine_hours = 0\n", "planned.machine_hours is 0: give a positive"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -12,6 +13,24 @@ from typing import Any
 
 TINY_MODEL = {"context": 32, "layers": 2, "heads": 2, "width": 64}
 TIMEOUT_S = 300
+
+LLAMA_LOSSES = [
+    5.557129383087158, 5.293605804443359, 5.081634521484375, 5.074024677276611,
+    4.811350345611572, 4.701788425445557, 4.537586212158203, 4.388882160186768,
+    4.178414344787598, 4.027592182159424, 3.9216034412384033, 3.943164110183716,
+    3.5997517108917236, 3.566837787628174, 3.4139671325683594, 3.2343714237213135,
+]  # fmt: skip
+"""examples/train_llama.py uninterrupted over two ranks (one machine of two ranks, or two
+machines of one; seeded model and data), rank 0's loss at steps 1-16, as printed by
+`torchrun --standalone --nproc_per_node 2 examples/train_llama.py --steps 16 ...`. A resume
+that lost any state (weights, optimizer moments, schedule, data position) leaves these values
+at once."""
+
+
+def printed_losses(output: str) -> dict[int, float]:
+    """The step losses examples/train_llama.py printed, by step (a later line wins)."""
+    return {int(m[1]): float(m[2])
+            for m in re.finditer(r'\{"step": (\d+), "loss": ([\d.]+)\}', output)}  # fmt: skip
 
 
 @dataclass

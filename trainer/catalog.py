@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from spotrain.core import catalog_schema as schema
-from spotrain.core.errors import SpotrainError
+from spotrain.core.errors import SpotrainError, no_region_fix
 from spotrain.trainer.manifest import (
     Manifest,
     parse_record_key,
@@ -246,16 +246,19 @@ class DynamoCatalog:
                 return CatalogError(
                     f"catalog table {self.table_name!r} does not exist: deploy the environment's "
                     "catalog stack, or pass the table name that `spotrain deploy` printed "
-                    "(and check AWS_REGION)"
+                    "(and check AWS_DEFAULT_REGION)"
                 )
             return CatalogError(
                 f"{action} in catalog table {self.table_name!r} failed: {error}; check your "
                 "credentials' permissions on the table, or retry"
             )
-        if isinstance(error, NoCredentialsError | NoRegionError):
+        if isinstance(error, NoRegionError):
+            return CatalogError(f"catalog table {self.table_name!r}: no AWS region; "
+                                f"{no_region_fix()} (the table's region)")  # fmt: skip
+        if isinstance(error, NoCredentialsError):
             return CatalogError(
-                f"catalog table {self.table_name!r}: {error}; configure AWS credentials and "
-                "AWS_REGION (the table's region)"
+                f"catalog table {self.table_name!r}: {error}; configure AWS credentials (an "
+                "instance role on the fleet, AWS_PROFILE or the AWS_* variables)"
             )
         return CatalogError(f"catalog table {self.table_name!r} unreachable: {error}")
 

@@ -44,8 +44,9 @@ from typing import Any
 import torch
 
 from spotrain.core.catalog_schema import checkpoint_id, checkpoint_tag, run_name_problem
+from spotrain.core.entry_point import COORDINATES
 from spotrain.core.errors import SpotrainError, raise_if_problems
-from spotrain.trainer import checkpoint_store, failpoints, local_tier, restore_policy
+from spotrain.trainer import checkpoint_store, failpoints, local_tier, membership, restore_policy
 from spotrain.trainer.catalog import CatalogEntry, open_catalog
 from spotrain.trainer.manifest import Manifest, Shard
 from spotrain.trainer.preemption import Agreement, PreemptionFlag
@@ -114,7 +115,10 @@ class Checkpointer:
 
     run, store: the run's name (the key of everything it stores) and where checkpoints go
         (`s3://BUCKET[/PREFIX]` or `file:///PATH`); catalog_table and kms_key_id for S3 (the
-        environment's outputs). work_dir: fast local disk (training only).
+        environment's outputs). work_dir: fast local disk (training only). On the fleet these
+        and spot_notice_endpoint come from the environment (`COORDINATES`: SPOTRAIN_RUN,
+        SPOTRAIN_STORE, ...; `spotrain train` sets them), so they need not be given; a value
+        given wins.
     every, light_every: steps between full checkpoints (published) and light ones (this
         machine's disk only; None: none).
     definition, allow_definition_change: what makes the run the run (stored with each
@@ -130,8 +134,8 @@ class Checkpointer:
     def __init__(
         self,
         *,
-        run: str,
-        store: str,
+        run: str | None = None,
+        store: str | None = None,
         work_dir: str | None = None,
         catalog_table: str | None = None,
         kms_key_id: str | None = None,
@@ -146,8 +150,21 @@ class Checkpointer:
         lease_owner: str | None = None,
         say: Say | None = None,
     ) -> None:
-        problems = []
-        if run_problem := run_name_problem(run):
+        given = {"run": run, "store": store, "work_dir": work_dir,
+                 "catalog_table": catalog_table, "kms_key_id": kms_key_id,
+                 "spot_notice_endpoint": spot_notice_endpoint}  # fmt: skip
+        found = {name: value if value is not None else os.environ.get(COORDINATES[name]) or None
+                 for name, value in given.items()}  # fmt: skip
+        run, store, work_dir = found["run"], found["store"], found["work_dir"]
+        catalog_table, kms_key_id = found["catalog_table"], found["kms_key_id"]
+        spot_notice_endpoint = found["spot_notice_endpoint"]
+        problems = [
+            f"{name} is not given and {COORDINATES[name]} is not set: pass {name}=..., or start "
+            "the script with `spotrain train` (on the fleet, the run's machines do), which sets it"
+            for name in ("run", "store")
+            if found[name] is None
+        ]
+        if run is not None and (run_problem := run_name_problem(run)):
             problems.append(f"run: {run_problem}")
         if every < 1:
             problems.append(f"every is {every}: checkpoint every 1 or more steps")
@@ -159,6 +176,7 @@ class Checkpointer:
                 "checkpoints (so a damaged newest one has a fallback), or None to keep all"
             )
         raise_if_problems("checkpointer", problems)
+        assert run is not None and store is not None  # no problems: both were found
         self.run, self.every, self.light_every, self.keep_last = run, every, light_every, keep_last
         self.work_dir = Path(work_dir) if work_dir else None
         self.definition, self.allow_definition_change = definition, allow_definition_change
@@ -187,6 +205,9 @@ class Checkpointer:
         """One line for progress output: the newest checkpoint's state."""
         self.stopped_after: int | None = None
         """The step `after_step` stopped at (with its checkpoint published), if it did."""
+        self.stop: membership.Stop | None = None
+        """What this machine does now that the run stopped (stays and rejoins, or leaves)."""
+        self._trained_a_step = False
 
     # ------------------------------------------------------------------ the writer's lease
 
@@ -228,6 +249,7 @@ class Checkpointer:
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="checkpoint")
         if place.leader:  # saves a killed start never published are of no use
             shutil.rmtree(self._work("save"), ignore_errors=True)
+            self._work(membership.FIRST_STEP_MARKER).unlink(missing_ok=True)  # none trained yet
         restored = self._choose_and_fetch()
         start = 0
         if restored is not None:
@@ -369,6 +391,9 @@ class Checkpointer:
         Publishes the checkpoint in flight once every rank finished uploading it, takes the
         checkpoints that are due, and returns True when the run must stop (SIGTERM or a spot
         notice on any machine): its checkpoint of `step` is then published."""
+        if not self._trained_a_step and self.place.leader and self.work_dir is not None:
+            self._work(membership.FIRST_STEP_MARKER).touch()
+        self._trained_a_step = True
         asked = self.preemption.checkpoint_reason
         agreed: Agreement = self.preemption.agree(self._engine.device,
                                                   uploading=self.uploading_here)  # fmt: skip
@@ -390,6 +415,9 @@ class Checkpointer:
         if self.place.rank == 0:
             self._on_event("stopped", step=step, reason=reason, notice_to_published_s=since)
         self.stopped_after = step
+        # Whether this machine stays (and meets the others again) or leaves: its process's
+        # exit says so to torchrun (membership.exit_status).
+        self.stop = membership.agree(self.preemption.reason, self.place.world)
         return True
 
     def close(self) -> None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-import os
 import random
 import tempfile
 import time
@@ -31,10 +30,10 @@ from spotrain.core.validation import instance_type_problems
 from spotrain.trainer import datasets
 from spotrain.trainer.checkpointer import Checkpointer
 from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
+from spotrain.trainer.membership import Stop
 from spotrain.trainer.model import GPT, GPTConfig
 from spotrain.trainer.process import Place, init_distributed, say
 from spotrain.trainer.restore_policy import ConfigChanged, refuse_changed_definition
-from spotrain.trainer.spot_notice import SPOT_NOTICE_REASON
 from spotrain.trainer.storage import Storage, open_storage
 
 __all__ = ["ConfigChanged", "TrainConfig", "TrainResult", "preflight", "train"]
@@ -310,32 +309,9 @@ def _deepspeed_config(config: TrainConfig, *, world_size: int) -> dict[str, Any]
 class TrainResult:
     losses: list[float]
     """The loss of each step this start ran (mean over all ranks)."""
-    rejoin: bool = False
-    """Stopped because another machine of the run was asked to (a spot notice there): this
-    machine stays and should meet the others again (torchrun restarts it: exit REJOIN)."""
-    leave: bool = False
-    """This machine got a spot interruption notice: it is going away, and its torchrun agent
-    must not meet the others again (they are re-forming without it)."""
-
-
-FIRST_STEP_MARKER = ".spotrain-first-step"
-"""Written to the work folder by each machine's leader once this start has trained a step: a
-start that crashes without it never trained (images/bootstrap.sh then has the machine
-replaced rather than restarted in place)."""
-
-REJOIN_EXIT = 75
-"""A rank's exit status when its machine should rejoin the run's group (EX_TEMPFAIL)."""
-
-
-def _why_this_machine_stops(reason: str | None, world: int) -> list[str]:
-    """Collective: why the ranks on this machine (torchrun's node, GROUP_RANK) were asked to
-    stop, if any was: only the leader watches for spot notices, yet the whole machine goes."""
-    import torch.distributed as dist
-
-    node = os.environ.get("GROUP_RANK", "0")
-    everyone: list[Any] = [None] * world
-    dist.all_gather_object(everyone, (node, reason))
-    return [why for where, why in everyone if where == node and why]
+    stop: Stop | None = None
+    """Why and how it stopped before its last step: this machine stays and meets the others
+    again, or leaves (see `membership`); None: it trained to the end."""
 
 
 def train(config: TrainConfig) -> TrainResult:
@@ -358,9 +334,6 @@ def train(config: TrainConfig) -> TrainResult:
         spot_notice_endpoint=config.spot_notice_endpoint,
         spot_notice_poll_seconds=config.spot_notice_poll_seconds, on_event=progress.event,
     )  # fmt: skip
-    first_step = Path(config.work_dir) / FIRST_STEP_MARKER
-    if place.leader:
-        first_step.unlink(missing_ok=True)
     _seed_everything(config.seed, 0)  # identical initial weights on every rank
     model = GPT(config.model)
     optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
@@ -371,7 +344,6 @@ def train(config: TrainConfig) -> TrainResult:
     )  # fmt: skip
     _seed_everything(config.seed, rank)  # a restore replaces these with the checkpoint's
     losses: list[float] = []
-    rejoin = leave = False
     try:
         start_step = checkpointer.restore(engine)
         progress.event("started", step=start_step, world=world)  # one per (re)formed group
@@ -387,17 +359,9 @@ def train(config: TrainConfig) -> TrainResult:
             engine.step()
             losses.append(_mean_over_ranks(loss, world))
             done = step + 1
-            if place.leader and len(losses) == 1:
-                first_step.touch()
             progress.step(done, losses[-1], x.numel() * world, time.perf_counter() - started,
                           checkpointer.status)  # fmt: skip
             if checkpointer.after_step(done, last=done == config.steps, loss=losses[-1]):
-                # A machine that was not asked to stop stays: its agent meets the others again.
-                # One that got a spot notice leaves the group for good.
-                reasons = _why_this_machine_stops(checkpointer.preemption.reason, world)
-                rejoin = not reasons
-                several_machines = int(os.environ.get("GROUP_WORLD_SIZE", "1")) > 1
-                leave = several_machines and any(r.startswith(SPOT_NOTICE_REASON) for r in reasons)
                 break
         checkpointer.close()
     except BaseException:
@@ -409,7 +373,7 @@ def train(config: TrainConfig) -> TrainResult:
     # threads can be destroyed still running (the process then aborts after its work is done).
     dist.barrier()
     dist.destroy_process_group()
-    return TrainResult(losses, rejoin, leave)
+    return TrainResult(losses, checkpointer.stop)
 
 
 class _Progress:

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from spotrain.core.errors import SpotrainError
+from spotrain.core.errors import SpotrainError, no_region_fix
 
 _CHUNK = 8 * 1024 * 1024
 DEFAULT_MAX_ATTEMPTS = 6
@@ -353,7 +353,7 @@ class S3Storage:
             )
         if isinstance(error, NoRegionError):
             return StorageError(
-                f"{what} {where} failed: no AWS region; set AWS_REGION to the bucket's region"
+                f"{what} {where} failed: no AWS region; {no_region_fix()} (the bucket's region)"
             )
         if not isinstance(error, ClientError):
             return StorageError(f"{what} {where} failed: {error}; check the network path to S3")
@@ -362,7 +362,7 @@ class S3Storage:
         if code == "NoSuchBucket":
             return StorageError(
                 f"{what} {where} failed: bucket {self.bucket!r} does not exist: check the store "
-                "URI (the storage stack's output names the bucket) and AWS_REGION"
+                "URI (the storage stack's output names the bucket) and AWS_DEFAULT_REGION"
             )
         if code in ("404", "NoSuchKey", "NotFound"):
             return ObjectMissing(f"{where} does not exist")

@@ -13,7 +13,6 @@ import argparse
 import dataclasses
 import json
 import os
-import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -21,7 +20,8 @@ from typing import Any
 
 from spotrain.core.errors import ConfigError, SpotrainError, raise_if_problems
 from spotrain.core.validation import type_problems
-from spotrain.trainer.engine import REJOIN_EXIT, TrainConfig, train
+from spotrain.trainer import membership
+from spotrain.trainer.engine import TrainConfig, train
 from spotrain.trainer.model import GPTConfig
 
 
@@ -32,9 +32,9 @@ def _value(text: str) -> Any:
         return text
 
 
-def load_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
-    """The configuration in `path` with `overrides`, checked as a whole: one ConfigError
-    lists every problem (unknown, missing and mistyped fields, values out of range)."""
+def read_document(path: Path, overrides: Sequence[str] = ()) -> tuple[dict[str, Any], list[str]]:
+    """The training configuration in `path` (a JSON object) with `overrides` applied, and the
+    problems found with the overrides; an error when the file is not a JSON object."""
     try:
         document = json.loads(path.read_text())
     except FileNotFoundError:
@@ -43,11 +43,11 @@ def load_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
         raise SpotrainError(f"training configuration {path} cannot be read: {error}") from None
     except json.JSONDecodeError as error:
         raise SpotrainError(f"training configuration {path} is not JSON: {error}") from None
-    subject = f"training configuration {path}"
     if not isinstance(document, dict):
         kind = {list: "array", str: "string"}.get(type(document), type(document).__name__)
         example = '{"run": ..., "store": ..., ...}'
-        raise ConfigError(subject, [f"it holds a JSON {kind}, not an object: write {example}"])
+        raise ConfigError(f"training configuration {path}",
+                          [f"it holds a JSON {kind}, not an object: write {example}"])  # fmt: skip
     problems = []
     for override in overrides:
         name, equals, text = override.partition("=")
@@ -59,6 +59,14 @@ def load_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
                 model[name.removeprefix("model.")] = _value(text)
         else:
             document[name] = _value(text)
+    return document, problems
+
+
+def load_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
+    """The configuration in `path` with `overrides`, checked as a whole: one ConfigError
+    lists every problem (unknown, missing and mistyped fields, values out of range)."""
+    document, problems = read_document(path, overrides)
+    subject = f"training configuration {path}"
     model_fields = document.get("model", {})
     if not isinstance(model_fields, dict):
         problems.append(
@@ -116,15 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     except SpotrainError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
-    if (
-        result.leave
-        and os.environ.get("TORCHELASTIC_RUN_ID")
-        and os.environ.get("LOCAL_RANK") == "0"
-    ):
-        # The machine is being reclaimed: its torchrun agent (this rank's parent) must not meet
-        # the others again while they re-form without it.
-        os.kill(os.getppid(), signal.SIGTERM)
-    return REJOIN_EXIT if result.rejoin else 0
+    return membership.exit_status(result.stop)
 
 
 def run_process() -> None:

@@ -8,8 +8,9 @@ spotrain destroy ENV              destroy ENV's stacks
 spotrain scan                     checkov over every synthesized stack, reasoned skips only
 spotrain train CONFIG             train (torchrun on this machine, or one node of many)
 spotrain config put|get|history   the run's configuration, stored where the fleet reads it
-spotrain run list|status|cancel|resume ENV [RUN]
+spotrain run submit|list|status|logs|cancel|resume|retire|env ENV [RUN]
                                   an environment's runs: phase, step, machines, spend
+spotrain image build|bake ENV     the trainer image with your code; the machine image
 spotrain data prepare|show        datasets: text into token shards in the store
 spotrain checkpoints ...          list, show, verify, restore, gc a run's checkpoints
 spotrain cost plan|simulate       a run's cost per strategy before it starts; trace replay
@@ -31,6 +32,7 @@ from spotrain.cli import (
     cost,
     data,
     fleet,
+    image,
     infra,
     local,
     logs,
@@ -57,6 +59,7 @@ def parser() -> argparse.ArgumentParser:
     cost.add_parsers(commands)
     prices.add_parsers(commands)
     infra.add_synth_parsers(commands)
+    image.add_parsers(commands)
     train.add_parsers(commands)
     data.add_parsers(commands)
     checkpoints.add_parsers(commands)
@@ -81,7 +84,9 @@ def main(argv: list[str] | None = None) -> int:
         return 141
     except Exception as error:  # the last line of defence: one line, not a trace
         from boto3.exceptions import S3UploadFailedError
-        from botocore.exceptions import BotoCoreError, ClientError
+        from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
+
+        from spotrain.core.errors import no_region_fix
 
         if args.debug:
             traceback.print_exc()
@@ -91,10 +96,14 @@ def main(argv: list[str] | None = None) -> int:
                   f"installation lacks ({error}): pip install 'spotrain[{extra}]'",
                   file=sys.stderr)  # fmt: skip
             return 2
+        if isinstance(error, NoRegionError):
+            print(f"error: no AWS region: {no_region_fix()}", file=sys.stderr)
+            return 2
         # An upload s3transfer gave up on carries AWS's refusal as its message.
         if isinstance(error, ClientError | BotoCoreError | S3UploadFailedError):
             print(f"error: AWS refused or could not be reached: {error}; check your "
-                  "credentials, AWS_REGION and the names you gave", file=sys.stderr)  # fmt: skip
+                  "credentials, AWS_DEFAULT_REGION and the names you gave",
+                  file=sys.stderr)  # fmt: skip
             return 2
         print(
             f"error: {type(error).__name__}: {error}\nThis is a bug in spotrain "

@@ -25,16 +25,21 @@ def store_configuration(
     return that version."""
     from dataclasses import asdict
 
-    from spotrain.trainer import datasets, run_config
-    from spotrain.trainer.train import load_config
+    from spotrain.trainer import datasets, entry_point, run_config
+    from spotrain.trainer.train import load_config, read_document
 
-    config = load_config(path, overrides)  # every problem, before anything is stored
-    if datasets.is_dataset(config.data):
-        # Stored means ready: the run's machines start once a configuration is there, so the
-        # dataset it names must be there first.
-        datasets.read_manifest(*datasets.locate(config.data, store,
-                                                kms_key_id=config.kms_key_id))  # fmt: skip
-    document = asdict(config)
+    config: Any
+    if entry_point.runs_entry_point(read_document(path)[0]):  # the run's own script
+        config = entry_point.load(path, overrides)  # every problem, before anything is stored
+        document = {**asdict(config), "entry_point": config.entry_point.document()}
+    else:
+        config = load_config(path, overrides)  # every problem, before anything is stored
+        if datasets.is_dataset(config.data):
+            # Stored means ready: the run's machines start once a configuration is there, so
+            # the dataset it names must be there first.
+            datasets.read_manifest(*datasets.locate(config.data, store,
+                                                    kms_key_id=config.kms_key_id))  # fmt: skip
+        document = asdict(config)
     if unless_newest:
         try:
             newest = run_config.newest(storage, config.run)

@@ -46,7 +46,7 @@ def _status(fleet: _Fleet, args: argparse.Namespace) -> int:
         say(f"run {args.run}: {state.crashes} crash(es){' (held)' if state.failed else ''}, "
             f"{short}")  # fmt: skip
         for item in fleet_state.instances(fleet.table, args.run):
-            say(f"  {item['sk'].split('#', 1)[1]:<22} {item['status']:<13} pool "
+            say(f"  {item['sk'].split('#', 1)[1]:<22} {fleet_state.shown_status(item):<13} pool "
                 f"{item.get('pool', '-')} since {item.get('updated_at', '-')}")  # fmt: skip
     return 0
 
@@ -275,7 +275,7 @@ def _groups(autoscaling: Any, names: list[str]) -> list[dict[str, Any]]:
     missing = set(names) - {g["AutoScalingGroupName"] for g in found}
     if missing:
         raise SpotrainError(f"no Auto Scaling group named {', '.join(sorted(missing))} in "
-                            "this region: check --group and AWS_REGION")  # fmt: skip
+                            "this region: check --group and AWS_DEFAULT_REGION")  # fmt: skip
     return found
 
 
@@ -292,7 +292,7 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
     with aws_errors(
         f"`spotrain fleet {args.action}`",
-        "check the --group and --events-table names, AWS_REGION (the fleet's region) and "
+        "check the --group and --events-table names, AWS_DEFAULT_REGION (the fleet's region) and "
         "your credentials",
     ):
         if args.run is not None:
@@ -305,7 +305,8 @@ def cmd_fleet(args: argparse.Namespace) -> int:
 
 def add_parsers(commands: Any) -> None:
     fleet = commands.add_parser(
-        "fleet", help="the run's Auto Scaling groups and fleet state (AWS_REGION: their region)"
+        "fleet",
+        help="the run's Auto Scaling groups and fleet state (AWS_DEFAULT_REGION: their region)",
     )
     fleet.add_argument(
         "action",

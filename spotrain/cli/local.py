@@ -19,10 +19,8 @@ def cmd_local(args: argparse.Namespace) -> int:
     if args.action == "up":
         cloud = control.up(port=args.port)
         say(f"local cloud running at {cloud.endpoint} (pid {cloud.pid}, log {cloud.log})")
-        say(
-            f"use it with: export AWS_ENDPOINT_URL={cloud.endpoint} "
-            f"AWS_CA_BUNDLE={cloud.ca_bundle} AWS_ACCESS_KEY_ID=local AWS_SECRET_ACCESS_KEY=local"
-        )
+        say("point a shell at it with `eval \"$(spotrain local env)\"`, which runs:\n"
+            f"{control.shell_exports(cloud.endpoint)}")  # fmt: skip
     elif args.action == "down":
         say("local cloud stopped" if control.down() else "local cloud was not running")
     elif args.action == "fault":
@@ -34,6 +32,9 @@ def cmd_local(args: argparse.Namespace) -> int:
         if cloud is None:
             say("local cloud is not running (start it with `spotrain local up`)")
             return 1
+        if args.action == "env":  # for eval: the exports alone
+            print(control.shell_exports(cloud.endpoint))
+            return 0
         say(f"local cloud running at {cloud.endpoint} (pid {cloud.pid})")
     return 0
 
@@ -129,13 +130,22 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
         f"{'fleet ' if args.fleet else ''}rehearsal {'passed' if report.passed else 'FAILED'} in "
         f"{time.monotonic() - began:.0f} s (logs and configurations: {work})"
     )
+    cloud = control.status() if args.keep_cloud else None
+    if cloud is not None:
+        say("\nthe local cloud is still running with the environment deployed; point a shell at "
+            f"it with `eval \"$(spotrain local env)\"`, which runs:\n"
+            f"{control.shell_exports(cloud.endpoint)}\n"
+            "then e.g. `spotrain run list local`; `spotrain local down` stops it")  # fmt: skip
     return 0 if report.passed else 1
 
 
 def add_parsers(commands: Any) -> None:
     local = commands.add_parser("local", help="start, stop or inspect the local cloud")
     local.add_argument(
-        "action", choices=["up", "down", "status", "fault"], help="what to do (`fault`: see below)"
+        "action",
+        choices=["up", "down", "status", "env", "fault"],
+        help="what to do (`env`: the exports that point a shell at it, for "
+        '`eval "$(spotrain local env)"`; `fault`: see below)',
     )
     local.add_argument(
         "fault",

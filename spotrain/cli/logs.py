@@ -13,7 +13,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from spotrain.tools import machine_logs
 
     with aws_errors(f"the log stream {args.group}/{args.stream} cannot be opened",
-                    "check --group, AWS_REGION and the machine's credentials"):  # fmt: skip
+                    "check --group, AWS_DEFAULT_REGION and the machine's credentials"):  # fmt: skip
         return machine_logs.main_ship(args.group, args.stream, args.echo)
 
 

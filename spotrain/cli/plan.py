@@ -11,7 +11,7 @@ from typing import Any
 
 from spotrain.cli.arguments import MAX_REPLAYS, figure_path, finite, number, run_name
 from spotrain.cli.output import json_text, say
-from spotrain.cli.plan_inputs import Pool, plan_inputs, pools, run_inputs
+from spotrain.cli.plan_inputs import Pool, declared_fleet, plan_inputs, pools, run_inputs
 from spotrain.cli.simulate import common_flags
 from spotrain.core import prices
 from spotrain.core.errors import CostInputError
@@ -21,6 +21,9 @@ Plans = list[tuple[Pool, planner.Plan]]
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
+    if args.run is not None:
+        run_name(args.run)
+    args.nodes_from = declared_fleet(args)
     _check_plan_flags(args)
     run = run_inputs(args)
     if args.deadline_hours is not None and args.deadline_hours < run["work_h"]:
@@ -56,8 +59,6 @@ def _check_plan_flags(args: argparse.Namespace) -> None:
     finite("--restart-minutes", args.restart_minutes, unit="minutes", zero=True,
            error=CostInputError)  # fmt: skip
     figure_path(args.plot)
-    if args.run is not None:
-        run_name(args.run)
 
 
 def _plan_document(
@@ -69,6 +70,7 @@ def _plan_document(
         "done_steps": run["done_steps"],
         "measured": run["measured"],
         "nodes": args.nodes,
+        "nodes_from": args.nodes_from,
         "deadline_hours": args.deadline_hours,
         "pools": [
             {
@@ -114,7 +116,8 @@ def _say_plans(args: argparse.Namespace, plans: Plans, best_pool: Pool, best: pl
         say(report.table(p.summaries, recommended=p.recommended))
     say(
         f"\nrecommended: {best.recommended} on {best_pool.label}: {best.why} "
-        f"({args.samples} sampled interruption traces, seed {args.seed})"
+        f"({args.samples} sampled interruption traces, seed {args.seed}; {args.nodes} "
+        f"machine(s): {args.nodes_from})"
     )
 
 
@@ -129,11 +132,16 @@ def _plan_figure(
             plan_inputs(args, run, best_pool, deadline, max(20, args.samples // 4))
         ).summaries
 
+    stalls = 1 + run["checkpoint_s"] / best.used_interval_s
+    given = args.deadline_hours
     report.plot(
         report.sweep(at),
         Path(args.plot),
         f"{best_pool.label}, {run['work_h']:.1f} h of work on {args.nodes} machine(s)",
-    )
+        deadline_slack=(given - best.changeover_h) / (run["work_h"] * stalls) - 1
+        if given is not None else None,
+        deadline_label=f"{given:g} h" if given is not None else "",
+    )  # fmt: skip
     say(f"figure: {args.plot}")
 
 
@@ -157,7 +165,8 @@ def _add_work_arguments(actions: Any) -> argparse.ArgumentParser:
     )
     work.add_argument("--metrics", help="a run's metrics file: step time, checkpoint cost")
     work.add_argument("--catalog-table", help="the checkpoint catalog: the run's pace, work left")
-    work.add_argument("--run", help="the run to read from --catalog-table")
+    work.add_argument("--run", help="the run: its machines and instance types when "
+                      "--environment declares it; its pace from --catalog-table")  # fmt: skip
     work.add_argument(
         "--checkpoint-seconds",
         type=number(),
@@ -168,7 +177,8 @@ def _add_work_arguments(actions: Any) -> argparse.ArgumentParser:
         type=number(int),
         help="the run's checkpoint interval in steps (checked)",
     )
-    work.add_argument("--nodes", type=int, default=1, help="machines in the gang")
+    work.add_argument("--nodes", type=int, help="machines in the gang (default: the run's "
+                      "desired_size, as the environment declares it)")  # fmt: skip
     work.add_argument("--deadline-hours", type=float, help="hours from the start")
     work.add_argument(
         "--restart-minutes",
@@ -183,8 +193,8 @@ def _add_pool_arguments(plan: argparse.ArgumentParser) -> None:
     pools = plan.add_argument_group("where and at what price")
     pools.add_argument(
         "--environment",
-        default="local",
-        help="instance types and primary region of this environment",
+        help="instance types and primary region of this environment (default: local), and "
+        "the machines its run starts with",
     )
     pools.add_argument("--instance-type", action="append", help="instead of the environment's")
     pools.add_argument("--region", action="append", help="instead of the primary region")

@@ -15,6 +15,9 @@ from spotrain.core import prices
 from spotrain.core.errors import CostInputError, aws_errors, json_kind, read_json
 from spotrain.cost import planner
 
+DEFAULT_ENVIRONMENT = "local"
+"""Whose instance types and region a plan prices when given no --environment."""
+
 
 @dataclass(frozen=True)
 class Pool:
@@ -50,8 +53,8 @@ def pools(args: argparse.Namespace) -> list[Pool]:
                 "--interruptions-per-hour",
             )
         ]
-    config = environment(args.environment)
-    types = args.instance_type or _declared_types(config.name)
+    config = environment(args.environment or DEFAULT_ENVIRONMENT)
+    types = args.instance_type or getattr(args, "run_types", None) or _declared_types(config.name)
     regions = args.region or [config.primary_region]
     book = prices.load(args.price_book) if args.price_book else prices.load()
     history = _history(args.events_table) if args.events_table else {}
@@ -216,6 +219,41 @@ def plan_inputs(
 def today() -> datetime.date:
     """The date prices are judged stale against (UTC)."""
     return datetime.datetime.now(datetime.UTC).date()
+
+
+def declared_fleet(args: argparse.Namespace) -> str:
+    """Fill in what the plan was not given from the fleet the environment declares: the
+    machines (`--nodes`) a run starts with (its `desired_size`), and the run's instance types.
+    The run is `--run` when the environment declares it, else the environment's only run (or
+    its runs, when they agree). Returns where the machine count came from, for the output."""
+    from spotrain.stacks.runs import load_runs
+
+    if args.environment is None and args.run is None:
+        if args.nodes is None:
+            args.nodes = 1
+            return "1 by default (--environment ENV or --run RUN: as its run starts)"
+        return "--nodes"
+    env_name = environment(args.environment or DEFAULT_ENVIRONMENT).name
+    runs = load_runs(env_name)
+    named = [r for r in runs if r.name == args.run]
+    if named:
+        args.run_types = list(named[0].instance_types)
+    if args.nodes is not None:
+        return "--nodes"
+    chosen = named or list(runs)
+    sizes = {r.desired_size for r in chosen}
+    if not chosen:
+        args.nodes = 1
+        return f"environment {env_name} declares no runs: 1 machine (give --nodes)"
+    if len(sizes) > 1:
+        sizes_by_run = ", ".join(f"{r.name}: {r.desired_size}" for r in chosen)
+        raise CostInputError(
+            f"the runs of environment {env_name} start different numbers of machines "
+            f"({sizes_by_run}): name the run with --run, or give --nodes"
+        )
+    args.nodes = sizes.pop()
+    which = f"run {chosen[0].name}'s" if len(chosen) == 1 else f"{env_name}'s runs'"
+    return f"{which} desired_size"
 
 
 def _declared_types(environment: str) -> list[str]:

@@ -113,13 +113,14 @@ def _leaving(group: dict[str, Any]) -> int:
 
 
 def _total_steps(where: Where, run: str) -> int | None:
-    """The steps of the run's newest stored configuration (None if none is readable)."""
+    """The steps of the run's newest stored configuration, or of its entry point (None if
+    none is readable, or its entry point says none)."""
     from spotrain.trainer import run_config
     from spotrain.trainer.storage import open_storage
 
     try:
-        stored = run_config.newest(open_storage(f"s3://{where.bucket}"), run)
-        return int(stored.document["steps"])
+        document = run_config.newest(open_storage(f"s3://{where.bucket}"), run).document
+        return int(document.get("entry_point", document)["steps"])
     except (SpotrainError, KeyError, TypeError, ValueError):
         return None
 
@@ -209,7 +210,8 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
                f"{g['MaxSize']}" for g in groups},
         spend_usd=round(ledger.spend_usd, 2), on_demand_usd=round(ledger.on_demand_usd, 2),
         cap_usd=ledger.cap_usd, crashes=state.crashes,
-        last_interruption=(f"{marks[-1]['sk'].split('#', 1)[1]} {marks[-1].get('status')} at "
+        last_interruption=(f"{marks[-1]['sk'].split('#', 1)[1]} "
+                           f"{fleet_state.shown_status(marks[-1])} at "
                            f"{marks[-1].get('updated_at')}" if marks else None),
         steps=steps, loss=head.loss if head else None, head_at=head.created_at if head else None,
         head_manifest=f"s3://{where.bucket}/{head.manifest}" if head else None,

@@ -19,10 +19,11 @@ import argparse
 import time
 from collections.abc import Callable
 from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 from spotrain.cli import run_status
-from spotrain.cli.arguments import environment, run_name
+from spotrain.cli.arguments import environment, figure_path, run_name
 from spotrain.cli.output import json_text, say
 from spotrain.cli.run_status import (
     RunStatus,
@@ -59,7 +60,17 @@ def _list(where: Where, args: argparse.Namespace) -> int:
 
 
 def _status(where: Where, args: argparse.Namespace) -> int:
-    return run_status.show(status_of(where, args.run, _groups_of(where, args)), args)
+    figure_path(args.plot)  # a path it cannot write is refused before anything is read
+    shown = run_status.show(status_of(where, args.run, _groups_of(where, args)), args)
+    if args.plot:
+        from spotrain.cost import run_report
+
+        checkpoints, _ = run_report.read_checkpoints(where.catalog, args.run)
+        interruptions = run_report.read_interruptions(where.events, args.run)
+        run_report.plot_progress(args.run, checkpoints, interruptions, Path(args.plot))
+        if not args.json:
+            say(f"figure: {args.plot}")
+    return shown
 
 
 def _cancel(where: Where, args: argparse.Namespace) -> int:
@@ -249,9 +260,64 @@ def _logs(where: Where, args: argparse.Namespace) -> int:
     return run_logs.show(where, args, lambda: run_status.stopped(where, args.run))
 
 
+def _env(where: Where, args: argparse.Namespace) -> int:
+    """`run env`: the shell exports the runbooks start from, for one deployed run (the names
+    follow from the environment's configuration; the keys' ARNs are read from KMS)."""
+    import shlex
+
+    import boto3
+
+    from spotrain.constructs.spot_fleet import on_demand_group_name
+    from spotrain.stacks.budget import budget_name
+    from spotrain.stacks.runs import fleet_group_name
+    from spotrain.stacks.storage import checkpoint_bucket_name, data_key_alias
+
+    run = _declared(args.environment, args.run)
+    config = environment(args.environment)
+    replica = config.replica_region
+
+    def key_arn(region: str) -> str:
+        alias = f"alias/{data_key_alias(config, region)}"
+        kms = boto3.client("kms", region_name=region)
+        return str(kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"])
+
+    group = fleet_group_name(config.name, run.name)
+    values = {
+        "RUN": run.name, "STORE": f"s3://{where.bucket}", "CATALOG": where.catalog.name,
+        "KMS_KEY": key_arn(where.region), "EVENTS": where.events.name,
+        "AWS_DEFAULT_REGION": where.region, "AWS_REGION": where.region,
+        "FLEET_GROUP": group, "ON_DEMAND_GROUP": on_demand_group_name(group),
+        "BUDGET": budget_name(config),
+        "REPLICA_STORE": f"s3://{checkpoint_bucket_name(config, replica)}",
+        "REPLICA_REGION": replica, "REPLICA_KMS_KEY": key_arn(replica),
+    }  # fmt: skip
+    print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items()))
+    return 0
+
+
+def _play(where: Where, args: argparse.Namespace) -> int:
+    """`run play local RUN`: the submitted run trained on this host by the machines its
+    deployed groups launch (the local cloud only)."""
+    from spotrain.localcloud import control
+    from spotrain.tools import local_fleet
+
+    if args.environment != "local":
+        raise SpotrainError(f"`spotrain run play` boots the local cloud's machines on this host; "
+                            f"environment {args.environment}'s machines are EC2's: follow them "
+                            f"with `spotrain run logs {args.environment} {args.run} "
+                            "--follow`")  # fmt: skip
+    _declared(args.environment, args.run)
+    work = control.state_dir().parent / "machines" / args.run
+    codes = local_fleet.play(args.run, work=work, say=say)
+    say(f"run {args.run}: every machine exited ({', '.join(f'{i} {c}' for i, c in codes.items())}"
+        f"); boot logs in {work}; `spotrain run status local {args.run} --plot FILE.png` shows "
+        "its progress")  # fmt: skip
+    return 0
+
+
 ACTIONS: dict[str, Callable[[Where, argparse.Namespace], int]] = {
     "submit": _submit, "list": _list, "status": _status, "logs": _logs, "cancel": _cancel,
-    "resume": _resume, "retire": _retire,
+    "resume": _resume, "retire": _retire, "env": _env, "play": _play,
 }  # fmt: skip
 
 
@@ -259,20 +325,24 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.action != "logs" and (args.machine or args.follow):
         raise SpotrainError("--machine and --follow go with `spotrain run logs`: "
                             f"`spotrain run logs {args.environment} RUN --follow`")  # fmt: skip
+    if args.action != "status" and args.plot:
+        raise SpotrainError("--plot goes with `spotrain run status`: `spotrain run status "
+                            f"{args.environment} RUN --plot FILE.png`")  # fmt: skip
     if args.action != "list":
         if not args.run:
             raise SpotrainError(f"`spotrain run {args.action}` needs the run: "
                                 f"`spotrain run {args.action} {args.environment} RUN`")  # fmt: skip
         if args.action != "submit":
             run_name(args.run, "RUN")
-    fix = "check the environment is deployed, AWS_REGION and your credentials"
+    fix = "check the environment is deployed, AWS_DEFAULT_REGION and your credentials"
     with aws_errors(f"`spotrain run {args.action}`", fix):
         return ACTIONS[args.action](where_of(args.environment), args)
 
 
 def add_parsers(commands: Any) -> None:
     run = commands.add_parser(
-        "run", help="an environment's runs: submit, list, status, logs, cancel, resume, retire"
+        "run",
+        help="an environment's runs: submit, list, status, logs, cancel, resume, retire, env, play",
     )
     run.add_argument("action", choices=list(ACTIONS),
                      help="submit: deploy a run the repository declares and store its training "
@@ -281,11 +351,16 @@ def add_parsers(commands: Any) -> None:
                      "checkpoint and last interruption; cancel: its machines checkpoint "
                      "and go, its groups stay at 0; resume: a cancelled run continues from its "
                      "head; logs: what its machines printed, gone ones included; retire: "
-                     "destroy a stopped run's stack, keeping its checkpoints")  # fmt: skip
+                     "destroy a stopped run's stack, keeping its checkpoints; env: the "
+                     "exports the runbooks start from "
+                     "(eval \"$(spotrain run env ENV RUN)\"); play: the local cloud's run, "
+                     "trained on this host by the machines its groups launch")  # fmt: skip
     run.add_argument("environment", help="the environment (stacks/environments.py)")
     run.add_argument("run", nargs="?", help="the run (every action but list); submit: the run "
                      "or its file, runs/ENV/RUN.toml")  # fmt: skip
     run.add_argument("--json", action="store_true", help="list, status: JSON for scripts")
+    run.add_argument("--plot", metavar="FILE.png", help="status: the run's loss and steps per "
+                     "hour over its steps, restarts and preemptions marked")  # fmt: skip
     run.add_argument("--out", default="cdktf.out", help="submit, retire: synthesis folder")
     run.add_argument("--machine", metavar="INSTANCE_ID",
                      help="logs: this machine's lines alone (its instance id)")  # fmt: skip

@@ -11,7 +11,7 @@ from typing import Any
 from spotrain.cli.arguments import MAX_REPLAYS, figure_path, number
 from spotrain.cli.output import json_text, say
 from spotrain.core.errors import CostInputError
-from spotrain.cost import report, simulation, traces
+from spotrain.cost import planner, report, simulation, traces
 
 
 def _traces(args: argparse.Namespace, hours: float) -> list[traces.Trace]:
@@ -83,7 +83,10 @@ def _document(
             "wrapped": o.wrapped, "past_trace": o.past_trace,
         }  # fmt: skip
 
+    summaries = [simulation.summarise(outcomes) for outcomes in results.values()]
+    recommended, why = planner.recommend(summaries, has_deadline=bool(args.deadline_hours))
     return {
+        "recommended": {"strategy": recommended, "why": why},
         "traces": [
             {"name": t.name, "hours": t.hours, "tick_seconds": t.gap_s,
              "availability": t.availability(args.nodes)}
@@ -117,9 +120,11 @@ def _say_results(
         f"{args.nodes} machine(s)"
         + (f", deadline {args.deadline_hours:g} h" if args.deadline_hours else "")
     )
-    say(report.table(summaries))
+    recommended, why = planner.recommend(summaries, has_deadline=bool(args.deadline_hours))
+    say(report.table(summaries, recommended=recommended))
     for note in _window_notes(summaries, args.wrap):
         say(note)
+    say(f"\nrecommended: {recommended}: {why} (over these traces)")
 
 
 def _figure(args: argparse.Namespace, sampled: list[traces.Trace]) -> None:
@@ -149,11 +154,15 @@ def _figure(args: argparse.Namespace, sampled: list[traces.Trace]) -> None:
                                   wrap=args.wrap)  # fmt: skip
         return [simulation.summarise(outcomes) for outcomes in found.values()]
 
+    given = args.deadline_hours
     report.plot(
         report.sweep(at, fitting),
         Path(args.plot),
         f"{len(sampled)} trace(s), {args.work_hours:g} h of work on {args.nodes} machine(s)",
-    )
+        deadline_slack=(given - args.changeover_minutes / 60) / args.work_hours - 1
+        if given else None,
+        deadline_label=f"{given:g} h" if given else "",
+    )  # fmt: skip
     if not args.json:
         say(f"figure: {args.plot}")
         if left_out:

@@ -1,5 +1,6 @@
 """`spotrain train CONFIG`: check the configuration, then hand the process to torchrun over the
-trainer (one machine, or one node of many)."""
+trainer, or over the run's own script when the configuration names an entry point (one
+machine, or one node of many)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from typing import Any
 
 from spotrain.cli.arguments import whole
 from spotrain.cli.output import say
+from spotrain.core.entry_point import EntryPoint
 from spotrain.core.errors import SpotrainError
 
 DEFAULT_SHUTDOWN_TIMEOUT_S = 90
@@ -40,8 +42,9 @@ def _endpoint(text: str) -> str:
     return text
 
 
-def torchrun_command(args: argparse.Namespace) -> list[str]:
-    """The torchrun command line `spotrain train` runs."""
+def torchrun_command(args: argparse.Namespace, entry_point: EntryPoint | None = None) -> list[str]:
+    """The torchrun command line `spotrain train` runs: over the built-in trainer, or over the
+    run's own `entry_point`."""
     launcher = [sys.executable, "-m", "spotrain.trainer.launch",  # torchrun, repaired
                 "--nproc-per-node", str(args.nproc_per_node),
                 # SIGTERM -> emergency checkpoint -> exit: torchrun must wait that long before
@@ -67,6 +70,9 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
                      # times before torchrun gives up.
                      "--max-restarts", str(MAX_REGROUPS),
                      "--rdzv-conf", ",".join(rdzv_conf)]  # fmt: skip
+    if entry_point is not None:  # the run's own script, each rank under the same launch
+        return [*launcher, "-m", "spotrain.trainer.entry_point", *entry_point.target, "--",
+                *entry_point.args]  # fmt: skip
     launcher += ["-m", "spotrain.trainer.train", str(args.config)]
     for override in args.set:
         launcher += ["--set", override]
@@ -74,17 +80,27 @@ def torchrun_command(args: argparse.Namespace) -> list[str]:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
+    from spotrain.trainer import entry_point
     from spotrain.trainer.engine import preflight
-    from spotrain.trainer.train import load_config
+    from spotrain.trainer.train import load_config, read_document
 
-    config = load_config(args.config, args.set)  # every problem now, before any process starts
-    preflight(config)  # and the store, data and folders, before any rank takes the run's lease
+    entry = None
+    if entry_point.runs_entry_point(read_document(args.config)[0]):
+        own = entry_point.load(args.config, args.set)  # every problem now
+        entry_point.preflight(own)  # and the script, store and folder, before any rank starts
+        # The run's coordinates reach the script's Checkpointer as environment variables.
+        os.environ.update(own.environment())
+        run, entry = own.run, own.entry_point
+    else:
+        config = load_config(args.config, args.set)  # every problem now, before any start
+        preflight(config)  # and the store, data and folders, before any rank takes the lease
+        run = config.run
     if args.nproc_per_node is None:
         import torch
 
         args.nproc_per_node = torch.cuda.device_count() or 1
-    command = torchrun_command(args)
-    say(f"training {config.run}: {' '.join(command[1:])}")
+    command = torchrun_command(args, entry)
+    say(f"training {run}: {' '.join(command[1:])}")
     sys.stdout.flush()
     os.execv(sys.executable, command)  # torchrun takes this process: signals reach it directly
     return 0  # not reached

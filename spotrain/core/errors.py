@@ -53,6 +53,23 @@ class CostInputError(SpotrainError, ValueError):
     """Inputs to a cost estimate that describe no run, or prices it lacks (names the fix)."""
 
 
+REGION_VARIABLE = "AWS_DEFAULT_REGION"
+"""What boto3 reads for the region (with `region` in the AWS config file); it does not read
+AWS_REGION, which only Lambda's runtime and the AWS CLI v2 honour."""
+
+
+def no_region_fix() -> str:
+    """How to give boto3 a region, said for this shell: the variable that works, and the one
+    that was set in vain."""
+    import os
+
+    fix = f"export {REGION_VARIABLE}=<region> (or set `region` in ~/.aws/config)"
+    if os.environ.get("AWS_REGION") and not os.environ.get(REGION_VARIABLE):
+        fix = (f"export {REGION_VARIABLE}=$AWS_REGION: boto3 does not read AWS_REGION, which "
+               "is set here")  # fmt: skip
+    return fix
+
+
 def raise_if_problems(subject: str, problems: list[str]) -> None:
     if problems:
         raise ConfigError(subject, problems)
@@ -61,10 +78,12 @@ def raise_if_problems(subject: str, problems: list[str]) -> None:
 @contextmanager
 def aws_errors(what: str, fix: str) -> Iterator[None]:
     """An AWS refusal as one line that names what was asked and what to check."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import BotoCoreError, ClientError, NoRegionError
 
     try:
         yield
+    except NoRegionError as error:
+        raise SpotrainError(f"{what}: no AWS region: {no_region_fix()}") from error
     except (ClientError, BotoCoreError) as error:
         raise SpotrainError(f"{what}: {error}; {fix}") from error
 

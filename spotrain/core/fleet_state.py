@@ -221,6 +221,15 @@ def instance_status(table: Any, run: str, instance_id: str) -> str | None:
     return str(item["status"]) if item else None
 
 
+def shown_status(item: dict[str, Any]) -> str:
+    """An instance mark as people read it: a machine whose trainer's exit was accounted has
+    left, so an interruption it got is over (RECLAIMED), not still happening."""
+    status = str(item.get("status", "-"))
+    if item.get("left_at") is None:
+        return status
+    return "RECLAIMED" if status == INSTANCE_STATUS_INTERRUPTING else "LEFT"
+
+
 def instances(table: Any, run: str) -> list[dict[str, Any]]:
     items = table.query(
         KeyConditionExpression="#pk = :run AND begins_with(#sk, :prefix)",
@@ -245,8 +254,20 @@ def record_exit(
     its instance is being stopped, whoever asked) is not a failure; other exits count as
     crashes, and `max_crashes` of them since the run's last release hold it (the handler and
     the boot script hold at DEFAULT_MAX_CRASHES)."""
+    from botocore.exceptions import ClientError
+
     from spotrain.core import run_lifecycle
 
+    try:  # a marked machine has left once its exit is accounted (its mark stays, for reports)
+        table.update_item(
+            Key={PARTITION_KEY: run_key(run), SORT_KEY: instance_sort_key(instance_id)},
+            UpdateExpression="SET left_at = :now",
+            ConditionExpression=f"attribute_exists({PARTITION_KEY})",
+            ExpressionAttributeValues={":now": datetime.now(UTC).strftime(STAMP_FORMAT)},
+        )
+    except ClientError as error:
+        if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise
     kind = None
     if exit_code == 0:
         kind = "finished"

@@ -80,8 +80,12 @@ class PriceBook:
     note: str = ""
     path: str = field(default="", compare=False)
 
-    def pool(self, instance_type: str, region: str) -> PoolPrices:
-        """The prices of one pool, or CostInputError naming what is missing and the fix."""
+    def pool(
+        self, instance_type: str, region: str,
+        otherwise: str = "give --on-demand-price and --spot-price",
+    ) -> PoolPrices:  # fmt: skip
+        """The prices of one pool, or CostInputError naming what is missing and the fix (the
+        refresh, or `otherwise`: what the command asking takes instead)."""
         on_demand = [
             f for f in self.on_demand if (f.instance_type, f.region) == (instance_type, region)
         ]
@@ -91,8 +95,8 @@ class PriceBook:
             raise CostInputError(
                 f"the price book ({self.path or 'given'}) has no {' or '.join(missing)} price for "
                 f"{instance_type} in {region}: run `spotrain prices refresh --instance-type "
-                f"{instance_type} --region {region}` with credentials for an account, or give "
-                "--on-demand-price and --spot-price"
+                f"{instance_type} --region {region}` with credentials for an account, or "
+                f"{otherwise}"
             )
         advisor = self.advisor_for(instance_type, region)
         return PoolPrices(instance_type, region, on_demand[0], spot, advisor)

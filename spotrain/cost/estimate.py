@@ -18,6 +18,12 @@ from spotrain.cost import planner
 from spotrain.cost.simulation import ON_DEMAND_ONLY
 
 SAMPLES = 100
+GIVE_A_BOOK = (
+    'give a price book with its prices: `--price-book FILE` (the README\'s "Prices" shows '
+    "the format; examples/price-book.json is one, with made-up figures)"
+)
+"""What the estimate takes instead of the checked-in book: its prices are a run's inputs, as
+reviewable as the run file, so they come in a file, not as flags."""
 SEED = 0
 RESTART_HOURS = 5 / 60
 RECOVERY_HOURS = 1.0
@@ -81,7 +87,7 @@ def estimate(
         deadline_h=deadline_h, spot=None, on_demand=None,
     )  # fmt: skip
     try:
-        pool = book.pool(instance_type, region)
+        pool = book.pool(instance_type, region, otherwise=GIVE_A_BOOK)
     except CostInputError as error:
         return replace(base, problem=str(error))
     if planned.interruptions_per_hour is not None:

@@ -68,26 +68,50 @@ def save_figure(figure: Any, path: Path) -> None:
         plt.close(figure)
 
 
+STYLES = {"spot-greedy": ("s", "--"), "blueprint-mix": ("^", "-."), "uniform-progress": ("D", ":")}
+"""Marker and dash per strategy, so lines that coincide (a mix that is all on-demand on one
+machine) stay visible, each drawn over the next."""
+
+
 def plot(
-    curves: Mapping[str, Sequence[tuple[float, float, float]]], path: Path, title: str
-) -> None:
-    """Cost (share of on-demand) per strategy against deadline slack; misses marked."""
+    curves: Mapping[str, Sequence[tuple[float, float, float]]], path: Path, title: str, *,
+    deadline_slack: float | None = None, deadline_label: str = "",
+) -> list[str]:  # fmt: skip
+    """Cost (share of on-demand) per strategy against deadline slack; misses marked, and the
+    deadline the user gave (`deadline_slack`) as a line. The legend shows only what is drawn;
+    its entries are returned."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display on servers and CI
     import matplotlib.pyplot as plt
 
     figure, axes = plt.subplots(figsize=(7, 4.2), layout="constrained")
+    missed_drawn = False
     for strategy, points in curves.items():
         slacks = [p[0] for p in points]
-        axes.plot(slacks, [p[1] for p in points], marker="o", label=strategy)
+        shares = [p[1] for p in points]
+        if strategy == ON_DEMAND_ONLY:  # the baseline: a wide band under the others
+            axes.plot(slacks, shares, linewidth=7, alpha=0.3, color="gray", label=strategy,
+                      zorder=1)  # fmt: skip
+        else:
+            marker, dashes = STYLES.get(strategy, ("o", "-"))
+            axes.plot(slacks, shares, marker=marker, linestyle=dashes, markersize=5,
+                      label=strategy, zorder=2)  # fmt: skip
         missed = [(p[0], p[1]) for p in points if p[2] < 1.0]
         if missed:
-            axes.scatter(*zip(*missed, strict=True), marker="x", s=80, color="black", zorder=3)
+            label = None if missed_drawn else "misses the deadline in some runs"
+            axes.scatter(*zip(*missed, strict=True), marker="x", s=80, color="black", zorder=3,
+                         label=label)  # fmt: skip
+            missed_drawn = True
+    if deadline_slack is not None:
+        label = f"your deadline ({deadline_label})" if deadline_label else "your deadline"
+        axes.axvline(deadline_slack, color="firebrick", linestyle=":", zorder=0, label=label)
     axes.set_xlabel("deadline slack (deadline = work x (1 + slack))")
     axes.set_ylabel("expected cost / on-demand cost")
     axes.set_ylim(bottom=0)
     axes.set_title(title, fontsize=10)
     axes.grid(alpha=0.3)
-    axes.legend(title="x: misses the deadline in some runs", fontsize=8, title_fontsize=8)
+    legend = axes.legend(fontsize=8)
+    entries = [text.get_text() for text in legend.get_texts()]
     save_figure(figure, path)
+    return entries

@@ -27,6 +27,7 @@ from spotrain.core.catalog_schema import (
     INSTANCE_PREFIX,
     INSTANCE_STATUS_INTERRUPTING,
     LINEAGE_KEY,
+    LOSS_KEY,
     PARTITION_KEY,
     SORT_KEY,
     STATUS_COLLECTED,
@@ -50,6 +51,8 @@ class Checkpoint:
     stall_s: float | None = None
     upload_s: float | None = None
     machines: int | None = None
+    loss: float | None = None
+    """The training loss at its step, when the loop gave it (`after_step(..., loss=)`)."""
 
 
 @dataclass(frozen=True)
@@ -306,6 +309,7 @@ def read_checkpoints(catalog: Any, run: str) -> tuple[list[Checkpoint], int]:
             stall_s=float(timings["stall_s"]) if "stall_s" in timings else None,
             upload_s=float(timings["upload_s"]) if "upload_s" in timings else None,
             machines=int(timings["machines"]) if "machines" in timings else None,
+            loss=float(item[LOSS_KEY]) if LOSS_KEY in item else None,
         ))  # fmt: skip
     return found, int(head["step"]) if head else 0
 
@@ -415,3 +419,65 @@ def plot(report: RunReport, path: Path) -> None:
     axes.grid(alpha=0.3)
     axes.legend(fontsize=8)
     save_figure(figure, path)
+
+
+def plot_progress(
+    run: str, checkpoints: list[Checkpoint], interruptions: list[Interruption], path: Path
+) -> list[str]:
+    """`spotrain run status --plot`: the run's loss and throughput over its steps, from what
+    the trainer records with each checkpoint (step, loss, when published), with each restart
+    (a start resuming from its parent's step) and each preemption (the handler's warning, at
+    the step the run had reached) marked. The legend's entries are returned."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on servers and CI
+    import matplotlib.pyplot as plt
+
+    published = sorted(checkpoints, key=lambda c: c.step)
+    figure, (loss_axes, pace_axes) = plt.subplots(
+        2, 1, figsize=(7.5, 5.6), sharex=True, layout="constrained"
+    )
+    with_loss = [c for c in published if c.loss is not None]
+    if with_loss:
+        loss_axes.plot([c.step for c in with_loss], [c.loss for c in with_loss], marker=".",
+                       label="loss at each checkpoint")  # fmt: skip
+    else:
+        loss_axes.text(0.5, 0.5, "no loss recorded: pass loss= to Checkpointer.after_step",
+                       ha="center", va="center", transform=loss_axes.transAxes,
+                       fontsize=9)  # fmt: skip
+    pace = [(after.step,
+             3600 * (after.step - before.step) / (after.published_at - before.published_at))
+            for before, after in pairwise(published)
+            if after.generation == before.generation and after.published_at > before.published_at
+            and after.step > before.step]  # fmt: skip
+    if pace:
+        pace_axes.plot(*zip(*pace, strict=True), marker=".", color="tab:green",
+                       label="steps per hour (between checkpoints of one start)")  # fmt: skip
+    starts: dict[int, Checkpoint] = {}
+    for checkpoint in published:
+        starts.setdefault(checkpoint.generation, checkpoint)
+    restarts = sorted({c.parent_step for c in list(starts.values())[1:] if c.parent_step})
+    preempted = [p.reached_step for p in _preemptions(interruptions, published,
+                                                      _pace(published), None)
+                 if p.reached_step is not None]  # fmt: skip
+    for axes in (loss_axes, pace_axes):  # named once, in the upper legend
+        named = axes is loss_axes
+        for index, step in enumerate(restarts):
+            label = "restart (resumed from)" if named and index == 0 else None
+            axes.axvline(step, color="tab:blue", linestyle=":", linewidth=1, label=label)
+        for index, step in enumerate(preempted):
+            label = "preemption" if named and index == 0 else None
+            axes.axvline(step, color="tab:red", linestyle="--", linewidth=1, label=label)
+        axes.grid(alpha=0.3)
+    loss_axes.set_ylabel("training loss")
+    loss_axes.set_title(f"run {run}: {len(published)} checkpoints, {len(restarts)} restart(s), "
+                        f"{len(preempted)} preemption(s)", fontsize=10)  # fmt: skip
+    pace_axes.set_ylabel("steps per hour")
+    pace_axes.set_xlabel("step")
+    pace_axes.set_ylim(bottom=0)
+    entries = []
+    for axes in (loss_axes, pace_axes):
+        if axes.get_legend_handles_labels()[1]:
+            entries += [t.get_text() for t in axes.legend(fontsize=8).get_texts()]
+    save_figure(figure, path)
+    return entries

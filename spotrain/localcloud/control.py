@@ -56,6 +56,15 @@ def aws_environment(endpoint: str, region: str) -> dict[str, str]:
     }
 
 
+def shell_exports(endpoint: str, region: str = "us-east-1") -> str:
+    """The `export` line that points a shell's AWS tools (boto3, the AWS CLI, terraform and
+    spotrain's commands) at the local cloud: `eval "$(spotrain local env)"` runs it."""
+    import shlex
+
+    settings = aws_environment(endpoint, region)
+    return "export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in settings.items())
+
+
 def ca_bundle() -> Path:
     """Certificate authority of the local cloud started from this state directory."""
     return state_dir() / "tls" / "ca.pem"

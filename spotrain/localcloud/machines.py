@@ -24,7 +24,9 @@ from typing import Any
 
 from spotrain.localcloud.imds import LocalMetadataService
 
-IMAGES = Path(__file__).resolve().parents[2] / "images"
+CHECKOUT = Path(__file__).resolve().parents[2]
+"""What the image carries as its code folder (a run's entry-point script is found there)."""
+IMAGES = CHECKOUT / "images"
 BOOTSTRAP = IMAGES / "bootstrap.sh"
 
 
@@ -118,6 +120,7 @@ class LocalMachine:
         self.process = subprocess.Popen(
             ["bash", str(BOOTSTRAP)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
             text=True, start_new_session=True,  # ended as EC2 ends a machine: all of it
+            cwd=CHECKOUT,  # the image's working directory is its code folder
             env={**os.environ, **self.aws_env,
                  "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                  "SPOTRAIN_RUN_ENV": str(run_env), "SPOTRAIN_IMDS_ENDPOINT": self.imds.endpoint,
