@@ -89,7 +89,8 @@ def main() -> None:
         engine.step()
         if dist.get_rank() == 0:
             print(json.dumps({"step": step + 1, "loss": loss.item()}), flush=True)
-        if checkpointer.after_step(step + 1, last=step + 1 == args.steps):  # spotrain
+        # spotrain (the loss is optional: a checkpoint records it, `run status` shows it)
+        if checkpointer.after_step(step + 1, last=step + 1 == args.steps, loss=loss.item()):
             break
     checkpointer.close()  # spotrain
     dist.destroy_process_group()

@@ -627,3 +627,20 @@ def test_a_run_with_a_deadline_gives_its_handler_the_deadline_and_its_progress_o
     )
     dev_reading = {s["sid"]: s for s in statements(dev, dev_policy["policy"])}["ReadRunProgress"]
     assert dev_reading["actions"] == reading["actions"]
+
+
+def test_stacks_apply_by_levels_each_after_what_it_depends_on(synth_dir: Path) -> None:
+    """`spotrain deploy` applies one level's stacks at once (and destroys in reverse): every
+    stack comes after each stack it depends on, and the levels hold them all, once."""
+    from spotrain.tools.terraform import stack_levels, stacks_in_order
+
+    manifest = json.loads((synth_dir / "manifest.json").read_text())["stacks"]
+    levels = stack_levels(synth_dir, "local-*")
+    assert levels == [["local-budget", "local-storage"], ["local-catalog"],
+                      ["local-interruptions", "local-network"],
+                      ["local-run-demo", "local-run-second"]]  # fmt: skip
+    level_of = {name: index for index, names in enumerate(levels) for name in names}
+    for name, index in level_of.items():
+        assert all(level_of[d] < index for d in manifest[name]["dependencies"])
+    assert sorted(level_of) == sorted(stacks_in_order(synth_dir, "local-*"))
+    assert stack_levels(synth_dir, "local-run-demo") == [["local-run-demo"]]

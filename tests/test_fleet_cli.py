@@ -379,3 +379,12 @@ def test_log_options_outside_run_logs_are_refused(
     assert cli.main(["run", "status", "local", "demo", "--follow"]) == 2
     error = capsys.readouterr().err
     assert "--machine and --follow go with `spotrain run logs`" in error
+
+
+def test_run_play_and_plot_are_refused_where_they_do_not_apply(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["run", "play", "dev", "gpt-small"]) == 2
+    assert "`spotrain run logs dev gpt-small --follow`" in capsys.readouterr().err
+    assert cli.main(["run", "list", "dev", "--plot", "x.png"]) == 2
+    assert "--plot goes with `spotrain run status`" in capsys.readouterr().err

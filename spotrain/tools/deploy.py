@@ -107,18 +107,38 @@ class Deployment:
         return (self.outdir.parent / ".spotrain" / "logs" / f"{name}.log").resolve()
 
     def apply(self) -> list[StackResult]:
-        results = []
-        for name in self.stacks:
+        """Apply every stack, dependencies first; the stacks of one dependency level at the
+        same time (each mostly waits on the cloud's API). Results in `stacks` order."""
+        results: dict[str, StackResult] = {}
+
+        def apply_one(name: str) -> StackResult:
             started = time.monotonic()
             self.log(
                 f"==> {name}: applying" + ("" if self.verbose else f" (log: {self.log_file(name)})")
             )
-            self.init(name)
             self._tf(name, ["apply", "-auto-approve", "-input=false", "-no-color"])
-            results.append(self.describe(name))
-            self.log(f"    {name}: {len(results[-1].resources)} resources, "
+            result = self.describe(name)
+            self.log(f"    {name}: {len(result.resources)} resources, "
                      f"{time.monotonic() - started:.0f}s")  # fmt: skip
-        return results
+            return result
+
+        for level in self._levels():
+            for result in self._each_at_once(level, apply_one):
+                results[result.name] = result
+        return [results[name] for name in self.stacks]
+
+    def _levels(self) -> list[list[str]]:
+        return terraform.stack_levels(self.outdir, self.only or f"{self.config.name}-*")
+
+    def _each_at_once(self, names: list[str], action: Callable[[str], Any]) -> list[Any]:
+        """`action` over `names` at once, after their inits one at a time (they share the
+        provider cache); the first failure is raised once every one has ended."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        for name in names:
+            self.init(name)
+        with ThreadPoolExecutor(len(names)) as pool:
+            return list(pool.map(action, names))
 
     def plan_has_changes(self) -> dict[str, bool]:
         """Per stack: does `terraform plan` want to change anything? Plans change nothing, so
@@ -138,10 +158,14 @@ class Deployment:
             return dict(zip(names, pool.map(changed, names), strict=True))
 
     def destroy(self) -> None:
-        for name in reversed(self.stacks):
+        """Destroy every stack, dependents first; one dependency level's stacks at once."""
+
+        def destroy_one(name: str) -> None:
             self.log(f"==> {name}: destroying")
-            self.init(name)
             self._tf(name, ["destroy", "-auto-approve", "-input=false", "-no-color"])
+
+        for level in reversed(self._levels()):
+            self._each_at_once(level, destroy_one)
 
     def describe(self, name: str) -> StackResult:
         listed = self._tf(name, ["state", "list"], capture=True).stdout.split()

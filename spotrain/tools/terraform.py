@@ -130,6 +130,20 @@ def run(
     return result
 
 
+def stack_levels(outdir: Path, selector: str | None = None) -> list[list[str]]:
+    """`stacks_in_order`, grouped: each level's stacks depend only on earlier levels', so
+    one level's stacks may be applied (or, in reverse, destroyed) at the same time."""
+    manifest = json.loads((outdir / "manifest.json").read_text())["stacks"]
+    level: dict[str, int] = {}
+    for name in stacks_in_order(outdir):
+        level[name] = 1 + max((level[d] for d in manifest[name]["dependencies"]), default=-1)
+    chosen = stacks_in_order(outdir, selector)
+    grouped: list[list[str]] = [[] for _ in range(1 + max(level[n] for n in chosen))]
+    for name in chosen:
+        grouped[level[name]].append(name)
+    return [names for names in grouped if names]
+
+
 def stacks_in_order(outdir: Path, selector: str | None = None) -> list[str]:
     """Stack names from the cdktf manifest, dependencies first; `selector` is an `env-*` glob
     or a stack name."""
