@@ -818,7 +818,7 @@ def test_the_catalog_stream_runs_the_deployed_handler_which_alarms_on_rewritten_
 
 
 TWO_RUNS_TRAINING = {
-    "steps": 200, "checkpoint_every": 20, "micro_batch": 4, "seed": 5, "log_every": 100,
+    "steps": 120, "checkpoint_every": 20, "micro_batch": 4, "seed": 5, "log_every": 100,
     "model": {"context": 32, "layers": 2, "heads": 2, "width": 64},
 }  # fmt: skip
 """Both runs of the story below train this: the same losses at every step, unless a cancel
@@ -839,12 +839,18 @@ class _PlayedFleet:
         port of its own."""
 
     def boot(self, group: str, lifecycle: str = "on-demand") -> Any:
-        """The group's next instance in service that is not played yet, booted (by default
-        the coordinator of its run: on-demand)."""
-        from spotrain.localcloud.machines import LocalMachine, deployed_user_data, in_service
+        """The group's next instance in service on the `lifecycle` market (as EC2 launched
+        it) that is not played yet, booted (by default its run's coordinator: on-demand)."""
+        from spotrain.localcloud.machines import (
+            LocalMachine,
+            deployed_user_data,
+            in_service,
+            on_demand_first,
+        )
 
         members, template = in_service(self.autoscaling, group)
-        member = next(m for m in members if m["InstanceId"] not in self.machines)
+        member = next(m for m, market in on_demand_first(self.ec2, members)
+                      if m["InstanceId"] not in self.machines and market == lifecycle)  # fmt: skip
         machine = LocalMachine.of_member(
             member, lifecycle=lifecycle, root=self.work,
             user_data=deployed_user_data(self.ec2, template),
@@ -875,22 +881,26 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    """A third run is declared beside the repository's two (listed as declared) and submitted
-    by its file: its stack applies and its configuration is stored; `second` gets a
-    configuration of the same training. One capacity check of the deployed handler starts both
-    and leaves the finished demo run's groups as they are. Each trains on a machine booted from
-    its own deployed launch template, at the same time. `run cancel second`: its groups go to
-    0, its machine is stopped as EC2 stops one (SIGTERM), publishes its emergency checkpoint
-    and leaves, accounted as stopped, its coordinator role given up; `run resume` boots a new
-    machine that resumes from that checkpoint, and every step's loss equals the third run's,
-    which nothing interrupted. `run logs` shows the stopped machine's last words; `run list`
-    and `status` each state; both runs finish and their groups go to 0; `run retire` destroys
-    the third's stack (its groups and declaration go) and it is listed as declared again."""
+    """A third run is declared beside the repository's two (listed as declared) and submitted by its
+    file: its stack applies and its configuration is stored; `second` gets a configuration of
+    the same training. One capacity check of the deployed handler starts both and leaves the
+    finished demo run's groups as they are. Each trains on a machine booted from its own
+    deployed launch template, at the same time: `second`'s booted by the test, `third`'s by
+    `run play` (tools/local_fleet.py) as a user plays a local run. `run cancel second`: its
+    groups go to 0, its machine is stopped as EC2 stops one (SIGTERM), publishes its emergency
+    checkpoint and leaves, accounted as stopped, its coordinator role given up; `run resume`
+    boots a new machine that resumes from that checkpoint, and every step's loss equals the
+    third run's, which nothing interrupted. `run logs` shows the stopped machine's last words;
+    `run list` and `status` each state; both runs finish and their groups go to 0; `run retire`
+    destroys the third's stack (its groups and declaration go) and it is listed as declared
+    again."""
     import shutil as shell_tools
+    import threading
     import time
 
     from spotrain import cli
     from spotrain.core import fleet_state, run_lifecycle
+    from spotrain.tools import local_fleet
     from spotrain.tools.rehearsal import Phase, deliver_capacity_check
 
     for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
@@ -954,16 +964,24 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
             "second": "start", "third": "start"}, checked  # fmt: skip
         assert [sizes(group) for group in groups.values()] == [(1, 1), (1, 1)]  # as declared
         assert sizes("spotrain-local-demo-fleet") == demo_before
-        first = {run: fleet.boot(group) for run, group in groups.items()}
+        first = {"second": fleet.boot(groups["second"])}
+        # `third` is played as a user plays a local run (`spotrain run play`): another check,
+        # then its machine boots here and trains it to the end, its lines said as they come.
+        third_said: list[str] = []
+        third_codes: dict[str, int] = {}
+        player = threading.Thread(target=lambda: third_codes.update(local_fleet.play(
+            "third", work=tmp_path / "played", say=third_said.append)), daemon=True)  # fmt: skip
+        player.start()
         # Both train at the same time, each from its own deployed template, into its own
         # checkpoints.
         deadline = time.monotonic() + 300
         while not (head("second") >= 40 and head("third") >= 40):
-            assert all(m.running() for m in first.values()), {
-                r: m.output[-3000:] for r, m in first.items()}  # fmt: skip
-            assert time.monotonic() < deadline, {r: m.output[-3000:] for r, m in first.items()}
+            assert first["second"].running() and player.is_alive(), (
+                first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
+            assert time.monotonic() < deadline, (
+                first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
             time.sleep(0.2)
-        assert all(m.running() for m in first.values())
+        assert first["second"].running() and player.is_alive()
         assert head("second") < TWO_RUNS_TRAINING["steps"] > head("third")
         now_listed = listed()
         for run in groups:
@@ -1000,7 +1018,9 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         assert cli.main(["run", "resume", "local", "second"]) == 0
         resumed = fleet.boot(groups["second"])  # the group's new instance: it coordinates
         assert resumed.wait(timeout=300) == 0, resumed.output[-3000:]
-        assert first["third"].wait(timeout=300) == 0, first["third"].output[-3000:]
+        player.join(timeout=300)
+        assert list(third_codes.values()) == [0], "\n".join(third_said[-40:])
+        assert any("(on-demand)" in line for line in third_said), third_said[:5]
         assert f"resumed second at step {stopped_at}" in resumed.output, resumed.output[-3000:]
         losses = {run: phase.losses() for run, phase in metrics.items()}
         assert sorted(losses["third"]) == list(range(1, TWO_RUNS_TRAINING["steps"] + 1))

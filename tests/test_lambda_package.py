@@ -30,6 +30,7 @@ def test_zip_entries_are_sorted_with_fixed_times_and_permissions() -> None:
         "spotrain/core/__init__.py",
         "spotrain/core/catalog_schema.py",
         "spotrain/core/deadline_policy.py",
+        "spotrain/core/entry_point.py",
         "spotrain/core/errors.py",
         "spotrain/core/events.py",
         "spotrain/core/fleet_state.py",

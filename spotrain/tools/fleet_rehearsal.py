@@ -33,7 +33,12 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.localcloud import control
-from spotrain.localcloud.machines import LocalMachine, deployed_user_data, in_service
+from spotrain.localcloud.machines import (
+    LocalMachine,
+    deployed_user_data,
+    in_service,
+    on_demand_first,
+)
 from spotrain.tools.rehearsal import (
     Phase,
     RehearsalFailed,
@@ -237,9 +242,15 @@ class FleetRehearsal:
         self.say(f"[3/5] {MACHINES} instances of the group {group} boot from the launch "
                  f"template {launch_template}: one on-demand (the run's coordinator), the "
                  "others spot")  # fmt: skip
-        for index, member in enumerate(members[:MACHINES]):
-            self._boot(member, "on-demand" if index == 0 else "spot", user_data, aws_env,
-                       port, outputs["run"].instance_types[0])  # fmt: skip
+        # Each on the market EC2 launched it on: the on-demand one coordinates.
+        for member, market in on_demand_first(ec2, members[:MACHINES]):
+            self._boot(member, market, user_data, aws_env, port,
+                       outputs["run"].instance_types[0])  # fmt: skip
+        if [m.lifecycle for m in self.machines] != ["on-demand"] + ["spot"] * (MACHINES - 1):
+            raise RehearsalFailed(
+                f"{group} launched {[m.lifecycle for m in self.machines]}, not one on-demand "
+                "machine and spot ones (its on-demand base capacity is 1)"
+            )
         coordinator, reclaimed = self.machines[0], self.machines[-1]
         self._wait(lambda: max(metrics.losses(), default=0) >= INTERRUPT_AFTER_STEP, metrics)
 
@@ -270,7 +281,8 @@ class FleetRehearsal:
             raise RehearsalFailed(f"{group} launched no replacement for the reclaimed instance")
         self.say(f"[5/5] the group's replacement {replacement['InstanceId']} boots and joins")
         joined_at = time.time()
-        joiner = self._boot(replacement, "spot", user_data, aws_env, port,
+        [(_, market)] = on_demand_first(ec2, [replacement])
+        joiner = self._boot(replacement, market, user_data, aws_env, port,
                             outputs["run"].instance_types[0])  # fmt: skip
         codes = {m.instance_id: m.wait(timeout=TIMEOUT_S) for m in self.machines
                  if m is not reclaimed}  # fmt: skip
@@ -322,8 +334,9 @@ class FleetRehearsal:
         fates = {}
         for machine in self.machines:
             code = codes.get(machine.instance_id)
-            role = ("coordinator, on-demand" if machine is coordinator
-                    else "replacement, spot" if machine is joiner else "spot")  # fmt: skip
+            part = ("coordinator, " if machine is coordinator
+                    else "replacement, " if machine is joiner else "")  # fmt: skip
+            role = part + machine.lifecycle
             if machine is reclaimed:
                 fate = "reclaimed: left after its emergency checkpoint, counted as preempted"
                 if "preempted" not in machine.output:

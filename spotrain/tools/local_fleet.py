@@ -5,10 +5,10 @@ The deployed handler's capacity check starts the run's groups (as the schedule d
 minutes in an account); each instance in service then boots here from the run's deployed
 launch template (`localcloud/machines.py`: its own metadata service and work disk, the user
 data and the boot script run for real, spotrain from this checkout instead of the container),
-the first on-demand (the run's coordinator), the others spot. Their lines are printed after
-their instance id until every machine has exited; Ctrl-C stops them as EC2 stops a machine
-(SIGTERM: each publishes its emergency checkpoint). The run's catalog stream then takes its
-groups back to 0 once it published its final step.
+each on the market EC2 launched it on (the on-demand one coordinates the run). Their lines
+are printed after their instance id until every machine has exited; Ctrl-C stops them as EC2
+stops a machine (SIGTERM: each publishes its emergency checkpoint). The run's catalog stream
+then takes its groups back to 0 once it published its final step.
 """
 
 from __future__ import annotations
@@ -20,7 +20,12 @@ from pathlib import Path
 
 from spotrain.core.errors import SpotrainError
 from spotrain.localcloud import control
-from spotrain.localcloud.machines import LocalMachine, deployed_user_data, in_service
+from spotrain.localcloud.machines import (
+    LocalMachine,
+    deployed_user_data,
+    in_service,
+    on_demand_first,
+)
 from spotrain.tools.rehearsal import deliver_capacity_check
 
 
@@ -53,12 +58,12 @@ def play(
     port = control.free_port()
     machines = [
         LocalMachine.of_member(
-            member, lifecycle="on-demand" if index == 0 else "spot", root=work, user_data=user_data,
+            member, lifecycle=market, root=work, user_data=user_data,
             aws_env=aws_env, rdzv_port=port, default_type="g5.xlarge",
             settings={"SPOTRAIN_RDZV_LAST_CALL": "5",
                       "SPOTRAIN_NPROC_PER_NODE": str(ranks_per_machine)},
         ).start()
-        for index, member in enumerate(members)
+        for member, market in on_demand_first(ec2, members)
     ]  # fmt: skip
     say(f"{len(machines)} machine(s) of {group} boot from {template}: "
         + ", ".join(f"{m.instance_id} ({m.lifecycle})" for m in machines))  # fmt: skip
