@@ -630,7 +630,7 @@ def test_a_run_with_a_deadline_gives_its_handler_the_deadline_and_its_progress_o
 
 
 def test_stacks_apply_by_levels_each_after_what_it_depends_on(synth_dir: Path) -> None:
-    """`spotrain deploy` applies one level's stacks at once (and destroys in reverse): every
+    """`spotrain deploy` applies one level's stacks at once: every
     stack comes after each stack it depends on, and the levels hold them all, once."""
     from spotrain.tools.terraform import stack_levels, stacks_in_order
 

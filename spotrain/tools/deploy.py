@@ -158,14 +158,13 @@ class Deployment:
             return dict(zip(names, pool.map(changed, names), strict=True))
 
     def destroy(self) -> None:
-        """Destroy every stack, dependents first; one dependency level's stacks at once."""
-
-        def destroy_one(name: str) -> None:
+        """Destroy every stack, dependents first, one at a time: destroys at once (each
+        refreshing its whole state first) overloaded the local cloud's connections in a full
+        test run, where applies at once did not."""
+        for name in reversed(self.stacks):
             self.log(f"==> {name}: destroying")
+            self.init(name)
             self._tf(name, ["destroy", "-auto-approve", "-input=false", "-no-color"])
-
-        for level in reversed(self._levels()):
-            self._each_at_once(level, destroy_one)
 
     def describe(self, name: str) -> StackResult:
         listed = self._tf(name, ["state", "list"], capture=True).stdout.split()
