@@ -236,9 +236,10 @@ class RunConfig:
                 "exactly one of them"
             )
         if self.entry_point is not None:
-            problems += self.entry_point.problems()
+            entry_problems = self.entry_point.problems()
+            problems += entry_problems
             script = self.entry_point.script
-            if script and not self.entry_point.problems() and not (CHECKOUT / script).is_file():
+            if script and not entry_problems and not (CHECKOUT / script).is_file():
                 problems.append(
                     f"entry_point.script {script} is not in the checkout ({CHECKOUT}): the "
                     "image carries the checkout, so give the script's path from its root"

@@ -14,7 +14,6 @@ import hashlib
 import json
 import math
 import random
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field, replace
 from functools import partial
@@ -26,7 +25,7 @@ import torch
 
 from spotrain.core.catalog_schema import run_name_problem
 from spotrain.core.errors import SpotrainError, raise_if_problems
-from spotrain.core.validation import instance_type_problems
+from spotrain.core.validation import instance_type_problems, writable_folder_problem
 from spotrain.trainer import datasets
 from spotrain.trainer.checkpointer import Checkpointer
 from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
@@ -230,12 +229,8 @@ def preflight(config: TrainConfig) -> Prepared:
         if value is None:
             continue
         folder = Path(value) if name == "work_dir" else Path(value).parent
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-            probe = tempfile.NamedTemporaryFile(dir=folder, prefix=".spotrain-probe.")  # noqa: SIM115
-            probe.close()
-        except OSError as error:
-            problems.append(f"{name} {value!r} cannot be written here: {error}")
+        if problem := writable_folder_problem(name, value, folder):
+            problems.append(problem)
     raise_if_problems("training configuration", problems)
     return Prepared(replace(config, model=model), dataset)
 

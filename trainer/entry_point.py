@@ -26,14 +26,14 @@ import importlib.util
 import os
 import runpy
 import sys
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from spotrain.core.entry_point import COORDINATES, EntryPoint
 from spotrain.core.errors import SpotrainError, json_kind, raise_if_problems
-from spotrain.core.validation import type_problems
+from spotrain.core.validation import type_problems, writable_folder_problem
 from spotrain.trainer import membership
 
 ENTRY_POINT_FIELD = "entry_point"
@@ -65,7 +65,13 @@ def load(path: Path, overrides: Sequence[str] = ()) -> EntryPointConfig:
     problem."""
     from spotrain.trainer.train import read_document
 
-    document, problems = read_document(path, overrides)
+    return from_document(*read_document(path, overrides), path)
+
+
+def from_document(document: dict[str, Any], problems: list[str], path: Path) -> EntryPointConfig:
+    """`document` (read from `path`, `problems` found so far) checked as an entry-point
+    configuration; one ConfigError lists every problem."""
+    problems = list(problems)
     known = {f.name for f in dataclasses.fields(EntryPointConfig)}
     problems += [
         f"unknown field {name!r}: a run with an entry point takes {', '.join(sorted(known))} "
@@ -123,12 +129,10 @@ def preflight(config: EntryPointConfig, code_dir: Path | None = None) -> None:
             open_storage(config.store, kms_key_id=config.kms_key_id)
         except SpotrainError as error:
             problems.append(f"store: {error}")
-    if config.work_dir is not None:
-        try:
-            Path(config.work_dir).mkdir(parents=True, exist_ok=True)
-            tempfile.NamedTemporaryFile(dir=config.work_dir, prefix=".spotrain-probe.").close()
-        except OSError as error:
-            problems.append(f"work_dir {config.work_dir!r} cannot be written here: {error}")
+    if config.work_dir is not None and (
+        problem := writable_folder_problem("work_dir", config.work_dir, Path(config.work_dir))
+    ):
+        problems.append(problem)
     raise_if_problems(f"run {config.run}'s entry point", problems)
 
 

@@ -22,6 +22,7 @@ from spotrain.core.errors import ConfigError, SpotrainError, raise_if_problems
 from spotrain.core.validation import type_problems
 from spotrain.trainer import membership
 from spotrain.trainer.engine import TrainConfig, train
+from spotrain.trainer.entry_point import EntryPointConfig
 from spotrain.trainer.model import GPTConfig
 
 
@@ -62,10 +63,24 @@ def read_document(path: Path, overrides: Sequence[str] = ()) -> tuple[dict[str, 
     return document, problems
 
 
+def load_any(path: Path, overrides: Sequence[str] = ()) -> TrainConfig | EntryPointConfig:
+    """The run's configuration in `path`, read once: the built-in trainer's, or the user's
+    entry point's when it names one; checked as a whole either way."""
+    from spotrain.trainer import entry_point
+
+    document, problems = read_document(path, overrides)
+    if entry_point.runs_entry_point(document):
+        return entry_point.from_document(document, problems, path)
+    return _train_config(document, problems, path)
+
+
 def load_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
     """The configuration in `path` with `overrides`, checked as a whole: one ConfigError
     lists every problem (unknown, missing and mistyped fields, values out of range)."""
-    document, problems = read_document(path, overrides)
+    return _train_config(*read_document(path, overrides), path)
+
+
+def _train_config(document: dict[str, Any], problems: list[str], path: Path) -> TrainConfig:
     subject = f"training configuration {path}"
     model_fields = document.get("model", {})
     if not isinstance(model_fields, dict):

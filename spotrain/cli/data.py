@@ -26,14 +26,12 @@ def store_configuration(
     from dataclasses import asdict
 
     from spotrain.trainer import datasets, entry_point, run_config
-    from spotrain.trainer.train import load_config, read_document
+    from spotrain.trainer.train import load_any
 
-    config: Any
-    if entry_point.runs_entry_point(read_document(path)[0]):  # the run's own script
-        config = entry_point.load(path, overrides)  # every problem, before anything is stored
+    config = load_any(path, overrides)  # every problem, before anything is stored
+    if isinstance(config, entry_point.EntryPointConfig):  # the run's own script
         document = {**asdict(config), "entry_point": config.entry_point.document()}
     else:
-        config = load_config(path, overrides)  # every problem, before anything is stored
         if datasets.is_dataset(config.data):
             # Stored means ready: the run's machines start once a configuration is there, so
             # the dataset it names must be there first.

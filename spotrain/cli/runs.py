@@ -244,13 +244,18 @@ def _retire(where: Where, args: argparse.Namespace) -> int:
 def _primary_key(env_name: str) -> str:
     """The ARN of the environment's data key in its primary region: the checkpoint bucket
     takes writes that name its own key, by ARN."""
+    config = environment(env_name)
+    return _data_key_arn(config, config.primary_region)
+
+
+def _data_key_arn(config: Any, region: str) -> str:
+    """The ARN of the environment's data key in `region`, as KMS names it."""
     import boto3
 
     from spotrain.stacks.storage import data_key_alias
 
-    config = environment(env_name)
-    alias = f"alias/{data_key_alias(config, config.primary_region)}"
-    kms = boto3.client("kms", region_name=config.primary_region)
+    kms = boto3.client("kms", region_name=region)
+    alias = f"alias/{data_key_alias(config, region)}"
     return str(kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"])
 
 
@@ -265,31 +270,24 @@ def _env(where: Where, args: argparse.Namespace) -> int:
     follow from the environment's configuration; the keys' ARNs are read from KMS)."""
     import shlex
 
-    import boto3
-
     from spotrain.constructs.spot_fleet import on_demand_group_name
     from spotrain.stacks.budget import budget_name
     from spotrain.stacks.runs import fleet_group_name
-    from spotrain.stacks.storage import checkpoint_bucket_name, data_key_alias
+    from spotrain.stacks.storage import checkpoint_bucket_name
 
     run = _declared(args.environment, args.run)
     config = environment(args.environment)
     replica = config.replica_region
 
-    def key_arn(region: str) -> str:
-        alias = f"alias/{data_key_alias(config, region)}"
-        kms = boto3.client("kms", region_name=region)
-        return str(kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"])
-
     group = fleet_group_name(config.name, run.name)
     values = {
         "RUN": run.name, "STORE": f"s3://{where.bucket}", "CATALOG": where.catalog.name,
-        "KMS_KEY": key_arn(where.region), "EVENTS": where.events.name,
+        "KMS_KEY": _data_key_arn(config, where.region), "EVENTS": where.events.name,
         "AWS_DEFAULT_REGION": where.region, "AWS_REGION": where.region,
         "FLEET_GROUP": group, "ON_DEMAND_GROUP": on_demand_group_name(group),
         "BUDGET": budget_name(config),
         "REPLICA_STORE": f"s3://{checkpoint_bucket_name(config, replica)}",
-        "REPLICA_REGION": replica, "REPLICA_KMS_KEY": key_arn(replica),
+        "REPLICA_REGION": replica, "REPLICA_KMS_KEY": _data_key_arn(config, replica),
     }  # fmt: skip
     print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items()))
     return 0

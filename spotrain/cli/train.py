@@ -82,19 +82,18 @@ def torchrun_command(args: argparse.Namespace, entry_point: EntryPoint | None = 
 def cmd_train(args: argparse.Namespace) -> int:
     from spotrain.trainer import entry_point
     from spotrain.trainer.engine import preflight
-    from spotrain.trainer.train import load_config, read_document
+    from spotrain.trainer.train import load_any
 
     entry = None
-    if entry_point.runs_entry_point(read_document(args.config)[0]):
-        own = entry_point.load(args.config, args.set)  # every problem now
-        entry_point.preflight(own)  # and the script, store and folder, before any rank starts
+    config = load_any(args.config, args.set)  # every problem now, before any process starts
+    if isinstance(config, entry_point.EntryPointConfig):  # the run's own script
+        entry_point.preflight(config)  # and the script, store and folder, before any rank
         # The run's coordinates reach the script's Checkpointer as environment variables.
-        os.environ.update(own.environment())
-        run, entry = own.run, own.entry_point
+        os.environ.update(config.environment())
+        entry = config.entry_point
     else:
-        config = load_config(args.config, args.set)  # every problem now, before any start
         preflight(config)  # and the store, data and folders, before any rank takes the lease
-        run = config.run
+    run = config.run
     if args.nproc_per_node is None:
         import torch
 

@@ -10,6 +10,7 @@ import math
 import types
 import typing
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 
@@ -86,3 +87,16 @@ def instance_type_problems(instance: Any, prefix: str = "") -> list[str]:
     """`type_problems` for every field of a dataclass instance."""
     values = {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)}
     return type_problems(type(instance), values, prefix)
+
+
+def writable_folder_problem(name: str, value: str, folder: Path) -> str | None:
+    """Why the setting `name` (= `value`) cannot be used: its `folder` cannot be made or
+    written here (checked with a probe file, removed at once); None if it can."""
+    import tempfile
+
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tempfile.NamedTemporaryFile(dir=folder, prefix=".spotrain-probe.").close()
+    except OSError as error:
+        return f"{name} {value!r} cannot be written here: {error}"
+    return None
