@@ -3,8 +3,9 @@
 Instances reach S3 and DynamoDB through gateway endpoints (free, stay on the AWS network), and
 the few other APIs their machines call through interface endpoints shared by every run of the
 environment (one per service: a VPC holds one private DNS name per service): Auto Scaling for
-a machine's health, CloudWatch Logs for its output, and Session Manager's three. Nothing else
-is routable. Flow logs go to an encrypted log group.
+a machine's health, CloudWatch Logs for its output, the container registry's two (login and
+pull) for a run that pins its image, and Session Manager's three. Nothing else is routable.
+Flow logs go to an encrypted log group.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
+from spotrain.constructs.spot_fleet_iam import REGISTRY_PULL_ACTIONS
 from spotrain.core.errors import raise_if_problems
 
 
@@ -39,6 +41,9 @@ class PrivateNetworkProps:
     """ARNs of the only buckets the VPC may reach (its S3 endpoint's policy)."""
     dynamodb_tables: tuple[str, ...]
     """ARNs of the only tables the VPC may reach (its DynamoDB endpoint's policy)."""
+    image_repositories: tuple[str, ...]
+    """ARNs of the only container repositories the machines may pull from (the registry's
+    endpoints' policy)."""
     fleet_name_prefix: str
     """What every fleet of the environment is named with (`spotrain-<env>-`): the interface
     endpoints serve only their groups' health reports and their machines' log streams."""
@@ -93,39 +98,7 @@ class PrivateNetwork(Construct):
                 route_table_id=self.route_table.id,
             )
             self.subnets.append(subnet)
-        # The endpoints reach the environment's own buckets and tables only: credentials used
-        # from inside the VPC cannot write anywhere else (and, with the roles' aws:SourceVpce
-        # conditions, are of no use outside it).
-        reachable = {
-            "s3": [r for arn in props.s3_buckets for r in (arn, f"{arn}/*")],
-            "dynamodb": [r for arn in props.dynamodb_tables for r in (arn, f"{arn}/index/*")],
-        }
-        self.endpoints = {}
-        for service, resources in reachable.items():
-            self.endpoints[service] = aws.vpc_endpoint.VpcEndpoint(
-                self,
-                f"{service.capitalize()}GatewayEndpoint",
-                vpc_id=self.vpc.id,
-                service_name=f"com.amazonaws.{props.region}.{service}",
-                vpc_endpoint_type="Gateway",
-                route_table_ids=[self.route_table.id],
-                policy=policy_document(
-                    self,
-                    f"{service.capitalize()}EndpointPolicy",
-                    [
-                        statement(
-                            f"OnlyThisEnvironments{service.capitalize()}",
-                            actions=[f"{service}:*"],
-                            resources=resources,
-                            principals={"AWS": ["*"]},
-                            conditions=[
-                                ("StringEquals", "aws:PrincipalAccount", [props.account_id])
-                            ],
-                        )
-                    ],
-                ),
-                tags={"Name": f"{props.name}-{service}"},
-            )
+        self.endpoints = self._gateway_endpoints(props)
 
         log_group = aws.cloudwatch_log_group.CloudwatchLogGroup(
             self,
@@ -176,6 +149,54 @@ class PrivateNetwork(Construct):
         self.endpoint_security_group = self._endpoint_security_group(props)
         self.interface_endpoints = self._interface_endpoints(props)
 
+    def _gateway_endpoints(self, props: PrivateNetworkProps) -> dict[str, Any]:
+        """S3 and DynamoDB, free and on the AWS network, for the environment's own buckets and
+        tables only."""
+        # The endpoints reach the environment's own buckets and tables only: credentials used
+        # from inside the VPC cannot write anywhere else (and, with the roles' aws:SourceVpce
+        # conditions, are of no use outside it).
+        reachable = {
+            "s3": [r for arn in props.s3_buckets for r in (arn, f"{arn}/*")],
+            "dynamodb": [r for arn in props.dynamodb_tables for r in (arn, f"{arn}/index/*")],
+        }
+        # The registry keeps image layers in its own bucket in the region: a pull fetches them
+        # from there through this endpoint, by URLs the registry signed (AWS's bucket, not the
+        # account's, so no account condition).
+        image_layers = statement(
+            "ImageLayersOfThePullsTheRegistrySigned",
+            actions=["s3:GetObject"],
+            resources=[f"arn:aws:s3:::prod-{props.region}-starport-layer-bucket/*"],
+            principals={"AWS": ["*"]},
+        )
+        endpoints = {}
+        for service, resources in reachable.items():
+            endpoints[service] = aws.vpc_endpoint.VpcEndpoint(
+                self,
+                f"{service.capitalize()}GatewayEndpoint",
+                vpc_id=self.vpc.id,
+                service_name=f"com.amazonaws.{props.region}.{service}",
+                vpc_endpoint_type="Gateway",
+                route_table_ids=[self.route_table.id],
+                policy=policy_document(
+                    self,
+                    f"{service.capitalize()}EndpointPolicy",
+                    [
+                        statement(
+                            f"OnlyThisEnvironments{service.capitalize()}",
+                            actions=[f"{service}:*"],
+                            resources=resources,
+                            principals={"AWS": ["*"]},
+                            conditions=[
+                                ("StringEquals", "aws:PrincipalAccount", [props.account_id])
+                            ],
+                        ),
+                        *([image_layers] if service == "s3" else []),
+                    ],
+                ),
+                tags={"Name": f"{props.name}-{service}"},
+            )
+        return endpoints
+
     def _interface_endpoints(self, props: PrivateNetworkProps) -> dict[str, Any]:
         """One per service the machines call besides S3 and DynamoDB, shared by every run."""
         fleets = f"{props.fleet_name_prefix}*"
@@ -191,6 +212,14 @@ class PrivateNetwork(Construct):
                 "OnlyTheFleetsLogs", ["logs:CreateLogStream", "logs:PutLogEvents"],
                 [f"arn:aws:logs:{props.region}:{props.account_id}:log-group:/spotrain/{fleets}"
                  ":log-stream:*"], props.account_id)),
+            # A run that pins its image pulls it from the environment's registry: the login
+            # (ecr.api) and the pull itself (ecr.dkr), of the environment's repositories only.
+            "ecr.api": self._interface_endpoint(props, "ecr.api", _only_the_account(
+                "OnlyLogInToTheRegistry", ["ecr:GetAuthorizationToken"], ["*"],
+                props.account_id)),
+            "ecr.dkr": self._interface_endpoint(props, "ecr.dkr", _only_the_account(
+                "OnlyPullTheEnvironmentsImages", list(REGISTRY_PULL_ACTIONS),
+                list(props.image_repositories), props.account_id)),
             # On-call reaches a machine without SSH or an open port: Session Manager, whose
             # agent talks to these (the image carries the agent).
             **{service: self._interface_endpoint(props, service)
@@ -224,13 +253,13 @@ class PrivateNetwork(Construct):
         name finds it. `only`: the one statement its policy allows (None: the service's
         default)."""
         policy = (
-            policy_document(self, f"{service.capitalize()}InterfaceEndpointPolicy", [only])
+            policy_document(self, f"{_construct_id(service)}InterfaceEndpointPolicy", [only])
             if only is not None
             else None
         )
         return aws.vpc_endpoint.VpcEndpoint(
             self,
-            f"{service.capitalize()}Endpoint",
+            f"{_construct_id(service)}Endpoint",
             vpc_id=self.vpc.id,
             service_name=f"com.amazonaws.{props.region}.{service}",
             vpc_endpoint_type="Interface",
@@ -265,3 +294,8 @@ def _only_the_account(
         principals={"AWS": ["*"]},
         conditions=[("StringEquals", "aws:PrincipalAccount", [account_id])],
     )
+
+
+def _construct_id(service: str) -> str:
+    """`ecr.dkr` -> `EcrDkr`: an endpoint's construct id from its service's name."""
+    return "".join(part.capitalize() for part in service.split("."))

@@ -14,7 +14,8 @@ cannot reach them) and reach only those endpoints and S3 and DynamoDB.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from spotrain.cdk import Construct, Fn, TerraformResourceLifecycle, aws
@@ -83,6 +84,19 @@ class SpotFleetProps:
     """Account of the fleet (its groups' ARNs)."""
     tags: dict[str, str]
     """Tags on instances and volumes launched by the group."""
+    image: str | None = None
+    """The image the machines train in, by digest (the run pins it); None: the image baked
+    into the machine image."""
+    image_repository_arn: str | None = None
+    """The environment's registry, the one the machines may pull `image` from."""
+    registry_endpoint_ids: tuple[str, ...] = ()
+    """The registry's interface endpoints (`ecr.api`, `ecr.dkr`): pulls hold only through
+    them."""
+    efa_interfaces: Mapping[str, int] = field(default_factory=dict)
+    """EFA interfaces per instance type (every type's, or none): each such type gets its own
+    launch template with that many (one per network card). Empty: no EFA."""
+    placement_group: bool = False
+    """Put the machines in one cluster placement group (the subnets must be one zone's)."""
     emulator_drift_tolerance: bool = False
     """Local cloud only: ignore launch-template tag drift the emulator reports on every read."""
 
@@ -102,6 +116,19 @@ class SpotFleetProps:
             )
         if not self.subnet_ids:
             problems.append("subnet_ids is empty: give at least one private subnet")
+        if self.efa_interfaces and set(self.efa_interfaces) != set(self.instance_types):
+            problems.append("efa_interfaces must give every instance type's count, or none")
+        if any(n < 1 for n in self.efa_interfaces.values()):
+            problems.append("efa_interfaces counts must be 1 or more")
+        if self.placement_group and len(self.subnet_ids) != 1:
+            problems.append("a cluster placement group is in one zone: give that zone's subnet")
+        if self.image is not None and not (
+            self.image_repository_arn and self.registry_endpoint_ids
+        ):
+            problems.append(
+                "image needs image_repository_arn and registry_endpoint_ids: the machines pull "
+                "it from the environment's registry through its endpoints"
+            )
         raise_if_problems("SpotFleetProps", problems)
 
 
@@ -119,6 +146,7 @@ SPOTRAIN_EVENTS_TABLE=%s
 SPOTRAIN_NNODES=%s
 SPOTRAIN_RDZV_PORT=%s
 SPOTRAIN_LOG_GROUP=%s
+SPOTRAIN_IMAGE=%s
 ENV
 if [ -z "$root" ] && systemctl list-unit-files spotrain-trainer.service >/dev/null 2>&1; then
   systemctl enable --now spotrain-trainer.service
@@ -142,6 +170,7 @@ def user_data_values(props: SpotFleetProps) -> list[str]:
         nnodes(props.min_size, props.max_size),
         str(RENDEZVOUS_PORT),
         log_group_name(props.name),
+        props.image or "",  # empty: the image baked into the machine image
     ]
 
 
@@ -206,7 +235,35 @@ class SpotFleet(Construct):
         self.instance_profile = aws.iam_instance_profile.IamInstanceProfile(
             self, "InstanceProfile", name=props.name, role=self.role.name
         )
-        self.launch_template = self._launch_template(props)
+        # With EFA each type has its own template (the interfaces it takes); the first type's
+        # is the groups' default.
+        efa = props.efa_interfaces
+        image_id = aws.data_aws_ssm_parameter.DataAwsSsmParameter(
+            self, "ImageId", name=props.image_parameter_name
+        ).insecure_value
+        self.type_templates = {
+            itype: self._launch_template(
+                props, "LaunchTemplate" if index == 0 else f"LaunchTemplate{index}",
+                props.name if index == 0 else f"{props.name}-{itype.replace('.', '-')}",
+                image_id=image_id, efa_interfaces=efa[itype],
+            )
+            for index, itype in enumerate(props.instance_types if efa else ())
+        }  # fmt: skip
+        self.launch_template = (
+            self.type_templates[props.instance_types[0]]
+            if efa
+            else self._launch_template(
+                props, "LaunchTemplate", props.name, image_id=image_id, efa_interfaces=0
+            )
+        )
+        # Gradient traffic between racks of one spine: the fastest path, from fewer spot pools.
+        self.placement = (
+            aws.placement_group.PlacementGroup(
+                self, "PlacementGroup", name=props.name, strategy="cluster"
+            )
+            if props.placement_group
+            else None
+        )
         self.group, self.on_demand_group = self._groups(props)
 
     def _security_group(self, props: SpotFleetProps) -> Any:
@@ -256,20 +313,31 @@ class SpotFleet(Construct):
             ],
         )
 
-    def _launch_template(self, props: SpotFleetProps) -> Any:
+    def _launch_template(
+        self, props: SpotFleetProps, id_: str, name: str, *, image_id: str, efa_interfaces: int
+    ) -> Any:
         lt = aws.launch_template
-        image = aws.data_aws_ssm_parameter.DataAwsSsmParameter(
-            self, "ImageId", name=props.image_parameter_name
-        )
+        # EFA: one interface per network card, the first also the machine's address, the
+        # others EFA only (no address of their own); the fleet's security group on each.
+        interfaces = [
+            lt.LaunchTemplateNetworkInterfaces(
+                network_card_index=card, device_index=0 if card == 0 else 1,
+                interface_type="efa" if card == 0 else "efa-only",
+                security_groups=[self.security_group.id],
+                associate_public_ip_address="false", delete_on_termination="true",
+            )
+            for card in range(efa_interfaces)
+        ]  # fmt: skip
         return lt.LaunchTemplate(
             self,
-            "LaunchTemplate",
-            name=props.name,
-            image_id=image.insecure_value,
+            id_,
+            name=name,
+            image_id=image_id,
             update_default_version=True,
             ebs_optimized="true",
             iam_instance_profile={"arn": self.instance_profile.arn},
-            vpc_security_group_ids=[self.security_group.id],
+            vpc_security_group_ids=None if interfaces else [self.security_group.id],
+            network_interfaces=interfaces or None,
             metadata_options={
                 "http_endpoint": "enabled",
                 "http_tokens": "required",
@@ -305,9 +373,15 @@ class SpotFleet(Construct):
         """The spot group (with its on-demand coordinator) and the empty on-demand fallback."""
         asg = aws.autoscaling_group
         overrides = [
-            asg.AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride(instance_type=t)
+            asg.AutoscalingGroupMixedInstancesPolicyLaunchTemplateOverride(
+                instance_type=t,
+                launch_template_specification={
+                    "launch_template_id": self.type_templates[t].id, "version": "$Latest"
+                } if t in self.type_templates else None,
+            )
             for t in props.instance_types
-        ]
+        ]  # fmt: skip
+        placement = self.placement.name if self.placement is not None else None
         launch_template = {
             "launch_template_specification": {
                 "launch_template_id": self.launch_template.id,
@@ -332,6 +406,7 @@ class SpotFleet(Construct):
             desired_capacity=0,
             max_size=props.max_size,
             vpc_zone_identifier=props.subnet_ids,
+            placement_group=placement,
             capacity_rebalance=True,
             health_check_type="EC2",
             mixed_instances_policy={
@@ -356,6 +431,7 @@ class SpotFleet(Construct):
             desired_capacity=0,
             max_size=props.max_size,
             vpc_zone_identifier=props.subnet_ids,
+            placement_group=placement,
             health_check_type="EC2",
             mixed_instances_policy={
                 "instances_distribution": {

@@ -170,7 +170,31 @@ def machine_statements(
                 ("StringLike", "kms:ViaService", via_services("s3", "dynamodb"))
             ],
         ),
+        *_pull_statements(props),
     ])  # fmt: skip
+
+
+REGISTRY_PULL_ACTIONS = (
+    "ecr:BatchGetImage",
+    "ecr:GetDownloadUrlForLayer",
+    "ecr:BatchCheckLayerAvailability",
+)
+"""What pulling an image from a registry calls (Docker's credential helper logs in with
+`ecr:GetAuthorizationToken`, which names no resource)."""
+
+
+def _pull_statements(props: SpotFleetProps) -> list[dict[str, Any]]:
+    """A run that pins its image pulls it from the environment's registry only, through the
+    registry's endpoints; a run on the baked image gets no registry access at all."""
+    if props.image is None or props.image_repository_arn is None:
+        return []
+    through = [("StringEquals", "aws:SourceVpce", list(props.registry_endpoint_ids))]
+    return [
+        statement("PullRunImage", actions=list(REGISTRY_PULL_ACTIONS),
+                  resources=[props.image_repository_arn], conditions=through),
+        statement("RegistryLogin", actions=["ecr:GetAuthorizationToken"], resources=["*"],
+                  conditions=through),
+    ]  # fmt: skip
 
 
 def _through_the_vpc(

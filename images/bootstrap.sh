@@ -23,8 +23,14 @@
 #   SPOTRAIN_RDZV_LAST_CALL       seconds the rendezvous waits for more machines once the
 #                                 fewest it needs have come (default 30)
 #   SPOTRAIN_WORK_DIR             fast local disk for shards before upload (default /mnt/spotrain)
-#   SPOTRAIN_IMAGE                container image (default: the one baked in, see spotrain.pkr.hcl)
+#   SPOTRAIN_IMAGE                the image the run pins, REPOSITORY@sha256:DIGEST (the launch
+#                                 template writes it); pulled from the environment's registry
+#                                 when the machine image does not carry it. Default: the one
+#                                 baked in (spotrain.pkr.hcl)
 #   SPOTRAIN_CONTAINER_RUNTIME    docker (default) or none (run spotrain from PATH)
+#   SPOTRAIN_EFA_DEVICES          where the machine's EFA devices are (default /dev/infiniband):
+#                                 each is handed to the container, with libfabric's EFA
+#                                 provider selected for NCCL
 #   SPOTRAIN_IMDS_ENDPOINT        metadata service (default http://169.254.169.254)
 #   SPOTRAIN_RUN_ENV              the settings file (default /etc/spotrain/run.env)
 #   SPOTRAIN_LOG_GROUP            CloudWatch log group for this script's and the trainer's
@@ -44,7 +50,8 @@ CONFIG=${SPOTRAIN_CONFIG:-}
 NNODES=${SPOTRAIN_NNODES:-1}
 WORK_DIR=${SPOTRAIN_WORK_DIR:-/mnt/spotrain}
 RUNTIME=${SPOTRAIN_CONTAINER_RUNTIME:-docker}
-IMAGE=${SPOTRAIN_IMAGE:-spotrain-trainer:baked}
+BAKED_IMAGE=spotrain-trainer:baked # core.image_reference.BAKED_IMAGE
+IMAGE=${SPOTRAIN_IMAGE:-$BAKED_IMAGE}
 
 fail() {
   echo "spotrain bootstrap: $*" >&2
@@ -79,6 +86,14 @@ if [[ -z "$CONFIG" ]]; then
   CONFIG=$WORK_DIR/train.json
   fetch_config=1
 fi
+# The machine's EFA devices (the launch template attaches EFA interfaces on types that take
+# them): the container gets each, locked memory for its queues, and NCCL uses them through
+# libfabric's EFA provider (the image carries the aws-ofi-nccl plugin).
+efa=()
+for device in "${SPOTRAIN_EFA_DEVICES:-/dev/infiniband}"/uverbs*; do
+  [[ -e "$device" ]] && efa+=(--device "$device")
+done
+((${#efa[@]} == 0)) || efa+=(--ulimit memlock=-1:-1 -e FI_PROVIDER=efa)
 # spotrain, in the baked container or from PATH.
 spotrain_run() {
   case "$RUNTIME" in
@@ -88,7 +103,7 @@ spotrain_run() {
       mounts=(-v "$WORK_DIR:$WORK_DIR")
       [[ "$CONFIG" == "$WORK_DIR"/* ]] || mounts+=(-v "$CONFIG:$CONFIG:ro")
       docker run --rm -i --gpus all --network host --ipc host --init \
-        --stop-signal SIGTERM --stop-timeout 110 \
+        --stop-signal SIGTERM --stop-timeout 110 "${efa[@]}" \
         -e AWS_REGION -e AWS_DEFAULT_REGION "${mounts[@]}" \
         "$IMAGE" "$@"
       ;;
@@ -101,6 +116,23 @@ spotrain_run() {
   esac
 }
 
+# The image the run pins, pulled unless the machine image carries it (Docker's ECR credential
+# helper logs in with the instance role, through the registry's endpoints). A machine that
+# cannot pull it trains nothing: it reports the failure with the baked image's spotrain and
+# counts as a crash before its first step, so its group replaces it and a run whose image
+# cannot be had anywhere is held after a few crashes.
+status=0
+failure=
+if [[ "$RUNTIME" == docker && "$IMAGE" != "$BAKED_IMAGE" ]] &&
+  ! docker image inspect "$IMAGE" >/dev/null 2>&1; then
+  echo "spotrain bootstrap: pulling the run's image $IMAGE"
+  if ! pulled=$(docker pull --quiet "$IMAGE" 2>&1); then
+    failure="its image $IMAGE could not be pulled (${pulled//$'\n'/ }): is it in the environment's registry? \`spotrain image build\` pushes it"
+    IMAGE=$BAKED_IMAGE
+    status=2
+  fi
+fi
+
 # From here on everything printed, the trainer's output included, also goes to the run's log
 # group (a stream per machine): a reclaimed machine's output outlives it. The journal keeps its
 # copy. On exit the shipper gets the end of its input, sends the rest and is waited for; if it
@@ -111,6 +143,7 @@ if [[ -n "${SPOTRAIN_LOG_GROUP:-}" ]]; then
   trap 'exec >&- 2>&-; wait "$shipper" || true' EXIT
 fi
 echo "spotrain bootstrap: $instance_id ($instance_type in $zone, $lifecycle) joins run $SPOTRAIN_RUN"
+[[ -z "$failure" ]] || echo "spotrain bootstrap: $instance_id cannot train: $failure" >&2
 
 # The machine is being stopped (a spot reclaim, `spotrain run cancel`, a scale-in): the service
 # manager sends SIGTERM to every process of the service, the trainer included, which publishes
@@ -125,13 +158,13 @@ trap 'asked_to_stop=1; echo "spotrain bootstrap: $instance_id is asked to stop (
 fleet=()
 if [[ -n "${SPOTRAIN_EVENTS_TABLE:-}" ]]; then
   fleet=(spotrain fleet --events-table "$SPOTRAIN_EVENTS_TABLE" --run "$SPOTRAIN_RUN")
-  spotrain_run "${fleet[@]}" may-start || exit 3
+  ((status)) || spotrain_run "${fleet[@]}" may-start || exit 3
 fi
 # Several machines meet at the run's coordinator: the first on-demand machine claims the role
 # (and renews it while it runs); the others, spot ones included, wait for it.
 heartbeat=
 rdzv_host=  # with SPOTRAIN_RDZV_ENDPOINT given, torch decides from the endpoint's address
-if [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]; then
+if ((status == 0)) && [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]; then
   rdzv_host=--no-rdzv-host
   port=${SPOTRAIN_RDZV_PORT:-29400}
   claim=("${fleet[@]}" coordinator --claim --instance "$instance_id" --address "$address" --port "$port")
@@ -173,10 +206,9 @@ if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
   train+=(--nproc-per-node "$SPOTRAIN_NPROC_PER_NODE")
 fi
 
-status=0
 first_step=$WORK_DIR/work/.spotrain-first-step # membership.FIRST_STEP_MARKER: a step was trained
 rm -f "$first_step"                            # this start has trained nothing yet
-if [[ -n "${fetch_config:-}" ]]; then
+if ((status == 0)) && [[ -n "${fetch_config:-}" ]]; then
   spotrain_run spotrain config get --store "s3://$SPOTRAIN_BUCKET" --run "$SPOTRAIN_RUN" \
     --to "$CONFIG" || status=$?
 fi
@@ -202,7 +234,7 @@ if ((${#fleet[@]})); then
     # may be what is wrong, so its group replaces it instead of it idling, billed. A run that
     # crashes everywhere is held after a few crashes and its groups go to 0.
     spotrain_run "${fleet[@]}" unhealthy --instance "$instance_id" \
-      --reason "trainer exited $status before its first step" || true
+      --reason "${failure:-trainer exited $status before its first step}" || true
   fi
   ((verdict == 3)) && status=3
 fi

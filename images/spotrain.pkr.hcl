@@ -36,6 +36,10 @@ variable "instance_type" {
 
 locals {
   timestamp = regex_replace(timestamp(), "[- TZ:]", "")
+  # ACCOUNT.dkr.ecr.REGION.amazonaws.com/NAME@sha256:DIGEST -> the repository's ARN
+  registry_host   = split("/", var.trainer_image)[0]
+  repository_name = regex("^[^/]+/([^@]+)@", var.trainer_image)[0]
+  repository_arn  = "arn:aws:ecr:${split(".", local.registry_host)[3]}:${split(".", local.registry_host)[0]}:repository/${local.repository_name}"
 }
 
 source "amazon-ebs" "trainer" {
@@ -62,6 +66,21 @@ source "amazon-ebs" "trainer" {
   }
 
   imds_support = "v2.0"
+
+  # The build machine pulls the image to bake with a role that may do only that.
+  temporary_iam_instance_profile_policy_document {
+    Version = "2012-10-17"
+    Statement {
+      Effect   = "Allow"
+      Action   = ["ecr:BatchGetImage", "ecr:GetDownloadUrlForLayer", "ecr:BatchCheckLayerAvailability"]
+      Resource = [local.repository_arn]
+    }
+    Statement {
+      Effect   = "Allow"
+      Action   = ["ecr:GetAuthorizationToken"]
+      Resource = ["*"]
+    }
+  }
 
   launch_block_device_mappings {
     device_name           = "/dev/sda1"
@@ -99,7 +118,11 @@ build {
       # On-call reaches machines with Session Manager only (no SSH, no open port): the base
       # image's agent must be there and enabled, or the build stops here.
       "snap services amazon-ssm-agent | grep -q enabled || { echo 'the base image has no enabled amazon-ssm-agent, which Session Manager needs' >&2; exit 1; }",
-      "aws ecr get-login-password --region ${var.region} | sudo docker login --username AWS --password-stdin ${split("/", var.trainer_image)[0]}",
+      # Docker logs in to the registry with the machine's role (the ECR credential helper):
+      # here for the bake, on the fleet for a run that pins another image than the baked one.
+      "sudo apt-get update -q",
+      "sudo DEBIAN_FRONTEND=noninteractive apt-get install -y -q amazon-ecr-credential-helper",
+      "echo '{\"credsStore\": \"ecr-login\"}' | sudo install -D -m 0600 /dev/stdin /root/.docker/config.json",
       "sudo docker pull ${var.trainer_image}",
       "sudo docker tag ${var.trainer_image} spotrain-trainer:baked",
     ]

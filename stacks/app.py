@@ -54,6 +54,7 @@ def add_environment(
         checkpoint_bucket_arn=storage.checkpoints.primary.arn,
         catalog_table_arn=catalog.checkpoints.arn,
         events_table_arn=catalog.events.arn,
+        image_repository_arn=storage.registry.repository.arn,
     )
     budget = BudgetStack(app, config=config)
     interruptions = InterruptionsStack(
@@ -90,6 +91,7 @@ def add_environment(
             catalog_table_name=catalog.checkpoints.name,
             events_table_arn=catalog.events.arn,
             events_table_name=catalog.events.name,
+            image_repository_arn=storage.registry.repository.arn,
         )
     return stacks
 

@@ -20,6 +20,7 @@ class NetworkStack(EnvironmentStack):
         checkpoint_bucket_arn: str,
         catalog_table_arn: str,
         events_table_arn: str,
+        image_repository_arn: str,
     ) -> None:
         super().__init__(scope, "network", config=config)
         self.network = PrivateNetwork(
@@ -35,6 +36,7 @@ class NetworkStack(EnvironmentStack):
                 log_retention_days=config.log_retention_days,
                 s3_buckets=(checkpoint_bucket_arn,),  # the replica's region is not this one
                 dynamodb_tables=(catalog_table_arn, events_table_arn),
+                image_repositories=(image_repository_arn,),
                 fleet_name_prefix=fleet_name_prefix(config.name),
             ),
         )

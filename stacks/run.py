@@ -10,6 +10,8 @@ from spotrain.cdk import Construct, TerraformOutput, aws
 from spotrain.constructs.interruption_handler.construct import CapacityGroup, declared_run
 from spotrain.constructs.private_network import PrivateNetwork
 from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps, on_demand_group_name
+from spotrain.core.errors import ConfigError
+from spotrain.core.gpu_types import efa_interfaces
 from spotrain.core.handler_settings import run_parameter_name
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
@@ -66,10 +68,21 @@ class RunStack(EnvironmentStack):
         catalog_table_name: str,
         events_table_arn: str,
         events_table_name: str,
+        image_repository_arn: str,
     ) -> None:
         super().__init__(scope, run_stack_part(run.name), config=config, run_tags=run.run_tags)
         self.run = run
         endpoints = network.interface_endpoints
+        # An EFA run trains in one zone (EFA traffic stays in its subnet); a tcp run in all.
+        mode = run.network_mode
+        subnets = network.subnet_ids
+        if mode != "tcp":
+            zone = run.zone or config.availability_zones[0]
+            if zone not in config.availability_zones:
+                raise ConfigError(f"run {run.source or run.name}", [
+                    f"zone {zone!r} is not one of environment {config.name}'s: use one of "
+                    f"{', '.join(config.availability_zones)}"])  # fmt: skip
+            subnets = [subnets[config.availability_zones.index(zone)]]
         self.fleet = SpotFleet(
             self,
             "Fleet",
@@ -77,7 +90,7 @@ class RunStack(EnvironmentStack):
                 name=fleet_group_name(config.name, run.name),
                 run_name=run.name,
                 instance_types=run.instance_types,
-                subnet_ids=network.subnet_ids,
+                subnet_ids=subnets,
                 vpc_id=str(network.vpc.id),
                 image_parameter_name=image_parameter_name(config.name),
                 min_size=run.min_size,
@@ -104,6 +117,13 @@ class RunStack(EnvironmentStack):
                 region=config.primary_region,
                 account_id=self.account_id,
                 tags={**config.all_tags, **run.run_tags},
+                efa_interfaces={t: efa_interfaces(t) for t in run.instance_types}
+                if mode != "tcp"
+                else {},
+                placement_group=mode == "cluster",
+                image=run.image,
+                image_repository_arn=image_repository_arn,
+                registry_endpoint_ids=tuple(str(endpoints[s].id) for s in ("ecr.api", "ecr.dkr")),
                 emulator_drift_tolerance=config.is_local,
             ),
         )

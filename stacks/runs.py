@@ -35,6 +35,8 @@ from spotrain.core.errors import (
     read_json,
     read_text,
 )
+from spotrain.core.gpu_types import efa_everywhere, efa_interfaces, gpu_kind_problems
+from spotrain.core.image_reference import run_image_problems
 from spotrain.core.validation import instance_type_problems, type_problems
 
 CHECKOUT = Path(__file__).resolve().parent.parent
@@ -122,6 +124,24 @@ class RunConfig:
     entry_point: EntryPoint | None = None
     """Or the user's own training script the machines run (in the image), with its
     arguments; it reads the run's coordinates from the environment (`Checkpointer`)."""
+    image: str | None = None
+    """The image its machines train in, pinned by digest (`REPOSITORY@sha256:...` in the
+    environment's registry, what `spotrain image build` prints): changing it changes the run's
+    launch template, so it shows in the run's plan. None: the image baked into the machine
+    image."""
+    mixed_gpus: bool = False
+    """Allow instance types with different GPU models (GPUs per machine and GPU memory must
+    agree anyway): every synchronous step then runs at the slowest GPU, and the estimate
+    prices the run so. False: one GPU model per run."""
+    network: str | None = None
+    """How its machines exchange gradients: "cluster" (EFA interfaces, as many as each type
+    takes, and a cluster placement group: the fastest network, but spot capacity from one
+    zone's racks only), "efa" (EFA in one zone without the placement group: more spot
+    capacity, a slower path between racks) or "tcp" (no EFA: every zone of the environment).
+    EFA traffic stays in one subnet, so an EFA run trains in one zone. None: "cluster" where
+    every type takes EFA, else "tcp"."""
+    zone: str | None = None
+    """The zone an EFA run trains in; None: the environment's first."""
     min_size: int = 1
     """Fewest machines while the run trains (the on-demand coordinator counts)."""
     desired_size: int = 2
@@ -194,6 +214,8 @@ class RunConfig:
                 )
         if len(set(self.instance_types)) != len(self.instance_types):
             problems.append("instance_types lists a type twice: list each type once")
+        elif all(_INSTANCE_TYPE.match(t) for t in self.instance_types):
+            problems += gpu_kind_problems(self.instance_types, mixed_gpus=self.mixed_gpus)
         if self.on_demand_base_capacity < 1:
             problems.append(
                 f"on_demand_base_capacity is {self.on_demand_base_capacity}: keep at least 1 "
@@ -244,6 +266,9 @@ class RunConfig:
                     f"entry_point.script {script} is not in the checkout ({CHECKOUT}): the "
                     "image carries the checkout, so give the script's path from its root"
                 )
+        problems += self._network_problems()
+        if self.image is not None:
+            problems += run_image_problems(self.image, self.environment)
         stored_run = self.training.get("run")
         if stored_run is not None and stored_run != self.name:
             problems.append(
@@ -251,6 +276,32 @@ class RunConfig:
                 "`run` out of the training configuration (the file's name is the run's)"
             )
         return problems
+
+    @property
+    def network_mode(self) -> str:
+        """The network the run trains on: its `network`, or the default for its types."""
+        if self.network is not None:
+            return self.network
+        return "cluster" if efa_everywhere(self.instance_types) else "tcp"
+
+    def _network_problems(self) -> list[str]:
+        problems = []
+        if self.network is not None and self.network not in NETWORKS:
+            problems.append(f"network is {self.network!r}: use one of {', '.join(NETWORKS)}")
+        elif self.network_mode != "tcp" and not efa_everywhere(self.instance_types):
+            without = [t for t in self.instance_types if efa_interfaces(t) == 0]
+            problems.append(
+                f"network is {self.network_mode!r} but {', '.join(without)} take(s) no EFA: "
+                'keep types that do, or set network = "tcp"'
+            )
+        if self.zone is not None and self.network_mode == "tcp":
+            problems.append("zone is set but the run trains on tcp in every zone: leave zone "
+                            'out, or use network = "cluster" or "efa"')  # fmt: skip
+        return problems
+
+
+NETWORKS = ("cluster", "efa", "tcp")
+"""A run's network choices (RunConfig.network)."""
 
 
 # --- reading run files -------------------------------------------------------------------------

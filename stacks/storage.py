@@ -13,6 +13,7 @@ from spotrain.constructs.replicated_bucket_pair import (
     ReplicatedBucketPairProps,
 )
 from spotrain.core import catalog_schema
+from spotrain.core.image_reference import image_repository_name
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.interruptions import handler_name
@@ -21,11 +22,6 @@ from spotrain.stacks.interruptions import handler_name
 def checkpoint_bucket_name(config: EnvironmentConfig, region: str) -> str:
     """The environment's checkpoint bucket in `region` (its runs' prefixes, its datasets)."""
     return f"{config.bucket_prefix}-checkpoints-{region}"
-
-
-def image_repository_name(config: EnvironmentConfig) -> str:
-    """The environment's container repository (the trainer image and the user's code)."""
-    return f"spotrain-{config.name}/trainer"
 
 
 def data_key_alias(config: EnvironmentConfig, region: str) -> str:
@@ -110,7 +106,7 @@ class StorageStack(EnvironmentStack):
             self,
             "Images",
             props=ContainerRegistryProps(
-                name=image_repository_name(config),
+                name=image_repository_name(config.name),
                 kms_key_arn=keys["Primary"].arn,
                 force_delete=config.is_local,
                 provider=self.primary_provider,

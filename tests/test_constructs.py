@@ -14,6 +14,7 @@ from spotrain.constructs.catalog_table import CatalogTableProps, SecondaryIndex
 from spotrain.constructs.encrypted_bucket import EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKeyProps
 from spotrain.constructs.replicated_bucket_pair import ReplicatedBucketPairProps
+from spotrain.constructs.spot_fleet_iam import REGISTRY_PULL_ACTIONS
 from spotrain.core.errors import ConfigError
 
 
@@ -161,12 +162,47 @@ def test_fleet_is_spot_with_an_on_demand_coordinator_over_several_types(synth_di
         "spot_allocation_strategy": "price-capacity-optimized",
     }
     overrides = group["mixed_instances_policy"]["launch_template"]["override"]
-    assert [o["instance_type"] for o in overrides] == [
-        "p4d.24xlarge",
-        "p5.48xlarge",
-        "g6e.48xlarge",
-    ]
-    assert len(group["vpc_zone_identifier"]) == 4
+    assert [o["instance_type"] for o in overrides] == ["p5en.48xlarge", "p5e.48xlarge"]
+    # A tcp run (dev's) takes every zone of the environment.
+    dev = resources(load_stack(synth_dir, "dev-run-gpt-small"), "aws_autoscaling_group")
+    assert all(len(g["vpc_zone_identifier"]) == 3 for g in dev.values())
+    assert all("placement_group" not in g for g in dev.values())
+
+
+def test_an_efa_run_attaches_every_interface_its_types_take_in_one_zones_placement_group(
+    synth_dir: Path,
+) -> None:
+    """prod's run (p5en and p5e, 16 and 32 EFA interfaces): each type launches from its own
+    template with one EFA interface per network card, the first also the machine's address,
+    each in the fleet's security group; both groups keep to the first zone's subnet and one
+    cluster placement group there; and the capacity-optimized choice stays across types."""
+    from spotrain.core.gpu_types import efa_interfaces
+
+    stack = load_stack(synth_dir, "prod-run-gpt-large")
+    templates = resources(stack, "aws_launch_template")
+    by_name = {t["name"]: (n, t) for n, t in templates.items()}
+    assert sorted(by_name) == ["spotrain-prod-gpt-large-fleet",
+                               "spotrain-prod-gpt-large-fleet-p5e-48xlarge"]  # fmt: skip
+    groups = resources(stack, "aws_autoscaling_group")
+    [placement] = resources(stack, "aws_placement_group").values()
+    assert placement["strategy"] == "cluster"
+    for group in groups.values():
+        assert len(group["vpc_zone_identifier"]) == 1
+        assert "PrivateSubnet0" in group["vpc_zone_identifier"][0]  # the environment's first zone
+        assert group["placement_group"].startswith("${aws_placement_group.")
+        overrides = group["mixed_instances_policy"]["launch_template"]["override"]
+        for override, name in zip(overrides, sorted(by_name), strict=True):
+            key, template = by_name[name]
+            spec = override["launch_template_specification"]["launch_template_id"]
+            assert spec == f"${{aws_launch_template.{key}.id}}"
+            interfaces = template["network_interfaces"]
+            assert len(interfaces) == efa_interfaces(override["instance_type"])
+            assert [(i["network_card_index"], i["device_index"], i["interface_type"])
+                    for i in interfaces[:2]] == [(0, 0, "efa"), (1, 1, "efa-only")]  # fmt: skip
+            assert all(i["security_groups"] == [interfaces[0]["security_groups"][0]]
+                       and i["associate_public_ip_address"] == "false"
+                       for i in interfaces)  # fmt: skip
+            assert "vpc_security_group_ids" not in template  # they are on the interfaces
 
 
 def test_on_demand_fallback_group_starts_empty_with_the_same_template(synth_dir: Path) -> None:
@@ -205,18 +241,18 @@ def test_launch_template_user_data_is_encoded_by_terraform_from_deployed_names(
 ) -> None:
     for env, run in (("local", "demo"), ("local", "second"), ("dev", "gpt-small"),
                      ("prod", "gpt-large")):  # fmt: skip
-        [template] = resources(
+        for template in resources(
             load_stack(synth_dir, f"{env}-run-{run}"), "aws_launch_template"
-        ).values()
-        user_data = template["user_data"]
-        assert user_data.startswith("${base64encode(format(")
-        for reference in (
-            "aws_s3_bucketCheckpoints_PrimaryBucket",
-            "aws_kms_keyPrimaryKey",
-            "aws_dynamodb_tableCheckpoint",
-            "aws_dynamodb_tableInterruptionEvents",
-        ):
-            assert reference in user_data, (env, reference)
+        ).values():
+            user_data = template["user_data"]
+            assert user_data.startswith("${base64encode(format(")
+            for reference in (
+                "aws_s3_bucketCheckpoints_PrimaryBucket",
+                "aws_kms_keyPrimaryKey",
+                "aws_dynamodb_tableCheckpoint",
+                "aws_dynamodb_tableInterruptionEvents",
+            ):
+                assert reference in user_data, (env, reference)
 
 
 def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
@@ -283,10 +319,11 @@ def test_the_fleets_reach_the_auto_scaling_api_only_to_report_their_own_health(
     group, send its output to its run's log group, and on-call reach it with Session Manager;
     nothing else, and for the environment's fleets only."""
     stack = load_stack(synth_dir, "dev-network")
-    interfaces = {e["service_name"].rsplit(".", 1)[1]: e
+    interfaces = {e["service_name"].removeprefix("com.amazonaws.us-east-1."): e
                   for e in resources(stack, "aws_vpc_endpoint").values()
                   if e["vpc_endpoint_type"] == "Interface"}  # fmt: skip
-    assert set(interfaces) == {"autoscaling", "logs", "ssm", "ssmmessages", "ec2messages"}
+    assert set(interfaces) == {"autoscaling", "logs", "ssm", "ssmmessages", "ec2messages",
+                               "ecr.api", "ecr.dkr"}  # fmt: skip
     for endpoint in interfaces.values():
         assert endpoint["private_dns_enabled"] is True
         [group] = endpoint["security_group_ids"]
@@ -305,6 +342,13 @@ def test_the_fleets_reach_the_auto_scaling_api_only_to_report_their_own_health(
     [groups] = grant["resources"]
     assert groups.endswith(":autoScalingGroup:*:autoScalingGroupName/spotrain-dev-*"), groups
     assert grant["condition"][0]["variable"] == "aws:PrincipalAccount"
+    # The registry: logging in, and pulling the environment's own images only.
+    [pulls] = statements(stack, interfaces["ecr.dkr"]["policy"])
+    assert pulls["actions"] == list(REGISTRY_PULL_ACTIONS)
+    assert [r.startswith("${aws_ecr_repository.") or "remote_state" in r
+            for r in pulls["resources"]] == [True]  # fmt: skip
+    [login] = statements(stack, interfaces["ecr.api"]["policy"])
+    assert (login["actions"], login["resources"]) == (["ecr:GetAuthorizationToken"], ["*"])
     # A run's fleet reaches them over HTTPS, and its own members on every port: never
     # another run's machines.
     fleet = only(resources(load_stack(synth_dir, "dev-run-gpt-small"), "aws_security_group"))
@@ -324,8 +368,12 @@ def test_the_vpc_endpoints_reach_only_the_environments_buckets_and_tables(
         if e["vpc_endpoint_type"] == "Gateway"
     }  # fmt: skip
     for name, endpoint in gateways.items():
-        [grant] = statements(stack, endpoint["policy"])
+        grant, *layers = statements(stack, endpoint["policy"])
         reachable[endpoint["service_name"].rsplit(".", 1)[1]] = grant
+        if layers:  # the registry's layers of a pull it signed, from AWS's own bucket
+            [layer] = layers
+            assert "S3Gateway" in name and layer["actions"] == ["s3:GetObject"]
+            assert layer["resources"] == ["arn:aws:s3:::prod-us-east-1-starport-layer-bucket/*"]
         assert grant["principals"] == [{"type": "AWS", "identifiers": ["*"]}], name
         [account] = grant["condition"]  # principals of this account only
         assert account["variable"] == "aws:PrincipalAccount"
@@ -644,3 +692,17 @@ def test_stacks_apply_by_levels_each_after_what_it_depends_on(synth_dir: Path) -
         assert all(level_of[d] < index for d in manifest[name]["dependencies"])
     assert sorted(level_of) == sorted(stacks_in_order(synth_dir, "local-*"))
     assert stack_levels(synth_dir, "local-run-demo") == [["local-run-demo"]]
+
+
+def test_terraform_validates_the_efa_runs_stack(synth_dir: Path, tmp_path: Path) -> None:
+    """The provider itself accepts prod's EFA templates, overrides and placement group."""
+    import shutil
+
+    from spotrain.tools import terraform
+
+    stack = tmp_path / "prod-run-gpt-large"
+    shutil.copytree(synth_dir / "stacks" / "prod-run-gpt-large", stack)
+    env = terraform.terraform_env(terraform.write_cli_config(tmp_path))
+    terraform.run(stack, ["init", "-backend=false", "-input=false"], env, capture=True)
+    checked = terraform.run(stack, ["validate", "-json"], env, capture=True)
+    assert json.loads(checked.stdout)["valid"] is True, checked.stdout

@@ -781,8 +781,13 @@ def test_the_estimate_prices_the_planned_run_as_the_planner_does_and_says_what_i
     found = estimate.estimate(dev, small, book)
     assert found is not None and found.spot is not None and found.on_demand is not None
     assert found.rate_source == "Spot Instance Advisor >20% (2026-11-20)"
+    # dev's run mixes A10G and L4 machines (it says so): its steps run at the L4's pace.
+    from spotrain.core.gpu_types import GPU_TFLOPS
+
+    at_the_slowest = GPU_TFLOPS["A10G"] / GPU_TFLOPS["L4"]
+    assert (found.mix_slowdown, found.slowest_gpu) == (pytest.approx(at_the_slowest), "L4")
     plan = planner.plan(planner.PlanInputs(
-        work_h=small.planned.machine_hours / small.desired_size,
+        work_h=small.planned.machine_hours * at_the_slowest / small.desired_size,
         nodes=small.desired_size, deadline_h=None,
         checkpoint_s=small.planned.checkpoint_seconds, restart_h=estimate.RESTART_HOURS,
         interruptions_per_hour=planner.advisor_rate_per_hour(">20%"),
@@ -796,13 +801,14 @@ def test_the_estimate_prices_the_planned_run_as_the_planner_does_and_says_what_i
 
     text = estimate.markdown(found, None, base_note="the base has no run 'gpt-small' (it is new).")
     assert "Against the base branch: the base has no run 'gpt-small' (it is new)." in text
+    assert "Mixed GPUs: every step runs at the slowest, L4, so the work is priced at 1.03x" in text
     assert text.count("| new | new |") == 2
     [demo, _] = load_runs("local")
     no_work = estimate.markdown(estimate.estimate(environments.local(), demo, book), None,
                                 run="demo")  # fmt: skip
     assert "`demo`" in no_work and "plans no work" in no_work
     unpriced = estimate.estimate(environments.prod(), load_runs("prod")[0], book)
-    assert unpriced is not None and "no on-demand or spot price for p4d.24xlarge" in str(
+    assert unpriced is not None and "no on-demand or spot price for p5en.48xlarge" in str(
         unpriced.problem)  # fmt: skip
 
     (tmp_path / "runs" / "dev").mkdir(parents=True)

@@ -21,6 +21,7 @@ from spotrain.trainer.checkpointer import Checkpointer
 
 RUN_FILE = """owner = "research@example.com"
 instance_types = ["g6.xlarge", "g5.xlarge"]
+mixed_gpus = true
 [entry_point]
 script = "examples/train_llama.py"
 args = ["--steps", "200"]

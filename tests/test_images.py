@@ -22,10 +22,13 @@ from training import TINY_MODEL
 from spotrain import cli
 from spotrain.cli import train as train_command
 from spotrain.constructs.spot_fleet import USER_DATA, user_data_values
+from spotrain.constructs.spot_fleet_iam import REGISTRY_PULL_ACTIONS
 from spotrain.core import fleet_state
+from spotrain.core.image_reference import BAKED_IMAGE
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
 from spotrain.stacks.run import image_parameter_name
+from spotrain.stacks.runs import read_run
 from spotrain.trainer.catalog import DynamoCatalog
 from spotrain.trainer.storage import LocalStorage
 
@@ -68,6 +71,11 @@ def test_dockerfile_pins_the_versions_the_tests_run_with() -> None:
     deepspeed = 'DS_BUILD_OPS=0 pip install --no-build-isolation "deepspeed==${DEEPSPEED_VERSION}"'
     assert deepspeed in runs
     assert "-c /tmp/constraints.txt" in runs  # everything else from the same pins
+    # EFA's user-space software and NCCL's plugin for it, pinned, without the kernel module.
+    assert re.fullmatch(r"\d+\.\d+\.\d+", args["EFA_INSTALLER_VERSION"])
+    assert "efa_installer.sh -y --skip-kmod" in runs
+    env = " ".join(a for kind, a in instructions if kind == "ENV")
+    assert "/opt/amazon/ofi-nccl/lib" in env  # where NCCL finds the plugin
     user = [a for kind, a in instructions if kind == "USER"]
     assert user and user[-1] not in ("root", "0")
 
@@ -110,6 +118,20 @@ def test_packer_recipe_bakes_an_imdsv2_only_encrypted_image_and_publishes_its_id
     )  # fmt: skip
     parameter = image_parameter_name("${var.environment}")
     assert f"--name {parameter}" in publish  # where the fleet's launch template reads it
+    # The image it bakes is the name the boot script runs when a run pins none.
+    assert f"docker tag ${{var.trainer_image}} {BAKED_IMAGE}" in shell
+    assert f"BAKED_IMAGE={BAKED_IMAGE} " in BOOTSTRAP.read_text()
+    # Docker logs in to the registry with the machine's role, on the build machine and on
+    # every fleet machine (a run that pins another image pulls it at boot).
+    assert "apt-get install -y -q amazon-ecr-credential-helper" in shell
+    assert '{\\"credsStore\\": \\"ecr-login\\"}' in shell
+    assert shell.index("ecr-login") < shell.index("docker pull")
+    # The build machine may pull from the image's repository and nothing else.
+    [profile] = source["temporary_iam_instance_profile_policy_document"]
+    pulls, login = profile["Statement"]
+    assert [unquote(a) for a in pulls["Action"]] == list(REGISTRY_PULL_ACTIONS)
+    assert pulls["Resource"] == ["${local.repository_arn}"]
+    assert [unquote(a) for a in login["Action"]] == ["ecr:GetAuthorizationToken"]
 
 
 def test_boot_service_waits_longer_than_an_emergency_checkpoint_and_stops_crash_loops() -> None:
@@ -132,7 +154,8 @@ def test_launch_template_user_data_writes_every_setting_the_bootstrap_requires()
     values |= {"instance_types": ("g5.xlarge", "g6.xlarge"), "subnet_ids": ["s"], "min_size": 1,
                "desired_size": 1, "max_size": 2, "on_demand_base_capacity": 1,
                "data_kms_key_arns": ("arn:key", "arn:replica-key"), "tags": {},
-               "vpc_endpoint_ids": ("vpce-1",),
+               "vpc_endpoint_ids": ("vpce-1",), "efa_interfaces": {}, "placement_group": False,
+               "image": None, "image_repository_arn": None, "registry_endpoint_ids": (),
                "emulator_drift_tolerance": False}  # fmt: skip
     script = USER_DATA % tuple(user_data_values(SpotFleetProps(**values)))
     written = set(re.findall(r"^(SPOTRAIN_\w+)=", script, flags=re.MULTILINE))
@@ -233,6 +256,37 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     [health] = autoscaling.describe_auto_scaling_instances(
         InstanceIds=[member["InstanceId"]])["AutoScalingInstances"]  # fmt: skip
     assert health["HealthStatus"].upper() == "UNHEALTHY"
+    # A run that pins an image the machine cannot pull trains nothing: the machine says why,
+    # accounts for itself with the baked image's spotrain, and its group replaces it. (Docker
+    # has no engine here: a stand-in knows the baked image only, fails every pull as a
+    # registry would for a digest it lacks, and runs each container's command on this host.)
+    docker = tmp_path / "docker-bin" / "docker"
+    docker.parent.mkdir()
+    docker.write_text(DOCKER_WITHOUT_AN_ENGINE)
+    docker.chmod(0o755)
+    ran = tmp_path / "containers-run"
+    devices = tmp_path / "infiniband"  # the machine's EFA devices, as the kernel names them
+    devices.mkdir()
+    (devices / "uverbs0").touch()
+    missing = f"123456789012.dkr.ecr.{region}.amazonaws.com/spotrain-x/trainer@sha256:{'0' * 64}"
+    unpulled = boot(
+        member["InstanceId"],
+        SPOTRAIN_CONTAINER_RUNTIME="docker",
+        SPOTRAIN_IMAGE=missing,
+        SPOTRAIN_EFA_DEVICES=str(devices),
+        CONTAINERS_RUN=str(ran),
+        PATH=f"{docker.parent}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+    )
+    assert unpulled.returncode == 2, unpulled.stdout + unpulled.stderr
+    assert f"pulling the run's image {missing}" in unpulled.stdout
+    assert f"cannot train: its image {missing} could not be pulled (manifest unknown)" in (
+        unpulled.stdout + unpulled.stderr)  # fmt: skip
+    assert f"marked unhealthy (its image {missing} could not be pulled" in unpulled.stdout
+    assert "spotrain train" not in unpulled.stdout + unpulled.stderr
+    assert set(ran.read_text().split()) == {BAKED_IMAGE}  # nothing ran in the missing image
+    # Every container got the machine's EFA device, and NCCL libfabric's EFA provider.
+    for args in (tmp_path / "containers-run.args").read_text().splitlines():
+        assert f"--device {devices}/uverbs0 --ulimit memlock=-1:-1 -e FI_PROVIDER=efa" in args
     autoscaling.delete_auto_scaling_group(AutoScalingGroupName="booted-fleet", ForceDelete=True)
     ec2.delete_launch_template(LaunchTemplateName="booted-lt")  # the local cloud is shared
     # After repeated crashes the run is held: the machine does not start the trainer again.
@@ -246,6 +300,32 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     assert held.returncode == 3
     assert "held after repeated crashes" in held.stdout
     assert "spotrain train" not in held.stdout + held.stderr
+
+
+DOCKER_WITHOUT_AN_ENGINE = r"""#!/bin/bash
+# `docker` for a host without an engine: it has the baked image only, a pull fails as the
+# registry answers for a digest it lacks, and `run` runs the container's command here.
+case "$1" in
+  image) [[ "$2" == inspect && "$3" == spotrain-trainer:baked ]] ;;
+  pull) echo "manifest unknown" >&2; exit 1 ;;
+  run)
+    shift
+    echo "$*" >>"$CONTAINERS_RUN.args"
+    while (($#)); do
+      case "$1" in
+        --rm | -i | --init) shift ;;
+        -v | -e | --gpus | --network | --ipc | --stop-signal | --stop-timeout) shift 2 ;;
+        --device | --ulimit) shift 2 ;;
+        *) break ;;
+      esac
+    done
+    echo "$1" >>"$CONTAINERS_RUN"
+    shift
+    exec "$@"
+    ;;
+  *) echo "docker $1: not known here" >&2; exit 1 ;;
+esac
+"""
 
 
 def test_bootstrap_looks_for_the_marker_the_trainer_writes() -> None:
@@ -377,7 +457,7 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Any:
 
 
 def test_image_build_pushes_the_trainer_then_the_code_on_it_by_digest(
-    registry: Any, capsys: pytest.CaptureFixture[str]
+    registry: Any, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     assert cli.main(["image", "build", "dev", "--dry-run"]) == 0
     out = capsys.readouterr().out
@@ -405,6 +485,20 @@ def test_image_build_pushes_the_trainer_then_the_code_on_it_by_digest(
     assert f"{uri}:trainer-{commit} is in the registry already" in out
     assert f"TRAINER_IMAGE={uri}@{pushed['imageDigest']}" in out
     assert f"spotrain image bake dev --image {uri}@<digest of code-{commit}>" in out
+    # Once both are there, the line it prints is what a run file pins.
+    code = manifest.replace("1" * 64, "2" * 64)
+    registry.put_image(repositoryName="spotrain-dev/trainer", imageManifest=code,
+                       imageManifestMediaType="application/vnd.oci.image.manifest.v1+json",
+                       imageTag=f"code-{commit}")  # fmt: skip
+    assert cli.main(["image", "build", "dev", "--dry-run"]) == 0
+    [pin] = [line.strip() for line in capsys.readouterr().out.splitlines()
+             if line.strip().startswith("image = ")]  # fmt: skip
+    run_file = tmp_path / "dev" / "pinned.toml"
+    run_file.parent.mkdir()
+    run_file.write_text(f'{pin}\nowner = "ml@example.com"\ninstance_types = ["g5.xlarge", '
+                        '"g5.2xlarge"]\n[training]\nsteps = 4\n')  # fmt: skip
+    run = read_run(run_file, "dev")
+    assert run.image is not None and run.image.startswith(f"{uri}@sha256:")
 
 
 def test_image_bake_takes_one_image_by_digest_and_runs_the_recipe(

@@ -939,7 +939,7 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     training = {**TWO_RUNS_TRAINING, "data": "dataset:two-runs"}
     (runs / "third.toml").write_text("\n".join([
         'owner = "research@example.com"', 'instance_types = ["g6.xlarge", "g5.xlarge"]',
-        "min_size = 1", "desired_size = 1", "max_size = 1", "[training]",
+        "mixed_gpus = true", "min_size = 1", "desired_size = 1", "max_size = 1", "[training]",
         *(f"{k} = {json.dumps(v)}" for k, v in training.items() if k != "model"),
         f'metrics_file = "{metrics["third"].metrics}"',
         "model = { context = 32, layers = 2, heads = 2, width = 64 }", "",
@@ -1085,19 +1085,50 @@ def test_a_run_of_the_users_own_script_is_reclaimed_and_resumes_with_the_same_lo
         found = run_lifecycle.published_head(catalog, "llama")
         return found.step if found else 0
 
+    # The run pins the image it trains in, as `spotrain image build` pushed it (a manifest here:
+    # no engine builds images on this host).
+    [registry] = local.client("ecr").describe_repositories(
+        repositoryNames=["spotrain-local/trainer"])["repositories"]  # fmt: skip
+    manifest = {"schemaVersion": 2,
+                "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
+                "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
+                           "size": 2, "digest": f"sha256:{'1' * 64}"}, "layers": []}  # fmt: skip
+    pushed = local.client("ecr").put_image(
+        repositoryName=registry["repositoryName"], imageManifest=json.dumps(manifest),
+        imageTag="code-llama")["image"]["imageId"]["imageDigest"]  # fmt: skip
+    image = f"{registry['repositoryUri']}@{pushed}"
     runs = tmp_path / "runs" / "local"
     shell_tools.copytree(ROOT / "runs" / "local", runs)
-    (runs / "llama.toml").write_text("\n".join([
-        'owner = "research@example.com"', 'instance_types = ["g6.xlarge", "g5.xlarge"]',
-        "min_size = 2", "desired_size = 2", "max_size = 2", "[entry_point]",
-        'script = "examples/train_llama.py"',
-        f'args = ["--steps", "{steps}", "--checkpoint-every", "3"]', f"steps = {steps}", "",
-    ]))  # fmt: skip
+
+    def declare(pinned: str) -> None:
+        (runs / "llama.toml").write_text("\n".join([
+            'owner = "research@example.com"', 'instance_types = ["g6.xlarge", "g5.xlarge"]',
+            "mixed_gpus = true", "min_size = 2", "desired_size = 2", "max_size = 2",
+            f'image = "{pinned}"',
+            "[entry_point]", 'script = "examples/train_llama.py"',
+            f'args = ["--steps", "{steps}", "--checkpoint-every", "3"]', f"steps = {steps}", "",
+        ]))  # fmt: skip
+
     monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
     fleet = _PlayedFleet(local, tmp_path / "machines")
     group = "spotrain-local-llama-fleet"
     try:
+        # An image the registry does not hold is refused before anything is deployed.
+        declare(f"{registry['repositoryUri']}@sha256:{'0' * 64}")
+        capsys.readouterr()
+        assert cli.main(["run", "submit", "local", "llama"]) == 2
+        refused = capsys.readouterr().err
+        assert "is not in the registry: push it with `spotrain image build local`" in refused
+        assert "Traceback" not in refused
+        declare(image)
         assert cli.main(["run", "submit", "local", "llama"]) == 0
+        # Its machines may pull that image from the environment's registry, and boot with it.
+        policy = local.client("iam").get_role_policy(
+            RoleName=group, PolicyName="run-scoped-checkpoint-access"
+        )["PolicyDocument"]
+        grants = {g["Sid"]: g for g in policy["Statement"]}
+        assert grants["PullRunImage"]["Resource"] in (registry["repositoryArn"],
+                                                      [registry["repositoryArn"]])  # fmt: skip
         # The runbooks' starting point: every name it exports is a deployed resource.
         capsys.readouterr()
         assert cli.main(["run", "env", "local", "llama"]) == 0
@@ -1119,6 +1150,9 @@ def test_a_run_of_the_users_own_script_is_reclaimed_and_resumes_with_the_same_lo
         assert checked["runs"]["llama"]["decision"] == "start", checked
         coordinator = fleet.boot(group, "on-demand")
         reclaimed = fleet.boot(group, "spot")
+        for machine in (coordinator, reclaimed):  # as the deployed launch template wrote it
+            run_env = (machine.root / "etc" / "spotrain" / "run.env").read_text()
+            assert f"SPOTRAIN_IMAGE={image}\n" in run_env, run_env
         deadline = time.monotonic() + 300
         while head() < 3:  # past its first checkpoint
             assert coordinator.running() and reclaimed.running(), (

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -14,7 +15,7 @@ from spotrain.stacks.runs import RunConfig, load_runs, read_run
 
 GOOD = """
 owner = "ml@example.com"
-instance_types = ["g5.xlarge", "g6.xlarge"]
+instance_types = ["g5.xlarge", "g5.2xlarge"]
 min_size = 1
 desired_size = 2
 max_size = 4
@@ -25,6 +26,8 @@ data = "dataset:corpus-v1"
 steps = 40
 """
 
+PINNED = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/spotrain-dev/trainer@sha256:{'a' * 64}"
+"""An image of environment dev's registry, pinned by digest."""
 
 BACKWARDS = """
 [deadline]
@@ -61,7 +64,7 @@ def test_a_good_file_reads_into_a_run_named_for_the_file(tmp_path: Path) -> None
     run = read_run(write(tmp_path / "dev", "sweep-a", GOOD), "dev")
     assert isinstance(run, RunConfig)
     assert (run.name, run.environment, run.max_spend_usd) == ("sweep-a", "dev", 100)
-    assert run.instance_types == ("g5.xlarge", "g6.xlarge")
+    assert run.instance_types == ("g5.xlarge", "g5.2xlarge")
     assert run.training_document() == {"data": "dataset:corpus-v1", "steps": 40, "run": "sweep-a"}
     assert run.run_tags == {"spotrain:run": "sweep-a", "spotrain:owner": "ml@example.com"}
 
@@ -79,9 +82,24 @@ def test_the_training_configuration_may_be_a_json_file_beside_the_run_file(tmp_p
     ("text", "expected"),
     [
         (GOOD.replace('owner = "ml@example.com"\n', ""), "owner is missing"),
-        (GOOD.replace('["g5.xlarge", "g6.xlarge"]', '["g5.xlarge"]'), "list at least two"),
-        (GOOD.replace('"g6.xlarge"]', '"g5xlarge"]'), "write it as family.size"),
-        (GOOD.replace('"g6.xlarge"]', '"g5.xlarge"]'), "list each type once"),
+        (GOOD.replace('["g5.xlarge", "g5.2xlarge"]', '["g5.xlarge"]'), "list at least two"),
+        (GOOD.replace('"g5.2xlarge"]', '"g5xlarge"]'), "write it as family.size"),
+        (GOOD.replace('"g5.2xlarge"]', '"g5.xlarge"]'), "list each type once"),
+        (
+            GOOD.replace('"g5.2xlarge"]', '"g6.xlarge"]'),
+            "mix GPU models: g5.xlarge (1 x A10G 24 GiB), g6.xlarge (1 x L4 24 GiB); keep one",
+        ),
+        (
+            GOOD.replace('"g5.2xlarge"]', '"g6e.xlarge"]').replace(
+                "min_size", "mixed_gpus = true\nmin_size"
+            ),
+            "mix GPUs per machine or GPU memory: g5.xlarge (1 x A10G 24 GiB), g6e.xlarge",
+        ),
+        (GOOD.replace('"g5.2xlarge"]', '"g5.12xlarge"]'), "g5.12xlarge (4 x A10G 24 GiB)"),
+        (
+            GOOD.replace('"g5.2xlarge"]', '"x9.large"]'),
+            "'x9.large' is not a GPU type spotrain knows: use one of spotrain/core/gpu_types.py",
+        ),
         (GOOD.replace("min_size = 1", "min_size = 3"), "need 0 <= min <= desired <= max"),
         (GOOD.replace("min_size = 1", "min_size = 0"), "raise min_size"),
         (GOOD.replace("max_size = 4", "max_size = 4.5"), "max_size is 4.5: it must be an integer"),
@@ -98,6 +116,18 @@ def test_the_training_configuration_may_be_a_json_file_beside_the_run_file(tmp_p
         (GOOD.replace("steps = 40", 'steps = 40\nrun = "other"'), "leave `run` out of"),
         (GOOD.replace("[training]", 'training = "missing.json"\n[unused]'), "cannot be read"),
         ("owner = \n", "it is not TOML"),
+        ('network = "efa"\n' + GOOD, "network is 'efa' but g5.xlarge, g5.2xlarge take(s) no EFA"),
+        ('network = "infiniband"\n' + GOOD, "use one of cluster, efa, tcp"),
+        ('zone = "us-east-1a"\n' + GOOD, "zone is set but the run trains on tcp in every zone"),
+        ('image = "spotrain:latest"\n' + GOOD, "image 'spotrain:latest' is not pinned by digest"),
+        (
+            f'image = "{PINNED.replace("spotrain-dev", "spotrain-prod")}"\n' + GOOD,
+            "is not in environment dev's registry",
+        ),
+        (
+            f'image = "{PINNED.replace("dkr.ecr", "registry")}"\n' + GOOD,
+            "pull only from ACCOUNT.dkr.ecr.REGION.amazonaws.com/spotrain-dev/trainer",
+        ),
     ],
 )
 def test_a_bad_run_file_is_reported_with_its_fix(tmp_path: Path, text: str, expected: str) -> None:
@@ -130,3 +160,63 @@ def test_the_app_refuses_bad_run_files_in_one_message_before_synthesis(
     err = capsys.readouterr().err
     assert "gpt-small.toml: sizes min_size=9" in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_run_that_pins_its_image_boots_and_may_pull_that_image_only(tmp_path: Path) -> None:
+    """The image is part of the run's definition: its launch template writes it for the boot
+    script (a changed image is a changed template, shown in the run's plan), and its machines
+    may pull from the environment's registry through its endpoints, which a run on the baked
+    image may not at all."""
+    from helpers import load_stack, resources
+
+    from spotrain.cdk import App
+    from spotrain.constructs.spot_fleet_iam import REGISTRY_PULL_ACTIONS
+    from spotrain.stacks.app import add_environment
+    from spotrain.stacks.environments import all_environments
+
+    pinned = read_run(write(tmp_path / "dev", "pinned", f'image = "{PINNED}"\n' + GOOD), "dev")
+    baked = read_run(write(tmp_path / "dev", "baked", GOOD), "dev")
+    assert (pinned.image, baked.image) == (PINNED, None)
+    [dev] = [c for c in all_environments() if c.name == "dev"]
+    app = App(outdir=str(tmp_path / "out"))
+    add_environment(app, dev, runs=(pinned, baked))
+    app.synth()
+
+    def fleet(run: str) -> tuple[str, dict[str, Any]]:
+        stack = load_stack(tmp_path / "out", f"dev-run-{run}")
+        [template] = resources(stack, "aws_launch_template").values()
+        [policy] = [p for n, p in resources(stack, "aws_iam_role_policy").items()
+                    if "RunScoped" in n]  # fmt: skip
+        document = stack["data"]["aws_iam_policy_document"]
+        key = policy["policy"].split(".")[2]
+        return template["user_data"], {s["sid"]: s for s in document[key]["statement"]}
+
+    user_data, grants = fleet("pinned")
+    assert "SPOTRAIN_IMAGE=%s" in user_data and f'"{PINNED}"' in user_data
+    pull = grants["PullRunImage"]
+    assert pull["actions"] == list(REGISTRY_PULL_ACTIONS)
+    [repository] = pull["resources"]
+    assert "ecr_repository" in repository or "image_repository" in repository, repository
+    for sid in ("PullRunImage", "RegistryLogin"):
+        [through] = grants[sid]["condition"]
+        assert through["variable"] == "aws:SourceVpce" and len(through["values"]) == 2
+        assert all("EcrApiEndpoint" in v or "EcrDkrEndpoint" in v for v in through["values"])
+    user_data, grants = fleet("baked")
+    assert f'"{PINNED}"' not in user_data and '""' in user_data  # the baked image
+    assert not any(a.startswith("ecr:") for g in grants.values() for a in g["actions"])
+
+
+def test_an_efa_run_trains_in_one_of_its_environments_zones(tmp_path: Path) -> None:
+    from spotrain.cdk import App
+    from spotrain.stacks.app import add_environment
+    from spotrain.stacks.environments import all_environments
+
+    efa = GOOD.replace('["g5.xlarge", "g5.2xlarge"]', '["p5en.48xlarge", "p5e.48xlarge"]')
+    run = read_run(write(tmp_path / "prod", "far", 'zone = "us-east-1z"\n' + efa), "prod")
+    assert (run.network_mode, run.zone) == ("cluster", "us-east-1z")
+    [prod] = [c for c in all_environments() if c.name == "prod"]
+    with pytest.raises(ConfigError) as caught:
+        add_environment(App(outdir=str(tmp_path / "out")), prod, runs=(run,))
+    assert "zone 'us-east-1z' is not one of environment prod's: use one of us-east-1a" in str(
+        caught.value
+    )

@@ -119,9 +119,9 @@ def test_the_plan_comment_carries_each_runs_estimate_against_the_base_branch(
     row = {"region": "us-east-1", "source": "test figure", "taken_at": "2026-11-24"}
     book.write_text(json.dumps({"format": 1, "note": "Test figures only: not AWS prices.",
         "on_demand": [{**row, "instance_type": "g5.xlarge", "usd_per_hour": 1.0},
-                      {**row, "instance_type": "p4d.24xlarge", "usd_per_hour": 32.0}],
+                      {**row, "instance_type": "p5en.48xlarge", "usd_per_hour": 32.0}],
         "spot": [{**row, "instance_type": t, "availability_zone": "us-east-1a", "usd_per_hour": p}
-                 for t, p in (("g5.xlarge", 0.4), ("p4d.24xlarge", 12.0))]}))  # fmt: skip
+                 for t, p in (("g5.xlarge", 0.4), ("p5en.48xlarge", 12.0))]}))  # fmt: skip
     control.set_price_book(book)
     comments = {}
     try:

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import base64
-import re
 import shlex
 import shutil
 import subprocess
@@ -28,10 +27,14 @@ from typing import Any
 from spotrain.cli.arguments import environment
 from spotrain.cli.output import say
 from spotrain.core.errors import SpotrainError, aws_errors
+from spotrain.core.image_reference import (
+    image_repository_name,
+    is_digest_reference,
+    repository_of,
+)
 
 CHECKOUT = Path(__file__).resolve().parents[2]
 IMAGES = CHECKOUT / "images"
-_DIGEST_REFERENCE = re.compile(r"^[\w.\-/:]+@sha256:[0-9a-f]{64}$")
 
 
 def _run(command: list[str], *, dry_run: bool, stdin: str | None = None) -> str:
@@ -69,11 +72,9 @@ def _repository(env_name: str) -> tuple[Any, str, str]:
     """The environment's registry client, repository name and URI, as deployed."""
     import boto3
 
-    from spotrain.stacks.storage import image_repository_name
-
     config = environment(env_name)
     ecr = boto3.client("ecr", region_name=config.primary_region)
-    name = image_repository_name(config)
+    name = image_repository_name(config.name)
     fix = (
         f"deploy environment {env_name} first (`spotrain deploy {env_name}`: its storage "
         "stack holds the registry)"
@@ -95,6 +96,27 @@ def _pushed(ecr: Any, name: str, tag: str) -> str | None:
             return None
         raise
     return str(image["imageDigest"])
+
+
+def check_pushed(env_name: str, reference: str) -> None:
+    """Refuse a run's image its machines could not pull: another registry's, or a digest the
+    environment's registry does not hold."""
+    ecr, name, uri = _repository(env_name)
+    if repository_of(reference) != uri:
+        raise SpotrainError(f"image {reference} is not in environment {env_name}'s registry "
+                            f"{uri}: pin an image `spotrain image build {env_name}` pushed "
+                            "there")  # fmt: skip
+    digest = reference.rsplit("@", 1)[1]
+    from botocore.exceptions import ClientError
+
+    try:
+        ecr.describe_images(repositoryName=name, imageIds=[{"imageDigest": digest}])
+    except ClientError as error:
+        if error.response["Error"]["Code"] != "ImageNotFoundException":
+            raise
+        raise SpotrainError(f"image {reference} is not in the registry: push it with "
+                            f"`spotrain image build {env_name}` and pin the digest it "
+                            "prints") from None  # fmt: skip
 
 
 def _build_and_push(
@@ -129,7 +151,8 @@ def _build(args: argparse.Namespace) -> int:
                               args.dry_run)  # fmt: skip
     code = _build_and_push(ecr, name, uri, f"code-{commit}", "images/Dockerfile.code",
                            ["--build-arg", f"TRAINER_IMAGE={trainer}"], args.dry_run)  # fmt: skip
-    say(f"image: {code}\nbake the machine image with it: spotrain image bake "
+    say(f"image: {code}\npin it in a run file (runs/{args.environment}/RUN.toml):\n"
+        f'  image = "{code}"\nor bake the machine image with it: spotrain image bake '
         f"{args.environment} --image {code}")  # fmt: skip
     return 0
 
@@ -143,7 +166,7 @@ def _commit_or_worktree() -> str:
 
 
 def _bake(args: argparse.Namespace) -> int:
-    if not args.image or not (_DIGEST_REFERENCE.match(args.image) or args.dry_run):
+    if not args.image or not (is_digest_reference(args.image) or args.dry_run):
         raise SpotrainError("`spotrain image bake` needs --image REPOSITORY@sha256:DIGEST (what "
                             "`spotrain image build` printed): a machine image bakes one image, "
                             "named by its digest")  # fmt: skip

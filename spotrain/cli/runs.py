@@ -206,6 +206,12 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     with aws_errors(f"environment {args.environment} is not deployed or not reachable",
                     f"`spotrain deploy {args.environment}` deploys it"):  # fmt: skip
         where.events.load()
+    if run.image is not None:  # its machines must be able to pull it before any is billed
+        from spotrain.cli.image import check_pushed
+
+        with aws_errors(f"the registry of environment {args.environment}",
+                        f"`spotrain deploy {args.environment}` deploys it"):  # fmt: skip
+            check_pushed(args.environment, run.image)
     results = _run_deployment(args.environment, run.name, args.out).apply()
     outputs = {k: v for r in results for k, v in r.outputs.items()}
     store = f"s3://{where.bucket}"

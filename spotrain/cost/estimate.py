@@ -12,7 +12,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from spotrain.core import prices
+from spotrain.core import gpu_types, prices
 from spotrain.core.errors import CostInputError
 from spotrain.cost import planner
 from spotrain.cost.simulation import ON_DEMAND_ONLY
@@ -61,6 +61,10 @@ class Estimate:
     """Why it could not be priced (then spot and on_demand are None)."""
     rate_source: str = ""
     prices_taken: str = ""
+    mix_slowdown: float = 1.0
+    """A run of mixed GPU models: how much longer its work takes at its slowest GPU than on
+    its first type alone (the work is priced so); 1.0 for one model."""
+    slowest_gpu: str = ""
 
     def as_json(self) -> dict[str, Any]:
         document = asdict(self)
@@ -81,10 +85,12 @@ def estimate(
     instance_type, region = run.instance_types[0], environment.primary_region
     deadline = run.deadline
     deadline_h = deadline.deadline_h if deadline else None
+    slowdown = gpu_types.mix_slowdown(run.instance_types)
     base = Estimate(
         environment=environment.name, run=run.name, machine_hours=planned.machine_hours,
         nodes=run.desired_size, pool=f"{instance_type} {region}",
-        deadline_h=deadline_h, spot=None, on_demand=None,
+        deadline_h=deadline_h, spot=None, on_demand=None, mix_slowdown=slowdown,
+        slowest_gpu=gpu_types.slowest_gpu(run.instance_types) if slowdown > 1 else "",
     )  # fmt: skip
     try:
         pool = book.pool(instance_type, region, otherwise=GIVE_A_BOOK)
@@ -100,7 +106,7 @@ def estimate(
             f"no interruption rate for {instance_type} in {region}: set planned."
             "interruptions_per_hour, or add its Advisor band to the price book"))  # fmt: skip
     plan = planner.plan(planner.PlanInputs(
-        work_h=planned.machine_hours / run.desired_size,
+        work_h=planned.machine_hours * slowdown / run.desired_size,
         nodes=run.desired_size, deadline_h=deadline_h,
         checkpoint_s=planned.checkpoint_seconds, restart_h=RESTART_HOURS,
         interruptions_per_hour=rate, recovery_h=RECOVERY_HOURS,
@@ -154,6 +160,9 @@ def markdown(
         f"#### Run estimate: `{head.run}`, {head.machine_hours:,g} machine-hours of work on "
         f"{head.nodes} x {head.pool}{deadline}"
     ]
+    if head.mix_slowdown > 1:
+        lines.append(f"Mixed GPUs: every step runs at the slowest, {head.slowest_gpu}, so the "
+                     f"work is priced at {head.mix_slowdown:.2f}x its machine-hours.")  # fmt: skip
     if head.problem or head.spot is None or head.on_demand is None:
         lines.append(f"Not priced: {head.problem}")
         return "\n".join(lines)
