@@ -288,6 +288,7 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
         "SPOTRAIN_NNODES": f"{local.run.min_size}:{local.run.max_size}",
         "SPOTRAIN_RDZV_PORT": "29400",
         "SPOTRAIN_LOG_GROUP": outputs["machine_log_group"],
+        "SPOTRAIN_IMAGE": "",  # the run pins none: the image baked into the machine image
     }
 
 
