@@ -73,6 +73,7 @@ class RunStack(EnvironmentStack):
         super().__init__(scope, run_stack_part(run.name), config=config, run_tags=run.run_tags)
         self.run = run
         endpoints = network.interface_endpoints
+        registry_endpoint_ids = tuple(str(endpoints[s].id) for s in ("ecr.api", "ecr.dkr"))
         # An EFA run trains in one zone (EFA traffic stays in its subnet); a tcp run in all.
         mode = run.network_mode
         subnets = network.subnet_ids
@@ -123,7 +124,7 @@ class RunStack(EnvironmentStack):
                 placement_group=mode == "cluster",
                 image=run.image,
                 image_repository_arn=image_repository_arn,
-                registry_endpoint_ids=tuple(str(endpoints[s].id) for s in ("ecr.api", "ecr.dkr")),
+                registry_endpoint_ids=registry_endpoint_ids,
                 emulator_drift_tolerance=config.is_local,
             ),
         )
@@ -149,3 +150,7 @@ class RunStack(EnvironmentStack):
         TerraformOutput(self, "on_demand_group", value=self.fleet.on_demand_group.name)
         TerraformOutput(self, "launch_template", value=self.fleet.launch_template.id)
         TerraformOutput(self, "machine_log_group", value=self.fleet.log_group.name)
+        # Named by every run, so the network stack exports them whenever the environment has a
+        # run: a run submitted later that pins its image finds them deployed (`run submit`
+        # applies the run's stack alone, and an output no stack used is not exported).
+        TerraformOutput(self, "registry_endpoints", value=list(registry_endpoint_ids))
