@@ -16,8 +16,8 @@ from typing import Any
 
 from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
-from spotrain.constructs.spot_fleet_iam import REGISTRY_PULL_ACTIONS
 from spotrain.core.errors import raise_if_problems
+from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
 
 
 @dataclass(frozen=True, kw_only=True)

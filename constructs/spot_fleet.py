@@ -10,6 +10,12 @@ Their boot and training output goes to the fleet's encrypted log group (a stream
 on-call reaches them with Session Manager: both through the environment's interface endpoints.
 The fleet's security group lets its own members talk to each other (another run's machines
 cannot reach them) and reach only those endpoints and S3 and DynamoDB.
+
+On instance types that take EFA a run may attach it: each type then launches from its own
+template with one EFA interface per network card, in one zone's subnet and, optionally, one
+cluster placement group. A run that pins its image writes it into the user data, and only
+then may its machines pull, from the environment's repository, through the registry's
+endpoints.
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from spotrain.constructs.policy import leading_keys, statement, via_services
 from spotrain.constructs.run_access import read_run_crashes_and_releases
 from spotrain.core import catalog_schema
 from spotrain.core.catalog_schema import crashes_key, lifecycle_key, run_key, spend_key
+from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
 
 if TYPE_CHECKING:
     from spotrain.constructs.spot_fleet import SpotFleetProps
@@ -172,15 +173,6 @@ def machine_statements(
         ),
         *_pull_statements(props),
     ])  # fmt: skip
-
-
-REGISTRY_PULL_ACTIONS = (
-    "ecr:BatchGetImage",
-    "ecr:GetDownloadUrlForLayer",
-    "ecr:BatchCheckLayerAvailability",
-)
-"""What pulling an image from a registry calls (Docker's credential helper logs in with
-`ecr:GetAuthorizationToken`, which names no resource)."""
 
 
 def _pull_statements(props: SpotFleetProps) -> list[dict[str, Any]]:

@@ -14,8 +14,8 @@ from spotrain.constructs.catalog_table import CatalogTableProps, SecondaryIndex
 from spotrain.constructs.encrypted_bucket import EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKeyProps
 from spotrain.constructs.replicated_bucket_pair import ReplicatedBucketPairProps
-from spotrain.constructs.spot_fleet_iam import REGISTRY_PULL_ACTIONS
 from spotrain.core.errors import ConfigError
+from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
 
 
 def only(mapping: dict[str, Any]) -> Any:

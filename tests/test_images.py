@@ -22,9 +22,8 @@ from training import TINY_MODEL
 from spotrain import cli
 from spotrain.cli import train as train_command
 from spotrain.constructs.spot_fleet import USER_DATA, user_data_values
-from spotrain.constructs.spot_fleet_iam import REGISTRY_PULL_ACTIONS
 from spotrain.core import fleet_state
-from spotrain.core.image_reference import BAKED_IMAGE
+from spotrain.core.image_reference import BAKED_IMAGE, REGISTRY_PULL_ACTIONS
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
 from spotrain.stacks.run import image_parameter_name

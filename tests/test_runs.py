@@ -170,7 +170,7 @@ def test_a_run_that_pins_its_image_boots_and_may_pull_that_image_only(tmp_path: 
     from helpers import load_stack, resources
 
     from spotrain.cdk import App
-    from spotrain.constructs.spot_fleet_iam import REGISTRY_PULL_ACTIONS
+    from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
     from spotrain.stacks.app import add_environment
     from spotrain.stacks.environments import all_environments
 

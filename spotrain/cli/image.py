@@ -84,12 +84,13 @@ def _repository(env_name: str) -> tuple[Any, str, str]:
     return ecr, name, str(found["repositoryUri"])
 
 
-def _pushed(ecr: Any, name: str, tag: str) -> str | None:
-    """The digest of `tag` when the registry has it."""
+def _pushed(ecr: Any, name: str, tag: str = "", digest: str = "") -> str | None:
+    """The digest of the image tagged `tag` (or of `digest`) when the registry has it."""
     from botocore.exceptions import ClientError
 
+    image_id = {"imageDigest": digest} if digest else {"imageTag": tag}
     try:
-        [image] = ecr.describe_images(repositoryName=name, imageIds=[{"imageTag": tag}])[
+        [image] = ecr.describe_images(repositoryName=name, imageIds=[image_id])[
             "imageDetails"]  # fmt: skip
     except ClientError as error:
         if error.response["Error"]["Code"] in ("ImageNotFoundException", "RepositoryNotFound"):
@@ -106,17 +107,10 @@ def check_pushed(env_name: str, reference: str) -> None:
         raise SpotrainError(f"image {reference} is not in environment {env_name}'s registry "
                             f"{uri}: pin an image `spotrain image build {env_name}` pushed "
                             "there")  # fmt: skip
-    digest = reference.rsplit("@", 1)[1]
-    from botocore.exceptions import ClientError
-
-    try:
-        ecr.describe_images(repositoryName=name, imageIds=[{"imageDigest": digest}])
-    except ClientError as error:
-        if error.response["Error"]["Code"] != "ImageNotFoundException":
-            raise
+    if _pushed(ecr, name, digest=reference.rsplit("@", 1)[1]) is None:
         raise SpotrainError(f"image {reference} is not in the registry: push it with "
                             f"`spotrain image build {env_name}` and pin the digest it "
-                            "prints") from None  # fmt: skip
+                            "prints")  # fmt: skip
 
 
 def _build_and_push(

@@ -15,6 +15,14 @@ BAKED_IMAGE = "spotrain-trainer:baked"
 """The name the machine image gives the image baked into it (images/spotrain.pkr.hcl, the
 default of images/bootstrap.sh)."""
 
+REGISTRY_PULL_ACTIONS = (
+    "ecr:BatchGetImage",
+    "ecr:GetDownloadUrlForLayer",
+    "ecr:BatchCheckLayerAvailability",
+)
+"""What pulling an image from the registry calls, on its repository (Docker's credential
+helper logs in with `ecr:GetAuthorizationToken`, which names no resource)."""
+
 _DIGEST = re.compile(r"^(?P<repository>[^@\s]+)@sha256:[0-9a-f]{64}$")
 _ECR_HOST = re.compile(r"^\d{12}\.dkr\.ecr\.[a-z0-9-]+\.amazonaws\.com$")
 
