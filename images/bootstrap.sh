@@ -102,9 +102,12 @@ spotrain_run() {
       # (the launch template's hop limit is 1).
       mounts=(-v "$WORK_DIR:$WORK_DIR")
       [[ "$CONFIG" == "$WORK_DIR"/* ]] || mounts+=(-v "$CONFIG:$CONFIG:ro")
+      # DeepSpeed compiles the ops a run's memory options need (CPU Adam, async I/O) for this
+      # machine's CPU at first use; on the work disk they outlive the container.
       docker run --rm -i --gpus all --network host --ipc host --init \
         --stop-signal SIGTERM --stop-timeout 110 "${efa[@]}" \
-        -e AWS_REGION -e AWS_DEFAULT_REGION "${mounts[@]}" \
+        -e AWS_REGION -e AWS_DEFAULT_REGION -e TORCH_EXTENSIONS_DIR="$WORK_DIR/torch_extensions" \
+        "${mounts[@]}" \
         "$IMAGE" "$@"
       ;;
     none)

@@ -127,7 +127,8 @@ class Checkpointer:
         more; needs credentials that may delete); None keeps all.
     spot_notice_endpoint, spot_notice_poll_seconds: the metadata service to watch for spot
         interruption notices and rebalance recommendations (on EC2 http://169.254.169.254).
-    on_event(kind, **fields): called on rank 0 for "published", "light" and "stopped".
+    on_event(kind, **fields): called on rank 0 for "restored" (seconds to choose, fetch and
+        verify; seconds DeepSpeed took to load), "published", "light" and "stopped".
     lease_owner, say: who takes the run's lease; where progress lines go (default: stdout).
     """
 
@@ -250,7 +251,9 @@ class Checkpointer:
         if place.leader:  # saves a killed start never published are of no use
             shutil.rmtree(self._work("save"), ignore_errors=True)
             self._work(membership.FIRST_STEP_MARKER).unlink(missing_ok=True)  # none trained yet
+        began = time.perf_counter()
         restored = self._choose_and_fetch()
+        fetched = time.perf_counter()
         start = 0
         if restored is not None:
             universal = restored.world_size != place.world
@@ -271,6 +274,10 @@ class Checkpointer:
             self._say(f"resumed {self.run} at step {start}"
                       + (" (light checkpoint)" if restored.from_light else ""))  # fmt: skip
             self.status = f"resumed from {self.parent}"
+            if place.rank == 0:
+                loaded = time.perf_counter()
+                self._on_event("restored", step=start, light=restored.from_light,
+                               fetch_s=fetched - began, load_s=loaded - fetched)  # fmt: skip
         self._warm_up()
         self.preemption.install()
         if self._notice_endpoint and place.leader:

@@ -26,7 +26,7 @@ import torch
 from spotrain.core.catalog_schema import run_name_problem
 from spotrain.core.errors import SpotrainError, raise_if_problems
 from spotrain.core.validation import instance_type_problems, writable_folder_problem
-from spotrain.trainer import datasets
+from spotrain.trainer import datasets, memory
 from spotrain.trainer.checkpointer import Checkpointer
 from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
 from spotrain.trainer.membership import Stop
@@ -35,7 +35,7 @@ from spotrain.trainer.process import Place, init_distributed, say
 from spotrain.trainer.restore_policy import ConfigChanged, refuse_changed_definition
 from spotrain.trainer.storage import Storage, open_storage
 
-__all__ = ["ConfigChanged", "TrainConfig", "TrainResult", "preflight", "train"]
+__all__ = ["ConfigChanged", "TrainConfig", "TrainResult", "build_engine", "preflight", "train"]
 
 TRAIN_FIELD_HINTS = {
     "store": "give s3://BUCKET or file:///PATH",
@@ -85,6 +85,18 @@ class TrainConfig:
     """DeepSpeed ZeRO stage (1-3)."""
     bf16: bool = False
     """Train in bfloat16 (GPUs); fp32 otherwise."""
+    activation_checkpointing: bool = False
+    """Recompute each transformer block's activations in the backward pass instead of keeping
+    them (DeepSpeed's activation checkpointing): the activations of one block in memory instead
+    of every block's, for about a third more compute. The losses are the same either way."""
+    offload_optimizer: str = "none"
+    """Where ZeRO keeps the optimizer's state (fp32 weights and Adam's moments, 12 bytes a
+    parameter) and takes the optimizer step: "none" on the GPUs; "cpu" in host memory, stepped
+    by DeepSpeed's CPU Adam (any ZeRO stage). Its numerics differ in the last bits from torch's
+    AdamW, so changing it is a change of the run's definition."""
+    offload_params: str = "none"
+    """Where ZeRO stage 3 keeps the parameters between their uses: "none" on the GPUs, "cpu" in
+    host memory, "nvme" in files on work_dir's disk. The losses are the same either way."""
     model: GPTConfig = field(default_factory=GPTConfig)
     """Model shape."""
     metrics_file: str | None = None
@@ -121,6 +133,7 @@ class TrainConfig:
             problems.append(f"checkpoint_every is {self.checkpoint_every}: use 1 or more")
         if self.zero_stage not in (1, 2, 3):
             problems.append(f"zero_stage is {self.zero_stage}: DeepSpeed ZeRO stages are 1, 2, 3")
+        problems += memory.option_problems(self)
         if self.light_every is not None and self.light_every < 1:
             problems.append(f"light_every is {self.light_every}: use 1 or more, or null for none")
         if self.log_every < 1:
@@ -175,6 +188,10 @@ _NOT_DEFINITION = frozenset(
      "light_every", "micro_batch", "global_batch", "metrics_file", "log_every",
      "spot_notice_endpoint",
      "spot_notice_poll_seconds", "allow_config_change",
+     # Recomputed activations are the same activations, and parameters are the same wherever
+     # they wait: switching these on to fit a run on smaller GPUs does not change what it
+     # learns (tested: the losses are equal bit for bit).
+     "activation_checkpointing", "offload_params",
      # A token file's path differs between machines; a dataset's name is its identity.
      "data"}
 )  # fmt: skip
@@ -231,6 +248,7 @@ def preflight(config: TrainConfig) -> Prepared:
         folder = Path(value) if name == "work_dir" else Path(value).parent
         if problem := writable_folder_problem(name, value, folder):
             problems.append(problem)
+    problems += memory.machine_problems(config)
     raise_if_problems("training configuration", problems)
     return Prepared(replace(config, model=model), dataset)
 
@@ -294,10 +312,29 @@ def _deepspeed_config(config: TrainConfig, *, world_size: int) -> dict[str, Any]
     return {
         "train_micro_batch_size_per_gpu": config.per_rank_batch(world_size),
         "gradient_accumulation_steps": 1,
-        "zero_optimization": {"stage": config.zero_stage},
+        "zero_optimization": memory.zero_section(config),
         "bf16": {"enabled": config.bf16},
         "steps_per_print": 10**9,
     }
+
+
+def build_engine(config: TrainConfig, *, world_size: int) -> Any:
+    """Collective: the model (identical initial weights on every rank), its optimizer and
+    learning-rate schedule in a DeepSpeed engine, as the trainer trains them (the GPU
+    benchmark's bare loop builds the same)."""
+    import deepspeed
+
+    _seed_everything(config.seed, 0)
+    model = GPT(config.model, recompute=memory.recompute_function(config))
+    optimizer = memory.make_optimizer(
+        model.parameters(), config, learning_rate=config.learning_rate
+    )
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, config))
+    engine, _, _, _ = deepspeed.initialize(  # DeepSpeed steps, saves and restores the schedule
+        model=model, optimizer=optimizer, lr_scheduler=schedule,
+        config=_deepspeed_config(config, world_size=world_size),
+    )  # fmt: skip
+    return engine
 
 
 @dataclass(frozen=True)
@@ -313,7 +350,6 @@ def train(config: TrainConfig) -> TrainResult:
     """Train to `config.steps` (or until a stop is agreed)."""
     prepared = preflight(config)  # a run that cannot start takes no lease, nor a process group
     config = prepared.config
-    import deepspeed
     import torch.distributed as dist
 
     init_distributed()
@@ -329,14 +365,9 @@ def train(config: TrainConfig) -> TrainResult:
         spot_notice_endpoint=config.spot_notice_endpoint,
         spot_notice_poll_seconds=config.spot_notice_poll_seconds, on_event=progress.event,
     )  # fmt: skip
-    _seed_everything(config.seed, 0)  # identical initial weights on every rank
-    model = GPT(config.model)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=config.learning_rate)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, partial(lr_factor, config))
-    engine, _, _, _ = deepspeed.initialize(  # DeepSpeed steps, saves and restores the schedule
-        model=model, optimizer=optimizer, lr_scheduler=schedule,
-        config=_deepspeed_config(config, world_size=world),
-    )  # fmt: skip
+    if (options := memory.describe(config)) and rank == 0:
+        say(options)
+    engine = build_engine(config, world_size=world)
     _seed_everything(config.seed, rank)  # a restore replaces these with the checkpoint's
     losses: list[float] = []
     try:

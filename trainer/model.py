@@ -6,6 +6,7 @@ Attention dropout stays 0, since dropout sends SDPA to the slow math kernel.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -50,6 +51,9 @@ class GPTConfig:
         raise_if_problems("model", problems)
 
 
+Recompute = Callable[[nn.Module, torch.Tensor], torch.Tensor]
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, config: GPTConfig) -> None:
         super().__init__()
@@ -86,11 +90,14 @@ class Block(nn.Module):
 
 
 class GPT(nn.Module):
-    def __init__(self, config: GPTConfig) -> None:
+    def __init__(self, config: GPTConfig, *, recompute: Recompute | None = None) -> None:
+        """`recompute` runs a block as `recompute(block, x)` while training, recomputing its
+        activations in the backward pass instead of keeping them (activation checkpointing,
+        e.g. DeepSpeed's `deepspeed.checkpointing.checkpoint`); None keeps them."""
         super().__init__()
         if config.vocab_size is None:
             raise ValueError("model.vocab_size is not known yet: take it from the data first")
-        self.config = config
+        self.config, self.recompute = config, recompute
         self.tokens = nn.Embedding(config.vocab_size, config.width)
         self.positions = nn.Embedding(config.context, config.width)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.layers))
@@ -117,8 +124,9 @@ class GPT(nn.Module):
             )
         positions = torch.arange(length, device=tokens.device)
         x = self.tokens(tokens) + self.positions(positions)
+        recompute = self.recompute if torch.is_grad_enabled() else None
         for block in self.blocks:
-            x = block(x)
+            x = block(x) if recompute is None else recompute(block, x)
         logits = self.head(self.norm(x))
         if targets is None:
             return logits

@@ -1,0 +1,150 @@
+"""Fitting a larger model on fewer GPUs with DeepSpeed's own means: activation checkpointing
+(a block's activations are recomputed in the backward pass instead of kept) and ZeRO offload
+(the optimizer's state and, at stage 3, the parameters kept in host memory or on NVMe, the
+optimizer step taken by DeepSpeed's CPU Adam).
+
+The training configuration names the options (`activation_checkpointing`, `offload_optimizer`,
+`offload_params`); this module checks them, says what a machine lacks for them before the run
+starts, and turns them into DeepSpeed's configuration, the model's recompute function and the
+optimizer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+
+class MemoryOptions(Protocol):
+    """The training configuration's fields these options are made of."""
+
+    zero_stage: int
+    activation_checkpointing: bool
+    offload_optimizer: str
+    offload_params: str
+    work_dir: str
+
+
+OPTIMIZER_OFFLOAD = ("none", "cpu")
+"""Where ZeRO may keep the optimizer's state: the GPUs, or host memory. Not NVMe: DeepSpeed
+0.19.8 resumes NVMe-swapped optimizer state inexactly (a resumed run's second step already
+differs from an uninterrupted run's), and a run here resumes exactly or not at all."""
+
+PARAMETER_OFFLOAD = ("none", "cpu", "nvme")
+"""Where ZeRO stage 3 may keep the parameters: the GPUs, host memory, or NVMe files."""
+
+ADAMW_WEIGHT_DECAY = 0.01
+"""torch.optim.AdamW's default, which DeepSpeed's CPU Adam (default 0) is given too: a run
+means the same optimizer wherever its state lives."""
+
+
+def option_problems(options: MemoryOptions) -> list[str]:
+    """What is wrong with the memory options, each problem with its fix."""
+    offload_optimizer, offload_params = options.offload_optimizer, options.offload_params
+    problems = []
+    if offload_optimizer == "nvme":
+        problems.append(
+            'offload_optimizer = "nvme" is not offered: DeepSpeed does not resume optimizer '
+            'state swapped to NVMe exactly; use "cpu" (host memory: 12 bytes a parameter), '
+            'and offload_params = "nvme" at zero_stage 3 if the parameters must leave too'
+        )
+    elif offload_optimizer not in OPTIMIZER_OFFLOAD:
+        problems.append(f"offload_optimizer is {offload_optimizer!r}: use one of "
+                        f"{', '.join(OPTIMIZER_OFFLOAD)}")  # fmt: skip
+    if offload_params not in PARAMETER_OFFLOAD:
+        problems.append(f"offload_params is {offload_params!r}: use one of "
+                        f"{', '.join(PARAMETER_OFFLOAD)}")  # fmt: skip
+    elif offload_params != "none" and options.zero_stage != 3:
+        problems.append(
+            f"offload_params = {offload_params!r} needs zero_stage 3 (only stage 3 partitions "
+            'the parameters): set zero_stage = 3, or offload_params = "none"'
+        )
+    return problems
+
+
+def machine_problems(options: MemoryOptions) -> list[str]:
+    """What this machine lacks for the offload options: DeepSpeed compiles CPU Adam (optimizer
+    offload) and its async I/O op (parameters on NVMe) at first use, and says here whether it
+    can."""
+    offload_optimizer, offload_params = options.offload_optimizer, options.offload_params
+    if offload_optimizer == offload_params == "none":
+        return []
+    from deepspeed.ops.op_builder.cpu import CPUAdamBuilder
+
+    problems = []
+    if offload_optimizer != "none" and not CPUAdamBuilder().is_compatible(verbose=False):
+        problems.append(
+            f"offload_optimizer = {offload_optimizer!r} steps with DeepSpeed's CPU Adam, which "
+            "this machine cannot compile: install a C++ compiler and ninja (the trainer image "
+            'has both), or set offload_optimizer = "none"'
+        )
+    if offload_params == "nvme":
+        from deepspeed.ops.op_builder import AsyncIOBuilder
+
+        if not AsyncIOBuilder().is_compatible(verbose=False):
+            problems.append(
+                'offload_params = "nvme" needs DeepSpeed\'s async I/O op, which needs libaio: '
+                'install libaio-dev (the trainer image has it), or offload to "cpu"'
+            )
+    return problems
+
+
+def offload_folder(work_dir: str) -> Path:
+    """Where NVMe offload keeps its files: the work disk, the machine's fast local NVMe."""
+    return Path(work_dir) / "offload"
+
+
+def zero_section(options: MemoryOptions) -> dict[str, Any]:
+    """DeepSpeed's `zero_optimization` section for the stage and offload options."""
+    section: dict[str, Any] = {"stage": options.zero_stage}
+    for key, device in (("offload_optimizer", options.offload_optimizer),
+                        ("offload_param", options.offload_params)):  # fmt: skip
+        if device == "none":
+            continue
+        section[key] = {"device": device}
+        if device == "nvme":
+            folder = offload_folder(options.work_dir) / key
+            folder.mkdir(parents=True, exist_ok=True)
+            section[key]["nvme_path"] = str(folder)
+    return section
+
+
+def make_optimizer(parameters: Iterable[torch.nn.Parameter], options: MemoryOptions, *,
+                   learning_rate: float) -> torch.optim.Optimizer:  # fmt: skip
+    """AdamW: torch's on the GPUs, DeepSpeed's CPU Adam (AdamW mode, same hyperparameters)
+    where ZeRO offloads the optimizer, since ZeRO then steps it on the host, where DeepSpeed's
+    vectorised kernel is several times faster than torch's."""
+    if options.offload_optimizer == "none":
+        return torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY)
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    return DeepSpeedCPUAdam(parameters, lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY,
+                            adamw_mode=True)  # fmt: skip
+
+
+def recompute_function(options: MemoryOptions) -> Callable[..., Any] | None:
+    """How the model runs each block: through DeepSpeed's checkpoint function (its defaults:
+    no partitioning of activations, which is for model parallelism), or None to keep every
+    block's activations. Call after the process group is up."""
+    if not options.activation_checkpointing:
+        return None
+    import deepspeed
+
+    deepspeed.checkpointing.configure(None)
+    return deepspeed.checkpointing.checkpoint
+
+
+def describe(options: MemoryOptions) -> str | None:
+    """One line saying which memory options a run trains with; None when it uses none."""
+    parts = []
+    if options.activation_checkpointing:
+        parts.append("activations recomputed in the backward pass")
+    if options.offload_optimizer == "cpu":
+        parts.append("optimizer state in host memory (CPU Adam)")
+    if options.offload_params != "none":
+        where = "host memory" if options.offload_params == "cpu" else "NVMe files"
+        parts.append(f"parameters in {where}")
+    return "memory: " + ", ".join(parts) if parts else None
