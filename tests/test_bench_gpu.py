@@ -1,0 +1,60 @@
+"""The GPU benchmark stays ready for the first GPU: without CUDA it says so at once and
+measures nothing; its smoke run takes every step of the benchmark, tiny and on the CPU, and
+reports figures that hang together."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench" / "gpu.py"
+
+
+def test_without_cuda_it_says_so_and_measures_nothing() -> None:
+    report = ROOT / "bench" / "gpu.md"
+    before = report.read_bytes() if report.exists() else None
+    done = subprocess.run([sys.executable, str(BENCH)], capture_output=True, text=True,
+                          timeout=60, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "no CUDA device on this machine" in done.stdout and "nothing was measured" in done.stdout
+    assert "Traceback" not in done.stdout + done.stderr
+    assert (report.read_bytes() if report.exists() else None) == before
+
+
+@pytest.mark.integration
+def test_smoke_run_takes_every_step_and_reports_figures_that_hang_together(
+    tmp_path: Path,
+) -> None:
+    out = tmp_path / "gpu.md"
+    trace = tmp_path / "trace.json"
+    done = subprocess.run([sys.executable, str(BENCH), "--smoke", str(out), "--work",
+                           str(tmp_path), "--trace", str(trace)],
+                          capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]
+    text = out.read_text()
+    for heading in ("## Throughput", "## Attention", "## Checkpoint stall",
+                    "## Preemption and restore", "## Memory options"):  # fmt: skip
+        assert heading in text
+    assert "**The flash attention kernel ran**: `aten::_scaled_dot_product_flash_attention" in text
+    assert any(
+        "attention" in e.get("name", "") for e in json.loads(trace.read_text())["traceEvents"]
+    )
+    figures = json.loads(out.with_suffix(".json").read_text())
+    bare, trained, restored = figures["bare"], figures["trainer"], figures["restore"]
+    for name in ("plain", "activation checkpointing", "optimizer in host memory"):
+        assert bare[name]["tokens_per_s"] > 0
+    assert trained["tokens_per_s_median"] > 0
+    # One state, saved three ways: spotrain's checkpoint and DeepSpeed's hold the same tensors
+    # (spotrain's adds each rank's random state and DeepSpeed's recovery scripts).
+    assert 0.9 < trained["checkpoint_bytes"] / bare["deepspeed_save"]["bytes"] < 1.2
+    assert trained["stall_s"] > 0 and 0 <= bare["pinned_copy_s"] < bare["deepspeed_save"]["stall_s"]
+    # The emergency checkpoint is the one the next start restores.
+    assert restored["step"] == trained["stopped_after"] > 0
+    assert trained["notice_to_published_s"] < 60
+    assert list(tmp_path.glob("spotrain-gpu-bench-*")) == []  # its scratch folder is gone
