@@ -8,6 +8,7 @@ test_trainer_resume.py."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,12 @@ import torch
 
 from spotrain.core.errors import ConfigError
 from spotrain.trainer import memory, train
-from spotrain.trainer.engine import TrainConfig, preflight
+from spotrain.trainer.engine import (
+    ConfigChanged,
+    TrainConfig,
+    preflight,
+    refuse_unintended_change,
+)
 from spotrain.trainer.model import GPT, GPTConfig
 
 BASE = {"run": "r", "store": "file:///tmp/x", "data": "d.bin", "work_dir": "w", "steps": 5}
@@ -57,16 +63,15 @@ def test_a_machine_that_cannot_build_deepspeeds_ops_is_told_before_the_run_start
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     from deepspeed.ops.op_builder import AsyncIOBuilder
-    from deepspeed.ops.op_builder.cpu import CPUAdamBuilder
 
-    assert memory.machine_problems(TrainConfig(**BASE)) == []
-    monkeypatch.setattr(CPUAdamBuilder, "is_compatible", lambda self, verbose=False: False)
-    monkeypatch.setattr(AsyncIOBuilder, "is_compatible", lambda self, verbose=False: False)
-    corpus = tmp_path / "corpus"
     from spotrain.trainer.data import synthetic_corpus, write_token_file
 
-    config = TrainConfig(**{**BASE, "data": str(write_token_file(corpus, synthetic_corpus(9000))),
-                            "store": f"file://{tmp_path / 'store'}",
+    assert memory.machine_problems(TrainConfig(**BASE)) == []  # nothing to compile
+    monkeypatch.setenv("CXX", "no-such-compiler")
+    # libaio's presence is this machine's; its absence is what is checked here.
+    monkeypatch.setattr(AsyncIOBuilder, "is_compatible", lambda self, verbose=False: False)
+    corpus = write_token_file(tmp_path / "corpus", synthetic_corpus(9000))
+    config = TrainConfig(**{**BASE, "data": str(corpus), "store": f"file://{tmp_path / 'store'}",
                             "work_dir": str(tmp_path / "work")},
                          zero_stage=3, offload_optimizer="cpu", offload_params="nvme",
                          model=GPTConfig(context=32))  # fmt: skip
@@ -74,8 +79,29 @@ def test_a_machine_that_cannot_build_deepspeeds_ops_is_told_before_the_run_start
         preflight(config)
     error = str(raised.value)
     assert "has 2 problem(s)" in error
-    assert "CPU Adam, which this machine cannot compile: install a C++ compiler" in error
+    assert "offload_optimizer = 'cpu' (CPU Adam) and offload_params = \"nvme\" (async I/O)" in error
+    assert "has no no-such-compiler on PATH: install them" in error
     assert "needs libaio: install libaio-dev" in error
+
+
+def test_the_environments_own_ninja_is_found_off_path(monkeypatch: pytest.MonkeyPatch,
+                                                      tmp_path: Path) -> None:  # fmt: skip
+    """DeepSpeed requires the ninja package, whose program sits beside the interpreter: a
+    training process started by the interpreter's path (PATH without the environment) still
+    compiles CPU Adam."""
+    import shutil
+    import sys
+
+    compiler = shutil.which("c++")
+    if compiler is None or not (Path(sys.executable).parent / "ninja").is_file():
+        pytest.skip("needs a C++ compiler and ninja beside the interpreter")
+    tools = tmp_path / "bin"  # a PATH with the compiler and nothing else
+    tools.mkdir()
+    (tools / "c++").symlink_to(compiler)
+    monkeypatch.setenv("PATH", str(tools))
+    monkeypatch.delenv("CXX", raising=False)
+    assert memory.machine_problems(TrainConfig(**BASE, offload_optimizer="cpu")) == []
+    assert str(Path(sys.executable).parent) in os.environ["PATH"].split(os.pathsep)
 
 
 def test_deepspeed_activation_checkpointing_keeps_fewer_activations_for_the_same_gradients(
@@ -116,6 +142,10 @@ def test_the_definition_holds_what_changes_the_arithmetic_and_not_what_moves_it(
     assert plain.config_hash(2) == moved.config_hash(2)
     assert stepped_on_host.config_hash(2) != plain.config_hash(2)
     assert stepped_on_host.definition(2)["offload_optimizer"] == "cpu"
+    # Moving the optimizer back to the GPUs at a resume is refused, the change named.
+    with pytest.raises(ConfigChanged, match="offload_optimizer: 'cpu' -> 'none'"):
+        refuse_unintended_change(plain, stepped_on_host.definition(2), 2, step=6)
+    refuse_unintended_change(moved, plain.definition(2), 2, step=6)  # nothing to refuse
 
 
 def test_deepspeed_is_given_the_stage_and_where_it_offloads(tmp_path: Path) -> None:

@@ -13,7 +13,15 @@ from typing import Any
 import pytest
 import training
 from helpers import create_catalog_table, kms_only_bucket
-from training import TINY_CPU_ADAM_LOSSES, TINY_LOSSES, TINY_MODEL, losses_of, prepare
+from training import (
+    TINY_BF16_LOSSES,
+    TINY_CPU_ADAM_LOSSES,
+    TINY_LOSSES,
+    TINY_MODEL,
+    TINY_WARMUP_COSINE_LOSSES,
+    losses_of,
+    prepare,
+)
 
 from spotrain.localcloud import control
 
@@ -27,35 +35,31 @@ def torchrun(
 
 
 @pytest.mark.parametrize(
-    ("zero_stage", "bf16", "schedule"),
-    [(1, False, {}), (2, False, {}), (3, False, {}), (2, True, {}),
-     (2, False, {"warmup_steps": 2, "decay_steps": 3, "learning_rate": 1e-3})],
+    ("zero_stage", "bf16", "schedule", "uninterrupted"),
+    [(1, False, {}, TINY_LOSSES[:6]), (2, False, {}, TINY_LOSSES[:6]),
+     (3, False, {}, TINY_LOSSES[:6]), (2, True, {}, TINY_BF16_LOSSES),
+     (2, False, {"warmup_steps": 2, "decay_steps": 3, "learning_rate": 1e-3},
+      TINY_WARMUP_COSINE_LOSSES)],
     ids=["zero1", "zero2", "zero3", "zero2-bf16", "zero2-warmup-cosine"],
 )  # fmt: skip
 def test_resumed_run_has_the_losses_of_an_uninterrupted_one(
-    zero_stage: int, bf16: bool, schedule: dict[str, Any], corpus: str, tmp_path: Path
-) -> None:
+    zero_stage: int, bf16: bool, schedule: dict[str, Any], uninterrupted: list[float],
+    corpus: str, tmp_path: Path,
+) -> None:  # fmt: skip
     base = {"run": "demo", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
             "zero_stage": zero_stage, "bf16": bf16, "model": TINY_MODEL, **schedule}  # fmt: skip
-    if bf16 or schedule:
-        uninterrupted = torchrun(
-            {**base, "steps": 6, "store": f"file://{tmp_path / 'a'}"}, tmp_path, "full"
-        )
-    else:  # what an uninterrupted run gives, at every stage
-        uninterrupted = TINY_LOSSES[:6]
     first = torchrun({**base, "steps": 3, "store": f"file://{tmp_path / 'b'}"}, tmp_path, "first")
     second = torchrun({**base, "steps": 6, "store": f"file://{tmp_path / 'b'}"}, tmp_path, "second")
-    assert len(uninterrupted) == 6 and (len(first), len(second)) == (3, 3)
+    assert (len(first), len(second)) == (3, 3)
     assert first + second == uninterrupted  # bit for bit: floats compared exactly
-    assert uninterrupted[-1] < uninterrupted[0]
 
 
 def test_memory_options_train_and_resume_exactly(corpus: str, tmp_path: Path) -> None:
     """DeepSpeed's activation checkpointing and ZeRO-3's parameter offload recompute and move
     the same numbers: a run may switch them at a resume (to fit other GPUs) and its losses stay
     a plain run's, bit for bit. Optimizer offload steps with DeepSpeed's CPU Adam: a run of
-    its own, resumed exactly (and on another number of ranks), and a change of definition
-    refused when switched behind its back."""
+    its own, resumed exactly, and on another number of ranks (switching it is a definition
+    change: test_memory_options.py)."""
     base = {"run": "fit", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
             "zero_stage": 3, "model": TINY_MODEL, "store": f"file://{tmp_path / 'a'}"}  # fmt: skip
     fitted = training.train({**base, "steps": 3, "activation_checkpointing": True,
@@ -82,10 +86,6 @@ def test_memory_options_train_and_resume_exactly(corpus: str, tmp_path: Path) ->
                               overrides=("micro_batch=8",), via_cli=True)  # fmt: skip
     assert "converted step 6 from 2 to 1 ranks" in one_rank.output
     assert one_rank.losses == pytest.approx(TINY_CPU_ADAM_LOSSES[6:8], rel=1e-5)
-    moved_back = training.train({**on_host, "steps": 10, "offload_optimizer": "none"}, tmp_path,
-                                "moved-back", check=False)  # fmt: skip
-    assert moved_back.returncode != 0 and moved_back.losses == []
-    assert "offload_optimizer: 'cpu' -> 'none'" in moved_back.output
 
 
 def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
@@ -138,8 +138,10 @@ def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exac
     assert head is not None and head.step == stopped  # the emergency checkpoint, not an older one
 
     resumed = torchrun({**base, "steps": stopped + 3}, tmp_path, "resumed")
-    assert stopped + 3 <= len(TINY_LOSSES), f"stopped late, after step {stopped}"
-    assert first + resumed == TINY_LOSSES[: stopped + 3]
+    # Where the signal lands depends on the machine's speed: the reference runs as far.
+    reference = torchrun({**base, "steps": stopped + 3, "store": f"file://{tmp_path / 'ref'}"},
+                         tmp_path, "reference")  # fmt: skip
+    assert first + resumed == reference
     # The run's definition changed behind its back: the start is refused and names the change.
     changed = training.train({**base, "steps": stopped + 5, "learning_rate": 1e-3}, tmp_path,
                              "changed", check=False)  # fmt: skip

@@ -11,6 +11,9 @@ optimizer.
 
 from __future__ import annotations
 
+import os
+import shutil
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, Protocol
@@ -67,21 +70,26 @@ def option_problems(options: MemoryOptions) -> list[str]:
 
 def machine_problems(options: MemoryOptions) -> list[str]:
     """What this machine lacks for the offload options: DeepSpeed compiles CPU Adam (optimizer
-    offload) and its async I/O op (parameters on NVMe) at first use, and says here whether it
-    can."""
-    offload_optimizer, offload_params = options.offload_optimizer, options.offload_params
-    if offload_optimizer == offload_params == "none":
+    offload) and its async I/O op (parameters on NVMe) at first use, with a C++ compiler and
+    ninja, the async I/O op against libaio."""
+    compiles = []
+    if options.offload_optimizer != "none":
+        compiles.append(f"offload_optimizer = {options.offload_optimizer!r} (CPU Adam)")
+    if options.offload_params == "nvme":
+        compiles.append('offload_params = "nvme" (async I/O)')
+    if not compiles:
         return []
-    from deepspeed.ops.op_builder.cpu import CPUAdamBuilder
-
     problems = []
-    if offload_optimizer != "none" and not CPUAdamBuilder().is_compatible(verbose=False):
+    compiler = os.environ.get("CXX", "c++")  # what torch's extension builder runs
+    missing = [tool for tool, found in ((compiler, shutil.which(compiler)),
+                                        ("ninja", _ninja_on_path())) if not found]  # fmt: skip
+    if missing:
         problems.append(
-            f"offload_optimizer = {offload_optimizer!r} steps with DeepSpeed's CPU Adam, which "
-            "this machine cannot compile: install a C++ compiler and ninja (the trainer image "
-            'has both), or set offload_optimizer = "none"'
+            f"{' and '.join(compiles)} needs DeepSpeed to compile its op here, and this machine "
+            f"has no {' and no '.join(missing)} on PATH: install them (the trainer image has "
+            "both), or leave the option off"
         )
-    if offload_params == "nvme":
+    if options.offload_params == "nvme":
         from deepspeed.ops.op_builder import AsyncIOBuilder
 
         if not AsyncIOBuilder().is_compatible(verbose=False):
@@ -90,6 +98,21 @@ def machine_problems(options: MemoryOptions) -> list[str]:
                 'install libaio-dev (the trainer image has it), or offload to "cpu"'
             )
     return problems
+
+
+def _ninja_on_path() -> bool:
+    """Whether torch's extension builder finds ninja. The ninja DeepSpeed requires (a Python
+    package) sits beside this interpreter, on PATH only in an activated environment: it is put
+    there, as activating would."""
+    from torch.utils.cpp_extension import is_ninja_available
+
+    if is_ninja_available():
+        return True
+    here = Path(sys.executable).parent
+    if not (here / "ninja").is_file():
+        return False
+    os.environ["PATH"] = f"{here}{os.pathsep}{os.environ.get('PATH', '')}"
+    return bool(is_ninja_available())
 
 
 def offload_folder(work_dir: str) -> Path:
