@@ -34,51 +34,52 @@ def torchrun(
     return training.train(config, tmp_path, name, env=env).losses
 
 
+FITTED = {"activation_checkpointing": True, "offload_params": "cpu"}
+"""Memory options that recompute or move the same numbers (DeepSpeed's activation
+checkpointing, ZeRO-3's parameter offload): a run may switch them at a resume."""
+
+
 @pytest.mark.parametrize(
-    ("zero_stage", "bf16", "schedule", "uninterrupted"),
-    [(1, False, {}, TINY_LOSSES[:6]), (2, False, {}, TINY_LOSSES[:6]),
-     (3, False, {}, TINY_LOSSES[:6]), (2, True, {}, TINY_BF16_LOSSES),
+    ("zero_stage", "bf16", "schedule", "uninterrupted", "first_part"),
+    [(1, False, {}, TINY_LOSSES[:6], {}), (2, False, {}, TINY_LOSSES[:6], {}),
+     (3, False, {}, TINY_LOSSES[:6], FITTED), (2, True, {}, TINY_BF16_LOSSES, {}),
      (2, False, {"warmup_steps": 2, "decay_steps": 3, "learning_rate": 1e-3},
-      TINY_WARMUP_COSINE_LOSSES)],
-    ids=["zero1", "zero2", "zero3", "zero2-bf16", "zero2-warmup-cosine"],
+      TINY_WARMUP_COSINE_LOSSES, {})],
+    ids=["zero1", "zero2", "zero3-first-part-fitted", "zero2-bf16", "zero2-warmup-cosine"],
 )  # fmt: skip
 def test_resumed_run_has_the_losses_of_an_uninterrupted_one(
     zero_stage: int, bf16: bool, schedule: dict[str, Any], uninterrupted: list[float],
-    corpus: str, tmp_path: Path,
+    first_part: dict[str, Any], corpus: str, tmp_path: Path,
 ) -> None:  # fmt: skip
+    """At ZeRO-3 the first part trains with activations recomputed and parameters in host
+    memory, the second without: the losses stay a plain run's, bit for bit."""
     base = {"run": "demo", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
             "zero_stage": zero_stage, "bf16": bf16, "model": TINY_MODEL, **schedule}  # fmt: skip
-    first = torchrun({**base, "steps": 3, "store": f"file://{tmp_path / 'b'}"}, tmp_path, "first")
+    started = training.train({**base, **first_part, "steps": 3,
+                              "store": f"file://{tmp_path / 'b'}"}, tmp_path, "first")  # fmt: skip
+    said = "memory: activations recomputed in the backward pass, parameters in host memory"
+    assert (said in started.output) == bool(first_part)
+    first = started.losses
     second = torchrun({**base, "steps": 6, "store": f"file://{tmp_path / 'b'}"}, tmp_path, "second")
     assert (len(first), len(second)) == (3, 3)
     assert first + second == uninterrupted  # bit for bit: floats compared exactly
 
 
-def test_memory_options_train_and_resume_exactly(corpus: str, tmp_path: Path) -> None:
-    """DeepSpeed's activation checkpointing and ZeRO-3's parameter offload recompute and move
-    the same numbers: a run may switch them at a resume (to fit other GPUs) and its losses stay
-    a plain run's, bit for bit. Optimizer offload steps with DeepSpeed's CPU Adam: a run of
-    its own, resumed exactly, and on another number of ranks (switching it is a definition
-    change: test_memory_options.py)."""
+def test_optimizer_offload_trains_and_resumes_exactly(corpus: str, tmp_path: Path) -> None:
+    """Optimizer offload steps with DeepSpeed's CPU Adam: a run of its own, resumed exactly,
+    and on another number of ranks (switching it is a definition change:
+    test_memory_options.py; switching the other options: the zero3 scenario above)."""
     base = {"run": "fit", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
-            "zero_stage": 3, "model": TINY_MODEL, "store": f"file://{tmp_path / 'a'}"}  # fmt: skip
-    fitted = training.train({**base, "steps": 3, "activation_checkpointing": True,
-                             "offload_params": "cpu"}, tmp_path, "fitted")  # fmt: skip
-    assert "memory: activations recomputed in the backward pass, parameters in host memory" in (
-        fitted.output
-    )
-    plain = training.train({**base, "steps": 6}, tmp_path, "plain")
-    assert "resumed fit at step 3" in plain.output
-    restored = [r for r in plain.records if r.get("event") == "restored"]
-    assert [r["step"] for r in restored] == [3] and restored[0]["fetch_s"] > 0
-    assert fitted.losses + plain.losses == TINY_LOSSES[:6]
-
+            "model": TINY_MODEL}  # fmt: skip
     on_host = {**base, "zero_stage": 2, "offload_optimizer": "cpu",
                "store": f"file://{tmp_path / 'b'}"}  # fmt: skip
     first = training.train({**on_host, "steps": 3}, tmp_path, "host-first")
     assert "optimizer state in host memory (CPU Adam)" in first.output
     second = training.train({**on_host, "steps": 6, "activation_checkpointing": True}, tmp_path,
                             "host-second")  # fmt: skip
+    assert "resumed fit at step 3" in second.output
+    restored = [r for r in second.records if r.get("event") == "restored"]
+    assert [r["step"] for r in restored] == [3] and restored[0]["fetch_s"] > 0
     assert first.losses + second.losses == TINY_CPU_ADAM_LOSSES[:6]
     assert TINY_LOSSES[:6] != TINY_CPU_ADAM_LOSSES[:6]  # CPU Adam really took the steps
     # The fleet shrank to one rank: the host-held state converts like any other.
