@@ -65,6 +65,7 @@ REPORT = ROOT / "bench" / "gpu.md"
 class Plan:
     """How big and how long: the GPU's plan, or the smoke check's."""
 
+    name: str
     model: dict[str, int]
     micro_batch: int
     bf16: bool
@@ -77,15 +78,19 @@ class Plan:
 
 
 GPU_PLAN = Plan(
+    name="gpu",
     model={"context": 2048, "layers": 20, "heads": 16, "width": 2048},
     micro_batch=4, bf16=True, warmup_steps=3, timed_steps=20, offload_steps=4,
     corpus_tokens=4_000_000,
 )  # fmt: skip
 SMOKE_PLAN = Plan(
+    name="smoke",
     model={"context": 32, "layers": 2, "heads": 2, "width": 64},
     micro_batch=2, bf16=False, warmup_steps=1, timed_steps=4, offload_steps=2,
     corpus_tokens=50_000,
 )  # fmt: skip
+
+PLANS = {plan.name: plan for plan in (GPU_PLAN, SMOKE_PLAN)}
 
 ATTENTION_WORDS = ("flash", "attention", "fmha", "sdpa", "attn")
 
@@ -109,9 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--phase", choices=["bare"], help=argparse.SUPPRESS)
     parser.add_argument("--config", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--result", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--plan", choices=list(PLANS), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.phase == "bare":
-        return bare_phase(args.config, args.result, args.trace)
+        return bare_phase(args.config, args.result, PLANS[args.plan], args.trace)
     try:
         import torch
     except ImportError:
@@ -166,10 +172,15 @@ class _work_folder:
 
 
 def parameters(model: dict[str, int], vocab: int = 256) -> int:
-    """The GPT's parameters (tied embeddings counted once), as model.py builds it."""
-    width, layers, context = model["width"], model["layers"], model["context"]
-    per_block = 12 * width * width + 4 * width  # attention 4 d^2, MLP 8 d^2, two norms
-    return vocab * width + context * width + layers * per_block + 2 * width
+    """The GPT's parameters (tied embeddings counted once), counted on the model itself, built
+    on the meta device (no memory); byte tokens, as the benchmark's corpus has."""
+    import torch
+
+    from spotrain.trainer.model import GPT, GPTConfig
+
+    with torch.device("meta"):
+        built = GPT(GPTConfig(vocab_size=vocab, **model))
+    return sum(p.numel() for p in built.parameters())
 
 
 def flops_per_token(model: dict[str, int]) -> float:
@@ -192,27 +203,32 @@ def measure(plan: Plan, work: Path, trace: Path | None = None) -> dict[str, Any]
         "work_dir": str(work / "work"), "steps": 100_000, "micro_batch": plan.micro_batch,
         "bf16": plan.bf16, "zero_stage": 2, "model": plan.model, "log_every": 1,
         "checkpoint_every": plan.warmup_steps + plan.timed_steps // 2,
-        "metrics_file": str(work / "metrics.jsonl"),
     }  # fmt: skip
-    path = work / "bench.json"
-    path.write_text(json.dumps(config))
     say("bare DeepSpeed loop, attention kernels, DeepSpeed's save, the pinned copy, memory options")
     result_path = work / "bare.json"
     keep = ["--trace", str(trace.resolve())] if trace else []
-    _run([sys.executable, str(Path(__file__).resolve()), "--phase", "bare", "--config", str(path),
-          "--result", str(result_path), *keep])  # fmt: skip
+    _run([sys.executable, str(Path(__file__).resolve()), "--phase", "bare",
+          "--plan", plan.name,
+          "--config", str(_config_file(work, "bare", config)), "--result", str(result_path),
+          *keep])  # fmt: skip
     bare = json.loads(result_path.read_text())
     say("the built-in trainer: throughput, a checkpoint, a spot notice")
-    trained = trainer_phase(path, work, plan)
+    trained = trainer_phase(config, work, plan)
     say("restoring the emergency checkpoint")
-    restored = restore_phase(path, work, trained["stopped_after"])
+    restored = restore_phase(config, work, trained["stopped_after"])
     return {"bare": bare, "trainer": trained, "restore": restored,
             "machine": machine_description()}  # fmt: skip
 
 
-def _run(command: list[str], env: dict[str, str] | None = None) -> str:
-    done = subprocess.run(command, capture_output=True, text=True,
-                          env={**os.environ, **(env or {})}, cwd=ROOT)  # fmt: skip
+def _config_file(work: Path, phase: str, config: dict[str, Any]) -> Path:
+    """The training configuration one phase trains with."""
+    path = work / f"{phase}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+def _run(command: list[str]) -> str:
+    done = subprocess.run(command, capture_output=True, text=True, cwd=ROOT)
     if done.returncode != 0:
         raise SystemExit(
             f"{' '.join(command[:4])} ... failed:\n{(done.stdout + done.stderr)[-6000:]}"
@@ -220,47 +236,37 @@ def _run(command: list[str], env: dict[str, str] | None = None) -> str:
     return done.stdout + done.stderr
 
 
-def _records(metrics: Path) -> list[dict[str, Any]]:
-    if not metrics.exists():
-        return []
-    return [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-
-
 def _train_command(path: Path) -> list[str]:
     return [sys.executable, "-m", "spotrain.cli", "train", str(path), "--nproc-per-node", "1"]
 
 
-def trainer_phase(path: Path, work: Path, plan: Plan) -> dict[str, Any]:
+def trainer_phase(config: dict[str, Any], work: Path, plan: Plan) -> dict[str, Any]:
     """`spotrain train` until one checkpoint is published and the timed steps are done, then
     a spot interruption notice: the emergency checkpoint is published and the run stops."""
     from spotrain.localcloud.imds import LocalMetadataService
+    from spotrain.tools.rehearsal import Phase
 
-    metrics = work / "metrics.jsonl"
-    config = json.loads(path.read_text())
+    run = Phase("trainer", work / "trainer.jsonl")
     with LocalMetadataService() as imds:
-        path.write_text(json.dumps({**config, "spot_notice_endpoint": imds.endpoint,
-                                    "spot_notice_poll_seconds": 0.2}))  # fmt: skip
+        path = _config_file(work, "trainer", {
+            **config, "metrics_file": str(run.metrics), "spot_notice_endpoint": imds.endpoint,
+            "spot_notice_poll_seconds": 0.2,
+        })  # fmt: skip
         process = subprocess.Popen(_train_command(path), stdout=subprocess.PIPE,
                                    stderr=subprocess.STDOUT, text=True, cwd=ROOT)  # fmt: skip
         wanted = plan.warmup_steps + plan.timed_steps
-        while True:
-            found = _records(metrics)
-            steps = [r for r in found if "loss" in r]
-            if len(steps) >= wanted and any(r.get("event") == "published" for r in found):
-                break
+        while len(run.losses()) < wanted or not run.events("published"):
             if process.poll() is not None:
                 raise SystemExit(process.stdout.read() if process.stdout else "training failed")
             time.sleep(0.2)
         imds.announce_interruption()
         output, _ = process.communicate(timeout=900)
-    path.write_text(json.dumps(config))
     if process.returncode != 0:
         raise SystemExit(output[-6000:])
-    found = _records(metrics)
-    steps = [r for r in found if "loss" in r]
+    steps = [r for r in run.records() if "loss" in r]
     timed = [r["tokens_per_s"] for r in steps[plan.warmup_steps :]]
-    published = [r for r in found if r.get("event") == "published"]
-    stopped = next(r for r in found if r.get("event") == "stopped")
+    published = run.events("published")
+    [stopped] = run.events("stopped")
     return {
         "tokens_per_s_median": statistics.median(timed),
         "tokens_per_s_mean": len(timed) / sum(1 / t for t in timed),  # per step, harmonic
@@ -274,15 +280,17 @@ def trainer_phase(path: Path, work: Path, plan: Plan) -> dict[str, Any]:
     }
 
 
-def restore_phase(path: Path, work: Path, stopped_after: int) -> dict[str, Any]:
+def restore_phase(config: dict[str, Any], work: Path, stopped_after: int) -> dict[str, Any]:
     """A new start of the run restores the emergency checkpoint (and has no step left)."""
-    metrics = work / "restore.jsonl"
-    config = json.loads(path.read_text())
-    path.write_text(json.dumps({**config, "steps": stopped_after, "metrics_file": str(metrics)}))
+    from spotrain.tools.rehearsal import Phase
+
+    run = Phase("restore", work / "restore.jsonl")
+    changes = {"steps": stopped_after, "metrics_file": str(run.metrics)}
+    path = _config_file(work, "restore", {**config, **changes})
     began = time.perf_counter()
     _run(_train_command(path))
     took = time.perf_counter() - began
-    restored = next(r for r in _records(metrics) if r.get("event") == "restored")
+    [restored] = run.events("restored")
     return {"step": restored["step"], "fetch_s": restored["fetch_s"],
             "load_s": restored["load_s"], "start_to_end_s": took}  # fmt: skip
 
@@ -302,20 +310,17 @@ def machine_description() -> dict[str, str]:
 # ---------------------------------------------------------------------------- the bare loop
 
 
-def bare_phase(config_path: Path, result_path: Path, trace: Path | None = None) -> int:
+def bare_phase(config_path: Path, result_path: Path, plan: Plan, trace: Path | None = None
+               ) -> int:  # fmt: skip
     """One process, one rank: the bare loop and everything measured beside it."""
-    import torch
 
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})  # fmt: skip
+    from spotrain.trainer.engine import preflight
     from spotrain.trainer.process import init_distributed
     from spotrain.trainer.train import load_config
 
-    config = load_config(config_path)
-    from spotrain.trainer.engine import preflight
-
-    config = preflight(config).config  # the vocabulary, from the data
-    plan = GPU_PLAN if torch.cuda.is_available() else SMOKE_PLAN
+    config = preflight(load_config(config_path)).config  # the vocabulary, from the data
     init_distributed()
     result: dict[str, Any] = {}
     engine = _engine(config)

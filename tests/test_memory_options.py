@@ -34,9 +34,9 @@ def _problems(**fields: Any) -> str:
     return str(raised.value)
 
 
-def test_offload_choices_are_checked_together_with_their_fixes(tmp_path: Path,
-                                                               capsys: pytest.CaptureFixture[str]
-                                                               ) -> None:  # fmt: skip
+def test_offload_choices_are_checked_together_with_their_fixes(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     error = _problems(zero_stage=2, offload_optimizer="gpu", offload_params="cpu")
     assert "offload_optimizer is 'gpu': use one of none, cpu" in error
     assert "offload_params = 'cpu' needs zero_stage 3" in error and "set zero_stage = 3" in error

@@ -69,10 +69,9 @@ def test_optimizer_offload_trains_and_resumes_exactly(corpus: str, tmp_path: Pat
     """Optimizer offload steps with DeepSpeed's CPU Adam: a run of its own, resumed exactly,
     and on another number of ranks (switching it is a definition change:
     test_memory_options.py; switching the other options: the zero3 scenario above)."""
-    base = {"run": "fit", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
-            "model": TINY_MODEL}  # fmt: skip
-    on_host = {**base, "zero_stage": 2, "offload_optimizer": "cpu",
-               "store": f"file://{tmp_path / 'b'}"}  # fmt: skip
+    on_host = {"run": "fit", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
+               "model": TINY_MODEL, "zero_stage": 2, "offload_optimizer": "cpu",
+               "store": f"file://{tmp_path / 'store'}"}  # fmt: skip
     first = training.train({**on_host, "steps": 3}, tmp_path, "host-first")
     assert "optimizer state in host memory (CPU Adam)" in first.output
     second = training.train({**on_host, "steps": 6, "activation_checkpointing": True}, tmp_path,

@@ -269,13 +269,13 @@ class Checkpointer:
                                  weights_only=False)  # fmt: skip
                 set_rng_state(rng)
             dist.barrier()
+            loaded = time.perf_counter()  # every rank has loaded (the clean-up below is not)
             if place.leader:
                 shutil.rmtree(self._work("restore"), ignore_errors=True)
             self._say(f"resumed {self.run} at step {start}"
                       + (" (light checkpoint)" if restored.from_light else ""))  # fmt: skip
             self.status = f"resumed from {self.parent}"
             if place.rank == 0:
-                loaded = time.perf_counter()
                 self._on_event("restored", step=start, light=restored.from_light,
                                fetch_s=fetched - began, load_s=loaded - fetched)  # fmt: skip
         self._warm_up()

@@ -14,11 +14,13 @@ from __future__ import annotations
 import os
 import shutil
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, Protocol
 
 import torch
+
+from spotrain.trainer.model import Recompute
 
 
 class MemoryOptions(Protocol):
@@ -148,7 +150,7 @@ def make_optimizer(parameters: Iterable[torch.nn.Parameter], options: MemoryOpti
                             adamw_mode=True)  # fmt: skip
 
 
-def recompute_function(options: MemoryOptions) -> Callable[..., Any] | None:
+def recompute_function(options: MemoryOptions) -> Recompute | None:
     """How the model runs each block: through DeepSpeed's checkpoint function (its defaults:
     no partitioning of activations, which is for model parallelism), or None to keep every
     block's activations. Call after the process group is up."""
