@@ -95,7 +95,8 @@ for device in "${SPOTRAIN_EFA_DEVICES:-/dev/infiniband}"/uverbs*; do
 done
 ((${#efa[@]} == 0)) || efa+=(--ulimit memlock=-1:-1 -e FI_PROVIDER=efa)
 # spotrain, in the baked container or from PATH.
-spotrain_run() {
+# The command that runs spotrain ARGS here, in `to_run`: in the baked container or from PATH.
+spotrain_command() {
   case "$RUNTIME" in
     docker)
       # Host networking: the ranks rendezvous across machines and IMDS stays one hop away
@@ -103,20 +104,25 @@ spotrain_run() {
       mounts=(-v "$WORK_DIR:$WORK_DIR")
       [[ "$CONFIG" == "$WORK_DIR"/* ]] || mounts+=(-v "$CONFIG:$CONFIG:ro")
       # DeepSpeed compiles the ops a run's memory options need (CPU Adam, async I/O) for this
-      # machine's CPU at first use; on the work disk they outlive the container.
-      docker run --rm -i --gpus all --network host --ipc host --init \
-        --stop-signal SIGTERM --stop-timeout 110 "${efa[@]}" \
-        -e AWS_REGION -e AWS_DEFAULT_REGION -e TORCH_EXTENSIONS_DIR="$WORK_DIR/torch_extensions" \
-        "${mounts[@]}" \
-        "$IMAGE" "$@"
+      # machine's CPU at first use; on the work disk they outlive the container. Docker's
+      # client passes a SIGTERM it gets to the container's init, which passes it to spotrain.
+      to_run=(docker run --rm -i --gpus all --network host --ipc host --init
+        --stop-signal SIGTERM --stop-timeout 110 "${efa[@]}"
+        -e AWS_REGION -e AWS_DEFAULT_REGION -e TORCH_EXTENSIONS_DIR="$WORK_DIR/torch_extensions"
+        "${mounts[@]}"
+        "$IMAGE" "$@")
       ;;
     none)
-      "$@"
+      to_run=("$@")
       ;;
     *)
       fail "SPOTRAIN_CONTAINER_RUNTIME=$RUNTIME: use docker or none"
       ;;
   esac
+}
+spotrain_run() {
+  spotrain_command "$@"
+  "${to_run[@]}"
 }
 
 # The image the run pins, pulled unless the machine image carries it (Docker's ECR credential
@@ -149,19 +155,45 @@ echo "spotrain bootstrap: $instance_id ($instance_type in $zone, $lifecycle) joi
 [[ -z "$failure" ]] || echo "spotrain bootstrap: $instance_id cannot train: $failure" >&2
 
 # The machine is being stopped (a spot reclaim, `spotrain run cancel`, a scale-in): the service
-# manager sends SIGTERM to every process of the service, the trainer included, which publishes
-# its emergency checkpoint. This script stays to the end (a trapped signal waits for the
-# command running), so the exit is accounted as a stop, not a crash, and a coordinator gives
-# up its role for the run's next machine.
+# manager sends SIGTERM to this script alone (KillMode=mixed), which passes it on once to the
+# processes it started (its process group: torchrun, or Docker's client, which passes it into
+# the container; the log shipper ignores it). torchrun passes it to each rank alone (the ranks
+# run in sessions of their own, with their DataLoader workers), and every rank publishes its
+# emergency checkpoint while its helpers go on serving it. This script stays to the end, so
+# the exit is accounted as a stop, not a crash, and a coordinator gives up its role for the
+# run's next machine.
 asked_to_stop=
-trap 'asked_to_stop=1; echo "spotrain bootstrap: $instance_id is asked to stop (SIGTERM); its trainer publishes its emergency checkpoint"' TERM
+child= # the long step running now (stoppable)
+on_stop() {
+  asked_to_stop=1
+  echo "spotrain bootstrap: $instance_id is asked to stop (SIGTERM); its trainer publishes its emergency checkpoint"
+  [[ -z "$child" ]] || kill -TERM "$child" 2>/dev/null || true
+}
+trap on_stop TERM
+# Runs spotrain ARGS as a long step a stop reaches: its process is this script's child, waited
+# for (a trapped signal interrupts `wait`, where a command in the foreground would hold the
+# trap back until it ended). A machine asked to stop starts no new step.
+stoppable() {
+  [[ -z "$asked_to_stop" ]] || return 143
+  spotrain_command "$@"
+  "${to_run[@]}" &
+  child=$!
+  local code=0
+  wait "$child" || code=$?
+  while kill -0 "$child" 2>/dev/null; do # the wait was interrupted by the stop: wait on
+    code=0
+    wait "$child" || code=$?
+  done
+  child=
+  return "$code"
+}
 
 # Crash accounting in the run's fleet state: a run held after repeated crashes does not start
 # (no restart loop on any machine); an exit of a machine being interrupted is a preemption.
 fleet=()
 if [[ -n "${SPOTRAIN_EVENTS_TABLE:-}" ]]; then
   fleet=(spotrain fleet --events-table "$SPOTRAIN_EVENTS_TABLE" --run "$SPOTRAIN_RUN")
-  ((status)) || spotrain_run "${fleet[@]}" may-start || exit 3
+  ((status)) || stoppable "${fleet[@]}" may-start || exit 3
 fi
 # Several machines meet at the run's coordinator: the first on-demand machine claims the role
 # (and renews it while it runs); the others, spot ones included, wait for it.
@@ -186,8 +218,9 @@ if ((status == 0)) && [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]
     ) &
     heartbeat=$!
   else
-    SPOTRAIN_RDZV_ENDPOINT=$(spotrain_run "${fleet[@]}" coordinator --wait "${SPOTRAIN_COORDINATOR_WAIT:-600}") ||
-      exit 2
+    stoppable "${fleet[@]}" coordinator --wait "${SPOTRAIN_COORDINATOR_WAIT:-600}" \
+      >"$WORK_DIR/coordinator" || exit 2
+    SPOTRAIN_RDZV_ENDPOINT=$(<"$WORK_DIR/coordinator")
     echo "spotrain bootstrap: run $SPOTRAIN_RUN meets at $SPOTRAIN_RDZV_ENDPOINT"
   fi
 fi
@@ -212,10 +245,10 @@ fi
 first_step=$WORK_DIR/work/.spotrain-first-step # membership.FIRST_STEP_MARKER: a step was trained
 rm -f "$first_step"                            # this start has trained nothing yet
 if ((status == 0)) && [[ -n "${fetch_config:-}" ]]; then
-  spotrain_run spotrain config get --store "s3://$SPOTRAIN_BUCKET" --run "$SPOTRAIN_RUN" \
+  stoppable spotrain config get --store "s3://$SPOTRAIN_BUCKET" --run "$SPOTRAIN_RUN" \
     --to "$CONFIG" || status=$?
 fi
-((status)) || spotrain_run "${train[@]}" || status=$?
+((status)) || stoppable "${train[@]}" || status=$?
 if [[ -n "$heartbeat" ]]; then
   kill "$heartbeat" 2>/dev/null || true
   wait "$heartbeat" 2>/dev/null || true

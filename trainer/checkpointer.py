@@ -15,6 +15,12 @@ to it through three calls:
             break                                 # preempted: its checkpoint is published
     checkpointer.close()                          # publishes what is still in flight
 
+What the script keeps besides the engine rides along: `restore(engine, state={...})` takes
+objects with `state_dict()` and `load_state_dict()` (torchdata's `StatefulDataLoader`, whose
+position, worker processes included, resumes at the next batch; a sampler; an EMA) and plain
+dicts (an epoch counter), saves each rank's with every checkpoint and loads them back into the
+same objects at a restore.
+
 Saving is snapshot, then write: at a checkpoint every rank only copies its state into host
 memory (`_Snapshots`, DeepSpeed's checkpoint engine replaced; pinned memory and non-blocking
 copies on GPUs, then one synchronize) and training goes on. A background thread per rank then
@@ -36,10 +42,11 @@ import hashlib
 import os
 import shutil
 import time
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar, Protocol, runtime_checkable
 
 import torch
 
@@ -75,10 +82,44 @@ def code_version() -> str:
     return ", ".join(f"{name} {number}" for name, number in libraries.items())
 
 
-# ----------------------------------------------------------------------------- snapshots
+# ----------------------------------------------------------------------------- the script's state
 
 
-# ----------------------------------------------------------------------------- random state
+@runtime_checkable
+class Stateful(Protocol):
+    """What `restore(state=...)` keeps besides a plain dict (torch.distributed.checkpoint's
+    protocol of the same name)."""
+
+    def state_dict(self) -> dict[str, Any]: ...
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None: ...
+
+
+def _state_file(rank: int) -> str:
+    return f"script_state_rank{rank}.pt"
+
+
+def _state_problems(state: Mapping[str, Any]) -> list[str]:
+    return [
+        f"state[{name!r}] is a {type(value).__name__}: give an object with state_dict() and "
+        "load_state_dict() (a StatefulDataLoader, a sampler, a module) or a dict"
+        for name, value in state.items()
+        if not isinstance(value, dict | Stateful) or not isinstance(name, str)
+    ]
+
+
+def _state_of(state: Mapping[str, Any]) -> dict[str, Any]:
+    return {name: value if isinstance(value, dict) else value.state_dict()
+            for name, value in state.items()}  # fmt: skip
+
+
+def _load_state(state: Mapping[str, Any], saved: dict[str, Any]) -> None:
+    for name, value in state.items():
+        if isinstance(value, dict):
+            value.clear()
+            value.update(saved[name])
+        else:
+            value.load_state_dict(saved[name])
 
 
 # ----------------------------------------------------------------------------- the checkpointer
@@ -131,6 +172,9 @@ class Checkpointer:
         verify; seconds DeepSpeed took to load), "published", "light" and "stopped".
     lease_owner, say: who takes the run's lease; where progress lines go (default: stdout).
     """
+
+    training: ClassVar[Checkpointer | None] = None
+    """This process's, once it restored: where a rank that dies reads its last words from."""
 
     def __init__(
         self,
@@ -209,6 +253,9 @@ class Checkpointer:
         self.stop: membership.Stop | None = None
         """What this machine does now that the run stopped (stays and rejoins, or leaves)."""
         self._trained_a_step = False
+        self.last_step: int | None = None
+        """The newest step `after_step` was told of."""
+        self._state: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ the writer's lease
 
@@ -236,13 +283,18 @@ class Checkpointer:
 
     # ------------------------------------------------------------------ training: restore
 
-    def restore(self, engine: Any) -> int:
+    def restore(self, engine: Any, *, state: Mapping[str, Any] | None = None) -> int:
         """Collective, once after `deepspeed.initialize`: load the run's newest good checkpoint
-        into `engine` (weights, optimizer, schedule, every rank's random state) and start
-        watching for preemption. Returns the step to continue from (0 for a new run)."""
+        into `engine` (weights, optimizer, schedule, every rank's random state) and into each
+        of `state`'s objects (saved with every checkpoint from now on: see the module's
+        docstring), and start watching for preemption. Returns the step to continue from (0
+        for a new run)."""
         import torch.distributed as dist
 
+        raise_if_problems("checkpointer", _state_problems(state or {}))
+        self._state = dict(state or {})
         place = self.place
+        Checkpointer.training = self
         if place.rank == 0:
             _ = self.generation  # fence any older start before reading the head
         self._engine = engine
@@ -268,6 +320,7 @@ class Checkpointer:
                 rng = torch.load(restored.folder / tag / f"rng_rank{place.rank}.pt",
                                  weights_only=False)  # fmt: skip
                 set_rng_state(rng)
+            self._restore_state(restored, universal)
             dist.barrier()
             loaded = time.perf_counter()  # every rank has loaded (the clean-up below is not)
             if place.leader:
@@ -290,6 +343,31 @@ class Checkpointer:
                 poll_seconds=self._notice_poll,
             ).start()
         return start
+
+    def _restore_state(self, restored: Restored, universal: bool) -> None:
+        """Each rank loads the script's state its rank saved. On another number of ranks, rank
+        r takes the state of rank r mod the old number (the universal format has no per-rank
+        script state); a data loader's position then covers the batches of that rank."""
+        if not self._state:
+            return
+        tag = checkpoint_tag(restored.step)
+        saved_by = self.place.rank % restored.world_size
+        path = (
+            (restored.folder.parent if universal else restored.folder) / tag / _state_file(saved_by)
+        )
+        saved = torch.load(path, weights_only=False) if path.is_file() else {}
+        missing = sorted(set(self._state) - set(saved))
+        if missing:
+            raise SpotrainError(
+                f"run {self.run}'s checkpoint at step {restored.step} holds no state for "
+                f"{', '.join(missing)} (it holds: {', '.join(sorted(saved)) or 'none'}): pass "
+                "restore(state=...) the names the run saved with, or start a new run"
+            )
+        _load_state(self._state, saved)
+        if universal:
+            self._say(f"the script's state was saved by {restored.world_size} rank(s) and is "
+                      f"loaded on {self.place.world}: rank r takes rank r mod "
+                      f"{restored.world_size}'s")  # fmt: skip
 
     def _refuse_changed(self, trained: dict[str, Any] | None, step: int) -> None:
         if not self.allow_definition_change:
@@ -398,6 +476,7 @@ class Checkpointer:
         Publishes the checkpoint in flight once every rank finished uploading it, takes the
         checkpoints that are due, and returns True when the run must stop (SIGTERM or a spot
         notice on any machine): its checkpoint of `step` is then published."""
+        self.last_step = step
         if not self._trained_a_step and self.place.leader and self.work_dir is not None:
             self._work(membership.FIRST_STEP_MARKER).touch()
         self._trained_a_step = True
@@ -426,6 +505,22 @@ class Checkpointer:
         # exit says so to torchrun (membership.exit_status).
         self.stop = membership.agree(self.preemption.reason, self.place.world)
         return True
+
+    def last_words(self, error: BaseException) -> str:
+        """One line for a rank dying of `error`: which rank, after which step, why it has no
+        emergency checkpoint, and where the run resumes."""
+        where = f"rank {self.place.rank} died after step {self.last_step}"
+        if self.last_step is None:
+            where = f"rank {self.place.rank} died before its first step"
+        why = str(error).strip().splitlines()[0].strip().rstrip(".") if str(error).strip() else ""
+        cause = f"{type(error).__name__}: {why}" if why else type(error).__name__
+        if self.preemption.reason and self.stopped_after is None:
+            lost = (f"while stopping ({self.preemption.reason}), before its emergency checkpoint "
+                    "was published")  # fmt: skip
+        else:
+            lost = "with no emergency checkpoint (only a stop takes one)"
+        resumes = f"the run resumes from {self.parent}" if self.parent else "the run starts over"
+        return f"{where} {lost}: {cause}; {resumes}"
 
     def close(self) -> None:
         """Collective on the normal path: publish the checkpoint in flight, then stop the
@@ -473,6 +568,9 @@ class Checkpointer:
         self._snapshots.tier = tier
         self._engine.save_checkpoint(str(root), tag=tag, client_state=state, save_latest=False)
         self._snapshots.save(rng_state(), str(root / tag / f"rng_rank{self.place.rank}.pt"))
+        if self._state:
+            script_state = root / tag / _state_file(self.place.rank)
+            self._snapshots.save(_state_of(self._state), str(script_state))
         staged = self._snapshots.take()
         direct: list[Shard] = []
         if uploading and self.place.rank == 0 and any(p.is_file() for p in root.rglob("*")):

@@ -35,6 +35,7 @@ from spotrain.core.entry_point import COORDINATES, EntryPoint
 from spotrain.core.errors import SpotrainError, json_kind, raise_if_problems
 from spotrain.core.validation import type_problems, writable_folder_problem
 from spotrain.trainer import membership
+from spotrain.trainer.preemption import shield_data_loader_workers
 
 ENTRY_POINT_FIELD = "entry_point"
 """A stored configuration with this field runs the user's script, not the built-in trainer."""
@@ -144,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SpotrainError("usage: python -m spotrain.trainer.entry_point "
                             "(--script FILE | --module NAME) [-- ARGS...]")  # fmt: skip
     kind, target, args = given[0], given[1], given[2:]
+    shield_data_loader_workers()  # before the script starts any: a stop is the rank's alone
     if args[:1] == ["--"]:
         args = args[1:]
     code = 0
@@ -170,10 +172,14 @@ def run_process() -> None:
     except SpotrainError as error:
         print(f"error: {error}", file=sys.stderr)
         code = 2
-    except BaseException:
+    except BaseException as error:
         import traceback
 
+        from spotrain.trainer.checkpointer import Checkpointer
+
         traceback.print_exc()
+        if Checkpointer.training is not None:  # what the traceback does not say, in one line
+            print(f"[spotrain] {Checkpointer.training.last_words(error)}", file=sys.stderr)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

@@ -15,17 +15,31 @@ torchrun's.
    checkpoint on that SIGTERM, which may take longer than torchrun's built-in 30 s. The
    restart now waits as long as a shutdown does.
 
-Both are checked by the fleet rehearsal, where a replacement machine joins a running group.
+3. **A stop reaches the rank, not its helpers.** torchrun stops a rank by signalling its whole
+   process group, which holds the rank's DataLoader workers and the script's own subprocesses:
+   a worker killed by SIGTERM fails the rank's next batch before its emergency checkpoint is
+   taken. The stop (SIGTERM, SIGINT) now goes to the rank alone, which publishes and exits;
+   its helpers keep serving it until then. SIGKILL, after `--shutdown-timeout`, still takes
+   the whole group.
+
+The first two are checked by the fleet rehearsal, where a replacement machine joins a running
+group; the third by the epoch-loop story (tests/test_user_scripts.py).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 from typing import Any
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+"""What asks a rank to publish and exit; only the rank hears it (repair 3)."""
 
 
 def _repair_torchrun() -> None:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
@@ -33,6 +47,20 @@ def _repair_torchrun() -> None:
         self._shutdown(timeout=self._shutdown_timeout)
 
     LocalElasticAgent._stop_workers = stop_workers_as_long_as_a_shutdown
+
+    signal_whole_group = SubprocessHandler.close
+
+    def close(self: Any, death_sig: signal.Signals | None = None) -> None:
+        if death_sig not in STOP_SIGNALS:
+            signal_whole_group(self, death_sig)
+            return
+        with contextlib.suppress(ProcessLookupError):
+            self.proc.send_signal(death_sig)  # the rank alone
+        for stream in (self._stdout, self._stderr):
+            if stream:
+                stream.close()
+
+    SubprocessHandler.close = close
 
 
 def main() -> None:

@@ -8,6 +8,15 @@ step; the loop then takes an emergency checkpoint, publishes it and exits 0.
 torchrun forwards SIGTERM to every worker within milliseconds and SIGKILLs them after its
 `--shutdown-timeout`; keep that longer than a checkpoint takes to publish (`spotrain train`
 sets it).
+
+Only the ranks act on a stop. Their helper processes must go on serving them until the
+emergency checkpoint is published: a DataLoader worker that dies of the SIGTERM fails the rank's
+next batch first. Three layers keep the stop from them: the machine's boot unit signals its main
+process only (images/spotrain-trainer.service, `KillMode=mixed`), spotrain's torchrun signals
+the rank alone, not its process group (`launch.py`), and, for a stop sent to every process at
+once anyway (a batch scheduler, `kill` on a process group, a service manager's default), the
+DataLoader workers a rank starts ignore SIGTERM and SIGINT (`shield_data_loader_workers`): they
+end with their rank, as torch's workers do when their parent is gone.
 """
 
 from __future__ import annotations
@@ -37,6 +46,7 @@ class PreemptionFlag:
         self._requested_at: float | None = None
 
     def install(self) -> PreemptionFlag:
+        shield_data_loader_workers()
         signal.signal(signal.SIGTERM, self._on_signal)
         signal.signal(signal.SIGINT, self._on_signal)  # Ctrl-C: stop the same careful way
         return self
@@ -73,3 +83,26 @@ class PreemptionFlag:
         if checkpoint_now:
             self.checkpoint_reason = None
         return Agreement(stop=stop, checkpoint_now=checkpoint_now, uploading=any_uploading)
+
+
+def shield_data_loader_workers() -> None:
+    """DataLoader worker processes (torch's and torchdata's, forked from this process from now
+    on: Linux's default) ignore SIGTERM and SIGINT. A stop is their rank's to handle; a worker
+    still ends when its rank does (torch's workers watch their parent) and with SIGKILL.
+
+    torch sets each worker's SIGTERM handler in C at its start, overriding what the worker
+    inherits; the hook that does so is wrapped so the worker then ignores the stop signals.
+    Idempotent."""
+    from torch.utils.data._utils import signal_handling
+
+    current = signal_handling._set_worker_signal_handlers
+    if getattr(current, "shields_stop_signals", False):
+        return
+
+    def set_worker_signal_handlers(*args: object) -> None:
+        current(*args)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    set_worker_signal_handlers.shields_stop_signals = True  # type: ignore[attr-defined]
+    signal_handling._set_worker_signal_handlers = set_worker_signal_handlers

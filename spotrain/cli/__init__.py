@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> int:
 
 EXTRA_OF = {
     "torch": "training", "deepspeed": "training", "numpy": "training", "tokenizers": "training",
-    "tqdm": "training", "watchtower": "training",
+    "tqdm": "training", "watchtower": "training", "torchdata": "training",
     "cdktf": "infrastructure", "cdktf_cdktf_provider_aws": "infrastructure",
     "constructs": "infrastructure", "yaml": "infrastructure",
     "moto": "localcloud", "cryptography": "localcloud",

@@ -176,19 +176,19 @@ class LocalMachine:
 
     def shut_down(self, timeout_s: float = SERVICE_STOP_TIMEOUT_S) -> int | None:
         """The instance is terminated (its group scaled in, a run cancelled): its OS stops the
-        trainer service as systemd does, SIGTERM to every process of it at once and SIGKILL to
-        what is left after `timeout_s`. The boot script's exit status (None if it was never
-        started)."""
+        trainer service as systemd does with the unit's `KillMode=mixed`, SIGTERM to its main
+        process (the boot script, which passes it on) and SIGKILL to whatever of it is left
+        after `timeout_s`. The boot script's exit status (None if it was never started)."""
         if self.process is None:
             return None
         if self.running():
-            tree = _process_tree(self.process.pid)
-            _signal_all(tree, signal.SIGTERM)
+            tree = process_tree(self.process.pid)
+            os.kill(self.process.pid, signal.SIGTERM)
             deadline = time.monotonic() + timeout_s
             while any(_alive(pid) for pid in tree) and time.monotonic() < deadline:
                 self.process.poll()  # reaps the boot script, our own child
                 time.sleep(0.2)
-            _signal_all([pid for pid in tree if _alive(pid)], signal.SIGKILL)
+            signal_all([pid for pid in tree if _alive(pid)], signal.SIGKILL)
         code = self.process.wait(timeout=60)
         self.stop()
         return code
@@ -197,7 +197,7 @@ class LocalMachine:
         """Gone at once, as a machine that loses power is: every process it started."""
         if self.running():
             assert self.process is not None
-            _signal_all(_process_tree(self.process.pid), signal.SIGKILL)
+            signal_all(process_tree(self.process.pid), signal.SIGKILL)
             self.process.wait(timeout=60)
         if self._reader is not None:
             self._reader.join(timeout=10)
@@ -205,7 +205,7 @@ class LocalMachine:
             self.imds.stop()
 
 
-def _process_tree(root: int) -> list[int]:
+def process_tree(root: int) -> list[int]:
     """A process and every descendant, parents first (torchrun starts its ranks in sessions of
     their own, so a process-group signal would miss them; a service's cgroup does not)."""
     children: dict[int, list[int]] = {}
@@ -223,7 +223,7 @@ def _process_tree(root: int) -> list[int]:
     return tree
 
 
-def _signal_all(pids: list[int], signum: int) -> None:
+def signal_all(pids: list[int], signum: int) -> None:
     for pid in pids:  # parents first: none of them can react by starting another
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signum)

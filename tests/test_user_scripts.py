@@ -1,0 +1,167 @@
+"""Scripts written the way users write them survive preemption: an epoch loop over a shuffled
+DataLoader with worker processes (tests/fixtures/scripts/epoch_loop.py, shaped like DeepSpeed's
+public CIFAR example) on 2 ranks, stopped by SIGTERM to every process it has, mid-epoch. Its
+emergency checkpoint is published, its DataLoader's position and its own state ride along, and
+the restart's losses equal an uninterrupted run's at every step."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from spotrain.localcloud.machines import process_tree, signal_all
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "epoch_loop.py"
+STEPS = 24  # 2 epochs of 12 batches per rank
+
+
+def _command(*args: str) -> list[str]:
+    """The user's script under spotrain's torchrun, 2 ranks, as `spotrain train` starts it."""
+    return [sys.executable, "-m", "spotrain.trainer.launch", "--standalone",
+            "--nproc-per-node", "2", "--shutdown-timeout", "60",
+            "-m", "spotrain.trainer.entry_point", "--script", str(SCRIPT), "--", *args]  # fmt: skip
+
+
+def _env(tmp_path: Path, run: str) -> dict[str, str]:
+    return {**os.environ, "SPOTRAIN_RUN": run, "SPOTRAIN_STORE": f"file://{tmp_path}/store",
+            "SPOTRAIN_CHECKPOINT_WORK_DIR": str(tmp_path / f"work-{run}")}  # fmt: skip
+
+
+def _steps(output: str) -> dict[int, dict[str, Any]]:
+    records = [json.loads(line) for line in output.splitlines() if line.startswith('{"step"')]
+    return {record["step"]: record for record in records}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
+    tmp_path = tmp_path_factory.mktemp("uninterrupted")
+    done = subprocess.run(_command(), capture_output=True, text=True, timeout=300,
+                          env=_env(tmp_path, "reference"))  # fmt: skip
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    steps = _steps(done.stdout)
+    assert sorted(steps) == list(range(1, STEPS + 1))
+    return steps
+
+
+@pytest.mark.integration
+def test_sigterm_to_every_process_mid_epoch_publishes_and_the_restart_continues_the_epoch(
+    uninterrupted: dict[int, dict[str, Any]], tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    env = _env(tmp_path, "stopped")
+    first = subprocess.Popen(_command("--step-seconds", "0.3"), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, env=env,
+                             start_new_session=True)  # fmt: skip
+    seen, deadline = [], time.monotonic() + 240
+    assert first.stdout is not None
+    request.addfinalizer(lambda: signal_all(process_tree(first.pid), signal.SIGKILL))
+    for line in first.stdout:
+        seen.append(line)
+        if line.startswith('{"step": 7,'):  # mid-epoch, its workers busy prefetching
+            tree = process_tree(first.pid)
+            ranks = [pid for pid in tree if _parent(pid) == first.pid]
+            workers = [pid for pid in tree if _parent(pid) in ranks]
+            assert len(ranks) == 2 and len(workers) == 4, tree  # 2 DataLoader workers a rank
+            signal_all(tree, signal.SIGTERM)  # a stop sent to every process at once
+            break
+        assert time.monotonic() < deadline, "".join(seen)[-3000:]
+    rest, _ = first.communicate(timeout=180)
+    output = "".join(seen) + rest
+    assert "DataLoader worker" not in output, output[-3000:]
+    stopped = [int(line.split("stopped after step ")[1].split()[0])
+               for line in output.splitlines() if "stopped after step" in line]  # fmt: skip
+    assert len(stopped) == 1 and 7 <= stopped[0] < 12, output[-3000:]  # still epoch 0
+    assert "Traceback" not in output, output[-3000:]
+
+    second = subprocess.run(_command(), capture_output=True, text=True, timeout=300, env=env)
+    assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
+    assert f"resumed stopped at step {stopped[0]}" in second.stdout
+    trained = {**_steps(output), **_steps(second.stdout)}
+    assert sorted(trained) == list(range(1, STEPS + 1))
+    # The same batches in the same order (the epoch went on where it was), the same weights,
+    # and the script's own state restored: every step's loss and running loss are identical.
+    assert trained == uninterrupted
+
+
+def _parent(pid: int) -> int | None:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_spotrains_torchrun_stops_a_rank_alone_and_kills_its_whole_group(
+    stop: signal.Signals, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """torchrun signals a rank's process group; spotrain's passes a stop to the rank only, so
+    its helpers (here a child in its group) serve it until it has published and exited."""
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+    from spotrain.trainer.launch import _repair_torchrun
+
+    # The repairs are undone after the test (they are meant for the launcher's process).
+    monkeypatch.setattr(SubprocessHandler, "close", SubprocessHandler.close)
+    monkeypatch.setattr(LocalElasticAgent, "_stop_workers", LocalElasticAgent._stop_workers)
+    monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
+    _repair_torchrun()
+    helper_file = tmp_path / "helper"
+    rank = SubprocessHandler(
+        entrypoint="bash",
+        args=("-c", f"sleep 60 & echo $! > {helper_file}; trap 'exit 0' TERM INT; wait"),
+        env={"PATH": os.environ["PATH"]}, stdout=None, stderr=None, local_rank_id=0,
+        numa_options=None,
+    )  # fmt: skip
+    deadline = time.monotonic() + 10
+    while not helper_file.is_file() or not helper_file.read_text().strip():
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    helper = int(helper_file.read_text())
+    try:
+        rank.close(stop)
+        assert rank.proc.wait(timeout=10) == 0  # the rank heard it
+        time.sleep(0.2)
+        assert _state(helper) not in (None, "Z")  # its helper did not
+        rank.close(signal.SIGKILL)  # after the shutdown timeout: the whole group
+        deadline = time.monotonic() + 10
+        while _parent(helper) is not None and _state(helper) != "Z":
+            assert time.monotonic() < deadline, "SIGKILL missed the rank's group"
+            time.sleep(0.05)
+    finally:
+        signal_all([helper], signal.SIGKILL)
+
+
+def _state(pid: int) -> str | None:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def test_a_rank_that_dies_while_stopping_says_in_one_line_why_it_has_no_emergency_checkpoint(
+    tmp_path: Path,
+) -> None:
+    from spotrain.trainer.checkpointer import Checkpointer
+    from spotrain.trainer.process import Place
+
+    checkpointer = Checkpointer(run="r", store=f"file://{tmp_path}/store")
+    checkpointer._place = Place(rank=1, world=2, leader=False)
+    checkpointer.last_step, checkpointer.parent = 6, "r/step_000000005"
+    checkpointer.preemption.request("SIGTERM")
+    error = RuntimeError("DataLoader worker (pid 9) is killed by signal: Terminated. \nmore")
+    assert checkpointer.last_words(error) == (
+        "rank 1 died after step 6 while stopping (SIGTERM), before its emergency checkpoint was "
+        "published: RuntimeError: DataLoader worker (pid 9) is killed by signal: Terminated; "
+        "the run resumes from r/step_000000005"
+    )
+    checkpointer.preemption.reason = None
+    assert "with no emergency checkpoint (only a stop takes one)" in checkpointer.last_words(error)
