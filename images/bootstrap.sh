@@ -243,7 +243,8 @@ if [[ -n "${SPOTRAIN_NPROC_PER_NODE:-}" ]]; then
 fi
 
 first_step=$WORK_DIR/work/.spotrain-first-step # membership.FIRST_STEP_MARKER: a step was trained
-rm -f "$first_step"                            # this start has trained nothing yet
+failure_note=$WORK_DIR/work/.spotrain-failure  # membership.FAILURE_NOTE: why it could not train
+rm -f "$first_step" "$failure_note"            # this start has trained nothing yet
 if ((status == 0)) && [[ -n "${fetch_config:-}" ]]; then
   stoppable spotrain config get --store "s3://$SPOTRAIN_BUCKET" --run "$SPOTRAIN_RUN" \
     --to "$CONFIG" || status=$?
@@ -263,6 +264,11 @@ if ((${#fleet[@]})); then
     exit_facts=(--spot-notice "$notice" --pool "$instance_type#$zone")
   fi
   [[ -z "$asked_to_stop" ]] || exit_facts+=(--asked-to-stop)
+  if [[ -s "$failure_note" ]]; then
+    exit_facts+=(--reason "$(head -c 1000 "$failure_note")")
+  elif [[ -n "$failure" ]]; then
+    exit_facts+=(--reason "$failure")
+  fi
   verdict=0
   spotrain_run "${fleet[@]}" exit --instance "$instance_id" --code "$status" "${exit_facts[@]}" || verdict=$?
   if ((verdict == 5)) && [[ ! -e "$first_step" ]]; then

@@ -35,7 +35,8 @@ from spotrain.core.errors import (
     read_json,
     read_text,
 )
-from spotrain.core.gpu_types import efa_everywhere, efa_interfaces, gpu_kind_problems
+from spotrain.core.global_batch import DEFAULT_MICRO_BATCH, global_batch_problems
+from spotrain.core.gpu_types import MACHINES, efa_everywhere, efa_interfaces, gpu_kind_problems
 from spotrain.core.image_reference import run_image_problems
 from spotrain.core.validation import instance_type_problems, type_problems
 
@@ -174,6 +175,12 @@ class RunConfig:
         raise_if_problems(subject, self._problems())
 
     @property
+    def code_root(self) -> Path:
+        """The repository that declares the run: the folder above its `runs/` (whose files
+        `run submit` stores as the run's code)."""
+        return Path(self.source).resolve().parents[2] if self.source else CHECKOUT
+
+    @property
     def run_tags(self) -> dict[str, str]:
         """The run's own tags: its extra ones, then the run and its owner."""
         return {**self.tags, RUN_TAG: self.name, OWNER_TAG: self.owner}
@@ -261,12 +268,13 @@ class RunConfig:
             entry_problems = self.entry_point.problems()
             problems += entry_problems
             script = self.entry_point.script
-            if script and not entry_problems and not (CHECKOUT / script).is_file():
+            if script and not entry_problems and not (self.code_root / script).is_file():
                 problems.append(
-                    f"entry_point.script {script} is not in the checkout ({CHECKOUT}): the "
-                    "image carries the checkout, so give the script's path from its root"
+                    f"entry_point.script {script} is not in the repository that declares the "
+                    f"run ({self.code_root}): give the script's path from its root (the "
+                    "folder above runs/)"
                 )
-        problems += self._network_problems()
+        problems += self._network_problems() + self._batch_problems()
         if self.image is not None:
             problems += run_image_problems(self.image, self.environment)
         stored_run = self.training.get("run")
@@ -283,6 +291,23 @@ class RunConfig:
         if self.network is not None:
             return self.network
         return "cluster" if efa_everywhere(self.instance_types) else "tcp"
+
+    def _batch_problems(self) -> list[str]:
+        """The built-in trainer's global batch on every machine count the fleet may have (a
+        script of the user's keeps its own batch)."""
+        machine = next((MACHINES[t] for t in self.instance_types if t in MACHINES), None)
+        micro, given = (
+            self.training.get("micro_batch", DEFAULT_MICRO_BATCH),
+            self.training.get("global_batch"),
+        )
+        if (self.entry_point is not None or machine is None or not isinstance(micro, int)
+                or not isinstance(given, int | None) or micro < 1):  # fmt: skip
+            return []  # nothing to check, or the training configuration's own problems
+        found = global_batch_problems(
+            micro_batch=micro, global_batch=given, ranks=machine.gpus,
+            min_machines=self.min_size, max_machines=self.max_size,
+        )  # fmt: skip
+        return [f"training.{problem}" for problem in found]
 
     def _network_problems(self) -> list[str]:
         problems = []
@@ -313,9 +338,13 @@ _FIX = "fix the file (TOML: https://toml.io)"
 
 
 def runs_dir() -> Path:
-    """The folder of run files: `SPOTRAIN_RUNS_DIR`, else the repository's `runs/`."""
+    """The folder of run files: `SPOTRAIN_RUNS_DIR` if set, else `runs/` in the working
+    directory (the repository you work in: yours, or the platform's), else this checkout's."""
     named = os.environ.get(RUNS_DIR_VARIABLE)
-    return Path(named) if named else RUNS_DIR
+    if named:
+        return Path(named)
+    here = Path.cwd() / "runs"
+    return here if here.is_dir() else RUNS_DIR
 
 
 def run_file(environment: str, run: str, directory: Path | None = None) -> Path:

@@ -152,7 +152,7 @@ def test_fleet_is_spot_with_an_on_demand_coordinator_over_several_types(synth_di
     group = next(g for g in groups.values() if g["name"] == "spotrain-prod-gpt-large-fleet")
     assert group["capacity_rebalance"] is True
     # Deployed empty (a run pays only while it trains); the handler owns its sizes after.
-    assert (group["min_size"], group["desired_capacity"], group["max_size"]) == (0, 0, 16)
+    assert (group["min_size"], group["desired_capacity"], group["max_size"]) == (0, 0, 4)
     assert group["lifecycle"] == {"ignore_changes": ["desired_capacity", "min_size"]}
     distribution = group["mixed_instances_policy"]["instances_distribution"]
     assert distribution == {

@@ -32,10 +32,14 @@ steps = 200
 def test_a_run_file_with_an_entry_point_stores_the_script_and_its_arguments(
     tmp_path: Path,
 ) -> None:
-    path = tmp_path / "dev" / "llama.toml"
-    path.parent.mkdir()
+    """In the user's own repository: the script is found from its root (above runs/)."""
+    path = tmp_path / "runs" / "dev" / "llama.toml"
+    path.parent.mkdir(parents=True)
     path.write_text(RUN_FILE)
+    (tmp_path / "examples").mkdir()
+    (tmp_path / "examples" / "train_llama.py").write_text("print('my own model')\n")
     run = read_run(path, "dev")
+    assert run.code_root == tmp_path.resolve()
     assert run.entry_point == EntryPoint(script="examples/train_llama.py",
                                          args=("--steps", "200"), steps=200)  # fmt: skip
     assert run.training_document() == {"run": "llama", "entry_point": {
@@ -46,11 +50,11 @@ def test_a_run_file_with_an_entry_point_stores_the_script_and_its_arguments(
     ("change", "expected"),
     [
         (('script = "examples/train_llama.py"', 'script = "examples/train_lama.py"'),
-         "entry_point.script examples/train_lama.py is not in the checkout"),
+         "entry_point.script examples/train_lama.py is not in the repository that declares"),
         (('script = "examples/train_llama.py"', 'module = "x"\nscript = "examples/a.py"'),
          "give exactly one"),
         (('script = "examples/train_llama.py"', 'script = "/abs/train.py"'),
-         "relative to the checkout's root"),
+         "relative to the repository's root (the folder above runs/)"),
         (('args = ["--steps", "200"]', "args = [1, 2]"), "entry_point.args is [1, 2]"),
         (('[entry_point]', '[training]\nsteps = 3\n[entry_point]'), "exactly one of them"),
         (('steps = 200', 'steps = 0'), "entry_point.steps is 0"),
@@ -106,7 +110,7 @@ def test_a_stored_entry_point_is_checked_as_a_whole_and_gives_the_coordinates(
         "unknown field 'learning_rate': a run with an entry point takes catalog_table, "
         "entry_point, kms_key_id, run, spot_notice_endpoint, store, work_dir (its script's own "
         "settings go in entry_point.args)",
-        "unknown field entry_point.'colour': use args, module, script, steps",
+        "unknown field entry_point.'colour': use args, code, module, script, steps",
     ]
     path.write_text(json.dumps({"run": "llama", "entry_point": {"script": "train.py"}}))
     loaded = entry_point.load(path, ["store=s3://bucket", "work_dir=/mnt/spotrain/work"])
@@ -155,3 +159,73 @@ def test_a_stopped_machine_exits_to_rejoin_or_leave_as_the_run_decided() -> None
     assert membership.exit_status(membership.Stop(rejoin=True, leave=False)) == (
         membership.REJOIN_EXIT)  # fmt: skip
     assert membership.exit_status(membership.Stop(rejoin=False, leave=False)) == 0
+
+
+def test_the_users_repository_is_stored_once_by_its_content_and_machines_run_that_code(
+    tmp_path: Path,
+) -> None:
+    """`run submit` packs the repository that declares the run (what git tracks) and stores it
+    under the run's prefix by its digest; `spotrain train` on a machine fetches it, checks it,
+    and runs the script in it, wherever it was started."""
+    import gzip
+    import io
+    import os
+    import tarfile
+
+    from spotrain.core import code_bundle
+    from spotrain.core.errors import SpotrainError
+    from spotrain.trainer.storage import LocalStorage
+
+    repo = tmp_path / "ml-repo"
+    (repo / "runs" / "dev").mkdir(parents=True)
+    (repo / "runs" / "dev" / "mine.toml").write_text(RUN_FILE.replace(
+        "examples/train_llama.py", "train.py"))  # fmt: skip
+    (repo / "train.py").write_text(
+        "import os, pathlib\npathlib.Path(os.environ['MARK']).write_text(os.getcwd())\n"
+    )
+    (repo / ".gitignore").write_text(".venv/\n")
+    (repo / ".venv").mkdir()
+    (repo / ".venv" / "big.bin").write_bytes(b"\0" * 1000)  # ignored: not code
+    git = ["git", "-c", "user.name=ml", "-c", "user.email=ml@example.com"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "my model"]):
+        subprocess.run([*git, *command], cwd=repo, check=True)
+    storage = LocalStorage(tmp_path / "store")
+    digest = entry_point.store_code(storage, "mine", repo)
+    assert entry_point.store_code(storage, "mine", repo) == digest  # the same bytes, once
+    key = code_bundle.bundle_key("mine", digest)
+    assert storage.list("runs/mine/code/") == [key]
+    bundle = storage.get_bytes(key)
+    with tarfile.open(fileobj=io.BytesIO(bundle), mode="r:gz") as tar:
+        assert tar.getnames() == [".gitignore", "runs/dev/mine.toml", "train.py"]
+    with pytest.raises(SpotrainError, match="the run's code bundle is damaged"):
+        code_bundle.unpack(bundle + b"\0", digest, tmp_path / "damaged")
+    escaping = io.BytesIO()
+    with (
+        gzip.GzipFile(fileobj=escaping, mode="wb") as zipped,
+        tarfile.open(fileobj=zipped, mode="w") as tar,
+    ):
+        tar.addfile(tarfile.TarInfo("../outside.py"), io.BytesIO(b""))
+    crafted = escaping.getvalue()
+    import hashlib
+
+    with pytest.raises(SpotrainError, match="not a file inside it"):
+        code_bundle.unpack(crafted, f"sha256:{hashlib.sha256(crafted).hexdigest()}",
+                           tmp_path / "escaping")  # fmt: skip
+
+    config = tmp_path / "run.json"
+    config.write_text(
+        json.dumps(
+            {
+                "run": "mine",
+                "store": f"file://{tmp_path}/store",
+                "work_dir": str(tmp_path / "work"),
+                "entry_point": {"script": "train.py", "code": digest},
+            }
+        )
+    )
+    mark = tmp_path / "ran-in"
+    started = [sys.executable, "-m", "spotrain.cli", "train", str(config), "--nproc-per-node", "1"]
+    done = subprocess.run(started, cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "MARK": str(mark)})  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert mark.read_text() == str(tmp_path / "work" / "code" / digest.removeprefix("sha256:"))

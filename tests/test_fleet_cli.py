@@ -378,7 +378,9 @@ def test_log_options_outside_run_logs_are_refused(
 ) -> None:
     assert cli.main(["run", "status", "local", "demo", "--follow"]) == 2
     error = capsys.readouterr().err
-    assert "--machine and --follow go with `spotrain run logs`" in error
+    assert "--follow with logs: `spotrain run logs local RUN --follow`" in error
+    assert cli.main(["run", "cancel", "local", "demo", "--machine", "i-1"]) == 2
+    assert "--machine goes with `spotrain run logs` and `run reclaim`" in capsys.readouterr().err
 
 
 def test_run_play_and_plot_are_refused_where_they_do_not_apply(
@@ -386,5 +388,7 @@ def test_run_play_and_plot_are_refused_where_they_do_not_apply(
 ) -> None:
     assert cli.main(["run", "play", "dev", "gpt-small"]) == 2
     assert "`spotrain run logs dev gpt-small --follow`" in capsys.readouterr().err
+    assert cli.main(["run", "reclaim", "dev", "gpt-small"]) == 2
+    assert "EC2 reclaims the others itself" in capsys.readouterr().err
     assert cli.main(["run", "list", "dev", "--plot", "x.png"]) == 2
     assert "--plot goes with `spotrain run status`" in capsys.readouterr().err

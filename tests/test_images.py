@@ -495,7 +495,7 @@ def test_image_build_pushes_the_trainer_then_the_code_on_it_by_digest(
     run_file = tmp_path / "dev" / "pinned.toml"
     run_file.parent.mkdir()
     run_file.write_text(f'{pin}\nowner = "ml@example.com"\ninstance_types = ["g5.xlarge", '
-                        '"g5.2xlarge"]\n[training]\nsteps = 4\n')  # fmt: skip
+                        '"g5.2xlarge"]\n[training]\nsteps = 4\nglobal_batch = 24\n')  # fmt: skip
     run = read_run(run_file, "dev")
     assert run.image is not None and run.image.startswith(f"{uri}@sha256:")
 

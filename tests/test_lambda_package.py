@@ -29,11 +29,13 @@ def test_zip_entries_are_sorted_with_fixed_times_and_permissions() -> None:
         # The core floor, whole: what the handler imports, and nothing from above it.
         "spotrain/core/__init__.py",
         "spotrain/core/catalog_schema.py",
+        "spotrain/core/code_bundle.py",
         "spotrain/core/deadline_policy.py",
         "spotrain/core/entry_point.py",
         "spotrain/core/errors.py",
         "spotrain/core/events.py",
         "spotrain/core/fleet_state.py",
+        "spotrain/core/global_batch.py",
         "spotrain/core/gpu_types.py",
         "spotrain/core/handler_settings.py",
         "spotrain/core/image_reference.py",

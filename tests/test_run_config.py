@@ -87,3 +87,14 @@ def test_submitting_the_same_configuration_again_stores_no_copy(tmp_path: Path) 
     path.write_text(json.dumps({**document, "steps": 6}))
     changed = store_configuration(storage, path, [], store, unless_newest=True)
     assert changed.key != first.key and len(run_config.history(storage, "submitted")) == 2
+
+
+def test_a_run_without_a_global_batch_keeps_the_one_it_started_with() -> None:
+    trained = config().definition(world_size=2)  # started on 2 ranks of 4 sequences
+    on_one = config().with_global_batch(trained, world_size=1)
+    assert on_one.global_batch == 8 and on_one.passes(1) == (4, 2)  # 2 passes of 4 a step
+    refuse_unintended_change(on_one, trained, world_size=1, step=5)  # the same run
+    assert config().with_global_batch(None, world_size=3).global_batch == 12  # a new run
+    assert config(global_batch=6).with_global_batch(trained, 1).global_batch == 6  # given wins
+    assert config(global_batch=12, micro_batch=5).passes(1) == (4, 3)  # equal passes, <= 5
+    assert config(global_batch=12, micro_batch=5).passes(4) == (3, 1)

@@ -24,6 +24,7 @@ max_spend_usd = 100
 [training]
 data = "dataset:corpus-v1"
 steps = 40
+global_batch = 96
 """
 
 PINNED = f"123456789012.dkr.ecr.us-east-1.amazonaws.com/spotrain-dev/trainer@sha256:{'a' * 64}"
@@ -65,17 +66,20 @@ def test_a_good_file_reads_into_a_run_named_for_the_file(tmp_path: Path) -> None
     assert isinstance(run, RunConfig)
     assert (run.name, run.environment, run.max_spend_usd) == ("sweep-a", "dev", 100)
     assert run.instance_types == ("g5.xlarge", "g5.2xlarge")
-    assert run.training_document() == {"data": "dataset:corpus-v1", "steps": 40, "run": "sweep-a"}
+    assert run.training_document() == {"data": "dataset:corpus-v1", "steps": 40,
+                                       "global_batch": 96, "run": "sweep-a"}  # fmt: skip
     assert run.run_tags == {"spotrain:run": "sweep-a", "spotrain:owner": "ml@example.com"}
 
 
 def test_the_training_configuration_may_be_a_json_file_beside_the_run_file(tmp_path: Path) -> None:
     folder = tmp_path / "dev"
     folder.mkdir()
-    (folder / "sweep.json").write_text(json.dumps({"data": "dataset:x", "steps": 5}))
+    (folder / "sweep.json").write_text(json.dumps({"data": "dataset:x", "steps": 5,
+                                                   "global_batch": 12}))  # fmt: skip
     text = 'training = "sweep.json"\n' + GOOD.split("[training]")[0]
     run = read_run(write(folder, "sweep", text), "dev")
-    assert run.training_document() == {"data": "dataset:x", "steps": 5, "run": "sweep"}
+    assert run.training_document() == {"data": "dataset:x", "steps": 5, "global_batch": 12,
+                                       "run": "sweep"}  # fmt: skip
 
 
 @pytest.mark.parametrize(
@@ -116,6 +120,18 @@ def test_the_training_configuration_may_be_a_json_file_beside_the_run_file(tmp_p
         (GOOD.replace("steps = 40", 'steps = 40\nrun = "other"'), "leave `run` out of"),
         (GOOD.replace("[training]", 'training = "missing.json"\n[unused]'), "cannot be read"),
         ("owner = \n", "it is not TOML"),
+        (
+            GOOD.replace("global_batch = 96", "micro_batch = 4"),
+            "training.global_batch is not set, so the run keeps micro_batch x the GPUs it starts "
+            "on (started on 1 machine(s): 4), which does not split evenly over 3 machine(s) of 1 "
+            "GPU(s): set global_batch to a multiple of 12 (e.g. 12), or sizes whose machine "
+            "counts divide one another",
+        ),
+        (
+            GOOD.replace("global_batch = 96", "global_batch = 20"),
+            "training.global_batch 20 does not split evenly over 3 machine(s) of 1 GPU(s) "
+            "(min_size 1 to max_size 4)",
+        ),
         ('network = "efa"\n' + GOOD, "network is 'efa' but g5.xlarge, g5.2xlarge take(s) no EFA"),
         ('network = "infiniband"\n' + GOOD, "use one of cluster, efa, tcp"),
         ('zone = "us-east-1a"\n' + GOOD, "zone is set but the run trains on tcp in every zone"),

@@ -6,22 +6,21 @@ the restart's losses equal an uninterrupted run's at every step."""
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+from training import EPOCH_LOOP_LOSSES, EPOCH_LOOP_RUNNING, script_steps
 
 from spotrain.localcloud.machines import process_tree, signal_all
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "epoch_loop.py"
-STEPS = 24  # 2 epochs of 12 batches per rank
+STEPS = len(EPOCH_LOOP_LOSSES)  # 2 epochs of 12 batches per rank
 
 
 def _command(*args: str) -> list[str]:
@@ -36,25 +35,9 @@ def _env(tmp_path: Path, run: str) -> dict[str, str]:
             "SPOTRAIN_CHECKPOINT_WORK_DIR": str(tmp_path / f"work-{run}")}  # fmt: skip
 
 
-def _steps(output: str) -> dict[int, dict[str, Any]]:
-    records = [json.loads(line) for line in output.splitlines() if line.startswith('{"step"')]
-    return {record["step"]: record for record in records}
-
-
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
-    tmp_path = tmp_path_factory.mktemp("uninterrupted")
-    done = subprocess.run(_command(), capture_output=True, text=True, timeout=300,
-                          env=_env(tmp_path, "reference"))  # fmt: skip
-    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
-    steps = _steps(done.stdout)
-    assert sorted(steps) == list(range(1, STEPS + 1))
-    return steps
-
-
 @pytest.mark.integration
 def test_sigterm_to_every_process_mid_epoch_publishes_and_the_restart_continues_the_epoch(
-    uninterrupted: dict[int, dict[str, Any]], tmp_path: Path, request: pytest.FixtureRequest
+    tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     env = _env(tmp_path, "stopped")
     first = subprocess.Popen(_command("--step-seconds", "0.3"), stdout=subprocess.PIPE,
@@ -84,11 +67,12 @@ def test_sigterm_to_every_process_mid_epoch_publishes_and_the_restart_continues_
     second = subprocess.run(_command(), capture_output=True, text=True, timeout=300, env=env)
     assert second.returncode == 0, (second.stdout + second.stderr)[-3000:]
     assert f"resumed stopped at step {stopped[0]}" in second.stdout
-    trained = {**_steps(output), **_steps(second.stdout)}
+    trained = {**script_steps(output), **script_steps(second.stdout)}
     assert sorted(trained) == list(range(1, STEPS + 1))
     # The same batches in the same order (the epoch went on where it was), the same weights,
     # and the script's own state restored: every step's loss and running loss are identical.
-    assert trained == uninterrupted
+    assert [trained[s]["loss"] for s in range(1, STEPS + 1)] == EPOCH_LOOP_LOSSES
+    assert [trained[s]["running"] for s in range(1, STEPS + 1)] == EPOCH_LOOP_RUNNING
 
 
 def _parent(pid: int) -> int | None:

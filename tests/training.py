@@ -57,6 +57,42 @@ that lost any state (weights, optimizer moments, schedule, data position) leaves
 at once."""
 
 
+EPOCH_LOOP_LOSSES = [
+    2.471458911895752, 2.365412950515747, 2.2936580181121826, 2.279404878616333,
+    2.5334010124206543, 2.621429204940796, 2.5065770149230957, 2.43398380279541,
+    2.1596179008483887, 2.152266025543213, 2.5853443145751953, 2.1346418857574463,
+    2.205507516860962, 2.5371360778808594, 2.309654474258423, 2.176119327545166,
+    2.144465446472168, 2.2374563217163086, 2.494992971420288, 2.4219512939453125,
+    2.171566963195801, 2.340758800506592, 2.026135206222534, 2.3343303203582764,
+]  # fmt: skip
+"""tests/fixtures/scripts/epoch_loop.py uninterrupted over two ranks (one machine of two ranks,
+or two machines of one): rank 0's loss at steps 1-24 (two epochs of a shuffled DataLoader with
+worker processes). A resume at the wrong batch, or without the optimizer's state, leaves these
+values at once."""
+
+EPOCH_LOOP_RUNNING = [
+    0.2471458911895752, 0.4589725971221924, 0.6424411392211914, 0.8061375131607056,
+    0.9788638630867006, 1.14312039727211, 1.2794660590372087, 1.3949178334130288,
+    1.471387840156565, 1.5394756586952298, 1.6440625242832265, 1.6931204604306487,
+    1.7443591660736801, 1.8236368572543982, 1.8722386189548006, 1.9026266898138373,
+    1.9268105654796703, 1.9578751411033342, 2.0115869241350297, 2.052623361116058,
+    2.0645177213240324, 2.0921418292422884, 2.0855411669403128, 2.110420082282109,
+]  # fmt: skip
+"""The same run's own running loss (state the script keeps itself and hands the Checkpointer)."""
+
+
+def script_steps(output: str) -> dict[int, dict[str, Any]]:
+    """The JSON line each step of a script prints (`{"step": N, ...}`), by step, wherever it
+    is in a line (a played machine prefixes its instance id)."""
+    found = {}
+    for line in output.splitlines():
+        start = line.find('{"step": ')
+        if start >= 0:
+            record = json.loads(line[start:])
+            found[record["step"]] = record
+    return found
+
+
 def printed_losses(output: str) -> dict[int, float]:
     """The step losses examples/train_llama.py printed, by step (a later line wins)."""
     return {int(m[1]): float(m[2])

@@ -344,6 +344,24 @@ class Checkpointer:
             ).start()
         return start
 
+    def trained_definition(self) -> dict[str, Any] | None:
+        """Collective: the definition the run's newest published checkpoint was trained with
+        (None for a new run, or while the catalog cannot be read: the restore then refuses a
+        changed definition as ever). Read before the engine is built, without the lease."""
+        import torch.distributed as dist
+
+        found: list[dict[str, Any] | None] = [None]
+        if self.place.rank == 0:
+            try:
+                head = self.catalog.head()
+                if head is not None:
+                    manifest = checkpoint_store.read_manifest(self.storage, head.manifest_key)
+                    found[0] = manifest.extra.get("config")
+            except Exception as error:  # the restore decides what an unreadable catalog means
+                self._tell(f"the run's newest definition could not be read ({error})")
+        dist.broadcast_object_list(found, src=0)
+        return found[0]
+
     def _restore_state(self, restored: Restored, universal: bool) -> None:
         """Each rank loads the script's state its rank saved. On another number of ranks, rank
         r takes the state of rank r mod the old number (the universal format has no per-rank

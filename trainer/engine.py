@@ -25,6 +25,7 @@ import torch
 
 from spotrain.core.catalog_schema import run_name_problem
 from spotrain.core.errors import SpotrainError, raise_if_problems
+from spotrain.core.global_batch import DEFAULT_MICRO_BATCH
 from spotrain.core.validation import instance_type_problems, writable_folder_problem
 from spotrain.trainer import datasets, memory
 from spotrain.trainer.checkpointer import Checkpointer
@@ -66,12 +67,14 @@ class TrainConfig:
     light_every: int | None = None
     """Steps between light checkpoints (kept on this machine's work disk only: a restart on the
     same machines resumes from there); None takes none."""
-    micro_batch: int = 8
-    """Sequences per rank per step (unless global_batch is set)."""
+    micro_batch: int = DEFAULT_MICRO_BATCH
+    """The most sequences a rank puts through the model at once (what its GPU memory holds)."""
     global_batch: int | None = None
     """Sequences per step over all ranks, whatever their number: each rank takes
-    global_batch / ranks (which must divide), so a fleet that grows or shrinks keeps training
-    the same run. None: micro_batch per rank."""
+    global_batch / ranks (which must divide), in as few passes of at most micro_batch as
+    divide it evenly (gradient accumulation), so a fleet that grows or shrinks trains the same
+    run. None: the global batch the run started with (micro_batch x its first start's ranks),
+    read from its checkpoints at every later start."""
     learning_rate: float = 3e-4
     """AdamW peak learning rate."""
     warmup_steps: int = 0
@@ -177,6 +180,24 @@ class TrainConfig:
                 "multiple of 12 serves 1, 2, 3, 4 or 6 ranks)"
             )
         return self.global_batch // world_size
+
+    def passes(self, world_size: int) -> tuple[int, int]:
+        """(sequences per pass, passes per step) for each of `world_size` ranks: the fewest
+        equal passes of at most micro_batch that make up its share of the global batch."""
+        share = self.per_rank_batch(world_size)
+        accumulation = next(n for n in range(1, share + 1)
+                            if share % n == 0 and share // n <= self.micro_batch)  # fmt: skip
+        return share // accumulation, accumulation
+
+    def with_global_batch(self, trained: dict[str, Any] | None, world_size: int) -> TrainConfig:
+        """This configuration with its global batch fixed: as given; else the one the run's
+        newest checkpoint was trained with (`trained`, its definition); else, for a new run,
+        micro_batch x `world_size`."""
+        if self.global_batch is not None:
+            return self
+        kept = (trained or {}).get("global_batch")
+        chosen = kept if isinstance(kept, int) and kept > 0 else self.micro_batch * world_size
+        return replace(self, global_batch=chosen)
 
     def config_hash(self, world_size: int) -> str:
         text = json.dumps(self.definition(world_size), sort_keys=True, default=str)
@@ -309,9 +330,10 @@ def _mean_over_ranks(loss: torch.Tensor, world: int) -> float:
 
 
 def _deepspeed_config(config: TrainConfig, *, world_size: int) -> dict[str, Any]:
+    sequences, passes = config.passes(world_size)
     return {
-        "train_micro_batch_size_per_gpu": config.per_rank_batch(world_size),
-        "gradient_accumulation_steps": 1,
+        "train_micro_batch_size_per_gpu": sequences,
+        "gradient_accumulation_steps": passes,
         "zero_optimization": memory.zero_section(config),
         "bf16": {"enabled": config.bf16},
         "steps_per_print": 10**9,
@@ -355,16 +377,24 @@ def train(config: TrainConfig) -> TrainResult:
     init_distributed()
     place = Place.here()
     rank, world = place.rank, place.world
-    config.per_rank_batch(world)  # a batch that does not split over these ranks: no lease
     progress = _Progress(config, place)
     checkpointer = Checkpointer(
         run=config.run, store=config.store, work_dir=config.work_dir,
         catalog_table=config.catalog_table, kms_key_id=config.kms_key_id,
         every=config.checkpoint_every, light_every=config.light_every,
-        definition=config.definition(world), allow_definition_change=config.allow_config_change,
+        allow_definition_change=config.allow_config_change,
         spot_notice_endpoint=config.spot_notice_endpoint,
         spot_notice_poll_seconds=config.spot_notice_poll_seconds, on_event=progress.event,
     )  # fmt: skip
+    # A run keeps the global batch it started with on any number of machines, unless its
+    # configuration says another.
+    config = config.with_global_batch(checkpointer.trained_definition(), world)
+    config.per_rank_batch(world)  # a batch that does not split over these ranks: no lease
+    checkpointer.definition = config.definition(world)
+    sequences, passes = config.passes(world)
+    if rank == 0 and passes > 1:
+        say(f"global batch {config.global_batch} on {world} rank(s): {passes} passes of "
+            f"{sequences} sequences a step on each")  # fmt: skip
     if (options := memory.describe(config)) and rank == 0:
         say(options)
     engine = build_engine(config, world_size=world)
@@ -380,9 +410,13 @@ def train(config: TrainConfig) -> TrainResult:
         for step in range(start_step, config.steps):
             started = time.perf_counter()
             x, y = sampler.batch(step, rank, world)
-            loss = engine(x.to(engine.device), y.to(engine.device))
-            engine.backward(loss)
-            engine.step()
+            parts = []
+            for part_x, part_y in zip(x.split(sequences), y.split(sequences), strict=True):
+                part = engine(part_x.to(engine.device), part_y.to(engine.device))
+                engine.backward(part)  # DeepSpeed scales it by 1 / passes
+                engine.step()  # DeepSpeed steps the optimizer after the last pass
+                parts.append(part.detach())
+            loss = parts[0] if len(parts) == 1 else torch.stack(parts).mean()
             losses.append(_mean_over_ranks(loss, world))
             done = step + 1
             progress.step(done, losses[-1], x.numel() * world, time.perf_counter() - started,

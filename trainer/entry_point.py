@@ -21,16 +21,19 @@ checkpoint is published, and torch's and DeepSpeed's C++ threads can still be ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib.util
 import os
 import runpy
+import shutil
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spotrain.core import code_bundle
 from spotrain.core.entry_point import COORDINATES, EntryPoint
 from spotrain.core.errors import SpotrainError, json_kind, raise_if_problems
 from spotrain.core.validation import type_problems, writable_folder_problem
@@ -103,38 +106,73 @@ def from_document(document: dict[str, Any], problems: list[str], path: Path) -> 
     return EntryPointConfig(entry_point=entry_point, **values)
 
 
-def preflight(config: EntryPointConfig, code_dir: Path | None = None) -> None:
-    """What can be checked before any process starts: the script or module is here (in the
-    code folder, the working directory), the store's address, the work folder."""
+def preflight(config: EntryPointConfig, code_dir: Path | None = None) -> Path:
+    """What can be checked before any process starts: the run's code (its bundle fetched and
+    checked into the work folder, or the image's code folder, the working directory), the
+    script or module in it, the store's address, the work folder. Returns the folder the ranks
+    run in."""
     from spotrain.trainer.storage import open_storage
 
     problems = []
     entry = config.entry_point
     folder = code_dir or Path.cwd()
-    if entry.script is not None and not (folder / entry.script).is_file():
-        problems.append(
-            f"entry_point.script {entry.script} is not in the code folder {folder}: the image "
-            "carries the checkout it was built from (`spotrain image build`); give the script's "
-            "path relative to the checkout's root"
-        )
-    if entry.module is not None and importlib.util.find_spec(entry.module.split(".")[0]) is None:
-        problems.append(
-            f"entry_point.module {entry.module} cannot be imported here: install its package "
-            "in the image (the requirements file of `spotrain image build`), or give a script"
-        )
+    storage = None
     for name in ("run", "store"):
         if getattr(config, name) is None:
             problems.append(f"{name} is missing: set it with --set {name}=...")
     if config.store is not None:
         try:
-            open_storage(config.store, kms_key_id=config.kms_key_id)
+            storage = open_storage(config.store, kms_key_id=config.kms_key_id)
         except SpotrainError as error:
             problems.append(f"store: {error}")
     if config.work_dir is not None and (
         problem := writable_folder_problem("work_dir", config.work_dir, Path(config.work_dir))
     ):
         problems.append(problem)
+    if entry.code is not None and storage is not None and config.work_dir and not problems:
+        try:
+            folder = fetch_code(storage, str(config.run), entry.code, Path(config.work_dir))
+        except SpotrainError as error:
+            problems.append(f"entry_point.code: {error}")
+    if entry.script is not None and not problems and not (folder / entry.script).is_file():
+        where = "the run's code bundle" if entry.code else "the code folder"
+        problems.append(
+            f"entry_point.script {entry.script} is not in {where} {folder}: give the script's "
+            "path relative to the root of the repository that declares the run"
+        )
+    if entry.module is not None and importlib.util.find_spec(entry.module.split(".")[0]) is None:
+        problems.append(
+            f"entry_point.module {entry.module} cannot be imported here: install its package "
+            "in the image (the requirements file of `spotrain image build`), or give a script"
+        )
     raise_if_problems(f"run {config.run}'s entry point", problems)
+    return folder
+
+
+def store_code(storage: Any, run: str, root: Path) -> str:
+    """Pack the repository at `root` and store it as `run`'s code bundle, written once (the
+    same code is stored once); its digest, for `entry_point.code`."""
+    from spotrain.trainer.storage import AlreadyExists
+
+    bundle, digest = code_bundle.pack(root)
+    key = code_bundle.bundle_key(run, digest)
+    if not storage.exists(key):
+        # Stored meanwhile by another submit of the same code: the same bytes.
+        with contextlib.suppress(AlreadyExists):
+            storage.put_bytes(key, bundle)
+    return digest
+
+
+def fetch_code(storage: Any, run: str, digest: str, work_dir: Path) -> Path:
+    """The run's code bundle `digest`, fetched, checked and unpacked into the work folder once
+    (a later start on the machine reuses it); the folder."""
+    folder = work_dir / "code" / digest.removeprefix(code_bundle.DIGEST_PREFIX)
+    done = folder / ".spotrain-unpacked"
+    if not done.exists():
+        shutil.rmtree(folder, ignore_errors=True)
+        code_bundle.unpack(storage.get_bytes(code_bundle.bundle_key(run, digest)), digest, folder)
+        done.touch()
+    return folder
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,11 +205,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_process() -> None:
+    work_dir = os.environ.get(COORDINATES["work_dir"])
     try:
         code = main()
-    except SpotrainError as error:
+    except SpotrainError as error:  # a changed definition, a configuration problem
         print(f"error: {error}", file=sys.stderr)
-        code = 2
+        membership.note_failure(work_dir, str(error))
+        code = membership.CANNOT_TRAIN_EXIT
     except BaseException as error:
         import traceback
 
@@ -179,7 +219,9 @@ def run_process() -> None:
 
         traceback.print_exc()
         if Checkpointer.training is not None:  # what the traceback does not say, in one line
-            print(f"[spotrain] {Checkpointer.training.last_words(error)}", file=sys.stderr)
+            words = Checkpointer.training.last_words(error)
+            print(f"[spotrain] {words}", file=sys.stderr)
+            membership.note_failure(work_dir, words)
         code = 1
     sys.stdout.flush()
     sys.stderr.flush()

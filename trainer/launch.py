@@ -15,7 +15,12 @@ torchrun's.
    checkpoint on that SIGTERM, which may take longer than torchrun's built-in 30 s. The
    restart now waits as long as a shutdown does.
 
-3. **A stop reaches the rank, not its helpers.** torchrun stops a rank by signalling its whole
+3. **A rank that cannot train is not restarted.** torchrun restarts a failed group up to
+   `--max-restarts` times (spotrain allows many, for membership changes); a rank that exits
+   `membership.CANNOT_TRAIN_EXIT` (its checkpoint has another definition, its configuration
+   is wrong) would fail the same way each time while its machine is billed. Its agent now
+   stops at once, and the machine's exit is counted as a crash with the reason.
+4. **A stop reaches the rank, not its helpers.** torchrun stops a rank by signalling its whole
    process group, which holds the rank's DataLoader workers and the script's own subprocesses:
    a worker killed by SIGTERM fails the rank's next batch before its emergency checkpoint is
    taken. The stop (SIGTERM, SIGINT) now goes to the rank alone, which publishes and exits;
@@ -23,7 +28,7 @@ torchrun's.
    the whole group.
 
 The first two are checked by the fleet rehearsal, where a replacement machine joins a running
-group; the third by the epoch-loop story (tests/test_user_scripts.py).
+group; the last two by tests/test_user_scripts.py.
 """
 
 from __future__ import annotations
@@ -33,8 +38,10 @@ import os
 import signal
 from typing import Any
 
+from spotrain.trainer.membership import CANNOT_TRAIN_EXIT
+
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
-"""What asks a rank to publish and exit; only the rank hears it (repair 3)."""
+"""What asks a rank to publish and exit; only the rank hears it (repair 4)."""
 
 
 def _repair_torchrun() -> None:
@@ -47,6 +54,16 @@ def _repair_torchrun() -> None:
         self._shutdown(timeout=self._shutdown_timeout)
 
     LocalElasticAgent._stop_workers = stop_workers_as_long_as_a_shutdown
+
+    monitor = LocalElasticAgent._monitor_workers
+
+    def no_restart_for_what_cannot_train(self: Any, worker_group: Any) -> Any:
+        result = monitor(self, worker_group)
+        if any(f.exitcode == CANNOT_TRAIN_EXIT for f in result.failures.values()):
+            self._remaining_restarts = 0
+        return result
+
+    LocalElasticAgent._monitor_workers = no_restart_for_what_cannot_train
 
     signal_whole_group = SubprocessHandler.close
 

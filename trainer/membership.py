@@ -18,10 +18,22 @@ from __future__ import annotations
 import os
 import signal
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 REJOIN_EXIT = 75
 """A rank's exit status when its machine should rejoin the run's group (EX_TEMPFAIL)."""
+
+CANNOT_TRAIN_EXIT = 2
+"""A rank's exit status when this start cannot train and trying again would not help, as for
+every spotrain command refused for what it was given: its checkpoint was trained with another
+definition, its configuration or data is wrong. spotrain's torchrun does not restart such
+ranks (`launch.py`); the machine's exit counts as a crash, with the reason from
+`FAILURE_NOTE`, and a run that crashes everywhere is held."""
+
+FAILURE_NOTE = ".spotrain-failure"
+"""Written to the work folder with the reason a rank could not train (images/bootstrap.sh
+records it with the machine's crash; `spotrain run status` shows it)."""
 
 FIRST_STEP_MARKER = ".spotrain-first-step"
 """Written to the work folder by each machine's leader once this start has trained a step
@@ -75,3 +87,14 @@ def exit_status(stop: Stop | None) -> int:
     if stop.leave and os.environ.get("TORCHELASTIC_RUN_ID") and os.environ.get("LOCAL_RANK") == "0":
         os.kill(os.getppid(), signal.SIGTERM)
     return REJOIN_EXIT if stop.rejoin else 0
+
+
+def note_failure(work_dir: str | None, reason: str) -> None:
+    """Leave `reason` in the work folder for the boot script (nothing without a folder)."""
+    if not work_dir:
+        return
+    try:
+        Path(work_dir).mkdir(parents=True, exist_ok=True)
+        (Path(work_dir) / FAILURE_NOTE).write_text(reason.strip()[:1000] + "\n")
+    except OSError:
+        pass  # the reason is printed anyway; the note only carries it further

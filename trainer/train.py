@@ -134,11 +134,14 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="override one field"
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    config = None
     try:
-        result = train(load_config(args.config, args.set))
-    except SpotrainError as error:
+        config = load_config(args.config, args.set)
+        result = train(config)
+    except SpotrainError as error:  # a changed definition, a configuration or data problem
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        membership.note_failure(config.work_dir if config else None, str(error))
+        return membership.CANNOT_TRAIN_EXIT
     return membership.exit_status(result.stop)
 
 

@@ -59,7 +59,8 @@ def _exit(fleet: _Fleet, args: argparse.Namespace) -> int:
     if args.spot_notice:
         _mark_reclaimed(fleet.table, args)
     verdict = fleet_state.record_exit(fleet.table, args.run, args.instance, args.code,
-                                      asked_to_stop=args.asked_to_stop)  # fmt: skip
+                                      asked_to_stop=args.asked_to_stop,
+                                      reason=args.reason)  # fmt: skip
     held = ", and is held: too many" if verdict.failed else ""
     say(f"trainer exit {args.code} on {args.instance}: {verdict.kind}; run {args.run} has "
         f"{verdict.crashes} crash(es){held}")  # fmt: skip
@@ -327,7 +328,11 @@ def add_parsers(commands: Any) -> None:
     fleet.add_argument("--events-table", help="interruption events table (fleet state)")
     fleet.add_argument("--run", help="run name")
     fleet.add_argument("--instance", help="instance id for `exit`, `unhealthy`, `coordinator`")
-    fleet.add_argument("--reason", help="unhealthy: why (shown in the boot log)")
+    fleet.add_argument(
+        "--reason",
+        help="unhealthy: why (shown in the boot log); exit: why the "
+        "trainer could not train (kept with the crash, shown by run status)",
+    )
     fleet.add_argument("--code", type=int, help="trainer exit status for `exit`")
     fleet.add_argument("--spot-notice", metavar="JSON",
                        help="exit: the machine's own interruption notice (the metadata "

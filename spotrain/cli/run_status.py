@@ -61,6 +61,8 @@ class RunStatus:
     """When it finishes at that pace (ISO 8601, UTC), while it trains."""
     finish_by: str | None = None
     """Its declared deadline."""
+    last_crash: str | None = None
+    """The newest crash since the run's release: instance, exit and the trainer's reason."""
     leaving: int = 0
     """Machines still stopping (their emergency checkpoint), not in service any more."""
 
@@ -210,6 +212,7 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
                f"{g['MaxSize']}" for g in groups},
         spend_usd=round(ledger.spend_usd, 2), on_demand_usd=round(ledger.on_demand_usd, 2),
         cap_usd=ledger.cap_usd, crashes=state.crashes,
+        last_crash=_last_crash(where, run) if state.crashes else None,
         last_interruption=(f"{marks[-1]['sk'].split('#', 1)[1]} "
                            f"{fleet_state.shown_status(marks[-1])} at "
                            f"{marks[-1].get('updated_at')}" if marks else None),
@@ -219,6 +222,16 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
         eta=_eta(step or 0, steps, per_hour) if phase == run_lifecycle.TRAINING else None,
         finish_by=_finish_by(where, run), leaving=sum(_leaving(g) for g in groups),
     )  # fmt: skip
+
+
+def _last_crash(where: Where, run: str) -> str | None:
+    from spotrain.core import fleet_state
+
+    crash = fleet_state.last_crash(where.events, run)
+    if crash is None:
+        return None
+    said = f": {crash['reason']}" if crash.get("reason") else ""
+    return f"{crash.get('instance_id', '?')} exit {crash.get('code', '?')}{said}"
 
 
 def line(status: RunStatus) -> str:
@@ -246,6 +259,8 @@ def show(status: RunStatus, args: argparse.Namespace) -> int:
         f"  spend ${status.spend_usd:,.2f} (on-demand equivalent ${status.on_demand_usd:,.2f}); "
         f"{status.crashes} crash(es); last interruption: {status.last_interruption or 'none'}"
     )
+    if status.last_crash:
+        say(f"  last crash: {status.last_crash}")
     if status.step is not None:
         loss = f", loss {status.loss:.4f}" if status.loss is not None else ""
         say(f"  head: step {status.step}{loss}, published {status.head_at}: "

@@ -200,6 +200,7 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from spotrain.cli.data import store_configuration
+    from spotrain.trainer.entry_point import store_code
     from spotrain.trainer.storage import open_storage
 
     run = _declared(args.environment, args.run)
@@ -212,21 +213,20 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
         with aws_errors(f"the registry of environment {args.environment}",
                         f"`spotrain deploy {args.environment}` deploys it"):  # fmt: skip
             check_pushed(args.environment, run.image)
+    store = f"s3://{where.bucket}"
+    storage = open_storage(store, kms_key_id=_primary_key(args.environment))
+    document = run.training_document()
+    if run.entry_point is not None:  # its code: the repository that declares it, pinned
+        document["entry_point"]["code"] = store_code(storage, run.name, run.code_root)
     results = _run_deployment(args.environment, run.name, args.out).apply()
     outputs = {k: v for r in results for k, v in r.outputs.items()}
-    store = f"s3://{where.bucket}"
     with tempfile.TemporaryDirectory() as scratch:
         path = Path(scratch) / f"{run.name}.json"
         # The machine's own fields are filled in by each machine's boot script.
-        path.write_text(json.dumps({**run.training_document(), "store": store,
+        path.write_text(json.dumps({**document, "store": store,
                                     "work_dir": "/set/by/each/machine"}))  # fmt: skip
-        stored = store_configuration(
-            open_storage(store, kms_key_id=_primary_key(args.environment)),
-            path,
-            [],
-            store,
-            unless_newest=True,  # submitting again stores no copy of the same configuration
-        )
+        # Submitting again stores no copy of the same configuration.
+        stored = store_configuration(storage, path, [], store, unless_newest=True)
     say(f"run {run.name} submitted to {args.environment}: its fleet {outputs['fleet_group']} "
         f"is deployed empty and its configuration stored as {store}/{stored.key}; the "
         "interruption handler starts it at its next capacity check. `spotrain run status "
@@ -319,16 +319,32 @@ def _play(where: Where, args: argparse.Namespace) -> int:
     return 0
 
 
+def _reclaim(where: Where, args: argparse.Namespace) -> int:
+    """`run reclaim local RUN`: EC2's reclaim of one of the machines `run play` runs."""
+    from spotrain.localcloud import control
+    from spotrain.tools import local_fleet
+
+    if args.environment != "local":
+        raise SpotrainError("`spotrain run reclaim` rehearses a reclaim on the local cloud's "
+                            "played machines; EC2 reclaims the others itself")  # fmt: skip
+    work = control.state_dir().parent / "machines" / args.run
+    local_fleet.reclaim(args.run, work=work, instance=args.machine, say=say)
+    return 0
+
+
 ACTIONS: dict[str, Callable[[Where, argparse.Namespace], int]] = {
     "submit": _submit, "list": _list, "status": _status, "logs": _logs, "cancel": _cancel,
-    "resume": _resume, "retire": _retire, "env": _env, "play": _play,
+    "resume": _resume, "retire": _retire, "env": _env, "play": _play, "reclaim": _reclaim,
 }  # fmt: skip
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    if args.action != "logs" and (args.machine or args.follow):
-        raise SpotrainError("--machine and --follow go with `spotrain run logs`: "
-                            f"`spotrain run logs {args.environment} RUN --follow`")  # fmt: skip
+    if (args.action not in ("logs", "reclaim") and args.machine) or (
+        args.action != "logs" and args.follow
+    ):
+        raise SpotrainError("--machine goes with `spotrain run logs` and `run reclaim`, "
+                            "--follow with logs: `spotrain run logs "
+                            f"{args.environment} RUN --follow`")  # fmt: skip
     if args.action != "status" and args.plot:
         raise SpotrainError("--plot goes with `spotrain run status`: `spotrain run status "
                             f"{args.environment} RUN --plot FILE.png`")  # fmt: skip
@@ -346,7 +362,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 def add_parsers(commands: Any) -> None:
     run = commands.add_parser(
         "run",
-        help="an environment's runs: submit, list, status, logs, cancel, resume, retire, env, play",
+        help="an environment's runs: submit, list, status, logs, cancel, resume, retire, env, "
+        "play, reclaim",
     )
     run.add_argument("action", choices=list(ACTIONS),
                      help="submit: deploy a run the repository declares and store its training "
@@ -358,7 +375,8 @@ def add_parsers(commands: Any) -> None:
                      "destroy a stopped run's stack, keeping its checkpoints; env: the "
                      "exports the runbooks start from "
                      "(eval \"$(spotrain run env ENV RUN)\"); play: the local cloud's run, "
-                     "trained on this host by the machines its groups launch")  # fmt: skip
+                     "trained on this host by the machines its groups launch; reclaim: EC2's "
+                     "reclaim of a played spot machine, rehearsed")  # fmt: skip
     run.add_argument("environment", help="the environment (stacks/environments.py)")
     run.add_argument("run", nargs="?", help="the run (every action but list); submit: the run "
                      "or its file, runs/ENV/RUN.toml")  # fmt: skip
@@ -367,7 +385,8 @@ def add_parsers(commands: Any) -> None:
                      "hour over its steps, restarts and preemptions marked")  # fmt: skip
     run.add_argument("--out", default="cdktf.out", help="submit, retire: synthesis folder")
     run.add_argument("--machine", metavar="INSTANCE_ID",
-                     help="logs: this machine's lines alone (its instance id)")  # fmt: skip
+                     help="logs: this machine's lines alone; reclaim: this machine (default: "
+                     "the newest spot one)")  # fmt: skip
     run.add_argument(
         "--follow",
         action="store_true",

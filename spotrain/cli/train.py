@@ -87,7 +87,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     entry = None
     config = load_any(args.config, args.set)  # every problem now, before any process starts
     if isinstance(config, entry_point.EntryPointConfig):  # the run's own script
-        entry_point.preflight(config)  # and the script, store and folder, before any rank
+        # Its code (fetched when the run names a bundle), script, store and folder, before any
+        # rank; the ranks run in the code's folder.
+        os.chdir(entry_point.preflight(config))
         # The run's coordinates reach the script's Checkpointer as environment variables.
         os.environ.update(config.environment())
         entry = config.entry_point

@@ -199,7 +199,8 @@ def crashes_key(run_name: str) -> str:
 
 
 def crash_sort_key(at: float, instance_id: str, nonce: str) -> str:
-    """`CRASH#<time>#<instance>#<nonce>`: `instance_id`, `code`, `at`."""
+    """`CRASH#<time>#<instance>#<nonce>`: `instance_id`, `code`, `at`, and `reason` when the
+    trainer left one."""
     return f"CRASH#{stamp(at)}#{instance_id}#{nonce}"
 
 

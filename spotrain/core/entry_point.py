@@ -1,8 +1,9 @@
 """What a run trains: the built-in GPT (`spotrain train` over a training configuration), or the
 user's own training script, its entry point.
 
-A run file's `[entry_point]` names a script (a path in the image's code folder, the
-checkout's root it was built from) or a module, with its arguments. The fleet starts it under
+A run file's `[entry_point]` names a script (a path in the repository that declares the run,
+which `spotrain run submit` stores as the run's code bundle: core/code_bundle.py) or a module
+the image carries, with its arguments. The fleet starts it under
 the same launch as the built-in trainer: torchrun, repaired for an elastic fleet, the same
 membership handling (a machine that stays meets the others again, one that is reclaimed
 leaves) and the same shutdown timeout. The run's coordinates reach the script one way, as
@@ -37,8 +38,8 @@ class EntryPoint:
     """The user's training script, started on every machine of the run (each rank runs it)."""
 
     script: str | None = None
-    """A Python file, relative to the code folder (the checkout's root in the image), e.g.
-    `examples/train_llama.py`."""
+    """A Python file, relative to the repository that declares the run (the folder above its
+    `runs/`), e.g. `examples/train_llama.py`."""
     module: str | None = None
     """Or an importable module run as `python -m`, e.g. `mytraining.main`."""
     args: tuple[str, ...] = field(default_factory=tuple)
@@ -46,6 +47,10 @@ class EntryPoint:
     steps: int | None = None
     """The run's last step, when the script knows it: `spotrain run status` shows progress
     and an ETA against it. None: shown without a total."""
+    code: str | None = None
+    """The run's code bundle (`sha256:HEX`, core/code_bundle.py): the repository that declares
+    the run, which `spotrain run submit` stores and each machine fetches and runs the script
+    from. None: the image's code folder."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "args", tuple(self.args))
@@ -62,7 +67,7 @@ class EntryPoint:
             if not self.script.endswith(".py") or path.is_absolute() or ".." in path.parts:
                 found.append(
                     f"{prefix}script {self.script!r}: give a .py file by its path relative "
-                    "to the checkout's root (it is in the image there), e.g. "
+                    "to the repository's root (the folder above runs/), e.g. "
                     "'examples/train_llama.py'"
                 )
         if self.module is not None and not _MODULE.match(self.module):
@@ -72,6 +77,9 @@ class EntryPoint:
             )
         if self.steps is not None and (isinstance(self.steps, bool) or self.steps < 1):
             found.append(f"{prefix}steps is {self.steps!r}: give the run's last step (1 or more)")
+        if self.code is not None and not re.fullmatch(r"sha256:[0-9a-f]{64}", self.code):
+            found.append(f"{prefix}code {self.code!r} is not a code bundle's digest "
+                         "(sha256:HEX): `spotrain run submit` sets it")  # fmt: skip
         return found
 
     @property
@@ -85,4 +93,6 @@ class EntryPoint:
         shown["args"] = list(self.args)
         if self.steps is not None:
             shown["steps"] = self.steps
+        if self.code is not None:
+            shown["code"] = self.code
         return shown

@@ -80,6 +80,19 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
     )  # fmt: skip
 
 
+def last_crash(table: Any, run: str) -> dict[str, Any] | None:
+    """The run's newest crash record (instance_id, code, at, and the trainer's reason if it
+    left one), or None."""
+    page = table.query(
+        KeyConditionExpression="#pk = :pk",
+        ExpressionAttributeNames={"#pk": PARTITION_KEY},
+        ExpressionAttributeValues={":pk": crashes_key(run)},
+        ScanIndexForward=False, Limit=1, ConsistentRead=True,
+    )  # fmt: skip
+    items = page.get("Items") or []
+    return dict(items[0]) if items else None
+
+
 def _count(table: Any, partition: str) -> int:
     """Items in a partition (keys only are read)."""
     query: dict[str, Any] = {
@@ -247,13 +260,15 @@ def record_exit(
     *,
     max_crashes: int = DEFAULT_MAX_CRASHES,
     asked_to_stop: bool = False,
+    reason: str | None = None,
 ) -> ExitVerdict:
     """Account for a trainer exit. A clean exit, any exit of a machine being interrupted, any
     exit of a machine of a run that was stopped (cancelled or finished: its groups went to 0
     and the machine was told to leave), and any exit of a machine `asked_to_stop` (SIGTERM:
     its instance is being stopped, whoever asked) is not a failure; other exits count as
     crashes, and `max_crashes` of them since the run's last release hold it (the handler and
-    the boot script hold at DEFAULT_MAX_CRASHES)."""
+    the boot script hold at DEFAULT_MAX_CRASHES). A crash keeps the trainer's `reason`, if it
+    left one (`last_crash`)."""
     from botocore.exceptions import ClientError
 
     from spotrain.core import run_lifecycle
@@ -284,6 +299,7 @@ def record_exit(
             PARTITION_KEY: crashes_key(run),
             SORT_KEY: crash_sort_key(now, instance_id, uuid.uuid4().hex[:8]),
             "instance_id": instance_id, "code": exit_code, "at": int(now),
+            **({"reason": reason.strip()[:1000]} if reason and reason.strip() else {}),
         },
         ConditionExpression=f"attribute_not_exists({PARTITION_KEY})",  # a new record, always
     )  # fmt: skip
