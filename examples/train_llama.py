@@ -1,7 +1,7 @@
 """Bring your own model: a Hugging Face Llama trained with DeepSpeed ZeRO, made preemptible
 by spotrain's Checkpointer. The lines marked `# spotrain` are all it adds to the loop.
 
-    .venv/bin/torchrun --nproc_per_node 2 examples/train_llama.py --run-name llama-demo \\
+    .venv/bin/spotrain-torchrun --nproc-per-node 2 examples/train_llama.py --run-name llama-demo \\
         --store file:///tmp/llama-store --work-dir /tmp/llama-work --steps 40
 
 Stop it (Ctrl-C, SIGTERM, a spot interruption notice with --spot-notices) and start it again:

@@ -37,8 +37,9 @@ def test_sigterm_mid_run_publishes_and_the_restart_resumes_with_the_same_losses(
     key = kms_only_bucket(s3, control.client("kms", local_cloud.endpoint, REGION), bucket)
     create_catalog_table(dynamodb, table)
     env = {**os.environ, **control.aws_environment(local_cloud.endpoint, REGION)}
-    command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
-               "--nproc_per_node", "2", str(ROOT / "examples" / "train_llama.py"),
+    # The README's command: torchrun, as spotrain repairs it.
+    command = [str(Path(sys.executable).parent / "spotrain-torchrun"),
+               "--nproc-per-node", "2", str(ROOT / "examples" / "train_llama.py"),
                "--run-name", "llama", "--store", f"s3://{bucket}", "--catalog-table", table,
                "--kms-key-id", key, "--work-dir", str(tmp_path / "work"),
                "--steps", str(STEPS), "--checkpoint-every", "3", "--keep-last", "2"]  # fmt: skip
@@ -57,6 +58,10 @@ def test_sigterm_mid_run_publishes_and_the_restart_resumes_with_the_same_losses(
     output = "".join(seen) + rest
     stopped = re.search(r"stopped after step (\d+) \(SIGTERM\); it is published", output)
     assert stopped, output[-3000:]
+    # A clean stop ends in one line, with the status a signal's stop gives, no traceback.
+    assert first.returncode == 128 + signal.SIGTERM, output[-3000:]
+    assert "spotrain-torchrun: stopped by SIGTERM" in output
+    assert "Traceback" not in output, output[-3000:]
     stop = int(stopped[1])
     assert 4 <= stop < STEPS
 

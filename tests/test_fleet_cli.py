@@ -4,6 +4,7 @@ errors an on-call engineer can hit (in-process moto; the runbook tests run them 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import boto3
 import pytest
@@ -392,3 +393,23 @@ def test_run_play_and_plot_are_refused_where_they_do_not_apply(
     assert "EC2 reclaims the others itself" in capsys.readouterr().err
     assert cli.main(["run", "list", "dev", "--plot", "x.png"]) == 2
     assert "--plot goes with `spotrain run status`" in capsys.readouterr().err
+
+
+def test_run_reclaim_asks_a_running_play_for_one_of_its_spot_machines(
+    aws: None, capsys: pytest.CaptureFixture[str], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """The reclaim itself (notice, warning, termination, replacement) is carried out by the
+    `run play` that holds the machine: test_integration_local_apply's story."""
+    from spotrain.localcloud import control
+    from spotrain.tools.local_fleet import PLAYING
+
+    monkeypatch.setenv("SPOTRAIN_HOME", str(tmp_path / "home"))
+    assert cli.main(["run", "reclaim", "local", "demo"]) == 2
+    assert "start `spotrain run play local demo` (another terminal)" in capsys.readouterr().err
+    work = control.state_dir().parent / "machines" / "demo"
+    work.mkdir(parents=True)
+    (work / PLAYING).write_text('{"i-0coordinator": "on-demand"}')
+    assert cli.main(["run", "reclaim", "local", "demo"]) == 2
+    assert ("a spot machine is not among the machines run demo plays: i-0coordinator "
+            "(on-demand); name one with --machine") in capsys.readouterr().err  # fmt: skip

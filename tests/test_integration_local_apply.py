@@ -1049,33 +1049,39 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         fleet.stop_all()
 
 
-def test_a_run_of_the_users_own_script_is_reclaimed_and_resumes_with_the_same_losses(
+def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
     local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    """A run declared with an entry point, examples/train_llama.py (a Hugging Face Llama with
-    the Checkpointer's four statements, nothing else of spotrain's), on two machines: `run
-    submit` deploys its stack and stores the entry point; the handler starts it; both machines
-    boot from its deployed launch template and run the script under `spotrain train`, the run's
-    coordinates in their environment. The spot machine is reclaimed (its notice, then EC2
-    stops it): the run publishes its emergency checkpoint, the reclaimed exit is counted as a
-    preemption, the coordinator stays for the group's replacement, and the two resume from that
-    checkpoint with the losses of a run that nothing interrupted. The run finishes and its
-    groups go to 0; `run retire` removes its stack."""
+    """An ML engineer's own git repository declares a run (runs/local/mine.toml) of its own
+    script, written as public DeepSpeed examples are (an epoch loop over a shuffled DataLoader
+    with worker processes: tests/fixtures/scripts/epoch_loop.py); nothing is copied into the
+    blueprint's checkout. From that repository: `run submit` stores its code as a bundle named
+    by its digest, deploys the run's stack (its image pinned) and stores the entry point; `run
+    play` boots both machines from the deployed launch template, each fetching the bundle;
+    `run reclaim` reclaims the spot one as EC2 does (its notice, the handler's warning, the
+    termination, the group's replacement, which `run play` boots). The run publishes its
+    emergency checkpoint, resumes from it (0 steps lost), counts no crash, and ends with the
+    losses and the script's own state of a run nothing interrupted; `run retire` removes its
+    stack."""
     import shlex
     import shutil as shell_tools
+    import signal
+    import subprocess
+    import sys
     import time
 
-    from training import LLAMA_LOSSES, printed_losses
+    from training import EPOCH_LOOP_LOSSES, EPOCH_LOOP_RUNNING, script_steps
 
     from spotrain import cli
-    from spotrain.core import fleet_state, run_lifecycle
-    from spotrain.tools.rehearsal import deliver_capacity_check
+    from spotrain.core import code_bundle, fleet_state, run_lifecycle
+    from spotrain.trainer import run_config
+    from spotrain.trainer.storage import open_storage
 
-    steps = len(LLAMA_LOSSES)
+    steps = len(EPOCH_LOOP_LOSSES)
     for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
         monkeypatch.setenv(name, value)
-    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPOTRAIN_RUNS_DIR", raising=False)
     outputs = local.outputs
     events = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
         outputs["events_table"])  # fmt: skip
@@ -1083,7 +1089,7 @@ def test_a_run_of_the_users_own_script_is_reclaimed_and_resumes_with_the_same_lo
         outputs["checkpoint_catalog_table"])  # fmt: skip
 
     def head() -> int:
-        found = run_lifecycle.published_head(catalog, "llama")
+        found = run_lifecycle.published_head(catalog, "mine")
         return found.step if found else 0
 
     # The run pins the image it trains in, as `spotrain image build` pushed it (a manifest here:
@@ -1096,34 +1102,45 @@ def test_a_run_of_the_users_own_script_is_reclaimed_and_resumes_with_the_same_lo
                            "size": 2, "digest": f"sha256:{'1' * 64}"}, "layers": []}  # fmt: skip
     pushed = local.client("ecr").put_image(
         repositoryName=registry["repositoryName"], imageManifest=json.dumps(manifest),
-        imageTag="code-llama")["image"]["imageId"]["imageDigest"]  # fmt: skip
+        imageTag="code-mine")["image"]["imageId"]["imageDigest"]  # fmt: skip
     image = f"{registry['repositoryUri']}@{pushed}"
-    runs = tmp_path / "runs" / "local"
-    shell_tools.copytree(ROOT / "runs" / "local", runs)
+    repo = tmp_path / "ml-repo"
+    (repo / "runs" / "local").mkdir(parents=True)
+    shell_tools.copy(ROOT / "tests" / "fixtures" / "scripts" / "epoch_loop.py", repo / "train.py")
+    git = ["git", "-c", "user.name=ml", "-c", "user.email=ml@example.com"]
+    for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "my model"]):
+        subprocess.run([*git, *command], cwd=repo, check=True)
+    monkeypatch.chdir(repo)
 
     def declare(pinned: str) -> None:
-        (runs / "llama.toml").write_text("\n".join([
+        (repo / "runs" / "local" / "mine.toml").write_text("\n".join([
             'owner = "research@example.com"', 'instance_types = ["g6.xlarge", "g5.xlarge"]',
             "mixed_gpus = true", "min_size = 2", "desired_size = 2", "max_size = 2",
             f'image = "{pinned}"',
-            "[entry_point]", 'script = "examples/train_llama.py"',
-            f'args = ["--steps", "{steps}", "--checkpoint-every", "3"]', f"steps = {steps}", "",
+            "[entry_point]", 'script = "train.py"', 'args = ["--step-seconds", "1"]',
+            f"steps = {steps}", "",
         ]))  # fmt: skip
 
-    monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
-    fleet = _PlayedFleet(local, tmp_path / "machines")
-    group = "spotrain-local-llama-fleet"
+    group = "spotrain-local-mine-fleet"
+    play: subprocess.Popen[str] | None = None
+    played = tmp_path / "play.log"
     try:
         # An image the registry does not hold is refused before anything is deployed.
         declare(f"{registry['repositoryUri']}@sha256:{'0' * 64}")
         capsys.readouterr()
-        assert cli.main(["run", "submit", "local", "llama"]) == 2
+        assert cli.main(["run", "submit", "local", "mine"]) == 2
         refused = capsys.readouterr().err
         assert "is not in the registry: push it with `spotrain image build local`" in refused
         assert "Traceback" not in refused
         declare(image)
-        assert cli.main(["run", "submit", "local", "llama"]) == 0
-        # Its machines may pull that image from the environment's registry, and boot with it.
+        assert cli.main(["run", "submit", "local", "mine"]) == 0
+        # Its code, by content, under the run's prefix: what the machines fetch.
+        capsys.readouterr()
+        stored = run_config.newest(open_storage(f"s3://{local.primary_bucket}"), "mine")
+        digest = stored.document["entry_point"]["code"]
+        local.client("s3").head_object(Bucket=local.primary_bucket,
+                                       Key=code_bundle.bundle_key("mine", digest))  # fmt: skip
+        # Its machines may pull that image from the environment's registry.
         policy = local.client("iam").get_role_policy(
             RoleName=group, PolicyName="run-scoped-checkpoint-access"
         )["PolicyDocument"]
@@ -1131,8 +1148,7 @@ def test_a_run_of_the_users_own_script_is_reclaimed_and_resumes_with_the_same_lo
         assert grants["PullRunImage"]["Resource"] in (registry["repositoryArn"],
                                                       [registry["repositoryArn"]])  # fmt: skip
         # The runbooks' starting point: every name it exports is a deployed resource.
-        capsys.readouterr()
-        assert cli.main(["run", "env", "local", "llama"]) == 0
+        assert cli.main(["run", "env", "local", "mine"]) == 0
         exported = dict(w.split("=", 1) for w in shlex.split(capsys.readouterr().out)[1:])
         replica = exported["REPLICA_REGION"]
         local.client("s3").head_bucket(Bucket=exported["STORE"].removeprefix("s3://"))
@@ -1146,59 +1162,54 @@ def test_a_run_of_the_users_own_script_is_reclaimed_and_resumes_with_the_same_lo
             AutoScalingGroupNames=[exported["FLEET_GROUP"], exported["ON_DEMAND_GROUP"]])[
             "AutoScalingGroups"]) == 2  # fmt: skip
         local.client("budgets").describe_budget(AccountId=ACCOUNT, BudgetName=exported["BUDGET"])
-        assert exported["RUN"] == "llama" and exported["AWS_DEFAULT_REGION"] == "us-east-1"
-        checked = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
-        assert checked["runs"]["llama"]["decision"] == "start", checked
-        coordinator = fleet.boot(group, "on-demand")
-        reclaimed = fleet.boot(group, "spot")
-        for machine in (coordinator, reclaimed):  # as the deployed launch template wrote it
-            run_env = (machine.root / "etc" / "spotrain" / "run.env").read_text()
-            assert f"SPOTRAIN_IMAGE={image}\n" in run_env, run_env
+        assert exported["RUN"] == "mine" and exported["AWS_DEFAULT_REGION"] == "us-east-1"
+
+        with played.open("w") as log:  # as the engineer runs it, in a terminal of their own
+            play = subprocess.Popen([sys.executable, "-m", "spotrain.cli", "run", "play",
+                                     "local", "mine"], stdout=log, stderr=subprocess.STDOUT,
+                                    text=True, cwd=repo)  # fmt: skip
         deadline = time.monotonic() + 300
-        while head() < 3:  # past its first checkpoint
-            assert coordinator.running() and reclaimed.running(), (
-                coordinator.output[-3000:], reclaimed.output[-3000:])  # fmt: skip
-            assert time.monotonic() < deadline, (
-                coordinator.output[-3000:], reclaimed.output[-3000:])  # fmt: skip
-            time.sleep(0.1)
-        # Reclaimed: its notice, then EC2 stops it; its group launches a replacement.
-        reclaimed.announce_interruption()
-        local.client("autoscaling").terminate_instance_in_auto_scaling_group(
-            InstanceId=reclaimed.instance_id, ShouldDecrementDesiredCapacity=False)  # fmt: skip
-        reclaimed.shut_down()  # its trainer's status: stopped by SIGTERM, or done on the notice
-        # Said by rank 0, wherever it is: "(SIGTERM)" there, or "(another rank was asked ...)".
-        stopped = re.search(r"stopped after step (\d+) \(", coordinator.output + reclaimed.output)
-        assert stopped, (coordinator.output[-3000:], reclaimed.output[-3000:])
+        while head() < 5:  # past its first checkpoint
+            assert play.poll() is None and time.monotonic() < deadline, played.read_text()[-4000:]
+            time.sleep(0.2)
+        assert cli.main(["run", "reclaim", "local", "mine"]) == 0
+        said = capsys.readouterr().out
+        assert "reclaimed" in said and "(spot)" in said, said
+        assert play.wait(timeout=400) == 0, played.read_text()[-4000:]
+        output = played.read_text()
+        assert "Traceback" not in output and "DataLoader worker" not in output, output[-4000:]
+        assert "the group launched" in output, output[-4000:]  # the replacement, booted
+        stopped = re.search(r"stopped after step (\d+) \(", output)
+        assert stopped, output[-4000:]
         stop = int(stopped[1])
-        assert 3 <= stop < steps and head() == stop  # its emergency checkpoint is the head
-        assert ": preempted; run llama has 0 crash(es)" in reclaimed.output, reclaimed.output
-        assert coordinator.running(), coordinator.output[-3000:]  # it stays for the replacement
-        replacement = fleet.boot(group, "spot")
-        assert replacement.wait(timeout=300) == 0, replacement.output[-3000:]
-        assert coordinator.wait(timeout=300) == 0, coordinator.output[-3000:]
-        said = [m.output for m in (coordinator, reclaimed, replacement)]
-        assert all("Traceback" not in s for s in said), said
-        assert any(f"resumed llama at step {stop}" in s for s in said), said
-        trained = {k: v for s in said for k, v in printed_losses(s).items()}
-        assert sorted(trained) == list(range(1, steps + 1)), trained
-        in_order = [trained[step] for step in range(1, steps + 1)]
-        assert in_order == pytest.approx(LLAMA_LOSSES, rel=1e-5)
-        assert fleet_state.run_state(events, "llama").crashes == 0
+        assert 5 <= stop < steps and f"resumed mine at step {stop}" in output  # 0 steps lost
+        assert ": preempted; run mine has 0 crash(es)" in output, output[-4000:]
+        trained = script_steps(output)
+        assert sorted(trained) == list(range(1, steps + 1)), sorted(trained)
+        # Two machines of one rank round as one machine of two does up to float rounding: a
+        # rank alone on its machine computes with every core (torchrun sets OMP_NUM_THREADS=1
+        # only for several ranks a machine).
+        assert [trained[s]["loss"] for s in range(1, steps + 1)] == pytest.approx(
+            EPOCH_LOOP_LOSSES, rel=1e-5)  # fmt: skip
+        assert [trained[s]["running"] for s in range(1, steps + 1)] == pytest.approx(
+            EPOCH_LOOP_RUNNING, rel=1e-5)  # fmt: skip
+        assert fleet_state.run_state(events, "mine").crashes == 0
         deadline = time.monotonic() + 60
-        while run_lifecycle.read(events, "llama").finished_step is None:
+        while run_lifecycle.read(events, "mine").finished_step is None:
             assert time.monotonic() < deadline, "the finish did not reach the handler"
             time.sleep(0.5)
-        capsys.readouterr()
-        assert cli.main(["run", "status", "local", "llama", "--json"]) == 0
+        assert cli.main(["run", "status", "local", "mine", "--json"]) == 0
         status = json.loads(capsys.readouterr().out)
         assert (status["phase"], status["step"], status["steps"]) == ("finished", steps, steps)
         # Its progress, as people would rather look at it: the preemption and the restart.
-        assert cli.main(["run", "status", "local", "llama", "--plot",
-                         str(tmp_path / "llama.png")]) == 0  # fmt: skip
-        assert (tmp_path / "llama.png").stat().st_size > 0
-        assert cli.main(["run", "retire", "local", "llama"]) == 0
+        assert cli.main(["run", "status", "local", "mine", "--plot",
+                         str(tmp_path / "mine.png")]) == 0  # fmt: skip
+        assert (tmp_path / "mine.png").stat().st_size > 0
+        assert cli.main(["run", "retire", "local", "mine"]) == 0
     finally:
-        fleet.stop_all()
+        if play is not None and play.poll() is None:
+            play.send_signal(signal.SIGINT)  # Ctrl-C: its machines stop
+            play.wait(timeout=200)
 
 
 def test_second_plan_shows_no_changes(local: Local) -> None:

@@ -39,17 +39,23 @@ def bundle_key(run: str, digest: str) -> str:
 
 
 def code_files(root: Path) -> list[str]:
-    """The repository's files, relative to `root`, sorted: what git tracks there, else every
-    file outside hidden, cache, build and virtual-environment folders."""
+    """The repository's files, relative to `root`, sorted: what git tracks there and what it
+    would track (untracked, not ignored), else every file; either way, an untracked file in a
+    hidden, cache, build or virtual-environment folder (`.spotrain/`, `cdktf.out/`) is left
+    out."""
+
+    def git(*flags: str) -> list[str]:
+        listed = subprocess.run(["git", "ls-files", "-z", *flags], cwd=root,
+                                capture_output=True, check=True)  # fmt: skip
+        return [n for n in listed.stdout.decode().split("\0") if n and (root / n).is_file()]
+
     try:
-        listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others",
-                                 "--exclude-standard"], cwd=root, capture_output=True,
-                                check=True)  # fmt: skip
-        names = [n for n in listed.stdout.decode().split("\0") if n and (root / n).is_file()]
+        tracked = git("--cached")
+        others = git("--others", "--exclude-standard")
     except (OSError, subprocess.CalledProcessError):  # not a git checkout: the folder as it is
-        names = [path.relative_to(root).as_posix() for path in root.rglob("*")
-                 if path.is_file() and not _skipped(root, path)]  # fmt: skip
-    return sorted(names)
+        tracked = []
+        others = [path.relative_to(root).as_posix() for path in root.rglob("*") if path.is_file()]
+    return sorted({*tracked, *(n for n in others if not _skipped(root, root / n))})
 
 
 def _skipped(root: Path, path: Path) -> bool:

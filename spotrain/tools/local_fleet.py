@@ -151,8 +151,10 @@ class _Player:
 
     def _start_reclaims(self) -> None:
         for instance, machine in self.machines.items():
-            if instance in self.reclaims or not (machine.root / RECLAIM_REQUEST).exists():
+            if (instance in self.reclaims or not machine.running()
+                    or not (machine.root / RECLAIM_REQUEST).exists()):  # fmt: skip
                 continue
+            (machine.root / RECLAIM_REQUEST).unlink()  # asked once: EC2 reclaims once
             self.say(f"reclaiming {instance} as EC2 does: its spot notice, the handler's "
                      "warning, then the instance taken back")  # fmt: skip
             machine.announce_interruption()
@@ -218,7 +220,7 @@ def reclaim(run: str, *, work: Path, instance: str | None, say: Callable[[str], 
     if chosen is None or chosen not in playing:
         listed = ", ".join(f"{i} ({m})" for i, m in playing.items())
         raise SpotrainError(f"{instance or 'a spot machine'} is not among the machines run "
-                            f"{run} plays: {listed}; name one with --instance")  # fmt: skip
+                            f"{run} plays: {listed}; name one with --machine")  # fmt: skip
     folder = work / chosen
     (folder / RECLAIM_OUTCOME).unlink(missing_ok=True)
     (folder / RECLAIM_REQUEST).write_text(f"{time.time()}\n")
@@ -243,7 +245,9 @@ def _take_back(autoscaling: Any, machine: LocalMachine) -> None:
     still runs."""
     if machine.running():
         machine.shut_down()
-    with contextlib.suppress(autoscaling.exceptions.ClientError):
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    with contextlib.suppress(ClientError, BotoCoreError):  # already gone: nothing to take
         autoscaling.terminate_instance_in_auto_scaling_group(
             InstanceId=machine.instance_id, ShouldDecrementDesiredCapacity=False
         )
