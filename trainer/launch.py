@@ -95,8 +95,8 @@ def main() -> None:
         # signal and waited for the ranks' emergency checkpoint before it got here. One line,
         # not torchrun's traceback, and the status a signal's death would give.
         name = signal.Signals(stopped.sigval).name
-        command = "spotrain-torchrun" if sys.argv[0].endswith("spotrain-torchrun") else (
-            "spotrain train"
+        command = (
+            "spotrain-torchrun" if sys.argv[0].endswith("spotrain-torchrun") else ("spotrain train")
         )
         print(f"{command}: stopped by {name} (each rank's emergency checkpoint, or why it has "
               "none, is above)", file=sys.stderr, flush=True)  # fmt: skip
