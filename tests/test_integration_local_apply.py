@@ -1186,13 +1186,12 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
         assert ": preempted; run mine has 0 crash(es)" in output, output[-4000:]
         trained = script_steps(output)
         assert sorted(trained) == list(range(1, steps + 1)), sorted(trained)
-        # Two machines of one rank round as one machine of two does up to float rounding: a
-        # rank alone on its machine computes with every core (torchrun sets OMP_NUM_THREADS=1
-        # only for several ranks a machine).
+        # Up to float rounding (the goldens' docstring says why): a wrong batch or a lost
+        # optimizer state is off by far more.
         assert [trained[s]["loss"] for s in range(1, steps + 1)] == pytest.approx(
-            EPOCH_LOOP_LOSSES, rel=1e-5)  # fmt: skip
+            EPOCH_LOOP_LOSSES, rel=1e-4)  # fmt: skip
         assert [trained[s]["running"] for s in range(1, steps + 1)] == pytest.approx(
-            EPOCH_LOOP_RUNNING, rel=1e-5)  # fmt: skip
+            EPOCH_LOOP_RUNNING, rel=1e-4)  # fmt: skip
         assert fleet_state.run_state(events, "mine").crashes == 0
         deadline = time.monotonic() + 60
         while run_lifecycle.read(events, "mine").finished_step is None:
