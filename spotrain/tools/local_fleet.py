@@ -33,6 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from spotrain.core import run_lifecycle
+from spotrain.core.catalog_schema import EVENTS_TABLE_SUFFIX
 from spotrain.core.errors import SpotrainError
 from spotrain.localcloud import control
 from spotrain.localcloud.machines import (
@@ -89,6 +91,7 @@ class _Player:
 
     def __init__(self, run: str, *, work: Path, say: Callable[[str], None],
                  ranks_per_machine: int) -> None:  # fmt: skip
+        from spotrain.stacks.base import resource_name
         from spotrain.stacks.interruptions import handler_name
         from spotrain.stacks.runs import fleet_group_name
         from spotrain.tools import deploy
@@ -102,6 +105,9 @@ class _Player:
         self.autoscaling = control.client("autoscaling", self.cloud.endpoint, self.region)
         self.ec2 = control.client("ec2", self.cloud.endpoint, self.region)
         self.group, self.handler = fleet_group_name(config.name, run), handler_name(config)
+        self.events = control.resource("dynamodb", self.cloud.endpoint, self.region).Table(
+            resource_name(config, EVENTS_TABLE_SUFFIX)
+        )
         checked = self.check()
         say(f"capacity check: {checked['decision']}: {checked['reason']}")
         members, template = in_service(self.autoscaling, self.group)
@@ -115,6 +121,8 @@ class _Player:
         self.machines: dict[str, LocalMachine] = {}
         self.printed: dict[str, int] = {}
         self.reclaims: dict[str, _Reclaim] = {}
+        self.stopping: set[str] = set()
+        """Machines that left service, being stopped."""
         self.followed = time.monotonic()
         self.boot(members)
         say(
@@ -181,11 +189,16 @@ class _Player:
         """Boot what the group launched, stop what left service; True while anything runs."""
         current = in_service(self.autoscaling, self.group)[0]
         ids = {m["InstanceId"] for m in current}
-        for instance, machine in self.machines.items():
-            if machine.running() and instance not in ids and instance not in self.reclaims:
+        leaving = [i for i, m in self.machines.items() if m.running() and i not in ids
+                   and i not in self.reclaims and i not in self.stopping]  # fmt: skip
+        # A finished run's groups go to 0 while its machines end on their own: only a run
+        # scaled in before its end (a cancel, a spend cap) has its machines stopped.
+        if leaving and run_lifecycle.read(self.events, self.run).finished_step is None:
+            for instance in leaving:
                 self.say(f"{instance} left service (a scale-in): stopping it as EC2 does "
                          "(SIGTERM: its emergency checkpoint)")  # fmt: skip
-                _in_background(machine.shut_down)
+                self.stopping.add(instance)
+                _in_background(self.machines[instance].shut_down)
         new = [m for m in current if m["InstanceId"] not in self.machines]
         if new:
             self.say("the group launched " + ", ".join(m["InstanceId"] for m in new) + ": boots")
