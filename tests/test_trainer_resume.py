@@ -14,6 +14,7 @@ import pytest
 import training
 from helpers import create_catalog_table, kms_only_bucket
 from training import (
+    GOLDEN_REL,
     TINY_BF16_LOSSES,
     TINY_CPU_ADAM_LOSSES,
     TINY_LOSSES,
@@ -34,13 +35,24 @@ def torchrun(
     return training.train(config, tmp_path, name, env=env).losses
 
 
+def roll_back(store: str, run: str, step: int, *extra: str, env: dict[str, str] | None = None
+              ) -> None:  # fmt: skip
+    """`spotrain checkpoints rollback`: the run's head goes back to `step`, as an operator
+    would move it; the next start resumes from there."""
+    subprocess.run(
+        [sys.executable, "-m", "spotrain.cli", "checkpoints", "rollback", "--store", store,
+         "--run", run, "--step", str(step), "--reason", "replay the steps after it", *extra],
+        capture_output=True, text=True, env={**os.environ, **(env or {})}, check=True,
+    )  # fmt: skip
+
+
 FITTED = {"activation_checkpointing": True, "offload_params": "cpu"}
 """Memory options that recompute or move the same numbers (DeepSpeed's activation
 checkpointing, ZeRO-3's parameter offload): a run may switch them at a resume."""
 
 
 @pytest.mark.parametrize(
-    ("zero_stage", "bf16", "schedule", "uninterrupted", "first_part"),
+    ("zero_stage", "bf16", "schedule", "golden", "first_part"),
     [(1, False, {}, TINY_LOSSES[:6], {}), (2, False, {}, TINY_LOSSES[:6], {}),
      (3, False, {}, TINY_LOSSES[:6], FITTED), (2, True, {}, TINY_BF16_LOSSES, {}),
      (2, False, {"warmup_steps": 2, "decay_steps": 3, "learning_rate": 1e-3},
@@ -48,49 +60,57 @@ checkpointing, ZeRO-3's parameter offload): a run may switch them at a resume.""
     ids=["zero1", "zero2", "zero3-first-part-fitted", "zero2-bf16", "zero2-warmup-cosine"],
 )  # fmt: skip
 def test_resumed_run_has_the_losses_of_an_uninterrupted_one(
-    zero_stage: int, bf16: bool, schedule: dict[str, Any], uninterrupted: list[float],
+    zero_stage: int, bf16: bool, schedule: dict[str, Any], golden: list[float],
     first_part: dict[str, Any], corpus: str, tmp_path: Path,
 ) -> None:  # fmt: skip
-    """At ZeRO-3 the first part trains with activations recomputed and parameters in host
-    memory, the second without: the losses stay a plain run's, bit for bit."""
+    """A run trains 6 steps uninterrupted, checkpointing at 3; its head is rolled back to step
+    3 and it trains steps 4-6 again from that checkpoint, in a new process: the same losses,
+    bit for bit (on the same machine). At ZeRO-3 the first run recomputes activations and
+    keeps parameters in host memory, the resumed one does neither."""
     base = {"run": "demo", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
-            "zero_stage": zero_stage, "bf16": bf16, "model": TINY_MODEL, **schedule}  # fmt: skip
-    started = training.train({**base, **first_part, "steps": 3,
-                              "store": f"file://{tmp_path / 'b'}"}, tmp_path, "first")  # fmt: skip
+            "zero_stage": zero_stage, "bf16": bf16, "model": TINY_MODEL, "steps": 6,
+            "store": f"file://{tmp_path / 'b'}", **schedule}  # fmt: skip
+    started = training.train({**base, **first_part}, tmp_path, "uninterrupted")
     said = "memory: activations recomputed in the backward pass, parameters in host memory"
     assert (said in started.output) == bool(first_part)
-    first = started.losses
-    second = torchrun({**base, "steps": 6, "store": f"file://{tmp_path / 'b'}"}, tmp_path, "second")
-    assert (len(first), len(second)) == (3, 3)
-    assert first + second == uninterrupted  # bit for bit: floats compared exactly
+    uninterrupted = started.losses
+    assert uninterrupted == pytest.approx(golden, rel=GOLDEN_REL)
+    roll_back(base["store"], "demo", 3)
+    resumed = training.train(base, tmp_path, "resumed")
+    assert "resumed demo at step 3" in resumed.output
+    assert resumed.losses == uninterrupted[3:]  # bit for bit: floats compared exactly
 
 
 def test_optimizer_offload_trains_and_resumes_exactly(corpus: str, tmp_path: Path) -> None:
-    """Optimizer offload steps with DeepSpeed's CPU Adam: a run of its own, resumed exactly,
-    and on another number of ranks (switching it is a definition change:
-    test_memory_options.py; switching the other options: the zero3 scenario above)."""
+    """Optimizer offload steps with DeepSpeed's CPU Adam: a run of its own, resumed exactly
+    (from step 3, with activations recomputed the second time), and on another number of
+    ranks (switching it is a definition change: test_memory_options.py; switching the other
+    options: the zero3 scenario above)."""
     on_host = {"run": "fit", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
                "model": TINY_MODEL, "zero_stage": 2, "offload_optimizer": "cpu",
                "store": f"file://{tmp_path / 'store'}"}  # fmt: skip
-    first = training.train({**on_host, "steps": 3}, tmp_path, "host-first")
+    first = training.train({**on_host, "steps": 6}, tmp_path, "host-first")
     assert "optimizer state in host memory (CPU Adam)" in first.output
+    assert first.losses == pytest.approx(TINY_CPU_ADAM_LOSSES[:6], rel=GOLDEN_REL)
+    roll_back(on_host["store"], "fit", 3)
     second = training.train({**on_host, "steps": 6, "activation_checkpointing": True}, tmp_path,
                             "host-second")  # fmt: skip
     assert "resumed fit at step 3" in second.output
     restored = [r for r in second.records if r.get("event") == "restored"]
     assert [r["step"] for r in restored] == [3] and restored[0]["fetch_s"] > 0
-    assert first.losses + second.losses == TINY_CPU_ADAM_LOSSES[:6]
-    assert TINY_LOSSES[:6] != TINY_CPU_ADAM_LOSSES[:6]  # CPU Adam really took the steps
+    assert second.losses == first.losses[3:]  # bit for bit
     # The fleet shrank to one rank: the host-held state converts like any other.
     one_rank = training.train({**on_host, "steps": 8}, tmp_path, "host-one-rank", nproc=1,
                               overrides=("micro_batch=8",), via_cli=True)  # fmt: skip
     assert "converted step 6 from 2 to 1 ranks" in one_rank.output
-    assert one_rank.losses == pytest.approx(TINY_CPU_ADAM_LOSSES[6:8], rel=1e-5)
+    assert one_rank.losses == pytest.approx(TINY_CPU_ADAM_LOSSES[6:8], rel=GOLDEN_REL)
 
 
 def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
     corpus: str, tmp_path: Path, local_cloud: control.RunningCloud
 ) -> None:
+    """Through S3 (a KMS-only bucket) and the DynamoDB catalog: published, listed, rolled
+    back by the operator's command, and resumed from the cloud bit for bit."""
     region = "us-east-1"
     s3 = control.client("s3", local_cloud.endpoint, region)
     bucket, table = "trainer-resume-test", "trainer-resume-test-catalog"
@@ -99,16 +119,18 @@ def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
     env = control.aws_environment(local_cloud.endpoint, region)
     base = {"run": "cloud", "data": corpus, "checkpoint_every": 2, "micro_batch": 4,
             "store": f"s3://{bucket}", "catalog_table": table, "kms_key_id": key,
-            "model": TINY_MODEL}  # fmt: skip
-    first = torchrun({**base, "steps": 2}, tmp_path, "first", env)
-    second = torchrun({**base, "steps": 4}, tmp_path, "second", env)
-    assert first + second == TINY_LOSSES[:4]
+            "model": TINY_MODEL, "steps": 4}  # fmt: skip
+    uninterrupted = torchrun(base, tmp_path, "first", env)
+    assert uninterrupted == pytest.approx(TINY_LOSSES[:4], rel=GOLDEN_REL)
     listing = subprocess.run(
         [sys.executable, "-m", "spotrain.cli", "checkpoints", "list", "--store", f"s3://{bucket}",
          "--run", "cloud", "--catalog-table", table],
         capture_output=True, text=True, env={**os.environ, **env}, check=True,
     ).stdout  # fmt: skip
-    assert "cloud/step_000000002" in listing and "<- head" in listing.splitlines()[-1]
+    assert listing.splitlines()[-1].split()[0] == "4" and "<- head" in listing.splitlines()[-1]
+    roll_back(f"s3://{bucket}", "cloud", 2, "--catalog-table", table, "--kms-key-id", key, env=env)
+    resumed = torchrun(base, tmp_path, "second", env)
+    assert resumed == uninterrupted[2:]
 
 
 def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exact(
