@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 from collections.abc import Iterator
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -172,6 +173,14 @@ def test_crash_before_the_manifest_leaves_the_last_good_checkpoint(tmp_path: Pat
     assert report.manifest.step == 10
 
 
+def test_a_long_interval_keeps_at_most_so_many_step_losses_evenly_and_the_last() -> None:
+    pairs = [(step, 1.0 / step) for step in range(1, 2502)]
+    kept = checkpoint_store.thinned(pairs, 1000)
+    assert len(kept) <= 1000 and kept[0] == [1, 1.0] and kept[-1] == [2501, 1.0 / 2501]
+    assert {b[0] - a[0] for a, b in pairwise(kept[:-1])} == {3}
+    assert checkpoint_store.thinned(pairs[:5], 1000) == [[s, v] for s, v in pairs[:5]]
+
+
 # --- DynamoDB catalog -----------------------------------------------------------------------
 def test_publish_moves_the_head_and_records_lineage(dynamo: Any, tmp_path: Path) -> None:
     storage = LocalStorage(tmp_path / "bucket")
@@ -179,7 +188,8 @@ def test_publish_moves_the_head_and_records_lineage(dynamo: Any, tmp_path: Path)
     generation = catalog.acquire_lease("host-a")
     publish(write_folder(tmp_path / "a", shards_of_step(10)), storage, catalog, 10, generation)
     publish(write_folder(tmp_path / "b", shards_of_step(20)), storage, catalog, 20, generation,
-            parent="demo/step_000000010", loss=2.375)  # fmt: skip
+            parent="demo/step_000000010", loss=2.375,
+            step_losses=[(s, 3.0 - s / 20) for s in range(11, 21)])  # fmt: skip
     assert catalog.head().step == 20  # type: ignore[union-attr]
     # The loss the loop gave with the step is on its record (`spotrain run status` shows it).
     records = dynamo.query(
@@ -190,6 +200,10 @@ def test_publish_moves_the_head_and_records_lineage(dynamo: Any, tmp_path: Path)
     losses = {r["sk"]["S"]: r.get(schema.LOSS_KEY, {}).get("N") for r in records
               if r["sk"]["S"].startswith(schema.CHECKPOINT_PREFIX)}  # fmt: skip
     assert losses == {"CKPT#000000000010": None, "CKPT#000000000020": "2.375"}
+    # And each step's since the checkpoint before, for `run status --plot`.
+    [each_step] = [json.loads(r[schema.STEP_LOSSES_KEY]["S"]) for r in records
+                   if schema.STEP_LOSSES_KEY in r]  # fmt: skip
+    assert each_step == [[s, 3.0 - s / 20] for s in range(11, 21)]
     assert [(e.step, e.parent) for e in catalog.entries()] == [
         (10, None), (20, "demo/step_000000010")
     ]  # fmt: skip

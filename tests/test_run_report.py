@@ -7,6 +7,7 @@ and read back by `spotrain cost report`. The local cloud's version runs in the s
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -181,6 +182,11 @@ def test_the_progress_figure_marks_each_restart_and_preemption_over_the_steps(
         "loss at each checkpoint", "restart (resumed from)", "preemption",
         "steps per hour (between checkpoints of one start)",
     ]  # fmt: skip
+    # With each step's loss, as the Checkpointer records it with each checkpoint: drawn too.
+    each_step = [replace(c, step_losses=((c.step - 1, 10.5 / c.step), (c.step, 10.0 / c.step)))
+                 for c in checkpoints]  # fmt: skip
+    assert run_report.plot_progress(RUN, each_step, warnings, tmp_path / "steps.png")[:2] == [
+        "loss at each step", "loss at each checkpoint"]  # fmt: skip
     assert (tmp_path / "progress.png").stat().st_size > 0
     no_loss = [run_report.Checkpoint(step=c.step, generation=c.generation,
                                      published_at=c.published_at, parent_step=c.parent_step)

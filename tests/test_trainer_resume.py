@@ -131,6 +131,14 @@ def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
     roll_back(f"s3://{bucket}", "cloud", 2, "--catalog-table", table, "--kms-key-id", key, env=env)
     resumed = torchrun(base, tmp_path, "second", env)
     assert resumed == uninterrupted[2:]
+    # Each step's loss is on the checkpoint records, for `run status --plot`.
+    from spotrain.cost import run_report
+
+    records = control.resource("dynamodb", local_cloud.endpoint, region).Table(table)
+    checkpoints, head = run_report.read_checkpoints(records, "cloud")
+    each_step = {step: loss for c in sorted(checkpoints, key=lambda c: (c.generation, c.step))
+                 for step, loss in c.step_losses}  # fmt: skip
+    assert head == 4 and each_step == dict(enumerate(uninterrupted[:2] + resumed, start=1))
 
 
 def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exact(

@@ -310,6 +310,8 @@ class DynamoCatalog:
             item[schema.FINAL_KEY] = {"BOOL": True}
         if manifest.extra.get("loss") is not None:
             item[schema.LOSS_KEY] = {"N": repr(float(manifest.extra["loss"]))}
+        if manifest.extra.get("step_losses"):
+            item[schema.STEP_LOSSES_KEY] = {"S": json.dumps(manifest.extra["step_losses"])}
         if manifest.extra.get("timings"):
             item[schema.TIMINGS_KEY] = {
                 "M": {k: {"N": str(v)} for k, v in manifest.extra["timings"].items()}

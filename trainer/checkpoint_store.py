@@ -32,7 +32,7 @@ import math
 import os
 import shutil
 import threading
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from functools import partial
@@ -316,6 +316,16 @@ def upload_shards(folder: Path, shards: list[Shard], *, storage: Storage, run: s
     return uploader.finish(shards)
 
 
+def thinned(pairs: Sequence[tuple[int, float]], at_most: int) -> list[list[float]]:
+    """At most `at_most` of `pairs`, evenly spaced, the last always kept: a long interval's
+    curve keeps its shape."""
+    every = max(1, math.ceil(len(pairs) / at_most))
+    kept = list(pairs[::every])
+    if kept[-1] != pairs[-1]:
+        kept[-1] = pairs[-1]
+    return [[step, loss] for step, loss in kept]
+
+
 def commit(
     shards: list[Shard],
     *,
@@ -333,6 +343,7 @@ def commit(
     timings: dict[str, float] | None = None,
     final: bool = False,
     loss: float | None = None,
+    step_losses: Sequence[tuple[int, float]] = (),
     just_stored: Collection[str] = (),
 ) -> Manifest:
     """Write the manifest naming `shards` (all stored and verified) and make it the run's head
@@ -340,7 +351,9 @@ def commit(
     manifest so a later start can tell whether it changed; `timings`: what the checkpoint cost
     the run (`stall_s`, `upload_s`, `machines`), for its cost report; `final`: the run's last
     step (the catalog record says so, and the fleet's machines go); `loss`: the training loss
-    of `step` (the catalog record shows it; a loss that is not a finite number is left out)."""
+    of `step` (the catalog record shows it; a loss that is not a finite number is left out);
+    `step_losses`: `(step, loss)` of each step trained since the checkpoint before (thinned to
+    schema.STEP_LOSSES_AT_MOST, for `run status --plot`)."""
     keys = sorted({key for s in shards for key in s.stored_keys})
     if not all(piece.keys for s in shards for piece in s.pieces):
         raise SpotrainError(f"step {step}: every shard must be stored before it is committed")
@@ -368,6 +381,11 @@ def commit(
             **({"timings": timings} if timings else {}),
             **({"final": True} if final else {}),
             **({"loss": loss} if loss is not None and math.isfinite(loss) else {}),
+            **(
+                {"step_losses": thinned(step_losses, schema.STEP_LOSSES_AT_MOST)}
+                if step_losses
+                else {}
+            ),
         },
     )
     content = manifest.to_json()

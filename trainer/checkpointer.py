@@ -39,12 +39,13 @@ past proven damage exactly as a training start does.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import shutil
 import time
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
@@ -148,6 +149,8 @@ class _InFlight:
     """The run's last step: published marked final, the run is done (its machines go)."""
     loss: float | None = None
     """The step's training loss, for the catalog record."""
+    step_losses: list[tuple[int, float]] = field(default_factory=list)
+    """Each step's loss since the checkpoint before, for the catalog record."""
 
 
 class Checkpointer:
@@ -254,6 +257,8 @@ class Checkpointer:
         """What this machine does now that the run stopped (stays and rejoins, or leaves)."""
         self._trained_a_step = False
         self.last_step: int | None = None
+        self._step_losses: list[tuple[int, float]] = []
+        """The loss the loop gave with each step since the last checkpoint started."""
         """The newest step `after_step` was told of."""
         self._state: dict[str, Any] = {}
 
@@ -495,6 +500,8 @@ class Checkpointer:
         checkpoints that are due, and returns True when the run must stop (SIGTERM or a spot
         notice on any machine): its checkpoint of `step` is then published."""
         self.last_step = step
+        if loss is not None and math.isfinite(loss):
+            self._step_losses.append((step, float(loss)))
         if not self._trained_a_step and self.place.leader and self.work_dir is not None:
             self._work(membership.FIRST_STEP_MARKER).touch()
         self._trained_a_step = True
@@ -632,7 +639,9 @@ class Checkpointer:
             failpoints.hit("after-snapshot")
         assert self._pool is not None
         work = self._pool.submit(self._write_and_upload, root, staged, direct)
-        self.in_flight = _InFlight(step, root, work, stall, began, final, loss)
+        self.in_flight = _InFlight(step, root, work, stall, began, final, loss,
+                                   self._step_losses)  # fmt: skip
+        self._step_losses = []
         self.status = f"step {step} uploading"
 
     def _write_and_upload(
@@ -731,7 +740,7 @@ class Checkpointer:
                 world_size=self.place.world, zero_stage=self._engine.zero_optimization_stage(),
                 config_hash=_definition_hash(self.definition), code_version=code_version(),
                 parent=self.parent, config=self.definition, timings=timings, final=flight.final,
-                loss=flight.loss,
+                loss=flight.loss, step_losses=flight.step_losses,
                 just_stored={key for report in reports for key in report.stored_keys},
             )  # fmt: skip
         except SpotrainError as error:

@@ -91,6 +91,15 @@ LOSS_KEY = "loss"
 """On a checkpoint's record: the training loss of its step, as the loop gave it to the
 `Checkpointer` (absent if it gave none); `spotrain run status` shows the head's."""
 
+STEP_LOSSES_KEY = "step_losses"
+"""On a checkpoint's record: the loss of each step the loop trained since the checkpoint before
+it in the same start, a JSON list of `[step, loss]` (at most STEP_LOSSES_AT_MOST, evenly
+thinned); `spotrain run status --plot` draws them. Steps trained after a run's last checkpoint
+and lost to a stop are in no record: the run trained them again."""
+
+STEP_LOSSES_AT_MOST = 1000
+"""A record stays far below DynamoDB's 400 KB item limit at any checkpoint interval."""
+
 FINAL_KEY = "final"
 """On a checkpoint's record: it is the run's last step (the trainer finished the run); the
 interruption handler then takes the run's machines away."""

@@ -14,6 +14,7 @@ checkpoint's publish time less its upload and the steps since the resume at its 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
@@ -32,6 +33,7 @@ from spotrain.core.catalog_schema import (
     SORT_KEY,
     STATUS_COLLECTED,
     STATUS_COMPLETE,
+    STEP_LOSSES_KEY,
     TIMINGS_KEY,
     query_items,
     run_key,
@@ -53,6 +55,8 @@ class Checkpoint:
     machines: int | None = None
     loss: float | None = None
     """The training loss at its step, when the loop gave it (`after_step(..., loss=)`)."""
+    step_losses: tuple[tuple[int, float], ...] = ()
+    """The loss of each step trained since the checkpoint before (STEP_LOSSES_KEY)."""
 
 
 @dataclass(frozen=True)
@@ -310,6 +314,8 @@ def read_checkpoints(catalog: Any, run: str) -> tuple[list[Checkpoint], int]:
             upload_s=float(timings["upload_s"]) if "upload_s" in timings else None,
             machines=int(timings["machines"]) if "machines" in timings else None,
             loss=float(item[LOSS_KEY]) if LOSS_KEY in item else None,
+            step_losses=tuple((int(s), float(v))
+                              for s, v in json.loads(str(item.get(STEP_LOSSES_KEY) or "[]"))),
         ))  # fmt: skip
     return found, int(head["step"]) if head else 0
 
@@ -425,7 +431,8 @@ def plot_progress(
     run: str, checkpoints: list[Checkpoint], interruptions: list[Interruption], path: Path
 ) -> list[str]:
     """`spotrain run status --plot`: the run's loss and throughput over its steps, from what
-    the trainer records with each checkpoint (step, loss, when published), with each restart
+    the trainer records with each checkpoint (step, loss, the loss of each step since the one
+    before, when published), with each restart
     (a start resuming from its parent's step) and each preemption (the handler's warning, at
     the step the run had reached) marked. The legend's entries are returned."""
     import matplotlib
@@ -438,8 +445,16 @@ def plot_progress(
         2, 1, figsize=(7.5, 5.6), sharex=True, layout="constrained"
     )
     with_loss = [c for c in published if c.loss is not None]
+    # A step trained again after a restart: the later start's loss (generations only grow).
+    each_step = dict(pair for c in sorted(published, key=lambda c: (c.generation, c.step))
+                     for pair in c.step_losses)  # fmt: skip
+    if each_step:
+        steps = sorted(each_step)
+        loss_axes.plot(steps, [each_step[s] for s in steps], linewidth=0.8, alpha=0.7,
+                       color="tab:gray", label="loss at each step")  # fmt: skip
     if with_loss:
         loss_axes.plot([c.step for c in with_loss], [c.loss for c in with_loss], marker=".",
+                       linestyle="none" if each_step else "-",
                        label="loss at each checkpoint")  # fmt: skip
     else:
         loss_axes.text(0.5, 0.5, "no loss recorded: pass loss= to Checkpointer.after_step",
