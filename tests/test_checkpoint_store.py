@@ -571,3 +571,55 @@ def test_roll_back_of_a_folder_run_quarantines_the_newer_manifests(tmp_path: Pat
         publish(folder, storage, catalog, step, 0)
     assert catalog.roll_back(10, 0, "bad data") == [20]
     assert catalog.head().step == 10  # type: ignore[union-attr]
+
+
+def test_checkpoints_wait_passes_when_the_run_publishes_and_fails_at_once_at_a_crash(
+    dynamo: Any, tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`spotrain checkpoints wait`, the restore runbook's proof that a fleet trains: a new
+    checkpoint passes it; a crash of the run's machines fails it with the crash's reason; a
+    run that publishes nothing fails it when its time is up."""
+    import time
+    from collections.abc import Callable
+
+    import boto3
+
+    from spotrain import cli
+    from spotrain.cli import checkpoints as checkpoints_cli
+    from spotrain.core import fleet_state
+
+    class Meanwhile:
+        """The wait's clock: while it first sleeps, `happens` happens (the fleet's doing)."""
+
+        def __init__(self, happens: Callable[[], Any]) -> None:
+            self.happens: Callable[[], Any] | None = happens
+
+        monotonic = staticmethod(time.monotonic)
+
+        def sleep(self, _: float) -> None:
+            if self.happens is not None:
+                self.happens()
+                self.happens = None
+            time.sleep(0.01)
+
+    storage = LocalStorage(tmp_path / "bucket")
+    catalog = StoreCatalog(storage, RUN)
+    publish(write_folder(tmp_path / "s10", shards_of_step(10)), storage, catalog, 10)
+    store = ["--store", f"file://{tmp_path / 'bucket'}", "--run", RUN, "--events-table", "catalog"]
+    monkeypatch.setattr(checkpoints_cli, "time", Meanwhile(lambda: publish(
+        write_folder(tmp_path / "s20", shards_of_step(20)), storage, catalog, 20)))  # fmt: skip
+    assert cli.main(["checkpoints", "wait", *store, "--within", "1"]) == 0
+    said = capsys.readouterr().out
+    assert "past step 10" in said and "step 20 published: run demo trains" in said
+
+    died = "rank 0 died after step 20: CUDA out of memory"
+    monkeypatch.setattr(checkpoints_cli, "time", Meanwhile(lambda: fleet_state.record_exit(
+        boto3.resource("dynamodb").Table("catalog"), RUN, "i-0abc", 1, reason=died)))  # fmt: skip
+    assert cli.main(["checkpoints", "wait", *store, "--within", "1"]) == 2
+    refused = capsys.readouterr().err
+    assert f"run demo crashed while waiting (i-0abc exit 1: {died})" in refused
+    assert "spotrain run logs ENV RUN --machine ID" in refused and "Traceback" not in refused
+
+    monkeypatch.setattr(checkpoints_cli, "time", Meanwhile(lambda: None))
+    assert cli.main(["checkpoints", "wait", *store, "--within", "0.001"]) == 2
+    assert "published nothing past step 20 within 0.001 min" in capsys.readouterr().err

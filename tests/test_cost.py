@@ -491,8 +491,8 @@ def test_the_checked_in_price_book_holds_only_sourced_dated_figures() -> None:
     assert book.note  # says where its figures come from
 
 
-def test_the_readme_documents_a_price_book_the_loader_takes(tmp_path: Path) -> None:
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+def test_the_docs_document_a_price_book_the_loader_takes(tmp_path: Path) -> None:
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "cost.md").read_text()
     example = readme.split("A price book (the snapshot", 1)[1].split("```json\n", 1)[1]
     path = tmp_path / "book.json"
     path.write_text(example.split("```", 1)[0])

@@ -37,7 +37,7 @@ def test_sigterm_mid_run_publishes_and_the_restart_resumes_with_the_same_losses(
     key = kms_only_bucket(s3, control.client("kms", local_cloud.endpoint, REGION), bucket)
     create_catalog_table(dynamodb, table)
     env = {**os.environ, **control.aws_environment(local_cloud.endpoint, REGION)}
-    # The README's command: torchrun, as spotrain repairs it.
+    # docs/training.md's command: torchrun, as spotrain repairs it.
     command = [str(Path(sys.executable).parent / "spotrain-torchrun"),
                "--nproc-per-node", "2", str(ROOT / "examples" / "train_llama.py"),
                "--run-name", "llama", "--store", f"s3://{bucket}", "--catalog-table", table,

@@ -310,6 +310,16 @@ def test_run_status_shows_progress_loss_pace_eta_deadline_and_head(
     assert said.split()[:6] == ["demo", "training", "step", "200/400", "loss", "2.5000"], said
     assert "200 steps/h; ETA " in said and "(late at this pace)" in said, said
     assert f"head: step 200, loss 2.5000, published {status['head_at']}" in said
+    # A spot notice's time is the stop, two minutes after the warning: the warning is shown.
+    from spotrain.core import fleet_state
+
+    events = boto3.resource("dynamodb").Table("spotrain-local-events")
+    fleet_state.mark_instance(events, "demo", "i-spot", status="INTERRUPTING", pool="p",
+                              event_id="notice", at="2026-01-01T12:02:00Z",
+                              warned_at="2026-01-01T12:00:00Z")  # fmt: skip
+    assert cli.main(["run", "status", "local", "demo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["last_interruption"] == (
+        "i-spot INTERRUPTING, warned at 2026-01-01T12:00:00.000000Z")  # fmt: skip
 
 
 def test_run_logs_shows_every_machine_or_one_gone_ones_included(

@@ -1055,15 +1055,17 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
 ) -> None:  # fmt: skip
     """An ML engineer's own git repository declares a run (runs/local/mine.toml) of its own
     script, written as public DeepSpeed examples are (an epoch loop over a shuffled DataLoader
-    with worker processes: tests/fixtures/scripts/epoch_loop.py); nothing is copied into the
+    with worker processes: examples/epoch_loop.py); nothing is copied into the
     blueprint's checkout. From that repository: `run submit` stores its code as a bundle named
     by its digest, deploys the run's stack (its image pinned) and stores the entry point; `run
     play` boots both machines from the deployed launch template, each fetching the bundle;
     `run reclaim` reclaims the spot one as EC2 does (its notice, the handler's warning, the
     termination, the group's replacement, which `run play` boots). The run publishes its
-    emergency checkpoint, resumes from it (0 steps lost), counts no crash, and ends with the
-    losses and the script's own state of a run nothing interrupted; `run retire` removes its
-    stack."""
+    emergency checkpoint, resumes from it (0 steps lost) and counts no crash. `run cancel`
+    mid-epoch: `run play` stops both machines as a scale-in does (their emergency checkpoint)
+    and ends; `run resume` and `run play` again: the run ends with the losses and the script's
+    own state of a run nothing interrupted, each step's loss on the catalog, its spend counted
+    to the end; `run retire` removes its stack."""
     import shlex
     import shutil as shell_tools
     import signal
@@ -1075,6 +1077,7 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
 
     from spotrain import cli
     from spotrain.core import code_bundle, fleet_state, run_lifecycle
+    from spotrain.cost import run_report
     from spotrain.trainer import run_config
     from spotrain.trainer.storage import open_storage
 
@@ -1106,7 +1109,7 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
     image = f"{registry['repositoryUri']}@{pushed}"
     repo = tmp_path / "ml-repo"
     (repo / "runs" / "local").mkdir(parents=True)
-    shell_tools.copy(ROOT / "tests" / "fixtures" / "scripts" / "epoch_loop.py", repo / "train.py")
+    shell_tools.copy(ROOT / "examples" / "epoch_loop.py", repo / "train.py")
     git = ["git", "-c", "user.name=ml", "-c", "user.email=ml@example.com"]
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "my model"]):
         subprocess.run([*git, *command], cwd=repo, check=True)
@@ -1175,16 +1178,34 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
         assert cli.main(["run", "reclaim", "local", "mine"]) == 0
         said = capsys.readouterr().out
         assert "reclaimed" in said and "(spot)" in said, said
-        assert play.wait(timeout=400) == 0, played.read_text()[-4000:]
+        while head() < 10:  # resumed on the replacement, past its next checkpoint
+            assert play.poll() is None and time.monotonic() < deadline, played.read_text()[-4000:]
+            time.sleep(0.2)
+        # Cancelled mid-epoch: its machines leave as a scale-in stops them; resumed later.
+        assert cli.main(["run", "cancel", "local", "mine"]) == 0
+        assert play.wait(timeout=300) == 0, played.read_text()[-4000:]
         output = played.read_text()
         assert "Traceback" not in output and "DataLoader worker" not in output, output[-4000:]
         assert "the group launched" in output, output[-4000:]  # the replacement, booted
-        stopped = re.search(r"stopped after step (\d+) \(", output)
-        assert stopped, output[-4000:]
-        stop = int(stopped[1])
-        assert 5 <= stop < steps and f"resumed mine at step {stop}" in output  # 0 steps lost
+        assert "left service (a scale-in)" in output, output[-4000:]
+        stops = [int(s) for s in re.findall(r"stopped after step (\d+) \(", output)]
+        assert len(set(stops)) == 2, output[-4000:]  # the reclaim's stop, then the cancel's
+        reclaimed_at, cancelled_at = sorted(set(stops))
+        assert 5 <= reclaimed_at < 10 <= cancelled_at < steps, stops
+        assert f"resumed mine at step {reclaimed_at}" in output  # 0 steps lost
         assert ": preempted; run mine has 0 crash(es)" in output, output[-4000:]
-        trained = script_steps(output)
+        assert ": stopped; run mine has 0 crash(es)" in output, output[-4000:]
+        assert head() == cancelled_at  # its emergency checkpoint
+        assert cli.main(["run", "resume", "local", "mine"]) == 0
+        capsys.readouterr()
+        with (tmp_path / "play-resumed.log").open("w") as log:
+            play = subprocess.Popen([sys.executable, "-m", "spotrain.cli", "run", "play",
+                                     "local", "mine"], stdout=log, stderr=subprocess.STDOUT,
+                                    text=True, cwd=repo)  # fmt: skip
+        assert play.wait(timeout=400) == 0, (tmp_path / "play-resumed.log").read_text()[-4000:]
+        resumed = (tmp_path / "play-resumed.log").read_text()
+        assert f"resumed mine at step {cancelled_at}" in resumed, resumed[-4000:]
+        trained = script_steps(output + resumed)  # a step trained again: the later line
         assert sorted(trained) == list(range(1, steps + 1)), sorted(trained)
         # Up to float rounding (the goldens' docstring says why): a wrong batch or a lost
         # optimizer state is off by far more.
@@ -1192,6 +1213,11 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
             EPOCH_LOOP_LOSSES, rel=1e-4)  # fmt: skip
         assert [trained[s]["running"] for s in range(1, steps + 1)] == pytest.approx(
             EPOCH_LOOP_RUNNING, rel=1e-4)  # fmt: skip
+        # Each step's loss is on the catalog's records (what `run status --plot` draws).
+        checkpoints, _ = run_report.read_checkpoints(catalog, "mine")
+        each_step = {step: loss for c in sorted(checkpoints, key=lambda c: (c.generation, c.step))
+                     for step, loss in c.step_losses}  # fmt: skip
+        assert each_step == {s: trained[s]["loss"] for s in range(1, steps + 1)}
         assert fleet_state.run_state(events, "mine").crashes == 0
         deadline = time.monotonic() + 60
         while run_lifecycle.read(events, "mine").finished_step is None:
@@ -1204,6 +1230,26 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
         assert cli.main(["run", "status", "local", "mine", "--plot",
                          str(tmp_path / "mine.png")]) == 0  # fmt: skip
         assert (tmp_path / "mine.png").stat().st_size > 0
+        # `run play` delivered a capacity check after the end: its spend is counted through it.
+        assert (
+            cli.main(
+                [
+                    "cost",
+                    "report",
+                    "--run",
+                    "mine",
+                    "--events-table",
+                    outputs["events_table"],
+                    "--catalog-table",
+                    outputs["checkpoint_catalog_table"],
+                ]
+            )
+            == 0
+        )
+        report = capsys.readouterr().out
+        assert "not in these figures yet" not in report, report
+        paid = re.search(r"paid machine time +([\d.]+) h", report)
+        assert paid and float(paid[1]) > 0, report
         assert cli.main(["run", "retire", "local", "mine"]) == 0
     finally:
         if play is not None and play.poll() is None:

@@ -143,3 +143,24 @@ def test_the_exception_tree_names_every_error_spotrain_raises() -> None:
     assert len(names) >= 21
     missing = sorted(name for name in names if name not in (errors.__doc__ or ""))
     assert missing == [], f"spotrain/core/errors.py's tree lacks {missing}"
+
+
+def test_the_readme_is_a_front_door_whose_map_names_every_unit_and_whose_links_hold() -> None:
+    """Under 15 KB; its map names every top-level folder the repository tracks and every unit
+    of `spotrain/`, in one hop; every relative link of it and of docs/ leads to a file."""
+    import re
+    import subprocess
+
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.encode()) < 15_000, "move reference material to docs/"
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True,
+                             check=True).stdout.split()  # fmt: skip
+    folders = {path.split("/")[0] for path in tracked if "/" in path}
+    units = {f"spotrain/{p.name}" for p in (ROOT / "spotrain").iterdir()
+             if p.name != "__pycache__" and (p.is_dir() or p.suffix == ".py")
+             and p.name != "__init__.py"}  # fmt: skip
+    unnamed = sorted(u for u in folders | units if f"`{u}" not in readme)
+    assert unnamed == [], f"the README's map does not name {unnamed}"
+    for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
+        for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
+            assert (page.parent / target).exists(), f"{page.name} links to missing {target}"

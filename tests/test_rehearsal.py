@@ -1,6 +1,7 @@
-"""The README's main command, `spotrain rehearse`: its story runs on the deployment the apply
-tests share (tests/test_integration_local_apply.py); here, the part around it: the rehearsal
-starts a local cloud when none runs and stops it afterwards unless told to keep it."""
+"""The README's main command, `make local` (`spotrain rehearse`): its story runs on the
+deployment the apply tests share (tests/test_integration_local_apply.py); here, the part around
+it: the rehearsal starts a local cloud when none runs and stops it afterwards unless told to
+keep it."""
 
 from __future__ import annotations
 

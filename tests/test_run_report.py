@@ -147,6 +147,15 @@ def test_a_start_not_yet_followed_by_another_has_no_resume_figures() -> None:
     assert preemption.reached_step == 250 and preemption.resumed_from is None
     assert preemption.steps_lost is None and preemption.cost_usd is None
     assert "has not been followed by another one yet" in run_report.render(found)
+    assert "not in these figures yet" not in run_report.render(found)  # counted past 200
+    # Counted before the run's last checkpoint (its machines went on): the report says so.
+    behind = run_report.build(
+        RUN, ledger=replace(LEDGER, as_of=T0 + 1500), points=[], notices=[],
+        checkpoints=checkpoints, head_step=200, interruptions=[],
+    )  # fmt: skip
+    assert "spend is counted to 2027-01-15 08:25:00 UTC, before the run's last checkpoint " \
+        "(2027-01-15 08:33:20 UTC): the machine time after it is not in these figures yet" in (
+        run_report.render(behind))  # fmt: skip
 
 
 def test_a_start_warned_before_its_first_checkpoint_is_the_one_publishing_in_the_notice() -> None:

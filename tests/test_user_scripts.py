@@ -1,5 +1,5 @@
 """Scripts written the way users write them survive preemption: an epoch loop over a shuffled
-DataLoader with worker processes (tests/fixtures/scripts/epoch_loop.py, shaped like DeepSpeed's
+DataLoader with worker processes (examples/epoch_loop.py, shaped like DeepSpeed's
 public CIFAR example) on 2 ranks, stopped by SIGTERM to every process it has, mid-epoch. Its
 emergency checkpoint is published, its DataLoader's position and its own state ride along, and
 the restart's losses equal an uninterrupted run's at every step."""
@@ -20,7 +20,7 @@ from training import EPOCH_LOOP_LOSSES, script_steps
 from spotrain.localcloud.machines import process_tree, signal_all
 
 ROOT = Path(__file__).resolve().parents[1]
-SCRIPT = ROOT / "tests" / "fixtures" / "scripts" / "epoch_loop.py"
+SCRIPT = ROOT / "examples" / "epoch_loop.py"
 STEPS = len(EPOCH_LOOP_LOSSES)  # 2 epochs of 12 batches per rank
 
 

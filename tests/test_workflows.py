@@ -1,4 +1,4 @@
-"""The GitOps workflows pass actionlint and do what the README says they do."""
+"""The GitOps workflows pass actionlint and do what docs/runs.md says they do."""
 
 from __future__ import annotations
 

@@ -72,7 +72,7 @@ EPOCH_LOOP_LOSSES = [
     2.144465446472168, 2.2374563217163086, 2.494992971420288, 2.4219512939453125,
     2.171566963195801, 2.340758800506592, 2.026135206222534, 2.3343303203582764,
 ]  # fmt: skip
-"""tests/fixtures/scripts/epoch_loop.py uninterrupted over two ranks of one machine: rank 0's
+"""examples/epoch_loop.py uninterrupted over two ranks of one machine: rank 0's
 loss at steps 1-24 (two epochs of a shuffled DataLoader with worker processes), measured on a
 2-core AMD EPYC machine. Another CPU, or a rank alone on its machine (torchrun sets
 OMP_NUM_THREADS=1 only for several ranks a machine), rounds differently in the last bits, so

@@ -362,7 +362,7 @@ class Checkpointer:
                 if head is not None:
                     manifest = checkpoint_store.read_manifest(self.storage, head.manifest_key)
                     found[0] = manifest.extra.get("config")
-            except Exception as error:  # the restore decides what an unreadable catalog means
+            except SpotrainError as error:  # the restore decides what an unreadable catalog means
                 self._tell(f"the run's newest definition could not be read ({error})")
         dist.broadcast_object_list(found, src=0)
         return found[0]

@@ -1,16 +1,17 @@
-"""`spotrain checkpoints list|show|verify|restore|gc|quarantine|rollback`: a run's checkpoints,
-through the same `Checkpointer` a training run uses (without a process group)."""
+"""`spotrain checkpoints list|show|verify|restore|gc|quarantine|rollback|wait`: a run's
+checkpoints, through the same `Checkpointer` a training run uses (without a process group)."""
 
 from __future__ import annotations
 
 import argparse
 import os
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spotrain.cli.arguments import run_name, whole
+from spotrain.cli.arguments import number, run_name, whole
 from spotrain.cli.output import say
 from spotrain.core.errors import SpotrainError
 
@@ -97,9 +98,49 @@ def _verify(checkpointer: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+WAIT_POLL_S = 5.0
+
+
+def _wait(checkpointer: Any, args: argparse.Namespace) -> int:
+    """Until the run publishes a checkpoint past `--past` (default: its head now): proof that
+    its machines train, not only that they are up. A crash of its machines meanwhile (with
+    --events-table) or nothing within `--within` minutes fails at once, saying why."""
+    import boto3
+
+    from spotrain.core import fleet_state
+
+    head = checkpointer.head()
+    past = args.past if args.past is not None else (head.step if head else 0)
+    events = boto3.resource("dynamodb").Table(args.events_table) if args.events_table else None
+    crashes = fleet_state.run_state(events, args.run).crashes if events is not None else 0
+    say(f"waiting for run {args.run} to publish a checkpoint past step {past} "
+        f"(within {args.within:g} min)")  # fmt: skip
+    deadline = time.monotonic() + args.within * 60
+    while True:
+        head = checkpointer.head()
+        if head is not None and head.step > past:
+            say(f"step {head.step} published: run {args.run} trains")
+            return 0
+        if events is not None and fleet_state.run_state(events, args.run).crashes > crashes:
+            crash = fleet_state.last_crash(events, args.run)
+            raise SpotrainError(
+                f"run {args.run} crashed while waiting"
+                + (f" ({fleet_state.crash_line(crash)})" if crash else "")
+                + ": its machines are up but do not train; read the machine's journal "
+                "(`spotrain run logs ENV RUN --machine ID`) and fix the cause"
+            )  # fmt: skip
+        if time.monotonic() > deadline:
+            raise SpotrainError(
+                f"run {args.run} published nothing past step {past} within {args.within:g} "
+                "min: see `spotrain run status ENV RUN` (its machines, crashes and phase) "
+                "and the machines' journal (`spotrain run logs ENV RUN`)"
+            )  # fmt: skip
+        time.sleep(WAIT_POLL_S)
+
+
 ACTIONS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "list": _list, "show": _show, "verify": _verify, "restore": _restore, "gc": _collect,
-    "quarantine": _quarantine, "rollback": _roll_back,
+    "quarantine": _quarantine, "rollback": _roll_back, "wait": _wait,
 }  # fmt: skip
 
 
@@ -138,5 +179,14 @@ def add_parsers(commands: Any) -> None:
     )
     checkpoints.add_argument(
         "--keep", type=whole(2), default=2, help="gc: complete checkpoints to keep (2 or more)"
+    )
+    checkpoints.add_argument(
+        "--past", type=whole(0), help="wait: the step to publish past (default: the head now)"
+    )
+    checkpoints.add_argument(
+        "--within", type=number(), default=30.0, help="wait: minutes before it fails (default 30)"
+    )
+    checkpoints.add_argument(
+        "--events-table", help="wait: the environment's events table, to fail at a crash"
     )
     checkpoints.set_defaults(handler=cmd_checkpoints)

@@ -196,8 +196,8 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
     it = _standing(where, run, groups)
     state, ledger, head, phase = it.state, it.ledger, it.head, it.phase
     step, final = (head.step, head.final) if head is not None else (None, False)
-    marks = sorted(fleet_state.instances(where.events, run),
-                   key=lambda item: str(item.get("updated_at", "")))  # fmt: skip
+    # When each machine was warned (a spot notice's own time is the stop, two minutes on).
+    marks = sorted(fleet_state.instances(where.events, run), key=_warned_at)
     why = it.lifecycle.why_stopped or (
         "held after repeated crashes (`spotrain fleet reset-crashes`)" if state.failed
         else "held at its spend cap (`spotrain fleet release --max-spend-usd N`)" if ledger.held
@@ -214,8 +214,9 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
         cap_usd=ledger.cap_usd, crashes=state.crashes,
         last_crash=_last_crash(where, run) if state.crashes else None,
         last_interruption=(f"{marks[-1]['sk'].split('#', 1)[1]} "
-                           f"{fleet_state.shown_status(marks[-1])} at "
-                           f"{marks[-1].get('updated_at')}" if marks else None),
+                           f"{fleet_state.shown_status(marks[-1])}, warned at "
+                           f"{_warned_at(marks[-1])}"
+                           if marks else None),
         steps=steps, loss=head.loss if head else None, head_at=head.created_at if head else None,
         head_manifest=f"s3://{where.bucket}/{head.manifest}" if head else None,
         steps_per_hour=round(per_hour, 1) if per_hour else None,
@@ -224,14 +225,15 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
     )  # fmt: skip
 
 
+def _warned_at(mark: dict[str, Any]) -> str:
+    return str(mark.get("warned_at") or mark.get("updated_at"))
+
+
 def _last_crash(where: Where, run: str) -> str | None:
     from spotrain.core import fleet_state
 
     crash = fleet_state.last_crash(where.events, run)
-    if crash is None:
-        return None
-    said = f": {crash['reason']}" if crash.get("reason") else ""
-    return f"{crash.get('instance_id', '?')} exit {crash.get('code', '?')}{said}"
+    return fleet_state.crash_line(crash) if crash is not None else None
 
 
 def line(status: RunStatus) -> str:

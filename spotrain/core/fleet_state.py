@@ -93,6 +93,12 @@ def last_crash(table: Any, run: str) -> dict[str, Any] | None:
     return dict(items[0]) if items else None
 
 
+def crash_line(crash: dict[str, Any]) -> str:
+    """A crash record as people read it: which machine, its exit, the trainer's reason."""
+    said = f": {crash['reason']}" if crash.get("reason") else ""
+    return f"{crash.get('instance_id', '?')} exit {crash.get('code', '?')}{said}"
+
+
 def _count(table: Any, partition: str) -> int:
     """Items in a partition (keys only are read)."""
     query: dict[str, Any] = {

@@ -131,7 +131,7 @@ def staleness(prices: PoolPrices, today: datetime.date, stale_after_days: int) -
     )
 
 
-BOOK_FIX = "rebuild it with `spotrain prices refresh`, or see the price book format in README"
+BOOK_FIX = "rebuild it with `spotrain prices refresh`, or see the price book format in docs/cost.md"
 
 
 def load(path: str | Path = SNAPSHOT) -> PriceBook:

@@ -19,8 +19,8 @@ from spotrain.cost.simulation import ON_DEMAND_ONLY
 
 SAMPLES = 100
 GIVE_A_BOOK = (
-    'give a price book with its prices: `--price-book FILE` (the README\'s "Prices" shows '
-    "the format; examples/price-book.json is one, with made-up figures)"
+    "give a price book with its prices: `--price-book FILE` (docs/cost.md shows the format; "
+    "examples/price-book.json is one, with made-up figures)"
 )
 """What the estimate takes instead of the checked-in book: its prices are a run's inputs, as
 reviewable as the run file, so they come in a file, not as flags."""

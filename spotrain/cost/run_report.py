@@ -242,6 +242,12 @@ def build(
                      "checkpoint overhead need it")  # fmt: skip
         return RunReport(run, ledger, points, notices, 0, None, paid_s, None, 0, 0.0, None, None,
                          [], notes)  # fmt: skip
+    newest = max((c.published_at for c in checkpoints), default=None)
+    if ledger.as_of is not None and newest is not None and ledger.as_of < newest:
+        notes.append(f"spend is counted to {_when(ledger.as_of)} UTC, before the run's last "
+                     f"checkpoint ({_when(newest)} UTC): the machine time after it is not in "
+                     "these figures yet; the next capacity check counts it (every 5 minutes, "
+                     "terminated machines included)")  # fmt: skip
     pace = _pace(checkpoints)
     lineage = _lineage(checkpoints, head_step)
     productive = 0.0 if lineage else None

@@ -161,6 +161,10 @@ class LocalMachine:
     def output(self) -> str:
         return "".join(self._lines)
 
+    def lines_from(self, first: int) -> list[str]:
+        """What it printed from line `first` on (each line with its newline)."""
+        return self._lines[first:]
+
     def announce_interruption(self) -> None:
         self.imds.announce_interruption()
 

@@ -36,6 +36,7 @@ from typing import Any
 from spotrain.core import run_lifecycle
 from spotrain.core.catalog_schema import EVENTS_TABLE_SUFFIX
 from spotrain.core.errors import SpotrainError
+from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
 from spotrain.localcloud import control
 from spotrain.localcloud.machines import (
     LocalMachine,
@@ -82,6 +83,12 @@ def play(
         raise
     finally:
         player.close()
+    ended = run_lifecycle.read(player.events, run)
+    if ended.finished_step is not None or ended.cancelled_at is not None:
+        # The machine time up to the end is counted (`spotrain cost report`); a run that
+        # ended otherwise (its machines failed) is left for `run status` to explain, not
+        # started again unplayed.
+        player.check()
     return {i: m.wait(timeout=10) for i, m in player.machines.items()}
 
 
@@ -131,6 +138,8 @@ class _Player:
         )
 
     def check(self) -> dict[str, Any]:
+        """The handler's capacity check, as its schedule delivers it (and the spend it counts)."""
+        self.checked = time.monotonic()
         return deliver_capacity_check(self.cloud, self.handler, self.region, self.run)
 
     def boot(self, members: list[dict[str, Any]]) -> None:
@@ -152,6 +161,8 @@ class _Player:
         _print_new(list(self.machines.values()), self.printed, self.say)
         self._start_reclaims()
         self._finish_reclaims()
+        if time.monotonic() - self.checked >= CAPACITY_CHECK_MINUTES * 60:
+            self.check()  # as the deployed schedule does: the ledger keeps counting
         if time.monotonic() - self.followed < FOLLOW_EVERY_S:
             return True
         self.followed = time.monotonic()
@@ -288,7 +299,8 @@ def _read_playing(work: Path) -> dict[str, str]:
 def _print_new(machines: list[LocalMachine], printed: dict[str, int],
                say: Callable[[str], None]) -> None:  # fmt: skip
     for machine in machines:
-        lines = machine.output.splitlines()
-        for line in lines[printed[machine.instance_id] :]:
-            say(f"{machine.instance_id}  {line}")
-        printed[machine.instance_id] = len(lines)
+        lines = machine.lines_from(printed[machine.instance_id])
+        for line in lines:
+            text = line.rstrip("\n")
+            say(f"{machine.instance_id}  {text}")
+        printed[machine.instance_id] += len(lines)
