@@ -453,8 +453,20 @@ def test_names_are_checked_where_they_are_written(
     fails_clearly(capsys, ["fleet", "exit", *table, "--run", "r", "--instance", "i-1", "--code",
                            "143", "--spot-notice", '{"time": "soon"}'],
                   "is not the metadata service's")  # fmt: skip
+    # A run that never crashed (a typo, or one that never existed) has nothing to release.
+    fails_clearly(capsys, ["fleet", "reset-crashes", *table, "--run", "no-such-run"],
+                  "run no-such-run has no crash since its last release",
+                  "spotrain run list")  # fmt: skip
     items = boto3.resource("dynamodb").Table("catalog").scan()["Items"]
     assert items == []  # nothing was written for any of them
+
+
+def test_a_region_that_does_not_exist_is_refused_with_every_such_name(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    fails_clearly(capsys, ["prices", "show", "--region", "mars-north-1", "--region", "us-east-1",
+                           "--region", "venus-1"],
+                  "--region mars-north-1, venus-1: no such AWS region")  # fmt: skip
 
 
 def test_a_deadline_with_changeover_minutes_that_are_not_minutes_lists_the_problem() -> None:

@@ -872,3 +872,44 @@ def test_goodput_counts_the_work_done_not_the_work_asked_for() -> None:
     stuck = simulation.simulate(job(deadline_h=None), trace([1, 1]), simulation.SPOT_GREEDY)
     assert not stuck.finished and stuck.past_trace
     assert stuck.goodput == pytest.approx(1.5 / 2.0)  # 0.5 h changeover, 1.5 h of work
+
+
+def test_the_checked_in_book_is_the_public_catalogs_aws_prices_as_its_script_builds_them(
+    tmp_path: Path,
+) -> None:
+    """Priced out of the box: scripts/price_book_from_catalog.py turns catalog rows (a sample
+    copied verbatim: five zones of g5.xlarge in us-east-1, a Local Zone, a type with no
+    on-demand price, zones with no spot price) into the figures the checked-in book holds,
+    each naming its source and its earliest date, zones by AZ ID."""
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    out = tmp_path / "book.json"
+    subprocess.run([sys.executable, str(root / "scripts" / "price_book_from_catalog.py"),
+                    str(FIXTURES / "catalog_sample.csv"), "--out", str(out)],
+                   check=True, capture_output=True)  # fmt: skip
+    built, shipped = prices.load(out), prices.load()
+    assert set(built.on_demand) <= set(shipped.on_demand) and set(built.spot) <= set(shipped.spot)
+    assert {(f.instance_type, f.region) for f in built.on_demand} == {
+        ("g5.xlarge", "us-east-1"), ("p5.48xlarge", "us-east-1"),
+        ("p5en.48xlarge", "me-central-1")}  # fmt: skip
+    assert sorted(f.availability_zone for f in built.spot) == [
+        "use1-az1", "use1-az2", "use1-az4", "use1-az5", "use1-az6", "use2-az1"]  # fmt: skip
+    pool = shipped.pool("g5.xlarge", "us-east-1")
+    assert pool.on_demand.usd_per_hour == 1.006
+    assert pool.spot_price == pytest.approx((0.4328 + 0.4516 + 0.4473 + 0.4353 + 0.4423) / 5)
+    assert "skypilot-catalog" in pool.on_demand.source and "Price List" in pool.on_demand.source
+    assert {f.taken_at for f in (*shipped.on_demand, *shipped.spot)} == {"2026-01-22"}
+    assert "no earlier than 2026-01-22" in shipped.note
+    # Every type the example runs declare has a price in its environment's region.
+    assert shipped.pool("g6.xlarge", "us-east-1") and shipped.pool("p5en.48xlarge", "us-east-1")
+
+
+def test_the_local_cloud_answers_a_zone_the_book_names_by_id_by_its_name() -> None:
+    from spotrain.localcloud import price_list
+
+    answered = price_list.spot_price_history("us-east-1", ["g5.xlarge"], [], ["us-east-1a"])
+    assert [(a["AvailabilityZone"], a["SpotPrice"]) for a in answered] == [
+        ("us-east-1a", "0.442300")
+    ]  # use1-az6 is us-east-1a in the local cloud's account

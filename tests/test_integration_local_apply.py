@@ -307,8 +307,7 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
         monkeypatch.setenv(name, value)
     said: list[str] = []
     outputs = local.outputs
-    book = EXAMPLE_PRICE_BOOK
-    report = Rehearsal(tmp_path, say=said.append, price_book=book).story(
+    report = Rehearsal(tmp_path, say=said.append, price_book=None).story(
         local.cloud, {**outputs, "config": local.config}, run="solo"
     )
     told = "\n".join(said) + "\n" + report.render()
@@ -321,7 +320,8 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     assert "handler: recorded=True (redelivery recorded=False)" in told
     assert re.search(r"restored step 20 from s3://\S+-us-west-2", told), told
     assert faults.read(control.faults_file()).regions_down == []  # the region is back
-    # Priced from the book the rehearsal was given: the fleet's machines, spot cheaper.
+    # Priced out of the box, as on a fresh clone: the checked-in book's AWS prices, spot
+    # cheaper.
     spend = re.search(r"spend\s+\$([\d.]+) for ([\d.]+) machine-hours of run demo's fleet; "
                       r"\$([\d.]+) on on-demand prices", told)  # fmt: skip
     assert spend and 0 < float(spend[1]) <= float(spend[3]), told
@@ -329,9 +329,9 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
 
 
 EXAMPLE_PRICE_BOOK = ROOT / "examples" / "price-book.json"
-"""The README's example book (made-up figures for every instance type the example runs
-declare: g5.xlarge $20/h on-demand, $5/h spot): the rehearsals price their spend with it, so
-the documented format is the one that works."""
+"""The example book (made-up figures for every instance type the example runs declare:
+g5.xlarge $20/h on-demand, $5/h spot): the fleet rehearsal prices its spend with it, so the
+documented format is the one that works."""
 
 
 def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(

@@ -160,7 +160,7 @@ def test_the_plan_comment_carries_each_runs_estimate_against_the_base_branch(
     for *_, per_day, to_completion, _ in rows:
         assert re.fullmatch(r" -\$[\d.,]+ \(-3[23]\.\d%\) ", per_day), dev
         assert re.fullmatch(r" [-+]\$[\d.,]+ \([-+][0-4]\.\d%\) ", to_completion), dev
-    assert re.search(r"taken \d{4}-\d{2}-\d{2} \(AWS Price List", dev), dev
+    assert re.search(r"taken \d{4}-\d{2}-\d{2} \(\d+ days ago; AWS Price List", dev), dev
     assert "Run estimate: `gpt-large`" in prod and "deadline 504 h" in prod, prod
     assert "the base has no run 'gpt-large' (it is new)" in prod, prod
     assert prod.count("| new | new |") == 2, prod

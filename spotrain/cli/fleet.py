@@ -82,6 +82,10 @@ def _unhealthy(fleet: _Fleet, args: argparse.Namespace) -> int:
 def _reset_crashes(fleet: _Fleet, args: argparse.Namespace) -> int:
     from spotrain.core import fleet_state
 
+    if fleet_state.run_state(fleet.table, args.run).crashes == 0:
+        raise SpotrainError(f"run {args.run} has no crash since its last release in "
+                            f"{args.events_table}: nothing to release (check the run's name: "
+                            "`spotrain run list ENV`)")  # fmt: skip
     forgiven = fleet_state.reset_crashes(fleet.table, args.run, released_by=_caller_arn())
     say(f"run {args.run}: released ({forgiven} crash record(s) forgiven); it may start and "
         "be requeued again")  # fmt: skip
@@ -144,7 +148,7 @@ def _scale(fleet: _Fleet, args: argparse.Namespace) -> int:
     if args.desired > high:
         raise SpotrainError(f"{name}: desired {args.desired} is above the group's maximum "
                             f"{high}: give --desired {high} or less (the maximum is the "
-                            "environment's fleet_max_size, changed by a deploy)")  # fmt: skip
+                            "run file's max_size, changed by a deploy)")  # fmt: skip
     if args.min_size is not None and args.min_size > args.desired:
         raise SpotrainError(f"--min-size {args.min_size} is above --desired {args.desired}: a "
                             "group's minimum is at most its desired capacity")  # fmt: skip

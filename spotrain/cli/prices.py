@@ -16,7 +16,24 @@ from spotrain.core.errors import CostInputError
 from spotrain.stacks.runs import load_runs
 
 
+def _unknown_regions(regions: list[str]) -> list[str]:
+    """The names that are no AWS region botocore knows (any partition)."""
+    import boto3
+
+    session = boto3.session.Session()
+    known = {r for partition in session.get_available_partitions()
+             for r in session.get_available_regions("ec2", partition_name=partition)}  # fmt: skip
+    return [r for r in regions if r not in known]
+
+
 def cmd_prices(args: argparse.Namespace) -> int:
+    unknown = _unknown_regions(args.region or [])
+    if unknown:
+        raise CostInputError(
+            f"--region {', '.join(unknown)}: no such AWS region; give a region code such as "
+            "us-east-1 (`aws ec2 describe-regions` lists yours; a region newer than this boto3 "
+            "needs a newer boto3)"
+        )
     path = Path(args.price_book) if args.price_book else prices.SNAPSHOT
     if args.action == "refresh" and not path.parent.is_dir():
         raise CostInputError(

@@ -2,10 +2,11 @@
 zone) and the Spot Instance Advisor's interruption-frequency band, per instance type and
 region, each figure with its source and the date it was taken.
 
-A dated snapshot is checked in (`price_book.json` beside this module); `spotrain prices
-refresh` rebuilds it in an account from EC2 `DescribeSpotPriceHistory` (per zone) and the
-Price List API (`GetProducts`, on-demand), keeping the Advisor bands it had (they come from
-the Advisor's page, not an API). Estimates flag prices older than `stale_after_days`.
+A dated snapshot is checked in (`price_book.json` beside this module, built from AWS's
+published prices by scripts/price_book_from_catalog.py); `spotrain prices refresh` rebuilds it
+in an account from EC2 `DescribeSpotPriceHistory` (per zone) and the Price List API
+(`GetProducts`, on-demand), keeping the Advisor bands it had (they come from the Advisor's
+page, not an API). Estimates flag prices older than `stale_after_days`.
 """
 
 from __future__ import annotations
@@ -48,7 +49,8 @@ class Figure:
     """ISO date (YYYY-MM-DD) the figure was read from its source."""
     usd_per_hour: float | None = None
     availability_zone: str | None = None
-    """Spot prices only."""
+    """Spot prices only: a zone name (`us-east-1a`, as refresh writes it) or its AZ ID
+    (`use1-az6`, the same physical zone in every account)."""
     band: str | None = None
     """Advisor figures only: the frequency-of-interruption band."""
 

@@ -8,6 +8,7 @@ in the environment or the prices, not from sampling."""
 
 from __future__ import annotations
 
+import datetime
 import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -127,8 +128,13 @@ def estimate(
     return replace(
         base, spot=side(spot), on_demand=side(by_name[ON_DEMAND_ONLY]),
         recommended=plan.recommended, rate_source=source,
-        prices_taken=f"{pool.oldest()} ({pool.on_demand.source})",
+        prices_taken=f"{pool.oldest()} ({(_today() - pool.oldest()).days} days ago; "
+                     f"{pool.on_demand.source})",
     )  # fmt: skip
+
+
+def _today() -> datetime.date:
+    return datetime.datetime.now(datetime.UTC).date()
 
 
 # --- the comment -------------------------------------------------------------------------------

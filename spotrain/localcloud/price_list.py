@@ -27,24 +27,35 @@ def book() -> prices.PriceBook:
     return prices.load(local if local is not None and local.exists() else prices.SNAPSHOT)
 
 
+def zone_names(region: str) -> dict[str, str]:
+    """This cloud's one account's zone names by AZ ID (`use1-az6` -> `us-east-1a`): AWS maps
+    them per account, and answers with names."""
+    from moto.ec2.models.availability_zones_and_regions import RegionsAndZonesBackend
+
+    return {zone.zone_id: zone.name for zone in RegionsAndZonesBackend.zones.get(region, [])}
+
+
 def spot_price_history(
     region: str, instance_types: list[str], descriptions: list[str], zones: list[str]
 ) -> list[dict[str, str]]:
     if descriptions and not any(d.startswith(prices.PRODUCT_DESCRIPTION) for d in descriptions):
         return []  # the book holds Linux/UNIX prices only
-    return [
-        {
+    named = zone_names(region)
+    found = []
+    for f in book().spot:
+        # A book may name a zone by its ID (the checked-in snapshot does): answered by name.
+        zone = named.get(f.availability_zone or "", f.availability_zone or "")
+        if f.region != region or (instance_types and f.instance_type not in instance_types) or (
+                zones and zone not in zones):  # fmt: skip
+            continue
+        found.append({
             "InstanceType": f.instance_type,
             "ProductDescription": prices.PRODUCT_DESCRIPTION,
             "SpotPrice": f"{f.usd_per_hour:.6f}",
-            "AvailabilityZone": f.availability_zone or "",
+            "AvailabilityZone": zone,
             "Timestamp": f"{f.taken_at}T00:00:00.000Z",
-        }
-        for f in book().spot
-        if f.region == region
-        and (not instance_types or f.instance_type in instance_types)
-        and (not zones or f.availability_zone in zones)
-    ]
+        })  # fmt: skip
+    return found
 
 
 def products(filters: Iterable[dict[str, str]]) -> list[str]:
