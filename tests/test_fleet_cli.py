@@ -423,3 +423,46 @@ def test_run_reclaim_asks_a_running_play_for_one_of_its_spot_machines(
     assert cli.main(["run", "reclaim", "local", "demo"]) == 2
     assert ("a spot machine is not among the machines run demo plays: i-0coordinator "
             "(on-demand); name one with --machine") in capsys.readouterr().err  # fmt: skip
+
+
+def test_one_phase_for_a_run_whatever_happened_to_it(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The contradictions a run's phase once had: submitted but said to have no
+    configuration; scaled to 0 by hand but "starting"; cancelled while its last step
+    published, then "cancelled (`run resume` starts it again)" while resume says finished."""
+    import json
+
+    from spotrain.core import run_lifecycle
+    from spotrain.trainer import run_config
+    from spotrain.trainer.storage import open_storage
+
+    _local_demo_run(machines=0)
+    events = boto3.resource("dynamodb").Table("spotrain-local-events")
+
+    def status() -> dict[str, object]:
+        capsys.readouterr()
+        assert cli.main(["run", "status", "local", "demo", "--json"]) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    assert (status()["phase"], status()["why"]) == ("waiting", "no training configuration "
+        "stored (`spotrain run submit` or `spotrain config put`)")  # fmt: skip
+    bucket = "spotrain-local-checkpoints-us-east-1"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    run_config.put(open_storage(f"s3://{bucket}"), {"run": "demo", "steps": 20})
+    submitted = status()
+    assert submitted["phase"] == "waiting" and submitted["why"].startswith("submitted: the "
+        "handler's next capacity check")  # fmt: skip
+    run_lifecycle.mark_started(events, "demo", 1.0)
+    idle = status()  # started, its group at 0, nothing holding it
+    assert idle["phase"] == "idle" and "`spotrain fleet scale --group GROUP --desired N`" in (
+        idle["why"])  # fmt: skip
+    run_lifecycle.mark_cancelled(events, "demo", by="me", at=2.0)
+    assert status()["phase"] == "cancelled"
+    run_lifecycle.mark_finished(events, "demo", 20, 3.0)  # its last step was publishing
+    finished = status()
+    assert finished["phase"] == "finished" and "its final step 20 is published" in (
+        finished["why"])  # fmt: skip
+    capsys.readouterr()
+    assert cli.main(["run", "resume", "local", "demo"]) == 2
+    assert "run demo finished (step 20 is final)" in capsys.readouterr().err

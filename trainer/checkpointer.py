@@ -578,11 +578,12 @@ class Checkpointer:
     # ------------------------------------------------------------------ training: saving
 
     def _snapshot(
-        self, step: int, tier: str, *, uploading: bool = False
+        self, step: int, tier: str, *, uploading: bool = False, script_state: bool = True
     ) -> tuple[Path, list[Staged], list[Shard]]:
-        """Collective: every rank copies its state of `step` into host memory. Returns the
-        DeepSpeed checkpoint root, this rank's staged files, and (rank 0, when `uploading`) the
-        small files DeepSpeed wrote directly (its recovery script), described for the upload."""
+        """Collective: every rank copies its state of `step` into host memory (the script's
+        own state too unless told not to). Returns the DeepSpeed checkpoint root, this rank's
+        staged files, and (rank 0, when `uploading`) the small files DeepSpeed wrote directly
+        (its recovery script), described for the upload."""
         import torch.distributed as dist
 
         failpoints.saving(step)
@@ -593,9 +594,9 @@ class Checkpointer:
         self._snapshots.tier = tier
         self._engine.save_checkpoint(str(root), tag=tag, client_state=state, save_latest=False)
         self._snapshots.save(rng_state(), str(root / tag / f"rng_rank{self.place.rank}.pt"))
-        if self._state:
-            script_state = root / tag / _state_file(self.place.rank)
-            self._snapshots.save(_state_of(self._state), str(script_state))
+        if self._state and script_state:
+            self._snapshots.save(_state_of(self._state),
+                                 str(root / tag / _state_file(self.place.rank)))  # fmt: skip
         staged = self._snapshots.take()
         direct: list[Shard] = []
         if uploading and self.place.rank == 0 and any(p.is_file() for p in root.rglob("*")):
@@ -613,7 +614,10 @@ class Checkpointer:
         """Collective: a snapshot thrown away, so the host buffers are allocated (and their
         pages touched) before training, and even the first checkpoint's stall is only a copy."""
         for tier in ("save", "light") if self.light_every else ("save",):
-            root, staged, _ = self._snapshot(0, tier)
+            # Not the script's state: a StatefulDataLoader asked for its state before the
+            # script iterates it builds its iterator then, with the sampler's epoch as it is
+            # now, before the script's set_epoch (a resumed epoch would replay an old order).
+            root, staged, _ = self._snapshot(0, tier, script_state=False)
             del staged
             if self.place.leader:
                 shutil.rmtree(root, ignore_errors=True)

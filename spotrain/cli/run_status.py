@@ -114,16 +114,44 @@ def _leaving(group: dict[str, Any]) -> int:
                for i in group.get("Instances", []))  # fmt: skip
 
 
-def _total_steps(where: Where, run: str) -> int | None:
-    """The steps of the run's newest stored configuration, or of its entry point (None if
-    none is readable, or its entry point says none)."""
+def _why_not_training(
+    phase: str, failed: bool, held: bool, stored: dict[str, Any] | None
+) -> str:  # fmt: skip
+    from spotrain.core import run_lifecycle
+
+    if failed:
+        return "held after repeated crashes (`spotrain fleet reset-crashes`)"
+    if held:
+        return "held at its spend cap (`spotrain fleet release --max-spend-usd N`)"
+    if phase == run_lifecycle.WAITING:
+        return ("submitted: the handler's next capacity check (every 5 minutes) starts its "
+                "groups" if stored else
+                "no training configuration stored (`spotrain run submit` or `spotrain config "
+                "put`)")  # fmt: skip
+    if phase == run_lifecycle.IDLE:
+        return (
+            "its groups want no machine though nothing holds it (scaled to 0 by hand?): "
+            "`spotrain fleet scale --group GROUP --desired N` gives them capacity back"
+        )
+    return ""
+
+
+def _stored_configuration(where: Where, run: str) -> dict[str, Any] | None:
+    """The run's newest stored configuration (None if none is readable)."""
     from spotrain.trainer import run_config
     from spotrain.trainer.storage import open_storage
 
     try:
-        document = run_config.newest(open_storage(f"s3://{where.bucket}"), run).document
-        return int(document.get("entry_point", document)["steps"])
-    except (SpotrainError, KeyError, TypeError, ValueError):
+        return dict(run_config.newest(open_storage(f"s3://{where.bucket}"), run).document)
+    except SpotrainError:
+        return None
+
+
+def _total_steps(document: dict[str, Any] | None) -> int | None:
+    """The steps of a stored configuration, or of its entry point (None if it says none)."""
+    try:
+        return int(document.get("entry_point", document)["steps"]) if document else None
+    except (KeyError, TypeError, ValueError):
         return None
 
 
@@ -176,6 +204,7 @@ def _standing(where: Where, run: str, groups: list[dict[str, Any]]) -> _Standing
     phase = run_lifecycle.phase(
         lifecycle, failed=state.failed, over_cap=ledger.held,
         in_service=sum(machines.values()), published=head is not None,
+        desired=sum(int(g["DesiredCapacity"]) for g in groups) if groups else None,
     )  # fmt: skip
     return _Standing(lifecycle, state, ledger, head, machines, phase)
 
@@ -198,13 +227,9 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
     step, final = (head.step, head.final) if head is not None else (None, False)
     # When each machine was warned (a spot notice's own time is the stop, two minutes on).
     marks = sorted(fleet_state.instances(where.events, run), key=_warned_at)
-    why = it.lifecycle.why_stopped or (
-        "held after repeated crashes (`spotrain fleet reset-crashes`)" if state.failed
-        else "held at its spend cap (`spotrain fleet release --max-spend-usd N`)" if ledger.held
-        else "no training configuration stored (`spotrain config put`)" if phase == "waiting"
-        else ""
-    )  # fmt: skip
-    steps = _total_steps(where, run)
+    stored = _stored_configuration(where, run)
+    why = it.lifecycle.why_stopped or _why_not_training(phase, state.failed, ledger.held, stored)
+    steps = _total_steps(stored)
     per_hour = read_throughput(where.catalog, run) if head is not None else None
     return RunStatus(
         run=run, phase=phase, why=why, step=step, final=final, machines=it.machines,

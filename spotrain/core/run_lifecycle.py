@@ -30,9 +30,13 @@ from spotrain.core.catalog_schema import (
 )
 
 WAITING = "waiting"
-"""No training configuration stored yet: no machine starts (`spotrain config put`)."""
+"""Not started by the handler yet: no configuration stored (`spotrain config put`), or stored
+and waiting for the next capacity check."""
 STARTING = "starting"
 """Started: machines are booting or meeting, no step trained by this start yet."""
+IDLE = "idle"
+"""Started and nothing holds it, yet its groups want no machine: scaled to 0 by hand (the
+capacity check keeps a group's desired capacity; `spotrain fleet scale` gives it back)."""
 TRAINING = "training"
 HELD = "held"
 """At its spend cap: groups at 0 until an operator raises the cap."""
@@ -40,7 +44,7 @@ FAILED = "failed"
 """Held after repeated crashes: groups at 0 until an operator releases it."""
 FINISHED = "finished"
 CANCELLED = "cancelled"
-PHASES = (WAITING, STARTING, TRAINING, HELD, FAILED, FINISHED, CANCELLED)
+PHASES = (WAITING, STARTING, TRAINING, IDLE, HELD, FAILED, FINISHED, CANCELLED)
 
 
 @dataclass(frozen=True)
@@ -60,11 +64,13 @@ class Lifecycle:
 
     @property
     def why_stopped(self) -> str:
+        # A run cancelled while its last step was publishing finished all the same: finished
+        # wins, as `run resume` (which refuses a finished run) has it.
+        if self.finished_step is not None:
+            return f"the run finished: its final step {self.finished_step} is published"
         if self.cancelled_at is not None:
             by = f" by {self.cancelled_by}" if self.cancelled_by else ""
             return f"the run was cancelled{by} (`spotrain run resume` starts it again)"
-        if self.finished_step is not None:
-            return f"the run finished: its final step {self.finished_step} is published"
         return ""
 
 
@@ -168,17 +174,21 @@ def phase(
     over_cap: bool,
     in_service: int,
     published: bool,
+    desired: int | None = None,
 ) -> str:
     """One word for where the run stands (see PHASES); `published`: the run has a published
-    checkpoint (a started run with machines and one is training)."""
-    if lifecycle.cancelled_at is not None:
-        return CANCELLED
+    checkpoint (a started run with machines and one is training); `desired`: its groups'
+    desired capacity together (None: not known)."""
     if lifecycle.finished_step is not None:
         return FINISHED
+    if lifecycle.cancelled_at is not None:
+        return CANCELLED
     if failed:
         return FAILED
     if over_cap:
         return HELD
     if lifecycle.started_at is None:
         return WAITING
+    if desired == 0 and not in_service:
+        return IDLE
     return TRAINING if in_service and published else STARTING
