@@ -482,3 +482,14 @@ def test_a_deadline_with_changeover_minutes_that_are_not_minutes_lists_the_probl
         assert deadline.problems() == [
             f"run_deadline.changeover_minutes is {minutes!r}: give a number of minutes, 0 or more"
         ]
+
+
+def test_a_plan_lacking_several_inputs_names_them_all_at_once(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    said = fails_clearly(capsys, ["cost", "plan", "--environment", "dev"],
+                         "the plan has 3 problem(s)", "no amount of work: give --work-hours",
+                         "no checkpoint cost: give --checkpoint-seconds",
+                         "no interruption rate for g5.xlarge in us-east-1, g6.xlarge in "
+                         "us-east-1")  # fmt: skip
+    assert "give --interruptions-per-hour" in said

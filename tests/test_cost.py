@@ -478,6 +478,7 @@ def test_plan_bad_input_is_one_message_with_the_fix(
     arguments: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     defaults = ["--checkpoint-seconds", "60"] if "--checkpoint-seconds" not in arguments else []
+    defaults += ["--instance-type", "g5.xlarge"]  # the one type the book prices: one problem
     code = cli.main(["cost", "plan", "--price-book", str(PRICE_BOOK), *defaults, *arguments])
     error = capsys.readouterr().err
     assert code == 2 and message in error, error

@@ -11,10 +11,18 @@ from typing import Any
 
 from spotrain.cli.arguments import MAX_REPLAYS, figure_path, finite, number, run_name
 from spotrain.cli.output import json_text, say
-from spotrain.cli.plan_inputs import Pool, declared_fleet, plan_inputs, pools, run_inputs
+from spotrain.cli.plan_inputs import (
+    Pool,
+    declared_fleet,
+    plan_inputs,
+    pools,
+    problems_of,
+    raise_all,
+    run_inputs,
+)
 from spotrain.cli.simulate import common_flags
 from spotrain.core import prices
-from spotrain.core.errors import CostInputError
+from spotrain.core.errors import CostInputError, SpotrainError
 from spotrain.cost import planner, report, simulation
 
 Plans = list[tuple[Pool, planner.Plan]]
@@ -25,15 +33,24 @@ def cmd_plan(args: argparse.Namespace) -> int:
         run_name(args.run)
     args.nodes_from = declared_fleet(args)
     _check_plan_flags(args)
-    run = run_inputs(args)
-    if args.deadline_hours is not None and args.deadline_hours < run["work_h"]:
-        raise CostInputError(
-            f"the deadline ({args.deadline_hours:g} h) is shorter than the work "
-            f"({run['work_h']:g} h on {args.nodes} machine(s)): move the deadline or add machines"
-        )
+    problems: list[str] = []
+    try:
+        run = run_inputs(args)
+    except SpotrainError as error:
+        problems += problems_of(error)
+    else:
+        if args.deadline_hours is not None and args.deadline_hours < run["work_h"]:
+            problems.append(f"the deadline ({args.deadline_hours:g} h) is shorter than the work "
+                            f"({run['work_h']:g} h on {args.nodes} machine(s)): move the "
+                            "deadline or add machines")  # fmt: skip
+    try:
+        found_pools = pools(args)
+    except SpotrainError as error:
+        problems += problems_of(error)
+    raise_all(problems)
     plans = [
         (pool, planner.plan(plan_inputs(args, run, pool, args.deadline_hours, args.samples)))
-        for pool in pools(args)
+        for pool in found_pools
     ]
     best_pool, best = min(
         plans,

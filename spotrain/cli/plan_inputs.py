@@ -12,7 +12,14 @@ from typing import Any
 
 from spotrain.cli.arguments import CATALOG_TABLE_FIX, EVENTS_TABLE_FIX, environment, finite
 from spotrain.core import prices
-from spotrain.core.errors import CostInputError, aws_errors, json_kind, read_json
+from spotrain.core.errors import (
+    ConfigError,
+    CostInputError,
+    SpotrainError,
+    aws_errors,
+    json_kind,
+    read_json,
+)
 from spotrain.cost import planner
 
 DEFAULT_ENVIRONMENT = "local"
@@ -58,11 +65,15 @@ def pools(args: argparse.Namespace) -> list[Pool]:
     regions = args.region or [config.primary_region]
     book = prices.load(args.price_book) if args.price_book else prices.load()
     history = _history(args.events_table) if args.events_table else {}
-    found_pools = []
+    found_pools, problems, no_rate = [], [], []
     for region in regions:
         for instance_type in types:
             # Prices given on the command line need nothing from the book but its Advisor band.
-            found = None if all(given) else book.pool(instance_type, region)
+            try:
+                found = None if all(given) else book.pool(instance_type, region)
+            except CostInputError as error:
+                problems.append(str(error))
+                continue
             advisor = book.advisor_for(instance_type, region)
             notes = []
             stale = found and prices.staleness(found, today(), args.stale_after_days)
@@ -77,16 +88,31 @@ def pools(args: argparse.Namespace) -> list[Pool]:
                 rate = planner.advisor_rate_per_hour(advisor.band)
                 source = f"Spot Instance Advisor {advisor.band} ({advisor.taken_at})"
             else:
-                raise CostInputError(
-                    f"no interruption rate for {instance_type} in {region}: the price book has "
-                    "no Advisor band for it; give --interruptions-per-hour (per instance)"
-                )
+                no_rate.append(f"{instance_type} in {region}")
+                continue
             on_demand = args.on_demand_price or (found and found.on_demand.usd_per_hour) or 0.0
             spot = args.spot_price or (found and found.spot_price) or 0.0
             found_pools.append(
                 Pool(f"{instance_type} {region}", on_demand, spot, rate, source, tuple(notes))
             )
+    if no_rate:
+        problems.append(f"no interruption rate for {', '.join(no_rate)}: the price book has "
+                        "no Advisor band for it; give --interruptions-per-hour (per "
+                        "instance)")  # fmt: skip
+    raise_all(problems)
     return found_pools
+
+
+def raise_all(problems: list[str]) -> None:
+    """Every problem of the plan's inputs at once: one line for one, a list for several."""
+    if len(problems) == 1:
+        raise CostInputError(problems[0])
+    if problems:
+        raise ConfigError("the plan", problems)
+
+
+def problems_of(error: SpotrainError) -> list[str]:
+    return list(error.problems) if isinstance(error, ConfigError) else [str(error)]
 
 
 def _history(table_name: str) -> dict[tuple[str, str], float]:
@@ -171,17 +197,18 @@ def run_inputs(args: argparse.Namespace) -> dict[str, Any]:
             )
         work_h = (steps - done) * step_s / 3600
     else:
-        raise CostInputError(
-            "no amount of work: give --work-hours, or --steps with --step-seconds (or a "
-            "--metrics file / --config whose metrics_file has step times)"
-        )
-    if not 0 < work_h < math.inf:
-        raise CostInputError(f"the work is {work_h} hours: give a positive number of hours")
+        work_h = None
+    problems = []
+    if work_h is None:
+        problems.append("no amount of work: give --work-hours, or --steps with "
+                        "--step-seconds (or a --metrics file / --config whose metrics_file has "
+                        "step times)")  # fmt: skip
+    elif not 0 < work_h < math.inf:
+        problems.append(f"the work is {work_h} hours: give a positive number of hours")
     if checkpoint_s is None:
-        raise CostInputError(
-            "no checkpoint cost: give --checkpoint-seconds (training stalled per "
-            "checkpoint), or a --metrics file with published checkpoints"
-        )
+        problems.append("no checkpoint cost: give --checkpoint-seconds (training stalled per "
+                        "checkpoint), or a --metrics file with published checkpoints")  # fmt: skip
+    raise_all(problems)
     return {
         "work_h": work_h,
         "done_steps": pace.step if pace else 0,
