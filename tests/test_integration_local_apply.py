@@ -893,8 +893,8 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     boots a new machine that resumes from that checkpoint, and every step's loss equals the
     third run's, which nothing interrupted. `run logs` shows the stopped machine's last words;
     `run list` and `status` each state; both runs finish and their groups go to 0; `run retire`
-    destroys the third's stack (its groups and declaration go) and it is listed as declared
-    again."""
+    destroys the third's stack (its groups and declaration go), its spend counted to its end,
+    and it is listed as retired with that spend."""
     import shutil as shell_tools
     import threading
     import time
@@ -1044,7 +1044,8 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         declared = local.client("ssm").get_parameters_by_path(Path="/spotrain/local/runs")
         assert sorted(p["Name"] for p in declared["Parameters"]) == [
             "/spotrain/local/runs/demo", "/spotrain/local/runs/second"]  # fmt: skip
-        assert re.search(r"^third\s+declared\s", listed(), re.M)
+        # Retired, its file kept: listed as retired with what it cost, not as never deployed.
+        assert re.search(r"^third\s+retired\s.*\$\d+\.\d\d", listed(), re.M)
     finally:
         fleet.stop_all()
 
@@ -1251,6 +1252,11 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
         paid = re.search(r"paid machine time +([\d.]+) h", report)
         assert paid and float(paid[1]) > 0, report
         assert cli.main(["run", "retire", "local", "mine"]) == 0
+        retired = capsys.readouterr().out
+        assert "run mine retired" in retired and "is counted to its machines' end" in retired
+        assert cli.main(["run", "status", "local", "mine", "--json"]) == 0
+        final = json.loads(capsys.readouterr().out)
+        assert final["phase"] == "retired" and final["spend_usd"] > 0, final
     finally:
         if play is not None and play.poll() is None:
             play.send_signal(signal.SIGINT)  # Ctrl-C: its machines stop

@@ -747,30 +747,17 @@ def update_ledger(
     run = settings["run"]
     if not run:
         return {}, None
-    ec2_for = _clients_by_region("ec2")
-    found = []
-    for region in sorted({g["region"] for g in settings["groups"]}):
-        pages = (
-            ec2_for(region)
-            .get_paginator("describe_instances")
-            .paginate(Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [run]}])
-        )
-        for page in pages:
-            found += spend_ledger.machines(page["Reservations"], now)
-    previous = spend_ledger.read(table, run)
-    since = previous.as_of or min((m.launched_at for m in found), default=now)
-    prices = spend_ledger.AwsPrices(
-        ec2_for, boto3.client("pricing", region_name=price_book.PRICE_LIST_REGION),
-        since=since, now=now,
+    counted = spend_ledger.count(
+        table, run, regions=sorted({g["region"] for g in settings["groups"]}),
+        ec2_for=_clients_by_region("ec2"),
+        pricing=boto3.client("pricing", region_name=price_book.PRICE_LIST_REGION), now=now,
+        retention_days=settings["retention_days"],
     )  # fmt: skip
-    ledger = spend_ledger.accrue(previous, found, prices, now)
-    if ledger is previous:
-        return {"counted": False, "as_of": previous.as_of, "why": "already counted"}, previous
-    if not spend_ledger.write(table, run, ledger, previous):
-        return {"counted": False, "why": "another check counted this time first"}, (
-            spend_ledger.read(table, run)
-        )
-    spend_ledger.record_point(table, run, ledger, settings["retention_days"])
+    ledger = counted.ledger
+    if counted.ledger is counted.previous:
+        return {"counted": False, "as_of": ledger.as_of, "why": "already counted"}, ledger
+    if not counted.written:
+        return {"counted": False, "why": "another check counted this time first"}, ledger
     boto3.client("cloudwatch").put_metric_data(
         Namespace=METRIC_NAMESPACE,
         MetricData=[
@@ -781,7 +768,7 @@ def update_ledger(
         ],
     )  # fmt: skip
     return {"counted": True, "as_of": ledger.as_of, "spend_usd": round(ledger.spend_usd, 4),
-            "on_demand_usd": round(ledger.on_demand_usd, 4), "machines": len(found),
+            "on_demand_usd": round(ledger.on_demand_usd, 4), "machines": counted.machines,
             "unpriced_seconds": ledger.unpriced_seconds}, ledger  # fmt: skip
 
 

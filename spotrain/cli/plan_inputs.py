@@ -79,17 +79,12 @@ def pools(args: argparse.Namespace) -> list[Pool]:
             stale = found and prices.staleness(found, today(), args.stale_after_days)
             if stale:
                 notes.append(stale)
-            if explicit_rate is not None:
-                rate, source = explicit_rate, "--interruptions-per-hour"
-            elif (instance_type, region) in history:
-                rate = history[(instance_type, region)]
-                source = f"the run's own interruptions ({args.events_table})"
-            elif advisor is not None and advisor.band:
-                rate = planner.advisor_rate_per_hour(advisor.band)
-                source = f"Spot Instance Advisor {advisor.band} ({advisor.taken_at})"
-            else:
+            rated = _rate(explicit_rate, history.get((instance_type, region)), advisor,
+                          args.events_table)  # fmt: skip
+            if rated is None:
                 no_rate.append(f"{instance_type} in {region}")
                 continue
+            rate, source = rated
             on_demand = args.on_demand_price or (found and found.on_demand.usd_per_hour) or 0.0
             spot = args.spot_price or (found and found.spot_price) or 0.0
             found_pools.append(
@@ -101,6 +96,21 @@ def pools(args: argparse.Namespace) -> list[Pool]:
                         "instance)")  # fmt: skip
     raise_all(problems)
     return found_pools
+
+
+def _rate(
+    explicit: float | None, seen: float | None, advisor: prices.Figure | None, events: str | None
+) -> tuple[float, str] | None:  # fmt: skip
+    """A pool's interruption rate and where it came from: the flag, the run's own
+    interruptions, the Advisor's band; None when there is none."""
+    if explicit is not None:
+        return explicit, "--interruptions-per-hour"
+    if seen is not None:
+        return seen, f"the run's own interruptions ({events})"
+    if advisor is not None and advisor.band:
+        return (planner.advisor_rate_per_hour(advisor.band),
+                f"Spot Instance Advisor {advisor.band} ({advisor.taken_at})")  # fmt: skip
+    return None
 
 
 def raise_all(problems: list[str]) -> None:

@@ -301,3 +301,35 @@ def show(status: RunStatus, args: argparse.Namespace) -> int:
                 if status.finish_by else "")  # fmt: skip
     say(f"  {pace}{eta}{deadline}")
     return 0
+
+
+def undeployed(where: Where, env: str, run: str, cap_usd: float | None) -> RunStatus:
+    """A run declared but not deployed: never yet (`declared`), or no longer (`retired`, with
+    what its ledger says it cost)."""
+    from spotrain.core import spend_ledger
+
+    spent = spend_ledger.read(where.events, run)
+    retired = spent.as_of is not None
+    why = (f"its stack was retired; `spotrain run submit {env} {run}` deploys it again"
+           if retired else f"its stack is not deployed: `spotrain run submit {env} {run}` (or "
+           "merging its pull request) deploys it")  # fmt: skip
+    return RunStatus(run=run, phase="retired" if retired else "declared", why=why, step=None,
+                     final=False, machines={}, sizes={}, spend_usd=round(spent.spend_usd, 2),
+                     on_demand_usd=round(spent.on_demand_usd, 2), cap_usd=cap_usd, crashes=0,
+                     last_interruption=None)  # fmt: skip
+
+
+def settle_spend(where: Where, run: str) -> Any:
+    """The run's machine time since the last capacity check, counted now (terminated machines
+    included); its ledger as it then stands."""
+    import boto3
+
+    from spotrain.core import prices, spend_ledger
+    from spotrain.core.handler_settings import EVENT_RETENTION_DAYS
+
+    return spend_ledger.count(
+        where.events, run, regions=[where.region],
+        ec2_for=lambda region: boto3.client("ec2", region_name=region),
+        pricing=boto3.client("pricing", region_name=prices.PRICE_LIST_REGION),
+        now=time.time(), retention_days=EVENT_RETENTION_DAYS,
+    ).ledger  # fmt: skip

@@ -26,7 +26,6 @@ from spotrain.cli import run_status
 from spotrain.cli.arguments import environment, figure_path, run_name
 from spotrain.cli.output import json_text, say
 from spotrain.cli.run_status import (
-    RunStatus,
     Where,
     in_service,
     line,
@@ -42,14 +41,10 @@ def _list(where: Where, args: argparse.Namespace) -> int:
 
     deployed = run_groups(where)
     statuses = [status_of(where, run, groups) for run, groups in sorted(deployed.items())]
-    # Declared in the repository, not deployed yet: nothing runs, nothing is paid.
-    statuses += [
-        RunStatus(run=r.name, phase="declared", why=f"its stack is not deployed: `spotrain run "
-                  f"submit {args.environment} {r.name}` (or merging its pull request) deploys it",
-                  step=None, final=False, machines={}, sizes={}, spend_usd=0.0,
-                  on_demand_usd=0.0, cap_usd=r.max_spend_usd, crashes=0, last_interruption=None)
-        for r in load_runs(args.environment) if r.name not in deployed
-    ]  # fmt: skip
+    # Declared in the repository, not deployed: not yet (nothing paid), or no longer (retired:
+    # its ledger says what it cost).
+    statuses += [run_status.undeployed(where, args.environment, r.name, r.max_spend_usd)
+                 for r in load_runs(args.environment) if r.name not in deployed]  # fmt: skip
     if args.json:
         say(json_text([asdict(s) for s in statuses]))
     elif not statuses:
@@ -61,6 +56,10 @@ def _list(where: Where, args: argparse.Namespace) -> int:
 
 def _status(where: Where, args: argparse.Namespace) -> int:
     figure_path(args.plot)  # a path it cannot write is refused before anything is read
+    groups = run_groups(where, args.run).get(args.run, [])
+    retired = None if groups else run_status.undeployed(where, args.environment, args.run, None)
+    if retired is not None and retired.phase == "retired":
+        return run_status.show(retired, args)
     shown = run_status.show(status_of(where, args.run, _groups_of(where, args)), args)
     if args.plot:
         from spotrain.cost import run_report
@@ -241,9 +240,14 @@ def _retire(where: Where, args: argparse.Namespace) -> int:
         raise SpotrainError(f"run {args.run} has {training} machine(s) in service: `spotrain run "
                             f"cancel {args.environment} {args.run}` first (they checkpoint and "
                             "leave), then retire it")  # fmt: skip
+    # The last check may be minutes old: its machines' time since is counted before their
+    # stack (and the handler's knowledge of the run) goes.
+    ledger = run_status.settle_spend(where, args.run)
     _run_deployment(args.environment, args.run, args.out).destroy()
-    say(f"run {args.run} retired: its stack is destroyed; its checkpoints, catalog items and "
-        "history stay (`spotrain checkpoints list` reads them)")  # fmt: skip
+    say(f"run {args.run} retired: its stack is destroyed; its spend ${ledger.spend_usd:,.2f} "
+        f"(${ledger.on_demand_usd:,.2f} on on-demand prices) is counted to its machines' end; "
+        "its checkpoints, catalog items and history stay (`spotrain checkpoints list` reads "
+        "them)")  # fmt: skip
     return 0
 
 

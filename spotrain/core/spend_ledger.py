@@ -31,6 +31,7 @@ from spotrain.core.catalog_schema import (
     EXPIRES_AT_KEY,
     LEDGER_SORT_KEY,
     PARTITION_KEY,
+    RUN_TAG,
     SORT_KEY,
     SPEND_POINT_PREFIX,
     cap_notice_sort_key,
@@ -219,6 +220,40 @@ class AwsPrices:
 
 
 # --- the item ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Counted:
+    written: bool
+    """False: already counted to now, or another check counted this time first."""
+    machines: int
+    ledger: Ledger
+    """As it stands now."""
+    previous: Ledger
+
+
+def count(
+    table: Any, run: str, *, regions: Iterable[str], ec2_for: Callable[[str], Any], pricing: Any,
+    now: float, retention_days: int,
+) -> Counted:  # fmt: skip
+    """Count the run's machine time since the ledger's as_of (every machine tagged with the
+    run in `regions`, terminated ones included) and write it, with a spend point: the
+    handler's capacity check, and `run retire` settling a run's last minutes."""
+    found = []
+    for region in regions:
+        pages = ec2_for(region).get_paginator("describe_instances").paginate(
+            Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [run]}])  # fmt: skip
+        for page in pages:
+            found += machines(page["Reservations"], now)
+    previous = read(table, run)
+    since = previous.as_of or min((m.launched_at for m in found), default=now)
+    ledger = accrue(previous, found, AwsPrices(ec2_for, pricing, since=since, now=now), now)
+    if ledger is previous:
+        return Counted(False, len(found), previous, previous)
+    if not write(table, run, ledger, previous):
+        return Counted(False, len(found), read(table, run), previous)
+    record_point(table, run, ledger, retention_days)
+    return Counted(True, len(found), ledger, previous)
+
+
 def _key(run: str) -> dict[str, str]:
     return {PARTITION_KEY: spend_key(run), SORT_KEY: LEDGER_SORT_KEY}
 
