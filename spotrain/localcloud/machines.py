@@ -64,21 +64,23 @@ def in_service(autoscaling: Any, group: str) -> tuple[list[dict[str, Any]], str]
     return instances, str(spec.get("LaunchTemplateName", ""))
 
 
-def deployed_lifecycles(ec2: Any, instance_ids: list[str]) -> dict[str, str]:
-    """Each instance's market as EC2 launched it ("spot" or "on-demand"): what its metadata
-    service must say, so the machine plays the role the group gave it (the on-demand one
-    coordinates; the spend ledger prices each by this)."""
-    if not instance_ids:
-        return {}
-    pages = ec2.get_paginator("describe_instances").paginate(InstanceIds=instance_ids)
-    return {i["InstanceId"]: "spot" if i.get("InstanceLifecycle") == "spot" else "on-demand"
-            for page in pages for r in page["Reservations"] for i in r["Instances"]}  # fmt: skip
-
-
 def on_demand_first(ec2: Any, members: list[dict[str, Any]]) -> list[tuple[dict[str, Any], str]]:
-    """The group's instances with their markets, the on-demand ones (coordinators) first."""
-    markets = deployed_lifecycles(ec2, [m["InstanceId"] for m in members])
-    paired = [(m, markets.get(m["InstanceId"], "on-demand")) for m in members]
+    """The group's instances with their markets, the on-demand ones (coordinators) first, each
+    with the type and zone EC2 launched it with (what its metadata service says, and what the
+    spend ledger prices)."""
+    ids = [m["InstanceId"] for m in members]
+    pages = ec2.get_paginator("describe_instances").paginate(InstanceIds=ids) if ids else []
+    launched = {i["InstanceId"]: i for page in pages for r in page["Reservations"]
+                for i in r["Instances"]}  # fmt: skip
+    paired = []
+    for member in members:
+        found = launched.get(member["InstanceId"], {})
+        as_launched = {**member,
+                       "InstanceType": found.get("InstanceType") or member.get("InstanceType"),
+                       "AvailabilityZone": found.get("Placement", {}).get("AvailabilityZone")
+                       or member.get("AvailabilityZone")}  # fmt: skip
+        paired.append((as_launched, "spot" if found.get("InstanceLifecycle") == "spot"
+                       else "on-demand"))  # fmt: skip
     return sorted(paired, key=lambda pair: pair[1] == "spot")
 
 
