@@ -257,9 +257,9 @@ class Checkpointer:
         """What this machine does now that the run stopped (stays and rejoins, or leaves)."""
         self._trained_a_step = False
         self.last_step: int | None = None
+        """The newest step `after_step` was told of."""
         self._step_losses: list[tuple[int, float]] = []
         """The loss the loop gave with each step since the last checkpoint started."""
-        """The newest step `after_step` was told of."""
         self._state: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ the writer's lease

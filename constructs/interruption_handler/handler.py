@@ -754,7 +754,7 @@ def update_ledger(
         retention_days=settings["retention_days"],
     )  # fmt: skip
     ledger = counted.ledger
-    if counted.ledger is counted.previous:
+    if counted.already_counted:
         return {"counted": False, "as_of": ledger.as_of, "why": "already counted"}, ledger
     if not counted.written:
         return {"counted": False, "why": "another check counted this time first"}, ledger

@@ -60,7 +60,7 @@ def _status(where: Where, args: argparse.Namespace) -> int:
     retired = None if groups else run_status.undeployed(where, args.environment, args.run, None)
     if retired is not None and retired.phase == "retired":
         return run_status.show(retired, args)
-    shown = run_status.show(status_of(where, args.run, _groups_of(where, args)), args)
+    shown = run_status.show(status_of(where, args.run, groups or _groups_of(where, args)), args)
     if args.plot:
         from spotrain.cost import run_report
 

@@ -229,6 +229,11 @@ class Counted:
     """As it stands now."""
     previous: Ledger
 
+    @property
+    def already_counted(self) -> bool:
+        """Nothing to count since the ledger's as_of (a check delivered twice, or late)."""
+        return self.ledger is self.previous
+
 
 def count(
     table: Any, run: str, *, regions: Iterable[str], ec2_for: Callable[[str], Any], pricing: Any,

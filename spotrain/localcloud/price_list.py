@@ -9,6 +9,7 @@ written by `control.set_price_book`), else the checked-in snapshot, on every req
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 from collections.abc import Callable, Iterable
@@ -24,7 +25,16 @@ GET_PRODUCTS_TARGET = "AWSPriceListService.GetProducts"
 def book() -> prices.PriceBook:
     served = faults.served_file()
     local = served.with_name(BOOK_NAME) if served is not None else None
-    return prices.load(local if local is not None and local.exists() else prices.SNAPSHOT)
+    chosen = local if local is not None and local.exists() else prices.SNAPSHOT
+    stat = chosen.stat()
+    return _loaded(str(chosen), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded(path: str, mtime_ns: int, size: int) -> prices.PriceBook:
+    """A book read once while its file stays as it is (a price check per machine per capacity
+    check would parse the whole snapshot each time); a book set anew is read anew."""
+    return prices.load(path)
 
 
 def zone_names(region: str) -> dict[str, str]:
