@@ -3,6 +3,7 @@ predicts uniformly, it learns the synthetic corpus, and the sampler replays exac
 
 from __future__ import annotations
 
+import argparse
 import itertools
 import math
 import os
@@ -216,6 +217,41 @@ def test_launch_gives_the_ranks_the_shutdown_timeout_on_a_membership_change(
     LocalElasticAgent._stop_workers(Agent(), worker_group=None)  # type: ignore[arg-type]
     assert asked == [90]
     assert os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] == "1"
+
+
+def test_an_older_torchrun_without_shutdown_timeout_still_waits_that_long(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GPU images carry older PyTorch (2.11 on the benchmark's H100) whose torchrun refuses
+    `--shutdown-timeout`: the launcher takes it off the command line and makes it the least
+    time any stop waits for the ranks' emergency checkpoint."""
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    from spotrain.trainer import launch
+
+    argv = ["launch", "--nproc-per-node", "1", "--shutdown-timeout", "90", "--standalone"]
+    assert launch._older_torchrun(list(argv)) == argv  # this torchrun knows the flag
+
+    newer = run.get_args_parser
+
+    def older() -> argparse.ArgumentParser:
+        parser = newer()
+        parser._actions = [
+            a for a in parser._actions if "--shutdown-timeout" not in a.option_strings
+        ]
+        return parser
+
+    waited: list[int] = []
+    monkeypatch.setattr(run, "get_args_parser", older)
+    monkeypatch.setattr(
+        PContext, "close", lambda self, death_sig=None, timeout=30: waited.append(timeout)
+    )
+    assert launch._older_torchrun(list(argv)) == [
+        "launch", "--nproc-per-node", "1", "--standalone"]  # fmt: skip
+    PContext.close(object(), None)  # type: ignore[arg-type]
+    PContext.close(object(), None, timeout=300)  # type: ignore[arg-type]
+    assert waited == [90, 300]
 
 
 def test_learning_rate_warms_up_then_decays_to_a_tenth_and_holds() -> None:

@@ -51,7 +51,10 @@ def _repair_torchrun() -> None:
     os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
     def stop_workers_as_long_as_a_shutdown(self: Any, worker_group: Any) -> None:
-        self._shutdown(timeout=self._shutdown_timeout)
+        if hasattr(self, "_shutdown_timeout"):
+            self._shutdown(timeout=self._shutdown_timeout)
+        else:  # an older torchrun: the timeout lives in PContext.close (_older_torchrun)
+            self._shutdown()
 
     LocalElasticAgent._stop_workers = stop_workers_as_long_as_a_shutdown
 
@@ -80,6 +83,29 @@ def _repair_torchrun() -> None:
     SubprocessHandler.close = close
 
 
+def _older_torchrun(argv: list[str]) -> list[str]:
+    """torchrun before PyTorch 2.13 (GPU images often carry one) has no `--shutdown-timeout`:
+    take it off the command line and make it the least time every stop waits for the ranks."""
+    from torch.distributed import run
+    from torch.distributed.elastic.multiprocessing.api import PContext
+
+    if "--shutdown-timeout" not in argv or any(
+        "--shutdown-timeout" in action.option_strings for action in run.get_args_parser()._actions
+    ):
+        return argv
+    at = argv.index("--shutdown-timeout")
+    least = int(argv[at + 1])
+    close = PContext.close
+
+    def close_waiting_for_the_checkpoint(
+        self: Any, death_sig: Any = None, timeout: int = 30
+    ) -> None:
+        close(self, death_sig, max(timeout, least))
+
+    PContext.close = close_waiting_for_the_checkpoint
+    return argv[:at] + argv[at + 2 :]
+
+
 def main() -> None:
     import signal
     import sys
@@ -88,6 +114,7 @@ def main() -> None:
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
     _repair_torchrun()
+    sys.argv = _older_torchrun(sys.argv)
     try:
         run.main()
     except SignalException as stopped:
