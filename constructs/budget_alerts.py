@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import deny_insecure_transport, policy_document, statement
+from spotrain.core import resource_names as names
 from spotrain.core.errors import raise_if_problems
 
 ALERT_THRESHOLDS: tuple[tuple[str, int], ...] = (
@@ -45,11 +46,6 @@ class BudgetAlertsProps:
         if not self.emails:
             problems.append("emails is empty: give at least one address")
         raise_if_problems("BudgetAlertsProps", problems)
-
-
-def monthly_budget_name(name: str) -> str:
-    """The budget BudgetAlerts named `name` creates."""
-    return f"{name}-monthly"
 
 
 class BudgetAlerts(Construct):
@@ -89,7 +85,7 @@ class BudgetAlerts(Construct):
         self.budget = aws.budgets_budget.BudgetsBudget(
             self,
             "MonthlyBudget",
-            name=monthly_budget_name(props.name),
+            name=names.monthly_budget(props.name),
             budget_type="COST",
             limit_amount=f"{props.monthly_limit_usd:.2f}",
             limit_unit="USD",

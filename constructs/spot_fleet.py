@@ -27,6 +27,7 @@ from typing import Any
 from spotrain.cdk import Construct, Fn, TerraformResourceLifecycle, aws
 from spotrain.constructs.policy import assume_role_policy, policy_document
 from spotrain.constructs.spot_fleet_iam import machine_statements
+from spotrain.core import resource_names as names
 from spotrain.core.errors import raise_if_problems
 
 
@@ -175,7 +176,7 @@ def user_data_values(props: SpotFleetProps) -> list[str]:
         props.events_table_name,
         nnodes(props.min_size, props.max_size),
         str(RENDEZVOUS_PORT),
-        log_group_name(props.name),
+        names.machine_log_group(props.name),
         props.image or "",  # empty: the image baked into the machine image
     ]
 
@@ -189,15 +190,6 @@ def nnodes(min_size: int, max_size: int) -> str:
     return "1" if max_size <= 1 else f"{max(1, min_size)}:{max_size}"
 
 
-def log_group_name(fleet_name: str) -> str:
-    """Where the fleet's machines send their boot and training output (one stream each)."""
-    return f"/spotrain/{fleet_name}/machines"
-
-
-def on_demand_group_name(fleet_name: str) -> str:
-    return f"{fleet_name}-on-demand"
-
-
 class SpotFleet(Construct):
     def __init__(self, scope: Construct, id_: str, *, props: SpotFleetProps) -> None:
         super().__init__(scope, id_)
@@ -205,14 +197,14 @@ class SpotFleet(Construct):
         own_groups = [
             f"arn:aws:autoscaling:{props.region}:{props.account_id}:"
             f"autoScalingGroup:*:autoScalingGroupName/{name}"
-            for name in (props.name, on_demand_group_name(props.name))
+            for name in (props.name, names.on_demand_group(props.name))
         ]
         # A reclaimed machine's output outlives it: every machine sends its boot and training
         # output to this group (`spotrain logs ship`), through the environment's logs endpoint.
         self.log_group = aws.cloudwatch_log_group.CloudwatchLogGroup(
             self,
             "MachineLogs",
-            name=log_group_name(props.name),
+            name=names.machine_log_group(props.name),
             retention_in_days=props.log_retention_days,
             kms_key_id=props.log_kms_key_arn,
         )
@@ -432,7 +424,7 @@ class SpotFleet(Construct):
         on_demand_group = asg.AutoscalingGroup(
             self,
             "OnDemandFallbackGroup",
-            name=on_demand_group_name(props.name),
+            name=names.on_demand_group(props.name),
             min_size=0,
             desired_capacity=0,
             max_size=props.max_size,

@@ -20,6 +20,7 @@ import sys
 from collections.abc import Iterable
 
 from spotrain.cdk import App
+from spotrain.core import resource_names as names
 from spotrain.core.errors import SpotrainError
 from spotrain.stacks.budget import BudgetStack
 from spotrain.stacks.catalog import CatalogStack
@@ -27,7 +28,7 @@ from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
 from spotrain.stacks.interruptions import InterruptionsStack
 from spotrain.stacks.network import NetworkStack
-from spotrain.stacks.run import RunStack, run_stack_part
+from spotrain.stacks.run import RunStack
 from spotrain.stacks.runs import RunConfig, load_runs
 from spotrain.stacks.storage import StorageStack
 
@@ -77,7 +78,7 @@ def add_environment(
         "interruptions": interruptions,
     }
     for run in runs:
-        stacks[run_stack_part(run.name)] = RunStack(
+        stacks[names.run_stack_part(run.name)] = RunStack(
             app,
             config=config,
             run=run,

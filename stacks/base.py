@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from spotrain.cdk import Construct, S3Backend, TerraformStack, aws
+from spotrain.core import resource_names as names
 from spotrain.stacks.config import EnvironmentConfig
 
 # Services the blueprint calls; on the local cloud each is pointed at the emulator.
@@ -77,7 +78,7 @@ def state_backend_settings(config: EnvironmentConfig, stack_name: str) -> dict[s
 
 def resource_name(config: EnvironmentConfig, suffix: str) -> str:
     """Name for a regional resource of the environment, e.g. `spotrain-dev-events`."""
-    return f"spotrain-{config.name}-{suffix}"
+    return names.environment_resource(config.name, suffix)
 
 
 class EnvironmentStack(TerraformStack):

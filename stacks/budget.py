@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 from spotrain.cdk import Construct, TerraformOutput
-from spotrain.constructs.budget_alerts import BudgetAlerts, BudgetAlertsProps, monthly_budget_name
+from spotrain.constructs.budget_alerts import BudgetAlerts, BudgetAlertsProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
+from spotrain.core import resource_names as names
 from spotrain.stacks.base import EnvironmentStack, resource_name
 from spotrain.stacks.config import EnvironmentConfig
-
-BUDGET_SUFFIX = "budget"
-
-
-def budget_name(config: EnvironmentConfig) -> str:
-    """The environment's monthly budget (`spotrain budget NAME`, the runbooks' BUDGET)."""
-    return monthly_budget_name(resource_name(config, BUDGET_SUFFIX))
 
 
 class BudgetStack(EnvironmentStack):
@@ -35,7 +29,7 @@ class BudgetStack(EnvironmentStack):
             self,
             "Budget",
             props=BudgetAlertsProps(
-                name=resource_name(config, BUDGET_SUFFIX),
+                name=resource_name(config, names.BUDGET_SUFFIX),
                 monthly_limit_usd=config.monthly_budget_usd,
                 emails=config.alert_emails,
                 cost_filter_tag=("spotrain:environment", config.name),

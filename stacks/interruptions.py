@@ -11,13 +11,9 @@ from spotrain.constructs.interruption_handler.construct import (
     InterruptionHandler,
     InterruptionHandlerProps,
 )
-from spotrain.stacks.base import EnvironmentStack, resource_name
+from spotrain.core import resource_names as names
+from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-from spotrain.stacks.runs import fleet_name_prefix
-
-
-def handler_name(config: EnvironmentConfig) -> str:
-    return resource_name(config, "interruption-handler")
 
 
 class InterruptionsStack(EnvironmentStack):
@@ -40,14 +36,14 @@ class InterruptionsStack(EnvironmentStack):
             self,
             "Handler",
             props=InterruptionHandlerProps(
-                name=handler_name(config),
+                name=names.interruption_handler(config.name),
                 events_table_arn=events_table_arn,
                 events_table_name=events_table_name,
                 kms_key_arn=primary_key_arn,
                 account_id=self.account_id,
                 region=config.primary_region,
                 environment=config.name,
-                group_name_prefix=fleet_name_prefix(config.name),
+                group_name_prefix=names.fleet_name_prefix(config.name),
                 alert_emails=config.alert_emails,
                 log_retention_days=config.log_retention_days,
                 catalog_stream_arn=catalog_stream_arn,

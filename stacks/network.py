@@ -5,9 +5,9 @@ from __future__ import annotations
 
 from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.private_network import PrivateNetwork, PrivateNetworkProps
+from spotrain.core import resource_names as names
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-from spotrain.stacks.runs import fleet_name_prefix
 
 
 class NetworkStack(EnvironmentStack):
@@ -37,7 +37,7 @@ class NetworkStack(EnvironmentStack):
                 s3_buckets=(checkpoint_bucket_arn,),  # the replica's region is not this one
                 dynamodb_tables=(catalog_table_arn, events_table_arn),
                 image_repositories=(image_repository_arn,),
-                fleet_name_prefix=fleet_name_prefix(config.name),
+                fleet_name_prefix=names.fleet_name_prefix(config.name),
             ),
         )
         TerraformOutput(self, "vpc", value=self.network.vpc.id)

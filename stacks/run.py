@@ -9,30 +9,21 @@ from __future__ import annotations
 from spotrain.cdk import Construct, TerraformOutput, aws
 from spotrain.constructs.interruption_handler.construct import CapacityGroup, declared_run
 from spotrain.constructs.private_network import PrivateNetwork
-from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps, on_demand_group_name
+from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps
+from spotrain.core import resource_names as names
 from spotrain.core.errors import ConfigError
 from spotrain.core.gpu_types import efa_interfaces
 from spotrain.core.handler_settings import run_parameter_name
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-from spotrain.stacks.runs import RunConfig, fleet_group_name
-
-
-def image_parameter_name(environment: str) -> str:
-    """SSM parameter the image build writes the image id to."""
-    return f"/spotrain/{environment}/image-id"
-
-
-def run_stack_part(run: str) -> str:
-    """The part of `<env>-run-<run>`: one stack per run."""
-    return f"run-{run}"
+from spotrain.stacks.runs import RunConfig
 
 
 def capacity_groups(config: EnvironmentConfig, run: RunConfig) -> tuple[CapacityGroup, ...]:
     """The run's groups the handler may scale: spot first (started at the run's declared
     sizes), on-demand as the fallback (empty until needed). Both run in the primary region,
     which holds the run's data."""
-    spot = fleet_group_name(config.name, run.name)
+    spot = names.fleet_group(config.name, run.name)
     return (
         CapacityGroup(
             name=spot,
@@ -43,7 +34,7 @@ def capacity_groups(config: EnvironmentConfig, run: RunConfig) -> tuple[Capacity
             desired=run.desired_size,
         ),
         CapacityGroup(
-            name=on_demand_group_name(spot),
+            name=names.on_demand_group(spot),
             region=config.primary_region,
             lifecycle="on-demand",
             holds_data=True,
@@ -70,7 +61,9 @@ class RunStack(EnvironmentStack):
         events_table_name: str,
         image_repository_arn: str,
     ) -> None:
-        super().__init__(scope, run_stack_part(run.name), config=config, run_tags=run.run_tags)
+        super().__init__(
+            scope, names.run_stack_part(run.name), config=config, run_tags=run.run_tags
+        )
         self.run = run
         endpoints = network.interface_endpoints
         registry_endpoint_ids = tuple(str(endpoints[s].id) for s in ("ecr.api", "ecr.dkr"))
@@ -88,12 +81,12 @@ class RunStack(EnvironmentStack):
             self,
             "Fleet",
             props=SpotFleetProps(
-                name=fleet_group_name(config.name, run.name),
+                name=names.fleet_group(config.name, run.name),
                 run_name=run.name,
                 instance_types=run.instance_types,
                 subnet_ids=subnets,
                 vpc_id=str(network.vpc.id),
-                image_parameter_name=image_parameter_name(config.name),
+                image_parameter_name=names.image_parameter(config.name),
                 min_size=run.min_size,
                 desired_size=run.desired_size,
                 max_size=run.max_size,

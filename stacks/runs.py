@@ -24,6 +24,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from spotrain.core import resource_names as names
 from spotrain.core.catalog_schema import RUN_TAG, run_name_problem
 from spotrain.core.deadline_policy import RunDeadline
 from spotrain.core.entry_point import EntryPoint
@@ -58,18 +59,6 @@ OWNER_TAG = "spotrain:owner"
 
 FLEET_NAME_LIMIT = 64
 """IAM role names (the fleet's instance role is named for it) take 64 characters."""
-
-
-def fleet_name_prefix(environment: str) -> str:
-    """What every fleet of the environment is named with: the handler may scale, and the
-    shared endpoints serve, only what is named so."""
-    return f"spotrain-{environment}-"
-
-
-def fleet_group_name(environment: str, run: str) -> str:
-    """The run's spot group (and fleet, role, launch template) name; its on-demand fallback
-    adds `-on-demand`."""
-    return f"{fleet_name_prefix(environment)}{run}-fleet"
 
 
 def _positive_number(value: object) -> bool:
@@ -196,7 +185,7 @@ class RunConfig:
         problems: list[str] = []
         if problem := run_name_problem(self.name):
             problems.append(f"the file's name: {problem} (the file's name is the run's)")
-        fleet = fleet_group_name(self.environment, self.name)
+        fleet = names.fleet_group(self.environment, self.name)
         if len(fleet) > FLEET_NAME_LIMIT:
             problems.append(
                 f"the run's name is too long for environment {self.environment!r}: its fleet "

@@ -13,20 +13,10 @@ from spotrain.constructs.replicated_bucket_pair import (
     ReplicatedBucketPairProps,
 )
 from spotrain.core import catalog_schema
+from spotrain.core import resource_names as names
 from spotrain.core.image_reference import image_repository_name
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
-from spotrain.stacks.interruptions import handler_name
-
-
-def checkpoint_bucket_name(config: EnvironmentConfig, region: str) -> str:
-    """The environment's checkpoint bucket in `region` (its runs' prefixes, its datasets)."""
-    return f"{config.bucket_prefix}-checkpoints-{region}"
-
-
-def data_key_alias(config: EnvironmentConfig, region: str) -> str:
-    """The alias (without `alias/`) of the environment's data key in `region`."""
-    return f"spotrain-{config.name}-data-{region}"
 
 
 class StorageStack(EnvironmentStack):
@@ -43,7 +33,7 @@ class StorageStack(EnvironmentStack):
                 self,
                 f"{label}Key",
                 props=EncryptionKeyProps(
-                    alias=data_key_alias(config, region),
+                    alias=names.data_key_alias(config.name, region),
                     description=f"spotrain {config.name}: checkpoints, catalog, logs in {region}",
                     account_id=self.account_id,
                     region=region,
@@ -51,7 +41,11 @@ class StorageStack(EnvironmentStack):
                     # The interruption handler's rules dead-letter into a queue under the
                     # primary key (the handler runs in the primary region).
                     dead_letter_rules=(
-                        (rule_arns(handler_name(config), region, self.account_id),)
+                        (
+                            rule_arns(
+                                names.interruption_handler(config.name), region, self.account_id
+                            ),
+                        )
                         if label == "Primary"
                         else ()
                     ),
@@ -76,7 +70,7 @@ class StorageStack(EnvironmentStack):
         def checkpoint_bucket(label: str) -> EncryptedBucketProps:
             region, provider = regions[label]
             return EncryptedBucketProps(
-                bucket_name=checkpoint_bucket_name(config, region),
+                bucket_name=names.checkpoint_bucket(config.bucket_prefix, region),
                 account_id=self.account_id,
                 kms_key_arn=keys[label].arn,
                 access_log_bucket=log_buckets[label].log_target_name,

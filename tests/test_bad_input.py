@@ -493,3 +493,19 @@ def test_a_plan_lacking_several_inputs_names_them_all_at_once(
                          "no interruption rate for g5.xlarge in us-east-1, g6.xlarge in "
                          "us-east-1")  # fmt: skip
     assert "give --interruptions-per-hour" in said
+
+
+def test_a_missing_program_is_named_with_how_to_get_it(tmp_path: Path) -> None:
+    """Synthesis runs Node.js (CDK for Terraform): without it, one line says what to install
+    and that watching runs needs neither, not jsii's traceback."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "spotrain.cli", "synth", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PATH": str(tmp_path)},  # no program at all
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.count("error:") == 1 and "Traceback" not in done.stderr, done.stderr
+    assert "runs `node`, which is not installed here: install Node.js 20" in done.stderr

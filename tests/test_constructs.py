@@ -15,6 +15,7 @@ from spotrain.constructs.encrypted_bucket import EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKeyProps
 from spotrain.constructs.replicated_bucket_pair import ReplicatedBucketPairProps
 from spotrain.core.errors import ConfigError
+from spotrain.core.handler_settings import RUNS_PARAMETER_PATH_VARIABLE, HandlerSettings
 from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
 
 
@@ -542,8 +543,8 @@ def test_handler_is_told_its_environment_topic_and_queue_and_each_run_declares_i
 ) -> None:
     stack = load_stack(synth_dir, "dev-interruptions")
     variables = only(resources(stack, "aws_lambda_function"))["environment"]["variables"]
-    assert (variables["ENVIRONMENT"], variables["RUNS_PARAMETER_PATH"]) == (
-        "dev", "/spotrain/dev/runs")  # fmt: skip
+    environment = variables[HandlerSettings.variable("environment")]
+    assert (environment, variables[RUNS_PARAMETER_PATH_VARIABLE]) == ("dev", "/spotrain/dev/runs")
     assert not {"RUN_NAME", "CAPACITY_GROUPS", "MAX_SPEND_USD"} & set(variables)
     run = load_stack(synth_dir, "dev-run-gpt-small")
     parameter = only(resources(run, "aws_ssm_parameter"))
@@ -557,7 +558,7 @@ def test_handler_is_told_its_environment_topic_and_queue_and_each_run_declares_i
         ("spotrain-dev-gpt-small-fleet", "spot", "us-east-1", 1, 2),
         ("spotrain-dev-gpt-small-fleet-on-demand", "on-demand", "us-east-1", 0, 0),
     ]  # fmt: skip
-    assert variables["ALERT_TOPIC_ARN"].startswith("${aws_sns_topic.")
+    assert variables[HandlerSettings.variable("alert_topic_arn")].startswith("${aws_sns_topic.")
     assert variables["DEAD_LETTER_QUEUE_URL"].startswith("${aws_sqs_queue.")
     # Every resource of the run carries the run and its owner: the bill splits by both.
     tags = run["provider"]["aws"][0]["default_tags"][0]["tags"]
@@ -652,8 +653,10 @@ def test_a_run_with_a_deadline_gives_its_handler_the_deadline_and_its_progress_o
     prod = load_stack(synth_dir, "prod-interruptions")
     variables = only(resources(prod, "aws_lambda_function"))["environment"]["variables"]
     # The catalog stack's checkpoint table, resolved by Terraform from that stack's outputs.
-    assert variables["CHECKPOINTS_TABLE"].startswith("${data.terraform_remote_state.")
-    assert "CheckpointCatalog" in variables["CHECKPOINTS_TABLE"]
+    assert variables[HandlerSettings.variable("checkpoints_table")].startswith(
+        "${data.terraform_remote_state."
+    )
+    assert "CheckpointCatalog" in variables[HandlerSettings.variable("checkpoints_table")]
     policy = only(
         {n: p for n, p in resources(prod, "aws_iam_role_policy").items() if "Handler" in n}
     )

@@ -914,3 +914,37 @@ def test_the_local_cloud_answers_a_zone_the_book_names_by_id_by_its_name() -> No
     assert [(a["AvailabilityZone"], a["SpotPrice"]) for a in answered] == [
         ("us-east-1a", "0.442300")
     ]  # use1-az6 is us-east-1a in the local cloud's account
+
+
+def test_the_advisors_public_data_gives_the_bands_a_plan_reads_its_interruptions_from(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`prices advisor` reads the Spot Instance Advisor's public data (here a saved sample in
+    its shape, figures made up) into the book's bands, with no credentials: a plan on the
+    checked-in snapshot, which has no band, then needs no --interruptions-per-hour."""
+    import shutil
+
+    book = tmp_path / "book.json"
+    shutil.copy(prices.SNAPSHOT, book)
+    plan = ["cost", "plan", "--price-book", str(book), "--instance-type", "g5.xlarge",
+            "--region", "us-east-1", "--work-hours", "10",
+            "--checkpoint-seconds", "60"]  # fmt: skip
+    assert cli.main(plan) == 2
+    assert "give --interruptions-per-hour" in capsys.readouterr().err
+    sample = FIXTURES / "spot-advisor-data.sample.json"
+    code = cli.main(["prices", "advisor", "--from-file", str(sample), "--price-book", str(book),
+                     "--instance-type", "g5.xlarge", "--instance-type", "g6.xlarge",
+                     "--region", "us-east-1", "--region", "us-west-2"])  # fmt: skip
+    said = capsys.readouterr().out
+    assert code == 1 and "no Advisor band for g6.xlarge in us-west-2" in said, said
+    loaded = prices.load(book)
+    bands = {(f.instance_type, f.region): f.band for f in loaded.advisor}
+    assert bands == {("g5.xlarge", "us-east-1"): "10-15%", ("g6.xlarge", "us-east-1"): "5-10%",
+                     ("g5.xlarge", "us-west-2"): ">20%"}  # fmt: skip
+    assert loaded.on_demand == prices.load().on_demand  # the prices stay as they were
+    assert cli.main(plan) == 0
+    assert "Spot Instance Advisor 10-15%" in capsys.readouterr().out
+    (tmp_path / "other.json").write_text('{"ranges": []}')
+    assert cli.main(["prices", "advisor", "--from-file", str(tmp_path / "other.json"),
+                     "--price-book", str(book), "--instance-type", "g5.xlarge"]) == 2  # fmt: skip
+    assert "has no `ranges` (index, label) and `spot_advisor`" in capsys.readouterr().err

@@ -24,9 +24,9 @@ from spotrain.cli import train as train_command
 from spotrain.constructs.spot_fleet import USER_DATA, user_data_values
 from spotrain.core import fleet_state
 from spotrain.core.image_reference import BAKED_IMAGE, REGISTRY_PULL_ACTIONS
+from spotrain.core.resource_names import image_parameter
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
-from spotrain.stacks.run import image_parameter_name
 from spotrain.stacks.runs import read_run
 from spotrain.trainer.catalog import DynamoCatalog
 from spotrain.trainer.storage import LocalStorage
@@ -115,7 +115,7 @@ def test_packer_recipe_bakes_an_imdsv2_only_encrypted_image_and_publishes_its_id
         unquote(c) for p in build["post-processor"] if '"shell-local"' in p
         for c in p['"shell-local"']["inline"]
     )  # fmt: skip
-    parameter = image_parameter_name("${var.environment}")
+    parameter = image_parameter("${var.environment}")
     assert f"--name {parameter}" in publish  # where the fleet's launch template reads it
     # The image it bakes is the name the boot script runs when a run pins none.
     assert f"docker tag ${{var.trainer_image}} {BAKED_IMAGE}" in shell

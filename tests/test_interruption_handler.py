@@ -26,8 +26,10 @@ from spotrain.constructs.interruption_handler.construct import CapacityGroup, de
 from spotrain.core import catalog_schema as schema
 from spotrain.core import fleet_state
 from spotrain.core.deadline_policy import RunDeadline
-from spotrain.core.handler_settings import run_parameter_name, runs_parameter_path
+from spotrain.core.handler_settings import HandlerSettings, run_parameter_name
 
+ENVIRONMENT_VARIABLE = HandlerSettings.variable("environment")
+"""Where the handler reads the environment whose runs it serves."""
 FIXTURES = Path(__file__).parent / "fixtures" / "events"
 TABLE = "spotrain-test-events"
 REGION = "us-east-1"
@@ -128,7 +130,7 @@ def create_group(name: str, region: str, zone: str, desired: int, run: str = RUN
             }
         },
         Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True}
-              for k, v in (("spotrain:environment", os.environ["ENVIRONMENT"]),
+              for k, v in (("spotrain:environment", os.environ[ENVIRONMENT_VARIABLE]),
                            ("spotrain:run", run))],
     )  # fmt: skip
 
@@ -162,12 +164,10 @@ def _handler_environment(dynamodb: Any, monkeypatch: pytest.MonkeyPatch) -> Clou
     ]["QueueArn"]
     sns.subscribe(TopicArn=topic, Protocol="sqs", Endpoint=notices_arn)
     environment = f"unit{random.getrandbits(32):08x}"  # its own runs on a shared local cloud
-    for key, value in {
-        "EVENTS_TABLE": TABLE, "ALERT_TOPIC_ARN": topic,
-        "DEAD_LETTER_QUEUE_URL": queue_url, "HOT_POOL_THRESHOLD": "2",
-        "ON_DEMAND_DEADLINE_MINUTES": "10", "ENVIRONMENT": environment,
-        "RUNS_PARAMETER_PATH": runs_parameter_path(environment),
-    }.items():  # fmt: skip
+    for key, value in HandlerSettings(
+        events_table=TABLE, alert_topic_arn=topic, dead_letter_queue_url=queue_url,
+        hot_pool_threshold=2, on_demand_deadline_minutes=10, environment=environment,
+    ).to_environment().items():  # fmt: skip
         monkeypatch.setenv(key, value)
     declare_run([
         CapacityGroup(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True),
@@ -181,7 +181,7 @@ def _handler_environment(dynamodb: Any, monkeypatch: pytest.MonkeyPatch) -> Clou
 def declare_run(groups: list[CapacityGroup], run: str = RUN, **settings: Any) -> None:
     """What the run's stack writes: its declaration to the environment's handler."""
     boto3.client("ssm", region_name=REGION).put_parameter(
-        Name=run_parameter_name(os.environ["ENVIRONMENT"], run), Type="SecureString",
+        Name=run_parameter_name(os.environ[ENVIRONMENT_VARIABLE], run), Type="SecureString",
         Overwrite=True,
         Value=declared_run(run=run, capacity_groups=tuple(groups), **settings),
     )  # fmt: skip
@@ -646,7 +646,7 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
         catalog.put_item(Item={"pk": run_key(RUN), "sk": checkpoint_sort_key(step), "step": step,
                                "created_at": at, "generation": 1})  # fmt: skip
     iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
-    monkeypatch.setenv("CHECKPOINTS_TABLE", names["catalog"])
+    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), names["catalog"])
     monkeypatch.setenv("CAPACITY_CHECK_MINUTES", "60")  # a check per tick of the script
     declare_run(
         [CapacityGroup(name=names[kind], region=REGION, lifecycle=kind, holds_data=True)
@@ -694,8 +694,8 @@ def _lifecycle_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> A
     create_group("east-on-demand", "us-east-1", "us-east-1b", 0)
     boto3.client("s3").create_bucket(Bucket="configs")
     create_catalog_table(boto3.client("dynamodb"), "catalog", stream=True)
-    monkeypatch.setenv("CONFIG_BUCKET", "configs")
-    monkeypatch.setenv("CHECKPOINTS_TABLE", "catalog")
+    monkeypatch.setenv(HandlerSettings.variable("config_bucket"), "configs")
+    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), "catalog")
     declare_run([
         CapacityGroup(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True,
                       min_size=1, desired=2),
@@ -873,7 +873,7 @@ def test_one_handler_serves_each_run_of_its_environment_on_its_own(
                                   Body=b"{}")  # fmt: skip
     # And a declaration that is not one: logged, left out; the others are checked.
     boto3.client("ssm").put_parameter(
-        Name=run_parameter_name(os.environ["ENVIRONMENT"], "broken"), Type="SecureString",
+        Name=run_parameter_name(os.environ[ENVIRONMENT_VARIABLE], "broken"), Type="SecureString",
         Value="{not json",
     )  # fmt: skip
     runs = handler.handle(check)["runs"]
@@ -919,3 +919,24 @@ def test_a_burst_of_warnings_reads_the_declarations_once_and_a_new_run_at_once(
     monkeypatch.setattr(handler, "DECLARATIONS_TTL_S", 0.0)
     handler.handle(for_instance("spot-interruption-warning", run_instance(), id="later"))
     assert len(reads) == 4
+
+
+def test_the_handlers_settings_own_their_environment_variables() -> None:
+    """The construct writes the function's environment from the settings and the handler reads
+    it back with them: each variable named once, the defaults filled in, a missing or
+    malformed one refused (the handler sends such an event to its dead letters)."""
+    given = HandlerSettings(events_table="t", environment="dev", alert_topic_arn="arn:topic",
+                            rate_window_minutes=30)  # fmt: skip
+    written = given.to_environment()
+    assert written == {
+        "EVENTS_TABLE": "t", "EVENT_RETENTION_DAYS": "90", "ENVIRONMENT": "dev",
+        "RUNS_PARAMETER_PATH": "/spotrain/dev/runs", "ALERT_TOPIC_ARN": "arn:topic",
+        "HOT_POOL_THRESHOLD": "2", "RATE_WINDOW_MINUTES": "30",
+        "ON_DEMAND_DEADLINE_MINUTES": "10", "CAPACITY_CHECK_MINUTES": "5",
+    }  # fmt: skip
+    assert HandlerSettings.from_environment(written) == given
+    assert HandlerSettings.variable("dead_letter_queue_url") == "DEAD_LETTER_QUEUE_URL"
+    with pytest.raises(KeyError, match="EVENTS_TABLE"):
+        HandlerSettings.from_environment({"ENVIRONMENT": "dev"})
+    with pytest.raises(ValueError):
+        HandlerSettings.from_environment({**written, "HOT_POOL_THRESHOLD": "two"})

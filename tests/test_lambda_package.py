@@ -41,6 +41,7 @@ def test_zip_entries_are_sorted_with_fixed_times_and_permissions() -> None:
         "spotrain/core/image_reference.py",
         "spotrain/core/price_book.json",
         "spotrain/core/prices.py",
+        "spotrain/core/resource_names.py",
         "spotrain/core/run_lifecycle.py",
         "spotrain/core/spend_ledger.py",
         "spotrain/core/validation.py",

@@ -164,3 +164,35 @@ def test_the_readme_is_a_front_door_whose_map_names_every_unit_and_whose_links_h
     for page in [ROOT / "README.md", *(ROOT / "docs").glob("*.md")]:
         for target in re.findall(r"\]\(([^)#:]+)(?:#[^)]*)?\)", page.read_text()):
             assert (page.parent / target).exists(), f"{page.name} links to missing {target}"
+
+
+def test_every_spotrain_command_the_readme_and_docs_show_is_one_the_cli_takes() -> None:
+    """The command lines in the README's and docs' bash blocks, as a reader copies them: each
+    names a command, its arguments and flags as `spotrain` parses them (the runbooks' blocks
+    run for real in tests/test_runbooks.py; these would need an account)."""
+    import contextlib
+    import io
+    import re
+    import shlex
+
+    from spotrain import cli
+
+    parser, shown = cli.parser(), 0
+    for page in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        for block in re.findall(r"```bash\n(.*?)```", page.read_text(), flags=re.DOTALL):
+            for line in block.replace("\\\n", " ").splitlines():
+                words = shlex.split(line, comments=True)
+                starts = [i for i, w in enumerate(words) if w.endswith("spotrain")]
+                if not starts or "$(" in line.split("spotrain")[0]:
+                    continue
+                argv = words[starts[0] + 1 :]
+                refused = io.StringIO()
+                with contextlib.redirect_stderr(refused):
+                    try:
+                        parser.parse_args(argv)
+                    except SystemExit:
+                        raise AssertionError(
+                            f"{page.name}: `{line.strip()}`: {refused.getvalue()}"
+                        ) from None
+                shown += 1
+    assert shown >= 20, shown  # the pages still show the commands a newcomer copies

@@ -581,3 +581,20 @@ def test_group_sizes_outside_their_bounds_are_refused_as_aws_refuses_them(
     sizes = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])
     group = sizes["AutoScalingGroups"][0]
     assert (group["MinSize"], group["DesiredCapacity"]) == (0, 0)
+
+
+def test_schedule_periods_and_the_clock_file(tmp_path: Path) -> None:
+    """EventBridge's `rate(...)` periods, and the speed-up a running cloud reads: unreadable
+    or absent, the clock is stopped."""
+    from spotrain.localcloud import schedules
+
+    assert schedules.rate_seconds("rate(5 minutes)") == 300
+    assert schedules.rate_seconds("rate(1 hour)") == 3600
+    assert schedules.rate_seconds("cron(0 12 * * ? *)") is None
+    assert schedules.rate_seconds(None) is None
+    clock = tmp_path / schedules.CLOCK_NAME
+    assert schedules.read_speedup(clock) == 0
+    schedules.write_speedup(clock, 60)
+    assert schedules.read_speedup(clock) == 60
+    clock.write_text("{not json")
+    assert schedules.read_speedup(clock) == 0

@@ -72,7 +72,7 @@ def test_config_put_keeps_every_version_and_get_returns_the_newest(
 def test_submitting_the_same_configuration_again_stores_no_copy(tmp_path: Path) -> None:
     """`run submit` stores the run's configuration unless its newest version is that one: a
     second submit of an unchanged run adds nothing to its history; a changed one is stored."""
-    from spotrain.cli.data import store_configuration
+    from spotrain.cli.data import checked_configuration, store_configuration
     from spotrain.trainer import run_config
     from spotrain.trainer.storage import open_storage
 
@@ -81,11 +81,13 @@ def test_submitting_the_same_configuration_again_stores_no_copy(tmp_path: Path) 
     path = tmp_path / "train.json"
     document = {"run": "submitted", "store": store, "data": "/d.bin", "steps": 5, "work_dir": "/w"}
     path.write_text(json.dumps(document))
-    first = store_configuration(storage, path, [], store, unless_newest=True)
-    again = store_configuration(storage, path, [], store, unless_newest=True)
+    first = store_configuration(storage, checked_configuration(path, [], store), unless_newest=True)
+    again = store_configuration(storage, checked_configuration(path, [], store), unless_newest=True)
     assert again.key == first.key and len(run_config.history(storage, "submitted")) == 1
     path.write_text(json.dumps({**document, "steps": 6}))
-    changed = store_configuration(storage, path, [], store, unless_newest=True)
+    changed = store_configuration(
+        storage, checked_configuration(path, [], store), unless_newest=True
+    )
     assert changed.key != first.key and len(run_config.history(storage, "submitted")) == 2
 
 

@@ -55,7 +55,7 @@ from spotrain.core.catalog_schema import checkpoint_id, checkpoint_tag, run_name
 from spotrain.core.entry_point import COORDINATES
 from spotrain.core.errors import SpotrainError, raise_if_problems
 from spotrain.trainer import checkpoint_store, failpoints, local_tier, membership, restore_policy
-from spotrain.trainer.catalog import CatalogEntry, open_catalog
+from spotrain.trainer.catalog import open_catalog
 from spotrain.trainer.manifest import Manifest, Shard
 from spotrain.trainer.preemption import Agreement, PreemptionFlag
 from spotrain.trainer.process import (
@@ -69,6 +69,7 @@ from spotrain.trainer.process import (
     set_rng_state,
 )
 from spotrain.trainer.restore_policy import refuse_changed_definition
+from spotrain.trainer.run_checkpoints import RunCheckpoints
 from spotrain.trainer.snapshot import Staged, make_snapshot_engine, stream_staged, write_staged
 from spotrain.trainer.spot_notice import SpotNoticeWatcher
 from spotrain.trainer.storage import open_storage
@@ -153,7 +154,7 @@ class _InFlight:
     """Each step's loss since the checkpoint before, for the catalog record."""
 
 
-class Checkpointer:
+class Checkpointer(RunCheckpoints):
     """See the module's docstring. Keyword-only settings, checked up front (one error lists
     every problem):
 
@@ -228,13 +229,12 @@ class Checkpointer:
         self.run, self.every, self.light_every, self.keep_last = run, every, light_every, keep_last
         self.work_dir = Path(work_dir) if work_dir else None
         self.definition, self.allow_definition_change = definition, allow_definition_change
-        self.storage = open_storage(store, kms_key_id=kms_key_id)
-        self.catalog = open_catalog(self.storage, run, table=catalog_table)
+        storage = open_storage(store, kms_key_id=kms_key_id)
+        super().__init__(run=run, storage=storage, say=say or _to_terminal,
+                         catalog=open_catalog(storage, run, table=catalog_table),
+                         lease_owner=lease_owner)  # fmt: skip
         self._notice_endpoint, self._notice_poll = spot_notice_endpoint, spot_notice_poll_seconds
         self._on_event = on_event or (lambda kind, **fields: None)
-        self._tell = say or _to_terminal
-        self._lease_owner = lease_owner or f"{os.uname().nodename}:{os.getpid()}"
-        self._generation: int | None = None
         self._place: Place | None = None
         self._engine: Any = None
         self._snapshots: Any = None
@@ -261,15 +261,6 @@ class Checkpointer:
         self._step_losses: list[tuple[int, float]] = []
         """The loss the loop gave with each step since the last checkpoint started."""
         self._state: dict[str, Any] = {}
-
-    # ------------------------------------------------------------------ the writer's lease
-
-    @property
-    def generation(self) -> int:
-        """The run's writer lease, taken on first use: any older writer is fenced from now."""
-        if self._generation is None:
-            self._generation = self.catalog.acquire_lease(self._lease_owner)
-        return self._generation
 
     @property
     def place(self) -> Place:
@@ -456,36 +447,9 @@ class Checkpointer:
     def _light_step_to_use(self, offers: list[tuple[int, str | None] | None]) -> int | None:
         return restore_policy.light_step_to_use(self.catalog, self.run, offers)
 
-    def _restore_published(
-        self, folder: Path, *, roll_back: bool
-    ) -> checkpoint_store.RestoreReport:
-        """The restore policy, for a training start and an operator alike: the newest published
-        checkpoint that verifies (found from the store's records while the catalog cannot be
-        read), refused if trained with another definition, and, when `roll_back`, the head
-        moved back past the damaged ones it skipped (under the run's lease)."""
-
-        def refuse_changed(manifest: Manifest) -> None:
-            self._refuse_changed(manifest.extra.get("config"), manifest.step)
-
-        parts = {"storage": self.storage, "catalog": self.catalog, "run": self.run}
-        if roll_back:
-            report = restore_policy.restore_as_writer(
-                folder, **parts, generation=lambda: self.generation, accept=refuse_changed
-            )
-        else:
-            report = restore_policy.restore(folder, **parts)
-            refuse_changed(report.manifest)
-        if report.catalog_unavailable:
-            self._tell(f"catalog unavailable ({report.catalog_unavailable}); found "
-                       "checkpoints from the store's records")  # fmt: skip
-        for step, reason in report.skipped:
-            self._tell(f"skipped checkpoint step {step}: {reason}")
-        for note in report.notes:
-            self._tell(f"damaged copy passed over (another copy served): {note}")
-        if report.rolled_back_from is not None:
-            self._tell(f"head moved back from step {report.rolled_back_from} to "
-                       f"{report.manifest.step}")  # fmt: skip
-        return report
+    def _accept(self, manifest: Manifest) -> None:
+        """A training start refuses a checkpoint trained with another definition."""
+        self._refuse_changed(manifest.extra.get("config"), manifest.step)
 
     # ------------------------------------------------------------------ training: each step
 
@@ -758,48 +722,6 @@ class Checkpointer:
         self._on_event("published", step=flight.step, uploaded_bytes=sent, reused_bytes=reused,
                        stall_s=flight.stall_s, save_to_published_s=took)  # fmt: skip
         return None
-
-    # ------------------------------------------------------------------ operators (no group)
-
-    def head(self) -> CatalogEntry | None:
-        return self.catalog.head()
-
-    def entries(self) -> list[CatalogEntry]:
-        return self.catalog.entries()
-
-    def entry_at(self, step: int | None) -> CatalogEntry:
-        """The entry for `step` (the head if None), or a CatalogError saying what exists."""
-        return checkpoint_store.entry_at(self.catalog, step)
-
-    def manifest(self, entry: CatalogEntry) -> Manifest:
-        return checkpoint_store.read_manifest(self.storage, entry.manifest_key)
-
-    def restore_into(
-        self, folder: Path, *, roll_back: bool = True
-    ) -> checkpoint_store.RestoreReport:
-        """An operator's restore into `folder`, by the training start's policy: when it falls
-        back past proven damage it moves the head back too (taking the run's lease, so a writer
-        still running stops before it publishes on top of a damaged head), unless not
-        `roll_back`."""
-        return self._restore_published(folder, roll_back=roll_back)
-
-    def verify(self, entry: CatalogEntry, scratch: Path) -> tuple[Manifest, list[str]]:
-        return checkpoint_store.verify(self.storage, entry.manifest_key, scratch)
-
-    def collect_garbage(
-        self, keep: int = checkpoint_store.MIN_KEEP
-    ) -> checkpoint_store.CollectReport:
-        """Remove superseded checkpoints beyond the newest `keep` (deletes: an operator's
-        credentials; a fleet machine's role may not delete)."""
-        return checkpoint_store.collect_garbage(storage=self.storage, catalog=self.catalog,
-                                          run=self.run, keep=keep, say=self._tell)  # fmt: skip
-
-    def quarantine(self, step: int, reason: str) -> None:
-        self.catalog.quarantine(step, reason)
-
-    def roll_back(self, step: int, reason: str) -> list[int]:
-        """Make `step` the head again, fencing any writer still running."""
-        return self.catalog.roll_back(step, self.generation, reason)
 
 
 def _definition_hash(definition: dict[str, Any] | None) -> str:

@@ -347,7 +347,8 @@ def read_manifest(storage: Storage, name: str) -> DatasetManifest:
     except ObjectMissing:
         raise DatasetError(
             f"dataset {name!r} is not in {storage.uri} (or its preparation never finished): "
-            "prepare it with `spotrain data prepare`"
+            f"prepare it with `spotrain data prepare --store {storage.uri} --name {name} "
+            "TEXT_FILES...`"
         ) from None
     return DatasetManifest.from_json(data, f"{storage.uri}/{manifest_key(name)}")
 

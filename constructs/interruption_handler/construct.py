@@ -40,7 +40,6 @@ from spotrain.core.events import (
     INTERRUPTION_WARNING_TYPE,
     REBALANCE_RECOMMENDATION_TYPE,
 )
-from spotrain.core.handler_settings import runs_parameter_path
 
 HANDLED_EVENTS = {
     "InterruptionWarning": INTERRUPTION_WARNING_TYPE,
@@ -324,28 +323,19 @@ class InterruptionHandler(Construct):
             tracing_config={"mode": "Active"},
             kms_key_arn=props.kms_key_arn,
             environment={
-                "variables": {
-                    "EVENTS_TABLE": props.events_table_name,
-                    "EVENT_RETENTION_DAYS": str(props.event_retention_days),
-                    "ENVIRONMENT": props.environment,
-                    "RUNS_PARAMETER_PATH": runs_parameter_path(props.environment),
-                    "ALERT_TOPIC_ARN": self.topic.arn,
-                    "DEAD_LETTER_QUEUE_URL": self.dead_letter_queue.url,
-                    "HOT_POOL_THRESHOLD": str(props.hot_pool_threshold),
-                    "RATE_WINDOW_MINUTES": str(props.rate_window_minutes),
-                    "ON_DEMAND_DEADLINE_MINUTES": str(props.on_demand_deadline_minutes),
-                    "CAPACITY_CHECK_MINUTES": str(props.capacity_check_minutes),
-                    **(
-                        {"CHECKPOINTS_TABLE": props.checkpoints_table_name}
-                        if props.checkpoints_table_name is not None
-                        else {}
-                    ),
-                    **(
-                        {"CONFIG_BUCKET": props.config_bucket_name}
-                        if props.config_bucket_name is not None
-                        else {}
-                    ),
-                }
+                "variables": handler_settings.HandlerSettings(
+                    events_table=props.events_table_name,
+                    event_retention_days=props.event_retention_days,
+                    environment=props.environment,
+                    alert_topic_arn=self.topic.arn,
+                    dead_letter_queue_url=self.dead_letter_queue.url,
+                    hot_pool_threshold=props.hot_pool_threshold,
+                    rate_window_minutes=props.rate_window_minutes,
+                    on_demand_deadline_minutes=props.on_demand_deadline_minutes,
+                    capacity_check_minutes=props.capacity_check_minutes,
+                    checkpoints_table=props.checkpoints_table_name,
+                    config_bucket=props.config_bucket_name,
+                ).to_environment()
             },
             depends_on=[log_group],
             lifecycle=(

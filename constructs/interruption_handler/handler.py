@@ -108,29 +108,27 @@ class UnhandledEvent(ValueError):
 
 # --- configuration -----------------------------------------------------------------------------
 def _settings() -> dict[str, Any]:
-    env = os.environ
+    given = defaults.HandlerSettings.from_environment(os.environ)
     return {
-        "events_table": env["EVENTS_TABLE"],
-        "retention_days": int(env.get("EVENT_RETENTION_DAYS", defaults.EVENT_RETENTION_DAYS)),
-        "environment": env["ENVIRONMENT"],
-        "runs_path": env["RUNS_PARAMETER_PATH"],
+        "events_table": given.events_table,
+        "retention_days": given.event_retention_days,
+        "environment": given.environment,
+        "runs_path": given.runs_parameter_path,
         # A run's own (`declared_runs` fills them in for each).
         "run": "",
         "groups": [],
         "run_deadline": None,
         "max_spend_usd": None,
-        "topic": env.get("ALERT_TOPIC_ARN"),
-        "dead_letter_queue": env.get("DEAD_LETTER_QUEUE_URL"),
-        "hot_threshold": int(env.get("HOT_POOL_THRESHOLD", defaults.HOT_POOL_THRESHOLD)),
-        "window_s": 60 * float(env.get("RATE_WINDOW_MINUTES", defaults.RATE_WINDOW_MINUTES)),
-        "deadline_s": 60
-        * float(env.get("ON_DEMAND_DEADLINE_MINUTES", defaults.ON_DEMAND_DEADLINE_MINUTES)),
-        "checkpoints_table": env.get("CHECKPOINTS_TABLE"),
+        "topic": given.alert_topic_arn,
+        "dead_letter_queue": given.dead_letter_queue_url,
+        "hot_threshold": given.hot_pool_threshold,
+        "window_s": 60 * given.rate_window_minutes,
+        "deadline_s": 60 * given.on_demand_deadline_minutes,
+        "checkpoints_table": given.checkpoints_table,
         # Where the run's training configuration is stored: its groups start once it is.
-        "config_bucket": env.get("CONFIG_BUCKET"),
+        "config_bucket": given.config_bucket,
         # A deadline decision holds until the next check.
-        "check_every_h": float(env.get("CAPACITY_CHECK_MINUTES", defaults.CAPACITY_CHECK_MINUTES))
-        / 60,
+        "check_every_h": given.capacity_check_minutes / 60,
     }
 
 
@@ -805,8 +803,9 @@ def handle(event: Any, context: Any = None) -> dict[str, Any]:
     try:
         settings = _settings()
     except (KeyError, ValueError) as error:
+        dead_letters = os.environ.get(defaults.HandlerSettings.variable("dead_letter_queue_url"))
         return reject(event, f"the handler is misconfigured: {type(error).__name__}: {error}",
-                      os.environ.get("DEAD_LETTER_QUEUE_URL"))  # fmt: skip
+                      dead_letters)  # fmt: skip
     if _is_stream_batch(event):
         try:
             return _on_catalog_changes(settings, event["Records"])

@@ -96,6 +96,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"installation lacks ({error}): pip install 'spotrain[{extra}]'",
                   file=sys.stderr)  # fmt: skip
             return 2
+        if isinstance(error, FileNotFoundError) and _missing_program(error):
+            program = _missing_program(error)
+            # jsii's half-started node process complains again as it is collected: once is enough.
+            sys.unraisablehook = lambda _: None
+            print(f"error: `spotrain {args.command}` runs `{program}`, which is not installed "
+                  f"here: {PROGRAM_FIX[program]}", file=sys.stderr)  # fmt: skip
+            return 2
         if isinstance(error, NoRegionError):
             print(f"error: no AWS region: {no_region_fix()}", file=sys.stderr)
             return 2
@@ -124,6 +131,21 @@ EXTRA_OF = {
 }  # fmt: skip
 """The library each optional part of spotrain imports, and the extra (pyproject.toml) that
 installs it: a machine installs only what its kind needs."""
+
+
+PROGRAM_FIX = {
+    "node": "install Node.js 20 or newer (CDK for Terraform synthesizes the stacks on it); "
+    "watching and steering runs needs neither it nor the infrastructure extra",
+    "terraform": "install Terraform 1.6 or newer",
+    "docker": "install Docker (the image build needs it)",
+}
+"""The programs a command may start, and how to get each."""
+
+
+def _missing_program(error: FileNotFoundError) -> str | None:
+    """The program a command tried to start and found missing, if it is one of those."""
+    name = str(error.filename or "")
+    return name if name in PROGRAM_FIX else None
 
 
 def _extra_for(error: ImportError) -> str | None:

@@ -1,5 +1,6 @@
 """`spotrain checkpoints list|show|verify|restore|gc|quarantine|rollback|wait`: a run's
-checkpoints, through the same `Checkpointer` a training run uses (without a process group)."""
+checkpoints, through `RunCheckpoints`, the part of the training run's `Checkpointer` that needs
+no PyTorch (the same restore policy, the same writer lease)."""
 
 from __future__ import annotations
 
@@ -17,12 +18,12 @@ from spotrain.core.errors import SpotrainError
 
 
 def _checkpointer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
-    from spotrain.trainer.checkpointer import Checkpointer
+    from spotrain.trainer.run_checkpoints import RunCheckpoints  # no PyTorch: the base install
 
     run_name(args.run)
     owner = f"spotrain checkpoints {args.action} ({os.environ.get('USER', 'unknown')})"
-    return Checkpointer(run=args.run, store=args.store, catalog_table=args.catalog_table,
-                        kms_key_id=args.kms_key_id, lease_owner=owner, say=say)  # fmt: skip
+    return RunCheckpoints.open(run=args.run, store=args.store, catalog_table=args.catalog_table,
+                               kms_key_id=args.kms_key_id, lease_owner=owner, say=say)  # fmt: skip
 
 
 def _list(checkpointer: Any, args: argparse.Namespace) -> int:

@@ -16,31 +16,36 @@ from spotrain.core.errors import SpotrainError
 
 
 # --- config ------------------------------------------------------------------------------------
-def store_configuration(
-    storage: Any, path: Path, overrides: list[str], store: str, *, unless_newest: bool = False
-) -> Any:
-    """Check the training configuration in `path` (every problem, and a `dataset:NAME` it names
-    prepared in `store`) and store it as its run's newest version; the stored version.
-    `unless_newest`: when the run's newest version is this one already, store nothing and
-    return that version."""
+def checked_configuration(path: Path, overrides: list[str], store: str) -> dict[str, Any]:
+    """The training configuration in `path` as it is stored, once checked: every problem at
+    once, and a `dataset:NAME` it names prepared in `store`."""
     from dataclasses import asdict
 
-    from spotrain.trainer import datasets, entry_point, run_config
+    from spotrain.trainer import datasets, entry_point
     from spotrain.trainer.train import load_any
 
     config = load_any(path, overrides)  # every problem, before anything is stored
     if isinstance(config, entry_point.EntryPointConfig):  # the run's own script
-        document = {**asdict(config), "entry_point": config.entry_point.document()}
-    else:
-        if datasets.is_dataset(config.data):
-            # Stored means ready: the run's machines start once a configuration is there, so
-            # the dataset it names must be there first.
-            datasets.read_manifest(*datasets.locate(config.data, store,
-                                                    kms_key_id=config.kms_key_id))  # fmt: skip
-        document = asdict(config)
+        return {**asdict(config), "entry_point": config.entry_point.document()}
+    if datasets.is_dataset(config.data):
+        # Stored means ready: the run's machines start once a configuration is there, so
+        # the dataset it names must be there first.
+        datasets.read_manifest(*datasets.locate(config.data, store,
+                                                kms_key_id=config.kms_key_id))  # fmt: skip
+    return asdict(config)
+
+
+def store_configuration(
+    storage: Any, document: dict[str, Any], *, unless_newest: bool = False
+) -> Any:
+    """Store a checked configuration (`checked_configuration`) as its run's newest version;
+    the stored version. `unless_newest`: when the run's newest version is this one already,
+    store nothing and return that version."""
+    from spotrain.trainer import run_config
+
     if unless_newest:
         try:
-            newest = run_config.newest(storage, config.run)
+            newest = run_config.newest(storage, document["run"])
         except SpotrainError:  # none stored yet, or the newest unreadable: this one goes in
             newest = None
         if newest is not None and newest.document == document:
@@ -52,7 +57,7 @@ def _put(storage: Any, args: argparse.Namespace) -> int:
     if args.config is None:
         raise SpotrainError("`spotrain config put` needs the configuration file: "
                             "spotrain config put CONFIG --store URI")  # fmt: skip
-    stored = store_configuration(storage, args.config, args.set, args.store)
+    stored = store_configuration(storage, checked_configuration(args.config, args.set, args.store))
     config = stored.document
     say(f"run {config['run']}: configuration stored as {storage.uri}/{stored.key}; its machines "
         "start at the interruption handler's next capacity check (if it waited for one), "

@@ -17,8 +17,14 @@ from spotrain.localcloud import control, faults
 
 def cmd_local(args: argparse.Namespace) -> int:
     if args.action == "up":
-        cloud = control.up(port=args.port)
-        say(f"local cloud running at {cloud.endpoint} (pid {cloud.pid}, log {cloud.log})")
+        cloud = control.up(port=args.port, schedule_speedup=args.schedule_speedup)
+        control.set_schedule_speedup(args.schedule_speedup)  # a running cloud changes pace
+        pace = ("keeps no time (schedules do not run)" if args.schedule_speedup == 0 else
+                f"runs schedules at {args.schedule_speedup:g}x AWS's pace (the handler's "
+                f"capacity check every {300 / args.schedule_speedup:g} s)")  # fmt: skip
+        say(
+            f"local cloud running at {cloud.endpoint} (pid {cloud.pid}, log {cloud.log}); it {pace}"
+        )
         say("point a shell at it with `eval \"$(spotrain local env)\"`, which runs:\n"
             f"{control.shell_exports(cloud.endpoint)}")  # fmt: skip
     elif args.action == "down":
@@ -139,6 +145,16 @@ def cmd_rehearse(args: argparse.Namespace) -> int:
     return 0 if report.passed else 1
 
 
+def _speedup(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value < float("inf"):
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number, 0 or more (1 is AWS's pace)")
+    return value
+
+
 def add_parsers(commands: Any) -> None:
     local = commands.add_parser("local", help="start, stop or inspect the local cloud")
     local.add_argument(
@@ -160,6 +176,14 @@ def add_parsers(commands: Any) -> None:
         type=whole(0, 65535),
         default=control.DEFAULT_PORT,
         help="loopback port for `up` (0 picks a free one)",
+    )
+    local.add_argument(
+        "--schedule-speedup",
+        type=_speedup,
+        default=1.0,
+        metavar="N",
+        help="with `up`: run EventBridge schedules N times faster than AWS (default 1, AWS's "
+        "pace; 60 runs the 5-minute capacity check every 5 s; 0 runs none)",
     )
     local.set_defaults(handler=cmd_local)
 

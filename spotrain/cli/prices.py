@@ -1,5 +1,6 @@
-"""`spotrain prices refresh|show`: the price book, rebuilt from the EC2 and Price List APIs of
-the account the credentials reach, or shown with each figure's date."""
+"""`spotrain prices refresh|advisor|show`: the price book, rebuilt from the EC2 and Price List
+APIs of the account the credentials reach, its interruption bands from the Spot Instance
+Advisor's public data (no credentials), or shown with each figure's date."""
 
 from __future__ import annotations
 
@@ -35,13 +36,13 @@ def cmd_prices(args: argparse.Namespace) -> int:
             "needs a newer boto3)"
         )
     path = Path(args.price_book) if args.price_book else prices.SNAPSHOT
-    if args.action == "refresh" and not path.parent.is_dir():
+    if args.action != "show" and not path.parent.is_dir():
         raise CostInputError(
             f"--price-book {path}: the folder {path.parent} does not exist; create it or "
             "give a file in a folder that does"
         )
     # A book given to `show` must be there; `refresh` starts a new one where none is yet.
-    fresh_book = args.action == "refresh" and not path.exists()
+    fresh_book = args.action != "show" and not path.exists()
     book = prices.PriceBook(path=str(path)) if fresh_book else prices.load(path)
     environments = [environment(n) for n in (args.environment or ["local", "dev", "prod"])]
     types = args.instance_type or sorted(
@@ -52,7 +53,44 @@ def cmd_prices(args: argparse.Namespace) -> int:
     )
     if args.action == "show":
         return _show(book, path, types, regions, args.stale_after_days)
+    if args.action == "advisor":
+        return _advisor(book, path, types, regions, args.from_file)
     return _refresh(book, path, types, regions)
+
+
+def _advisor(book: prices.PriceBook, path: Path, types: list[str], regions: list[str],
+             saved: str | None) -> int:  # fmt: skip
+    """The Advisor's bands for these pools, from its public data (or a saved copy of it)."""
+    import json
+    import urllib.error
+    import urllib.request
+
+    if saved is not None:
+        source = Path(saved)
+        if not source.is_file():
+            raise CostInputError(f"--from-file {saved}: no such file; save the Advisor's data "
+                                 f"with `curl -o {saved} {prices.ADVISOR_DATA_URL}`")  # fmt: skip
+        text = source.read_text()
+    else:
+        try:
+            with urllib.request.urlopen(prices.ADVISOR_DATA_URL, timeout=60) as answer:
+                text = answer.read().decode()
+        except (urllib.error.URLError, TimeoutError) as error:
+            raise CostInputError(
+                f"could not read {prices.ADVISOR_DATA_URL} ({error}): save it from a machine "
+                "that can (`curl -o advisor.json URL`) and give --from-file advisor.json"
+            ) from None
+    try:
+        data = json.loads(text)
+    except ValueError as error:
+        raise CostInputError(f"the Spot Instance Advisor data is not JSON ({error})") from None
+    figures, missing = prices.advisor_bands(data, types, regions, today().isoformat())
+    prices.write(prices.with_advisor(book, figures), path)
+    say(f"price book {path}: the Spot Instance Advisor's interruption band for {len(figures)} "
+        f"pool(s) of {len(types)} instance type(s) in {', '.join(regions)}")  # fmt: skip
+    for line in missing:
+        say(f"  WARNING: {line} (is the type offered there?)")
+    return 0 if not missing else 1
 
 
 def _show(
@@ -109,7 +147,13 @@ def _refresh(book: prices.PriceBook, path: Path, types: list[str], regions: list
 
 def add_parsers(commands: Any) -> None:
     book = commands.add_parser("prices", help="the price book: refresh it from AWS, show it")
-    book.add_argument("action", choices=["refresh", "show"])
+    book.add_argument(
+        "action",
+        choices=["refresh", "advisor", "show"],
+        help="refresh: prices from the account's EC2 and Price List APIs; advisor: interruption "
+        "bands from the Spot Instance Advisor's public data (no credentials); show",
+    )
+    book.add_argument("--from-file", help="advisor: a saved copy of the Advisor's data")
     book.add_argument(
         "--environment",
         action="append",

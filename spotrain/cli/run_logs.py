@@ -28,10 +28,9 @@ arrive after another's newer lines."""
 
 
 def machine_log_group(environment: str, run: str) -> str:
-    from spotrain.constructs.spot_fleet import log_group_name
-    from spotrain.stacks.runs import fleet_group_name
+    from spotrain.core import resource_names as names
 
-    return log_group_name(fleet_group_name(environment, run))
+    return names.machine_log_group(names.fleet_group(environment, run))
 
 
 def _events(client: Any, group: str, streams: list[str] | None, start_ms: int | None,

@@ -70,19 +70,18 @@ class RunStatus:
 def where_of(env_name: str) -> Where:
     import boto3
 
+    from spotrain.core import resource_names as names
     from spotrain.core.catalog_schema import CHECKPOINTS_TABLE_SUFFIX, EVENTS_TABLE_SUFFIX
-    from spotrain.stacks.base import resource_name
-    from spotrain.stacks.storage import checkpoint_bucket_name
 
     config = environment(env_name)
     region = config.primary_region
     dynamodb = boto3.resource("dynamodb", region_name=region)
     return Where(
-        events=dynamodb.Table(resource_name(config, EVENTS_TABLE_SUFFIX)),
-        catalog=dynamodb.Table(resource_name(config, CHECKPOINTS_TABLE_SUFFIX)),
+        events=dynamodb.Table(names.environment_resource(config.name, EVENTS_TABLE_SUFFIX)),
+        catalog=dynamodb.Table(names.environment_resource(config.name, CHECKPOINTS_TABLE_SUFFIX)),
         autoscaling=boto3.client("autoscaling", region_name=region),
         ssm=boto3.client("ssm", region_name=region),
-        bucket=checkpoint_bucket_name(config, region),
+        bucket=names.checkpoint_bucket(config.bucket_prefix, region),
         environment=config.name,
         region=region,
     )

@@ -181,7 +181,7 @@ def _run_deployment(env_name: str, run: str, out: str) -> Any:
     """Terraform over the run's own stack, freshly synthesized from the repository."""
     from pathlib import Path
 
-    from spotrain.stacks.run import run_stack_part
+    from spotrain.core.resource_names import run_stack_part
     from spotrain.tools import deploy
 
     config = deploy.environment(env_name)
@@ -198,7 +198,7 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     import tempfile
     from pathlib import Path
 
-    from spotrain.cli.data import store_configuration
+    from spotrain.cli.data import checked_configuration, store_configuration
     from spotrain.trainer.entry_point import store_code
     from spotrain.trainer.storage import open_storage
 
@@ -217,15 +217,16 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     document = run.training_document()
     if run.entry_point is not None:  # its code: the repository that declares it, pinned
         document["entry_point"]["code"] = store_code(storage, run.name, run.code_root)
-    results = _run_deployment(args.environment, run.name, args.out).apply()
-    outputs = {k: v for r in results for k, v in r.outputs.items()}
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch:  # checked (its dataset too) before deploying
         path = Path(scratch) / f"{run.name}.json"
         # The machine's own fields are filled in by each machine's boot script.
         path.write_text(json.dumps({**document, "store": store,
                                     "work_dir": "/set/by/each/machine"}))  # fmt: skip
-        # Submitting again stores no copy of the same configuration.
-        stored = store_configuration(storage, path, [], store, unless_newest=True)
+        checked = checked_configuration(path, [], store)
+    results = _run_deployment(args.environment, run.name, args.out).apply()
+    outputs = {k: v for r in results for k, v in r.outputs.items()}
+    # Submitting again stores no copy of the same configuration.
+    stored = store_configuration(storage, checked, unless_newest=True)
     say(f"run {run.name} submitted to {args.environment}: its fleet {outputs['fleet_group']} "
         f"is deployed empty and its configuration stored as {store}/{stored.key}; the "
         "interruption handler starts it at its next capacity check. `spotrain run status "
@@ -262,10 +263,10 @@ def _data_key_arn(config: Any, region: str) -> str:
     """The ARN of the environment's data key in `region`, as KMS names it."""
     import boto3
 
-    from spotrain.stacks.storage import data_key_alias
+    from spotrain.core.resource_names import data_key_alias
 
     kms = boto3.client("kms", region_name=region)
-    alias = f"alias/{data_key_alias(config, region)}"
+    alias = f"alias/{data_key_alias(config.name, region)}"
     return str(kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"])
 
 
@@ -280,23 +281,20 @@ def _env(where: Where, args: argparse.Namespace) -> int:
     follow from the environment's configuration; the keys' ARNs are read from KMS)."""
     import shlex
 
-    from spotrain.constructs.spot_fleet import on_demand_group_name
-    from spotrain.stacks.budget import budget_name
-    from spotrain.stacks.runs import fleet_group_name
-    from spotrain.stacks.storage import checkpoint_bucket_name
+    from spotrain.core import resource_names as names
 
     run = _declared(args.environment, args.run)
     config = environment(args.environment)
     replica = config.replica_region
 
-    group = fleet_group_name(config.name, run.name)
+    group = names.fleet_group(config.name, run.name)
     values = {
         "RUN": run.name, "STORE": f"s3://{where.bucket}", "CATALOG": where.catalog.name,
         "KMS_KEY": _data_key_arn(config, where.region), "EVENTS": where.events.name,
         "AWS_DEFAULT_REGION": where.region, "AWS_REGION": where.region,
-        "FLEET_GROUP": group, "ON_DEMAND_GROUP": on_demand_group_name(group),
-        "BUDGET": budget_name(config),
-        "REPLICA_STORE": f"s3://{checkpoint_bucket_name(config, replica)}",
+        "FLEET_GROUP": group, "ON_DEMAND_GROUP": names.on_demand_group(group),
+        "BUDGET": names.environment_budget(config.name),
+        "REPLICA_STORE": f"s3://{names.checkpoint_bucket(config.bucket_prefix, replica)}",
         "REPLICA_REGION": replica, "REPLICA_KMS_KEY": _data_key_arn(config, replica),
     }  # fmt: skip
     print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items()))

@@ -1,8 +1,13 @@
 """The interruption handler's settings with their defaults, named once: the construct's props
-default to them and pass them in the function's environment, the handler falls back to them,
-and the cost simulator plays the blueprint's fixed on-demand wait with the same number."""
+default to them and pass them in the function's environment (`HandlerSettings`, which owns each
+variable's name), the handler reads them back, and the cost simulator plays the blueprint's
+fixed on-demand wait with the same number."""
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import MISSING, dataclass, fields
+from typing import Any
 
 EVENT_RETENTION_DAYS = 90
 """Days an event record is kept (the events table's TTL)."""
@@ -25,3 +30,68 @@ def runs_parameter_path(environment: str) -> str:
 
 def run_parameter_name(environment: str, run: str) -> str:
     return f"{runs_parameter_path(environment)}/{run}"
+
+
+@dataclass(frozen=True, kw_only=True)
+class HandlerSettings:
+    """What the construct hands the handler's function, each setting under its own
+    environment variable (its field's name in capitals: `EVENTS_TABLE`, ...): the construct
+    writes them with `to_environment`, the handler reads them with `from_environment`, and
+    nothing else spells a variable's name."""
+
+    events_table: str
+    event_retention_days: int = EVENT_RETENTION_DAYS
+    environment: str
+    alert_topic_arn: str | None = None
+    dead_letter_queue_url: str | None = None
+    hot_pool_threshold: int = HOT_POOL_THRESHOLD
+    rate_window_minutes: float = RATE_WINDOW_MINUTES
+    on_demand_deadline_minutes: float = ON_DEMAND_DEADLINE_MINUTES
+    capacity_check_minutes: float = CAPACITY_CHECK_MINUTES
+    checkpoints_table: str | None = None
+    config_bucket: str | None = None
+    """Where the runs' training configurations are stored: a run's groups start once it is."""
+
+    @property
+    def runs_parameter_path(self) -> str:
+        return runs_parameter_path(self.environment)
+
+    def to_environment(self) -> dict[str, str]:
+        """The function's environment variables (the runs' parameter path beside them, for
+        the operator who reads the function's configuration)."""
+        variables: dict[str, str] = {}
+        for field in fields(self):
+            value = getattr(self, field.name)
+            if value is not None:
+                variables[field.name.upper()] = str(value)
+            if field.name == "environment":
+                variables[RUNS_PARAMETER_PATH_VARIABLE] = self.runs_parameter_path
+        return variables
+
+    @classmethod
+    def variable(cls, setting: str) -> str:
+        """The environment variable that carries `setting` (a field's name)."""
+        if setting not in {f.name for f in fields(cls)}:
+            raise KeyError(setting)
+        return setting.upper()
+
+    @classmethod
+    def from_environment(cls, environment: Mapping[str, str]) -> HandlerSettings:
+        """The settings in `environment` (a KeyError names a missing required one, a
+        ValueError a number that is not one); absent optional ones keep their defaults."""
+        given: dict[str, Any] = {}
+        for field in fields(cls):
+            name = field.name.upper()
+            if name not in environment:
+                if field.default is MISSING:
+                    raise KeyError(name)
+                continue
+            text = environment[name]
+            kind = field.type if isinstance(field.type, str) else field.type.__name__
+            given[field.name] = (
+                int(text) if kind == "int" else float(text) if kind == "float" else text
+            )
+        return cls(**given)
+
+
+RUNS_PARAMETER_PATH_VARIABLE = "RUNS_PARAMETER_PATH"

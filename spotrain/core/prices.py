@@ -5,8 +5,9 @@ region, each figure with its source and the date it was taken.
 A dated snapshot is checked in (`price_book.json` beside this module, built from AWS's
 published prices by scripts/price_book_from_catalog.py); `spotrain prices refresh` rebuilds it
 in an account from EC2 `DescribeSpotPriceHistory` (per zone) and the Price List API
-(`GetProducts`, on-demand), keeping the Advisor bands it had (they come from the Advisor's
-page, not an API). Estimates flag prices older than `stale_after_days`.
+(`GetProducts`, on-demand), keeping the Advisor bands it had; `spotrain prices advisor` fills
+the bands from the Advisor's public data, without credentials. Estimates flag prices older than
+`stale_after_days`.
 """
 
 from __future__ import annotations
@@ -309,3 +310,51 @@ def refresh(
         previous.path,
     )
     return book, missing
+
+
+ADVISOR_DATA_URL = "https://spot-bid-advisor.s3.amazonaws.com/spot-advisor-data.json"
+"""The data AWS's Spot Instance Advisor page shows, public and read without credentials. It is
+not a documented API: `ranges` lists the interruption-frequency bands (`index`, `label`) and
+`spot_advisor` maps region -> operating system -> instance type -> `r` (a band's index) and
+`s` (savings over on-demand, %). A file of another shape is refused with what was expected."""
+ADVISOR_SOURCE = "Spot Instance Advisor data (spot-advisor-data.json), Linux"
+
+
+def advisor_bands(
+    data: Any, instance_types: Sequence[str], regions: Sequence[str], taken_at: str
+) -> tuple[list[Figure], list[str]]:
+    """Each type's interruption-frequency band in each region, read from the Advisor's data
+    (`ADVISOR_DATA_URL`); and the pools it has no band for."""
+    try:
+        labels = {int(r["index"]): str(r["label"]) for r in data["ranges"]}
+        by_region = dict(data["spot_advisor"])
+    except (KeyError, TypeError, ValueError):
+        raise CostInputError(
+            "the Spot Instance Advisor data has no `ranges` (index, label) and `spot_advisor` "
+            f"(region -> Linux -> type -> r): give the file {ADVISOR_DATA_URL} serves"
+        ) from None
+    unknown = sorted(set(labels.values()) - set(ADVISOR_BANDS))
+    if unknown:
+        raise CostInputError(
+            f"the Spot Instance Advisor data names band(s) {', '.join(unknown)}, which spotrain "
+            f"does not read (it knows {', '.join(ADVISOR_BANDS)}): a newer spotrain may"
+        )
+    figures, missing = [], []
+    for region in regions:
+        linux = (by_region.get(region) or {}).get("Linux") or {}
+        for instance_type in instance_types:
+            entry = linux.get(instance_type)
+            band = labels.get(entry.get("r")) if isinstance(entry, dict) else None
+            if band is None:
+                missing.append(f"no Advisor band for {instance_type} in {region}")
+                continue
+            figures.append(Figure(region, instance_type, ADVISOR_SOURCE, taken_at, band=band))
+    return figures, missing
+
+
+def with_advisor(book: PriceBook, figures: Sequence[Figure]) -> PriceBook:
+    """`book` with these Advisor figures in place of its own for the same pools."""
+    replaced = {(f.instance_type, f.region) for f in figures}
+    kept = [f for f in book.advisor if (f.instance_type, f.region) not in replaced]
+    ordered = sorted([*kept, *figures], key=lambda f: (f.region, f.instance_type))
+    return PriceBook(book.on_demand, book.spot, tuple(ordered), book.note, book.path)

@@ -110,6 +110,14 @@ def set_price_book(path: Path | None) -> None:
     staging.replace(target)
 
 
+def set_schedule_speedup(speedup: float) -> None:
+    """How fast the local cloud's schedules run: AWS's periods divided by `speedup` (1: as on
+    AWS; 60: a 5-minute check every 5 s; 0: none), from now on."""
+    from spotrain.localcloud import schedules
+
+    schedules.write_speedup(faults_file().with_name(schedules.CLOCK_NAME), speedup)
+
+
 def enforce_identity_policies(endpoint: str, enforce: bool) -> None:
     """Make the cloud judge every request by its caller's IAM policies (True), or serve any
     signed request as it does by default (False). Create the callers' users, roles and keys
@@ -207,8 +215,9 @@ def status() -> RunningCloud | None:
     return None
 
 
-def up(port: int = DEFAULT_PORT) -> RunningCloud:
-    """Start the local cloud (or return the one already running)."""
+def up(port: int = DEFAULT_PORT, *, schedule_speedup: float = 1.0) -> RunningCloud:
+    """Start the local cloud (or return the one already running). Its schedules run at AWS's
+    pace times `schedule_speedup` (0: not at all; see `schedules`)."""
     running = status()
     if running is not None:
         return running
@@ -223,6 +232,7 @@ def up(port: int = DEFAULT_PORT) -> RunningCloud:
     directory.mkdir(parents=True, exist_ok=True)
     _, cert, key = create_certificates(directory / "tls")
     faults.write(faults_file(), faults.Faults())  # a new cloud starts healthy
+    set_schedule_speedup(schedule_speedup)
     log_path = directory / "server.log"
     with log_path.open("ab") as log:
         process = subprocess.Popen(

@@ -14,7 +14,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from spotrain.localcloud import extensions, faults, price_list
+from spotrain.localcloud import extensions, faults, price_list, schedules
 
 
 def serve(host: str, port: int, cert: str, key: str) -> None:
@@ -33,6 +33,7 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
     faults_file = faults.served_file()
     if faults_file is not None:
         app = faults.injected(app, faults_file)
+        schedules.start(faults_file.with_name(schedules.CLOCK_NAME))
     server = make_server(
         host, port, app, threaded=True, request_handler=MotoRequestHandler,
         ssl_context=(cert, key),

@@ -222,7 +222,7 @@ def outputs_of(
 
 def local_environment_ready(endpoint: str) -> EnvironmentConfig:
     """The `local` environment for a running local cloud, with its account prepared."""
-    from spotrain.stacks.run import image_parameter_name
+    from spotrain.core.resource_names import image_parameter
 
     config = environment("local", local_endpoint=endpoint)
     assert config.state is not None
@@ -230,7 +230,7 @@ def local_environment_ready(endpoint: str) -> EnvironmentConfig:
         endpoint,
         state_bucket=config.state.bucket,
         region=config.state.region,
-        image_parameter=image_parameter_name(config.name),
+        image_parameter=image_parameter(config.name),
     )
     return config
 

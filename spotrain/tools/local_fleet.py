@@ -98,9 +98,7 @@ class _Player:
 
     def __init__(self, run: str, *, work: Path, say: Callable[[str], None],
                  ranks_per_machine: int) -> None:  # fmt: skip
-        from spotrain.stacks.base import resource_name
-        from spotrain.stacks.interruptions import handler_name
-        from spotrain.stacks.runs import fleet_group_name
+        from spotrain.core import resource_names as names
         from spotrain.tools import deploy
 
         self.run, self.work, self.say, self.ranks = run, work, say, ranks_per_machine
@@ -111,9 +109,12 @@ class _Player:
         os.environ.update(self.aws_env)  # the handler's check runs here, on the local cloud
         self.autoscaling = control.client("autoscaling", self.cloud.endpoint, self.region)
         self.ec2 = control.client("ec2", self.cloud.endpoint, self.region)
-        self.group, self.handler = fleet_group_name(config.name, run), handler_name(config)
+        self.group, self.handler = (
+            names.fleet_group(config.name, run),
+            names.interruption_handler(config.name),
+        )
         self.events = control.resource("dynamodb", self.cloud.endpoint, self.region).Table(
-            resource_name(config, EVENTS_TABLE_SUFFIX)
+            names.environment_resource(config.name, EVENTS_TABLE_SUFFIX)
         )
         checked = self.check()
         say(f"capacity check: {checked['decision']}: {checked['reason']}")

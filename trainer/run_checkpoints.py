@@ -1,0 +1,114 @@
+"""A run's published checkpoints as an operator handles them: list, show, verify, restore,
+collect, quarantine, roll back. No PyTorch: `spotrain checkpoints` runs on the base install,
+and the Checkpointer, which trains, builds on this."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+
+from spotrain.trainer import checkpoint_store, restore_policy
+from spotrain.trainer.catalog import Catalog, CatalogEntry, open_catalog
+from spotrain.trainer.manifest import Manifest
+from spotrain.trainer.storage import Storage, open_storage
+
+Say = Callable[[str], None]
+
+
+class RunCheckpoints:
+    """One run's checkpoints in a store (and its catalog). A change that could race a writer
+    (a restore that moves the head back, a rollback) takes the run's writer lease first."""
+
+    def __init__(self, *, run: str, storage: Storage, catalog: Catalog,
+                 lease_owner: str | None = None, say: Say | None = None) -> None:  # fmt: skip
+        self.run, self.storage, self.catalog = run, storage, catalog
+        self._tell: Say = say or (lambda message: print(message, flush=True))
+        self._lease_owner = lease_owner or f"{os.uname().nodename}:{os.getpid()}"
+        self._generation: int | None = None
+
+    @classmethod
+    def open(cls, *, run: str, store: str, catalog_table: str | None = None,
+             kms_key_id: str | None = None, lease_owner: str | None = None,
+             say: Say | None = None) -> RunCheckpoints:  # fmt: skip
+        storage = open_storage(store, kms_key_id=kms_key_id)
+        catalog = open_catalog(storage, run, table=catalog_table)
+        return cls(run=run, storage=storage, catalog=catalog, lease_owner=lease_owner, say=say)
+
+    @property
+    def generation(self) -> int:
+        """The run's writer lease, taken on first use: any older writer is fenced from now."""
+        if self._generation is None:
+            self._generation = self.catalog.acquire_lease(self._lease_owner)
+        return self._generation
+
+    def head(self) -> CatalogEntry | None:
+        return self.catalog.head()
+
+    def entries(self) -> list[CatalogEntry]:
+        return self.catalog.entries()
+
+    def entry_at(self, step: int | None) -> CatalogEntry:
+        """The entry for `step` (the head if None), or a CatalogError saying what exists."""
+        return checkpoint_store.entry_at(self.catalog, step)
+
+    def manifest(self, entry: CatalogEntry) -> Manifest:
+        return checkpoint_store.read_manifest(self.storage, entry.manifest_key)
+
+    def restore_into(
+        self, folder: Path, *, roll_back: bool = True
+    ) -> checkpoint_store.RestoreReport:
+        """An operator's restore into `folder`, by the training start's policy: when it falls
+        back past proven damage it moves the head back too (taking the run's lease, so a writer
+        still running stops before it publishes on top of a damaged head), unless not
+        `roll_back`."""
+        return self._restore_published(folder, roll_back=roll_back)
+
+    def verify(self, entry: CatalogEntry, scratch: Path) -> tuple[Manifest, list[str]]:
+        return checkpoint_store.verify(self.storage, entry.manifest_key, scratch)
+
+    def collect_garbage(
+        self, keep: int = checkpoint_store.MIN_KEEP
+    ) -> checkpoint_store.CollectReport:
+        """Remove superseded checkpoints beyond the newest `keep` (deletes: an operator's
+        credentials; a fleet machine's role may not delete)."""
+        return checkpoint_store.collect_garbage(
+            storage=self.storage, catalog=self.catalog, run=self.run, keep=keep, say=self._tell
+        )
+
+    def quarantine(self, step: int, reason: str) -> None:
+        self.catalog.quarantine(step, reason)
+
+    def roll_back(self, step: int, reason: str) -> list[int]:
+        """Make `step` the head again, fencing any writer still running."""
+        return self.catalog.roll_back(step, self.generation, reason)
+
+    def _accept(self, manifest: Manifest) -> None:
+        """Refuse (raise) a checkpoint this restorer may not take; an operator takes any."""
+
+    def _restore_published(
+        self, folder: Path, *, roll_back: bool
+    ) -> checkpoint_store.RestoreReport:
+        """The restore policy, for a training start and an operator alike: the newest published
+        checkpoint that verifies (found from the store's records while the catalog cannot be
+        read), refused by `_accept`, and, when `roll_back`, the head moved back past the
+        damaged ones it skipped (under the run's lease)."""
+        parts = {"storage": self.storage, "catalog": self.catalog, "run": self.run}
+        if roll_back:
+            report = restore_policy.restore_as_writer(
+                folder, **parts, generation=lambda: self.generation, accept=self._accept
+            )
+        else:
+            report = restore_policy.restore(folder, **parts)
+            self._accept(report.manifest)
+        if report.catalog_unavailable:
+            self._tell(f"catalog unavailable ({report.catalog_unavailable}); found "
+                       "checkpoints from the store's records")  # fmt: skip
+        for step, reason in report.skipped:
+            self._tell(f"skipped checkpoint step {step}: {reason}")
+        for note in report.notes:
+            self._tell(f"damaged copy passed over (another copy served): {note}")
+        if report.rolled_back_from is not None:
+            self._tell(f"head moved back from step {report.rolled_back_from} to "
+                       f"{report.manifest.step}")  # fmt: skip
+        return report
