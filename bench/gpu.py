@@ -327,18 +327,30 @@ def machine_description() -> dict[str, str]:
 # ---------------------------------------------------------------------------- the bare loop
 
 
-def bare_phase(config_path: Path, result_path: Path, plan: Plan, trace: Path | None = None
-               ) -> int:  # fmt: skip
-    """One process, one rank: the bare loop and everything measured beside it."""
-
+def _one_rank(config_path: Path) -> Any:
+    """This process as the only rank of a process group, and the configuration it trains (the
+    vocabulary read from the data)."""
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})  # fmt: skip
     from spotrain.trainer.engine import preflight
     from spotrain.trainer.process import init_distributed
     from spotrain.trainer.train import load_config
 
-    config = preflight(load_config(config_path)).config  # the vocabulary, from the data
+    config = preflight(load_config(config_path)).config
     init_distributed()
+    return config
+
+
+def _leave_the_group() -> None:
+    import torch.distributed as dist
+
+    dist.destroy_process_group()
+
+
+def bare_phase(config_path: Path, result_path: Path, plan: Plan, trace: Path | None = None
+               ) -> int:  # fmt: skip
+    """One process, one rank: the bare loop and everything measured beside it."""
+    config = _one_rank(config_path)
     result: dict[str, Any] = {}
     engine = _engine(config)
     result["plain"] = _timed_loop(engine, config, plan.warmup_steps, plan.timed_steps)
@@ -347,9 +359,7 @@ def bare_phase(config_path: Path, result_path: Path, plan: Plan, trace: Path | N
     result["pinned_copy_s"] = _pinned_copy_seconds(result["deepspeed_save"]["bytes"])
     result["matmul_tflops"] = _matmul_tflops()
     result_path.write_text(json.dumps(result))
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
+    _leave_the_group()
     return 0
 
 
@@ -363,14 +373,7 @@ process the first engine's memory outlived `del` and inflated the options' peaks
 
 def memory_option_phase(config_path: Path, result_path: Path, plan: Plan, option: str) -> int:
     """One process, one rank, one memory option: its tokens/s and peak GPU memory."""
-    os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
-                       "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})  # fmt: skip
-    from spotrain.trainer.engine import preflight
-    from spotrain.trainer.process import init_distributed
-    from spotrain.trainer.train import load_config
-
-    config = preflight(load_config(config_path)).config
-    init_distributed()
+    config = _one_rank(config_path)
     change = MEMORY_OPTIONS[option]
     steps = plan.offload_steps if "offload_optimizer" in change else plan.timed_steps
     try:  # an option that cannot run here (a host op that will not build) is reported
@@ -379,9 +382,7 @@ def memory_option_phase(config_path: Path, result_path: Path, plan: Plan, option
     except Exception as error:  # reported in the table, not raised
         result = {"error": f"{type(error).__name__}: {str(error)[:200]}"}
     result_path.write_text(json.dumps(result))
-    import torch.distributed as dist
-
-    dist.destroy_process_group()
+    _leave_the_group()
     return 0
 
 

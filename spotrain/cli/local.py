@@ -12,6 +12,7 @@ from typing import Any
 from spotrain.cli.arguments import whole
 from spotrain.cli.output import say
 from spotrain.core.errors import SpotrainError
+from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
 from spotrain.localcloud import control, faults
 
 
@@ -21,7 +22,8 @@ def cmd_local(args: argparse.Namespace) -> int:
         control.set_schedule_speedup(args.schedule_speedup)  # a running cloud changes pace
         pace = ("keeps no time (schedules do not run)" if args.schedule_speedup == 0 else
                 f"runs schedules at {args.schedule_speedup:g}x AWS's pace (the handler's "
-                f"capacity check every {300 / args.schedule_speedup:g} s)")  # fmt: skip
+                f"capacity check every {60 * CAPACITY_CHECK_MINUTES / args.schedule_speedup:g} "
+                "s)")  # fmt: skip
         say(
             f"local cloud running at {cloud.endpoint} (pid {cloud.pid}, log {cloud.log}); it {pace}"
         )
