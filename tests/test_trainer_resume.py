@@ -65,14 +65,17 @@ def test_resumed_run_has_the_losses_of_an_uninterrupted_one(
 ) -> None:  # fmt: skip
     """A run trains 6 steps uninterrupted, checkpointing at 3; its head is rolled back to step
     3 and it trains steps 4-6 again from that checkpoint, in a new process: the same losses,
-    bit for bit (on the same machine). At ZeRO-3 the first run recomputes activations and
-    keeps parameters in host memory, the resumed one does neither."""
+    bit for bit (on the same machine), and no checkpoint had to allocate host buffers. At
+    ZeRO-3 the first run recomputes activations and keeps parameters in host memory, the
+    resumed one does neither."""
     base = {"run": "demo", "data": corpus, "checkpoint_every": 3, "micro_batch": 4,
             "zero_stage": zero_stage, "bf16": bf16, "model": TINY_MODEL, "steps": 6,
             "store": f"file://{tmp_path / 'b'}", **schedule}  # fmt: skip
     started = training.train({**base, **first_part}, tmp_path, "uninterrupted")
     said = "memory: activations recomputed in the backward pass, parameters in host memory"
     assert (said in started.output) == bool(first_part)
+    # Buffers for the state the first step creates were ready: no checkpoint allocated any.
+    assert "published step 3" in started.output and "host buffers" not in started.output
     uninterrupted = started.losses
     assert uninterrupted == pytest.approx(golden, rel=GOLDEN_REL)
     roll_back(base["store"], "demo", 3)

@@ -2,11 +2,14 @@
 state into host buffers and returns (pinned memory and non-blocking copies on GPUs), and the
 writers that serialise those copies later, off the training loop's time, hashing each byte
 once (SHA-256 for the content address, CRC32 for S3's transfer check) on its way to a file or
-straight to the store's uploaders. Buffers are kept per tier and file and reused."""
+straight to the store's uploaders. Buffers are kept per tier and file and reused, matched to
+tensors by shape and type; buffers for the optimizer state that a first step creates are
+reserved before training (`reserve`), so even the first checkpoint's stall is only a copy."""
 
 from __future__ import annotations
 
 import copy
+from collections import defaultdict
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -76,26 +79,51 @@ def make_snapshot_engine() -> Any:
             # (a full one is never snapshot while the previous is still being written):
             # allocating (and on GPUs pinning) them costs more than the copy itself.
             self._buffers: dict[str, list[torch.Tensor]] = {}
+            # Per tier, buffers reserved for tensors that do not exist yet (`reserve`), taken
+            # by that tier's next snapshot; what it leaves is let go.
+            self._reserved: dict[str, list[torch.Tensor]] = {}
+            self.allocated_bytes = 0
+            """Host buffer bytes the snapshot under way allocated: 0 once buffers are warm."""
 
         def create(self, info: Any) -> None:
-            pass
+            self.allocated_bytes = 0  # DeepSpeed starts a checkpoint
 
         def save(self, state_dict: Any, path: str) -> None:
             found: dict[int, torch.Tensor] = {}
             _tensors_in(state_dict, found)
-            buffers = self._buffers.setdefault(f"{self.tier}/{Path(path).name}", [])
-            memo: dict[int, Any] = {}
-            for index, tensor in enumerate(found.values()):
+            name = f"{self.tier}/{Path(path).name}"
+            # The file's own buffers first, then the reserved ones, each matched by shape and
+            # type in order: the same tensor gets the same buffer from one checkpoint to the
+            # next even when a first step inserted new state among the old.
+            fitting: dict[tuple[Any, ...], list[torch.Tensor]] = defaultdict(list)
+            for buffer in self._buffers.get(name, []) + self._reserved.pop(self.tier, []):
+                fitting[_shape_of(buffer, buffer.is_pinned())].append(buffer)
+            buffers, memo = [], {}
+            for tensor in found.values():
                 source = tensor.detach()
-                if index == len(buffers) or not _fits(buffers[index], source):
+                matches = fitting[_shape_of(source, source.is_cuda)]
+                if matches:
+                    buffer = matches.pop(0)
+                else:
                     buffer = torch.empty(source.shape, dtype=source.dtype,
                                          pin_memory=source.is_cuda)  # fmt: skip
-                    buffers[index:index + 1] = [buffer]  # fmt: skip
-                buffers[index].copy_(source, non_blocking=source.is_cuda)
-                memo[id(tensor)] = buffers[index]
+                    self.allocated_bytes += buffer.numel() * buffer.element_size()
+                buffer.copy_(source, non_blocking=source.is_cuda)
+                buffers.append(buffer)
+                memo[id(tensor)] = buffer
+            self._buffers[name] = buffers
+            # What this file did not use stays reserved for the tier's other files.
+            self._reserved[self.tier] = [b for left in fitting.values() for b in left]
             # Whatever is not a tensor (step counters, learning rates, the loss scaler) is
             # copied too: the optimizer changes it while the snapshot waits to be written.
             self.staged.append(Staged(Path(path), copy.deepcopy(state_dict, memo)))
+
+        def reserve(self, tier: str, like: list[torch.Tensor]) -> None:
+            """Allocate buffers now for tensors shaped as `like` that `tier`'s next snapshot
+            will hold and that do not exist yet."""
+            self._reserved[tier] = self._reserved.get(tier, []) + [
+                torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) for t in like
+            ]
 
         def load(self, path: str, map_location: Any = None) -> Any:
             return torch.load(path, map_location=map_location, weights_only=False)
@@ -109,14 +137,33 @@ def make_snapshot_engine() -> Any:
             return False  # every tensor is copied on its own already: no need to clone first
 
         def take(self) -> list[Staged]:
+            """The snapshot's staged files; reserved buffers it did not use are let go."""
             staged, self.staged = self.staged, []
+            self._reserved.pop(self.tier, None)
             return staged
 
     return Snapshots()
 
 
-def _fits(buffer: torch.Tensor, source: torch.Tensor) -> bool:
-    return buffer.shape == source.shape and buffer.dtype == source.dtype
+def _shape_of(tensor: torch.Tensor, pinned: bool) -> tuple[Any, ...]:
+    return tuple(tensor.shape), tensor.dtype, pinned
+
+
+def state_a_first_step_creates(optimizer: Any) -> list[torch.Tensor]:
+    """Tensors shaped as the optimizer state that the first step will create: torch's Adam
+    family makes two moments shaped as each parameter and a scalar step count on that step
+    (an optimizer with less leaves some unused). `optimizer` may be DeepSpeed's wrapper,
+    whose ZeRO optimizers step the one they hold on their flat fp32 partitions."""
+    inner = optimizer
+    while not isinstance(inner, torch.optim.Optimizer) and hasattr(inner, "optimizer"):
+        inner = inner.optimizer
+    if not isinstance(inner, torch.optim.Optimizer):
+        return []
+    stepped = [p for group in inner.param_groups for p in group["params"]]
+    # ZeRO-3 hands its held optimizer one partition at a time, only while stepping it.
+    stepped += getattr(optimizer, "fp32_partitioned_groups_flat", None) or []
+    step_count = torch.empty((), dtype=torch.float32)
+    return [like for p in stepped if not inner.state.get(p) for like in (p, p, step_count)]
 
 
 def write_staged(staged: list[Staged], root: Path) -> list[Shard]:
