@@ -7,10 +7,10 @@ resource carries the run and its owner as cost-allocation tags."""
 from __future__ import annotations
 
 from spotrain.cdk import Construct, TerraformOutput, aws
-from spotrain.constructs.interruption_handler.construct import CapacityGroup, declared_run
 from spotrain.constructs.private_network import PrivateNetwork
 from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps
 from spotrain.core import resource_names as names
+from spotrain.core.capacity import ON_DEMAND, SPOT, CapacityGroup, RunDeclaration
 from spotrain.core.errors import ConfigError
 from spotrain.core.gpu_types import efa_interfaces
 from spotrain.core.handler_settings import run_parameter_name
@@ -28,7 +28,7 @@ def capacity_groups(config: EnvironmentConfig, run: RunConfig) -> tuple[Capacity
         CapacityGroup(
             name=spot,
             region=config.primary_region,
-            lifecycle="spot",
+            lifecycle=SPOT,
             holds_data=True,
             min_size=run.min_size,
             desired=run.desired_size,
@@ -36,7 +36,7 @@ def capacity_groups(config: EnvironmentConfig, run: RunConfig) -> tuple[Capacity
         CapacityGroup(
             name=names.on_demand_group(spot),
             region=config.primary_region,
-            lifecycle="on-demand",
+            lifecycle=ON_DEMAND,
             holds_data=True,
         ),
     )
@@ -132,12 +132,12 @@ class RunStack(EnvironmentStack):
             # through SSM with the environment's key.
             type="SecureString",
             key_id=primary_key_arn,
-            value=declared_run(
+            value=RunDeclaration(
                 run=run.name,
-                capacity_groups=capacity_groups(config, run),
+                groups=capacity_groups(config, run),
                 max_spend_usd=run.max_spend_usd,
                 run_deadline=run.deadline,
-            ),
+            ).to_json(),
         )
         TerraformOutput(self, "fleet_group", value=self.fleet.group.name)
         TerraformOutput(self, "on_demand_group", value=self.fleet.on_demand_group.name)

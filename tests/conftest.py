@@ -80,6 +80,6 @@ def dynamo(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def _a_cold_interruption_handler() -> None:
     """Each test's cloud is a new one: a warm handler's run declarations from an earlier test
     (it reuses them for a while) do not belong to it."""
-    handler = sys.modules.get("spotrain.constructs.interruption_handler.handler")
+    handler = sys.modules.get("spotrain.constructs.interruption_handler.runtime.settings")
     if handler is not None:
         handler._declarations.clear()

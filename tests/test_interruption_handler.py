@@ -21,10 +21,12 @@ import boto3
 import pytest
 from moto import mock_aws
 
-from spotrain.constructs.interruption_handler import handler
-from spotrain.constructs.interruption_handler.construct import CapacityGroup, declared_run
+from spotrain.constructs.interruption_handler.runtime import aws as runtime_aws
+from spotrain.constructs.interruption_handler.runtime import entry as handler
+from spotrain.constructs.interruption_handler.runtime import settings as runtime_settings
+from spotrain.core import capacity_policy, fleet_state
 from spotrain.core import catalog_schema as schema
-from spotrain.core import fleet_state
+from spotrain.core.capacity import CapacityGroup, Group, RunDeclaration
 from spotrain.core.deadline_policy import RunDeadline
 from spotrain.core.handler_settings import HandlerSettings, run_parameter_name
 
@@ -183,7 +185,7 @@ def declare_run(groups: list[CapacityGroup], run: str = RUN, **settings: Any) ->
     boto3.client("ssm", region_name=REGION).put_parameter(
         Name=run_parameter_name(os.environ[ENVIRONMENT_VARIABLE], run), Type="SecureString",
         Overwrite=True,
-        Value=declared_run(run=run, capacity_groups=tuple(groups), **settings),
+        Value=RunDeclaration(run=run, groups=tuple(groups), **settings).to_json(),
     )  # fmt: skip
 
 
@@ -306,6 +308,7 @@ def test_interruptions_outside_the_window_do_not_make_a_pool_hot(cloud: Cloud) -
 def test_a_run_that_crashed_too_often_is_held(cloud: Cloud) -> None:
     create_group("east-spot", "us-east-1", "us-east-1b", 2)
     create_group("west-spot", "us-west-2", "us-west-2a", 0)
+    check_run(event("scheduled-capacity-check"))  # the run starts (no configuration to wait for)
     crashing = run_instance()
     verdicts = [
         fleet_state.record_exit(cloud.table, RUN, crashing, 1, max_crashes=3) for _ in range(3)
@@ -355,9 +358,9 @@ def test_capacity_check_falls_back_to_on_demand_after_the_deadline(
         AutoScalingGroupName="east-spot", DesiredCapacity=3
     )
     # moto fills desired capacity at once: play a group that spot cannot fill
-    monkeypatch.setattr(handler.requeue, "reconcile", _with_spot_missing(handler.requeue.reconcile))
+    monkeypatch.setattr(capacity_policy, "reconcile", _with_spot_missing(capacity_policy.reconcile))
     clock = iter([1000.0, 1700.0])
-    monkeypatch.setattr(handler, "_now", lambda: next(clock))
+    monkeypatch.setattr(runtime_settings, "now", lambda: next(clock))
     check = event("scheduled-capacity-check")
     assert check_run(check)["decision"] == "wait-for-spot"
     assert fleet_state.run_state(cloud.table, RUN).short_since == 1000.0
@@ -368,7 +371,7 @@ def test_capacity_check_falls_back_to_on_demand_after_the_deadline(
 def _with_spot_missing(reconcile: Any) -> Any:
     def short_by_one(*, groups: Any, **kwargs: Any) -> Any:
         played = [
-            handler.requeue.Group(**{**g.__dict__, "in_service": g.desired - 1})
+            Group(**{**g.__dict__, "in_service": g.desired - 1})
             if g.lifecycle == "spot" else g
             for g in groups
         ]  # fmt: skip
@@ -448,7 +451,7 @@ def http_cloud(local_cloud: Any, monkeypatch: pytest.MonkeyPatch) -> Iterator[Cl
 
     for key, value in control.aws_environment(local_cloud.endpoint, REGION).items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(handler.boto3, "DEFAULT_SESSION", None)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
     cloud = _handler_environment(boto3.resource("dynamodb"), monkeypatch)
     try:
         yield cloud
@@ -657,22 +660,22 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     create_group(names["spot"], REGION, "us-east-1b", 1)
     create_group(names["on-demand"], REGION, "us-east-1b", 0)
     spot_now = {"available": False}
-    groups_as_they_are = handler.capacity_groups
+    groups_as_they_are = runtime_aws.capacity_groups
 
     def spot_as_scripted(settings: Any, autoscaling: Any) -> Any:
         return [
-            handler.requeue.Group(**{**g.__dict__, "in_service": g.desired if
+            Group(**{**g.__dict__, "in_service": g.desired if
                                      spot_now["available"] else 0})
             if g.lifecycle == "spot" else g
             for g in groups_as_they_are(settings, autoscaling)
         ]  # fmt: skip
 
-    monkeypatch.setattr(handler, "capacity_groups", spot_as_scripted)
+    monkeypatch.setattr(runtime_aws, "capacity_groups", spot_as_scripted)
     for t, done, spot, expected in timeline:
         spot_now["available"] = spot
         catalog.put_item(Item={"pk": run_key(RUN), "sk": HEAD_SORT_KEY,
                                "step": round(done * per_hour)})  # fmt: skip
-        monkeypatch.setattr(handler, "_now", lambda t=t: start + t * 3600)
+        monkeypatch.setattr(runtime_settings, "now", lambda t=t: start + t * 3600)
         result = check_run(event("scheduled-capacity-check"))
         on_demand = desired(names["on-demand"], REGION) > 0
         got = "on-demand" if on_demand else "spot" if spot else "idle"
@@ -889,13 +892,13 @@ def test_a_burst_of_warnings_reads_the_declarations_once_and_a_new_run_at_once(
     declarations once for all of them (SSM would throttle a read per warning), reads again
     for a machine of a run it does not know yet, and each capacity check reads afresh."""
     reads: list[str] = []
-    read = handler._read_declarations
+    read = runtime_settings.read_declarations
 
-    def counted(settings: dict[str, Any]) -> dict[str, dict[str, Any]]:
-        reads.append(settings["runs_path"])
+    def counted(settings: Any) -> Any:
+        reads.append(settings.handler.runs_parameter_path)
         return read(settings)
 
-    monkeypatch.setattr(handler, "_read_declarations", counted)
+    monkeypatch.setattr(runtime_settings, "read_declarations", counted)
     create_group("east-spot", "us-east-1", "us-east-1b", 2)
     for number in range(5):
         result = handler.handle(for_instance("spot-interruption-warning", run_instance(),
@@ -916,7 +919,7 @@ def test_a_burst_of_warnings_reads_the_declarations_once_and_a_new_run_at_once(
     handler.handle(event("scheduled-capacity-check"))
     assert len(reads) == 3
     # Past its time, a warm handler reads them again.
-    monkeypatch.setattr(handler, "DECLARATIONS_TTL_S", 0.0)
+    monkeypatch.setattr(runtime_settings, "DECLARATIONS_TTL_S", 0.0)
     handler.handle(for_instance("spot-interruption-warning", run_instance(), id="later"))
     assert len(reads) == 4
 

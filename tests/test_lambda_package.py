@@ -10,7 +10,9 @@ from pathlib import Path
 
 from helpers import load_stack, resources
 
-from spotrain.constructs.interruption_handler.construct import build_handler_zip
+from spotrain.constructs.interruption_handler.construct import HANDLER_ENTRY, build_handler_zip
+
+ROOT = Path(__file__).parent.parent
 
 
 def test_zip_is_byte_identical_across_builds() -> None:
@@ -21,31 +23,20 @@ def test_zip_entries_are_sorted_with_fixed_times_and_permissions() -> None:
     archive = zipfile.ZipFile(io.BytesIO(build_handler_zip()))
     names = archive.namelist()
     assert names == sorted(names)
-    assert names == [
-        "catalog_watch.py",
-        "interruption_handler.py",
-        "requeue.py",
-        "spotrain/__init__.py",
-        # The core floor, whole: what the handler imports, and nothing from above it.
-        "spotrain/core/__init__.py",
-        "spotrain/core/catalog_schema.py",
-        "spotrain/core/code_bundle.py",
-        "spotrain/core/deadline_policy.py",
-        "spotrain/core/entry_point.py",
-        "spotrain/core/errors.py",
-        "spotrain/core/events.py",
-        "spotrain/core/fleet_state.py",
-        "spotrain/core/global_batch.py",
-        "spotrain/core/gpu_types.py",
-        "spotrain/core/handler_settings.py",
-        "spotrain/core/image_reference.py",
-        "spotrain/core/price_book.json",
-        "spotrain/core/prices.py",
-        "spotrain/core/resource_names.py",
-        "spotrain/core/run_lifecycle.py",
-        "spotrain/core/spend_ledger.py",
-        "spotrain/core/validation.py",
-    ]
+    runtime = "spotrain/constructs/interruption_handler/runtime/"
+    # The runtime folder and the core floor, each whole, and the empty packages above them.
+    assert [n for n in names if n.startswith(runtime)] == sorted(
+        runtime + p.name for p in (ROOT / "constructs/interruption_handler/runtime").glob("*.py")
+    )
+    assert [n for n in names if n.startswith("spotrain/core/")] == sorted(
+        f"spotrain/core/{p.name}" for p in (ROOT / "spotrain/core").iterdir()
+        if p.suffix in (".py", ".json")
+    )  # fmt: skip
+    assert sorted(set(names) - {n for n in names if n.startswith((runtime, "spotrain/core/"))}) == [
+        "spotrain/__init__.py", "spotrain/constructs/__init__.py",
+        "spotrain/constructs/interruption_handler/__init__.py",
+    ]  # fmt: skip
+    assert all(archive.read(n) == b"" for n in names if n.count("/") < 3 and "core" not in n)
     for info in archive.infolist():
         assert info.date_time == (1980, 1, 1, 0, 0, 0)
         assert (info.external_attr >> 16) & 0o777 == 0o644
@@ -59,10 +50,12 @@ def test_zip_imports_and_exposes_the_handler(tmp_path: Path) -> None:
     # Only the unpacked zip on the path first, as in the Lambda runtime.
     code = (
         f"import sys; sys.path.insert(0, {str(tmp_path)!r}); "
-        "import interruption_handler as h, spotrain.core.catalog_schema as s, "
-        "spotrain.core.fleet_state as f; "
-        "print(callable(h.handle)); print(s.__file__); print(f.__file__); "
-        "print(h.requeue.__file__)"
+        "import importlib; "
+        f"module, _, name = {HANDLER_ENTRY!r}.rpartition('.'); "
+        "h = importlib.import_module(module); "
+        "import spotrain.core.catalog_schema as s, spotrain.core.capacity_policy as p; "
+        "print(callable(getattr(h, name))); print(s.__file__); print(p.__file__); "
+        "print(h.__file__)"
     )
     check = subprocess.run(
         [sys.executable, "-I", "-c", code], capture_output=True, text=True, check=True

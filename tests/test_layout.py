@@ -104,6 +104,58 @@ def test_the_core_needs_the_standard_library_and_boto3_alone() -> None:
         assert outside == [], f"{module} imports {outside}: the Lambda zip and machines ship core"
 
 
+RUNTIME = "spotrain.constructs.interruption_handler.runtime"
+"""The interruption handler's Lambda code: it ships alone with the core."""
+
+
+def test_the_handlers_runtime_imports_only_the_core_and_nothing_imports_the_runtime() -> None:
+    import sys
+
+    modules = _modules()
+    runtime = {m: p for m, p in modules.items() if m == RUNTIME or m.startswith(f"{RUNTIME}.")}
+    assert {m.rsplit(".", 1)[-1] for m in runtime} >= {"entry", "aws", "capacity_check"}
+    allowed = set(sys.stdlib_module_names) | {"boto3", "botocore"}
+    for module, path in runtime.items():
+        outside = sorted(
+            name for name in _imports(path)
+            if not name.startswith(("spotrain.core", RUNTIME)) and name.split(".")[0] not in allowed
+        )  # fmt: skip
+        assert outside == [], f"{module} imports {outside}: the runtime stands on the core alone"
+        lines = len(path.read_text().splitlines())
+        assert lines <= 250, f"{module} has {lines} lines: give one of its paths its own file"
+    importers = sorted(
+        module for module, path in modules.items() if module not in runtime
+        for name in _imports(path) if name == RUNTIME or name.startswith(f"{RUNTIME}.")
+    )  # fmt: skip
+    assert importers == [], f"{importers} import the handler's runtime: infrastructure never does"
+
+
+def test_the_contract_between_stacks_handler_and_cli_is_defined_once() -> None:
+    """Each environment variable's name, the run declaration's fields, the markets and the
+    order of the holds are spelled in one place of the product."""
+    import re
+
+    product = [p for folder in FOLDERS.values() for p in folder.rglob("*.py")]
+    texts = {p: p.read_text() for p in product}
+
+    def places(pattern: str) -> list[str]:
+        return sorted(str(p.relative_to(ROOT)) for p, text in texts.items()
+                      if re.search(pattern, text, re.MULTILINE))  # fmt: skip
+
+    for variable in ("EVENTS_TABLE", "ALERT_TOPIC_ARN", "CONFIG_BUCKET", "CHECKPOINTS_TABLE",
+                     "DEAD_LETTER_QUEUE_URL", "HOT_POOL_THRESHOLD"):  # fmt: skip
+        assert places(rf'"{variable}"') == [], f"{variable} spelled out: use HandlerSettings"
+    # The markets once (the deadline policy's modes, the decisions' actions and the price
+    # labels are words of their own that happen to match).
+    assert places(r'^(SPOT|ON_DEMAND) = "') == sorted(
+        ["spotrain/core/capacity.py", "spotrain/core/deadline_policy.py"])  # fmt: skip
+    assert places(r'lifecycle="(spot|on-demand)"|== "spot"') == []
+    assert places(r"^class (CapacityGroup|RunDeclaration)\b") == ["spotrain/core/capacity.py"]
+    assert places(r'"min_size": ') == ["spotrain/core/capacity_policy.py"]
+    assert places(r"def hold_for\(") == ["spotrain/core/capacity_policy.py"]
+    assert places(r"METRIC_NAMESPACE = ") == ["spotrain/core/resource_names.py"]
+
+
 def _definitions(path: Path) -> list[tuple[str, int]]:
     import ast
 

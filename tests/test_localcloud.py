@@ -598,3 +598,41 @@ def test_schedule_periods_and_the_clock_file(tmp_path: Path) -> None:
     assert schedules.read_speedup(clock) == 60
     clock.write_text("{not json")
     assert schedules.read_speedup(clock) == 0
+
+
+def test_a_python_function_is_invoked_from_its_zip_as_lambda_runs_it(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """Invoke runs the function's zip with its handler and environment (moto alone needs
+    Docker): the handler's return is the payload; one that raises is a function error whose
+    log tail says why."""
+    import io
+    import zipfile
+
+    code = io.BytesIO()
+    with zipfile.ZipFile(code, "w") as archive:
+        archive.writestr("app/__init__.py", "")
+        archive.writestr("app/entry.py", (
+            "import os\n"
+            "def handle(event, context):\n"
+            "    if event.get('fail'):\n"
+            "        raise RuntimeError('asked to fail')\n"
+            "    return {'got': event, 'colour': os.environ['COLOUR']}\n"
+        ))  # fmt: skip
+    iam, functions = client(local_cloud, "iam"), client(local_cloud, "lambda")
+    name = unique("invoked")
+    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "lambda.amazonaws.com"}}],
+    }))["Role"]["Arn"]  # fmt: skip
+    functions.create_function(
+        FunctionName=name, Runtime="python3.12", Role=role, Handler="app.entry.handle",
+        Code={"ZipFile": code.getvalue()}, Environment={"Variables": {"COLOUR": "teal"}},
+        Timeout=60,
+    )  # fmt: skip
+    answer = functions.invoke(FunctionName=name, Payload=json.dumps({"n": 7}).encode())
+    assert "FunctionError" not in answer
+    assert json.loads(answer["Payload"].read()) == {"got": {"n": 7}, "colour": "teal"}
+    failed = functions.invoke(FunctionName=name, Payload=b'{"fail": true}', LogType="Tail")
+    assert failed["FunctionError"] == "Unhandled"
+    assert "asked to fail" in json.loads(failed["Payload"].read())["errorMessage"]

@@ -133,16 +133,16 @@ class RunOnTheLocalCloud:
         """The handler's scheduled capacity check, with its clock at `at`."""
         from test_interruption_handler import event
 
-        from spotrain.constructs.interruption_handler import handler
+        from spotrain.constructs.interruption_handler.runtime import entry, settings
 
-        handler._now = lambda: at  # type: ignore[attr-defined]
-        return handler.handle(event("scheduled-capacity-check"))["runs"][self.run]
+        settings.now = lambda: at  # type: ignore[assignment]
+        return entry.handle(event("scheduled-capacity-check"))["runs"][self.run]
 
     def declare(self, **settings: Any) -> None:
         """The run's declaration to the handler, as its stack writes it (cap, deadline)."""
         from test_interruption_handler import REGION, declare_run
 
-        from spotrain.constructs.interruption_handler.construct import CapacityGroup
+        from spotrain.core.capacity import CapacityGroup
 
         group = CapacityGroup(name=self.run, region=REGION, lifecycle="spot", holds_data=True)
         declare_run([group], run=self.run, **settings)
@@ -157,13 +157,13 @@ def run_on_the_local_cloud(
     from the test book: g5.xlarge $20/h on-demand, $5/h spot there."""
     from test_interruption_handler import REGION, _handler_environment
 
-    from spotrain.constructs.interruption_handler import handler
+    from spotrain.constructs.interruption_handler.runtime import settings
     from spotrain.localcloud import control
 
     for key, value in control.aws_environment(local_cloud.endpoint, REGION).items():
         monkeypatch.setenv(key, value)
-    monkeypatch.setattr(handler.boto3, "DEFAULT_SESSION", None)
-    monkeypatch.setattr(handler, "_now", handler._now)  # restored after check_at's changes
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    monkeypatch.setattr(settings, "now", settings.now)  # restored after check_at's changes
     cloud = _handler_environment(boto3.resource("dynamodb"), monkeypatch)
     run = f"ledger-{int(time.time() * 1000) % 10**8}"
     ec2, autoscaling = boto3.client("ec2"), boto3.client("autoscaling")

@@ -2,11 +2,13 @@
 capacity check, feeding the handler Lambda, with a dead-letter queue, retries, an encrypted
 log group and notice topic, and a role that may only touch the events table, the
 environment's runs' instances and Auto Scaling groups, the topic and the queue. The handler
-serves every run of its environment: each run's stack declares the run with `declared_run`.
+serves every run of its environment: each run's stack declares the run
+(`spotrain.core.capacity.RunDeclaration`).
 
-The Lambda zip is built here in Python at synth time, byte-for-byte reproducible (fixed
-timestamps and permissions, sorted entries), so `source_code_hash` changes only when the code
-does.
+The Lambda's code is the `runtime/` folder beside this file (it imports only the core; nothing
+here imports it). Its zip is built here in Python at synth time, byte-for-byte reproducible
+(fixed timestamps and permissions, sorted entries), so `source_code_hash` changes only when
+the code does.
 """
 
 from __future__ import annotations
@@ -17,14 +19,12 @@ import io
 import json
 import tempfile
 import zipfile
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import spotrain.core
 from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
-from spotrain.constructs.interruption_handler import catalog_watch, requeue
-from spotrain.constructs.interruption_handler import handler as handler_module
 from spotrain.constructs.interruption_handler.iam import handler_statements
 from spotrain.constructs.policy import (
     assume_role_policy,
@@ -33,7 +33,6 @@ from spotrain.constructs.policy import (
     statement,
 )
 from spotrain.core import handler_settings
-from spotrain.core.deadline_policy import RunDeadline
 from spotrain.core.errors import raise_if_problems
 from spotrain.core.events import (
     EC2_SOURCE,
@@ -48,18 +47,25 @@ HANDLED_EVENTS = {
 _ZIP_TIMESTAMP = (1980, 1, 1, 0, 0, 0)
 
 
+RUNTIME_FOLDER = Path(__file__).parent / "runtime"
+RUNTIME_PACKAGE = f"{__package__}.runtime"
+HANDLER_ENTRY = f"{RUNTIME_PACKAGE}.entry.handle"
+"""The function's handler: the runtime's entry, imported from the zip's root."""
+
+
 def build_handler_zip() -> bytes:
-    """The deployment package: the handler, its requeue rules and catalog watch, and the core
-    floor whole (standard library and boto3 only), its data files included."""
+    """The deployment package: the runtime folder and the core floor, each whole (standard
+    library and boto3 only; the core's data files included), under their package paths, with
+    the empty packages above them."""
+    files: dict[str, bytes] = {}
     core = Path(spotrain.core.__file__).parent
-    files = {
-        "interruption_handler.py": Path(handler_module.__file__).read_bytes(),
-        "requeue.py": Path(requeue.__file__).read_bytes(),
-        "catalog_watch.py": Path(catalog_watch.__file__).read_bytes(),
-        "spotrain/__init__.py": b"",
-        **{f"spotrain/core/{p.name}": p.read_bytes() for p in sorted(core.iterdir())
-           if p.suffix in (".py", ".json")},
-    }  # fmt: skip
+    for folder, package in ((RUNTIME_FOLDER, RUNTIME_PACKAGE), (core, spotrain.core.__name__)):
+        path = package.replace(".", "/")
+        files.update({f"{path}/{p.name}": p.read_bytes() for p in sorted(folder.iterdir())
+                      if p.suffix in (".py", ".json")})  # fmt: skip
+        parts = path.split("/")
+        for depth in range(1, len(parts)):
+            files.setdefault("/".join(parts[:depth]) + "/__init__.py", b"")
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as archive:
         for name in sorted(files):
@@ -77,61 +83,6 @@ def rule_name(handler_name: str, rule_id: str) -> str:
 def rule_arns(handler_name: str, region: str, account_id: str) -> str:
     """An ARN pattern that matches every EventBridge rule of the handler named so."""
     return f"arn:aws:events:{region}:{account_id}:rule/{rule_name(handler_name, '*')}"
-
-
-@dataclass(frozen=True, kw_only=True)
-class CapacityGroup:
-    """An Auto Scaling group the handler may move the run's capacity to."""
-
-    name: str
-    region: str
-    lifecycle: str
-    """`spot` or `on-demand` (the fallback after the deadline)."""
-    holds_data: bool
-    """In the region the run writes its checkpoints to (preferred: no egress)."""
-    min_size: int = 0
-    desired: int = 0
-    """The sizes the run declares for the group: deployed empty, the group is started at
-    these once the run's configuration is stored."""
-
-
-def declared_run(
-    *,
-    run: str,
-    capacity_groups: tuple[CapacityGroup, ...],
-    max_spend_usd: float | None = None,
-    run_deadline: RunDeadline | None = None,
-) -> str:
-    """A run's declaration to its environment's handler (the value of its SSM parameter,
-    `handler_settings.run_parameter_name`): the groups the handler may scale for it (at least
-    one spot group; an on-demand one for fallback), its spend cap (notices at 50, 80 and 100%;
-    held at 100% until an operator raises it) and its deadline (spot or on-demand by its
-    progress, instead of the fixed on-demand wait)."""
-    problems = []
-    lifecycles = [g.lifecycle for g in capacity_groups]
-    if requeue.SPOT not in lifecycles:
-        problems.append("capacity_groups needs at least one spot group")
-    for group in capacity_groups:
-        if group.lifecycle not in (requeue.SPOT, requeue.ON_DEMAND):
-            problems.append(
-                f"capacity group {group.name!r} has lifecycle {group.lifecycle!r}: "
-                f"use {requeue.SPOT!r} or {requeue.ON_DEMAND!r}"
-            )
-        if not 0 <= group.min_size <= group.desired:
-            problems.append(f"capacity group {group.name!r} declares min_size "
-                            f"{group.min_size} and desired {group.desired}: need "
-                            "0 <= min_size <= desired")  # fmt: skip
-    if max_spend_usd is not None and not 0 < max_spend_usd < float("inf"):
-        problems.append(f"max_spend_usd is {max_spend_usd}: give a positive amount in USD")
-    if run_deadline is not None:
-        problems += run_deadline.problems()
-    raise_if_problems(f"run {run!r}'s declaration to the interruption handler", problems)
-    return json.dumps({
-        "run": run,
-        "groups": [asdict(g) for g in capacity_groups],
-        "max_spend_usd": max_spend_usd,
-        "run_deadline": asdict(run_deadline) if run_deadline is not None else None,
-    }, sort_keys=True)  # fmt: skip
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -313,7 +264,7 @@ class InterruptionHandler(Construct):
             function_name=props.name,
             role=role.arn,
             runtime="python3.12",
-            handler="interruption_handler.handle",
+            handler=HANDLER_ENTRY,
             filename=asset.path,
             source_code_hash=base64.b64encode(self.package_sha256).decode(),
             timeout=30,

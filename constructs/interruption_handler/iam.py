@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from spotrain.constructs.interruption_handler.handler import METRIC_NAMESPACE
 from spotrain.constructs.policy import leading_keys, statement, via_services
 from spotrain.constructs.run_access import read_run_crashes_and_releases
 from spotrain.core.catalog_schema import (
@@ -24,6 +23,7 @@ from spotrain.core.catalog_schema import (
     spend_key,
 )
 from spotrain.core.handler_settings import runs_parameter_path
+from spotrain.core.resource_names import METRIC_NAMESPACE
 
 EVERY_RUN = "*"
 """Every run of the environment (its tables and bucket are the environment's own)."""

@@ -16,13 +16,12 @@ lifecycle, never write it."""
 from __future__ import annotations
 
 import argparse
-import time
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from spotrain.cli import run_status
+from spotrain.cli import run_status, run_steering
 from spotrain.cli.arguments import environment, figure_path, run_name
 from spotrain.cli.output import json_text, say
 from spotrain.cli.run_status import (
@@ -60,7 +59,8 @@ def _status(where: Where, args: argparse.Namespace) -> int:
     retired = None if groups else run_status.undeployed(where, args.environment, args.run, None)
     if retired is not None and retired.phase == "retired":
         return run_status.show(retired, args)
-    shown = run_status.show(status_of(where, args.run, groups or _groups_of(where, args)), args)
+    groups = groups or run_steering.groups_of(where, args)
+    shown = run_status.show(status_of(where, args.run, groups), args)
     if args.plot:
         from spotrain.cost import run_report
 
@@ -70,92 +70,6 @@ def _status(where: Where, args: argparse.Namespace) -> int:
         if not args.json:
             say(f"figure: {args.plot}")
     return shown
-
-
-def _cancel(where: Where, args: argparse.Namespace) -> int:
-    from spotrain.core import fleet_state, run_lifecycle
-
-    groups = _groups_of(where, args)
-    lifecycle = run_lifecycle.read(where.events, args.run)
-    if lifecycle.finished_step is not None:
-        raise SpotrainError(f"run {args.run} already finished (step {lifecycle.finished_step} "
-                            "is final): its groups are at 0; nothing to cancel")  # fmt: skip
-    # Sizes first, then the mark: a resume finds what to put back whichever step failed.
-    fleet_state.set_held_sizes(where.events, args.run, {
-        g["AutoScalingGroupName"]: {"min_size": int(g["MinSize"]),
-                                    "desired": int(g["DesiredCapacity"])}
-        for g in groups
-    })  # fmt: skip
-    run_lifecycle.mark_cancelled(where.events, args.run, by=_caller(), at=time.time())
-    for group in groups:
-        where.autoscaling.update_auto_scaling_group(
-            AutoScalingGroupName=group["AutoScalingGroupName"], MinSize=0, DesiredCapacity=0
-        )
-    said = sum(in_service(g) for g in groups)
-    say(f"run {args.run} cancelled: its groups are at 0; {said} machine(s) publish their "
-        f"emergency checkpoint and leave. `spotrain run resume {args.environment} {args.run}` "
-        "continues it from its head")  # fmt: skip
-    return 0
-
-
-def _resume(where: Where, args: argparse.Namespace) -> int:
-    from spotrain.core import fleet_state, run_lifecycle, spend_ledger
-
-    described = _groups_of(where, args)
-    groups = {g["AutoScalingGroupName"] for g in described}
-    lifecycle = run_lifecycle.read(where.events, args.run)
-    if lifecycle.finished_step is not None:
-        raise SpotrainError(
-            f"run {args.run} finished (step {lifecycle.finished_step} is final): "
-            "to train further, store a configuration under a new run name"
-        )
-    if lifecycle.cancelled_at is None:
-        say(f"run {args.run} is not cancelled: nothing to resume")
-        return 0
-    leaving = [i["InstanceId"] for g in described for i in g.get("Instances", [])]
-    if leaving:
-        # Their emergency checkpoint is the head a resumed run starts from: a machine started
-        # before it is published would take the run's lease and refuse it.
-        raise SpotrainError(f"run {args.run} is cancelled but {len(leaving)} machine(s) of it "
-                            f"are still leaving ({', '.join(sorted(leaving))}), publishing "
-                            "their emergency checkpoint: resume it once they are gone (about "
-                            "two minutes; `spotrain run status` counts them)")  # fmt: skip
-    run_lifecycle.clear_cancelled(where.events, args.run)
-    state = fleet_state.run_state(where.events, args.run)
-    if state.failed or spend_ledger.read(where.events, args.run).held:
-        say(f"run {args.run} is no longer cancelled, but still held "
-            f"({'after repeated crashes' if state.failed else 'at its spend cap'}): its "
-            "groups stay at 0 until it is released")  # fmt: skip
-        return 0
-    back = {name: sizes for name, sizes in (state.held_sizes or {}).items() if name in groups}
-    for name, sizes in sorted(back.items()):
-        where.autoscaling.update_auto_scaling_group(
-            AutoScalingGroupName=name, MinSize=sizes["min_size"], DesiredCapacity=sizes["desired"]
-        )
-    fleet_state.set_held_sizes(where.events, args.run, None)
-    sizes_text = ", ".join(f"{n} {s['min_size']}..{s['desired']}" for n, s in sorted(back.items()))
-    say(f"run {args.run} resumed: {sizes_text or 'its groups start at the next check'}; it "
-        "continues from its head")  # fmt: skip
-    return 0
-
-
-def _groups_of(where: Where, args: argparse.Namespace) -> list[dict[str, Any]]:
-    groups = run_groups(where, args.run).get(args.run, [])
-    if not groups:
-        raise SpotrainError(f"no Auto Scaling group of run {args.run} in environment "
-                            f"{args.environment}: `spotrain run list {args.environment}` shows "
-                            "its runs")  # fmt: skip
-    return groups
-
-
-def _caller() -> str:
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return str(boto3.client("sts").get_caller_identity()["Arn"])
-    except (BotoCoreError, ClientError):
-        return "unknown"
 
 
 def _declared(env_name: str, target: str) -> Any:
@@ -335,8 +249,9 @@ def _reclaim(where: Where, args: argparse.Namespace) -> int:
 
 
 ACTIONS: dict[str, Callable[[Where, argparse.Namespace], int]] = {
-    "submit": _submit, "list": _list, "status": _status, "logs": _logs, "cancel": _cancel,
-    "resume": _resume, "retire": _retire, "env": _env, "play": _play, "reclaim": _reclaim,
+    "submit": _submit, "list": _list, "status": _status, "logs": _logs,
+    "cancel": run_steering.cancel, "resume": run_steering.resume, "retire": _retire, "env": _env,
+    "play": _play, "reclaim": _reclaim,
 }  # fmt: skip
 
 

@@ -67,3 +67,8 @@ def machine_log_group(fleet_name: str) -> str:
 def run_stack_part(run: str) -> str:
     """The part of `<env>-run-<run>`: one stack per run."""
     return f"run-{run}"
+
+
+METRIC_NAMESPACE = "spotrain"
+"""CloudWatch namespace of the runs' spend, which the handler publishes (its role may publish
+to no other)."""

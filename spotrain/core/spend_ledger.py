@@ -26,6 +26,7 @@ from decimal import Decimal
 from typing import Any, Protocol
 
 from spotrain.core import prices as price_book
+from spotrain.core.capacity import ON_DEMAND, SPOT
 from spotrain.core.catalog_schema import (
     CAP_NOTICE_PREFIX,
     EXPIRES_AT_KEY,
@@ -42,8 +43,6 @@ from spotrain.core.catalog_schema import (
     spend_point_sort_key,
 )
 
-SPOT = "spot"
-ON_DEMAND = "on-demand"
 _ENDED_AT = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 """When a machine stopped, in its StateTransitionReason: "User initiated (2026-11-23 10:00:00
 GMT)"."""
@@ -155,7 +154,7 @@ def machines(reservations: Iterable[dict[str, Any]], now: float) -> list[Machine
                     instance_id=instance["InstanceId"],
                     instance_type=instance.get("InstanceType") or "unknown",
                     zone=instance["Placement"]["AvailabilityZone"],
-                    market=SPOT if instance.get("InstanceLifecycle") == "spot" else ON_DEMAND,
+                    market=SPOT if instance.get("InstanceLifecycle") == SPOT else ON_DEMAND,
                     launched_at=launched.timestamp()
                     if hasattr(launched, "timestamp")
                     else launched,

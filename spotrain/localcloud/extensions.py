@@ -36,6 +36,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime
 import io
 import json
@@ -410,6 +411,37 @@ def _install_dynamodb_stream_functions() -> None:
     LambdaBackend.send_dynamodb_items = send_dynamodb_items  # type: ignore[assignment,method-assign]
 
 
+def _install_python_function_invoke() -> None:
+    """Invoke runs a Python function from its zip, as Lambda would (moto needs Docker for it):
+    the payload is what the handler returned; a handler that raised or a run that failed is a
+    function error with its output, and the log tail comes back as Lambda's does."""
+    from moto.awslambda.models import LambdaFunction
+
+    original = LambdaFunction.invoke
+
+    def invoke(self: Any, body: Any, request_headers: Any, response_headers: Any) -> Any:
+        if not str(self.run_time or "").startswith("python") or not self.code_bytes:
+            return original(self, body, request_headers, response_headers)
+        event = json.loads(body) if body else {}
+        try:
+            done = run_python_function(self.code_bytes, self.handler,
+                                       dict(self.environment_vars), self.region, event,
+                                       float(self.timeout))  # fmt: skip
+        except subprocess.TimeoutExpired:
+            response_headers["x-amz-function-error"] = "Unhandled"
+            return json.dumps({"errorType": "Timeout",
+                               "errorMessage": f"timed out after {self.timeout} s"})  # fmt: skip
+        response_headers["x-amz-log-result"] = base64.b64encode(
+            done.stderr[-4000:].encode()).decode()  # fmt: skip
+        lines = done.stdout.strip().splitlines()
+        if done.returncode != 0 or not lines:
+            response_headers["x-amz-function-error"] = "Unhandled"
+            return json.dumps({"errorType": "Failed", "errorMessage": done.stderr[-4000:]})
+        return lines[-1]
+
+    LambdaFunction.invoke = invoke  # type: ignore[method-assign]
+
+
 def _install_autoscaling_markets() -> None:
     from moto.autoscaling.models import FakeAutoScalingGroup
 
@@ -533,6 +565,7 @@ def install() -> None:
     _install_s3_checksums()
     authorization.install()
     _install_dynamodb_stream_functions()
+    _install_python_function_invoke()
     _install_autoscaling_update_keeps_the_policy()
     price_list.install()
     _install_autoscaling_markets()

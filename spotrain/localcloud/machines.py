@@ -22,6 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from spotrain.core.capacity import ON_DEMAND, SPOT
 from spotrain.localcloud.imds import LocalMetadataService
 
 CHECKOUT = Path(__file__).resolve().parents[2]
@@ -79,9 +80,9 @@ def on_demand_first(ec2: Any, members: list[dict[str, Any]]) -> list[tuple[dict[
                        "InstanceType": found.get("InstanceType") or member.get("InstanceType"),
                        "AvailabilityZone": found.get("Placement", {}).get("AvailabilityZone")
                        or member.get("AvailabilityZone")}  # fmt: skip
-        paired.append((as_launched, "spot" if found.get("InstanceLifecycle") == "spot"
-                       else "on-demand"))  # fmt: skip
-    return sorted(paired, key=lambda pair: pair[1] == "spot")
+        paired.append((as_launched, SPOT if found.get("InstanceLifecycle") == SPOT
+                       else ON_DEMAND))  # fmt: skip
+    return sorted(paired, key=lambda pair: pair[1] == SPOT)
 
 
 class LocalMachine:

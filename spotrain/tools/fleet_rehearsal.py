@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from spotrain.core.capacity import ON_DEMAND, SPOT
 from spotrain.localcloud import control
 from spotrain.localcloud.machines import (
     LocalMachine,
@@ -247,7 +248,7 @@ class FleetRehearsal:
         for member, market in on_demand_first(ec2, members[:MACHINES]):
             self._boot(member, market, user_data, aws_env, port,
                        outputs["run"].instance_types[0])  # fmt: skip
-        if [m.lifecycle for m in self.machines] != ["on-demand"] + ["spot"] * (MACHINES - 1):
+        if [m.lifecycle for m in self.machines] != [ON_DEMAND] + [SPOT] * (MACHINES - 1):
             raise RehearsalFailed(
                 f"{group} launched {[m.lifecycle for m in self.machines]}, not one on-demand "
                 "machine and spot ones (its on-demand base capacity is 1)"

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.core import run_lifecycle
+from spotrain.core.capacity import SPOT
 from spotrain.core.catalog_schema import EVENTS_TABLE_SUFFIX
 from spotrain.core.errors import SpotrainError
 from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
@@ -240,7 +241,7 @@ def reclaim(run: str, *, work: Path, instance: str | None, say: Callable[[str], 
         raise SpotrainError(f"no machine of run {run} is being played here: start `spotrain run "
                             f"play local {run}` (another terminal), then reclaim one of its "
                             "machines")  # fmt: skip
-    spot = [i for i, market in playing.items() if market == "spot"]
+    spot = [i for i, market in playing.items() if market == SPOT]
     chosen = instance or (spot[-1] if spot else None)
     if chosen is None or chosen not in playing:
         listed = ", ".join(f"{i} ({m})" for i, m in playing.items())

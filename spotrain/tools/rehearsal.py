@@ -18,6 +18,7 @@ Run by `spotrain rehearse` (and `make local`).
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import shutil
@@ -495,15 +496,20 @@ def _deployed_handler(
     cloud: control.RunningCloud, function_name: str, region: str, event: dict[str, Any],
     *, times: int = 1,
 ) -> list[dict[str, Any]]:  # fmt: skip
-    """`event` handled `times` times by the deployed handler's code with the deployed
-    function's configuration (the emulator stores Lambdas but cannot run them)."""
-    from spotrain.constructs.interruption_handler import handler
-
-    function = control.client("lambda", cloud.endpoint, region).get_function_configuration(
-        FunctionName=function_name
-    )
-    with _environment(function["Environment"]["Variables"]):
-        return [handler.handle(event) for _ in range(times)]
+    """`event` handled `times` times by the deployed function: its zip, its configuration,
+    invoked through the local cloud's Lambda API."""
+    client = control.client("lambda", cloud.endpoint, region)
+    results = []
+    for _ in range(times):
+        answer = client.invoke(FunctionName=function_name, Payload=json.dumps(event).encode(),
+                               LogType="Tail")  # fmt: skip
+        payload = answer["Payload"].read().decode()
+        if answer.get("FunctionError"):
+            log = base64.b64decode(answer.get("LogResult", "")).decode(errors="replace")
+            raise RehearsalFailed(f"the deployed handler {function_name} failed: {payload} "
+                                  f"{log[-2000:]}")  # fmt: skip
+        results.append(json.loads(payload))
+    return results
 
 
 @contextmanager
@@ -543,17 +549,3 @@ def spend_line(cloud: control.RunningCloud, events_table: str, region: str, run:
             "for them (`spotrain prices refresh`, or rehearse with --price-book)"
         )
     return line
-
-
-@contextmanager
-def _environment(variables: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in variables}
-    os.environ.update(variables)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

@@ -8,15 +8,17 @@ never removed. The trainer's roll back is the one legitimate move backwards, and
 or a bug moved the head back, or rewrote or removed a record, and on-call should look.
 
 A record that is published marked final says the run is done (`final_publishes`): the
-handler then takes the run's machines away.
-
-Standard library only (ships in the handler's zip).
+handler then takes the run's machines away (`on_catalog_changes`).
 """
 
 from __future__ import annotations
 
+import json
+import logging
 from typing import Any
 
+from spotrain.constructs.interruption_handler.runtime import aws, capacity_check, settings
+from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core.catalog_schema import (
     FINAL_KEY,
     HEAD_SORT_KEY,
@@ -96,3 +98,28 @@ def final_publishes(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
                 (run, int(new.get("step") or keys[SORT_KEY].removeprefix(_CHECKPOINT_PREFIX)))
             )
     return done
+
+
+def on_catalog_changes(environment: Settings, records: list[Any]) -> dict[str, Any]:
+    """A batch of the catalog's stream: each finding to the alert topic (and the log), and
+    each run that published its final step finished."""
+    found = findings(records)
+    for item in found:
+        severity = "ALARM" if item["severity"] == ALARM else "notice"
+        aws.notify(environment.handler.alert_topic_arn,
+                   f"spotrain {severity}: {item['kind']} (run {item['run']})", item)  # fmt: skip
+        logging.getLogger().warning("%s", json.dumps(item, default=str))
+    final: dict[str, int] = {}
+    for run, step in final_publishes(records):
+        final[run] = max(step, final.get(run, step))
+    finished = {}
+    if final:
+        runs = settings.declared_runs(environment)
+        if set(final) - set(runs):  # a run declared since the last read?
+            runs = settings.declared_runs(environment, fresh=True)
+        table = aws.events_table(environment)
+        for run, step in sorted(final.items()):
+            if run in runs:  # a run of the environment: its groups go to 0
+                capacity_check.finish(runs[run], table, step, settings.now())
+                finished[run] = step
+    return {"catalog_changes": len(records), "findings": found, "finished": finished}

@@ -1,23 +1,29 @@
-"""Where the fleet's lost capacity goes: pure decisions, no AWS calls (the handler makes them).
+"""Whether a run may have machines, and where its lost capacity goes: pure decisions, no AWS
+calls. The interruption handler acts on them, `spotrain run cancel|resume` hold and release a
+run with them, and the cost simulator replays the deadline policy they follow.
 
-Rules, in order:
-1. A run that crashed too often is held: nothing is requeued (no restart loop), and the
-   scheduled check scales every group of the run to nothing (minimum and desired 0), so no
-   machine is billed without training; once the run is released, it puts the sizes back.
-2. A pool interrupted less than `hot_threshold` times in the window is healthy enough: the
+First, whether the run may have machines at all (`hold_for`), in this order:
+1. A finished or cancelled run has none (`run_lifecycle`).
+2. A run whose training configuration is not stored waits with none; once it is stored, the
+   scheduled check starts the run's groups at their declared sizes (`start`).
+3. A run that crashed too often is held: nothing is requeued (no restart loop), and the
+   scheduled check scales every group to nothing (minimum and desired 0), so no machine is
+   billed without training; once it is released, its groups get their sizes back (`release`).
+4. A run at its spend cap is held the same way until an operator raises the cap.
+
+Then, for a run that may have machines, where lost capacity goes (`after_interruption`, on a
+warning, and `reconcile`, the scheduled check):
+5. A pool interrupted less than `hot_threshold` times in the window is healthy enough: the
    group's capacity rebalancing replaces the instance in place (no change here).
-3. A hot pool moves one unit of capacity to another spot group (another region, or the same
+6. A hot pool moves one unit of capacity to another spot group (another region, or the same
    region's other pools) that has room and a pool that is not hot, preferring groups in the
    region that holds the run's data (reading checkpoints across regions costs egress), then
    the fewest hot pools.
-4. No spot group can take it: the run is short of spot capacity. After `on_demand_deadline_s`
-   of that, the on-demand fallback group is raised by the shortfall.
+7. No spot group can take it: the run is short of spot capacity. After `on_demand_deadline_s`
+   of that, the on-demand fallback group is raised by the shortfall; the scheduled check
+   gives it back when spot returns.
 
-Before these rules the handler asks whether the run may have machines at all
-(`spotrain.core.run_lifecycle`): `start` raises a run's groups to its declared sizes once its
-configuration is stored, and `hold` keeps a waiting, finished or cancelled run at 0.
-
-A run with a deadline replaces rule 4's fixed wait, and the scheduled check's return to spot,
+A run with a deadline replaces rule 7's fixed wait, and the scheduled check's return to spot,
 with the deadline policy (`spotrain.core.deadline_policy.uniform_progress`, the one the cost
 simulator replays): on-demand covers the shortfall when the run falls behind its schedule,
 and is given back only when spot is there and the run is ahead by two changeovers.
@@ -27,36 +33,23 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import Protocol
 
 from spotrain.core import deadline_policy
+from spotrain.core.capacity import ON_DEMAND, SPOT, CapacityGroup, Group
 from spotrain.core.deadline_policy import Progress
+from spotrain.core.run_lifecycle import Lifecycle
 
-SPOT = "spot"
-ON_DEMAND = "on-demand"
-
-
-@dataclass(frozen=True, kw_only=True)
-class Group:
-    """An Auto Scaling group the run may use, as it is now."""
-
-    name: str
-    region: str
-    lifecycle: str
-    """`spot` or `on-demand`."""
-    holds_data: bool
-    """The run's checkpoints are written in this region (reading them costs no egress)."""
-    pools: tuple[str, ...]
-    """Pools it launches into: instance type x zone."""
-    desired: int
-    min_size: int
-    max_size: int
-    in_service: int = 0
+HeldSizes = dict[str, dict[str, int]]
+"""Per group name, the `min_size` and `desired` it had when its run was held: what a release
+puts back (kept in the run's fleet state)."""
 
 
 @dataclass(frozen=True)
 class Decision:
     action: str
-    """hold | replace-in-place | shift | wait-for-spot | on-demand | spot-is-back | none"""
+    """hold | wait | start | release | replace-in-place | shift | wait-for-spot | on-demand |
+    spot-is-back | none"""
     reason: str
     desired: dict[str, int] = field(default_factory=dict)
     """New desired capacity per group name (only groups that change)."""
@@ -64,6 +57,64 @@ class Decision:
     """New minimum size per group name (holding a run takes it to 0, releasing puts it back)."""
     short_since: float | None = None
     """When the run became short of spot capacity (None: it is not)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Standing:
+    """What decides whether a run may have machines."""
+
+    run: str
+    lifecycle: Lifecycle
+    configuration_stored: bool = True
+    """Its training configuration is in its bucket (the instance-event path does not look:
+    True)."""
+    crashed: bool = False
+    """Held after repeated crashes (the run's fleet state)."""
+    spend_usd: float = 0.0
+    cap_usd: float | None = None
+    at_cap: bool = False
+    """Its ledger reached its cap (the ledger's judgement)."""
+
+
+@dataclass(frozen=True)
+class Hold:
+    """Why a run may have no machines, and how that ends."""
+
+    kind: str
+    """stopped | waiting | crashed | spend (the rules 1-4 above)."""
+    why: str
+    how_to_release: str
+    not_requeued: str
+    """What an interruption warning of such a run is told."""
+
+    @property
+    def remembers_sizes(self) -> bool:
+        """Its groups get their sizes back when it is released (a stopped run's were
+        remembered by whoever stopped it; a waiting run's come from its declaration)."""
+        return self.kind in ("crashed", "spend")
+
+
+def hold_for(standing: Standing) -> Hold | None:
+    """Whether the run may have machines: the first of rules 1-4 that holds it, or None."""
+    run, lifecycle = standing.run, standing.lifecycle
+    if lifecycle.stopped:
+        return Hold("stopped", lifecycle.why_stopped, "no machine runs for it",
+                    f"not requeued: {lifecycle.why_stopped}")  # fmt: skip
+    if lifecycle.started_at is None and not standing.configuration_stored:
+        return Hold("waiting", f"waiting: run {run} has no training configuration",
+                    "until one is stored", "not requeued: the run has not started")  # fmt: skip
+    if standing.crashed:
+        return Hold("crashed", "the run crashed too often",
+                    "fix the cause, then `spotrain fleet reset-crashes`",
+                    "the run crashed too often: not requeued (fix it, then `spotrain fleet "
+                    "reset-crashes`)")  # fmt: skip
+    if standing.at_cap:
+        return Hold("spend", f"the run spent ${standing.spend_usd:,.2f} of its "
+                    f"${standing.cap_usd or 0:,.2f} cap",
+                    f"`spotrain fleet release --run {run} --max-spend-usd N` raises it",
+                    "the run reached its spend cap: not requeued (`spotrain fleet release` "
+                    "raises the cap)")  # fmt: skip
+    return None
 
 
 def hot_pools(pool_interruptions: Mapping[str, int], threshold: int) -> set[str]:
@@ -132,17 +183,14 @@ def after_interruption(
     groups: Sequence[Group],
     pool_interruptions: Mapping[str, int],
     hot_threshold: int,
-    run_failed: bool,
     short_since: float | None,
     now: float,
     on_demand_deadline_s: float,
     progress: Progress | None = None,
 ) -> Decision:
-    """What to do when an instance of `group` in `pool` gets an interruption warning.
-    `progress`: the run against its deadline, for runs that have one."""
-    if run_failed:
-        return Decision("hold", "the run crashed too often: not requeued (fix it, then "
-                        "`spotrain fleet reset-crashes`)")  # fmt: skip
+    """What to do when an instance of `group` in `pool` of a run that may have machines gets
+    an interruption warning. `progress`: the run against its deadline, for runs that have
+    one."""
     count = pool_interruptions.get(pool, 0)
     hot = hot_pools(pool_interruptions, hot_threshold)
     if pool not in hot:
@@ -172,18 +220,14 @@ def after_interruption(
 def reconcile(
     *,
     groups: Sequence[Group],
-    run_failed: bool,
     short_since: float | None,
     now: float,
     on_demand_deadline_s: float,
     progress: Progress | None = None,
 ) -> Decision:
-    """Scheduled check: spot groups that cannot fill their desired capacity make the run
-    short; past the deadline the on-demand group covers the shortfall. A held run's groups go
-    to nothing. A run with a deadline (`progress`) follows the deadline policy instead."""
-    if run_failed:
-        return hold(groups, "the run crashed too often",
-                    "fix the cause, then `spotrain fleet reset-crashes`")  # fmt: skip
+    """Scheduled check of a run that may have machines: spot groups that cannot fill their
+    desired capacity make the run short; past the deadline the on-demand group covers the
+    shortfall. A run with a deadline (`progress`) follows the deadline policy instead."""
     shortfall = sum(max(0, g.desired - g.in_service) for g in groups if g.lifecycle == SPOT)
     fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
     covering = sum(g.desired for g in fallbacks)
@@ -290,30 +334,59 @@ def _gang_to_on_demand(groups: Sequence[Group], fallback: Group, why: str) -> De
     )
 
 
-def hold(groups: Sequence[Group], why: str, how_to_release: str) -> Decision:
+class Sized(Protocol):
+    """A group's name and current sizes (a `Group`, or one the CLI described)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def min_size(self) -> int: ...
+    @property
+    def desired(self) -> int: ...
+
+
+def hold(groups: Sequence[Sized], held: Hold) -> Decision:
     """A held run's groups go to nothing (minimum and desired 0): each machine gets SIGTERM and
     publishes its emergency checkpoint before it goes."""
     running = [g for g in groups if g.desired or g.min_size]
+    if held.kind == "waiting":
+        return Decision("wait", f"{held.why}: its groups are at 0 {held.how_to_release}",
+                        {g.name: 0 for g in running},
+                        min_sizes={g.name: 0 for g in running})  # fmt: skip
     if not running:
-        return Decision("hold", f"{why}: its groups are at 0")
+        return Decision("hold", f"{held.why}: its groups are at 0")
     return Decision(
         "hold",
-        f"{why}: its groups are scaled to 0 until it is released ({how_to_release})",
+        f"{held.why}: its groups are scaled to 0 until it is released ({held.how_to_release})",
         {g.name: 0 for g in running},
         min_sizes={g.name: 0 for g in running},
     )
 
 
-def start(groups: Sequence[Group], declared: Mapping[str, Mapping[str, int]]) -> Decision:
+def sizes_to_remember(groups: Sequence[Sized], decision: Decision) -> HeldSizes:
+    """What a hold takes away from each group it scales, for `release` to put back."""
+    return {g.name: {"min_size": g.min_size, "desired": g.desired}
+            for g in groups if g.name in decision.min_sizes}  # fmt: skip
+
+
+def start(
+    groups: Sequence[Sized], declared: Sequence[CapacityGroup],
+    remembered: Mapping[str, Mapping[str, int]] | None = None,
+) -> Decision:  # fmt: skip
     """A run that may now train (its configuration is stored): each group is raised to the
-    sizes the run declares (`min_size`, `desired`); a group already larger keeps its size."""
+    sizes the run declares, or to those a hold before its start remembered when larger; a
+    group already larger keeps its size."""
+    wanted = {g.name: {"min_size": g.min_size, "desired": g.desired} for g in declared}
+    for name, sizes in (remembered or {}).items():
+        if name in wanted:
+            wanted[name] = {key: max(wanted[name][key], int(sizes[key])) for key in wanted[name]}
     desired, min_sizes = {}, {}
     for group in groups:
-        sizes = declared.get(group.name)
-        if not sizes:
+        sizes = wanted.get(group.name)
+        if sizes is None:
             continue
-        want_min = max(group.min_size, int(sizes.get("min_size", 0)))
-        want = max(group.desired, int(sizes.get("desired", 0)), want_min)
+        want_min = max(group.min_size, sizes["min_size"])
+        want = max(group.desired, sizes["desired"], want_min)
         if (want_min, want) != (group.min_size, group.desired):
             desired[group.name], min_sizes[group.name] = want, want_min
     summary = ", ".join(f"{name} {min_sizes[name]}..{desired[name]}" for name in sorted(desired))
@@ -322,7 +395,7 @@ def start(groups: Sequence[Group], declared: Mapping[str, Mapping[str, int]]) ->
                     desired, min_sizes=min_sizes)  # fmt: skip
 
 
-def release(groups: Sequence[Group], held: Mapping[str, Mapping[str, int]]) -> Decision:
+def release(groups: Sequence[Sized], held: Mapping[str, Mapping[str, int]]) -> Decision:
     """A held run was released: each group gets back the sizes it had when it was held."""
     known = {g.name for g in groups}
     back = {name: sizes for name, sizes in held.items() if name in known}

@@ -1,23 +1,32 @@
-"""Where lost capacity goes: the requeue rules, decision by decision."""
+"""The capacity policy, decision by decision: whether a run may have machines (one order of
+holds), and where its lost capacity goes."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from spotrain.constructs.interruption_handler import requeue
-from spotrain.constructs.interruption_handler.requeue import Group
-from spotrain.core.deadline_policy import Progress
+import pytest
 
-PRIMARY = Group(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True,
+from spotrain.core import capacity_policy as requeue
+from spotrain.core.capacity import CapacityGroup, Group
+from spotrain.core.capacity_policy import Standing, hold_for
+from spotrain.core.deadline_policy import Progress
+from spotrain.core.run_lifecycle import Lifecycle
+
+PRIMARY = Group(declared=CapacityGroup(name="east-spot", region="us-east-1", lifecycle="spot",
+                                     holds_data=True),
                 pools=("g5.xlarge#us-east-1a", "g6.xlarge#us-east-1a"), desired=2, min_size=1,
                 max_size=4, in_service=2)  # fmt: skip
-REPLICA = Group(name="west-spot", region="us-west-2", lifecycle="spot", holds_data=False,
+REPLICA = Group(declared=CapacityGroup(name="west-spot", region="us-west-2", lifecycle="spot",
+                                     holds_data=False),
                 pools=("g5.xlarge#us-west-2a",), desired=0, min_size=0, max_size=4)  # fmt: skip
-SECOND_EAST = Group(name="east-spot-b", region="us-east-1", lifecycle="spot", holds_data=True,
+SECOND_EAST = Group(declared=CapacityGroup(name="east-spot-b", region="us-east-1",
+                                         lifecycle="spot", holds_data=True),
                     pools=("g6.2xlarge#us-east-1b",), desired=0, min_size=0,
                     max_size=2)  # fmt: skip
-ON_DEMAND = Group(name="east-on-demand", region="us-east-1", lifecycle="on-demand",
-                  holds_data=True, pools=("g5.xlarge#us-east-1a",), desired=0, min_size=0,
+ON_DEMAND = Group(declared=CapacityGroup(name="east-on-demand", region="us-east-1",
+                                       lifecycle="on-demand", holds_data=True),
+                  pools=("g5.xlarge#us-east-1a",), desired=0, min_size=0,
                   max_size=4)  # fmt: skip
 
 
@@ -25,7 +34,7 @@ def decide(**changes: Any) -> requeue.Decision:
     arguments: dict[str, Any] = {
         "group": "east-spot", "pool": "g5.xlarge#us-east-1a",
         "groups": [PRIMARY, REPLICA, ON_DEMAND], "pool_interruptions": {},
-        "hot_threshold": 2, "run_failed": False, "short_since": None, "now": 1000.0,
+        "hot_threshold": 2, "short_since": None, "now": 1000.0,
         "on_demand_deadline_s": 600.0,
     }  # fmt: skip
     return requeue.after_interruption(**{**arguments, **changes})
@@ -78,17 +87,43 @@ def test_no_spot_home_waits_then_falls_back_to_on_demand_after_the_deadline() ->
     assert (fallback.action, fallback.desired) == ("on-demand", {"east-on-demand": 1})
 
 
-def test_a_run_that_crashed_too_often_is_not_requeued() -> None:
-    decision = decide(run_failed=True, pool_interruptions={"g5.xlarge#us-east-1a": 5})
-    assert (decision.action, decision.desired) == ("hold", {})
+STARTED = Lifecycle(started_at=1.0)
+
+
+@pytest.mark.parametrize(
+    ("standing", "kind"),
+    [(Standing(run="r", lifecycle=Lifecycle(started_at=1.0, cancelled_at=2.0), crashed=True,
+               at_cap=True), "stopped"),
+     (Standing(run="r", lifecycle=Lifecycle(), configuration_stored=False, crashed=True),
+      "waiting"),
+     (Standing(run="r", lifecycle=STARTED, crashed=True, at_cap=True), "crashed"),
+     (Standing(run="r", lifecycle=STARTED, spend_usd=10.0, cap_usd=10.0, at_cap=True), "spend"),
+     (Standing(run="r", lifecycle=Lifecycle(), configuration_stored=True), None),
+     (Standing(run="r", lifecycle=STARTED), None)],
+    ids=["stopped-first", "then-waiting", "then-crashes", "then-spend", "stored-may-start",
+         "training"],
+)  # fmt: skip
+def test_whether_a_run_may_have_machines_is_decided_in_one_order(
+    standing: Standing, kind: str | None
+) -> None:
+    held = hold_for(standing)
+    assert (held.kind if held else None) == kind
+
+
+def test_a_run_that_crashed_too_often_is_held_and_remembers_its_sizes() -> None:
+    held = hold_for(Standing(run="r", lifecycle=STARTED, crashed=True))
+    assert held is not None and held.remembers_sizes
+    assert "reset-crashes" in held.not_requeued
+    stopped = hold_for(Standing(run="r", lifecycle=Lifecycle(started_at=1.0, cancelled_at=2.0)))
+    assert stopped is not None and not stopped.remembers_sizes
 
 
 def test_capacity_check_covers_a_shortfall_only_after_the_deadline() -> None:
     short = Group(**{**PRIMARY.__dict__, "in_service": 0})
-    early = requeue.reconcile(groups=[short, ON_DEMAND], run_failed=False, short_since=None,
+    early = requeue.reconcile(groups=[short, ON_DEMAND], short_since=None,
                               now=50.0, on_demand_deadline_s=600.0)  # fmt: skip
     assert (early.action, early.short_since) == ("wait-for-spot", 50.0)
-    late = requeue.reconcile(groups=[short, ON_DEMAND], run_failed=False, short_since=50.0,
+    late = requeue.reconcile(groups=[short, ON_DEMAND], short_since=50.0,
                              now=700.0, on_demand_deadline_s=600.0)  # fmt: skip
     assert (late.action, late.desired) == ("on-demand", {"east-on-demand": 2})
 
@@ -96,14 +131,14 @@ def test_capacity_check_covers_a_shortfall_only_after_the_deadline() -> None:
 def test_capacity_check_does_not_raise_on_demand_twice_for_one_shortfall() -> None:
     short = Group(**{**PRIMARY.__dict__, "in_service": 0})
     covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
-    decision = requeue.reconcile(groups=[short, covering], run_failed=False, short_since=50.0,
+    decision = requeue.reconcile(groups=[short, covering], short_since=50.0,
                                  now=9000.0, on_demand_deadline_s=600.0)  # fmt: skip
     assert (decision.action, decision.desired) == ("none", {})
 
 
 def test_capacity_check_gives_on_demand_back_when_spot_returns() -> None:
     covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
-    decision = requeue.reconcile(groups=[PRIMARY, covering], run_failed=False, short_since=50.0,
+    decision = requeue.reconcile(groups=[PRIMARY, covering], short_since=50.0,
                                  now=9000.0, on_demand_deadline_s=600.0)  # fmt: skip
     assert decision.action == "spot-is-back"
     assert decision.desired == {"east-on-demand": 0}
@@ -111,17 +146,30 @@ def test_capacity_check_gives_on_demand_back_when_spot_returns() -> None:
 
 
 def test_a_held_run_is_scaled_to_nothing_and_released_to_its_sizes() -> None:
-    held = requeue.reconcile(groups=[PRIMARY, REPLICA, ON_DEMAND], run_failed=True,
-                             short_since=None, now=0.0, on_demand_deadline_s=600.0)  # fmt: skip
+    crashed = hold_for(Standing(run="r", lifecycle=STARTED, crashed=True))
+    assert crashed is not None
+    held = requeue.hold([PRIMARY, REPLICA, ON_DEMAND], crashed)
     assert (held.action, held.desired, held.min_sizes) == (
         "hold", {"east-spot": 0}, {"east-spot": 0}
     )  # fmt: skip
+    remembered = requeue.sizes_to_remember([PRIMARY, REPLICA, ON_DEMAND], held)
+    assert remembered == {"east-spot": {"min_size": 1, "desired": 2}}
     at_zero = Group(**{**PRIMARY.__dict__, "desired": 0, "min_size": 0})
-    again = requeue.reconcile(groups=[at_zero, REPLICA], run_failed=True, short_since=None,
-                              now=0.0, on_demand_deadline_s=600.0)  # fmt: skip
+    again = requeue.hold([at_zero, REPLICA], crashed)
     assert (again.action, again.desired) == ("hold", {})
-    back = requeue.release([at_zero, REPLICA], {"east-spot": {"min_size": 1, "desired": 2}})
+    back = requeue.release([at_zero, REPLICA], remembered)
     assert (back.desired, back.min_sizes) == ({"east-spot": 2}, {"east-spot": 1})
+
+
+def test_a_start_raises_each_group_to_its_declared_sizes_and_never_lowers_one() -> None:
+    declared = [CapacityGroup(name="east-spot", region="us-east-1", lifecycle="spot",
+                              holds_data=True, min_size=1, desired=3),
+                CapacityGroup(name="west-spot", region="us-west-2", lifecycle="spot",
+                              holds_data=False)]  # fmt: skip
+    started = requeue.start([PRIMARY, REPLICA], declared)
+    assert (started.desired, started.min_sizes) == ({"east-spot": 3}, {"east-spot": 1})
+    larger = Group(**{**PRIMARY.__dict__, "desired": 4})
+    assert requeue.start([larger, REPLICA], declared).desired == {}
 
 
 # --- runs with a deadline: the deadline policy replaces the fixed wait -------------------------
@@ -141,11 +189,11 @@ def test_a_run_behind_its_schedule_goes_on_demand_at_once_after_an_interruption(
 
 def test_a_run_ahead_of_its_schedule_keeps_on_demand_until_ahead_by_two_changeovers() -> None:
     covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
-    keep = requeue.reconcile(groups=[PRIMARY, covering], run_failed=False, short_since=None,
+    keep = requeue.reconcile(groups=[PRIMARY, covering], short_since=None,
                              now=0.0, on_demand_deadline_s=600.0,
                              progress=progress(done_h=2.2))  # ep(4.5) = 2.25  # fmt: skip
     assert (keep.action, keep.desired) == ("none", {})
-    back = requeue.reconcile(groups=[PRIMARY, covering], run_failed=False, short_since=None,
+    back = requeue.reconcile(groups=[PRIMARY, covering], short_since=None,
                              now=0.0, on_demand_deadline_s=600.0,
                              progress=progress(done_h=2.3))  # fmt: skip
     assert (back.action, back.desired) == ("spot-is-back", {"east-on-demand": 0})
@@ -153,7 +201,7 @@ def test_a_run_ahead_of_its_schedule_keeps_on_demand_until_ahead_by_two_changeov
 
 def test_the_deadline_safety_net_covers_the_shortfall_to_the_end() -> None:
     short = Group(**{**PRIMARY.__dict__, "in_service": 0})
-    late = requeue.reconcile(groups=[short, ON_DEMAND], run_failed=False, short_since=None,
+    late = requeue.reconcile(groups=[short, ON_DEMAND], short_since=None,
                              now=0.0, on_demand_deadline_s=600.0,
                              progress=progress(done_h=9.0, elapsed_h=18.6))  # fmt: skip
     assert (late.action, late.desired) == ("on-demand", {"east-on-demand": 2})
@@ -167,7 +215,7 @@ def test_a_run_whose_spot_machines_train_keeps_them_within_two_changeovers_of_it
     # machines are all in service: the authors' rule keeps them, and the reason says so.
     near = Progress(elapsed_h=7.05, deadline_h=52, work_h=48, done_h=3.388, changeover_h=0.2,
                     decision_interval_h=5 / 60)  # fmt: skip
-    decision = requeue.reconcile(groups=[PRIMARY, ON_DEMAND], run_failed=False, short_since=None,
+    decision = requeue.reconcile(groups=[PRIMARY, ON_DEMAND], short_since=None,
                                  now=0.0, on_demand_deadline_s=600.0, progress=near)  # fmt: skip
     assert (decision.action, decision.desired) == ("none", {})
     assert "spot machines are training and stay" in decision.reason
@@ -190,7 +238,7 @@ def test_the_handler_acts_on_every_on_demand_choice_as_the_simulator_bills_it() 
     assert (spot, mode) == (True, "on-demand")  # the net, at the tick spot returns
     back = Group(**{**PRIMARY.__dict__, "min_size": 0})  # every spot machine in service again
     decision = requeue.reconcile(
-        groups=[back, ON_DEMAND], run_failed=False, short_since=1.0, now=2.0,
+        groups=[back, ON_DEMAND], short_since=1.0, now=2.0,
         on_demand_deadline_s=600.0,
         progress=Progress(elapsed_h=t, deadline_h=14, work_h=8, done_h=done, changeover_h=0.25,
                           decision_interval_h=1),

@@ -1,0 +1,160 @@
+"""The scheduled capacity check: every run of the environment, each on its own (one run's
+failure is reported in its result and logged, and the others are checked). For each run it
+moves the spend ledger, makes sure a finished run is marked so, asks the capacity policy
+whether the run may have machines (hold, wait, start or release) and, when it may, reconciles
+its groups (on-demand covers a spot shortfall, and goes when spot returns; a run with a
+deadline follows the deadline policy, on its progress read from the checkpoint catalog)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict, replace
+from typing import Any
+
+import boto3
+
+from spotrain.constructs.interruption_handler.runtime import aws, settings, spend
+from spotrain.constructs.interruption_handler.runtime.settings import Settings
+from spotrain.core import capacity_policy, deadline_policy, fleet_state, run_lifecycle, spend_ledger
+from spotrain.core.deadline_policy import Progress, RunDeadline
+
+log = logging.getLogger()
+
+
+def on_capacity_check(environment: Settings) -> dict[str, Any]:
+    results: dict[str, Any] = {}
+    for run, run_settings in sorted(settings.declared_runs(environment, fresh=True).items()):
+        try:
+            results[run] = check_run(run_settings)
+        except Exception as error:  # the other runs' checks go on; the next check retries
+            log.exception("the capacity check of run %s failed", run)
+            results[run] = {"decision": "error", "reason": f"{type(error).__name__}: {error}"}
+    return {"runs": results}
+
+
+def check_run(run_settings: Settings) -> dict[str, Any]:
+    now = settings.now()
+    run, topic = run_settings.run, run_settings.handler.alert_topic_arn
+    table = aws.events_table(run_settings)
+    autoscaling = aws.clients_by_region("autoscaling")
+    groups = aws.capacity_groups(run_settings, autoscaling)
+    state = fleet_state.run_state(table, run)
+    try:
+        counted, ledger = spend.update_ledger(run_settings, table, now)
+    except Exception as error:  # the capacity decision goes on; the next check counts the time
+        log.exception("the spend ledger was not updated")
+        counted = {"error": f"{type(error).__name__}: {error}"}
+        ledger = spend_ledger.read(table, run)
+    if ledger is not None:
+        ledger = spend.judge_spend(run_settings, table, ledger, now)
+    lifecycle = run_lifecycle.read(table, run)
+    if lifecycle.finished_step is None and (step := aws.final_step(run_settings)) is not None:
+        # The stream's notice was missed (or is still on its way): the check makes sure.
+        lifecycle = finish(run_settings, table, step, now, ledger, stop=False)
+    stored = lifecycle.started_at is not None or aws.configuration_stored(run_settings)
+    held = capacity_policy.hold_for(capacity_policy.Standing(
+        run=run, lifecycle=lifecycle, configuration_stored=stored, crashed=state.failed,
+        spend_usd=ledger.spend_usd if ledger else 0.0,
+        cap_usd=ledger.cap_usd if ledger else None, at_cap=bool(ledger and ledger.held),
+    ))  # fmt: skip
+    decision = None
+    if held is not None:
+        decision = capacity_policy.hold(groups, held)
+        if held.kind == "waiting":
+            bucket = f"s3://{run_settings.handler.config_bucket}"
+            decision = replace(decision, reason=f"{decision.reason}; `spotrain config put "
+                               f"CONFIG --store {bucket}` stores one, and the next check "
+                               "starts the run")  # fmt: skip
+        if held.remembers_sizes and decision.min_sizes:  # remember what to put back first
+            fleet_state.set_held_sizes(
+                table, run, capacity_policy.sizes_to_remember(groups, decision)
+            )
+    elif lifecycle.started_at is None:
+        run_lifecycle.mark_started(table, run, now)
+        assert run_settings.declaration is not None
+        decision = capacity_policy.start(groups, run_settings.declaration.groups,
+                                         state.held_sizes)  # fmt: skip
+        fleet_state.set_held_sizes(table, run, None)  # the start put them back
+        decision = decision if decision.desired else None
+    elif state.held_sizes:
+        decision = capacity_policy.release(groups, state.held_sizes)
+        fleet_state.set_held_sizes(table, run, None)
+    if decision is None:
+        progress, measured = deadline_progress(run_settings, now)
+        decision = capacity_policy.reconcile(
+            groups=groups, short_since=state.short_since, now=now,
+            on_demand_deadline_s=60 * run_settings.handler.on_demand_deadline_minutes,
+            progress=progress,
+        )  # fmt: skip
+        if measured:
+            decision = replace(decision, reason=f"{decision.reason} ({measured})")
+    aws.apply(decision, groups, table, run, autoscaling)
+    if decision.desired:
+        aws.notify(topic, f"spotrain: {decision.action} (run {run})", asdict(decision))
+    return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
+            "ledger": counted}  # fmt: skip
+
+
+def finish(
+    run_settings: Settings, table: Any, step: int, now: float,
+    ledger: spend_ledger.Ledger | None = None, *, stop: bool = True,
+) -> run_lifecycle.Lifecycle:  # fmt: skip
+    """The run published its final step: mark it finished, take its groups to 0 (unless the
+    caller does: `stop`) and, the first time, send the topic the run's cost summary."""
+    run = run_settings.run
+    first = run_lifecycle.mark_finished(table, run, step, now)
+    lifecycle = run_lifecycle.read(table, run)
+    held = capacity_policy.hold_for(capacity_policy.Standing(run=run, lifecycle=lifecycle))
+    if stop and held is not None:
+        autoscaling = aws.clients_by_region("autoscaling")
+        groups = aws.capacity_groups(run_settings, autoscaling)
+        aws.apply(capacity_policy.hold(groups, held), groups, table, run, autoscaling)
+    if first:
+        ledger = ledger or spend_ledger.read(table, run)
+        aws.notify(run_settings.handler.alert_topic_arn, f"spotrain: run {run} finished at "
+                   f"step {step}", {
+            "run": run, "kind": "finished", "step": step,
+            "decision": f"{lifecycle.why_stopped}: its groups go to 0",
+            "spend_usd": round(ledger.spend_usd, 2),
+            "on_demand_usd": round(ledger.on_demand_usd, 2),
+            "machine_hours": round(sum(p["seconds"] for p in ledger.per_pool.values()) / 3600, 3),
+            "report": f"spotrain cost report --run {run} --events-table "
+                      f"{run_settings.handler.events_table}",
+        })  # fmt: skip
+        log.info("run %s finished at step %d", run, step)
+    return lifecycle
+
+
+def run_progress(
+    table: Any, run: str, deadline: RunDeadline, now: float, check_every_h: float = 0.0
+) -> tuple[Progress | None, str]:
+    """The run against its deadline, in hours of its gang's compute: its progress is the
+    catalog head's step, its throughput the steps per hour between checkpoints published by
+    one trainer start (a restart's downtime is not throughput); a decision holds for
+    `check_every_h`, until the next scheduled check. None (and why) until two checkpoints of
+    one start are published."""
+    pace = deadline_policy.read_pace(table, run)
+    if pace.steps_per_hour is None:
+        return None, ("throughput unknown until two checkpoints of one trainer start are "
+                      "published: the fixed on-demand deadline applies")  # fmt: skip
+    per_hour, done = pace.steps_per_hour, pace.step
+    progress = Progress(
+        elapsed_h=max(0.0, now - deadline.start_s) / 3600, deadline_h=deadline.deadline_h,
+        work_h=deadline.total_steps / per_hour, done_h=done / per_hour,
+        changeover_h=deadline.changeover_minutes / 60, decision_interval_h=check_every_h,
+    )  # fmt: skip
+    left_h = deadline.deadline_h - progress.elapsed_h
+    return progress, (
+        f"step {done} of {deadline.total_steps} at {per_hour:,.0f} steps/h, {left_h:.1f} h "
+        "to the deadline"
+    )
+
+
+def deadline_progress(run_settings: Settings, now: float) -> tuple[Progress | None, str]:
+    """The progress of the checked run when it has a deadline (else None, '')."""
+    declaration = run_settings.declaration
+    if declaration is None or declaration.run_deadline is None:
+        return None, ""
+    table = boto3.resource("dynamodb").Table(run_settings.handler.checkpoints_table)
+    return run_progress(table, declaration.run, declaration.run_deadline, now,
+                        run_settings.handler.capacity_check_minutes / 60)  # fmt: skip

@@ -1,0 +1,149 @@
+"""A run's capacity, declared and as it is: the contract between the run's stack (which
+writes the declaration), the interruption handler (which reads it and scales the groups) and
+the CLI (which holds and releases them).
+
+A run's stack declares the run to its environment's handler (`RunDeclaration`, the value of
+the SSM parameter `handler_settings.run_parameter_name`): the groups the handler may scale
+for it, its spend cap and its deadline. The handler reads each group as it is now (`Group`:
+the declaration and the group's current sizes, pools and machines) and decides with
+`capacity_policy`."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spotrain.core.deadline_policy import RunDeadline
+from spotrain.core.errors import raise_if_problems
+
+SPOT = "spot"
+ON_DEMAND = "on-demand"
+MARKETS = (SPOT, ON_DEMAND)
+"""A group's market (EC2's instance lifecycle): spot, or on-demand (the fallback)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class CapacityGroup:
+    """An Auto Scaling group the handler may scale for the run, as the run declares it."""
+
+    name: str
+    region: str
+    lifecycle: str
+    """Its market: SPOT, or ON_DEMAND (the fallback when spot is short)."""
+    holds_data: bool
+    """In the region the run writes its checkpoints to (preferred: no egress)."""
+    min_size: int = 0
+    desired: int = 0
+    """The sizes the run declares for the group: deployed empty, the group is started at
+    these once the run's configuration is stored."""
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.lifecycle not in MARKETS:
+            found.append(f"capacity group {self.name!r} has lifecycle {self.lifecycle!r}: "
+                         f"use {SPOT!r} or {ON_DEMAND!r}")  # fmt: skip
+        if not 0 <= self.min_size <= self.desired:
+            found.append(f"capacity group {self.name!r} declares min_size {self.min_size} "
+                         f"and desired {self.desired}: need 0 <= min_size <= desired")  # fmt: skip
+        return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunDeclaration:
+    """A run as its stack declares it to the environment's handler: the groups the handler
+    may scale for it (at least one spot group; an on-demand one for fallback), its spend cap
+    (notices at 50, 80 and 100%; held at 100% until an operator raises it) and its deadline
+    (spot or on-demand by its progress, instead of the fixed on-demand wait)."""
+
+    run: str
+    groups: tuple[CapacityGroup, ...]
+    max_spend_usd: float | None = None
+    run_deadline: RunDeadline | None = None
+
+    def problems(self) -> list[str]:
+        found = []
+        if SPOT not in [g.lifecycle for g in self.groups]:
+            found.append("capacity_groups needs at least one spot group")
+        for group in self.groups:
+            found += group.problems()
+        cap = self.max_spend_usd
+        if cap is not None and not 0 < cap < float("inf"):
+            found.append(f"max_spend_usd is {cap}: give a positive amount in USD")
+        if self.run_deadline is not None:
+            found += self.run_deadline.problems()
+        return found
+
+    def to_json(self) -> str:
+        """The parameter's value; a declaration with problems is refused, each one named."""
+        raise_if_problems(f"run {self.run!r}'s declaration to the interruption handler",
+                          self.problems())  # fmt: skip
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str, *, run: str) -> RunDeclaration:
+        """The declaration of `run` in a parameter's value (a ValueError says what is wrong)."""
+        document: Any = json.loads(text)
+        if not isinstance(document, dict) or document.get("run") != run:
+            raise ValueError(f"the declaration does not name run {run!r}")
+        groups = document.get("groups")
+        if not isinstance(groups, list) or not all(isinstance(g, dict) and g.get("name")
+                                                   for g in groups):  # fmt: skip
+            raise ValueError("its groups are not a list of named groups")
+        cap, deadline = document.get("max_spend_usd"), document.get("run_deadline")
+        return cls(
+            run=run,
+            groups=tuple(CapacityGroup(**g) for g in groups),
+            max_spend_usd=float(cap) if cap is not None else None,
+            run_deadline=RunDeadline(**deadline) if deadline else None,
+        )
+
+    @property
+    def regions(self) -> list[str]:
+        return sorted({g.region for g in self.groups})
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group:
+    """A declared group as it is now."""
+
+    declared: CapacityGroup
+    pools: tuple[str, ...]
+    """Pools it launches into: instance type x zone."""
+    desired: int
+    min_size: int
+    max_size: int
+    in_service: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.declared.name
+
+    @property
+    def region(self) -> str:
+        return self.declared.region
+
+    @property
+    def lifecycle(self) -> str:
+        return self.declared.lifecycle
+
+    @property
+    def holds_data(self) -> bool:
+        return self.declared.holds_data
+
+
+@dataclass(frozen=True)
+class Sizes:
+    """A group's name and current sizes, as Auto Scaling describes it: what a hold takes away
+    and a release puts back, for a caller that has no declaration at hand (the CLI)."""
+
+    name: str
+    min_size: int
+    desired: int
+
+    @classmethod
+    def described(cls, group: Mapping[str, Any]) -> Sizes:
+        """From one group of DescribeAutoScalingGroups."""
+        return cls(str(group["AutoScalingGroupName"]), int(group["MinSize"]),
+                   int(group["DesiredCapacity"]))  # fmt: skip
