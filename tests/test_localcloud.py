@@ -636,3 +636,26 @@ def test_a_python_function_is_invoked_from_its_zip_as_lambda_runs_it(
     failed = functions.invoke(FunctionName=name, Payload=b'{"fail": true}', LogType="Tail")
     assert failed["FunctionError"] == "Unhandled"
     assert "asked to fail" in json.loads(failed["Payload"].read())["errorMessage"]
+
+
+def test_a_client_that_stalls_its_handshake_holds_up_no_other(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """TLS is negotiated in each connection's own thread: a client that connects and says
+    nothing (one starved of CPU mid-handshake) does not stop the cloud answering others."""
+    import socket
+    import time
+    from urllib.parse import urlsplit
+
+    import boto3
+    from botocore.config import Config
+
+    where = urlsplit(local_cloud.endpoint)
+    with socket.create_connection((where.hostname, where.port)):
+        started = time.monotonic()
+        quick = Config(connect_timeout=5, read_timeout=5, retries={"total_max_attempts": 1})
+        sts = boto3.client("sts", endpoint_url=local_cloud.endpoint, region_name=REGION,
+                           verify=str(control.ca_bundle()), config=quick,
+                           **{k.lower(): v for k, v in control.CREDENTIALS.items()})  # fmt: skip
+        assert sts.get_caller_identity()["Account"] == ACCOUNT
+        assert time.monotonic() - started < 5

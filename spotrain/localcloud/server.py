@@ -23,7 +23,7 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
         MotoRequestHandler,
         create_backend_app,
     )
-    from werkzeug.serving import make_server
+    from werkzeug.serving import load_ssl_context, make_server
 
     # Functions the cloud runs (stream mappings) call it back at this address.
     os.environ[extensions.ENDPOINT_VARIABLE] = f"https://{host}:{port}"
@@ -34,10 +34,15 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
     if faults_file is not None:
         app = faults.injected(app, faults_file)
         schedules.start(faults_file.with_name(schedules.CLOCK_NAME))
-    server = make_server(
-        host, port, app, threaded=True, request_handler=MotoRequestHandler,
-        ssl_context=(cert, key),
-    )  # fmt: skip
+    server = make_server(host, port, app, threaded=True, request_handler=MotoRequestHandler)
+    # TLS is negotiated in each connection's own thread, at its first read, not in the accept
+    # loop (werkzeug's default): there one stalled handshake, a client starved of CPU in a
+    # full test run, held up every connection behind it, and clients that gave up retried
+    # requests the cloud had already done (a create answered "already exists").
+    context = load_ssl_context(cert, key)
+    server.socket = context.wrap_socket(server.socket, server_side=True,
+                                        do_handshake_on_connect=False)  # fmt: skip
+    server.ssl_context = context
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     stop = threading.Event()

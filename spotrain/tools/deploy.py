@@ -158,13 +158,15 @@ class Deployment:
             return dict(zip(names, pool.map(changed, names), strict=True))
 
     def destroy(self) -> None:
-        """Destroy every stack, dependents first, one at a time: destroys at once (each
-        refreshing its whole state first) overloaded the local cloud's connections in a full
-        test run, where applies at once did not."""
-        for name in reversed(self.stacks):
+        """Destroy every stack, dependents first: the stacks of one dependency level at the
+        same time, as they are applied."""
+
+        def destroy_one(name: str) -> None:
             self.log(f"==> {name}: destroying")
-            self.init(name)
             self._tf(name, ["destroy", "-auto-approve", "-input=false", "-no-color"])
+
+        for level in reversed(self._levels()):
+            self._each_at_once(level, destroy_one)
 
     def describe(self, name: str) -> StackResult:
         listed = self._tf(name, ["state", "list"], capture=True).stdout.split()
