@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from spotrain.core import capacity_policy as requeue
+from spotrain.core import capacity_policy as policy
 from spotrain.core.capacity import CapacityGroup, Group
 from spotrain.core.capacity_policy import Standing, hold_for
 from spotrain.core.deadline_policy import Progress
@@ -30,14 +30,14 @@ ON_DEMAND = Group(declared=CapacityGroup(name="east-on-demand", region="us-east-
                   max_size=4)  # fmt: skip
 
 
-def decide(**changes: Any) -> requeue.Decision:
+def decide(**changes: Any) -> policy.Decision:
     arguments: dict[str, Any] = {
         "group": "east-spot", "pool": "g5.xlarge#us-east-1a",
         "groups": [PRIMARY, REPLICA, ON_DEMAND], "pool_interruptions": {},
         "hot_threshold": 2, "short_since": None, "now": 1000.0,
         "on_demand_deadline_s": 600.0,
     }  # fmt: skip
-    return requeue.after_interruption(**{**arguments, **changes})
+    return policy.after_interruption(**{**arguments, **changes})
 
 
 def test_a_quiet_pool_is_replaced_in_place() -> None:
@@ -93,11 +93,12 @@ STARTED = Lifecycle(started_at=1.0)
 @pytest.mark.parametrize(
     ("standing", "kind"),
     [(Standing(run="r", lifecycle=Lifecycle(started_at=1.0, cancelled_at=2.0), crashed=True,
-               at_cap=True), "stopped"),
+               at_cap=True), policy.STOPPED),
      (Standing(run="r", lifecycle=Lifecycle(), configuration_stored=False, crashed=True),
-      "waiting"),
-     (Standing(run="r", lifecycle=STARTED, crashed=True, at_cap=True), "crashed"),
-     (Standing(run="r", lifecycle=STARTED, spend_usd=10.0, cap_usd=10.0, at_cap=True), "spend"),
+      policy.WAITING),
+     (Standing(run="r", lifecycle=STARTED, crashed=True, at_cap=True), policy.CRASHED),
+     (Standing(run="r", lifecycle=STARTED, spend_usd=10.0, cap_usd=10.0, at_cap=True),
+      policy.AT_CAP),
      (Standing(run="r", lifecycle=Lifecycle(), configuration_stored=True), None),
      (Standing(run="r", lifecycle=STARTED), None)],
     ids=["stopped-first", "then-waiting", "then-crashes", "then-spend", "stored-may-start",
@@ -120,10 +121,10 @@ def test_a_run_that_crashed_too_often_is_held_and_remembers_its_sizes() -> None:
 
 def test_capacity_check_covers_a_shortfall_only_after_the_deadline() -> None:
     short = Group(**{**PRIMARY.__dict__, "in_service": 0})
-    early = requeue.reconcile(groups=[short, ON_DEMAND], short_since=None,
+    early = policy.reconcile(groups=[short, ON_DEMAND], short_since=None,
                               now=50.0, on_demand_deadline_s=600.0)  # fmt: skip
     assert (early.action, early.short_since) == ("wait-for-spot", 50.0)
-    late = requeue.reconcile(groups=[short, ON_DEMAND], short_since=50.0,
+    late = policy.reconcile(groups=[short, ON_DEMAND], short_since=50.0,
                              now=700.0, on_demand_deadline_s=600.0)  # fmt: skip
     assert (late.action, late.desired) == ("on-demand", {"east-on-demand": 2})
 
@@ -131,14 +132,14 @@ def test_capacity_check_covers_a_shortfall_only_after_the_deadline() -> None:
 def test_capacity_check_does_not_raise_on_demand_twice_for_one_shortfall() -> None:
     short = Group(**{**PRIMARY.__dict__, "in_service": 0})
     covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
-    decision = requeue.reconcile(groups=[short, covering], short_since=50.0,
+    decision = policy.reconcile(groups=[short, covering], short_since=50.0,
                                  now=9000.0, on_demand_deadline_s=600.0)  # fmt: skip
     assert (decision.action, decision.desired) == ("none", {})
 
 
 def test_capacity_check_gives_on_demand_back_when_spot_returns() -> None:
     covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
-    decision = requeue.reconcile(groups=[PRIMARY, covering], short_since=50.0,
+    decision = policy.reconcile(groups=[PRIMARY, covering], short_since=50.0,
                                  now=9000.0, on_demand_deadline_s=600.0)  # fmt: skip
     assert decision.action == "spot-is-back"
     assert decision.desired == {"east-on-demand": 0}
@@ -148,16 +149,16 @@ def test_capacity_check_gives_on_demand_back_when_spot_returns() -> None:
 def test_a_held_run_is_scaled_to_nothing_and_released_to_its_sizes() -> None:
     crashed = hold_for(Standing(run="r", lifecycle=STARTED, crashed=True))
     assert crashed is not None
-    held = requeue.hold([PRIMARY, REPLICA, ON_DEMAND], crashed)
+    held = policy.hold([PRIMARY, REPLICA, ON_DEMAND], crashed)
     assert (held.action, held.desired, held.min_sizes) == (
         "hold", {"east-spot": 0}, {"east-spot": 0}
     )  # fmt: skip
-    remembered = requeue.sizes_to_remember([PRIMARY, REPLICA, ON_DEMAND], held)
+    remembered = policy.sizes_to_remember([PRIMARY, REPLICA, ON_DEMAND], held)
     assert remembered == {"east-spot": {"min_size": 1, "desired": 2}}
     at_zero = Group(**{**PRIMARY.__dict__, "desired": 0, "min_size": 0})
-    again = requeue.hold([at_zero, REPLICA], crashed)
+    again = policy.hold([at_zero, REPLICA], crashed)
     assert (again.action, again.desired) == ("hold", {})
-    back = requeue.release([at_zero, REPLICA], remembered)
+    back = policy.release([at_zero, REPLICA], remembered)
     assert (back.desired, back.min_sizes) == ({"east-spot": 2}, {"east-spot": 1})
 
 
@@ -166,10 +167,10 @@ def test_a_start_raises_each_group_to_its_declared_sizes_and_never_lowers_one() 
                               holds_data=True, min_size=1, desired=3),
                 CapacityGroup(name="west-spot", region="us-west-2", lifecycle="spot",
                               holds_data=False)]  # fmt: skip
-    started = requeue.start([PRIMARY, REPLICA], declared)
+    started = policy.start([PRIMARY, REPLICA], declared)
     assert (started.desired, started.min_sizes) == ({"east-spot": 3}, {"east-spot": 1})
     larger = Group(**{**PRIMARY.__dict__, "desired": 4})
-    assert requeue.start([larger, REPLICA], declared).desired == {}
+    assert policy.start([larger, REPLICA], declared).desired == {}
 
 
 # --- runs with a deadline: the deadline policy replaces the fixed wait -------------------------
@@ -189,11 +190,11 @@ def test_a_run_behind_its_schedule_goes_on_demand_at_once_after_an_interruption(
 
 def test_a_run_ahead_of_its_schedule_keeps_on_demand_until_ahead_by_two_changeovers() -> None:
     covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
-    keep = requeue.reconcile(groups=[PRIMARY, covering], short_since=None,
+    keep = policy.reconcile(groups=[PRIMARY, covering], short_since=None,
                              now=0.0, on_demand_deadline_s=600.0,
                              progress=progress(done_h=2.2))  # ep(4.5) = 2.25  # fmt: skip
     assert (keep.action, keep.desired) == ("none", {})
-    back = requeue.reconcile(groups=[PRIMARY, covering], short_since=None,
+    back = policy.reconcile(groups=[PRIMARY, covering], short_since=None,
                              now=0.0, on_demand_deadline_s=600.0,
                              progress=progress(done_h=2.3))  # fmt: skip
     assert (back.action, back.desired) == ("spot-is-back", {"east-on-demand": 0})
@@ -201,7 +202,7 @@ def test_a_run_ahead_of_its_schedule_keeps_on_demand_until_ahead_by_two_changeov
 
 def test_the_deadline_safety_net_covers_the_shortfall_to_the_end() -> None:
     short = Group(**{**PRIMARY.__dict__, "in_service": 0})
-    late = requeue.reconcile(groups=[short, ON_DEMAND], short_since=None,
+    late = policy.reconcile(groups=[short, ON_DEMAND], short_since=None,
                              now=0.0, on_demand_deadline_s=600.0,
                              progress=progress(done_h=9.0, elapsed_h=18.6))  # fmt: skip
     assert (late.action, late.desired) == ("on-demand", {"east-on-demand": 2})
@@ -215,7 +216,7 @@ def test_a_run_whose_spot_machines_train_keeps_them_within_two_changeovers_of_it
     # machines are all in service: the authors' rule keeps them, and the reason says so.
     near = Progress(elapsed_h=7.05, deadline_h=52, work_h=48, done_h=3.388, changeover_h=0.2,
                     decision_interval_h=5 / 60)  # fmt: skip
-    decision = requeue.reconcile(groups=[PRIMARY, ON_DEMAND], short_since=None,
+    decision = policy.reconcile(groups=[PRIMARY, ON_DEMAND], short_since=None,
                                  now=0.0, on_demand_deadline_s=600.0, progress=near)  # fmt: skip
     assert (decision.action, decision.desired) == ("none", {})
     assert "spot machines are training and stay" in decision.reason
@@ -237,7 +238,7 @@ def test_the_handler_acts_on_every_on_demand_choice_as_the_simulator_bills_it() 
     t, done, spot, mode = timeline[10]
     assert (spot, mode) == (True, "on-demand")  # the net, at the tick spot returns
     back = Group(**{**PRIMARY.__dict__, "min_size": 0})  # every spot machine in service again
-    decision = requeue.reconcile(
+    decision = policy.reconcile(
         groups=[back, ON_DEMAND], short_since=1.0, now=2.0,
         on_demand_deadline_s=600.0,
         progress=Progress(elapsed_h=t, deadline_h=14, work_h=8, done_h=done, changeover_h=0.25,

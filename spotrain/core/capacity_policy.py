@@ -76,12 +76,16 @@ class Standing:
     """Its ledger reached its cap (the ledger's judgement)."""
 
 
+STOPPED, WAITING, CRASHED, AT_CAP = "stopped", "waiting", "crashed", "at-cap"
+"""Why a run may have no machines: rules 1-4 above, in their order."""
+
+
 @dataclass(frozen=True)
 class Hold:
     """Why a run may have no machines, and how that ends."""
 
     kind: str
-    """stopped | waiting | crashed | spend (the rules 1-4 above)."""
+    """STOPPED, WAITING, CRASHED or AT_CAP."""
     why: str
     how_to_release: str
     not_requeued: str
@@ -91,25 +95,25 @@ class Hold:
     def remembers_sizes(self) -> bool:
         """Its groups get their sizes back when it is released (a stopped run's were
         remembered by whoever stopped it; a waiting run's come from its declaration)."""
-        return self.kind in ("crashed", "spend")
+        return self.kind in (CRASHED, AT_CAP)
 
 
 def hold_for(standing: Standing) -> Hold | None:
     """Whether the run may have machines: the first of rules 1-4 that holds it, or None."""
     run, lifecycle = standing.run, standing.lifecycle
     if lifecycle.stopped:
-        return Hold("stopped", lifecycle.why_stopped, "no machine runs for it",
+        return Hold(STOPPED, lifecycle.why_stopped, "no machine runs for it",
                     f"not requeued: {lifecycle.why_stopped}")  # fmt: skip
     if lifecycle.started_at is None and not standing.configuration_stored:
-        return Hold("waiting", f"waiting: run {run} has no training configuration",
+        return Hold(WAITING, f"waiting: run {run} has no training configuration",
                     "until one is stored", "not requeued: the run has not started")  # fmt: skip
     if standing.crashed:
-        return Hold("crashed", "the run crashed too often",
+        return Hold(CRASHED, "the run crashed too often",
                     "fix the cause, then `spotrain fleet reset-crashes`",
                     "the run crashed too often: not requeued (fix it, then `spotrain fleet "
                     "reset-crashes`)")  # fmt: skip
     if standing.at_cap:
-        return Hold("spend", f"the run spent ${standing.spend_usd:,.2f} of its "
+        return Hold(AT_CAP, f"the run spent ${standing.spend_usd:,.2f} of its "
                     f"${standing.cap_usd or 0:,.2f} cap",
                     f"`spotrain fleet release --run {run} --max-spend-usd N` raises it",
                     "the run reached its spend cap: not requeued (`spotrain fleet release` "
@@ -349,7 +353,7 @@ def hold(groups: Sequence[Sized], held: Hold) -> Decision:
     """A held run's groups go to nothing (minimum and desired 0): each machine gets SIGTERM and
     publishes its emergency checkpoint before it goes."""
     running = [g for g in groups if g.desired or g.min_size]
-    if held.kind == "waiting":
+    if held.kind == WAITING:
         return Decision("wait", f"{held.why}: its groups are at 0 {held.how_to_release}",
                         {g.name: 0 for g in running},
                         min_sizes={g.name: 0 for g in running})  # fmt: skip

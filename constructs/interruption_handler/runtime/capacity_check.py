@@ -60,7 +60,7 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
     decision = None
     if held is not None:
         decision = capacity_policy.hold(groups, held)
-        if held.kind == "waiting":
+        if held.kind == capacity_policy.WAITING:
             bucket = f"s3://{run_settings.handler.config_bucket}"
             decision = replace(decision, reason=f"{decision.reason}; `spotrain config put "
                                f"CONFIG --store {bucket}` stores one, and the next check "
