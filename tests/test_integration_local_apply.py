@@ -23,6 +23,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
+from spotrain.constructs.interruption_handler.construct import HANDLER_ENTRY
 from spotrain.core.handler_settings import HandlerSettings
 from spotrain.localcloud import control, faults
 from spotrain.stacks.config import EnvironmentConfig
@@ -760,7 +761,7 @@ def test_interruption_rules_target_the_handler(local: Local) -> None:
     )["Configuration"]
     # The emulator does not report DeadLetterConfig (hence ignore_changes in the local profile);
     # the synthesized configuration carries it (test_constructs).
-    assert function["Handler"] == "interruption_handler.handle"
+    assert function["Handler"] == HANDLER_ENTRY  # the runtime's entry, in the zip
     assert (
         function["Environment"]["Variables"][HandlerSettings.variable("events_table")]
         == "spotrain-local-events"

@@ -116,7 +116,9 @@ def test_spotrains_torchrun_stops_a_rank_alone_and_kills_its_whole_group(
     helper_file = tmp_path / "helper"
     rank = SubprocessHandler(
         entrypoint="bash",
-        args=("-c", f"sleep 60 & echo $! > {helper_file}; trap 'exit 0' TERM INT; wait"),
+        # The trap first: once the helper's pid is written, the rank hears a stop (set after
+        # it, a stop could come first and the shell wait on its helper instead).
+        args=("-c", f"trap 'exit 0' TERM INT; sleep 60 & echo $! > {helper_file}; wait"),
         env={"PATH": os.environ["PATH"]}, stdout=None, stderr=None, local_rank_id=0,
         numa_options=None,
     )  # fmt: skip
@@ -137,6 +139,8 @@ def test_spotrains_torchrun_stops_a_rank_alone_and_kills_its_whole_group(
             time.sleep(0.05)
     finally:
         signal_all([helper], signal.SIGKILL)
+        rank.proc.kill()  # gone already when the test passed; reaped either way
+        rank.proc.wait(timeout=10)
 
 
 def _state(pid: int) -> str | None:
