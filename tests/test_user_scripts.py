@@ -114,6 +114,10 @@ def test_spotrains_torchrun_stops_a_rank_alone_and_kills_its_whole_group(
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
     _repair_torchrun()
     helper_file = tmp_path / "helper"
+    # A shell cannot trap a signal ignored when it starts, and a test process started in the
+    # background (`make test &`) ignores SIGINT: the rank starts with the default instead, as
+    # one of a machine's service does. (A Python rank's own handler is installed either way.)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     rank = SubprocessHandler(
         entrypoint="bash",
         # The trap first: once the helper's pid is written, the rank hears a stop (set after
@@ -122,6 +126,7 @@ def test_spotrains_torchrun_stops_a_rank_alone_and_kills_its_whole_group(
         env={"PATH": os.environ["PATH"]}, stdout=None, stderr=None, local_rank_id=0,
         numa_options=None,
     )  # fmt: skip
+    signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 10
     while not helper_file.is_file() or not helper_file.read_text().strip():
         assert time.monotonic() < deadline
