@@ -118,15 +118,17 @@ def test_spotrains_torchrun_stops_a_rank_alone_and_kills_its_whole_group(
     # background (`make test &`) ignores SIGINT: the rank starts with the default instead, as
     # one of a machine's service does. (A Python rank's own handler is installed either way.)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)
-    rank = SubprocessHandler(
-        entrypoint="bash",
-        # The trap first: once the helper's pid is written, the rank hears a stop (set after
-        # it, a stop could come first and the shell wait on its helper instead).
-        args=("-c", f"trap 'exit 0' TERM INT; sleep 60 & echo $! > {helper_file}; wait"),
-        env={"PATH": os.environ["PATH"]}, stdout=None, stderr=None, local_rank_id=0,
-        numa_options=None,
-    )  # fmt: skip
-    signal.signal(signal.SIGINT, previous)
+    try:
+        rank = SubprocessHandler(
+            entrypoint="bash",
+            # The trap first: once the helper's pid is written, the rank hears a stop (set after
+            # it, a stop could come first and the shell wait on its helper instead).
+            args=("-c", f"trap 'exit 0' TERM INT; sleep 60 & echo $! > {helper_file}; wait"),
+            env={"PATH": os.environ["PATH"]}, stdout=None, stderr=None, local_rank_id=0,
+            numa_options=None,
+        )  # fmt: skip
+    finally:
+        signal.signal(signal.SIGINT, previous)
     deadline = time.monotonic() + 10
     while not helper_file.is_file() or not helper_file.read_text().strip():
         assert time.monotonic() < deadline

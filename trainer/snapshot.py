@@ -78,10 +78,12 @@ def make_snapshot_engine() -> Any:
             # One set of buffers per tier and file name, reused by that tier's next checkpoint
             # (a full one is never snapshot while the previous is still being written):
             # allocating (and on GPUs pinning) them costs more than the copy itself.
-            self._buffers: dict[str, list[torch.Tensor]] = {}
+            # Each buffer is kept with its fit (`_fit`: shape, type, pinned), known when it
+            # is allocated, so matching never asks the device about a buffer.
+            self._buffers: dict[str, list[tuple[_Fit, torch.Tensor]]] = {}
             # Per tier, buffers reserved for tensors that do not exist yet (`reserve`), taken
             # by that tier's next snapshot; what it leaves is let go.
-            self._reserved: dict[str, list[torch.Tensor]] = {}
+            self._reserved: dict[str, list[tuple[_Fit, torch.Tensor]]] = {}
             self.allocated_bytes = 0
             """Host buffer bytes the snapshot under way allocated: 0 once buffers are warm."""
 
@@ -95,25 +97,25 @@ def make_snapshot_engine() -> Any:
             # The file's own buffers first, then the reserved ones, each matched by shape and
             # type in order: the same tensor gets the same buffer from one checkpoint to the
             # next even when a first step inserted new state among the old.
-            fitting: dict[tuple[Any, ...], list[torch.Tensor]] = defaultdict(list)
-            for buffer in self._buffers.get(name, []) + self._reserved.pop(self.tier, []):
-                fitting[_shape_of(buffer, buffer.is_pinned())].append(buffer)
+            fitting: dict[_Fit, list[torch.Tensor]] = defaultdict(list)
+            for fit, buffer in self._buffers.get(name, []) + self._reserved.pop(self.tier, []):
+                fitting[fit].append(buffer)
             buffers, memo = [], {}
             for tensor in found.values():
                 source = tensor.detach()
-                matches = fitting[_shape_of(source, source.is_cuda)]
+                fit = _fit(source)
+                matches = fitting[fit]
                 if matches:
                     buffer = matches.pop(0)
                 else:
-                    buffer = torch.empty(source.shape, dtype=source.dtype,
-                                         pin_memory=source.is_cuda)  # fmt: skip
+                    buffer = _buffer_for(source)
                     self.allocated_bytes += buffer.numel() * buffer.element_size()
                 buffer.copy_(source, non_blocking=source.is_cuda)
-                buffers.append(buffer)
+                buffers.append((fit, buffer))
                 memo[id(tensor)] = buffer
             self._buffers[name] = buffers
             # What this file did not use stays reserved for the tier's other files.
-            self._reserved[self.tier] = [b for left in fitting.values() for b in left]
+            self._reserved[self.tier] = [(f, b) for f, left in fitting.items() for b in left]
             # Whatever is not a tensor (step counters, learning rates, the loss scaler) is
             # copied too: the optimizer changes it while the snapshot waits to be written.
             self.staged.append(Staged(Path(path), copy.deepcopy(state_dict, memo)))
@@ -122,7 +124,7 @@ def make_snapshot_engine() -> Any:
             """Allocate buffers now for tensors shaped as `like` that `tier`'s next snapshot
             will hold and that do not exist yet."""
             self._reserved[tier] = self._reserved.get(tier, []) + [
-                torch.empty(t.shape, dtype=t.dtype, pin_memory=t.is_cuda) for t in like
+                (_fit(t), _buffer_for(t)) for t in like
             ]
 
         def load(self, path: str, map_location: Any = None) -> Any:
@@ -145,8 +147,17 @@ def make_snapshot_engine() -> Any:
     return Snapshots()
 
 
-def _shape_of(tensor: torch.Tensor, pinned: bool) -> tuple[Any, ...]:
-    return tuple(tensor.shape), tensor.dtype, pinned
+_Fit = tuple[tuple[int, ...], torch.dtype, bool]
+
+
+def _fit(source: torch.Tensor) -> _Fit:
+    """What a host buffer must match to take `source`: its shape and type, and pinned memory
+    for a tensor on a GPU."""
+    return tuple(source.shape), source.dtype, source.is_cuda
+
+
+def _buffer_for(source: torch.Tensor) -> torch.Tensor:
+    return torch.empty(source.shape, dtype=source.dtype, pin_memory=source.is_cuda)
 
 
 def state_a_first_step_creates(optimizer: Any) -> list[torch.Tensor]:

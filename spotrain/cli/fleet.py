@@ -86,7 +86,7 @@ def _reset_crashes(fleet: _Fleet, args: argparse.Namespace) -> int:
         raise SpotrainError(f"run {args.run} has no crash since its last release in "
                             f"{args.events_table}: nothing to release (check the run's name: "
                             "`spotrain run list ENV`)")  # fmt: skip
-    forgiven = fleet_state.reset_crashes(fleet.table, args.run, released_by=_caller_arn())
+    forgiven = fleet_state.reset_crashes(fleet.table, args.run, released_by=caller_arn())
     say(f"run {args.run}: released ({forgiven} crash record(s) forgiven); it may start and "
         "be requeued again")  # fmt: skip
     return 0
@@ -187,7 +187,7 @@ def _release_spend(fleet: _Fleet, args: argparse.Namespace) -> int:
     if args.max_spend_usd <= ledger.spend_usd:
         raise SpotrainError(f"run {args.run} has spent ${ledger.spend_usd:,.2f} already: give "
                             f"--max-spend-usd above that")  # fmt: skip
-    spend_ledger.raise_cap(fleet.table, args.run, args.max_spend_usd, raised_by=_caller_arn(),
+    spend_ledger.raise_cap(fleet.table, args.run, args.max_spend_usd, raised_by=caller_arn(),
                            now=time.time())  # fmt: skip
     then = "; the next capacity check (within 5 minutes) lets it start again from its head"
     say(f"run {args.run}: cap raised to ${args.max_spend_usd:,.2f} (spent "
@@ -195,7 +195,7 @@ def _release_spend(fleet: _Fleet, args: argparse.Namespace) -> int:
     return 0
 
 
-def _caller_arn() -> str:
+def caller_arn() -> str:
     """Who is asking, for the audit trail ("" when the identity service cannot say)."""
     import boto3
     from botocore.exceptions import BotoCoreError, ClientError

@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 from typing import Any
 
+from spotrain.cli.fleet import caller_arn
 from spotrain.cli.output import say
 from spotrain.cli.run_status import Where, in_service, run_groups
 from spotrain.core.errors import SpotrainError
@@ -26,7 +27,7 @@ def cancel(where: Where, args: argparse.Namespace) -> int:
     if lifecycle.finished_step is not None:
         raise SpotrainError(f"run {args.run} already finished (step {lifecycle.finished_step} "
                             "is final): its groups are at 0; nothing to cancel")  # fmt: skip
-    by, now = _caller(), time.time()
+    by, now = caller_arn(), time.time()
     sizes = [Sizes.described(g) for g in groups]
     cancelled = replace(lifecycle, cancelled_at=now, cancelled_by=by)
     held = capacity_policy.hold_for(capacity_policy.Standing(run=args.run, lifecycle=cancelled))
@@ -104,13 +105,3 @@ def groups_of(where: Where, args: argparse.Namespace) -> list[dict[str, Any]]:
                             f"{args.environment}: `spotrain run list {args.environment}` shows "
                             "its runs")  # fmt: skip
     return groups
-
-
-def _caller() -> str:
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    try:
-        return str(boto3.client("sts").get_caller_identity()["Arn"])
-    except (BotoCoreError, ClientError):
-        return "unknown"
