@@ -13,7 +13,10 @@ export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
 
 .PHONY: setup prerequisites local down test test-fast lint scan clean
 
-setup: prerequisites $(VENV)/.installed .venv-checkov/.installed node_modules/.installed
+# The three environments are independent and each installer uses one core: they install at once.
+setup: prerequisites
+	@$(MAKE) --no-print-directory --jobs=3 --output-sync=target \
+	  $(VENV)/.installed .venv-checkov/.installed node_modules/.installed
 
 prerequisites:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || \
@@ -56,11 +59,15 @@ local: setup
 down: setup
 	$(VENV)/bin/spotrain local down
 
+# Tests share TEST_WORKERS processes (tests/conftest.py says how they are grouped); 0 runs
+# them in this one, for a debugger.
+TEST_WORKERS ?= 2
+
 test: setup
-	$(VENV)/bin/pytest
+	$(VENV)/bin/pytest --numprocesses=$(TEST_WORKERS)
 
 test-fast: setup
-	$(VENV)/bin/pytest -m "not integration and not slow"
+	$(VENV)/bin/pytest --numprocesses=$(TEST_WORKERS) -m "not integration and not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check .

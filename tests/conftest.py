@@ -15,12 +15,53 @@ from spotrain.localcloud import control
 
 ROOT = Path(__file__).resolve().parents[1]
 
+# One thread a process for the ranks and models the tests start (they inherit it): the suite's
+# two workers fill both cores, and a rank alone on its machine would otherwise run as many
+# OpenMP threads as there are cores, which then spin waiting on one another (torchrun sets
+# the same for several ranks a machine). Losses agree with the goldens within their tolerance.
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption(
         "--update-snapshots", action="store_true",
         help="write the synthesized stacks' snapshots (tests/fixtures/synth) anew",
     )  # fmt: skip
+
+
+# How `make test` shares the suite between its workers (pytest-xdist): the tests of one group
+# run on one worker in file order, every other test goes wherever a worker is free. The shared
+# deployment's tests are one group (one apply, its stories in order, destroy last); so is each
+# module whose module-scoped fixture is dear, so that it is built once.
+DEPLOYMENT_MODULE = "test_integration_local_apply.py"
+MODULES_KEPT_TOGETHER = (DEPLOYMENT_MODULE, "test_bad_input.py", "test_datasets.py",
+                         "test_trainer_preemption.py", "test_user_scripts.py")  # fmt: skip
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """xdist's scope scheduler with the groups above as its scopes: a test of a module kept
+    together is scheduled with its module, any other test on its own."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Grouped(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            return module if Path(module).name in MODULES_KEPT_TOGETHER else nodeid
+
+    return Grouped(config, log)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The longest work first: the deployment (a third of the suite, on one worker), then the
+    integration and slow tests, then the quick ones that fill the gaps at the end. Workers take
+    work in this order (--no-loadscope-reorder)."""
+
+    def rank(item: pytest.Item) -> int:
+        if item.path.name == DEPLOYMENT_MODULE:
+            return 0
+        return 1 if item.get_closest_marker("integration") or item.get_closest_marker("slow") else 2
+
+    items.sort(key=rank)  # stable: each module's tests stay in file order
 
 
 @pytest.fixture(scope="session")
