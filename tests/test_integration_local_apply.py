@@ -824,11 +824,13 @@ def test_the_catalog_stream_runs_the_deployed_handler_which_alarms_on_rewritten_
 
 
 TWO_RUNS_TRAINING = {
-    "steps": 120, "checkpoint_every": 20, "micro_batch": 4, "seed": 5, "log_every": 100,
+    "steps": 480, "checkpoint_every": 80, "micro_batch": 4, "seed": 5, "log_every": 100,
     "model": {"context": 32, "layers": 2, "heads": 2, "width": 64},
 }  # fmt: skip
 """Both runs of the story below train this: the same losses at every step, unless a cancel
-and resume lost or changed anything."""
+and resume lost or changed anything. Long enough (about half a minute a run on a 2-core
+machine, 70 ms a step) that the run started first is still training when the other has
+published its first checkpoint, with a few checkpoints a run."""
 
 
 class _PlayedFleet:
@@ -981,7 +983,8 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         # Both train at the same time, each from its own deployed template, into its own
         # checkpoints.
         deadline = time.monotonic() + 300
-        while not (head("second") >= 40 and head("third") >= 40):
+        first_checkpoint = TWO_RUNS_TRAINING["checkpoint_every"]
+        while not (head("second") >= first_checkpoint and head("third") >= first_checkpoint):
             assert first["second"].running() and player.is_alive(), (
                 first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
             assert time.monotonic() < deadline, (
