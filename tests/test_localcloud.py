@@ -659,3 +659,32 @@ def test_a_client_that_stalls_its_handshake_holds_up_no_other(
                            **{k.lower(): v for k, v in control.CREDENTIALS.items()})  # fmt: skip
         assert sts.get_caller_identity()["Account"] == ACCOUNT
         assert time.monotonic() - started < 5
+
+
+def test_a_repeated_flow_log_create_gets_the_flow_log_it_made_and_a_different_one_is_refused(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """A client that retries a create the cloud already did (Terraform's, under load) gets
+    the flow log made the first time, not "already exists"; another on the same VPC is still
+    refused, as AWS refuses it."""
+    ec2 = control.client("ec2", local_cloud.endpoint, "us-east-1")
+    logs = control.client("logs", local_cloud.endpoint, "us-east-1")
+    group = f"flow-logs-{uuid.uuid4().hex[:8]}"
+    logs.create_log_group(logGroupName=group)
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    create = {"ResourceIds": [vpc], "ResourceType": "VPC", "TrafficType": "ALL",
+              "LogGroupName": group,
+              "DeliverLogsPermissionArn": "arn:aws:iam::123456789012:role/flow-logs"}  # fmt: skip
+    try:
+        made = ec2.create_flow_logs(**create)["FlowLogIds"]
+        assert ec2.create_flow_logs(**create)["FlowLogIds"] == made
+        with pytest.raises(ClientError, match="FlowLogAlreadyExists"):
+            ec2.create_flow_logs(**{**create, "TrafficType": "REJECT"})
+        on_vpc = ec2.describe_flow_logs(Filters=[{"Name": "resource-id", "Values": [vpc]}])
+        assert [f["FlowLogId"] for f in on_vpc["FlowLogs"]] == made
+    finally:
+        for flow_log in ec2.describe_flow_logs(
+                Filters=[{"Name": "resource-id", "Values": [vpc]}])["FlowLogs"]:  # fmt: skip
+            ec2.delete_flow_logs(FlowLogIds=[flow_log["FlowLogId"]])
+        ec2.delete_vpc(VpcId=vpc)
+        logs.delete_log_group(logGroupName=group)
