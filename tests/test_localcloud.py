@@ -688,3 +688,40 @@ def test_a_repeated_flow_log_create_gets_the_flow_log_it_made_and_a_different_on
             ec2.delete_flow_logs(FlowLogIds=[flow_log["FlowLogId"]])
         ec2.delete_vpc(VpcId=vpc)
         logs.delete_log_group(logGroupName=group)
+
+
+def test_a_connection_stays_open_for_the_next_request(local_cloud: control.RunningCloud) -> None:
+    """The cloud keeps connections alive (a request on an open connection skips the TLS
+    handshake, half its CPU): two requests, one connection, both answered."""
+    import http.client
+    import ssl
+    from urllib.parse import urlsplit
+
+    where = urlsplit(local_cloud.endpoint)
+    context = ssl.create_default_context(cafile=str(control.ca_bundle()))
+    connection = http.client.HTTPSConnection(where.hostname, where.port, context=context,
+                                             timeout=30)  # fmt: skip
+    try:
+        for _ in range(2):
+            connection.request("GET", "/moto-api/data.json")
+            answer = connection.getresponse()
+            answer.read()
+            assert answer.status == 200 and answer.getheader("Connection") != "close"
+        assert connection.sock is not None  # the same connection served both
+    finally:
+        connection.close()
+
+
+def test_kms_keys_encrypt_and_sign_as_their_kind_allows(local_cloud: control.RunningCloud) -> None:
+    """A symmetric key encrypts and decrypts; an asymmetric one signs, verifies and gives its
+    public key (its key pair made when first needed)."""
+    kms = control.client("kms", local_cloud.endpoint, "us-east-1")
+    symmetric = kms.create_key(Description="data")["KeyMetadata"]["KeyId"]
+    sealed = kms.encrypt(KeyId=symmetric, Plaintext=b"checkpoint")["CiphertextBlob"]
+    assert kms.decrypt(CiphertextBlob=sealed)["Plaintext"] == b"checkpoint"
+    signing = kms.create_key(KeySpec="RSA_2048", KeyUsage="SIGN_VERIFY")["KeyMetadata"]["KeyId"]
+    algorithm = "RSASSA_PSS_SHA_256"
+    signature = kms.sign(KeyId=signing, Message=b"m", SigningAlgorithm=algorithm)["Signature"]
+    assert kms.verify(KeyId=signing, Message=b"m", Signature=signature,
+                      SigningAlgorithm=algorithm)["SignatureValid"]  # fmt: skip
+    assert kms.get_public_key(KeyId=signing)["PublicKey"].startswith(b"0\x82")  # DER

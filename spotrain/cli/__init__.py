@@ -126,7 +126,7 @@ EXTRA_OF = {
     "tqdm": "training", "watchtower": "training", "torchdata": "training",
     "cdktf": "infrastructure", "cdktf_cdktf_provider_aws": "infrastructure",
     "constructs": "infrastructure", "yaml": "infrastructure",
-    "moto": "localcloud", "cryptography": "localcloud",
+    "moto": "localcloud", "cryptography": "localcloud", "cheroot": "localcloud",
     "matplotlib": "plots",
 }  # fmt: skip
 """The library each optional part of spotrain imports, and the extra (pyproject.toml) that

@@ -585,6 +585,37 @@ def _install_autoscaling_bounds() -> None:
     AutoScalingResponse.update_auto_scaling_group = update_auto_scaling_group  # type: ignore[method-assign]
 
 
+def _install_backend_names_listed_once() -> None:
+    """moto's server lists its package's folders on every request (a directory listing and a
+    stat a service, under its dispatcher's lock) to tell whether a name is a backend's; the
+    folders do not change while it serves, so they are listed once."""
+    from moto import backends
+
+    names = tuple(backends.list_of_moto_modules())
+    backends.list_of_moto_modules = lambda: names
+
+
+def _install_kms_key_pairs_made_on_first_use() -> None:
+    """moto generates an RSA key pair for every KMS key it creates, symmetric ones included,
+    for the signing calls only asymmetric keys answer: a tenth of the cloud's CPU while a
+    deployment was applied. The pair is made when a call first needs it."""
+    from moto.kms import models
+
+    make = models.generate_private_key
+
+    class MadeOnFirstUse:
+        def __init__(self, key_spec: str) -> None:
+            self._key_spec, self._made, self._lock = key_spec, None, threading.Lock()
+
+        def __getattr__(self, name: str) -> Any:
+            with self._lock:
+                if self._made is None:
+                    self._made = make(self._key_spec)
+            return getattr(self._made, name)
+
+    models.generate_private_key = MadeOnFirstUse  # type: ignore[assignment]
+
+
 def install() -> None:
     """Patch moto in this process (idempotent)."""
     global _installed
@@ -602,4 +633,6 @@ def install() -> None:
     _install_autoscaling_markets()
     _install_autoscaling_bounds()
     _install_flow_log_create_answered_again()
+    _install_backend_names_listed_once()
+    _install_kms_key_pairs_made_on_first_use()
     _installed = True

@@ -10,20 +10,33 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from cheroot import wsgi
+from cheroot.ssl.builtin import BuiltinSSLAdapter
+
 from spotrain.localcloud import extensions, faults, price_list, schedules
+
+KEEP_ALIVE_S = 300
+"""How long an idle connection stays open, and how long a started request may take to arrive:
+longer than any client keeps an idle connection (Terraform's AWS SDK: 90 s), so a client never
+reuses one the cloud has just closed."""
+
+IDLE_CONNECTIONS = 2000
+"""Idle connections kept open at once (every boto3 client keeps up to ten)."""
+
+WORKER_THREADS = 64
+"""Requests served at once: a request may wait on another (a stream's function calls the cloud
+back while the write that fed it is still being answered)."""
 
 
 def serve(host: str, port: int, cert: str, key: str) -> None:
-    from moto.moto_server.werkzeug_app import (
-        DomainDispatcherApplication,
-        MotoRequestHandler,
-        create_backend_app,
-    )
-    from werkzeug.serving import load_ssl_context, make_server
+    from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app
 
     # Functions the cloud runs (stream mappings) call it back at this address.
     os.environ[extensions.ENDPOINT_VARIABLE] = f"https://{host}:{port}"
@@ -34,23 +47,58 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
     if faults_file is not None:
         app = faults.injected(app, faults_file)
         schedules.start(faults_file.with_name(schedules.CLOCK_NAME))
-    server = make_server(host, port, app, threaded=True, request_handler=MotoRequestHandler)
-    # TLS is negotiated in each connection's own thread, at its first read, not in the accept
-    # loop (werkzeug's default): there one stalled handshake, a client starved of CPU in a
-    # full test run, held up every connection behind it, and clients that gave up retried
-    # requests the cloud had already done (a create answered "already exists").
-    context = load_ssl_context(cert, key)
-    server.socket = context.wrap_socket(server.socket, server_side=True,
-                                        do_handshake_on_connect=False)  # fmt: skip
-    server.ssl_context = context
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    app = logged(app)
+    # Connections are kept alive (werkzeug's server closes each after one response): a request
+    # on an open connection costs half the CPU of one that starts with a TLS handshake, on
+    # both sides, and Terraform's provider no longer opens hundreds of connections an apply.
+    server = wsgi.Server((host, port), app, numthreads=WORKER_THREADS, timeout=KEEP_ALIVE_S,
+                         server_name="spotrain-local-cloud")  # fmt: skip
+    server.keep_alive_conn_limit = IDLE_CONNECTIONS
+    server.ssl_adapter = HandshakeInItsOwnThread(cert, key)
+    server.prepare()
+    thread = threading.Thread(target=server.serve, daemon=True)
     thread.start()
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     print(f"local cloud serving on https://{host}:{port}", flush=True)
     stop.wait()
-    server.shutdown()
+    server.stop()
+    sys.stdout.flush()
+
+
+def logged(app: Callable[..., Any]) -> Callable[..., Any]:
+    """WSGI middleware: a line on the cloud's log (server.log) for each request answered,
+    written out each second rather than each line (a write a request slowed every request)."""
+
+    def middleware(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
+        def start(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
+            query = environ.get("QUERY_STRING")
+            target = environ.get("PATH_INFO", "") + (f"?{query}" if query else "")
+            sys.stdout.write(f"{time.strftime('%H:%M:%S')} {environ.get('REQUEST_METHOD')} "
+                             f"{target} {status.split(' ', 1)[0]}\n")  # fmt: skip
+            return start_response(status, headers, *exc_info)
+
+        return app(environ, start)
+
+    def flush_each_second() -> None:
+        while True:
+            time.sleep(1)
+            sys.stdout.flush()
+
+    threading.Thread(target=flush_each_second, daemon=True).start()
+    return middleware
+
+
+class HandshakeInItsOwnThread(BuiltinSSLAdapter):  # type: ignore[misc]
+    """TLS is negotiated in each connection's worker thread, at its first read, not in the
+    accept loop (the adapter's default): there one stalled handshake, a client starved of CPU
+    in a full test run, held up every connection behind it, and clients that gave up retried
+    requests the cloud had already done (a create answered "already exists")."""
+
+    def wrap(self, sock: Any) -> tuple[Any, dict[str, str]]:
+        wrapped = self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        return wrapped, {"wsgi.url_scheme": "https", "HTTPS": "on"}
 
 
 def main() -> None:
