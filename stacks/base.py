@@ -26,8 +26,10 @@ LOCAL_ENDPOINT_SERVICES = (
     "ssm",
     "sts",
 )
-# The emulator answers quickly or not at all: retrying for minutes only hides a gap.
-LOCAL_MAX_RETRIES = 2
+# Attempts per call to the local cloud: enough to ride out a reply cut off on a machine short of
+# CPU (one such failure twice in a row failed a whole apply), few enough that an API the
+# emulator lacks fails in seconds rather than after the provider's minutes of backoff.
+LOCAL_MAX_RETRIES = 5
 
 
 def provider_settings(

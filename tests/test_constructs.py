@@ -17,6 +17,7 @@ from spotrain.constructs.replicated_bucket_pair import ReplicatedBucketPairProps
 from spotrain.core.errors import ConfigError
 from spotrain.core.handler_settings import RUNS_PARAMETER_PATH_VARIABLE, HandlerSettings
 from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
+from spotrain.stacks.base import LOCAL_MAX_RETRIES
 
 
 def only(mapping: dict[str, Any]) -> Any:
@@ -470,7 +471,7 @@ def test_local_provider_points_every_service_at_the_local_cloud(synth_dir: Path)
     endpoints = provider["endpoints"][0]
     assert set(endpoints.values()) == {"https://127.0.0.1:4566"}
     assert {"budgets", "s3", "lambda", "sts"} <= set(endpoints)
-    assert provider["max_retries"] == 2
+    assert provider["max_retries"] == LOCAL_MAX_RETRIES
     real = load_stack(synth_dir, "dev-budget")["provider"]["aws"][0]
     assert "endpoints" not in real and "max_retries" not in real
 
@@ -680,21 +681,71 @@ def test_a_run_with_a_deadline_gives_its_handler_the_deadline_and_its_progress_o
     assert dev_reading["actions"] == reading["actions"]
 
 
-def test_stacks_apply_by_levels_each_after_what_it_depends_on(synth_dir: Path) -> None:
-    """`spotrain deploy` applies one level's stacks at once: every
-    stack comes after each stack it depends on, and the levels hold them all, once."""
-    from spotrain.tools.terraform import stack_levels, stacks_in_order
+def test_each_stack_waits_for_the_stacks_it_depends_on_and_no_others(synth_dir: Path) -> None:
+    """`spotrain deploy` applies a stack once the stacks it depends on are applied, and
+    destroys it once the stacks that depend on it are destroyed."""
+    from spotrain.tools.terraform import dependents, stack_dependencies, stacks_in_order
 
     manifest = json.loads((synth_dir / "manifest.json").read_text())["stacks"]
-    levels = stack_levels(synth_dir, "local-*")
-    assert levels == [["local-budget", "local-storage"], ["local-catalog"],
-                      ["local-interruptions", "local-network"],
-                      ["local-run-demo", "local-run-second"]]  # fmt: skip
-    level_of = {name: index for index, names in enumerate(levels) for name in names}
-    for name, index in level_of.items():
-        assert all(level_of[d] < index for d in manifest[name]["dependencies"])
-    assert sorted(level_of) == sorted(stacks_in_order(synth_dir, "local-*"))
-    assert stack_levels(synth_dir, "local-run-demo") == [["local-run-demo"]]
+    waits_for = stack_dependencies(synth_dir, "local-*")
+    assert list(waits_for) == stacks_in_order(synth_dir, "local-*")
+    assert waits_for == {name: frozenset(manifest[name]["dependencies"]) for name in waits_for}
+    # The run stacks need the network, not the interruption handler: they apply beside it.
+    assert "local-interruptions" not in waits_for["local-run-demo"]
+    assert dependents(waits_for)["local-interruptions"] == frozenset()
+    assert dependents(waits_for)["local-storage"] == {
+        f"local-{p}" for p in ("catalog", "interruptions", "network", "run-demo", "run-second")
+    }
+    assert stack_dependencies(synth_dir, "local-run-demo") == {"local-run-demo": frozenset()}
+
+
+WAITS_FOR = {"storage": frozenset(), "budget": frozenset(), "catalog": frozenset({"storage"}),
+             "handler": frozenset({"storage", "catalog"}),
+             "network": frozenset({"storage", "catalog"}),
+             "run": frozenset({"network"})}  # fmt: skip
+
+
+def test_a_stack_starts_as_soon_as_what_it_waits_for_is_done() -> None:
+    import threading
+    import time
+
+    from spotrain.tools.deploy import each_when_ready
+
+    ended: dict[str, float] = {}
+    started: dict[str, float] = {}
+    run_started = threading.Event()
+    inits: list[str] = []
+
+    def apply(name: str) -> str:
+        started[name] = time.monotonic()
+        if name == "run":
+            run_started.set()
+        if name == "handler":  # a slow one: the run must not wait for it
+            assert run_started.wait(timeout=20), "the run waited for a stack it does not need"
+        time.sleep(0.05)
+        ended[name] = time.monotonic()
+        return f"applied {name}"
+
+    results = each_when_ready(WAITS_FOR, apply, before=inits.append)
+    assert results == {name: f"applied {name}" for name in WAITS_FOR}
+    assert sorted(inits) == sorted(WAITS_FOR)
+    for name, needs in WAITS_FOR.items():
+        assert all(ended[need] <= started[name] for need in needs), name
+
+
+def test_after_a_failure_nothing_new_starts_and_the_failure_is_raised() -> None:
+    from spotrain.tools.deploy import each_when_ready
+
+    started: list[str] = []
+
+    def apply(name: str) -> None:
+        started.append(name)
+        if name == "catalog":
+            raise RuntimeError("catalog failed")
+
+    with pytest.raises(RuntimeError, match="catalog failed"):
+        each_when_ready(WAITS_FOR, apply)
+    assert sorted(started) == ["budget", "catalog", "storage"]
 
 
 def test_terraform_validates_the_efa_runs_stack(synth_dir: Path, tmp_path: Path) -> None:

@@ -130,18 +130,19 @@ def run(
     return result
 
 
-def stack_levels(outdir: Path, selector: str | None = None) -> list[list[str]]:
-    """`stacks_in_order`, grouped: each level's stacks depend only on earlier levels', so
-    one level's stacks may be applied (or, in reverse, destroyed) at the same time."""
+def stack_dependencies(outdir: Path, selector: str | None = None) -> dict[str, frozenset[str]]:
+    """The stacks `selector` chooses (in `stacks_in_order`), each with the chosen stacks it
+    depends on: it may be applied once those are, and destroyed once every stack that depends
+    on it is. A dependency outside the choice is taken as already there."""
     manifest = json.loads((outdir / "manifest.json").read_text())["stacks"]
-    level: dict[str, int] = {}
-    for name in stacks_in_order(outdir):
-        level[name] = 1 + max((level[d] for d in manifest[name]["dependencies"]), default=-1)
     chosen = stacks_in_order(outdir, selector)
-    grouped: list[list[str]] = [[] for _ in range(1 + max(level[n] for n in chosen))]
-    for name in chosen:
-        grouped[level[name]].append(name)
-    return [names for names in grouped if names]
+    return {name: frozenset(manifest[name]["dependencies"]) & set(chosen) for name in chosen}
+
+
+def dependents(dependencies: dict[str, frozenset[str]]) -> dict[str, frozenset[str]]:
+    """The same stacks, each with those that depend on it: the order to destroy them in."""
+    return {name: frozenset(other for other, needs in dependencies.items() if name in needs)
+            for name in dependencies}  # fmt: skip
 
 
 def stacks_in_order(outdir: Path, selector: str | None = None) -> list[str]:
