@@ -1,6 +1,6 @@
 """The real path: Terraform applies the `local` environment to the local cloud; boto3 checks
-what exists over HTTP; a second plan is empty; destroy leaves nothing behind; and the cdktf
-CLI deploys and destroys a stack too.
+what exists over HTTP; a second plan is empty; destroy leaves nothing behind (the cdktf CLI's
+own round trip: test_cdktf_cli.py).
 
 One apply per run (about four minutes here): the tests below share it and run in order.
 """
@@ -12,7 +12,6 @@ import contextlib
 import json
 import os
 import re
-import shutil
 import subprocess
 import uuid
 from collections.abc import Iterator
@@ -1384,50 +1383,3 @@ def test_destroy_leaves_nothing_behind(local: Local) -> None:
     for role in ("spotrain-local-replication", "spotrain-local-interruption-handler"):
         with pytest.raises(ClientError):
             local.client("iam").get_role(RoleName=role)
-
-
-def test_cdktf_cli_deploys_and_destroys_a_stack(local: Local, tmp_path: Path) -> None:
-    cdktf = ROOT / "node_modules" / ".bin" / "cdktf"
-    if not cdktf.exists():
-        pytest.fail("the cdktf CLI is missing: run `make setup` (npm ci installs it)")
-    assert local.destroyed, "runs after the Terraform round trip, which owns the same names"
-    project = tmp_path / "project"
-    project.mkdir()
-    shutil.copy(ROOT / "cdktf.json", project / "cdktf.json")
-    (project / "cdktf.json").write_text(
-        (project / "cdktf.json")
-        .read_text()
-        .replace(".venv/bin/python", str(ROOT / ".venv/bin/python"))
-    )
-    env = dict(
-        local.deployment.environment
-    )  # same CLI config, credentials and endpoint as Terraform
-    env.update(
-        {
-            "SPOTRAIN_LOCAL_ENDPOINT": local.cloud.endpoint,
-            "CI": "1",
-            "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
-        }
-    )
-    budgets = local.client("budgets")
-
-    def cli(*args: str) -> None:
-        result = subprocess.run(
-            [str(cdktf), *args, "local-budget", "--auto-approve", "--skip-provider-lock"],
-            cwd=project,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=600,
-        )
-        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
-
-    def names() -> set[str]:  # the local cloud is shared by the session: other tests' too
-        return {b["BudgetName"] for b in budgets.describe_budgets(AccountId=ACCOUNT).get(
-            "Budgets", [])}  # fmt: skip
-
-    before = names()
-    cli("deploy")
-    assert names() - before == {"spotrain-local-budget-monthly"}
-    cli("destroy")
-    assert names() == before - {"spotrain-local-budget-monthly"}
