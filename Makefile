@@ -10,6 +10,13 @@ VENV := .venv
 export CHECKPOINT_DISABLE := 1
 export BC_SKIP_MAPPING := TRUE
 export JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION := 20
+# Bytecode is compiled on first import and cached (PIP_INSTALL below; git ignores the caches):
+# a shell that forbids the caches would have every process compile torch anew.
+unexport PYTHONDONTWRITEBYTECODE
+# DeepSpeed's CPU Adam (the optimizer offload) is compiled at first use, about three minutes of
+# one core: into this checkout's environment, so it is built once for it and never clashes with
+# another checkout's build (a build records its sources' paths: the other would rebuild).
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/$(VENV)/torch-extensions
 
 .PHONY: setup prerequisites local down test test-fast lint scan clean
 
@@ -29,23 +36,27 @@ prerequisites:
 # CUDA build with gigabytes of libraries. Point TORCH_INSTALL_ARGS at another index for a CUDA
 # build (e.g. --index-url https://download.pytorch.org/whl/cu128).
 TORCH_INSTALL_ARGS ?=
+# Bytecode is compiled on first import instead of at install: most installed modules are never
+# imported (most of torch; the AWS provider's 2,137 generated bindings, loaded lazily), and
+# compiling them all was two thirds of the installation's CPU time.
+PIP_INSTALL := pip install --quiet --disable-pip-version-check --no-compile
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check $(TORCH_INSTALL_ARGS) torch==2.13.0
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt setuptools wheel
+	$(VENV)/bin/$(PIP_INSTALL) $(TORCH_INSTALL_ARGS) torch==2.13.0
+	$(VENV)/bin/$(PIP_INSTALL) -c constraints.txt setuptools wheel
 	# DeepSpeed builds against the torch above (no isolated build env that would fetch another)
 	# and compiles no ops at install; the trainer avoids the ones it would compile at run time.
-	DS_BUILD_OPS=0 $(VENV)/bin/pip install --quiet --disable-pip-version-check \
+	DS_BUILD_OPS=0 $(VENV)/bin/$(PIP_INSTALL) \
 	  --no-build-isolation -c constraints.txt deepspeed==0.19.8
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -c constraints.txt \
+	$(VENV)/bin/$(PIP_INSTALL) -c constraints.txt \
 	  -e '.[training,infrastructure,localcloud,plots,dev]'
 	touch $@
 
 # checkov pins an older boto3 than the project, so it gets a tool environment of its own.
 .venv-checkov/.installed: constraints-checkov.txt
 	$(PYTHON) -m venv .venv-checkov
-	.venv-checkov/bin/pip install --quiet --disable-pip-version-check -c constraints-checkov.txt checkov==3.3.30
+	.venv-checkov/bin/$(PIP_INSTALL) -c constraints-checkov.txt checkov==3.3.30
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
