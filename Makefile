@@ -51,6 +51,11 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	  --no-build-isolation -c constraints.txt deepspeed==0.19.8
 	$(VENV)/bin/$(PIP_INSTALL) -c constraints.txt \
 	  -e '.[training,infrastructure,localcloud,plots,dev]'
+	# Caches the bytecode of what every training process, command and local cloud imports, so
+	# that running .venv/bin/... directly from a shell that forbids the caches stays quick.
+	$(VENV)/bin/python -c 'import torch._dynamo, torch.distributed.run, deepspeed, \
+	  deepspeed.runtime.zero.muon.muon_optimizer, spotrain.cli, spotrain.trainer.train, \
+	  spotrain.localcloud.server, moto.moto_server.werkzeug_app'
 	touch $@
 
 # checkov pins an older boto3 than the project, so it gets a tool environment of its own.
