@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -661,33 +662,74 @@ def test_a_client_that_stalls_its_handshake_holds_up_no_other(
         assert time.monotonic() - started < 5
 
 
-def test_a_repeated_flow_log_create_gets_the_flow_log_it_made_and_a_different_one_is_refused(
+def test_a_retried_call_gets_its_first_reply_and_a_call_that_failed_is_done_again(
     local_cloud: control.RunningCloud,
 ) -> None:
-    """A client that retries a create the cloud already did (Terraform's, under load) gets
-    the flow log made the first time, not "already exists"; another on the same VPC is still
-    refused, as AWS refuses it."""
+    """A client that lost the reply to a call the cloud did and sends it again (the SDKs mark
+    every attempt of a call with one invocation id) gets the first reply, not a second go at
+    it; a retry of an attempt that failed is done; a new call that repeats another is refused
+    as AWS refuses it."""
+    iam = control.client("iam", local_cloud.endpoint, "us-east-1")
     ec2 = control.client("ec2", local_cloud.endpoint, "us-east-1")
+    sent = {"invocation": "", "attempt": 1}
+
+    def as_attempt_of_one_call(request: Any, **_: Any) -> None:
+        if sent["invocation"]:
+            request.headers["amz-sdk-invocation-id"] = sent["invocation"]
+            request.headers["amz-sdk-request"] = f"attempt={sent['attempt']}; max=5"
+
+    for client in (iam, ec2):
+        client.meta.events.register("before-send", as_attempt_of_one_call)
+
+    def twice(invocation: str, call: Callable[[], Any]) -> tuple[Any, Any]:
+        sent.update(invocation=invocation, attempt=1)
+        first = call()
+        sent["attempt"] = 2
+        try:
+            return first, call()
+        finally:
+            sent.update(invocation="", attempt=1)
+
+    name = f"retried-{uuid.uuid4().hex[:8]}"
+    trust = json.dumps({"Version": "2012-10-17", "Statement": [{"Effect": "Allow",
+        "Principal": {"Service": "ec2.amazonaws.com"}, "Action": "sts:AssumeRole"}]})  # fmt: skip
+    remove = lambda: iam.remove_role_from_instance_profile(  # noqa: E731
+        InstanceProfileName=name, RoleName=name)  # fmt: skip
+    sent.update(invocation=f"{name}-failed")
+    with pytest.raises(ClientError, match="NoSuchEntity"):
+        remove()
+    iam.create_role(RoleName=name, AssumeRolePolicyDocument=trust)
+    iam.create_instance_profile(InstanceProfileName=name)
+    iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+    sent["attempt"] = 2
+    remove()  # the retry of the attempt that failed is done
+    sent.update(invocation="", attempt=1)
+    assert iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Roles"] == []
+    iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+    twice(f"{name}-removed", remove)
+    assert iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Roles"] == []
+    iam.delete_instance_profile(InstanceProfileName=name)
+    iam.delete_role(RoleName=name)
+
     logs = control.client("logs", local_cloud.endpoint, "us-east-1")
-    group = f"flow-logs-{uuid.uuid4().hex[:8]}"
-    logs.create_log_group(logGroupName=group)
+    logs.create_log_group(logGroupName=name)
     vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
     create = {"ResourceIds": [vpc], "ResourceType": "VPC", "TrafficType": "ALL",
-              "LogGroupName": group,
+              "LogGroupName": name,
               "DeliverLogsPermissionArn": "arn:aws:iam::123456789012:role/flow-logs"}  # fmt: skip
     try:
-        made = ec2.create_flow_logs(**create)["FlowLogIds"]
-        assert ec2.create_flow_logs(**create)["FlowLogIds"] == made
+        first, retried = twice(f"{name}-flow-log", lambda: ec2.create_flow_logs(**create))
+        assert retried["FlowLogIds"] == first["FlowLogIds"]
         with pytest.raises(ClientError, match="FlowLogAlreadyExists"):
-            ec2.create_flow_logs(**{**create, "TrafficType": "REJECT"})
+            ec2.create_flow_logs(**create)
         on_vpc = ec2.describe_flow_logs(Filters=[{"Name": "resource-id", "Values": [vpc]}])
-        assert [f["FlowLogId"] for f in on_vpc["FlowLogs"]] == made
+        assert [f["FlowLogId"] for f in on_vpc["FlowLogs"]] == first["FlowLogIds"]
     finally:
         for flow_log in ec2.describe_flow_logs(
                 Filters=[{"Name": "resource-id", "Values": [vpc]}])["FlowLogs"]:  # fmt: skip
             ec2.delete_flow_logs(FlowLogIds=[flow_log["FlowLogId"]])
         ec2.delete_vpc(VpcId=vpc)
-        logs.delete_log_group(logGroupName=group)
+        logs.delete_log_group(logGroupName=name)
 
 
 def test_a_connection_stays_open_for_the_next_request(local_cloud: control.RunningCloud) -> None:

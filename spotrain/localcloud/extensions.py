@@ -502,37 +502,6 @@ def _install_autoscaling_update_keeps_the_policy() -> None:
     FakeAutoScalingGroup.update = keep_the_policy  # type: ignore[method-assign]
 
 
-def _install_flow_log_create_answered_again() -> None:
-    """A CreateFlowLogs that repeats an existing flow log in every setting is answered with that
-    flow log, as a retry of the create that made it. Under a full test run Terraform's AWS
-    client has retried a create the cloud had already done, and moto's duplicate check then
-    failed the apply ("FlowLogAlreadyExists"); a different flow log on the same resource is
-    still refused."""
-    from moto.ec2.exceptions import FlowLogAlreadyExists
-    from moto.ec2.models.flow_logs import FlowLogsBackend
-
-    original = FlowLogsBackend.create_flow_logs
-
-    def create_flow_logs(self: Any, **given: Any) -> Any:
-        try:
-            return original(self, **given)
-        except FlowLogAlreadyExists:
-            settings = ("traffic_type", "deliver_logs_permission_arn", "log_destination",
-                        "log_group_name")  # fmt: skip
-            same = [
-                flow_log for flow_log in self.describe_flow_logs()
-                if flow_log.resource_id in given["resource_ids"]
-                and all(getattr(flow_log, name) == given.get(name) for name in settings)
-                and flow_log.log_destination_type == (
-                    given.get("log_destination_type") or "cloud-watch-logs")
-            ]  # fmt: skip
-            if len(same) != len(given["resource_ids"]):
-                raise
-            return same, []
-
-    FlowLogsBackend.create_flow_logs = create_flow_logs  # type: ignore[method-assign]
-
-
 def _install_autoscaling_bounds() -> None:
     """Auto Scaling refuses a desired capacity outside the group's minimum and maximum (and a
     minimum above the maximum) when asked for one; moto takes any. The local cloud answers the
@@ -632,7 +601,6 @@ def install() -> None:
     price_list.install()
     _install_autoscaling_markets()
     _install_autoscaling_bounds()
-    _install_flow_log_create_answered_again()
     _install_backend_names_listed_once()
     _install_kms_key_pairs_made_on_first_use()
     _installed = True

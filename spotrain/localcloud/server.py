@@ -20,7 +20,7 @@ from typing import Any
 from cheroot import wsgi
 from cheroot.ssl.builtin import BuiltinSSLAdapter
 
-from spotrain.localcloud import extensions, faults, price_list, schedules
+from spotrain.localcloud import extensions, faults, price_list, retries, schedules
 
 KEEP_ALIVE_S = 300
 """How long an idle connection stays open, and how long a started request may take to arrive:
@@ -47,7 +47,7 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
     if faults_file is not None:
         app = faults.injected(app, faults_file)
         schedules.start(faults_file.with_name(schedules.CLOCK_NAME))
-    app = logged(app)
+    app = logged(retries.answered_once(app))
     # Connections are kept alive (werkzeug's server closes each after one response): a request
     # on an open connection costs half the CPU of one that starts with a TLS handshake, on
     # both sides, and Terraform's provider no longer opens hundreds of connections an apply.
@@ -68,15 +68,20 @@ def serve(host: str, port: int, cert: str, key: str) -> None:
 
 
 def logged(app: Callable[..., Any]) -> Callable[..., Any]:
-    """WSGI middleware: a line on the cloud's log (server.log) for each request answered,
+    """WSGI middleware: a line on the cloud's log (server.log) for each request answered, with
+    the attempt when the client retried and whether the first attempt's reply was replayed,
     written out each second rather than each line (a write a request slowed every request)."""
 
     def middleware(environ: dict[str, Any], start_response: Callable[..., Any]) -> Any:
         def start(status: str, headers: list[tuple[str, str]], *exc_info: Any) -> Any:
             query = environ.get("QUERY_STRING")
             target = environ.get("PATH_INFO", "") + (f"?{query}" if query else "")
+            attempt = retries.attempt_of(environ)
+            retried = f" attempt {attempt}" if attempt > 1 else ""
+            replayed = " replayed" if environ.get("spotrain.replayed") else ""
+            code = status.split(" ", 1)[0]
             sys.stdout.write(f"{time.strftime('%H:%M:%S')} {environ.get('REQUEST_METHOD')} "
-                             f"{target} {status.split(' ', 1)[0]}\n")  # fmt: skip
+                             f"{target} {code}{retried}{replayed}\n")  # fmt: skip
             return start_response(status, headers, *exc_info)
 
         return app(environ, start)
