@@ -98,47 +98,62 @@ def resume_and_compare(
     return kept
 
 
-# (id, failpoint, head expected after a SIGKILL (None: nothing published); after a SIGTERM the
-# head is the step the run stopped after)
-FAILPOINT_SCENARIOS = [
-    ("sigterm-mid-save", f"after-snapshot=sigterm@{2 * EVERY}", None),
-    ("sigterm-mid-upload", f"after-shard-upload=sigterm@{2 * EVERY}", None),
-    ("sigterm-during-publish", f"before-catalog-publish=sigterm@{2 * EVERY}", None),
-    ("sigkill-mid-save", f"after-snapshot=sigkill@{2 * EVERY}", EVERY),
-    ("sigkill-mid-upload", f"after-shard-upload=sigkill@{2 * EVERY}", EVERY),
-    ("sigkill-mid-first-upload", f"after-shard-upload=sigkill@{EVERY}", None),
-    ("sigkill-during-publish", f"before-catalog-publish=sigkill@{2 * EVERY}", EVERY),
-]
+# The dangerous points, in the order one run meets them: each start resumes from the head the
+# previous one left and is interrupted at its own point, at the first checkpoint at least two
+# periods later (so one checkpoint of its own is published before). A SIGTERM finishes the
+# checkpoint in flight and publishes the step the run stopped after; a SIGKILL leaves the
+# checkpoint before the one in flight as the head. The first is killed during its first upload:
+# nothing was ever published, and the next start begins the run again.
+FAILPOINTS_IN_TURN = ["after-shard-upload=sigkill", "after-snapshot=sigterm",
+                      "after-shard-upload=sigterm", "before-catalog-publish=sigterm",
+                      "after-snapshot=sigkill", "after-shard-upload=sigkill",
+                      "before-catalog-publish=sigkill"]  # fmt: skip
 
 
-@pytest.mark.parametrize(
-    ("scenario", "failpoint", "expected_head"),
-    [pytest.param(*s, id=s[0]) for s in FAILPOINT_SCENARIOS],
-)
-def test_interrupted_at_a_failpoint_resumes_from_the_published_head(
-    scenario: str, failpoint: str, expected_head: int | None, corpus: str,
-    reference: list[float], cloud_store: dict[str, Any], tmp_path: Path,
-) -> None:  # fmt: skip
-    # Through the real path: S3 (KMS-only bucket) and the DynamoDB catalog on the local cloud.
-    config = {**base(corpus), **cloud_store["config"], "run": scenario}
+def test_a_run_interrupted_at_each_failpoint_in_turn_resumes_each_time_from_its_published_head(
+    corpus: str, reference: list[float], cloud_store: dict[str, Any], tmp_path: Path
+) -> None:
+    """Through the real path: S3 (KMS-only bucket) and the DynamoDB catalog on the local
+    cloud. One run, started again after each interruption (several scenarios a start: each
+    start is the previous scenario's resume)."""
+    config = {**base(corpus), **cloud_store["config"], "run": "in-turn", "steps": LONG_STEPS}
     env = cloud_store["env"]
-    interrupted = train(
-        config, tmp_path, "interrupted", env={**env, "SPOTRAIN_FAILPOINTS": failpoint}, check=False
-    )
-    if "sigkill" in failpoint:
-        assert interrupted.returncode == -signal.SIGKILL, interrupted.output[-3000:]
-        assert head_step(config, env) == expected_head  # the save in flight was never published
-    else:
-        stopped = re.search(r"stopped after step (\d+) \(SIGTERM\); it is", interrupted.output)
-        assert stopped, interrupted.output[-3000:]
-        # The signal came during the second checkpoint; that one and the emergency one publish.
-        assert head_step(config, env) == int(stopped.group(1)) >= 2 * EVERY
-    if failpoint.startswith("before-catalog-publish=sigkill"):
-        # The unfinished publish left its manifest, but the catalog never named it.
-        s3 = control.client("s3", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
-        storage = open_storage(config["store"], kms_key_id=config["kms_key_id"], client=s3)
-        assert storage.list(f"{checkpoints_prefix(scenario)}{checkpoint_tag(2 * EVERY)}/")
-    resume_and_compare(config, interrupted.losses, reference, tmp_path, env)
+    s3 = control.client("s3", env["AWS_ENDPOINT_URL"], env["AWS_REGION"])
+    storage = open_storage(config["store"], kms_key_id=config["kms_key_id"], client=s3)
+    trained: dict[int, float] = {}  # step -> loss, as published: what the next start kept
+    head: int | None = None
+    for turn, failpoint in enumerate([*FAILPOINTS_IN_TURN, None]):
+        at = EVERY if turn == 0 else ((head or 0) + EVERY) // EVERY * EVERY + EVERY
+        planned = {} if failpoint is None else {"SPOTRAIN_FAILPOINTS": f"{failpoint}@{at}"}
+        started = train(config, tmp_path, f"turn-{turn}", env={**env, **planned},
+                        check=failpoint is None)  # fmt: skip
+        said = f"{failpoint}@{at}: " + started.output[-3000:]
+        if head is None:
+            assert "resumed" not in started.output, said
+        else:
+            assert re.search(rf"resumed in-turn at step {head}\b", started.output), said
+        losses = {r["step"]: r["loss"] for r in started.records if "loss" in r}
+        assert min(losses) == (head or 0) + 1, said
+        if failpoint is None:
+            kept = LONG_STEPS
+        elif failpoint.endswith("sigkill"):
+            assert started.returncode == -signal.SIGKILL, said
+            kept = at - EVERY if turn else 0  # the save in flight was never published
+            assert head_step(config, env) == (kept or None), said
+        else:
+            stopped = re.search(r"stopped after step (\d+) \(SIGTERM\); it is", started.output)
+            assert stopped, said
+            # The signal came during a checkpoint; that one and the emergency one publish.
+            kept = int(stopped.group(1))
+            assert kept >= at and head_step(config, env) == kept, said
+        if failpoint == "before-catalog-publish=sigkill":
+            # The unfinished publish left its manifest, but the catalog never named it.
+            assert storage.list(f"{checkpoints_prefix('in-turn')}{checkpoint_tag(at)}/"), said
+        trained.update({step: loss for step, loss in losses.items() if step <= kept})
+        head = kept or None
+    # Bit for bit: every step's loss, each from the start that published it.
+    assert [trained[step] for step in sorted(trained)] == reference
+    assert sorted(trained) == list(range(1, LONG_STEPS + 1))
 
 
 def test_sigkill_at_a_random_moment_loses_only_unpublished_steps(
