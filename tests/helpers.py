@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.core import catalog_schema as schema
+from spotrain.localcloud import control
 
 
 def load_stack(synth_dir: Path, name: str) -> dict[str, Any]:
@@ -83,7 +84,7 @@ def kms_only_bucket(s3: Any, kms: Any, bucket: str) -> str:
 
 def launch_template(ec2: Any, name: str) -> str:
     """A launch template of the region's first image (what a group needs to launch)."""
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = control.stock_image(ec2)
     template = ec2.create_launch_template(
         LaunchTemplateName=name, LaunchTemplateData={"ImageId": image}
     )

@@ -13,6 +13,7 @@ from moto import mock_aws
 
 from spotrain import cli
 from spotrain.core.fleet_state import DEFAULT_MAX_CRASHES
+from spotrain.localcloud import control
 
 
 @pytest.fixture
@@ -151,7 +152,7 @@ def test_run_cancel_takes_the_groups_to_0_and_resume_puts_them_back(
     create_catalog_table(boto3.client("dynamodb"), "spotrain-local-events")
     create_catalog_table(boto3.client("dynamodb"), "spotrain-local-checkpoints")
     ec2, autoscaling = boto3.client("ec2"), boto3.client("autoscaling")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = control.stock_image(ec2)
     ec2.create_launch_template(LaunchTemplateName="demo", LaunchTemplateData={"ImageId": image})
     for name, sizes in (("demo-fleet", (1, 2)), ("demo-fleet-on-demand", (0, 0))):
         autoscaling.create_auto_scaling_group(
@@ -245,7 +246,7 @@ def _local_demo_run(*, machines: int = 1) -> None:
     create_catalog_table(boto3.client("dynamodb"), "spotrain-local-events")
     create_catalog_table(boto3.client("dynamodb"), "spotrain-local-checkpoints")
     ec2, autoscaling = boto3.client("ec2"), boto3.client("autoscaling")
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = control.stock_image(ec2)
     ec2.create_launch_template(LaunchTemplateName="demo", LaunchTemplateData={"ImageId": image})
     autoscaling.create_auto_scaling_group(
         AutoScalingGroupName="demo-fleet", MinSize=machines, DesiredCapacity=machines,

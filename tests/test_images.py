@@ -238,7 +238,7 @@ def test_bootstrap_starts_training_that_publishes_to_the_environment(
     # A machine whose trainer cannot even start has its group replace it, not idle, billed.
     autoscaling = control.client("autoscaling", local_cloud.endpoint, region)
     ec2 = control.client("ec2", local_cloud.endpoint, region)
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = control.stock_image(ec2)
     template = {"ImageId": image, "InstanceType": "g6.xlarge"}
     ec2.create_launch_template(LaunchTemplateName="booted-lt", LaunchTemplateData=template)
     autoscaling.create_auto_scaling_group(

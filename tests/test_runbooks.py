@@ -131,7 +131,7 @@ def create_fleet_groups(cloud: control.RunningCloud, name: str) -> tuple[str, st
     """The fleet's spot group (lost: 0 machines) and its empty on-demand fallback group."""
     ec2 = control.client("ec2", cloud.endpoint, REGION)
     autoscaling = control.client("autoscaling", cloud.endpoint, REGION)
-    image = ec2.describe_images(Owners=["amazon"])["Images"][0]["ImageId"]
+    image = control.stock_image(ec2)
     template = ec2.create_launch_template(
         LaunchTemplateName=f"runbook-{name}",
         LaunchTemplateData={"ImageId": image, "InstanceType": "g5.xlarge"},

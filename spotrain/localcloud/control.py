@@ -305,6 +305,22 @@ def require() -> RunningCloud:
     return cloud
 
 
+STOCK_IMAGE_NAMES = "amzn2-ami-hvm-*-x86_64-gp2"
+"""The emulator's stock Amazon Linux 2 images, which machines on the local cloud boot (the boot
+itself is the local cloud's: `machines.py`)."""
+
+
+def stock_image(ec2: Any) -> str:
+    """A machine image of the local cloud's region, asked for by name: listing every image Amazon
+    owns (1,301 in moto) costs seconds of CPU on both sides at each call."""
+    images = ec2.describe_images(
+        Owners=["amazon"], Filters=[{"Name": "name", "Values": [STOCK_IMAGE_NAMES]}]
+    )["Images"]
+    if not images:
+        raise LocalCloudError("the local cloud offers no machine images; restart it")
+    return str(sorted(image["ImageId"] for image in images)[0])
+
+
 def prepare_account(endpoint: str, *, state_bucket: str, region: str, image_parameter: str) -> None:
     """What a real account has before the first deploy: the Terraform state bucket and the
     image id parameter the image build writes. Idempotent."""
@@ -328,11 +344,7 @@ def prepare_account(endpoint: str, *, state_bucket: str, region: str, image_para
             "RestrictPublicBuckets": True,
         },
     )
-    ec2 = client("ec2", endpoint, region)
-    images = ec2.describe_images(Owners=["amazon"])["Images"]
-    if not images:
-        raise LocalCloudError("the local cloud offers no machine images; restart it")
-    image_id = sorted(image["ImageId"] for image in images)[0]
+    image_id = stock_image(client("ec2", endpoint, region))
     client("ssm", endpoint, region).put_parameter(
         Name=image_parameter, Value=image_id, Type="String", Overwrite=True
     )
