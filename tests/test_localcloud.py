@@ -698,10 +698,11 @@ def test_a_retried_call_gets_its_first_reply_and_a_call_that_failed_is_done_agai
     sent.update(invocation=f"{name}-failed")
     with pytest.raises(ClientError, match="NoSuchEntity"):
         remove()
+    sent.update(invocation="")
     iam.create_role(RoleName=name, AssumeRolePolicyDocument=trust)
     iam.create_instance_profile(InstanceProfileName=name)
     iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
-    sent["attempt"] = 2
+    sent.update(invocation=f"{name}-failed", attempt=2)
     remove()  # the retry of the attempt that failed is done
     sent.update(invocation="", attempt=1)
     assert iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Roles"] == []
@@ -767,3 +768,52 @@ def test_kms_keys_encrypt_and_sign_as_their_kind_allows(local_cloud: control.Run
     assert kms.verify(KeyId=signing, Message=b"m", Signature=signature,
                       SigningAlgorithm=algorithm)["SignatureValid"]  # fmt: skip
     assert kms.get_public_key(KeyId=signing)["PublicKey"].startswith(b"0\x82")  # DER
+
+
+def test_attempts_of_one_call_at_once_do_it_once_and_after_a_failure_once_more() -> None:
+    """The retry middleware alone: an attempt that arrives while the first is being answered
+    waits for it and gets its reply; after a first attempt that failed, two retries at once do
+    the call once between them."""
+    import threading
+    import time
+
+    from spotrain.localcloud import retries
+
+    done: list[str] = []
+    release = threading.Event()
+
+    def cloud(environ: dict[str, Any], start_response: Callable[..., Any]) -> list[bytes]:
+        done.append(environ["HTTP_AMZ_SDK_INVOCATION_ID"])
+        if environ["HTTP_AMZ_SDK_REQUEST"] == "attempt=1; max=5" and "failing" in done[-1]:
+            start_response("500 Internal Server Error", [])
+            return [b"failed"]
+        release.wait(timeout=20)
+        start_response("200 OK", [("Content-Type", "text/xml")])
+        return [f"made for {done[-1]} #{len(done)}".encode()]
+
+    served = retries.answered_once(cloud)
+
+    def attempts(invocation: str, numbers: list[int]) -> list[bytes]:
+        replies: dict[int, bytes] = {}
+
+        def send(number: int) -> None:
+            environ = {"REQUEST_METHOD": "POST", "PATH_INFO": "/",
+                       "HTTP_AMZ_SDK_INVOCATION_ID": invocation,
+                       "HTTP_AMZ_SDK_REQUEST": f"attempt={number}; max=5"}  # fmt: skip
+            replies[number] = b"".join(served(environ, lambda *_: None))
+
+        threads = [threading.Thread(target=send, args=(n,)) for n in numbers]
+        for thread in threads:
+            thread.start()
+            time.sleep(0.2)  # the later attempts arrive while the first is being answered
+        release.set()
+        for thread in threads:
+            thread.join(timeout=20)
+        release.clear()
+        return [replies[n] for n in numbers]
+
+    first, retried = attempts("lost-reply", [1, 2])
+    assert done == ["lost-reply"] and first == retried == b"made for lost-reply #1"
+    assert attempts("failing", [1]) == [b"failed"]
+    second, third = attempts("failing", [2, 3])
+    assert done.count("failing") == 2 and second == third == b"made for failing #3"

@@ -318,7 +318,7 @@ def stock_image(ec2: Any) -> str:
     )["Images"]
     if not images:
         raise LocalCloudError("the local cloud offers no machine images; restart it")
-    return str(sorted(image["ImageId"] for image in images)[0])
+    return str(min(image["ImageId"] for image in images))
 
 
 def prepare_account(endpoint: str, *, state_bucket: str, region: str, image_parameter: str) -> None:

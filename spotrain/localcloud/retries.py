@@ -26,8 +26,9 @@ REPLIES_KEPT = 2000
 """Successful replies remembered for their retries, newest kept: far more than the calls in
 flight at once, whose retries come within seconds."""
 
-LARGEST_REPLY_KEPT = 1 << 20
-"""A larger reply is not kept (no mutation answers with one)."""
+LARGEST_REPLY_KEPT = 256 << 10
+"""A larger reply is not kept, and its retry is done again (no call that changes something
+answers with one here: the largest are functions' results)."""
 
 READS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -51,7 +52,8 @@ def attempt_of(environ: dict[str, Any]) -> int:
 
 def answered_once(app: Callable[..., Iterable[bytes]]) -> Callable[..., Any]:
     """WSGI middleware: a repeated attempt of a call that changes something gets the first
-    attempt's successful reply; a call whose first attempt failed is tried again."""
+    attempt's successful reply; after an attempt that failed, the next is done, and any retry
+    beside it waits for that one."""
     calls: OrderedDict[tuple[str, str, str], _Call] = OrderedDict()
     lock = threading.Lock()
 
@@ -61,20 +63,20 @@ def answered_once(app: Callable[..., Iterable[bytes]]) -> Callable[..., Any]:
         if not invocation or method in READS:
             return app(environ, start_response)
         key = (invocation, method, environ.get("PATH_INFO", ""))
-        with lock:
-            earlier = calls.get(key)
-            if earlier is None:
-                calls[key] = call = _Call()
-                while len(calls) > REPLIES_KEPT:
-                    calls.popitem(last=False)
-        if earlier is not None:
+        while True:
+            with lock:
+                earlier = calls.get(key)
+                if earlier is None or (earlier.done.is_set() and earlier.reply is None):
+                    calls[key] = call = _Call()  # this attempt is the one that does the call
+                    while len(calls) > REPLIES_KEPT:
+                        calls.popitem(last=False)
+                    break
             earlier.done.wait()
             if earlier.reply is not None:
                 status, headers, body = earlier.reply
                 environ["spotrain.replayed"] = True
                 start_response(status, headers)
                 return [body]
-            return app(environ, start_response)
         try:
             return _answer_and_keep(app, environ, start_response, call)
         finally:
