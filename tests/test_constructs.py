@@ -748,6 +748,17 @@ def test_after_a_failure_nothing_new_starts_and_the_failure_is_raised() -> None:
     assert sorted(started) == ["budget", "catalog", "storage"]
 
 
+def test_stacks_that_wait_for_one_another_are_refused_before_any_starts() -> None:
+    from graphlib import CycleError
+
+    from spotrain.tools.deploy import each_when_ready
+
+    started: list[str] = []
+    with pytest.raises(CycleError):
+        each_when_ready({**WAITS_FOR, "storage": frozenset({"run"})}, started.append)
+    assert started == []
+
+
 def test_terraform_validates_the_efa_runs_stack(synth_dir: Path, tmp_path: Path) -> None:
     """The provider itself accepts prod's EFA templates, overrides and placement group."""
     import shutil

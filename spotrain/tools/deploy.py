@@ -67,20 +67,21 @@ def each_when_ready(
     before: Callable[[str], None] = lambda _: None,
 ) -> dict[str, Any]:
     """`action` on each name as soon as every name it waits for has succeeded, as many at once
-    as are ready; `before` runs first for each, one at a time (Terraform's inits share the
-    provider cache). After a failure nothing new starts, and the first failure is raised once
-    every started action has ended. Results by name."""
+    as are ready (the standard library's topological sorter orders them and refuses a cycle);
+    `before` runs first for each, one at a time (Terraform's inits share the provider cache).
+    After a failure nothing new starts, and the first failure is raised once every started
+    action has ended. Results by name."""
     from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+    from graphlib import TopologicalSorter
 
+    order = TopologicalSorter(waits_for)
+    order.prepare()
     results: dict[str, Any] = {}
-    waiting = dict(waits_for)
     running: dict[Future[Any], str] = {}
     failure: BaseException | None = None
     with ThreadPoolExecutor(max(1, len(waits_for))) as pool:
         while True:
-            ready = [n for n, needs in waiting.items() if needs <= results.keys()]
-            for name in [] if failure else ready:
-                del waiting[name]
+            for name in [] if failure else order.get_ready():
                 try:
                     before(name)
                 except Exception as error:
@@ -94,6 +95,7 @@ def each_when_ready(
                 name = running.pop(future)
                 try:
                     results[name] = future.result()
+                    order.done(name)
                 except Exception as error:
                     failure = failure or error
     if failure is not None:
