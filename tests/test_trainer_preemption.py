@@ -123,7 +123,7 @@ def test_a_run_interrupted_at_each_failpoint_in_turn_resumes_each_time_from_its_
     trained: dict[int, float] = {}  # step -> loss, as published: what the next start kept
     head: int | None = None
     for turn, failpoint in enumerate([*FAILPOINTS_IN_TURN, None]):
-        at = EVERY if turn == 0 else ((head or 0) + EVERY) // EVERY * EVERY + EVERY
+        at = EVERY if turn == 0 else ((head or 0) // EVERY + 2) * EVERY
         planned = {} if failpoint is None else {"SPOTRAIN_FAILPOINTS": f"{failpoint}@{at}"}
         started = train(config, tmp_path, f"turn-{turn}", env={**env, **planned},
                         check=failpoint is None)  # fmt: skip
@@ -138,7 +138,7 @@ def test_a_run_interrupted_at_each_failpoint_in_turn_resumes_each_time_from_its_
             kept = LONG_STEPS
         elif failpoint.endswith("sigkill"):
             assert started.returncode == -signal.SIGKILL, said
-            kept = at - EVERY if turn else 0  # the save in flight was never published
+            kept = at - EVERY  # the save in flight was never published (0: none before)
             assert head_step(config, env) == (kept or None), said
         else:
             stopped = re.search(r"stopped after step (\d+) \(SIGTERM\); it is", started.output)
