@@ -4,11 +4,13 @@ per session."""
 from __future__ import annotations
 
 import os
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import deployment
 import pytest
 
 from spotrain.localcloud import control
@@ -35,11 +37,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 # How `make test` shares the suite between its workers (pytest-xdist): the tests of one group
-# run on one worker in file order, every other test goes wherever a worker is free. The shared
-# deployment's tests are one group (one apply, its stories in order, destroy last); so is each
-# module whose module-scoped fixture is dear, so that it is built once.
-DEPLOYMENT_MODULE = "test_integration_local_apply.py"
-MODULES_KEPT_TOGETHER = (DEPLOYMENT_MODULE, "test_bad_input.py", "test_datasets.py",
+# run on one worker in file order, every other test goes wherever a worker is free. Each of
+# the shared deployment's modules is a group (its stories in order; tests/deployment.py says
+# how the two workers share one deployment); so is each module whose module-scoped fixture is
+# dear, so that it is built once.
+MODULES_KEPT_TOGETHER = (*deployment.MODULES, "test_bad_input.py", "test_datasets.py",
                          "test_trainer_preemption.py", "test_user_scripts.py")  # fmt: skip
 
 
@@ -57,16 +59,42 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The longest work first: the deployment (a third of the suite, on one worker), then the
-    integration and slow tests, then the quick ones that fill the gaps at the end. Workers take
-    work in this order (--no-loadscope-reorder)."""
+    """The longest work first: the deployment's apply and its stories on the environment's
+    runs (on one worker), then the integration and slow tests, among them a user's own run on
+    the same deployment (on the other worker, by then the apply is done), those that step CPU
+    Adam last of them; then the deployment's second plan and destroy, which wait for every
+    story; then the quick tests that fill the gaps at the end. Workers take work in this order
+    (--no-loadscope-reorder)."""
+    first, _, last = deployment.MODULES
 
     def rank(item: pytest.Item) -> int:
-        if item.path.name == DEPLOYMENT_MODULE:
+        if item.path.name == first:
             return 0
-        return 1 if item.get_closest_marker("integration") or item.get_closest_marker("slow") else 2
+        if item.get_closest_marker("cpu_adam"):
+            return 2  # after the other slow ones: its compile runs meanwhile (below)
+        if item.path.name == last:
+            return 3
+        if item.get_closest_marker("integration") or item.get_closest_marker("slow"):
+            return 1  # in file order: the user's run after a few minutes of others
+        return 4
 
     items.sort(key=rank)  # stable: each module's tests stay in file order
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """DeepSpeed's CPU Adam is compiled on first use (about 140 s of CPU, once per checkout):
+    when tests that step it are selected, one worker starts that build at once, at the lowest
+    priority, so it takes only what the workers leave idle and the tests find it built instead
+    of their worker compiling it while the other waits on nothing. Detached: a session that
+    stops early leaves it to finish and release its lock, never a half-built extension."""
+    if os.environ.get("PYTEST_XDIST_WORKER", "gw0") != "gw0":
+        return
+    if not any(item.get_closest_marker("cpu_adam") for item in session.items):
+        return
+    build = "from deepspeed.ops.op_builder import CPUAdamBuilder; CPUAdamBuilder().load()"
+    # Started by a shell that returns at once: no child of this process is left to reap.
+    subprocess.run(["sh", "-c", 'nice -n 19 "$0" -c "$1" </dev/null >/dev/null 2>&1 &',
+                    sys.executable, build], check=True, start_new_session=True)  # fmt: skip
 
 
 @pytest.fixture(scope="session")
@@ -103,6 +131,32 @@ def local_cloud(tmp_path_factory: pytest.TempPathFactory) -> Iterator[control.Ru
             os.environ.pop("SPOTRAIN_HOME", None)
         else:
             os.environ["SPOTRAIN_HOME"] = previous
+
+
+@pytest.fixture(scope="session")
+def local(tmp_path_factory: pytest.TempPathFactory) -> Iterator[deployment.Local]:
+    """The `local` environment, deployed once for the suite's workers (tests/deployment.py)."""
+    try:
+        yield deployment.attach(tmp_path_factory)
+    finally:  # a failed apply too: the cloud it started is stopped
+        deployment.leave(tmp_path_factory)
+
+
+@pytest.fixture(autouse=True)
+def _on_the_deployment(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory,
+    monkeypatch: pytest.MonkeyPatch,
+) -> Iterator[None]:  # fmt: skip
+    """A deployment test talks to the deployment's cloud (its commands find it by
+    SPOTRAIN_HOME), and says when it is over, for stories on the other worker that wait."""
+    if request.node.path.name not in deployment.MODULES:
+        yield
+        return
+    monkeypatch.setenv("SPOTRAIN_HOME", str(deployment.home(tmp_path_factory)))
+    try:
+        yield
+    finally:
+        deployment.finished(tmp_path_factory, request.node.nodeid)
 
 
 @pytest.fixture

@@ -28,6 +28,7 @@ def test_without_cuda_it_says_so_and_measures_nothing() -> None:
 
 
 @pytest.mark.integration
+@pytest.mark.cpu_adam
 def test_smoke_run_takes_every_step_and_reports_figures_that_hang_together(
     tmp_path: Path,
 ) -> None:

@@ -5,6 +5,7 @@ trainer from PATH instead of the container; Docker and Packer have no engine her
 from __future__ import annotations
 
 import configparser
+import json
 import os
 import re
 import shlex
@@ -336,7 +337,7 @@ def test_bootstrap_looks_for_the_marker_the_trainer_writes() -> None:
 
 
 BLOCKER = """
-import importlib.abc, sys
+import importlib.abc, json, sys
 
 class Blocked(importlib.abc.MetaPathFinder):
     # What a GPU machine's image does not install (the training extra alone).
@@ -350,58 +351,61 @@ sys.meta_path.insert(0, Blocked())
 import spotrain.trainer.train  # the trainer's entry point (each rank runs it)
 import spotrain.trainer.entry_point  # a user's script's rank process
 from spotrain.cli import main
-sys.exit(main(sys.argv[1:]))
+for argv in json.loads(sys.argv[1]):  # one command after another, each said apart
+    print("==>", json.dumps(argv))
+    try:
+        code = main(argv)
+    except SystemExit as stop:
+        code = stop.code
+    print(f"<== exit {code}")
 """
 
+MACHINE_SIDE_COMMANDS = [
+    (["--help"], "spotrain local up|down|status"),
+    (["train", "{tmp}/none.json"], "training configuration {tmp}/none.json not found"),
+    (["config", "get", "--store", "file://{tmp}/store", "--run", "r", "--to", "{tmp}/c.json"],
+     "run 'r' has no training configuration"),
+    (["fleet", "exit", "--run", "r"], "needs --events-table and --run"),
+    (["fleet", "may-start", "--run", "Bad!", "--events-table", "t"], "is not valid"),
+    (["logs", "ship", "--group", "", "--stream", "i-0"], "is not a log group name"),
+    (["data", "show", "--store", "file://{tmp}/store", "--name", "d"], "dataset 'd'"),
+]  # fmt: skip
 
-@pytest.mark.parametrize(
-    ("argv", "expected"),
-    [
-        (["--help"], "spotrain local up|down|status"),
-        (["train", "{tmp}/none.json"], "training configuration {tmp}/none.json not found"),
-        (
-            [
-                "config",
-                "get",
-                "--store",
-                "file://{tmp}/store",
-                "--run",
-                "r",
-                "--to",
-                "{tmp}/c.json",
-            ],
-            "run 'r' has no training configuration",
-        ),
-        (["fleet", "exit", "--run", "r"], "needs --events-table and --run"),
-        (["fleet", "may-start", "--run", "Bad!", "--events-table", "t"], "is not valid"),
-        (["logs", "ship", "--group", "", "--stream", "i-0"], "is not a log group name"),
-        (["data", "show", "--store", "file://{tmp}/store", "--name", "d"], "dataset 'd'"),
-    ],
-)
-def test_the_machine_side_commands_need_only_the_training_extra(
-    argv: list[str], expected: str, tmp_path: Path
-) -> None:
+
+def test_the_machine_side_commands_need_only_the_training_extra(tmp_path: Path) -> None:
     """The image installs the training extra alone: the trainer and every command a machine
-    runs import without CDKTF, the provider bindings, the emulator, matplotlib or YAML."""
-    filled = [a.replace("{tmp}", str(tmp_path)) for a in argv]
-    done = subprocess.run([sys.executable, "-c", BLOCKER, *filled], capture_output=True,
-                          text=True, timeout=120)  # fmt: skip
-    output = done.stdout + done.stderr
-    assert "not in a training machine's image" not in output, output[-2000:]
-    assert "Traceback" not in output and expected.replace("{tmp}", str(tmp_path)) in output, output[
-        -2000:
+    runs import without CDKTF, the provider bindings, the emulator, matplotlib or YAML (one
+    process runs them all in turn: a module that one of them imports stays blocked for the
+    next). A command of an extra that is not installed names the extra."""
+    commands = [[a.replace("{tmp}", str(tmp_path)) for a in argv]
+                for argv, _ in MACHINE_SIDE_COMMANDS]  # fmt: skip
+    plot = [
+        "cost",
+        "simulate",
+        "--interruptions-per-hour",
+        "0.1",
+        "--work-hours",
+        "1",
+        "--on-demand-price",
+        "3",
+        "--spot-price",
+        "1",
+        "--plot",
+        str(tmp_path / "f.png"),
     ]
-
-
-def test_a_command_of_an_extra_that_is_not_installed_names_the_extra(tmp_path: Path) -> None:
-    done = subprocess.run(
-        [sys.executable, "-c", BLOCKER, "cost", "simulate", "--interruptions-per-hour", "0.1",
-         "--work-hours", "1", "--on-demand-price", "3", "--spot-price", "1",
-         "--plot", str(tmp_path / "f.png")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    assert done.returncode == 2 and "Traceback" not in done.stderr
-    assert "needs the plots extra" in done.stderr and "pip install 'spotrain[plots]'" in done.stderr
+    done = subprocess.run([sys.executable, "-u", "-c", BLOCKER, json.dumps([*commands, plot])],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                          timeout=120)  # fmt: skip
+    output = done.stdout
+    assert done.returncode == 0 and "Traceback" not in output, output[-3000:]
+    said = re.findall(r"==> (.*?)\n(.*?)<== exit (\S+)", output, re.S)
+    assert [json.loads(argv) for argv, _, _ in said] == [*commands, plot], output[-3000:]
+    for (_, expected), (_, words, _) in zip(MACHINE_SIDE_COMMANDS, said, strict=False):
+        assert "not in a training machine's image" not in words, words
+        assert expected.replace("{tmp}", str(tmp_path)) in words, words
+    *_, (_, words, code) = said
+    assert code == "2" and "needs the plots extra" in words, words
+    assert "pip install 'spotrain[plots]'" in words
 
 
 def test_every_library_of_an_extra_is_named_for_the_message_that_asks_for_it() -> None:

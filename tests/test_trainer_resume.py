@@ -84,6 +84,7 @@ def test_resumed_run_has_the_losses_of_an_uninterrupted_one(
     assert resumed.losses == uninterrupted[3:]  # bit for bit: floats compared exactly
 
 
+@pytest.mark.cpu_adam
 def test_optimizer_offload_trains_and_resumes_exactly(corpus: str, tmp_path: Path) -> None:
     """Optimizer offload steps with DeepSpeed's CPU Adam: a run of its own, resumed exactly
     (from step 3, with activations recomputed the second time), and on another number of
