@@ -37,7 +37,11 @@ from spotrain.core.catalog_schema import (
 from spotrain.core.events import INTERRUPTION_WARNING
 
 GROUP_TAG = "aws:autoscaling:groupName"
-TAG_ATTEMPTS = 3
+TAG_ATTEMPTS = 10
+"""How many times a handler tags an instance anew as its mark moves on. The mark only moves to
+a newer event, so each attempt follows one more of the instance's warnings: more than any
+machine gets. Too few left a stale tag: a handler of an old event whose attempts ran out ended
+on a write of an older label, after the newest event's handler had tagged and checked."""
 
 log = logging.getLogger()
 
