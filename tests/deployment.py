@@ -38,6 +38,9 @@ MODULES = ("test_integration_local_apply.py", "test_integration_local_users_repo
            "test_integration_local_destroy.py")  # fmt: skip
 """The deployment's modules, in the order they are handed out."""
 
+ACCOUNT = "123456789012"
+"""The local cloud's account, which the deployment is applied to."""
+
 WAIT_LIMIT_S = 1800
 """How long a story waits for another worker's (a whole suite's deployment stories, twice)."""
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from deployment import Local
+from deployment import ACCOUNT, Local
 
 from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
 from spotrain.constructs.interruption_handler.construct import HANDLER_ENTRY
@@ -29,7 +29,6 @@ from spotrain.localcloud import control, faults
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-ACCOUNT = "123456789012"
 
 
 def test_applies_every_stack_of_the_environment(local: Local) -> None:

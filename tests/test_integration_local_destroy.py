@@ -10,15 +10,14 @@ from pathlib import Path
 
 import pytest
 from botocore.exceptions import ClientError
-from deployment import Local, after
+from deployment import ACCOUNT, MODULES, Local, after
 
 from spotrain.core import spend_ledger
 from spotrain.localcloud import control
 
 pytestmark = pytest.mark.integration
 
-ACCOUNT = "123456789012"
-EVERY_STORY = ("test_integration_local_apply.py", "test_integration_local_users_repository.py")
+EVERY_STORY = MODULES[:-1]  # every module before this one
 TWO_RUNS = "test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses"
 
 

@@ -9,14 +9,13 @@ import re
 from pathlib import Path
 
 import pytest
-from deployment import Local, after
+from deployment import ACCOUNT, Local, after
 
 from spotrain.localcloud import control
 
 pytestmark = pytest.mark.integration
 
 ROOT = Path(__file__).resolve().parents[1]
-ACCOUNT = "123456789012"
 
 
 def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
