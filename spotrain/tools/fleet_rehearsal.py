@@ -254,7 +254,10 @@ class FleetRehearsal:
                 "machine and spot ones (its on-demand base capacity is 1)"
             )
         coordinator, reclaimed = self.machines[0], self.machines[-1]
-        self._wait(lambda: max(metrics.losses(), default=0) >= INTERRUPT_AFTER_STEP, metrics)
+        # The notice waits for the group of all three: on a busy host a machine may boot after
+        # the first rendezvous closed, and torchrun admits it at the next one.
+        self._wait(lambda: _trained_as_one_group(metrics, MACHINES, INTERRUPT_AFTER_STEP),
+                   metrics)  # fmt: skip
 
         self.say(f"[4/5] spot interruption notice for {reclaimed.instance_id}")
         noticed_at = time.time()
@@ -268,9 +271,13 @@ class FleetRehearsal:
             InstanceId=reclaimed.instance_id, ShouldDecrementDesiredCapacity=False
         )
         check()  # the reclaimed machine's time ends with it
-        stopped = metrics.events("stopped")
+        stopped = [e for e in metrics.events("stopped") if e["at"] >= noticed_at]
         if not stopped:
-            raise RehearsalFailed(f"no checkpoint on the notice; see {reclaimed.root}/boot.log")
+            raise RehearsalFailed(
+                f"no checkpoint on the notice: {reclaimed.instance_id} exited {reclaimed_code}; "
+                f"the end of its boot log ({reclaimed.root}/boot.log):\n"
+                + "\n".join(reclaimed.output.splitlines()[-15:])
+            )
         reclaim_stop = int(stopped[-1]["step"])
         self._wait(lambda: max(metrics.losses(), default=0) >= reclaim_stop + JOIN_AFTER_STEPS,
                    metrics)  # fmt: skip
@@ -318,6 +325,8 @@ class FleetRehearsal:
         starts = metrics.events("started")
         stops = metrics.events("stopped")
         worlds = [(int(s["step"]), int(s["world"])) for s in starts]
+        while worlds and worlds[0][1] < MACHINES:  # formed before the last machine booted
+            worlds.pop(0)
         if [n for _, n in worlds] != [MACHINES, MACHINES - 1, MACHINES]:
             problems.append(f"the run formed groups of {[n for _, n in worlds]} machines, not "
                             f"{MACHINES}, then {MACHINES - 1}, then {MACHINES}")  # fmt: skip
@@ -466,3 +475,12 @@ class FleetRehearsal:
             if time.monotonic() > deadline:
                 raise RehearsalFailed(f"no progress in {TIMEOUT_S} s; see {metrics.metrics}")
             time.sleep(0.2)
+
+
+def _trained_as_one_group(metrics: Phase, machines: int, steps: int) -> bool:
+    """Whether the run's latest start formed a group of `machines` and has trained `steps`
+    steps since."""
+    starts = metrics.events("started")
+    if not starts or int(starts[-1]["world"]) != machines:
+        return False
+    return max(metrics.losses(), default=0) >= int(starts[-1]["step"]) + steps
