@@ -32,24 +32,31 @@ prerequisites:
 	  { echo "terraform is not on PATH: install Terraform 1.6+ (https://developer.hashicorp.com/terraform/install)"; exit 1; }
 	@command -v npm >/dev/null || { echo "npm is not on PATH: install Node.js 20+"; exit 1; }
 
-# torch goes first and pinned: an unpinned or later torch requirement would download the
-# CUDA build with gigabytes of libraries. Point TORCH_INSTALL_ARGS at another index for a CUDA
-# build (e.g. --index-url https://download.pytorch.org/whl/cu128).
+# torch goes first and pinned, with pip and its configuration (a wheel mirror, an index): an
+# unpinned or later torch requirement would download the CUDA build with gigabytes of
+# libraries. Point TORCH_INSTALL_ARGS at another index for a CUDA build (e.g. --index-url
+# https://download.pytorch.org/whl/cu128).
 TORCH_INSTALL_ARGS ?=
 # Bytecode is compiled on first import instead of at install: most installed modules are never
 # imported (most of torch; the AWS provider's 2,137 generated bindings, loaded lazily), and
 # compiling them all was two thirds of the installation's CPU time.
 PIP_INSTALL := pip install --quiet --disable-pip-version-check --no-compile
+# Everything else is installed by uv, from PyPI and the same pins: it downloads in parallel
+# and unpacks natively, a fifth of pip's time (the project's packages 5 s instead of 60, on a
+# 2-core machine with an empty cache), and compiles no bytecode either. Each environment
+# gets its own uv from pip first (3 s).
+UV := uv==0.13.9
+UV_INSTALL = $(1)/bin/uv pip install --quiet --python $(1)/bin/python
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/$(PIP_INSTALL) $(TORCH_INSTALL_ARGS) torch==2.13.0
-	$(VENV)/bin/$(PIP_INSTALL) -c constraints.txt setuptools wheel
+	$(VENV)/bin/$(PIP_INSTALL) $(TORCH_INSTALL_ARGS) torch==2.13.0 $(UV)
+	$(call UV_INSTALL,$(VENV)) -c constraints.txt setuptools wheel
 	# DeepSpeed builds against the torch above (no isolated build env that would fetch another)
 	# and compiles no ops at install; the trainer avoids the ones it would compile at run time.
-	DS_BUILD_OPS=0 $(VENV)/bin/$(PIP_INSTALL) \
+	DS_BUILD_OPS=0 $(call UV_INSTALL,$(VENV)) \
 	  --no-build-isolation -c constraints.txt deepspeed==0.19.8
-	$(VENV)/bin/$(PIP_INSTALL) -c constraints.txt \
+	$(call UV_INSTALL,$(VENV)) -c constraints.txt \
 	  -e '.[training,infrastructure,localcloud,plots,dev]'
 	# Caches the bytecode of what every training process, command and local cloud imports, so
 	# that running .venv/bin/... directly from a shell that forbids the caches stays quick.
@@ -61,7 +68,8 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 # checkov pins an older boto3 than the project, so it gets a tool environment of its own.
 .venv-checkov/.installed: constraints-checkov.txt
 	$(PYTHON) -m venv .venv-checkov
-	.venv-checkov/bin/$(PIP_INSTALL) -c constraints-checkov.txt checkov==3.3.30
+	.venv-checkov/bin/$(PIP_INSTALL) $(UV)
+	$(call UV_INSTALL,.venv-checkov) -c constraints-checkov.txt checkov==3.3.30
 	touch $@
 
 node_modules/.installed: package.json package-lock.json
