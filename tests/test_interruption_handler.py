@@ -547,6 +547,28 @@ def test_the_mark_keeps_the_newest_event_whatever_order_they_arrive_in(cloud: Cl
     assert interruption_tag(second) == f"rebalance-recommendation@{late}"
 
 
+def test_a_tag_follows_its_mark_however_often_the_mark_moves_while_it_tags() -> None:
+    """Newer warnings for one instance land while an older event's handler tags it, one after
+    each of its writes, more of them than any fixed number of rounds: the tag ends at the
+    newest, and the handler stops once the mark it reads is the label it wrote."""
+    labels = [f"interruption-warning@2026-11-21T12:{minute:02d}:00Z" for minute in range(30)]
+    moves = iter(labels[1:])
+    written: list[str] = []
+    mark = {"latest_label": labels[0]}
+
+    class Table:  # the fleet state's instance item, as a consistent read returns it
+        def get_item(self, **_: Any) -> dict[str, Any]:
+            return {"Item": dict(mark)}
+
+    class Ec2:
+        def create_tags(self, Resources: list[str], Tags: list[dict[str, str]]) -> None:
+            written.append(Tags[0]["Value"])
+            mark["latest_label"] = next(moves, mark["latest_label"])  # a newer warning lands
+
+    runtime_aws.tag_newest(Ec2(), Table(), RUN, "i-0123456789abcdef0", labels[0])
+    assert written == labels
+
+
 def interruption_tag(instance: str) -> str | None:
     tags = boto3.client("ec2").describe_tags(
         Filters=[{"Name": "resource-id", "Values": [instance]}]

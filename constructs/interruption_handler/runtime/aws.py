@@ -37,11 +37,6 @@ from spotrain.core.catalog_schema import (
 from spotrain.core.events import INTERRUPTION_WARNING
 
 GROUP_TAG = "aws:autoscaling:groupName"
-TAG_ATTEMPTS = 10
-"""How many times a handler tags an instance anew as its mark moves on. The mark only moves to
-a newer event, so each attempt follows one more of the instance's warnings: more than any
-machine gets. Too few left a stale tag: a handler of an old event whose attempts ran out ended
-on a write of an older label, after the newest event's handler had tagged and checked."""
 
 log = logging.getLogger()
 
@@ -216,9 +211,11 @@ def tag_newest(ec2: Any, table: Any, run: str, instance_id: str, own: str) -> No
     """Tag the instance with its newest event, as its mark in the fleet state keeps it
     whatever order events arrive in (`own`, this event's label, when it has no run or mark).
     The mark is read again after tagging: a handler of an older event that tags last sees the
-    newer label there and tags again, so the tag ends as the mark."""
+    newer label there and tags again, so the tag ends as the mark. It tags until the mark it
+    reads is the one it tagged: the mark only ever moves to a newer event (consistent reads),
+    so each further round follows one more of the instance's warnings and the rounds end."""
     current = (fleet_state.latest_label(table, run, instance_id) if run else None) or own
-    for _ in range(TAG_ATTEMPTS):
+    while True:
         ec2.create_tags(Resources=[instance_id], Tags=[{"Key": INTERRUPTION_TAG, "Value": current}])
         if not run:
             return
