@@ -41,8 +41,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 # the shared deployment's modules is a group (its stories in order; tests/deployment.py says
 # how the two workers share one deployment); so is each module whose module-scoped fixture is
 # dear, so that it is built once.
-MODULES_KEPT_TOGETHER = (*deployment.MODULES, "test_bad_input.py", "test_datasets.py",
-                         "test_trainer_preemption.py", "test_user_scripts.py")  # fmt: skip
+MODULES_KEPT_TOGETHER = (*deployment.MODULES, "test_bad_input.py", "test_checkov.py",
+                         "test_datasets.py", "test_trainer_preemption.py",
+                         "test_user_scripts.py")  # fmt: skip
 
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:

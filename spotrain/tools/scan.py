@@ -96,8 +96,14 @@ def run_checkov(stacks_dir: Path, skip_ids: list[str] | None = None) -> dict[str
 
 
 def scan(stacks_dir: Path, skips: list[dict[str, Any]] | None = None) -> ScanReport:
-    skips = load_skips() if skips is None else skips
-    raw = run_checkov(stacks_dir)
+    """checkov over the synthesized stacks in `stacks_dir`, judged against `skips` (default:
+    checkov-skips.yaml)."""
+    return judge(run_checkov(stacks_dir), load_skips() if skips is None else skips)
+
+
+def judge(raw: dict[str, Any], skips: list[dict[str, Any]]) -> ScanReport:
+    """checkov's report (`run_checkov`) against `skips`: each finding explained by a skip or
+    not, and each resource a skip names that no finding needs."""
     if raw.get("summary", {}).get("parsing_errors"):
         raise SpotrainError(f"checkov could not parse {raw['summary']['parsing_errors']} file(s)")
     findings = [
