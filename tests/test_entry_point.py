@@ -190,8 +190,10 @@ def test_the_users_repository_is_stored_once_by_its_content_and_machines_run_tha
     for command in (["init", "-q"], ["add", "-A"], ["commit", "-qm", "my model"]):
         subprocess.run([*git, *command], cwd=repo, check=True)
     storage = LocalStorage(tmp_path / "store")
-    digest = entry_point.store_code(storage, "mine", repo)
-    assert entry_point.store_code(storage, "mine", repo) == digest  # the same bytes, once
+    packed, digest = code_bundle.pack(repo)
+    assert code_bundle.pack(repo) == (packed, digest)  # the same code, the same bytes
+    entry_point.store_code(storage, "mine", packed, digest)
+    entry_point.store_code(storage, "mine", packed, digest)  # stored once
     key = code_bundle.bundle_key("mine", digest)
     assert storage.list("runs/mine/code/") == [key]
     bundle = storage.get_bytes(key)

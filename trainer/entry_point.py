@@ -149,18 +149,16 @@ def preflight(config: EntryPointConfig, code_dir: Path | None = None) -> Path:
     return folder
 
 
-def store_code(storage: Any, run: str, root: Path) -> str:
-    """Pack the repository at `root` and store it as `run`'s code bundle, written once (the
-    same code is stored once); its digest, for `entry_point.code`."""
+def store_code(storage: Any, run: str, bundle: bytes, digest: str) -> None:
+    """Store the repository `code_bundle.pack` packed as `run`'s code bundle `digest` (what
+    `entry_point.code` names), written once: the same code is stored once."""
     from spotrain.trainer.storage import AlreadyExists
 
-    bundle, digest = code_bundle.pack(root)
     key = code_bundle.bundle_key(run, digest)
     if not storage.exists(key):
         # Stored meanwhile by another submit of the same code: the same bytes.
         with contextlib.suppress(AlreadyExists):
             storage.put_bytes(key, bundle)
-    return digest
 
 
 def fetch_code(storage: Any, run: str, digest: str, work_dir: Path) -> Path:

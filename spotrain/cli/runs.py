@@ -113,6 +113,7 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     from pathlib import Path
 
     from spotrain.cli.data import checked_configuration, store_configuration
+    from spotrain.core import code_bundle
     from spotrain.trainer.entry_point import store_code
     from spotrain.trainer.storage import open_storage
 
@@ -129,14 +130,18 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     store = f"s3://{where.bucket}"
     storage = open_storage(store, kms_key_id=_primary_key(args.environment))
     document = run.training_document()
+    code = None
     if run.entry_point is not None:  # its code: the repository that declares it, pinned
-        document["entry_point"]["code"] = store_code(storage, run.name, run.code_root)
+        code = code_bundle.pack(run.code_root)
+        document["entry_point"]["code"] = code[1]
     with tempfile.TemporaryDirectory() as scratch:  # checked (its dataset too) before deploying
         path = Path(scratch) / f"{run.name}.json"
         # The machine's own fields are filled in by each machine's boot script.
         path.write_text(json.dumps({**document, "store": store,
                                     "work_dir": "/set/by/each/machine"}))  # fmt: skip
         checked = checked_configuration(path, [], store)
+    if code is not None:  # stored once every check passed, before a machine can ask for it
+        store_code(storage, run.name, *code)
     results = _run_deployment(args.environment, run.name, args.out).apply()
     outputs = {k: v for r in results for k, v in r.outputs.items()}
     # Submitting again stores no copy of the same configuration.
