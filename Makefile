@@ -44,13 +44,16 @@ PIP_INSTALL := pip install --quiet --disable-pip-version-check --no-compile
 # Everything else is installed by uv, from PyPI and the same pins: it downloads in parallel
 # and unpacks natively, a fifth of pip's time (the project's packages 5 s instead of 60, on a
 # 2-core machine with an empty cache), and compiles no bytecode either. Each environment
-# gets its own uv from pip first (3 s).
+# gets its own uv from pip first (3 s), apart from torch (TORCH_INSTALL_ARGS may name an
+# index that has torch alone). uv reads its own settings, not pip's: UV_DEFAULT_INDEX names
+# a package mirror.
 UV := uv==0.13.9
 UV_INSTALL = $(1)/bin/uv pip install --quiet --python $(1)/bin/python
 
 $(VENV)/.installed: pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/$(PIP_INSTALL) $(TORCH_INSTALL_ARGS) torch==2.13.0 $(UV)
+	$(VENV)/bin/$(PIP_INSTALL) $(UV)
+	$(VENV)/bin/$(PIP_INSTALL) $(TORCH_INSTALL_ARGS) torch==2.13.0
 	$(call UV_INSTALL,$(VENV)) -c constraints.txt setuptools wheel
 	# DeepSpeed builds against the torch above (no isolated build env that would fetch another)
 	# and compiles no ops at install; the trainer avoids the ones it would compile at run time.

@@ -480,7 +480,9 @@ class FleetRehearsal:
 def _trained_as_one_group(metrics: Phase, machines: int, steps: int) -> bool:
     """Whether the run's latest start formed a group of `machines` and has trained `steps`
     steps since."""
-    starts = metrics.events("started")
+    records = metrics.records()  # one read of the file for both questions
+    starts = [r for r in records if r.get("event") == "started"]
     if not starts or int(starts[-1]["world"]) != machines:
         return False
-    return max(metrics.losses(), default=0) >= int(starts[-1]["step"]) + steps
+    trained = max((r["step"] for r in records if "loss" in r), default=0)
+    return trained >= int(starts[-1]["step"]) + steps
