@@ -1,8 +1,8 @@
 """Catalog: the checkpoint catalog table and the interruption events table.
 
-Real environments replicate both tables to the replica region (global tables). The local
-cloud leaves replicas out: the emulator accepts replica blocks but never reports them active,
-so Terraform would wait forever.
+Both tables are global tables with a replica in the replica region (the local cloud too:
+it replicates asynchronously, last writer wins, as AWS does), so the catalog and the events
+outlive the loss of the primary region.
 """
 
 from __future__ import annotations
@@ -29,11 +29,7 @@ class CatalogStack(EnvironmentStack):
         replica_key_arn: str,
     ) -> None:
         super().__init__(scope, "catalog", config=config)
-        replicas = (
-            ()
-            if config.is_local
-            else (TableReplica(region=config.replica_region, kms_key_arn=replica_key_arn),)
-        )
+        replicas = (TableReplica(region=config.replica_region, kms_key_arn=replica_key_arn),)
         self.checkpoints = CatalogTable(
             self,
             "CheckpointCatalog",

@@ -119,19 +119,20 @@ def test_replication_role_reads_only_the_source_and_writes_only_replicas(synth_d
 
 
 # --- catalog --------------------------------------------------------------------------------
-def test_real_catalog_tables_are_global_with_encrypted_replicas(synth_dir: Path) -> None:
-    tables = resources(load_stack(synth_dir, "prod-catalog"), "aws_dynamodb_table")
+@pytest.mark.parametrize("environment", ["prod", "local"])
+def test_catalog_tables_are_global_with_encrypted_replicas(
+    synth_dir: Path, environment: str
+) -> None:
+    """The local cloud plays global tables (replicas, lag, last writer wins), so the local
+    environment's catalog is global as a real one's; only deletion protection differs."""
+    tables = resources(load_stack(synth_dir, f"{environment}-catalog"), "aws_dynamodb_table")
     assert len(tables) == 2
     for table in tables.values():
         assert table["replica"][0]["region_name"] == "us-west-2"
+        assert table["replica"][0]["kms_key_arn"]
         assert table["replica"][0]["point_in_time_recovery"] is True
-        assert table["deletion_protection_enabled"] is True
+        assert table["deletion_protection_enabled"] is (environment != "local")
         assert table["stream_view_type"] == "NEW_AND_OLD_IMAGES"
-
-
-def test_local_catalog_tables_have_no_replicas(synth_dir: Path) -> None:
-    tables = resources(load_stack(synth_dir, "local-catalog"), "aws_dynamodb_table")
-    assert all("replica" not in table for table in tables.values())
 
 
 def test_catalog_key_design(synth_dir: Path) -> None:

@@ -13,6 +13,7 @@ import json
 import os
 import re
 import subprocess
+import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -143,12 +144,25 @@ def test_the_image_registry_is_encrypted_immutable_and_scans_every_push(local: L
     assert policy["rules"][0]["selection"]["tagStatus"] == "untagged"
 
 
-def test_catalog_tables_are_encrypted_with_recovery_and_streams(local: Local) -> None:
+def test_catalog_tables_are_encrypted_global_tables_with_recovery_and_streams(
+    local: Local,
+) -> None:
     dynamodb = local.client("dynamodb")
+    away = local.client("dynamodb", local.config.replica_region)
+    replica_key = local.client("kms", local.config.replica_region).describe_key(
+        KeyId=f"alias/spotrain-local-data-{local.config.replica_region}"
+    )["KeyMetadata"]["Arn"]
     for name in ("spotrain-local-checkpoints", "spotrain-local-events"):
         table = dynamodb.describe_table(TableName=name)["Table"]
         assert table["SSEDescription"]["SSEType"] == "KMS"
         assert table["StreamSpecification"]["StreamEnabled"] is True
+        replica = {"RegionName": local.config.replica_region, "ReplicaStatus": "ACTIVE",
+                   "KMSMasterKeyId": replica_key}  # fmt: skip
+        assert table["Replicas"] == [replica]
+        there = away.describe_table(TableName=name)["Table"]
+        assert there["SSEDescription"]["KMSMasterKeyArn"] == replica_key
+        recovery = away.describe_continuous_backups(TableName=name)["ContinuousBackupsDescription"]
+        assert recovery["PointInTimeRecoveryDescription"]["PointInTimeRecoveryStatus"] == "ENABLED"
         backups = dynamodb.describe_continuous_backups(TableName=name)[
             "ContinuousBackupsDescription"
         ]
@@ -668,6 +682,24 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     assert "handler: recorded=True (redelivery recorded=False)" in told
     assert re.search(r"restored step 20 from s3://\S+-us-west-2", told), told
     assert faults.read(control.faults_file()).regions_down == []  # the region is back
+    # The catalog outlived its region: the global table's replica holds the run's every item,
+    # published while the primary was up (once replication caught up after its return).
+    from boto3.dynamodb.conditions import Key
+
+    from spotrain.core.catalog_schema import PARTITION_KEY, STATUS_COMPLETE, run_key
+
+    def catalog(region: str) -> list[dict[str, Any]]:
+        table = control.resource("dynamodb", local.cloud.endpoint, region).Table(
+            "spotrain-local-checkpoints")  # fmt: skip
+        return list(table.query(KeyConditionExpression=Key(PARTITION_KEY).eq(run_key("solo")),
+                                ConsistentRead=True)["Items"])  # fmt: skip
+
+    published = catalog(local.config.primary_region)
+    assert any(item.get("status") == STATUS_COMPLETE for item in published)
+    deadline = time.monotonic() + 30
+    while catalog(local.config.replica_region) != published:
+        assert time.monotonic() < deadline, "the catalog's replica never caught up"
+        time.sleep(0.2)
     # Priced out of the box, as on a fresh clone: the checked-in book's AWS prices, spot
     # cheaper.
     spend = re.search(r"spend\s+\$([\d.]+) for ([\d.]+) machine-hours of run demo's fleet; "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -198,7 +199,8 @@ def test_disabled_rule_replicates_nothing(replicated_pair: Any) -> None:
 @pytest.fixture
 def faults_cleared(local_cloud: control.RunningCloud) -> Any:
     yield
-    control.set_faults(regions_down=[], replication_pending=[])
+    control.set_faults(regions_down=[], regions_partitioned=[], table_replication_lag_seconds=0.0,
+                       replication_pending=[])  # fmt: skip
 
 
 def test_held_replication_leaves_the_replica_missing_until_resumed(
@@ -232,6 +234,83 @@ def test_a_region_that_is_down_answers_503_and_the_others_serve(
     assert "TableNames" in client(local_cloud, "dynamodb", "us-west-2").list_tables()
     control.set_faults(regions_down=[])
     assert "TableNames" in primary.list_tables()
+
+
+# --- DynamoDB global tables -----------------------------------------------------------------
+def _wait_for(read: Callable[[], Any], timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while (value := read()) is None or value is False:
+        assert time.monotonic() < deadline, "the change never arrived"
+        time.sleep(0.05)
+    return value
+
+
+def test_a_global_table_replicates_after_its_lag_and_the_last_writer_wins_after_a_partition(
+    local_cloud: control.RunningCloud, faults_cleared: None
+) -> None:
+    home, away = "us-east-1", "us-west-2"
+    table = unique("global")
+    near, far = client(local_cloud, "dynamodb", home), client(local_cloud, "dynamodb", away)
+    far_key = client(local_cloud, "kms", away).create_key()["KeyMetadata"]["Arn"]
+    near.create_table(
+        TableName=table, BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"},
+                   {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
+                              {"AttributeName": "sk", "AttributeType": "S"}],
+        StreamSpecification={"StreamEnabled": True, "StreamViewType": "NEW_AND_OLD_IMAGES"},
+    )  # fmt: skip
+
+    def key(name: str) -> dict[str, Any]:
+        return {"pk": {"S": "run"}, "sk": {"S": name}}
+
+    def read(region_client: Any, name: str) -> str | None:
+        item = region_client.get_item(TableName=table, Key=key(name), ConsistentRead=True)
+        return item.get("Item", {}).get("v", {}).get("S")
+
+    def write(region_client: Any, name: str, value: str, **condition: Any) -> None:
+        region_client.put_item(TableName=table, Item={**key(name), "v": {"S": value}}, **condition)
+
+    write(near, "before", "1")
+    near.update_table(TableName=table, ReplicaUpdates=[
+        {"Create": {"RegionName": away, "KMSMasterKeyId": far_key}}])  # fmt: skip
+    replicas = near.describe_table(TableName=table)["Table"]["Replicas"]
+    assert replicas == [{"RegionName": away, "ReplicaStatus": "ACTIVE", "KMSMasterKeyId": far_key}]
+    described = far.describe_table(TableName=table)["Table"]
+    assert described["SSEDescription"]["KMSMasterKeyArn"] == far_key
+    assert [r["RegionName"] for r in described["Replicas"]] == [home]
+    assert read(far, "before") == "1"  # a new replica holds the table's items
+
+    control.set_faults(table_replication_lag_seconds=1.0)
+    written = time.monotonic()
+    write(near, "lagged", "2")
+    assert read(far, "lagged") is None  # answered at home, not yet away
+    _wait_for(lambda: read(far, "lagged"))
+    assert time.monotonic() - written >= 0.9
+    control.set_faults(table_replication_lag_seconds=0.0)
+    far.delete_item(TableName=table, Key=key("lagged"))
+    _wait_for(lambda: read(near, "lagged") is None)
+
+    # Cut off, both sides accept writes, even a conditional create of the same item.
+    control.set_faults(regions_partitioned=[away])
+    new_only = {"ConditionExpression": "attribute_not_exists(pk)"}
+    write(near, "head", "home's", **new_only)
+    write(far, "head", "away's", **new_only)
+    far.update_item(TableName=table, Key=key("count"), UpdateExpression="SET v = :v",
+                    ExpressionAttributeValues={":v": {"S": "away's"}})  # fmt: skip
+    write(near, "count", "home's, later")
+    time.sleep(0.3)
+    assert (read(near, "head"), read(far, "head")) == ("home's", "away's")
+    control.set_faults(regions_partitioned=[])
+    # Rejoined: every copy ends on the later write of each item, whichever side made it.
+    _wait_for(lambda: read(near, "head") == "away's")
+    _wait_for(lambda: read(far, "count") == "home's, later")
+    time.sleep(0.3)
+    assert (read(far, "head"), read(near, "count")) == ("away's", "home's, later")
+
+    near.update_table(TableName=table, ReplicaUpdates=[{"Delete": {"RegionName": away}}])
+    assert "Replicas" not in near.describe_table(TableName=table)["Table"]
+    assert table not in far.list_tables()["TableNames"]
 
 
 # --- lifecycle ------------------------------------------------------------------------------

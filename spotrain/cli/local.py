@@ -48,8 +48,9 @@ def cmd_local(args: argparse.Namespace) -> int:
 
 
 FAULT_USAGE = (
-    "name a fault: region-down REGION, region-up REGION, replication-pending BUCKET/KEY-PATTERN, "
-    "replication-resumed, unavailable BUCKET/KEY-PATTERN REQUESTS, or clear"
+    "name a fault: region-down REGION, region-up REGION, partition REGION, rejoin REGION, "
+    "table-lag SECONDS, replication-pending BUCKET/KEY-PATTERN, replication-resumed, "
+    "unavailable BUCKET/KEY-PATTERN REQUESTS, or clear"
 )
 
 
@@ -80,6 +81,13 @@ def _fault_changes(words: list[str]) -> dict[str, Any]:
             return {"regions_down": [*current.regions_down, _region(region)]}
         case ["region-up", region]:
             return {"regions_down": [r for r in current.regions_down if r != _region(region)]}
+        case ["partition", region]:
+            return {"regions_partitioned": [*current.regions_partitioned, _region(region)]}
+        case ["rejoin", region]:
+            return {"regions_partitioned": [r for r in current.regions_partitioned
+                                            if r != _region(region)]}  # fmt: skip
+        case ["table-lag", seconds]:
+            return {"table_replication_lag_seconds": _seconds(seconds)}
         case ["replication-pending", pattern]:
             return {"replication_pending": [*current.replication_pending, _object_pattern(pattern)]}
         case ["replication-resumed"]:
@@ -89,7 +97,9 @@ def _fault_changes(words: list[str]) -> dict[str, Any]:
                      "requests": _positive_int(requests, "REQUESTS")}  # fmt: skip
             return {"unavailable": [*current.unavailable, entry]}
         case ["clear"]:
-            return {"regions_down": [], "replication_pending": [], "unavailable": []}
+            return {"regions_down": [], "regions_partitioned": [],
+                    "table_replication_lag_seconds": 0.0, "replication_pending": [],
+                    "unavailable": []}  # fmt: skip
     raise SpotrainError(f"`spotrain local fault {' '.join(words)}`: {FAULT_USAGE}")
 
 
@@ -97,10 +107,22 @@ def _describe_faults(current: faults.Faults) -> str:
     unavailable = ", ".join(f"{u['pattern']} (next {u['requests']} requests)"
                             for u in current.unavailable)  # fmt: skip
     return (
-        f"regions down: {', '.join(current.regions_down) or 'none'}; replication pending for: "
+        f"regions down: {', '.join(current.regions_down) or 'none'}; partitioned: "
+        f"{', '.join(current.regions_partitioned) or 'none'}; table replication lag: "
+        f"{current.table_replication_lag_seconds:g} s; replication pending for: "
         f"{', '.join(current.replication_pending) or 'nothing'}; unavailable: "
         f"{unavailable or 'nothing'}"
     )
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not 0 <= value <= 3600:
+        raise SpotrainError(f"SECONDS is {text!r}: give a number from 0 to 3600")
+    return value
 
 
 def _positive_int(text: str, what: str) -> int:
@@ -169,7 +191,9 @@ def add_parsers(commands: Any) -> None:
         "fault",
         nargs="*",
         metavar="FAULT",
-        help="with `fault`: region-down REGION | region-up REGION | replication-pending "
+        help="with `fault`: region-down REGION | region-up REGION | partition REGION (it "
+        "serves its clients, replicates nothing) | rejoin REGION | table-lag SECONDS (global "
+        "tables' replication lag) | replication-pending "
         "BUCKET/KEY-PATTERN | replication-resumed | unavailable BUCKET/KEY-PATTERN REQUESTS "
         "(the next REQUESTS requests for those objects get 503) | clear",
     )

@@ -78,6 +78,8 @@ def faults_file() -> Path:
 def set_faults(
     *,
     regions_down: list[str] | None = None,
+    regions_partitioned: list[str] | None = None,
+    table_replication_lag_seconds: float | None = None,
     replication_pending: list[str] | None = None,
     unavailable: list[dict[str, Any]] | None = None,
     through_vpc_endpoints: dict[str, str] | None = None,
@@ -86,6 +88,10 @@ def set_faults(
     current = faults.read(faults_file())
     if regions_down is not None:
         current.regions_down = sorted(set(regions_down))
+    if regions_partitioned is not None:
+        current.regions_partitioned = sorted(set(regions_partitioned))
+    if table_replication_lag_seconds is not None:
+        current.table_replication_lag_seconds = table_replication_lag_seconds
     if replication_pending is not None:
         current.replication_pending = list(dict.fromkeys(replication_pending))
     if unavailable is not None:

@@ -22,6 +22,8 @@
   batch after batch in stream order (one worker per function, up to 100 records a batch),
   after the write that made the records has been answered, as Lambda's poller does; the
   stream keeps its records. Each run's outcome goes to the server log.
+- DynamoDB global tables: replicas, asynchronous replication, last writer wins
+  (`global_tables`).
 - Prices: EC2 spot price history and the Price List API answer from a price book
   (`price_list`).
 - Auto Scaling markets: moto launches a mixed-instances group's machines with the launch
@@ -50,7 +52,7 @@ import zipfile
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from spotrain.localcloud import authorization, faults, price_list
+from spotrain.localcloud import authorization, faults, global_tables, price_list
 
 _installed = False
 
@@ -596,6 +598,7 @@ def install() -> None:
     _install_s3_checksums()
     authorization.install()
     _install_dynamodb_stream_functions()
+    global_tables.install()
     _install_python_function_invoke()
     _install_autoscaling_update_keeps_the_policy()
     price_list.install()

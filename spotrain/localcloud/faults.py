@@ -1,4 +1,5 @@
-"""Faults the local cloud can play, for rehearsals and tests: a region that is down, S3
+"""Faults the local cloud can play, for rehearsals and tests: a region that is down, a region
+cut off from the others (it serves its own clients, replicates nothing), S3 and DynamoDB
 replication that has not caught up yet, and S3 objects that fail their next requests; and
 where callers stand (inside a VPC, through its endpoints, or outside).
 
@@ -27,6 +28,11 @@ _CREDENTIAL_SCOPE = re.compile(r"Credential=[^/]+/\d{8}/([a-z0-9-]+)/([a-z0-9-]+
 class Faults:
     regions_down: list[str] = field(default_factory=list)
     """Requests signed for these regions get 503 ServiceUnavailable."""
+    regions_partitioned: list[str] = field(default_factory=list)
+    """Regions cut off from the others: they serve their own clients and accept writes, but
+    no global-table change leaves or reaches them until they are joined again."""
+    table_replication_lag_seconds: float = 0.0
+    """How long a global-table write takes to reach the other regions (after its answer)."""
     replication_pending: list[str] = field(default_factory=list)
     """`bucket/key` patterns (fnmatch) of new objects whose replica does not arrive (their
     status stays PENDING, as while S3 replication lags); clearing a pattern affects only
