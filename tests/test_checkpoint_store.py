@@ -19,6 +19,7 @@ import pytest
 from helpers import create_catalog_table, kms_only_bucket
 
 from spotrain.core import catalog_schema as schema
+from spotrain.core.run_epochs import EpochId
 from spotrain.localcloud import control
 from spotrain.trainer import checkpoint_store, restore_policy
 from spotrain.trainer.catalog import CatalogError, DynamoCatalog, StaleWriter, StoreCatalog
@@ -289,6 +290,121 @@ def test_publish_and_restore_through_the_local_cloud(local_cloud: Any, tmp_path:
     assert (tmp_path / "restored" / "global_step10" / "big.pt").read_bytes() == files[
         "global_step10/big.pt"
     ]
+
+
+@pytest.fixture
+def global_catalog(local_cloud: Any) -> Iterator[tuple[str, Any, Any]]:
+    """A catalog table in us-east-1 with its global-table replica in us-west-2 (the local
+    cloud's: asynchronous, last writer wins), and the faults cleared afterwards."""
+    east = control.client("dynamodb", local_cloud.endpoint, "us-east-1")
+    west = control.client("dynamodb", local_cloud.endpoint, "us-west-2")
+    table = f"fenced-{os.urandom(4).hex()}"
+    create_catalog_table(east, table, stream=True)
+    east.update_table(TableName=table, ReplicaUpdates=[{"Create": {"RegionName": "us-west-2"}}])
+    yield table, east, west
+    control.set_faults(regions_partitioned=[])
+
+
+def _until(check: Any, timeout: float = 20.0) -> None:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "replication never caught up"
+        time.sleep(0.05)
+
+
+def test_a_run_moved_to_another_region_keeps_one_history_whatever_the_old_region_wrote(
+    global_catalog: tuple[str, Any, Any], tmp_path: Path
+) -> None:
+    """The old region is cut off; the run moves; both regions' writers publish the same steps;
+    the old region rejoins. Every region then reads the mover's head, the old writer's later
+    checkpoints stay listed but FENCED, and the old region's writers are refused."""
+    table, east, west = global_catalog
+    storage = LocalStorage(tmp_path / "bucket")  # both regions' copies: not the subject here
+    home = DynamoCatalog(table, RUN, storage, client=east)
+    home_lease = home.acquire_lease("machine in us-east-1")
+    for step in (10, 20):
+        publish(write_folder(tmp_path / f"e{step}", shards_of_step(step)), storage, home, step,
+                home_lease)  # fmt: skip
+    away = DynamoCatalog(table, RUN, storage, client=west)
+    _until(lambda: (head := away.head()) is not None and head.step == 20)
+
+    control.set_faults(regions_partitioned=["us-east-1"])
+    base = away.head()
+    assert base is not None
+    claim = away.claim_move(base, by="test: capacity gone in us-east-1")
+    assert (claim.id.number, claim.id.region, claim.base_step) == (1, "us-west-2", 20)
+    away_lease = away.acquire_lease("machine in us-west-2")
+    moved = publish(write_folder(tmp_path / "w30", shards_of_step(30)), storage, away, 30,
+                    away_lease)  # fmt: skip
+    # Cut off, the old region cannot know: its writer goes on publishing there.
+    stale = {step: publish(write_folder(tmp_path / f"s{step}", shards_of_step(step)), storage,
+                           home, step, home_lease) for step in (30, 40)}  # fmt: skip
+    assert home.head().step == 40  # type: ignore[union-attr]  # in its own copy, for now
+
+    control.set_faults(regions_partitioned=[])
+    _until(lambda: len(home.chain()) == 2)
+    moved_key = checkpoint_store.key_of(moved.manifest)
+    for reader in (home, away):
+        _until(lambda r=reader: len(r.entries()) == 5)
+        head = reader.head()
+        assert head is not None and (head.step, head.manifest_key) == (30, moved_key)
+        statuses = {(e.step, e.epoch.number if e.epoch else 0): e.status for e in reader.entries()}
+        assert statuses == {
+            (10, 0): schema.STATUS_COMPLETE, (20, 0): schema.STATUS_COMPLETE,
+            (30, 1): schema.STATUS_COMPLETE,
+            (30, 0): schema.STATUS_FENCED, (40, 0): schema.STATUS_FENCED,
+        }  # fmt: skip
+        restored = restore_policy.restore(tmp_path / f"r-{reader.region}", storage=storage,
+                                          catalog=reader, run=RUN)  # fmt: skip
+        assert restored.manifest == moved.manifest
+    # The old region's history stays readable: its manifests are where they were written.
+    assert {e.manifest_key for e in home.entries() if e.status == schema.STATUS_FENCED} == {
+        checkpoint_store.key_of(r.manifest) for r in stale.values()}  # fmt: skip
+    # Its writer is refused once the move reached it, and so is any new one there.
+    with pytest.raises(StaleWriter, match="moved on from this writer's epoch"):
+        publish(write_folder(tmp_path / "s50", shards_of_step(50)), storage, home, 50, home_lease)
+    with pytest.raises(StaleWriter, match="trains in us-west-2 since epoch 1"):
+        DynamoCatalog(table, RUN, storage, client=east).acquire_lease("a restarted machine")
+    # The mover's writer goes on, its publishes reaching every region.
+    publish(write_folder(tmp_path / "w40", shards_of_step(41)), storage, away, 40, away_lease)
+    _until(lambda: home.head().step == 40 and home.head().epoch == claim.id)  # type: ignore[union-attr]
+
+
+def test_two_regions_that_claim_the_same_epoch_end_agreeing_on_one(
+    global_catalog: tuple[str, Any, Any], tmp_path: Path
+) -> None:
+    """Cut off from each other, both regions move the run (epoch 1) and publish; once joined,
+    both read the same winner, and the loser's writer and checkpoints are fenced."""
+    table, east, west = global_catalog
+    storage = LocalStorage(tmp_path / "bucket")
+    first = DynamoCatalog(table, RUN, storage, client=east)
+    lease = first.acquire_lease("machine in us-east-1")
+    publish(write_folder(tmp_path / "a10", shards_of_step(10)), storage, first, 10, lease)
+    regions = {"us-east-1": DynamoCatalog(table, RUN, storage, client=east),
+               "us-west-2": DynamoCatalog(table, RUN, storage, client=west)}  # fmt: skip
+    _until(lambda: (head := regions["us-west-2"].head()) is not None and head.step == 10)
+    control.set_faults(regions_partitioned=["us-west-2"])
+    leases = {}
+    for region, catalog in regions.items():
+        catalog.claim_move(catalog.head(), by=f"the handler in {region}")  # type: ignore[arg-type]
+        leases[region] = catalog.acquire_lease(f"machine in {region}")
+        publish(write_folder(tmp_path / region, shards_of_step(20)), storage, catalog, 20,
+                leases[region])  # fmt: skip
+    control.set_faults(regions_partitioned=[])
+    _until(lambda: all(len(c.entries()) == 3 for c in regions.values()))
+    _until(lambda: len({c.chain()[-1].id for c in regions.values()}) == 1)
+    winner = regions["us-east-1"].chain()[-1].id.region
+    loser = next(r for r in regions if r != winner)
+    for catalog in regions.values():
+        head = catalog.head()
+        assert head is not None and head.epoch == EpochId(1, winner)
+        fenced = [e for e in catalog.entries() if e.status == schema.STATUS_FENCED]
+        assert [(e.step, e.epoch) for e in fenced] == [(20, EpochId(1, loser))]
+    with pytest.raises(StaleWriter):
+        publish(write_folder(tmp_path / "late", shards_of_step(30)), storage, regions[loser], 30,
+                leases[loser])  # fmt: skip
 
 
 # --- retention ------------------------------------------------------------------------------

@@ -650,6 +650,55 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
     assert cloud.dead_letters() == []
 
 
+def test_a_checkpoint_published_by_an_epoch_the_run_moved_on_from_is_an_alarm(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run moved (epoch 1, from step 2); then the old epoch's step 3 arrives, as the
+    global table delivers what a region cut off from the others accepted. The new epoch's own
+    step 3 is history growing; the old one's is a stale writer."""
+    from helpers import create_catalog_table, stream_records
+
+    from spotrain.trainer import checkpoint_store
+    from spotrain.trainer.catalog import DynamoCatalog
+    from spotrain.trainer.storage import LocalStorage
+
+    client = boto3.client("dynamodb")
+    create_catalog_table(client, "catalog", stream=True)
+    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), "catalog")
+    storage = LocalStorage(tmp_path / "store")
+    old = DynamoCatalog("catalog", RUN, storage, client=client)
+
+    def publish(catalog: DynamoCatalog, generation: int, step: int) -> None:
+        folder = tmp_path / f"{generation}-{step}"
+        folder.mkdir()
+        (folder / "model.pt").write_bytes(bytes([step, generation]) * 64)
+        checkpoint_store.publish(folder, storage=storage, run=RUN, catalog=catalog,
+                                 generation=generation, step=step, world_size=1, zero_stage=2,
+                                 config_hash="c", code_version="v")  # fmt: skip
+
+    lease = old.acquire_lease("trainer in us-east-1")
+    for step in (1, 2):
+        publish(old, lease, step)
+    [before] = [e for e in old.entries() if e.step == 2]
+    moved = DynamoCatalog("catalog", RUN, storage, client=client)
+    moved.claim_move(before, by="test")
+    publish(moved, moved.acquire_lease("trainer of epoch 1"), 3)
+    # What the cut-off region accepted, as replication writes it: its own key, unconditionally.
+    stale = {**old._key(schema.checkpoint_sort_key(3)), "status": {"S": schema.STATUS_COMPLETE},
+             "step": {"N": "3"}, "manifest": {"S": "runs/demo/checkpoints/step_3/m.json"},
+             "generation": {"N": str(lease)}, "bytes": {"N": "1"}}  # fmt: skip
+    client.put_item(TableName="catalog", Item=stale)
+
+    result = handler.handle({"Records": stream_records(client, boto3.client("dynamodbstreams"),
+                                                       "catalog")})  # fmt: skip
+    found = [(f["kind"], f.get("step"), f.get("epoch")) for f in result["findings"]]
+    assert found == [("stale-writer", 3, 0)]
+    assert "moved to us-east-1 (epoch 1)" in result["findings"][0]["detail"]
+    assert [n["kind"] for n in cloud.notices()] == ["stale-writer"]
+    assert [(e.step, e.status) for e in old.entries() if e.step == 3] == [
+        (3, schema.STATUS_FENCED), (3, schema.STATUS_COMPLETE)]  # fmt: skip
+
+
 @pytest.mark.parametrize(
     "where", ["in-process", pytest.param("local-cloud", marks=pytest.mark.integration)]
 )

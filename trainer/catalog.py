@@ -20,11 +20,13 @@ import contextlib
 import datetime
 import json
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from spotrain.core import catalog_schema as schema
+from spotrain.core import run_epochs
 from spotrain.core.errors import SpotrainError, no_region_fix
+from spotrain.core.run_epochs import Epoch, EpochId
 from spotrain.trainer.manifest import (
     Manifest,
     parse_record_key,
@@ -40,7 +42,7 @@ class CatalogError(SpotrainError):
 
 class StaleWriter(CatalogError):
     """This writer lost the run's lease, or its checkpoint is not newer than the published
-    head: it must stop and never publish."""
+    head, or the run moved to another region: it must stop and never publish."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +55,10 @@ class CatalogEntry:
     total_bytes: int = 0
     reason: str = ""
     """Why the status is what it is (quarantine and roll back reasons)."""
+    sort_key: str = ""
+    """Its item's sort key in the catalog table (`CKPT#<step>` and its epoch's suffix)."""
+    epoch: EpochId | None = None
+    """The epoch that wrote it (None: epoch 0, or a catalog without epochs)."""
 
 
 def _now() -> str:
@@ -229,6 +235,7 @@ class DynamoCatalog:
         self.records = RunRecords(storage, run)
         self._client = client
         self._pk = {"S": schema.run_key(run)}
+        self._epoch: EpochId | None = None
 
     @property
     def client(self) -> Any:
@@ -270,11 +277,36 @@ class DynamoCatalog:
         except (ClientError, BotoCoreError) as error:
             raise self._error(operation, error) from error
 
+    @property
+    def region(self) -> str:
+        """The region whose copy of the catalog this writer reads and writes."""
+        return str(self.client.meta.region_name)
+
+    def chain(self) -> list[Epoch]:
+        """The run's epoch claims, as this region's copy has them."""
+        found, start = [], None
+        while True:
+            page = self._call(
+                "query",
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :epoch)",
+                ExpressionAttributeValues={
+                    ":pk": self._pk, ":epoch": {"S": run_epochs.EPOCH_PREFIX}},
+                ConsistentRead=True,
+                **({"ExclusiveStartKey": start} if start else {}),
+            )  # fmt: skip
+            found += [Epoch.from_item(item) for item in page.get("Items", [])]
+            start = page.get("LastEvaluatedKey")
+            if not start:
+                return found
+
     def acquire_lease(self, owner: str) -> int:
-        """Take the run's lease with a new generation; every older writer is now stale."""
+        """Take the run's lease in its current epoch with a new generation; every older writer
+        is now stale. The run's first writer claims epoch 0 for its region; a writer in a
+        region the run has moved away from is refused (StaleWriter)."""
+        epoch = self._epoch_here(owner)
         result = self._call(
             "update_item",
-            Key=self._key(schema.LEASE_SORT_KEY),
+            Key=self._key(schema.LEASE_SORT_KEY + run_epochs.epoch_suffix(epoch)),
             UpdateExpression="ADD #generation :one SET #owner = :owner, acquired_at = :now",
             ExpressionAttributeNames={"#generation": "generation", "#owner": "owner"},
             ExpressionAttributeValues={
@@ -284,17 +316,53 @@ class DynamoCatalog:
             },
             ReturnValues="UPDATED_NEW",
         )
+        self._epoch = epoch
         return int(result["Attributes"]["generation"]["N"])
+
+    def _epoch_here(self, owner: str) -> EpochId:
+        latest = run_epochs.current(self.chain())
+        if latest is None:
+            first = Epoch(EpochId(0, self.region), None, None, _now(), owner)
+            with contextlib.suppress(StaleWriter):  # another first writer claimed it here
+                self._transact(
+                    [{"Put": {"TableName": self.table_name,
+                              "Item": {**self._key(run_epochs.epoch_sort_key(0)),
+                                       **first.to_item()},
+                              "ConditionExpression": "attribute_not_exists(pk)"}}],
+                    action="claiming epoch 0", refused=StaleWriter("epoch 0 is claimed"),
+                    fences=0,
+                )  # fmt: skip
+            latest = run_epochs.current(self.chain())
+            assert latest is not None
+        if latest.id.region != self.region:
+            raise StaleWriter(
+                f"run {self.run!r} trains in {latest.id.region} since epoch {latest.id.number}: "
+                f"a writer in {self.region} must not train it (its machines there leave; "
+                f"`spotrain run status` says where the run is)"
+            )
+        return latest.id
+
+    def _writer_epoch(self) -> EpochId:
+        """This writer's epoch: the one it took its lease in (a catalog that took none writes
+        in the epoch its region's copy shows current, or epoch 0 of a run never started)."""
+        if self._epoch is None:
+            latest = run_epochs.current(self.chain())
+            self._epoch = latest.id if latest else EpochId(0, self.region)
+        return self._epoch
 
     def publish(self, manifest: Manifest, manifest_key: str, generation: int) -> None:
         if manifest.run != self.run:
             raise CatalogError(f"manifest of run {manifest.run!r} offered to run {self.run!r}")
+        epoch = self._writer_epoch()
+        sort_key = schema.checkpoint_sort_key(manifest.step) + run_epochs.epoch_suffix(epoch)
         item: dict[str, Any] = {
-            **self._key(schema.checkpoint_sort_key(manifest.step)),
+            **self._key(sort_key),
             "status": {"S": schema.STATUS_COMPLETE},
             "step": {"N": str(manifest.step)},
             "manifest": {"S": manifest_key},
             "generation": {"N": str(generation)},
+            "epoch": {"N": str(epoch.number)},
+            "region": {"S": epoch.region},
             "bytes": {"N": str(manifest.total_bytes)},
             "shards": {"N": str(len(manifest.shards))},
             "world_size": {"N": str(manifest.world_size)},
@@ -318,9 +386,10 @@ class DynamoCatalog:
             }
         self._transact(
             [
-                self._lease_check(generation),
+                *self._fence(generation),
                 {"Put": {"TableName": self.table_name, "Item": item}},
                 self._head_update(
+                    sort_key,
                     manifest.step,
                     generation,
                     condition="attribute_not_exists(#step) OR #step < :step",
@@ -339,24 +408,48 @@ class DynamoCatalog:
     def _key(self, sort_key: str) -> dict[str, Any]:
         return {schema.PARTITION_KEY: self._pk, schema.SORT_KEY: {"S": sort_key}}
 
-    def _lease_check(self, generation: int) -> dict[str, Any]:
-        """Transaction item: the writer still holds lease `generation` (always item 0)."""
-        return {
+    _FENCES = 3
+    """Transaction items that fence a write: the lease, the writer's claim, no next claim."""
+
+    def _fence(self, generation: int) -> list[dict[str, Any]]:
+        """The first `_FENCES` items of every write's transaction: the writer still holds
+        lease `generation` of its epoch, its region's copy shows its epoch's claim as its own
+        (or none, for epoch 0 of a run from before epochs) and no next epoch claimed."""
+        epoch = self._writer_epoch()
+        lease = {
             "ConditionCheck": {
                 "TableName": self.table_name,
-                "Key": self._key(schema.LEASE_SORT_KEY),
+                "Key": self._key(schema.LEASE_SORT_KEY + run_epochs.epoch_suffix(epoch)),
                 "ConditionExpression": "#generation = :generation",
                 "ExpressionAttributeNames": {"#generation": "generation"},
                 "ExpressionAttributeValues": {":generation": {"N": str(generation)}},
             }
         }
+        claims = []
+        for sort_key, condition, values in run_epochs.publish_conditions(epoch):
+            if epoch.number == 0 and values:
+                condition = f"attribute_not_exists(#region) OR {condition}"
+            claims.append({"ConditionCheck": {
+                "TableName": self.table_name, "Key": self._key(sort_key),
+                "ConditionExpression": condition,
+                "ExpressionAttributeNames": {"#region": "region"},
+                **({"ExpressionAttributeValues": values} if values else {}),
+            }})  # fmt: skip
+        return [lease, *claims]
 
     def _head_update(
-        self, step: int, generation: int, *, condition: str | None = None, reason: str | None = None
+        self,
+        sort_key: str,
+        step: int,
+        generation: int,
+        *,
+        condition: str | None = None,
+        reason: str | None = None,
     ) -> dict[str, Any]:
-        """Transaction item: the run's head names checkpoint `step`."""
+        """Transaction item: the run's head (its writer's epoch's) names checkpoint item
+        `sort_key`, of step `step`."""
         values = {
-            ":latest": {"S": schema.checkpoint_sort_key(step)},
+            ":latest": {"S": sort_key},
             ":step": {"N": str(step)},
             ":generation": {"N": str(generation)},
             ":now": {"S": _now()},
@@ -367,9 +460,10 @@ class DynamoCatalog:
         if reason is not None:
             expression += ", rolled_back = :reason"
             values[":reason"] = {"S": reason}
+        epoch = self._writer_epoch()
         update: dict[str, Any] = {
             "TableName": self.table_name,
-            "Key": self._key(schema.HEAD_SORT_KEY),
+            "Key": self._key(schema.HEAD_SORT_KEY + run_epochs.epoch_suffix(epoch)),
             "UpdateExpression": expression,
             "ExpressionAttributeNames": {"#step": "step", "#generation": "generation"},
             "ExpressionAttributeValues": values,
@@ -378,8 +472,15 @@ class DynamoCatalog:
             update["ConditionExpression"] = condition
         return {"Update": update}
 
-    def _transact(self, items: list[dict[str, Any]], *, action: str, refused: CatalogError) -> None:
-        """One transaction whose first item is the lease check: a failed lease check raises
+    def _transact(
+        self,
+        items: list[dict[str, Any]],
+        *,
+        action: str,
+        refused: CatalogError,
+        fences: int = _FENCES,
+    ) -> None:
+        """One transaction whose first `fences` items are `_fence`'s: a failed fence raises
         StaleWriter, any other failed condition raises `refused`."""
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -389,20 +490,72 @@ class DynamoCatalog:
             if error.response["Error"]["Code"] != "TransactionCanceledException":
                 raise self._error(action, error) from error
             reasons = [r.get("Code") for r in error.response.get("CancellationReasons", [])]
-            if reasons and reasons[0] == "ConditionalCheckFailed":
+            failed = [i for i, code in enumerate(reasons) if code == "ConditionalCheckFailed"]
+            if failed and failed[0] == 0 and fences:
                 raise StaleWriter(
                     f"run {self.run!r}: the lease this writer held was taken over by a newer "
                     f"start; {action} did not happen (it must come from the run's current holder)"
+                ) from error
+            if failed and failed[0] < fences:
+                raise StaleWriter(
+                    f"run {self.run!r}: the run moved on from this writer's epoch "
+                    f"({self._writer_epoch().number}, {self.region}); {action} did not happen "
+                    "(`spotrain run status` says where the run trains now)"
                 ) from error
             raise refused from error
         except BotoCoreError as error:
             raise self._error(action, error) from error
 
+    def claim_move(self, base: CatalogEntry, by: str) -> Epoch:
+        """Move the run to this catalog's region: claim the next epoch here, starting from
+        checkpoint `base` (one of the run's history whose every piece is in this region's
+        bucket, verified). Refused when this region's copy shows another claim of that number,
+        or a newer epoch than the one this mover read."""
+        chain = self.chain()
+        latest = run_epochs.current(chain)
+        if latest is None:
+            raise CatalogError(f"run {self.run!r} never trained: it has nothing to move")
+        base_epoch = base.epoch or chain[0].id  # the query lists epoch 0 first
+        if not run_epochs.counts(base_epoch, base.step, run_epochs.valid_through(chain)):
+            raise CatalogError(f"run {self.run!r}: step {base.step} is not in its history")
+        claim = Epoch(EpochId(latest.id.number + 1, self.region), base_epoch, base.step, _now(), by)
+        self._transact(
+            [
+                {"ConditionCheck": {
+                    "TableName": self.table_name,
+                    "Key": self._key(run_epochs.epoch_sort_key(latest.id.number)),
+                    "ConditionExpression": "#region = :region",
+                    "ExpressionAttributeNames": {"#region": "region"},
+                    "ExpressionAttributeValues": {":region": {"S": latest.id.region}}}},
+                {"Put": {
+                    "TableName": self.table_name,
+                    "Item": {**self._key(run_epochs.epoch_sort_key(claim.id.number)),
+                             **claim.to_item()},
+                    "ConditionExpression": "attribute_not_exists(pk)"}},
+            ],
+            action=f"the move of run {self.run!r} to {self.region}",
+            refused=CatalogError(
+                f"run {self.run!r}: epoch {claim.id.number} was claimed meanwhile; read "
+                "`spotrain run status` and move again if the run still must"),
+            fences=0,
+        )  # fmt: skip
+        self._epoch = None
+        return claim
+
     def head(self) -> CatalogEntry | None:
-        head = self._get(schema.HEAD_SORT_KEY)
-        if not head:
+        chain = self.chain()
+        head = self._get(run_epochs.head_sort_key(chain))
+        if head:
+            item = self._get(head["latest"]["S"])
+            return self._entry(item) if item else None
+        latest = run_epochs.current(chain)
+        if latest is None or latest.base is None or latest.base_step is None:
             return None
-        item = self._get(schema.checkpoint_sort_key(int(head["step"]["N"])))
+        # The epoch published nothing yet: its head is where it started.
+        base_key = schema.checkpoint_sort_key(latest.base_step) + run_epochs.epoch_suffix(
+            latest.base
+        )
+        item = self._get(base_key)
         return self._entry(item) if item else None
 
     def _get(self, sort_key: str) -> dict[str, Any] | None:
@@ -413,18 +566,23 @@ class DynamoCatalog:
 
     @staticmethod
     def _entry(item: dict[str, Any]) -> CatalogEntry:
+        sort_key = item["sk"]["S"]
+        step = int(item["step"]["N"])
         return CatalogEntry(
-            step=int(item["step"]["N"]),
+            step=step,
             manifest_key=item["manifest"]["S"],
             status=item["status"]["S"],
             generation=int(item["generation"]["N"]),
             parent=item.get(schema.LINEAGE_KEY, {}).get("S"),
             total_bytes=int(item["bytes"]["N"]),
             reason=item.get("status_reason", {}).get("S", ""),
+            sort_key=sort_key,
+            epoch=run_epochs.parse_epoch_suffix(sort_key, schema.checkpoint_sort_key(step)),
         )
 
     def entries(self) -> list[CatalogEntry]:
-        """Every recorded checkpoint of the run, by step."""
+        """Every recorded checkpoint of the run, by step; one a stale writer published after
+        the run moved on (or in an epoch whose claim lost) reads as FENCED."""
         found, start = [], None
         while True:
             page = self._call(
@@ -440,27 +598,51 @@ class DynamoCatalog:
             found += [self._entry(item) for item in page.get("Items", [])]
             start = page.get("LastEvaluatedKey")
             if not start:
-                return found
+                break
+        chain = self.chain()
+        if not chain:
+            return found
+        line = run_epochs.valid_through(chain)
+        first = min(chain, key=lambda e: e.id.number).id
+        return [
+            e if run_epochs.counts(e.epoch or first, e.step, line)
+            else replace(e, status=schema.STATUS_FENCED)
+            for e in found
+        ]  # fmt: skip
+
+    def _at(self, step: int) -> CatalogEntry:
+        """The run's checkpoint of `step` that counts."""
+        for entry in self.entries():
+            if entry.step == step and entry.status != schema.STATUS_FENCED:
+                return entry
+        raise _not_a_checkpoint(self.run, step)
 
     def retire(self, entry: CatalogEntry) -> None:
         """Mark a garbage-collected checkpoint: its history stays, its data is gone."""
-        self._set_status(entry.step, schema.STATUS_COLLECTED, "collected")
+        self._set_status(entry.sort_key or self._at(entry.step).sort_key, entry.step,
+                         schema.STATUS_COLLECTED, "collected")  # fmt: skip
         self.records.write(COLLECTED, entry.manifest_key)
 
     def roll_back(self, step: int, generation: int, reason: str) -> list[int]:
         """Make complete checkpoint `step` the run's head again; every complete checkpoint
         after it becomes ROLLED_BACK (never restored). Only the lease holder `generation` may;
         returns the steps rolled back. Safe to repeat after a crash halfway."""
-        newer = [e for e in self.entries() if e.step > step and e.status == schema.STATUS_COMPLETE]
+        entries = self.entries()
+        newer = [e for e in entries if e.step > step and e.status == schema.STATUS_COMPLETE]
         action = f"roll back of run {self.run!r} to step {step}"
+        target = next((e for e in entries if e.step == step
+                       and e.status != schema.STATUS_FENCED), None)  # fmt: skip
+        if target is None:
+            raise _not_complete(self.run, step)
         # Newer ones first, so a crash halfway never leaves one restorable past the head; each
         # write checks the lease (a transaction holds at most 100 items).
-        for start in range(0, len(newer), 99):
+        room = 100 - self._FENCES
+        for start in range(0, len(newer), room):
             marks = [
                 {
                     "Update": {
                         "TableName": self.table_name,
-                        "Key": self._key(schema.checkpoint_sort_key(later.step)),
+                        "Key": self._key(later.sort_key),
                         "UpdateExpression": "SET #status = :status, status_reason = :reason",
                         "ExpressionAttributeNames": {"#status": "status"},
                         "ExpressionAttributeValues": {
@@ -469,17 +651,17 @@ class DynamoCatalog:
                         },
                     }
                 }
-                for later in newer[start : start + 99]
+                for later in newer[start : start + room]
             ]
             self._transact(
-                [self._lease_check(generation), *marks],
+                [*self._fence(generation), *marks],
                 action=action,
                 refused=_not_complete(self.run, step),
             )
         target_is_complete = {
             "ConditionCheck": {
                 "TableName": self.table_name,
-                "Key": self._key(schema.checkpoint_sort_key(step)),
+                "Key": self._key(target.sort_key),
                 "ConditionExpression": "#status = :complete",
                 "ExpressionAttributeNames": {"#status": "status"},
                 "ExpressionAttributeValues": {":complete": {"S": schema.STATUS_COMPLETE}},
@@ -487,9 +669,9 @@ class DynamoCatalog:
         }
         self._transact(
             [
-                self._lease_check(generation),
+                *self._fence(generation),
                 target_is_complete,
-                self._head_update(step, generation, reason=reason),
+                self._head_update(target.sort_key, step, generation, reason=reason),
             ],
             action=action,
             refused=_not_complete(self.run, step),
@@ -499,16 +681,16 @@ class DynamoCatalog:
         return [e.step for e in newer]
 
     def quarantine(self, step: int, reason: str) -> None:
-        entry = self._set_status(step, schema.STATUS_QUARANTINED, reason)
+        entry = self._set_status(self._at(step).sort_key, step, schema.STATUS_QUARANTINED, reason)
         self.records.write(QUARANTINED, entry.manifest_key, reason=reason)
 
-    def _set_status(self, step: int, status: str, reason: str) -> CatalogEntry:
+    def _set_status(self, sort_key: str, step: int, status: str, reason: str) -> CatalogEntry:
         from botocore.exceptions import BotoCoreError, ClientError
 
         try:
             answer = self.client.update_item(
                 TableName=self.table_name,
-                Key=self._key(schema.checkpoint_sort_key(step)),
+                Key=self._key(sort_key),
                 UpdateExpression="SET #status = :status, status_reason = :reason",
                 ConditionExpression="attribute_exists(pk)",
                 ExpressionAttributeNames={"#status": "status"},

@@ -110,6 +110,9 @@ STATUS_ROLLED_BACK = "ROLLED_BACK"
 """Newer than a checkpoint the run was rolled back to: never restored, kept as history."""
 STATUS_COLLECTED = "COLLECTED"
 """Superseded and garbage-collected: the item stays as history, the data is gone."""
+STATUS_FENCED = "FENCED"
+"""Never stored: how a reader shows a checkpoint that is not part of the run's history (a stale
+writer published it after the run moved to another region; `run_epochs`)."""
 
 
 def run_key(run_name: str) -> str:

@@ -44,12 +44,10 @@ from typing import Any
 
 from spotrain.core.catalog_schema import (
     CHECKPOINT_PREFIX,
-    HEAD_SORT_KEY,
-    PARTITION_KEY,
-    SORT_KEY,
     query_items,
     run_key,
 )
+from spotrain.core.run_epochs import read_head
 
 SPOT = "spot"
 ON_DEMAND = "on-demand"
@@ -385,7 +383,5 @@ def read_throughput(table: Any, run: str) -> float | None:
 
 def read_pace(table: Any, run: str) -> Pace:
     """The run's head and throughput from the checkpoint catalog (a boto3 Table)."""
-    head = table.get_item(
-        Key={PARTITION_KEY: run_key(run), SORT_KEY: HEAD_SORT_KEY}, ConsistentRead=True
-    ).get("Item")
+    head = read_head(table, run)
     return Pace(int(head["step"]) if head else 0, read_throughput(table, run))

@@ -20,7 +20,6 @@ from typing import Any
 
 from spotrain.core.catalog_schema import (
     FINAL_KEY,
-    HEAD_SORT_KEY,
     LOSS_KEY,
     PARTITION_KEY,
     RUN_STATE_SORT_KEY,
@@ -28,6 +27,7 @@ from spotrain.core.catalog_schema import (
     lifecycle_key,
     run_key,
 )
+from spotrain.core.run_epochs import read_head
 
 WAITING = "waiting"
 """Not started by the handler yet: no configuration stored (`spotrain config put`), or stored
@@ -90,8 +90,7 @@ class PublishedHead:
 def published_head(catalog: Any, run: str) -> PublishedHead | None:
     """The run's head in the checkpoint catalog (a boto3 Table), and whether it is final; None
     before anything is published."""
-    head = catalog.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: HEAD_SORT_KEY},
-                            ConsistentRead=True).get("Item")  # fmt: skip
+    head = read_head(catalog, run)
     if not head or "latest" not in head:
         return None
     record = catalog.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: head["latest"]},

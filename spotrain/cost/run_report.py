@@ -24,12 +24,10 @@ from typing import Any
 
 from spotrain.core.catalog_schema import (
     CHECKPOINT_PREFIX,
-    HEAD_SORT_KEY,
     INSTANCE_PREFIX,
     INSTANCE_STATUS_INTERRUPTING,
     LINEAGE_KEY,
     LOSS_KEY,
-    PARTITION_KEY,
     SORT_KEY,
     STATUS_COLLECTED,
     STATUS_COMPLETE,
@@ -39,6 +37,7 @@ from spotrain.core.catalog_schema import (
     run_key,
 )
 from spotrain.core.fleet_state import SPOT_WARNING_LEAD_S
+from spotrain.core.run_epochs import read_head
 from spotrain.core.spend_ledger import CapNotice, Ledger, SpendPoint
 from spotrain.cost.report import save_figure
 
@@ -304,9 +303,7 @@ def read_interruptions(events: Any, run: str) -> list[Interruption]:
 
 def read_checkpoints(catalog: Any, run: str) -> tuple[list[Checkpoint], int]:
     """The run's checkpoint records and its head's step (0: nothing published)."""
-    head = catalog.get_item(
-        Key={PARTITION_KEY: run_key(run), SORT_KEY: HEAD_SORT_KEY}, ConsistentRead=True
-    ).get("Item")
+    head = read_head(catalog, run)
     found = []
     for item in query_items(catalog, run_key(run), CHECKPOINT_PREFIX):
         timings = item.get(TIMINGS_KEY) or {}

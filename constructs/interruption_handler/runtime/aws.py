@@ -15,7 +15,7 @@ import boto3
 from botocore.exceptions import ClientError
 
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
-from spotrain.core import fleet_state, run_lifecycle
+from spotrain.core import fleet_state, run_epochs, run_lifecycle
 from spotrain.core.capacity import Group
 from spotrain.core.capacity_policy import Decision
 from spotrain.core.catalog_schema import (
@@ -164,6 +164,14 @@ def final_step(settings: Settings) -> int | None:
     catalog = boto3.resource("dynamodb").Table(settings.handler.checkpoints_table)
     head = run_lifecycle.published_head(catalog, settings.run)
     return head.step if head is not None and head.final else None
+
+
+def epoch_chain(settings: Settings, run: str) -> list[run_epochs.Epoch]:
+    """Run `run`'s epoch claims in this region's copy of the catalog (none without one)."""
+    if not settings.handler.checkpoints_table:
+        return []
+    catalog = boto3.resource("dynamodb").Table(settings.handler.checkpoints_table)
+    return run_epochs.read_chain(catalog, run)
 
 
 # --- writes ------------------------------------------------------------------------------------

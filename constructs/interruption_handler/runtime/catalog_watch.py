@@ -8,17 +8,22 @@ never removed. The trainer's roll back is the one legitimate move backwards, and
 or a bug moved the head back, or rewrote or removed a record, and on-call should look.
 
 A record that is published marked final says the run is done (`final_publishes`): the
-handler then takes the run's machines away (`on_catalog_changes`).
+handler then takes the run's machines away (`on_catalog_changes`). A record published by a
+writer of an epoch the run has moved on from (`fenced_publishes`: a region cut off from the
+others went on training) is an alarm too: it is fenced, never restored, and that region's
+machines should be stopped.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from typing import Any
 
 from spotrain.constructs.interruption_handler.runtime import aws, capacity_check, settings
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
+from spotrain.core import run_epochs
 from spotrain.core.catalog_schema import (
     FINAL_KEY,
     HEAD_SORT_KEY,
@@ -51,7 +56,12 @@ def finding(record: dict[str, Any]) -> dict[str, Any] | None:
         run = keys.get(PARTITION_KEY, "").removeprefix(run_key(""))
         return {"severity": severity, "run": run, "kind": kind, **details}
 
-    if sort_key == HEAD_SORT_KEY and event == "MODIFY" and old.get("step") and new.get("step"):
+    if (
+        sort_key.startswith(HEAD_SORT_KEY)
+        and event == "MODIFY"
+        and old.get("step")
+        and new.get("step")
+    ):
         before, after = int(old["step"]), int(new["step"])
         if after >= before:
             return None
@@ -81,6 +91,37 @@ def findings(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [f for f in (finding(r) for r in records) if f is not None]
 
 
+def fenced_publishes(
+    records: list[dict[str, Any]], chain_of: Callable[[str], list[run_epochs.Epoch]]
+) -> list[dict[str, Any]]:
+    """An alarm for each checkpoint record that appeared but is not part of its run's history
+    (`run_epochs`): its writer's epoch was moved on from, or its claim lost. `chain_of(run)`:
+    the run's claims, read once per run."""
+    found, chains = [], {}
+    for record in records:
+        change = record.get("dynamodb", {})
+        keys, new = _plain(change.get("Keys")), _plain(change.get("NewImage"))
+        sort_key = keys.get(SORT_KEY, "")
+        if record.get("eventName") != "INSERT" or not sort_key.startswith(_CHECKPOINT_PREFIX):
+            continue
+        run = keys.get(PARTITION_KEY, "").removeprefix(run_key(""))
+        chain = chains[run] if run in chains else chains.setdefault(run, chain_of(run))
+        latest = run_epochs.current(chain)
+        step = int(new.get("step") or 0)
+        writer = run_epochs.written_by(sort_key, step, chain)
+        if latest is None or run_epochs.counts(writer, step, run_epochs.valid_through(chain)):
+            continue
+        found.append({
+            "severity": ALARM, "run": run, "kind": "stale-writer", "step": step,
+            "epoch": writer.number, "region": writer.region, "manifest": new.get("manifest"),
+            "detail": f"a writer of epoch {writer.number} in {writer.region} published step "
+                      f"{step} after the run moved to {latest.id.region} (epoch "
+                      f"{latest.id.number}): fenced, never restored; stop the run's machines "
+                      f"in {writer.region}",
+        })  # fmt: skip
+    return found
+
+
 def final_publishes(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
     """(run, step) of each complete checkpoint record that appeared marked final."""
     done = []
@@ -103,7 +144,9 @@ def final_publishes(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
 def on_catalog_changes(environment: Settings, records: list[Any]) -> dict[str, Any]:
     """A batch of the catalog's stream: each finding to the alert topic (and the log), and
     each run that published its final step finished."""
-    found = findings(records)
+    found = findings(records) + fenced_publishes(
+        records, lambda run: aws.epoch_chain(environment, run)
+    )
     for item in found:
         severity = "ALARM" if item["severity"] == ALARM else "notice"
         aws.notify(environment.handler.alert_topic_arn,
