@@ -680,13 +680,14 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     assert re.search(r"committed work lost\s+0 steps", told), told
     assert "identical at every step" in told
     assert "handler: recorded=True (redelivery recorded=False)" in told
-    assert re.search(r"restored step 20 from s3://\S+-us-west-2", told), told
+    assert re.search(r"moved to us-west-2 \(epoch 1\); restored step 20 from s3://\S+-us-west-2",
+                     told), told  # fmt: skip
     assert faults.read(control.faults_file()).regions_down == []  # the region is back
     # The catalog outlived its region: the global table's replica holds the run's every item,
     # published while the primary was up (once replication caught up after its return).
     from boto3.dynamodb.conditions import Key
 
-    from spotrain.core.catalog_schema import PARTITION_KEY, STATUS_COMPLETE, run_key
+    from spotrain.core.catalog_schema import PARTITION_KEY, STATUS_COMPLETE, STATUS_FENCED, run_key
 
     def catalog(region: str) -> list[dict[str, Any]]:
         table = control.resource("dynamodb", local.cloud.endpoint, region).Table(
@@ -694,12 +695,22 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
         return list(table.query(KeyConditionExpression=Key(PARTITION_KEY).eq(run_key("solo")),
                                 ConsistentRead=True)["Items"])  # fmt: skip
 
-    published = catalog(local.config.primary_region)
-    assert any(item.get("status") == STATUS_COMPLETE for item in published)
     deadline = time.monotonic() + 30
-    while catalog(local.config.replica_region) != published:
-        assert time.monotonic() < deadline, "the catalog's replica never caught up"
+    while catalog(local.config.replica_region) != catalog(local.config.primary_region):
+        assert time.monotonic() < deadline, "the catalog's copies never agreed"
         time.sleep(0.2)
+    assert any(item.get("status") == STATUS_COMPLETE for item in catalog("us-east-1"))
+    # The primary is back and reads the replica region's head: the run moved (epoch 1) and
+    # finished there; what it published at home before the move is still its history.
+    from spotrain.core.run_epochs import EpochId
+    from spotrain.trainer.catalog import DynamoCatalog
+    from spotrain.trainer.storage import LocalStorage
+
+    home = DynamoCatalog("spotrain-local-checkpoints", "solo", LocalStorage(tmp_path / "none"),
+                         client=local.client("dynamodb"))  # fmt: skip
+    head = home.head()
+    assert head is not None and head.epoch == EpochId(1, "us-west-2"), head
+    assert [e for e in home.entries() if e.status == STATUS_FENCED] == []
     # Priced out of the box, as on a fresh clone: the checked-in book's AWS prices, spot
     # cheaper.
     spend = re.search(r"spend\s+\$([\d.]+) for ([\d.]+) machine-hours of run demo's fleet; "

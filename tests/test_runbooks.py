@@ -4,6 +4,7 @@ the code fails here."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import subprocess
@@ -20,7 +21,7 @@ from helpers import create_catalog_table, kms_only_bucket
 from spotrain.core import catalog_schema as schema
 from spotrain.localcloud import control
 from spotrain.trainer import checkpoint_store
-from spotrain.trainer.catalog import DynamoCatalog
+from spotrain.trainer.catalog import DynamoCatalog, StaleWriter
 from spotrain.trainer.manifest import Manifest
 from spotrain.trainer.storage import open_storage
 
@@ -57,7 +58,10 @@ class Run:
         self.dynamodb = control.client("dynamodb", cloud.endpoint, REGION)
         bucket, table = f"runbook-{name}", f"runbook-{name}-catalog"
         key = kms_only_bucket(s3, control.client("kms", cloud.endpoint, REGION), bucket)
-        create_catalog_table(self.dynamodb, table)
+        create_catalog_table(self.dynamodb, table, stream=True)
+        if held_replica:  # the catalog is a global table, as deployed
+            self.dynamodb.update_table(TableName=table, ReplicaUpdates=[
+                {"Create": {"RegionName": REPLICA_REGION}}])  # fmt: skip
         self.events = f"runbook-{name}-events"
         create_catalog_table(self.dynamodb, self.events)  # fleet state uses the same keys
         replica = f"runbook-{name}-replica"
@@ -209,6 +213,12 @@ def check_new_fleet(run: Run, result: subprocess.CompletedProcess[str]) -> None:
 
 def primary_region_down(run: Run) -> dict[str, str]:
     Path(run.env["SCRATCH"]).mkdir(parents=True)
+    there = control.client("dynamodb", run.cloud.endpoint, REPLICA_REGION)
+    replica = DynamoCatalog(run.catalog.table_name, run.name, run.storage, client=there)
+    deadline = time.monotonic() + 30
+    while len(replica.entries()) < 3:  # the catalog replicated before the outage
+        assert time.monotonic() < deadline, "the catalog's replica never caught up"
+        time.sleep(0.05)
     control.set_faults(regions_down=[REGION])
     return {}
 
@@ -216,8 +226,17 @@ def primary_region_down(run: Run) -> dict[str, str]:
 def check_replica_restore(run: Run, result: subprocess.CompletedProcess[str]) -> None:
     control.set_faults(regions_down=[], replication_pending=[])
     assert "newest replica checkpoint is incomplete" in result.stdout
-    assert "skipped checkpoint step 30" in result.stdout
+    assert "passed over step 30" in result.stdout  # its shard never arrived
+    assert f"run {run.name} moved to {REPLICA_REGION} (epoch 1) from step 20" in result.stdout
     assert "restored step 20" in result.stdout
+    # The primary is back: its copy learns of the move, and its machines may not train.
+    deadline = time.monotonic() + 30
+    while len(run.catalog.chain()) < 2:
+        assert time.monotonic() < deadline, "the move never reached the primary's copy"
+        time.sleep(0.05)
+    assert run.catalog.head().step == 20  # type: ignore[union-attr]  # the moved run's head
+    with pytest.raises(StaleWriter, match=f"trains in {REPLICA_REGION} since epoch 1"):
+        run.catalog.acquire_lease("a machine of the primary region, back")
 
 
 def interruptions_in_every_pool(run: Run) -> dict[str, str]:
@@ -311,3 +330,35 @@ def test_runbook_commands_work_on_the_local_cloud(
         control.set_faults(regions_down=[], replication_pending=[])
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     check(run, result)
+
+
+def test_run_env_prints_the_exports_of_the_regions_that_answer_during_an_outage(
+    local_cloud: control.RunningCloud,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Where the region-down runbook starts: the primary does not answer, and `run env` still
+    prints every name and the replica region's key, leaving the primary's key empty."""
+    import shlex
+
+    from spotrain import cli
+
+    keys = {}
+    for region in (REGION, REPLICA_REGION):
+        kms = control.client("kms", local_cloud.endpoint, region)
+        alias = f"alias/spotrain-local-data-{region}"
+        with contextlib.suppress(kms.exceptions.AlreadyExistsException):
+            kms.create_alias(AliasName=alias, TargetKeyId=kms.create_key()["KeyMetadata"]["KeyId"])
+        keys[region] = kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"]
+    for name, value in control.aws_environment(local_cloud.endpoint, REGION).items():
+        monkeypatch.setenv(name, value)
+    control.set_faults(regions_down=[REGION])
+    try:
+        assert cli.main(["run", "env", "local", "demo"]) == 0
+    finally:
+        control.set_faults(regions_down=[])
+    said = capsys.readouterr()
+    exported = dict(w.split("=", 1) for w in shlex.split(said.out)[1:])
+    assert (exported["KMS_KEY"], exported["REPLICA_KMS_KEY"]) == ("", keys[REPLICA_REGION])
+    assert exported["REPLICA_REGION"] == REPLICA_REGION and exported["CATALOG"]
+    assert f"{REGION} does not answer" in said.err

@@ -1,6 +1,6 @@
 """A run's published checkpoints as an operator handles them: list, show, verify, restore,
-collect, quarantine, roll back. No PyTorch: `spotrain checkpoints` runs on the base install,
-and the Checkpointer, which trains, builds on this."""
+collect, quarantine, roll back, move to another region. No PyTorch: `spotrain checkpoints`
+runs on the base install, and the Checkpointer, which trains, builds on this."""
 
 from __future__ import annotations
 
@@ -8,9 +8,16 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from spotrain.core.run_epochs import Epoch
 from spotrain.trainer import checkpoint_store, restore_policy
-from spotrain.trainer.catalog import Catalog, CatalogEntry, open_catalog
-from spotrain.trainer.manifest import Manifest
+from spotrain.trainer.catalog import (
+    Catalog,
+    CatalogEntry,
+    CatalogError,
+    DynamoCatalog,
+    open_catalog,
+)
+from spotrain.trainer.manifest import Manifest, ManifestError
 from spotrain.trainer.storage import Storage, open_storage
 
 Say = Callable[[str], None]
@@ -82,6 +89,35 @@ class RunCheckpoints:
     def roll_back(self, step: int, reason: str) -> list[int]:
         """Make `step` the head again, fencing any writer still running."""
         return self.catalog.roll_back(step, self.generation, reason)
+
+    def move_here(self, reason: str, scratch: Path) -> tuple[Epoch, list[tuple[int, str]]]:
+        """Move the run to the region of this catalog's copy: claim the next epoch there from
+        the newest checkpoint of the run's history whose every piece is in this store and
+        verifies (a partial replica is passed over). Writers in the region the run leaves are
+        fenced from then on. Returns the claim and (step, why) of each newer one passed over."""
+        from spotrain.core.catalog_schema import STATUS_COMPLETE
+
+        if not isinstance(self.catalog, DynamoCatalog):
+            raise CatalogError("a move claims the run in the catalog: give --catalog-table "
+                               "(the table's copy in the region the run moves to)")  # fmt: skip
+        head = self.catalog.head()
+        newest_first = reversed(self.catalog.entries())
+        last = head.step if head is not None else None
+        history = [e for e in newest_first
+                   if e.status == STATUS_COMPLETE and (last is None or e.step <= last)]  # fmt: skip
+        passed_over: list[tuple[int, str]] = []
+        for entry in history:
+            try:
+                checkpoint_store.verify(self.storage, entry.manifest_key, scratch)
+            except (checkpoint_store.DamagedCheckpoint, ManifestError) as why:
+                passed_over.append((entry.step, str(why)))
+                continue
+            claim = self.catalog.claim_move(entry, by=f"{self._lease_owner}: {reason}")
+            return claim, passed_over
+        raise CatalogError(
+            f"run {self.run!r} has no checkpoint whose every piece is in {self.storage.uri}: "
+            "wait for replication to catch up (`spotrain checkpoints verify`), then move"
+        )
 
     def _accept(self, manifest: Manifest) -> None:
         """Refuse (raise) a checkpoint this restorer may not take; an operator takes any."""

@@ -1,4 +1,4 @@
-"""`spotrain checkpoints list|show|verify|restore|gc|quarantine|rollback|wait`: a run's
+"""`spotrain checkpoints list|show|verify|restore|gc|quarantine|rollback|wait|move`: a run's
 checkpoints, through `RunCheckpoints`, the part of the training run's `Checkpointer` that needs
 no PyTorch (the same restore policy, the same writer lease)."""
 
@@ -99,6 +99,19 @@ def _verify(checkpointer: Any, args: argparse.Namespace) -> int:
     return 0
 
 
+def _move(checkpointer: Any, args: argparse.Namespace) -> int:
+    if not (args.reason or "").strip():
+        raise SpotrainError("move needs --reason TEXT (kept with the run's new epoch)")
+    with tempfile.TemporaryDirectory() as scratch:
+        claim, passed_over = checkpointer.move_here(args.reason, Path(scratch) / "shards")
+    for step, why in passed_over:
+        say(f"passed over step {step}: {why}")
+    say(f"run {args.run} moved to {claim.id.region} (epoch {claim.id.number}) from step "
+        f"{claim.base_step}: it trains there from that checkpoint; writers elsewhere are "
+        "fenced (what they publish from now on is listed FENCED, never restored)")  # fmt: skip
+    return 0
+
+
 WAIT_POLL_S = 5.0
 
 
@@ -141,7 +154,7 @@ def _wait(checkpointer: Any, args: argparse.Namespace) -> int:
 
 ACTIONS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
     "list": _list, "show": _show, "verify": _verify, "restore": _restore, "gc": _collect,
-    "quarantine": _quarantine, "rollback": _roll_back, "wait": _wait,
+    "quarantine": _quarantine, "rollback": _roll_back, "wait": _wait, "move": _move,
 }  # fmt: skip
 
 
@@ -174,7 +187,7 @@ def add_parsers(commands: Any) -> None:
         "checkpoints (by default the head moves back, as when a run restarts, fencing any "
         "writer still running)",
     )
-    checkpoints.add_argument("--reason", help="quarantine/rollback: why, kept in the catalog")
+    checkpoints.add_argument("--reason", help="quarantine/rollback/move: why, kept in the catalog")
     checkpoints.add_argument(
         "--kms-key-id", help="the bucket's KMS key, for actions that write to an s3:// store"
     )

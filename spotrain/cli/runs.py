@@ -16,6 +16,7 @@ lifecycle, never write it."""
 from __future__ import annotations
 
 import argparse
+import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
@@ -197,7 +198,9 @@ def _logs(where: Where, args: argparse.Namespace) -> int:
 
 def _env(where: Where, args: argparse.Namespace) -> int:
     """`run env`: the shell exports the runbooks start from, for one deployed run (the names
-    follow from the environment's configuration; the keys' ARNs are read from KMS)."""
+    follow from the environment's configuration; the keys' ARNs are read from KMS). A region
+    that does not answer (an outage: where the region-down runbook starts) leaves its key
+    empty, says so, and the rest is printed."""
     import shlex
 
     from spotrain.core import resource_names as names
@@ -205,19 +208,36 @@ def _env(where: Where, args: argparse.Namespace) -> int:
     run = _declared(args.environment, args.run)
     config = environment(args.environment)
     replica = config.replica_region
+    keys = {region: _reachable_key(config, region) for region in (where.region, replica)}
 
     group = names.fleet_group(config.name, run.name)
     values = {
         "RUN": run.name, "STORE": f"s3://{where.bucket}", "CATALOG": where.catalog.name,
-        "KMS_KEY": _data_key_arn(config, where.region), "EVENTS": where.events.name,
+        "KMS_KEY": keys[where.region], "EVENTS": where.events.name,
         "AWS_DEFAULT_REGION": where.region, "AWS_REGION": where.region,
         "FLEET_GROUP": group, "ON_DEMAND_GROUP": names.on_demand_group(group),
         "BUDGET": names.environment_budget(config.name),
         "REPLICA_STORE": f"s3://{names.checkpoint_bucket(config.bucket_prefix, replica)}",
-        "REPLICA_REGION": replica, "REPLICA_KMS_KEY": _data_key_arn(config, replica),
+        "REPLICA_REGION": replica, "REPLICA_KMS_KEY": keys[replica],
     }  # fmt: skip
     print("export " + " ".join(f"{k}={shlex.quote(v)}" for k, v in values.items()))
     return 0
+
+
+def _reachable_key(config: Any, region: str) -> str:
+    """The data key's ARN in `region`, or "" (said on stderr) when the region does not answer:
+    a region outage must not keep on-call from the exports of the regions that do."""
+    from botocore.exceptions import ClientError, ConnectionError, ConnectTimeoutError
+
+    try:
+        return _data_key_arn(config, region)
+    except (ClientError, ConnectionError, ConnectTimeoutError) as error:
+        status = getattr(error, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
+        if isinstance(error, ClientError) and (status or 0) < 500:
+            raise  # it answered: a real refusal (credentials, a missing key) to fix
+        print(f"{region} does not answer ({error}): its key is left empty; during a region "
+              "outage work in the other region (runbooks/region-down.md)", file=sys.stderr)
+        return ""
 
 
 def _play(where: Where, args: argparse.Namespace) -> int:

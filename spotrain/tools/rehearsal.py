@@ -7,7 +7,9 @@
    deployed handler's code with its deployed configuration): the trainer publishes an
    emergency checkpoint and exits, the handler records, marks and requeues;
 4. restart: the run resumes from the published checkpoint;
-5. take the primary region down and restore from the replica region, then finish there;
+5. take the primary region down and move the run to the replica region (its catalog copy
+   claims the run's next epoch from a checkpoint whose every piece replicated), then finish
+   there, fenced;
 6. report steps lost, notice-to-published seconds, restore seconds, bytes uploaded against a
    full upload of every checkpoint, the final loss against an uninterrupted run's, and the
    spend of the deployed fleet's machines over the story (the handler's scheduled capacity
@@ -236,15 +238,15 @@ class Rehearsal:
         self._start(second, {**on_primary, "steps": REGION_LOSS_AT_STEP}, region=primary).finish()
         resumed_from = min(second.losses()) - 1
         head_step = int(second.events("published")[-1]["step"])
-        self.say(f"[5/6] primary region {primary} down; restoring from the replica region "
+        self.say(f"[5/6] primary region {primary} down; the run moves to the replica region "
                  f"{replica}")  # fmt: skip
         control.set_faults(regions_down=[primary])
-        replica_step, restore_s = self._restore_from_replica(
-            cloud, outputs["replica_bucket"], replica, run
+        replica_step, restore_s = self._move_to_replica(
+            cloud, outputs["replica_bucket"], replica, run, outputs["checkpoint_catalog_table"]
         )
         on_replica = {
             **settings, "store": f"s3://{outputs['replica_bucket']}", "kms_key_id": keys[replica],
-            "steps": STEPS,
+            "catalog_table": outputs["checkpoint_catalog_table"], "steps": STEPS,
         }  # fmt: skip
         third = Phase("third", self.work / "third.jsonl")
         self._start(third, on_replica, region=replica).finish()
@@ -320,26 +322,34 @@ class Rehearsal:
             raise RehearsalFailed(f"the fleet group {group} launched no instance")
         return str(instances[-1]["InstanceId"])
 
-    def _restore_from_replica(
-        self, cloud: control.RunningCloud, bucket: str, region: str, run: str
+    def _move_to_replica(
+        self, cloud: control.RunningCloud, bucket: str, region: str, run: str, table: str
     ) -> tuple[int, float]:
+        """`spotrain checkpoints move` in the replica region (the catalog's copy there claims
+        the run's next epoch from a checkpoint whose every piece replicated), then the restore
+        a training start there makes, timed."""
         from spotrain.trainer import restore_policy
-        from spotrain.trainer.catalog import StoreCatalog
+        from spotrain.trainer.catalog import DynamoCatalog
+        from spotrain.trainer.run_checkpoints import RunCheckpoints
         from spotrain.trainer.storage import open_storage
 
         storage = open_storage(
             f"s3://{bucket}", client=control.client("s3", cloud.endpoint, region)
         )
+        there = control.client("dynamodb", cloud.endpoint, region)
+        catalog = DynamoCatalog(table, run, storage, client=there)
+        claim, passed_over = RunCheckpoints(run=run, storage=storage, catalog=catalog).move_here(
+            "the rehearsal's primary region is down", self.work / "move-scratch"
+        )
         target = self.work / "replica-restore"
         began = time.perf_counter()
-        report = restore_policy.restore(
-            target, storage=storage, catalog=StoreCatalog(storage, run), run=run
-        )
+        report = restore_policy.restore(target, storage=storage, catalog=catalog, run=run)
         took = time.perf_counter() - began
         shutil.rmtree(target, ignore_errors=True)
-        self.say(f"      restored step {report.manifest.step} from s3://{bucket} in {took:.1f} s "
-                 f"({len(report.manifest.shards)} shards verified); skipped: "
-                 f"{report.skipped or 'none'}")  # fmt: skip
+        self.say(f"      moved to {region} (epoch {claim.id.number}); restored step "
+                 f"{report.manifest.step} from s3://{bucket} in {took:.1f} s "
+                 f"({len(report.manifest.shards)} shards verified); passed over: "
+                 f"{[step for step, _ in passed_over] or 'none'}")  # fmt: skip
         return report.manifest.step, took
 
     def _config_file(self, phase: Phase, fields: dict[str, Any]) -> Path:
