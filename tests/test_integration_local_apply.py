@@ -711,6 +711,18 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     head = home.head()
     assert head is not None and head.epoch == EpochId(1, "us-west-2"), head
     assert [e for e in home.entries() if e.status == STATUS_FENCED] == []
+    # `run status` says where the run trains now.
+    from spotrain.cli import run_status
+
+    tables = control.resource("dynamodb", local.cloud.endpoint, "us-east-1")
+    where = run_status.Where(
+        events=tables.Table("spotrain-local-events"),
+        catalog=tables.Table("spotrain-local-checkpoints"), autoscaling=local.client("autoscaling"),
+        ssm=local.client("ssm"), bucket=local.primary_bucket, environment="local",
+        region="us-east-1",
+    )  # fmt: skip
+    status = run_status.status_of(where, "solo", [])
+    assert (status.trains_in, status.epoch, status.moved_from_step) == ("us-west-2", 1, 20)
     # Priced out of the box, as on a fresh clone: the checked-in book's AWS prices, spot
     # cheaper.
     spend = re.search(r"spend\s+\$([\d.]+) for ([\d.]+) machine-hours of run demo's fleet; "

@@ -65,6 +65,12 @@ class RunStatus:
     """The newest crash since the run's release: instance, exit and the trainer's reason."""
     leaving: int = 0
     """Machines still stopping (their emergency checkpoint), not in service any more."""
+    trains_in: str | None = None
+    """The region its current epoch claimed (None: it never trained)."""
+    epoch: int = 0
+    """Its current epoch: how many times it moved between regions."""
+    moved_from_step: int | None = None
+    """The checkpoint its current epoch started from (None in epoch 0)."""
 
 
 def where_of(env_name: str) -> Where:
@@ -218,7 +224,7 @@ def stopped(where: Where, run: str) -> bool:
 
 
 def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus:
-    from spotrain.core import fleet_state, run_lifecycle
+    from spotrain.core import fleet_state, run_epochs, run_lifecycle
     from spotrain.core.deadline_policy import read_throughput
 
     it = _standing(where, run, groups)
@@ -230,6 +236,7 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
     why = it.lifecycle.why_stopped or _why_not_training(phase, state.failed, ledger.held, stored)
     steps = _total_steps(stored)
     per_hour = read_throughput(where.catalog, run) if head is not None else None
+    epoch = run_epochs.current(run_epochs.read_chain(where.catalog, run))
     return RunStatus(
         run=run, phase=phase, why=why, step=step, final=final, machines=it.machines,
         sizes={g["AutoScalingGroupName"]: f"{g['MinSize']}..{g['DesiredCapacity']}.."
@@ -246,6 +253,8 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
         steps_per_hour=round(per_hour, 1) if per_hour else None,
         eta=_eta(step or 0, steps, per_hour) if phase == run_lifecycle.TRAINING else None,
         finish_by=_finish_by(where, run), leaving=sum(_leaving(g) for g in groups),
+        trains_in=epoch.id.region if epoch else None, epoch=epoch.id.number if epoch else 0,
+        moved_from_step=epoch.base_step if epoch else None,
     )  # fmt: skip
 
 
@@ -287,6 +296,9 @@ def show(status: RunStatus, args: argparse.Namespace) -> int:
     )
     if status.last_crash:
         say(f"  last crash: {status.last_crash}")
+    if status.epoch:
+        say(f"  trains in {status.trains_in} (epoch {status.epoch}, moved there from step "
+            f"{status.moved_from_step}): writers elsewhere are fenced")  # fmt: skip
     if status.step is not None:
         loss = f", loss {status.loss:.4f}" if status.loss is not None else ""
         say(f"  head: step {status.step}{loss}, published {status.head_at}: "

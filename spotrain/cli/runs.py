@@ -235,8 +235,11 @@ def _reachable_key(config: Any, region: str) -> str:
         status = getattr(error, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
         if isinstance(error, ClientError) and (status or 0) < 500:
             raise  # it answered: a real refusal (credentials, a missing key) to fix
-        print(f"{region} does not answer ({error}): its key is left empty; during a region "
-              "outage work in the other region (runbooks/region-down.md)", file=sys.stderr)
+        print(
+            f"{region} does not answer ({error}): its key is left empty; during a region "
+            "outage work in the other region (runbooks/region-down.md)",
+            file=sys.stderr,
+        )
         return ""
 
 
