@@ -359,6 +359,14 @@ def test_a_run_moved_to_another_region_keeps_one_history_whatever_the_old_region
         restored = restore_policy.restore(tmp_path / f"r-{reader.region}", storage=storage,
                                           catalog=reader, run=RUN)  # fmt: skip
         assert restored.manifest == moved.manifest
+    # Without the table (a restore while it cannot be reached), the store's records, the
+    # stale writer's among them, count the same checkpoints: the move was recorded there too.
+    by_records = StoreCatalog(storage, RUN)
+    assert by_records.head().manifest_key == moved_key  # type: ignore[union-attr]
+    assert {(e.step, e.status) for e in by_records.entries()} == {
+        (10, schema.STATUS_COMPLETE), (20, schema.STATUS_COMPLETE), (30, schema.STATUS_COMPLETE),
+        (30, schema.STATUS_FENCED), (40, schema.STATUS_FENCED),
+    }  # fmt: skip
     # The old region's history stays readable: its manifests are where they were written.
     assert {e.manifest_key for e in home.entries() if e.status == schema.STATUS_FENCED} == {
         checkpoint_store.key_of(r.manifest) for r in stale.values()}  # fmt: skip

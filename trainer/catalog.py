@@ -115,6 +115,10 @@ _STATUS_OF = {
     ROLLED_BACK: schema.STATUS_ROLLED_BACK,
     COLLECTED: schema.STATUS_COLLECTED,
 }
+_CLAIM_PREFIX = "epoch_"
+"""A move's record in the store: `records/epoch_<n>-<region>.json`."""
+_UNREADABLE = "unreadable"
+
 # A later decision about a checkpoint wins over an earlier one.
 _PRECEDENCE = [PUBLISHED, ROLLED_BACK, QUARANTINED, COLLECTED]
 
@@ -132,6 +136,35 @@ class RunRecords:
             self.storage.put_bytes(
                 record_key(manifest_key, kind), json.dumps(document, sort_keys=True).encode()
             )
+
+    def write_claim(self, chain: list[Epoch]) -> None:
+        """Record a move in the store: the claim of the chain's last epoch, with the chain as
+        the mover read it, so a restore without the table counts the same checkpoints."""
+        latest = chain[-1].id
+        key = f"{records_prefix(self.run)}{_CLAIM_PREFIX}{latest.number:06d}-{latest.region}.json"
+        document = {"chain": [epoch.to_item() for epoch in chain], "at": _now()}
+        with contextlib.suppress(AlreadyExists):
+            self.storage.put_bytes(key, json.dumps(document, sort_keys=True).encode())
+
+    def read_chain(self) -> list[Epoch]:
+        """The run's epochs as the newest move recorded here read them (none: it never moved;
+        an unreadable record: its own epoch alone, so nothing before it counts)."""
+        claims = [k for k in self.storage.list(records_prefix(self.run))
+                  if k.rsplit("/", 1)[-1].startswith(_CLAIM_PREFIX)]  # fmt: skip
+        chains = []
+        for key in claims:
+            name = key.rsplit("/", 1)[-1].removeprefix(_CLAIM_PREFIX).removesuffix(".json")
+            number, _, region = name.partition("-")
+            try:
+                document = json.loads(self.storage.get_bytes(key))
+                chain = [Epoch.from_item(item) for item in document["chain"]]
+            except (StorageError, ValueError, KeyError, TypeError):
+                chain = [Epoch(EpochId(int(number), region), None, None)]
+            chains.append(chain)
+        # Two claims of one number (regions that could not see each other): the later wins, as
+        # the table's last writer does.
+        return max(chains, key=lambda c: (c[-1].id.number, c[-1].claimed_at, c[-1].id.region),
+                   default=[])  # fmt: skip
 
     def read(self) -> dict[str, tuple[int, str, dict[str, Any]]]:
         """manifest key -> (step, its latest decision, that decision's details)."""
@@ -157,8 +190,9 @@ class RunRecords:
             document = json.loads(self.storage.get_bytes(key))
             return document if isinstance(document, dict) else {}
         except (StorageError, ValueError):
-            # The key holds the decision; only its details (reason, parent, size) are lost.
-            return {"reason": f"(record {key} is unreadable)"}
+            # The key holds the decision; only its details (reason, parent, size, the epoch
+            # that wrote it) are lost.
+            return {"reason": f"(record {key} is unreadable)", _UNREADABLE: True}
 
 
 class StoreCatalog:
@@ -186,17 +220,29 @@ class StoreCatalog:
         )  # fmt: skip
 
     def entries(self) -> list[CatalogEntry]:
+        """Every recorded checkpoint, by step; after a move (`run_epochs`), one that is not
+        part of the run's history, or whose record no longer says who wrote it, is FENCED."""
+        chain = self.records.read_chain()
+        line = run_epochs.valid_through(chain) if len(chain) > 1 else None
+        first = chain[0].id if chain else None
         found = []
         for manifest_key, (step, kind, details) in self.records.read().items():
+            epoch = (EpochId(int(details["epoch"]), str(details["region"]))
+                     if "epoch" in details and "region" in details else first)  # fmt: skip
+            status = _STATUS_OF.get(kind, schema.STATUS_COMPLETE)
+            if line is not None and (details.get(_UNREADABLE) or epoch is None
+                                     or not run_epochs.counts(epoch, step, line)):  # fmt: skip
+                status = schema.STATUS_FENCED
             found.append(
                 CatalogEntry(
                     step=step,
                     manifest_key=manifest_key,
-                    status=_STATUS_OF.get(kind, schema.STATUS_COMPLETE),
+                    status=status,
                     generation=int(details.get("generation") or 0),
                     parent=details.get("parent"),
                     total_bytes=int(details.get("bytes") or 0),
                     reason=str(details.get("reason") or ""),
+                    epoch=epoch if epoch is not None and epoch.number else None,
                 )
             )
         return sorted(found, key=lambda e: (e.step, e.status != schema.STATUS_COMPLETE))
@@ -402,7 +448,8 @@ class DynamoCatalog:
         )
         self.records.write(
             PUBLISHED, manifest_key, step=manifest.step, generation=generation,
-            parent=manifest.parent, bytes=manifest.total_bytes,
+            parent=manifest.parent, bytes=manifest.total_bytes, epoch=epoch.number,
+            region=epoch.region,
         )  # fmt: skip
 
     def _key(self, sort_key: str) -> dict[str, Any]:
@@ -540,6 +587,7 @@ class DynamoCatalog:
             fences=0,
         )  # fmt: skip
         self._epoch = None
+        self.records.write_claim([*chain, claim])
         return claim
 
     def head(self) -> CatalogEntry | None:

@@ -59,6 +59,7 @@ _pending: list[_Change] = []
 _sequence = 0
 _worker: threading.Thread | None = None
 _applying = threading.local()
+_updating = threading.local()
 
 
 def _backend(account: str, region: str) -> Any:
@@ -235,7 +236,8 @@ def install() -> None:
 
     def put_item(self: Table, item_attrs: dict[str, Any], *args: Any, **kwargs: Any) -> Any:
         item = original_put_item(self, item_attrs, *args, **kwargs)
-        _record(self, _key_of(self, item), item.to_json()["Attributes"])
+        if not getattr(_updating, "active", False):
+            _record(self, _key_of(self, item), item.to_json()["Attributes"])
         return item
 
     original_delete_item = Table.delete_item
@@ -249,7 +251,14 @@ def install() -> None:
     original_update_item = DynamoDBBackend.update_item
 
     def update_item(self: DynamoDBBackend, table_name: str, *args: Any, **kwargs: Any) -> Any:
-        item = original_update_item(self, table_name, *args, **kwargs)
+        # moto creates a new item as its keys alone, then updates it: AWS's update is one
+        # write, so only the item it leaves is replicated (a reader elsewhere never sees keys
+        # without their attributes).
+        _updating.active = True
+        try:
+            item = original_update_item(self, table_name, *args, **kwargs)
+        finally:
+            _updating.active = False
         table = self.get_table(table_name)
         _record(table, _key_of(table, item), item.to_json()["Attributes"])
         return item
