@@ -62,28 +62,30 @@ def test_a_base_whose_claim_is_not_here_yet_stops_the_line() -> None:
 
 @pytest.mark.parametrize("moves", range(1, 5))
 def test_the_line_is_the_one_a_walk_over_every_step_finds(moves: int) -> None:
-    """Every chain of `moves` moves over three regions, each from a step of an earlier epoch:
-    a checkpoint counts exactly when the current epoch's lineage passes through it."""
-    regions = (EAST, WEST, SOUTH)
+    """Every chain of `moves` moves over three regions, each from a step of an earlier epoch.
+    Each epoch trains every step after its base, each checkpoint's parent the step before it
+    (the first one's: the base): a checkpoint counts exactly when the current epoch's newest
+    checkpoint descends from it, found by walking parents, checkpoint by checkpoint."""
+    regions, last = (EAST, WEST, SOUTH), 10 * (moves + 2)
     for picks in itertools.product(range(3), repeat=moves):
         chain = [claim(0, EAST)]
         for number, pick in enumerate(picks, start=1):
             base = chain[(number - 1) * pick // 2]  # an earlier epoch, not always the last
             chain.append(claim(number, regions[(number + pick) % 3], base.id, 10 * number + pick))
-        by_number = {e.id.number: e for e in chain}
-        expected: dict[tuple[EpochId, int], bool] = {}
-        # The lineage, the slow way: each step of each epoch, followed back from the head.
-        reachable: dict[EpochId, int | None] = {chain[-1].id: None}
-        at = chain[-1]
-        while at.base is not None:
-            reachable[at.base] = at.base_step
-            at = by_number[at.base.number]
-        line = run_epochs.valid_through(chain)
+        parent: dict[tuple[EpochId, int], tuple[EpochId, int] | None] = {}
         for epoch in chain:
-            for step in range(0, 10 * (moves + 2)):
-                limit = reachable.get(epoch.id, -1)
-                expected[(epoch.id, step)] = limit is None or (limit != -1 and step <= limit)
-                assert run_epochs.counts(epoch.id, step, line) == expected[(epoch.id, step)]
+            first = (epoch.base_step or 0) + 1
+            for step in range(first, last + 1):
+                before = (epoch.base, epoch.base_step) if epoch.base else None
+                parent[(epoch.id, step)] = (epoch.id, step - 1) if step > first else before  # type: ignore[assignment]
+        ancestors, at = set(), (chain[-1].id, last)
+        while at is not None:
+            ancestors.add(at)
+            at = parent[at]  # type: ignore[assignment]
+        line = run_epochs.valid_through(chain)
+        for checkpoint in parent:
+            assert run_epochs.counts(*checkpoint, line) == (checkpoint in ancestors), (
+                picks, checkpoint)  # fmt: skip
 
 
 def test_claims_and_suffixes_read_back_what_they_wrote() -> None:

@@ -146,10 +146,14 @@ class RunRecords:
         with contextlib.suppress(AlreadyExists):
             self.storage.put_bytes(key, json.dumps(document, sort_keys=True).encode())
 
-    def read_chain(self) -> list[Epoch]:
+    def keys(self) -> list[str]:
+        """Every record's key (one listing, for `read` and `read_chain` both)."""
+        return list(self.storage.list(records_prefix(self.run)))
+
+    def read_chain(self, keys: list[str] | None = None) -> list[Epoch]:
         """The run's epochs as the newest move recorded here read them (none: it never moved;
         an unreadable record: its own epoch alone, so nothing before it counts)."""
-        claims = [k for k in self.storage.list(records_prefix(self.run))
+        claims = [k for k in (self.keys() if keys is None else keys)
                   if k.rsplit("/", 1)[-1].startswith(_CLAIM_PREFIX)]  # fmt: skip
         chains = []
         for key in claims:
@@ -166,10 +170,10 @@ class RunRecords:
         return max(chains, key=lambda c: (c[-1].id.number, c[-1].claimed_at, c[-1].id.region),
                    default=[])  # fmt: skip
 
-    def read(self) -> dict[str, tuple[int, str, dict[str, Any]]]:
+    def read(self, keys: list[str] | None = None) -> dict[str, tuple[int, str, dict[str, Any]]]:
         """manifest key -> (step, its latest decision, that decision's details)."""
         latest: dict[str, tuple[int, str, str]] = {}
-        for key in self.storage.list(records_prefix(self.run)):
+        for key in self.keys() if keys is None else keys:
             parsed = parse_record_key(key)
             if parsed is None or parsed[1] not in _PRECEDENCE:
                 continue  # not a record
@@ -222,11 +226,12 @@ class StoreCatalog:
     def entries(self) -> list[CatalogEntry]:
         """Every recorded checkpoint, by step; after a move (`run_epochs`), one that is not
         part of the run's history, or whose record no longer says who wrote it, is FENCED."""
-        chain = self.records.read_chain()
+        keys = self.records.keys()
+        chain = self.records.read_chain(keys)
         line = run_epochs.valid_through(chain) if len(chain) > 1 else None
         first = chain[0].id if chain else None
         found = []
-        for manifest_key, (step, kind, details) in self.records.read().items():
+        for manifest_key, (step, kind, details) in self.records.read(keys).items():
             epoch = (EpochId(int(details["epoch"]), str(details["region"]))
                      if "epoch" in details and "region" in details else first)  # fmt: skip
             status = _STATUS_OF.get(kind, schema.STATUS_COMPLETE)
@@ -330,17 +335,20 @@ class DynamoCatalog:
 
     def chain(self) -> list[Epoch]:
         """The run's epoch claims, as this region's copy has them."""
+        return [Epoch.from_item(item) for item in self._items(run_epochs.EPOCH_PREFIX)]
+
+    def _items(self, sort_prefix: str) -> list[dict[str, Any]]:
+        """Every item of the run whose sort key starts with `sort_prefix`, all pages."""
         found, start = [], None
         while True:
             page = self._call(
                 "query",
-                KeyConditionExpression="pk = :pk AND begins_with(sk, :epoch)",
-                ExpressionAttributeValues={
-                    ":pk": self._pk, ":epoch": {"S": run_epochs.EPOCH_PREFIX}},
+                KeyConditionExpression="pk = :pk AND begins_with(sk, :prefix)",
+                ExpressionAttributeValues={":pk": self._pk, ":prefix": {"S": sort_prefix}},
                 ConsistentRead=True,
                 **({"ExclusiveStartKey": start} if start else {}),
-            )  # fmt: skip
-            found += [Epoch.from_item(item) for item in page.get("Items", [])]
+            )
+            found += page.get("Items", [])
             start = page.get("LastEvaluatedKey")
             if not start:
                 return found
@@ -474,8 +482,6 @@ class DynamoCatalog:
         }
         claims = []
         for sort_key, condition, values in run_epochs.publish_conditions(epoch):
-            if epoch.number == 0 and values:
-                condition = f"attribute_not_exists(#region) OR {condition}"
             claims.append({"ConditionCheck": {
                 "TableName": self.table_name, "Key": self._key(sort_key),
                 "ConditionExpression": condition,
@@ -562,7 +568,9 @@ class DynamoCatalog:
         latest = run_epochs.current(chain)
         if latest is None:
             raise CatalogError(f"run {self.run!r} never trained: it has nothing to move")
-        base_epoch = base.epoch or chain[0].id  # the query lists epoch 0 first
+        base_epoch = run_epochs.written_by(
+            base.sort_key or schema.checkpoint_sort_key(base.step), base.step, chain
+        )
         if not run_epochs.counts(base_epoch, base.step, run_epochs.valid_through(chain)):
             raise CatalogError(f"run {self.run!r}: step {base.step} is not in its history")
         claim = Epoch(EpochId(latest.id.number + 1, self.region), base_epoch, base.step, _now(), by)
@@ -596,14 +604,10 @@ class DynamoCatalog:
         if head:
             item = self._get(head["latest"]["S"])
             return self._entry(item) if item else None
-        latest = run_epochs.current(chain)
-        if latest is None or latest.base is None or latest.base_step is None:
-            return None
         # The epoch published nothing yet: its head is where it started.
-        base_key = schema.checkpoint_sort_key(latest.base_step) + run_epochs.epoch_suffix(
-            latest.base
-        )
-        item = self._get(base_key)
+        latest = run_epochs.current(chain)
+        base_key = run_epochs.base_sort_key(latest) if latest else None
+        item = self._get(base_key) if base_key else None
         return self._entry(item) if item else None
 
     def _get(self, sort_key: str) -> dict[str, Any] | None:
@@ -631,29 +635,13 @@ class DynamoCatalog:
     def entries(self) -> list[CatalogEntry]:
         """Every recorded checkpoint of the run, by step; one a stale writer published after
         the run moved on (or in an epoch whose claim lost) reads as FENCED."""
-        found, start = [], None
-        while True:
-            page = self._call(
-                "query",
-                KeyConditionExpression="pk = :pk AND begins_with(sk, :checkpoint)",
-                ExpressionAttributeValues={
-                    ":pk": self._pk,
-                    ":checkpoint": {"S": schema.CHECKPOINT_PREFIX},
-                },
-                ConsistentRead=True,
-                **({"ExclusiveStartKey": start} if start else {}),
-            )
-            found += [self._entry(item) for item in page.get("Items", [])]
-            start = page.get("LastEvaluatedKey")
-            if not start:
-                break
+        found = [self._entry(item) for item in self._items(schema.CHECKPOINT_PREFIX)]
         chain = self.chain()
         if not chain:
             return found
         line = run_epochs.valid_through(chain)
-        first = min(chain, key=lambda e: e.id.number).id
         return [
-            e if run_epochs.counts(e.epoch or first, e.step, line)
+            e if run_epochs.counts(run_epochs.written_by(e.sort_key, e.step, chain), e.step, line)
             else replace(e, status=schema.STATUS_FENCED)
             for e in found
         ]  # fmt: skip

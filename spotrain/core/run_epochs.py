@@ -173,11 +173,16 @@ def read_head(table: Any, run: str) -> dict[str, Any] | None:
         Key={PARTITION_KEY: run_key(run), SORT_KEY: head_sort_key(chain)}, ConsistentRead=True
     ).get("Item")
     latest = current(chain)
-    if item is None and latest is not None and latest.base is not None:
-        assert latest.base_step is not None
-        where = checkpoint_sort_key(latest.base_step) + epoch_suffix(latest.base)
+    if item is None and latest is not None and (where := base_sort_key(latest)) is not None:
         return {"step": latest.base_step, "latest": where}
     return item
+
+
+def base_sort_key(epoch: Epoch) -> str | None:
+    """The catalog item of the checkpoint `epoch` started from (None: epoch 0's nothing)."""
+    if epoch.base is None or epoch.base_step is None:
+        return None
+    return checkpoint_sort_key(epoch.base_step) + epoch_suffix(epoch.base)
 
 
 def counts(epoch: EpochId, step: int, line: Mapping[EpochId, int | None]) -> bool:
@@ -191,10 +196,12 @@ def counts(epoch: EpochId, step: int, line: Mapping[EpochId, int | None]) -> boo
 def publish_conditions(epoch: EpochId) -> list[tuple[str, str, dict[str, Any]]]:
     """What a writer of `epoch` checks in its own region's copy with every publish, as
     (claim sort key, condition expression, expression values): its claim is the one there
-    (epoch 0 included: a run's first writer claims it), and no next epoch is claimed."""
+    (for epoch 0, or none: a run whose writer started before epochs), and no next epoch is
+    claimed."""
+    mine = "#region = :region"
     own = (
         epoch_sort_key(epoch.number),
-        "#region = :region",
+        f"attribute_not_exists(#region) OR {mine}" if epoch.number == 0 else mine,
         {":region": {"S": epoch.region}},
     )
     none_next = (epoch_sort_key(epoch.number + 1), "attribute_not_exists(#region)", {})

@@ -105,7 +105,9 @@ def fenced_publishes(
         if record.get("eventName") != "INSERT" or not sort_key.startswith(_CHECKPOINT_PREFIX):
             continue
         run = keys.get(PARTITION_KEY, "").removeprefix(run_key(""))
-        chain = chains[run] if run in chains else chains.setdefault(run, chain_of(run))
+        if run not in chains:
+            chains[run] = chain_of(run)
+        chain = chains[run]
         latest = run_epochs.current(chain)
         step = int(new.get("step") or 0)
         writer = run_epochs.written_by(sort_key, step, chain)
