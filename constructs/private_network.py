@@ -18,6 +18,7 @@ from spotrain.cdk import Construct, aws
 from spotrain.constructs.policy import assume_role_policy, policy_document, statement
 from spotrain.core.errors import raise_if_problems
 from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
+from spotrain.core.standing_cost import INTERFACE_ENDPOINT_SERVICES
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -198,9 +199,10 @@ class PrivateNetwork(Construct):
         return endpoints
 
     def _interface_endpoints(self, props: PrivateNetworkProps) -> dict[str, Any]:
-        """One per service the machines call besides S3 and DynamoDB, shared by every run."""
+        """One per service the machines call besides S3 and DynamoDB, shared by every run
+        (the services the standing cost counts: `INTERFACE_ENDPOINT_SERVICES`)."""
         fleets = f"{props.fleet_name_prefix}*"
-        return {
+        endpoints = {
             # A machine that cannot train tells its group (SetInstanceHealth).
             "autoscaling": self._interface_endpoint(props, "autoscaling", _only_the_account(
                 "OnlyReportTheFleetsHealth", ["autoscaling:SetInstanceHealth"],
@@ -225,6 +227,8 @@ class PrivateNetwork(Construct):
             **{service: self._interface_endpoint(props, service)
                for service in SESSION_MANAGER_SERVICES},
         }  # fmt: skip
+        assert tuple(endpoints) == INTERFACE_ENDPOINT_SERVICES, "count them where they cost"
+        return endpoints
 
     def _endpoint_security_group(self, props: PrivateNetworkProps) -> Any:
         sg = aws.security_group

@@ -56,8 +56,8 @@ class SpotFleetProps:
     """On-demand instances kept before spot is used (the coordinator)."""
     checkpoint_bucket_arn: str
     """Primary checkpoint bucket."""
-    replica_bucket_arn: str
-    """Replica checkpoint bucket (read for cross-region restore)."""
+    replica_bucket_arns: tuple[str, ...]
+    """The other regions' checkpoint buckets (read for cross-region restore)."""
     checkpoint_bucket_name: str
     """Primary bucket name, passed to the trainer."""
     catalog_table_arn: str

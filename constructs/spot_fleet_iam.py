@@ -50,7 +50,7 @@ def machine_statements(
         statement(
             "ListRunPrefix",
             actions=["s3:ListBucket"],
-            resources=[props.checkpoint_bucket_arn, props.replica_bucket_arn],
+            resources=[props.checkpoint_bucket_arn, *props.replica_bucket_arns],
             conditions=[
                 (
                     "StringLike",
@@ -65,7 +65,7 @@ def machine_statements(
             actions=["s3:GetObject"],
             resources=[
                 f"{props.checkpoint_bucket_arn}/{datasets}/*",
-                f"{props.replica_bucket_arn}/{datasets}/*",
+                *(f"{arn}/{datasets}/*" for arn in props.replica_bucket_arns),
             ],
         ),
         statement(
@@ -84,7 +84,7 @@ def machine_statements(
         statement(
             "ReadRunReplicas",
             actions=["s3:GetObject"],
-            resources=[f"{props.replica_bucket_arn}/{run_prefix}/*"],
+            resources=[f"{arn}/{run_prefix}/*" for arn in props.replica_bucket_arns],
         ),
         statement(
             "RunCatalogItems",

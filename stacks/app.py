@@ -3,7 +3,8 @@
 Stacks per environment (deploy one environment with `cdktf deploy '<env>-*'`):
   <env>-storage        keys, access-log buckets, replicated checkpoint buckets
   <env>-catalog        checkpoint catalog and interruption events tables
-  <env>-network        private network, gateway and interface endpoints
+  <env>-network        private network, gateway and interface endpoints (home region)
+  <env>-network-<region>  the same in each other region
   <env>-budget         monthly budget and alerts
   <env>-interruptions  EventBridge rules -> interruption handler Lambda (serves every run)
   <env>-run-<run>      per run (runs/<env>/<run>.toml): its fleet and its declaration to the
@@ -27,13 +28,14 @@ from spotrain.stacks.catalog import CatalogStack
 from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
 from spotrain.stacks.interruptions import InterruptionsStack
-from spotrain.stacks.network import NetworkStack
+from spotrain.stacks.network import NetworkStack, network_part
 from spotrain.stacks.run import RunStack
 from spotrain.stacks.runs import RunConfig, load_runs
 from spotrain.stacks.storage import StorageStack
 
 STACK_PARTS = ("storage", "catalog", "network", "budget", "interruptions")
-"""The environment's own stacks; each run adds `run-<run>`."""
+"""The environment's own stacks (`network` at home; every other region adds
+`network-<region>`); each run adds `run-<run>`."""
 
 
 def add_environment(
@@ -43,20 +45,22 @@ def add_environment(
     declares, `runs/<env>/`); returns them by part."""
     runs = load_runs(config.name) if runs is None else runs
     storage = StorageStack(app, config=config)
-    primary_key = storage.keys["Primary"].arn
-    replica_key = storage.keys["Replica"].arn
-    catalog = CatalogStack(
-        app, config=config, primary_key_arn=primary_key, replica_key_arn=replica_key
-    )
-    network = NetworkStack(
-        app,
-        config=config,
-        primary_key_arn=primary_key,
-        checkpoint_bucket_arn=storage.checkpoints.primary.arn,
-        catalog_table_arn=catalog.checkpoints.arn,
-        events_table_arn=catalog.events.arn,
-        image_repository_arn=storage.registry.repository.arn,
-    )
+    key_arns = {region: key.arn for region, key in storage.keys.items()}
+    primary_key = key_arns[config.primary_region]
+    catalog = CatalogStack(app, config=config, key_arns=key_arns)
+    networks = {
+        region: NetworkStack(
+            app,
+            config=config,
+            region=region,
+            key_arn=key_arns[region],
+            checkpoint_bucket_arn=storage.checkpoints.buckets[region].arn,
+            catalog_table_name=catalog.checkpoints.name,
+            events_table_name=catalog.events.name,
+        )
+        for region in config.region_names
+    }
+    network = networks[config.primary_region]
     budget = BudgetStack(app, config=config)
     interruptions = InterruptionsStack(
         app,
@@ -73,7 +77,7 @@ def add_environment(
     stacks: dict[str, object] = {
         "storage": storage,
         "catalog": catalog,
-        "network": network,
+        **{network_part(config, region): stack for region, stack in networks.items()},
         "budget": budget,
         "interruptions": interruptions,
     }
@@ -83,11 +87,9 @@ def add_environment(
             config=config,
             run=run,
             network=network.network,
-            primary_key_arn=primary_key,
-            replica_key_arn=replica_key,
-            checkpoint_bucket_arn=storage.checkpoints.primary.arn,
+            key_arns=key_arns,
+            checkpoint_bucket_arns={r: b.arn for r, b in storage.checkpoints.buckets.items()},
             checkpoint_bucket_name=storage.checkpoints.primary.name,
-            replica_bucket_arn=storage.checkpoints.replica.arn,
             catalog_table_arn=catalog.checkpoints.arn,
             catalog_table_name=catalog.checkpoints.name,
             events_table_arn=catalog.events.arn,

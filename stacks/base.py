@@ -78,14 +78,24 @@ def state_backend_settings(config: EnvironmentConfig, stack_name: str) -> dict[s
     return settings
 
 
+def region_label(config: EnvironmentConfig, region: str) -> str:
+    """The stem of a region's construct ids and provider alias: `Primary` for home and
+    `Replica` for the second region (the ids environments had when they had two regions, so
+    their state keeps its addresses), the region's name in capitals (`EuWest1`) for others."""
+    index = config.region_names.index(region)
+    if index < 2:
+        return ("Primary", "Replica")[index]
+    return "".join(part.capitalize() for part in region.split("-"))
+
+
 def resource_name(config: EnvironmentConfig, suffix: str) -> str:
     """Name for a regional resource of the environment, e.g. `spotrain-dev-events`."""
     return names.environment_resource(config.name, suffix)
 
 
 class EnvironmentStack(TerraformStack):
-    """A stack named `<environment>-<part>` with the primary-region provider as default;
-    `run_tags` tag every resource of a run's stack with the run."""
+    """A stack named `<environment>-<part>` whose default provider is `region`'s (home's
+    unless given); `run_tags` tag every resource of a run's stack with the run."""
 
     def __init__(
         self,
@@ -94,13 +104,17 @@ class EnvironmentStack(TerraformStack):
         *,
         config: EnvironmentConfig,
         run_tags: dict[str, str] | None = None,
+        region: str | None = None,
     ) -> None:
         name = config.stack_name(part)
         super().__init__(scope, name)
         self.config = config
         self.run_tags = dict(run_tags or {})
-        self.primary_provider = aws.provider.AwsProvider(
-            self, "Primary", **provider_settings(config, config.primary_region, self.run_tags)
+        self.region = region or config.primary_region
+        default_provider = aws.provider.AwsProvider(
+            self,
+            region_label(config, self.region),
+            **provider_settings(config, self.region, self.run_tags),
         )
         if config.state is not None:
             S3Backend(self, **state_backend_settings(config, name))
@@ -109,19 +123,20 @@ class EnvironmentStack(TerraformStack):
         self.account_id = str(
             aws.data_aws_caller_identity.DataAwsCallerIdentity(self, "Caller").account_id
         )
-        self._replica_provider: Any = None
+        self._providers: dict[str, Any] = {self.region: default_provider}
 
-    @property
-    def replica_provider(self) -> Any:
-        """Provider of the replica region, created on first use."""
-        if self._replica_provider is None:
-            self._replica_provider = aws.provider.AwsProvider(
+    def provider(self, region: str) -> Any:
+        """The provider of one of the environment's regions (home's is the default one),
+        created on first use."""
+        if region not in self._providers:
+            label = region_label(self.config, region)
+            self._providers[region] = aws.provider.AwsProvider(
                 self,
-                "Replica",
-                alias="replica",
-                **provider_settings(self.config, self.config.replica_region, self.run_tags),
+                label,
+                alias=label.lower(),
+                **provider_settings(self.config, region, self.run_tags),
             )
-        return self._replica_provider
+        return self._providers[region]
 
     def resource_name(self, suffix: str) -> str:
         """Name for a regional resource of this environment, e.g. `spotrain-dev-events`."""

@@ -1,6 +1,6 @@
 """Catalog: the checkpoint catalog table and the interruption events table.
 
-Both tables are global tables with a replica in the replica region (the local cloud too:
+Both tables are global tables with a replica in every other region (the local cloud too:
 it replicates asynchronously, last writer wins, as AWS does), so the catalog and the events
 outlive the loss of the primary region.
 """
@@ -25,11 +25,14 @@ class CatalogStack(EnvironmentStack):
         scope: Construct,
         *,
         config: EnvironmentConfig,
-        primary_key_arn: str,
-        replica_key_arn: str,
+        key_arns: dict[str, str],
     ) -> None:
         super().__init__(scope, "catalog", config=config)
-        replicas = (TableReplica(region=config.replica_region, kms_key_arn=replica_key_arn),)
+        primary_key_arn = key_arns[config.primary_region]
+        replicas = tuple(
+            TableReplica(region=region, kms_key_arn=key_arns[region])
+            for region in config.replica_regions
+        )
         self.checkpoints = CatalogTable(
             self,
             "CheckpointCatalog",

@@ -77,22 +77,65 @@ class StateBackend:
 
 
 @dataclass(frozen=True, kw_only=True)
+class RegionConfig:
+    """One region of an environment: where its network, bucket, key and a fleet of each run
+    live. Judged with the environment (`EnvironmentConfig` lists its problems with the rest)."""
+
+    name: str
+    """AWS region, e.g. `us-east-1`."""
+    availability_zones: tuple[str, ...]
+    """Zones of this region for the fleets' private subnets (one /20 each)."""
+    vpc_cidr: str = "10.40.0.0/16"
+    """Address range of this region's VPC. Give each region its own /16 so the networks can
+    be peered later; the runs need no peering (they meet through S3 and DynamoDB)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.availability_zones, list):
+            object.__setattr__(self, "availability_zones", tuple(self.availability_zones))
+
+    def problems(self) -> list[str]:
+        where = f"region {self.name!r}"
+        problems = instance_type_problems(self, prefix=f"{where}: ")
+        if problems:
+            return problems
+        if self.name not in KNOWN_REGIONS:
+            return [
+                f"{where} is not a known AWS region: use one of {', '.join(sorted(KNOWN_REGIONS))}"
+            ]
+        if not self.availability_zones:
+            problems.append(
+                f"{where}: availability_zones is empty: name at least one zone of it "
+                f"(e.g. '{self.name}a')"
+            )
+        if len(set(self.availability_zones)) != len(self.availability_zones):
+            problems.append(f"{where}: availability_zones lists a zone twice: list each zone once")
+        for zone in self.availability_zones:
+            if not (zone.startswith(self.name) and len(zone) == len(self.name) + 1):
+                problems.append(
+                    f"{where}: availability zone {zone!r} is not a zone of {self.name}: use "
+                    f"e.g. '{self.name}a'"
+                )
+        if len(self.availability_zones) > 16:
+            problems.append(
+                f"{where}: availability_zones names more than 16 zones: the VPC has 16 /20 slices"
+            )
+        return problems + [f"{where}: {p}" for p in _vpc_cidr_problems(self.vpc_cidr)]
+
+
+@dataclass(frozen=True, kw_only=True)
 class EnvironmentConfig:
     """Everything that differs between environments (local, dev, prod, ...)."""
 
     name: str
     """Environment name; stacks are named `<name>-<part>` (its runs' `<name>-run-<run>`) so
     `cdktf deploy '<name>-*'` deploys it whole."""
-    primary_region: str
-    """Region that runs the fleet and holds the primary checkpoint bucket and catalog."""
-    replica_region: str
-    """Region that receives replicated checkpoints (and the catalog replica in real clouds)."""
+    regions: tuple[RegionConfig, ...]
+    """The regions a run of this environment may train in, two or more; the first is home
+    (the budget, the image registry, the handler that watches the catalog). Every region holds
+    a checkpoint bucket (each replicating to every other), a replica of the catalog and events
+    tables, its network and endpoints, and a fleet of each run (at 0 where it does not train)."""
     bucket_prefix: str
     """Globally unique prefix for bucket names, e.g. `acme-spotrain-dev`."""
-    availability_zones: tuple[str, ...]
-    """Availability zones of the primary region for the fleet's private subnets."""
-    vpc_cidr: str = "10.40.0.0/16"
-    """Address range of the fleet's VPC; subnets are /20 slices of it."""
     monthly_budget_usd: float
     """Monthly cost budget; alerts fire at 50/80/100% actual and 100% forecast."""
     alert_emails: tuple[str, ...]
@@ -112,7 +155,7 @@ class EnvironmentConfig:
         # Types first: the value checks below would misread a budget given as a string, or
         # instance types given as one string (its letters).
         raise_if_problems(f"environment {self.name!r}", instance_type_problems(self))
-        for name in ("availability_zones", "alert_emails"):
+        for name in ("regions", "alert_emails"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
         raise_if_problems(f"environment {self.name!r}", self._problems())
@@ -126,6 +169,25 @@ class EnvironmentConfig:
         """Tags on every resource; the two spotrain tags are the cost allocation keys."""
         return {**self.tags, ENVIRONMENT_TAG: self.name, "spotrain:project": "spotrain"}
 
+    @property
+    def primary_region(self) -> str:
+        """The home region: the first of `regions`."""
+        return self.regions[0].name
+
+    @property
+    def replica_regions(self) -> tuple[str, ...]:
+        """Every region but home: each holds replicas of the catalog and the checkpoints, and
+        is where a run moves when home cannot hold it."""
+        return tuple(region.name for region in self.regions[1:])
+
+    @property
+    def region_names(self) -> tuple[str, ...]:
+        return tuple(region.name for region in self.regions)
+
+    def region(self, name: str) -> RegionConfig:
+        """The region called `name` (one of `region_names`)."""
+        return next(region for region in self.regions if region.name == name)
+
     def stack_name(self, part: str) -> str:
         return f"{self.name}-{part}"
 
@@ -136,45 +198,21 @@ class EnvironmentConfig:
                 f"name {self.name!r} is not a valid environment name: use 2-15 lowercase "
                 "letters, digits or '-', starting with a letter (e.g. 'dev')"
             )
-        for label, region in (
-            ("primary_region", self.primary_region),
-            ("replica_region", self.replica_region),
-        ):
-            if region not in KNOWN_REGIONS:
-                problems.append(
-                    f"{label} {region!r} is not a known AWS region: use one of "
-                    f"{', '.join(sorted(KNOWN_REGIONS))}"
-                )
-        if self.primary_region == self.replica_region:
+        names = [region.name for region in self.regions]
+        if len(names) < 2:
             problems.append(
-                f"primary_region and replica_region are both {self.primary_region!r}: choose a "
-                "different replica_region so checkpoints survive the loss of a region"
+                f"regions names {len(names)} region(s): name two or more (the first is home) so "
+                "checkpoints and runs survive the loss of a region, e.g. us-east-1 and us-west-2"
             )
+        for name in sorted({n for n in names if names.count(n) > 1}):
+            problems.append(f"regions lists {name!r} twice: list each region once")
+        for region in self.regions:
+            problems += region.problems()
         if not _BUCKET_PREFIX.match(self.bucket_prefix):
             problems.append(
                 f"bucket_prefix {self.bucket_prefix!r} is not a valid S3 name prefix: use 4-40 "
                 "lowercase letters, digits or '-', starting and ending with a letter or digit"
             )
-        if len(set(self.availability_zones)) != len(self.availability_zones):
-            problems.append("availability_zones lists a zone twice: list each zone once")
-        if not self.availability_zones:
-            problems.append(
-                f"availability_zones is empty: name at least one zone of {self.primary_region} "
-                f"(e.g. '{self.primary_region}a')"
-            )
-        for zone in self.availability_zones:
-            if not (
-                zone.startswith(self.primary_region) and len(zone) == len(self.primary_region) + 1
-            ):
-                problems.append(
-                    f"availability zone {zone!r} is not a zone of primary_region "
-                    f"{self.primary_region!r}: use e.g. '{self.primary_region}a'"
-                )
-        if len(self.availability_zones) > 16:
-            problems.append(
-                "availability_zones names more than 16 zones: the VPC has 16 /20 slices"
-            )
-        problems += _vpc_cidr_problems(self.vpc_cidr)
         if not self.monthly_budget_usd > 0:
             problems.append(
                 f"monthly_budget_usd is {self.monthly_budget_usd}: set a positive amount in USD"

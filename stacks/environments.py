@@ -8,7 +8,7 @@ existing S3 bucket (see README: remote state).
 
 from __future__ import annotations
 
-from spotrain.stacks.config import EnvironmentConfig, LocalCloud, StateBackend
+from spotrain.stacks.config import EnvironmentConfig, LocalCloud, RegionConfig, StateBackend
 
 DEFAULT_LOCAL_ENDPOINT = "https://127.0.0.1:4566"
 LOCAL_STATE_BUCKET = "spotrain-local-terraform-state"
@@ -18,10 +18,15 @@ LOCAL_REGION = "us-east-1"
 def local(endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> EnvironmentConfig:
     return EnvironmentConfig(
         name="local",
-        primary_region=LOCAL_REGION,
-        replica_region="us-west-2",
+        regions=(
+            RegionConfig(name=LOCAL_REGION, availability_zones=("us-east-1a", "us-east-1b")),
+            RegionConfig(
+                name="us-west-2",
+                availability_zones=("us-west-2a", "us-west-2b"),
+                vpc_cidr="10.41.0.0/16",
+            ),
+        ),
         bucket_prefix="spotrain-local",
-        availability_zones=("us-east-1a", "us-east-1b"),
         monthly_budget_usd=100.0,
         alert_emails=("oncall@example.com",),
         tags={"team": "ml-platform"},
@@ -33,10 +38,17 @@ def local(endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> EnvironmentConfig:
 def dev() -> EnvironmentConfig:
     return EnvironmentConfig(
         name="dev",
-        primary_region="us-east-1",
-        replica_region="us-west-2",
+        regions=(
+            RegionConfig(
+                name="us-east-1", availability_zones=("us-east-1a", "us-east-1b", "us-east-1c")
+            ),
+            RegionConfig(
+                name="us-west-2",
+                availability_zones=("us-west-2a", "us-west-2b", "us-west-2c"),
+                vpc_cidr="10.41.0.0/16",
+            ),
+        ),
         bucket_prefix="example-spotrain-dev",
-        availability_zones=("us-east-1a", "us-east-1b", "us-east-1c"),
         monthly_budget_usd=2_000.0,
         alert_emails=("ml-platform-oncall@example.com",),
         tags={"team": "ml-platform"},
@@ -47,10 +59,18 @@ def dev() -> EnvironmentConfig:
 def prod() -> EnvironmentConfig:
     return EnvironmentConfig(
         name="prod",
-        primary_region="us-east-1",
-        replica_region="us-west-2",
+        regions=(
+            RegionConfig(
+                name="us-east-1",
+                availability_zones=("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"),
+            ),
+            RegionConfig(
+                name="us-west-2",
+                availability_zones=("us-west-2a", "us-west-2b", "us-west-2c", "us-west-2d"),
+                vpc_cidr="10.41.0.0/16",
+            ),
+        ),
         bucket_prefix="example-spotrain-prod",
-        availability_zones=("us-east-1a", "us-east-1b", "us-east-1c", "us-east-1d"),
         monthly_budget_usd=50_000.0,
         alert_emails=("ml-platform-oncall@example.com", "finops@example.com"),
         tags={"team": "ml-platform"},

@@ -1,13 +1,24 @@
-"""Network: the environment's private VPC, its gateway endpoints and the interface endpoints
-every run's fleet shares."""
+"""Network: one stack per region of the environment (`<env>-network` at home,
+`<env>-network-<region>` elsewhere): its private VPC, its gateway endpoints and the interface
+endpoints every run's fleet in that region shares.
+
+A region's stack stands alone, so an outage of one region never blocks a plan or an apply of
+another's network.
+"""
 
 from __future__ import annotations
 
 from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.private_network import PrivateNetwork, PrivateNetworkProps
 from spotrain.core import resource_names as names
+from spotrain.core.image_reference import image_repository_name
 from spotrain.stacks.base import EnvironmentStack
 from spotrain.stacks.config import EnvironmentConfig
+
+
+def network_part(config: EnvironmentConfig, region: str) -> str:
+    """The stack part of `region`'s network (home's keeps the name it had alone)."""
+    return "network" if region == config.primary_region else f"network-{region}"
 
 
 class NetworkStack(EnvironmentStack):
@@ -16,27 +27,41 @@ class NetworkStack(EnvironmentStack):
         scope: Construct,
         *,
         config: EnvironmentConfig,
-        primary_key_arn: str,
+        region: str,
+        key_arn: str,
         checkpoint_bucket_arn: str,
-        catalog_table_arn: str,
-        events_table_arn: str,
-        image_repository_arn: str,
+        catalog_table_name: str,
+        events_table_name: str,
     ) -> None:
-        super().__init__(scope, "network", config=config)
+        part = network_part(config, region)
+        super().__init__(scope, part, config=config, region=region)
+        zones = config.region(region)
+
+        def arn(service: str, resource: str) -> str:
+            return f"arn:aws:{service}:{region}:{self.account_id}:{resource}"
+
         self.network = PrivateNetwork(
             self,
             "Network",
             props=PrivateNetworkProps(
-                name=self.resource_name("network"),
-                region=config.primary_region,
+                name=self.resource_name(part),
+                region=region,
                 account_id=self.account_id,
-                cidr=config.vpc_cidr,
-                availability_zones=config.availability_zones,
-                log_kms_key_arn=primary_key_arn,
+                cidr=zones.vpc_cidr,
+                availability_zones=zones.availability_zones,
+                log_kms_key_arn=key_arn,
                 log_retention_days=config.log_retention_days,
-                s3_buckets=(checkpoint_bucket_arn,),  # the replica's region is not this one
-                dynamodb_tables=(catalog_table_arn, events_table_arn),
-                image_repositories=(image_repository_arn,),
+                # Each region's machines reach their own region's bucket and tables; the
+                # other regions' copies arrive by replication.
+                s3_buckets=(checkpoint_bucket_arn,),
+                dynamodb_tables=tuple(
+                    arn("dynamodb", f"table/{table}")
+                    for table in (catalog_table_name, events_table_name)
+                ),
+                # The trainer image's repository in this region (home's, or its replica).
+                image_repositories=(
+                    arn("ecr", f"repository/{image_repository_name(config.name)}"),
+                ),
                 fleet_name_prefix=names.fleet_name_prefix(config.name),
             ),
         )

@@ -50,11 +50,9 @@ class RunStack(EnvironmentStack):
         config: EnvironmentConfig,
         run: RunConfig,
         network: PrivateNetwork,
-        primary_key_arn: str,
-        replica_key_arn: str,
-        checkpoint_bucket_arn: str,
+        key_arns: dict[str, str],
+        checkpoint_bucket_arns: dict[str, str],
         checkpoint_bucket_name: str,
-        replica_bucket_arn: str,
         catalog_table_arn: str,
         catalog_table_name: str,
         events_table_arn: str,
@@ -65,18 +63,20 @@ class RunStack(EnvironmentStack):
             scope, names.run_stack_part(run.name), config=config, run_tags=run.run_tags
         )
         self.run = run
+        home = config.primary_region
+        zones = config.region(home).availability_zones
         endpoints = network.interface_endpoints
         registry_endpoint_ids = tuple(str(endpoints[s].id) for s in ("ecr.api", "ecr.dkr"))
         # An EFA run trains in one zone (EFA traffic stays in its subnet); a tcp run in all.
         mode = run.network_mode
         subnets = network.subnet_ids
         if mode != "tcp":
-            zone = run.zone or config.availability_zones[0]
-            if zone not in config.availability_zones:
+            zone = run.zone or zones[0]
+            if zone not in zones:
                 raise ConfigError(f"run {run.source or run.name}", [
                     f"zone {zone!r} is not one of environment {config.name}'s: use one of "
-                    f"{', '.join(config.availability_zones)}"])  # fmt: skip
-            subnets = [subnets[config.availability_zones.index(zone)]]
+                    f"{', '.join(zones)}"])  # fmt: skip
+            subnets = [subnets[zones.index(zone)]]
         self.fleet = SpotFleet(
             self,
             "Fleet",
@@ -91,9 +91,11 @@ class RunStack(EnvironmentStack):
                 desired_size=run.desired_size,
                 max_size=run.max_size,
                 on_demand_base_capacity=run.on_demand_base_capacity,
-                checkpoint_bucket_arn=checkpoint_bucket_arn,
+                checkpoint_bucket_arn=checkpoint_bucket_arns[home],
                 checkpoint_bucket_name=checkpoint_bucket_name,
-                replica_bucket_arn=replica_bucket_arn,
+                replica_bucket_arns=tuple(
+                    checkpoint_bucket_arns[r] for r in config.replica_regions
+                ),
                 catalog_table_arn=catalog_table_arn,
                 catalog_table_name=catalog_table_name,
                 events_table_arn=events_table_arn,
@@ -105,8 +107,8 @@ class RunStack(EnvironmentStack):
                     str(endpoints[s].id) for s in ("ssm", "ssmmessages", "ec2messages")
                 ),
                 endpoint_security_group_id=str(network.endpoint_security_group.id),
-                data_kms_key_arns=(primary_key_arn, replica_key_arn),
-                log_kms_key_arn=primary_key_arn,
+                data_kms_key_arns=tuple(key_arns[r] for r in config.region_names),
+                log_kms_key_arn=key_arns[home],
                 log_retention_days=config.log_retention_days,
                 region=config.primary_region,
                 account_id=self.account_id,
@@ -131,7 +133,7 @@ class RunStack(EnvironmentStack):
             # Nothing secret, but encrypted at rest as everything is: the handler decrypts it
             # through SSM with the environment's key.
             type="SecureString",
-            key_id=primary_key_arn,
+            key_id=key_arns[home],
             value=RunDeclaration(
                 run=run.name,
                 groups=capacity_groups(config, run),

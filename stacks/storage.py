@@ -1,5 +1,6 @@
-"""Storage: a KMS key per region, access-log buckets, the replicated checkpoint buckets, and the
-container registry of the trainer image."""
+"""Storage: per region of the environment a KMS key, an access-log bucket and a checkpoint
+bucket (each replicating to every other), and at home the container registry of the trainer
+image."""
 
 from __future__ import annotations
 
@@ -8,28 +9,26 @@ from spotrain.constructs.container_registry import ContainerRegistry, ContainerR
 from spotrain.constructs.encrypted_bucket import EncryptedBucket, EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKey, EncryptionKeyProps
 from spotrain.constructs.interruption_handler.construct import rule_arns
-from spotrain.constructs.replicated_bucket_pair import (
-    ReplicatedBucketPair,
-    ReplicatedBucketPairProps,
+from spotrain.constructs.replicated_buckets import (
+    RegionalBucket,
+    ReplicatedBuckets,
+    ReplicatedBucketsProps,
 )
 from spotrain.core import catalog_schema
 from spotrain.core import resource_names as names
 from spotrain.core.image_reference import image_repository_name
-from spotrain.stacks.base import EnvironmentStack
+from spotrain.stacks.base import EnvironmentStack, region_label
 from spotrain.stacks.config import EnvironmentConfig
 
 
 class StorageStack(EnvironmentStack):
     def __init__(self, scope: Construct, *, config: EnvironmentConfig) -> None:
         super().__init__(scope, "storage", config=config)
-        regions = {
-            "Primary": (config.primary_region, self.primary_provider),
-            "Replica": (config.replica_region, self.replica_provider),
-        }
         keys: dict[str, EncryptionKey] = {}
         log_buckets: dict[str, EncryptedBucket] = {}
-        for label, (region, provider) in regions.items():
-            keys[label] = EncryptionKey(
+        for region in config.region_names:
+            label, provider = region_label(config, region), self.provider(region)
+            keys[region] = EncryptionKey(
                 self,
                 f"{label}Key",
                 props=EncryptionKeyProps(
@@ -46,14 +45,14 @@ class StorageStack(EnvironmentStack):
                                 names.interruption_handler(config.name), region, self.account_id
                             ),
                         )
-                        if label == "Primary"
+                        if region == config.primary_region
                         else ()
                     ),
                     deletion_window_days=7 if config.is_local else 30,
                     provider=provider,
                 ),
             )
-            log_buckets[label] = EncryptedBucket(
+            log_buckets[region] = EncryptedBucket(
                 self,
                 f"{label}AccessLogBucket",
                 props=EncryptedBucketProps(
@@ -67,28 +66,29 @@ class StorageStack(EnvironmentStack):
                 ),
             )
 
-        def checkpoint_bucket(label: str) -> EncryptedBucketProps:
-            region, provider = regions[label]
-            return EncryptedBucketProps(
-                bucket_name=names.checkpoint_bucket(config.bucket_prefix, region),
-                account_id=self.account_id,
-                kms_key_arn=keys[label].arn,
-                access_log_bucket=log_buckets[label].log_target_name,
-                write_once_prefixes=(f"{catalog_schema.RUNS_PREFIX}/",),
-                noncurrent_version_expiration_days=config.noncurrent_version_expiration_days,
-                force_destroy=config.is_local,
-                provider=provider,
+        def checkpoint_bucket(region: str) -> RegionalBucket:
+            return RegionalBucket(
+                label=region_label(config, region),
+                region=region,
+                bucket=EncryptedBucketProps(
+                    bucket_name=names.checkpoint_bucket(config.bucket_prefix, region),
+                    account_id=self.account_id,
+                    kms_key_arn=keys[region].arn,
+                    access_log_bucket=log_buckets[region].log_target_name,
+                    write_once_prefixes=(f"{catalog_schema.RUNS_PREFIX}/",),
+                    noncurrent_version_expiration_days=config.noncurrent_version_expiration_days,
+                    force_destroy=config.is_local,
+                    provider=self.provider(region),
+                ),
             )
 
         self.keys = keys
-        self.checkpoints = ReplicatedBucketPair(
+        """Each region's data key, by region."""
+        self.checkpoints = ReplicatedBuckets(
             self,
             "Checkpoints",
-            props=ReplicatedBucketPairProps(
-                primary=checkpoint_bucket("Primary"),
-                replica=checkpoint_bucket("Replica"),
-                primary_region=config.primary_region,
-                replica_region=config.replica_region,
+            props=ReplicatedBucketsProps(
+                buckets=tuple(checkpoint_bucket(region) for region in config.region_names),
                 role_name=f"spotrain-{config.name}-replication",
                 replication_time_control=not config.is_local,
                 emulator_drift_tolerance=config.is_local,
@@ -101,13 +101,18 @@ class StorageStack(EnvironmentStack):
             "Images",
             props=ContainerRegistryProps(
                 name=image_repository_name(config.name),
-                kms_key_arn=keys["Primary"].arn,
+                kms_key_arn=keys[config.primary_region].arn,
                 force_delete=config.is_local,
-                provider=self.primary_provider,
+                provider=self.provider(config.primary_region),
             ),
         )
         TerraformOutput(self, "checkpoint_bucket", value=self.checkpoints.primary.name)
         TerraformOutput(self, "image_repository", value=self.registry.url)
-        TerraformOutput(self, "replica_bucket", value=self.checkpoints.replica.name)
-        TerraformOutput(self, "primary_key_alias", value=keys["Primary"].alias.name)
-        TerraformOutput(self, "replica_key_alias", value=keys["Replica"].alias.name)
+        TerraformOutput(
+            self,
+            "checkpoint_buckets",
+            value={region: b.name for region, b in self.checkpoints.buckets.items()},
+        )
+        TerraformOutput(
+            self, "key_aliases", value={region: k.alias.name for region, k in keys.items()}
+        )

@@ -29,6 +29,7 @@ from typing import Any
 
 import pytest
 
+from spotrain.core import resource_names as names
 from spotrain.localcloud import control
 from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.runs import RunConfig
@@ -75,8 +76,12 @@ class Local:
         return f"{self.config.bucket_prefix}-checkpoints-{self.config.primary_region}"
 
     @property
+    def primary_key_alias(self) -> str:
+        return f"alias/{names.data_key_alias(self.config.name, self.config.primary_region)}"
+
+    @property
     def replica_bucket(self) -> str:
-        return f"{self.config.bucket_prefix}-checkpoints-{self.config.replica_region}"
+        return f"{self.config.bucket_prefix}-checkpoints-{self.config.replica_regions[0]}"
 
 
 def folder(factory: pytest.TempPathFactory) -> Path:

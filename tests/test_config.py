@@ -16,6 +16,12 @@ def with_changes(**changes: object) -> EnvironmentConfig:
     return dataclasses.replace(environments.dev(), **changes)  # type: ignore[arg-type]
 
 
+def with_home(**changes: object) -> dict[str, object]:
+    """The dev environment's regions with its home region changed."""
+    home, *others = environments.dev().regions
+    return {"regions": (dataclasses.replace(home, **changes), *others)}  # type: ignore[arg-type]
+
+
 def problems_of(**changes: object) -> list[str]:
     with pytest.raises(ConfigError) as caught:
         with_changes(**changes)
@@ -30,30 +36,31 @@ def test_shipped_environments_are_valid() -> None:
 @pytest.mark.parametrize(
     ("changes", "expected"),
     [
-        ({"primary_region": "us-nowhere-1"}, "is not a known AWS region"),
-        ({"replica_region": "mars-1"}, "is not a known AWS region"),
-        ({"replica_region": "us-east-1"}, "choose a different replica_region"),
+        (with_home(name="us-nowhere-1"), "is not a known AWS region"),
+        ({"regions": environments.dev().regions[:1]}, "name two or more"),
+        ({"regions": environments.dev().regions * 2}, "lists 'us-east-1' twice"),
+        ({"regions": ("us-east-1", "us-west-2")}, "it must be a list of RegionConfigs"),
         ({"monthly_budget_usd": 0.0}, "set a positive amount"),
         ({"monthly_budget_usd": -5.0}, "set a positive amount"),
         ({"alert_emails": ()}, "give at least one address"),
         ({"alert_emails": ("oncall-at-example.com",)}, "use name@example.com"),
         ({"name": "Dev"}, "not a valid environment name"),
         ({"bucket_prefix": "Bad_Prefix"}, "not a valid S3 name prefix"),
-        ({"availability_zones": ()}, "name at least one zone"),
-        ({"availability_zones": ("us-west-2a",)}, "is not a zone of primary_region"),
-        ({"vpc_cidr": "10.0.0.0/24"}, "is not an IPv4 /16"),
-        ({"vpc_cidr": "10.40.0.1/16"}, "host bits set"),
-        ({"vpc_cidr": "ten-forty"}, "is not a network address"),
-        ({"vpc_cidr": "8.8.0.0/16"}, "is not a private range"),
+        (with_home(availability_zones=()), "name at least one zone"),
+        (with_home(availability_zones=("us-west-2a",)), "'us-west-2a' is not a zone of us-east-1"),
+        (with_home(vpc_cidr="10.0.0.0/24"), "is not an IPv4 /16"),
+        (with_home(vpc_cidr="10.40.0.1/16"), "host bits set"),
+        (with_home(vpc_cidr="ten-forty"), "is not a network address"),
+        (with_home(vpc_cidr="8.8.0.0/16"), "is not a private range"),
         ({"tags": {"aws:owner": "x"}}, "do not start with 'aws:'"),
         ({"log_retention_days": 0}, "CloudWatch Logs keeps logs for one of"),
         ({"log_retention_days": 10}, "CloudWatch Logs keeps logs for one of"),
         ({"monthly_budget_usd": float("inf")}, "monthly_budget_usd is inf: it must be a finite"),
         ({"monthly_budget_usd": "100"}, "monthly_budget_usd is '100': it must be a finite number"),
-        ({"availability_zones": "us-east-1a"}, "it must be a list of strings"),
+        (with_home(availability_zones="us-east-1a"), "availability_zones is 'us-east-1a': it must"),
         ({"alert_emails": "a@example.com"}, "it must be a list of strings"),
         ({"tags": ["owner"]}, "it must be a mapping of strings to strings"),
-        ({"availability_zones": ("us-east-1a", "us-east-1a")}, "list each zone once"),
+        (with_home(availability_zones=("us-east-1a", "us-east-1a")), "list each zone once"),
         ({"state": None}, "give a StateBackend"),
         ({"local": LocalCloud(endpoint="https://10.0.0.5:4566")}, "not a loopback HTTPS URL"),
         ({"local": LocalCloud(endpoint="http://127.0.0.1:4566")}, "not a loopback HTTPS URL"),
@@ -67,14 +74,14 @@ def test_bad_value_is_reported_with_its_fix(changes: dict[str, object], expected
 def test_every_problem_is_listed_in_one_error() -> None:
     with pytest.raises(ConfigError) as caught:
         with_changes(
-            primary_region="us-nowhere-1",
+            **with_home(name="us-nowhere-1"),
             monthly_budget_usd=0.0,
             bucket_prefix="Bad_Prefix",
             alert_emails=("nobody",),
         )
     message = str(caught.value)
-    # 4 named problems, plus the three zones that no longer belong to primary_region.
-    assert "environment 'dev' has 7 problem(s)" in message
+    # 4 named problems (a region unknown, its zones are not judged).
+    assert "environment 'dev' has 4 problem(s)" in message
     for fragment in ("us-nowhere-1", "positive amount", "Bad_Prefix", "nobody"):
         assert fragment in message
 

@@ -13,7 +13,7 @@ from helpers import data_sources, load_stack, resources
 from spotrain.constructs.catalog_table import CatalogTableProps, SecondaryIndex
 from spotrain.constructs.encrypted_bucket import EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKeyProps
-from spotrain.constructs.replicated_bucket_pair import ReplicatedBucketPairProps
+from spotrain.constructs.replicated_buckets import RegionalBucket, ReplicatedBucketsProps
 from spotrain.core.errors import ConfigError
 from spotrain.core.handler_settings import RUNS_PARAMETER_PATH_VARIABLE, HandlerSettings
 from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
@@ -31,29 +31,48 @@ def statements(stack: dict[str, Any], reference: str) -> list[dict[str, Any]]:
 
 
 # --- storage --------------------------------------------------------------------------------
-def test_real_environments_replicate_with_time_control_and_reencryption(synth_dir: Path) -> None:
+def test_real_environments_replicate_each_way_with_time_control_and_reencryption(
+    synth_dir: Path,
+) -> None:
+    """Each region's bucket replicates to the other's, under the destination's key, each
+    source through its own role and provider."""
     stack = load_stack(synth_dir, "dev-storage")
-    replication = only(resources(stack, "aws_s3_bucket_replication_configuration"))
-    rule = only({r["id"]: r for r in replication["rule"]})
-    destination = rule["destination"]
-    assert destination["replication_time"] == {"status": "Enabled", "time": {"minutes": 15}}
-    assert destination["encryption_configuration"]["replica_kms_key_id"].startswith(
-        "${aws_kms_key.ReplicaKey"
-    )
-    assert rule["source_selection_criteria"]["sse_kms_encrypted_objects"]["status"] == "Enabled"
-    assert "lifecycle" not in replication  # no drift tolerance outside the local cloud
-    assert replication["provider"] == "aws"
+    buckets = resources(stack, "aws_s3_bucket")
+    by_name = {f"${{aws_s3_bucket.{name}.arn}}": b["bucket"] for name, b in buckets.items()}
+    key_of = {f"${{aws_kms_key.{name}.arn}}": name for name in resources(stack, "aws_kms_key")}
+    routes = {}
+    for replication in resources(stack, "aws_s3_bucket_replication_configuration").values():
+        (rule,) = replication["rule"]
+        destination = rule["destination"]
+        assert destination["replication_time"] == {"status": "Enabled", "time": {"minutes": 15}}
+        assert rule["source_selection_criteria"]["sse_kms_encrypted_objects"]["status"] == (
+            "Enabled"
+        )
+        assert "lifecycle" not in replication  # no drift tolerance outside the local cloud
+        source = by_name[replication["bucket"].replace(".id}", ".arn}")]
+        routes[source] = (
+            replication["provider"],
+            by_name[destination["bucket"]],
+            key_of[destination["encryption_configuration"]["replica_kms_key_id"]].split("_")[0],
+        )
+    assert routes == {
+        "example-spotrain-dev-checkpoints-us-east-1": (
+            "aws", "example-spotrain-dev-checkpoints-us-west-2", "ReplicaKey"),
+        "example-spotrain-dev-checkpoints-us-west-2": (
+            "aws.replica", "example-spotrain-dev-checkpoints-us-east-1", "PrimaryKey"),
+    }  # fmt: skip
 
 
 def test_local_cloud_tolerates_replication_drift_and_skips_time_control(synth_dir: Path) -> None:
-    replication = only(
-        resources(load_stack(synth_dir, "local-storage"), "aws_s3_bucket_replication_configuration")
-    )
-    assert replication["lifecycle"] == {"ignore_changes": ["rule"]}
-    assert "replication_time" not in replication["rule"][0]["destination"]
+    stack = load_stack(synth_dir, "local-storage")
+    for replication in resources(stack, "aws_s3_bucket_replication_configuration").values():
+        assert replication["lifecycle"] == {"ignore_changes": ["rule"]}
+        assert "replication_time" not in replication["rule"][0]["destination"]
 
 
-def test_replica_bucket_and_key_live_in_the_replica_region(synth_dir: Path) -> None:
+def test_every_region_has_its_bucket_key_and_network_under_its_own_provider(
+    synth_dir: Path,
+) -> None:
     stack = load_stack(synth_dir, "prod-storage")
     providers = {p.get("alias", "default"): p["region"] for p in stack["provider"]["aws"]}
     assert providers == {"default": "us-east-1", "replica": "us-west-2"}
@@ -62,6 +81,15 @@ def test_replica_bucket_and_key_live_in_the_replica_region(synth_dir: Path) -> N
     assert replica["bucket"] == "example-spotrain-prod-checkpoints-us-west-2"
     assert replica["provider"] == "aws.replica"
     assert replica["force_destroy"] is False
+    for region in ("us-east-1", "us-west-2"):
+        network = load_stack(synth_dir, "prod-network" + ("" if region == "us-east-1" else
+                                                          f"-{region}"))  # fmt: skip
+        [provider] = network["provider"]["aws"]
+        assert (provider["region"], "alias" in provider) == (region, False)
+        [vpc] = resources(network, "aws_vpc").values()
+        assert vpc["cidr_block"] == ("10.40.0.0/16" if region == "us-east-1" else "10.41.0.0/16")
+        zones = {s["availability_zone"] for s in resources(network, "aws_subnet").values()}
+        assert zones == {f"{region}{z}" for z in "abcd"}
 
 
 def test_the_image_registry_is_encrypted_immutable_and_scans_every_push(synth_dir: Path) -> None:
@@ -106,16 +134,24 @@ def test_lifecycle_aborts_multipart_uploads_and_expires_old_versions(synth_dir: 
         assert expire == [{"noncurrent_days": 30}]
 
 
-def test_replication_role_reads_only_the_source_and_writes_only_replicas(synth_dir: Path) -> None:
+def test_each_replication_role_reads_only_its_source_and_writes_only_replicas(
+    synth_dir: Path,
+) -> None:
     stack = load_stack(synth_dir, "dev-storage")
-    policy = only(resources(stack, "aws_iam_role_policy"))
-    by_sid = {s["sid"]: s for s in statements(stack, policy["policy"])}
-    assert by_sid["WriteReplicas"]["resources"] == [
-        "${aws_s3_bucket.Checkpoints_ReplicaBucket_D080EEBF.arn}/*"
-    ]
-    assert by_sid["DecryptSourceObjects"]["condition"][0]["values"] == [
-        "s3.us-east-1.amazonaws.com"
-    ]
+    buckets = {f"${{aws_s3_bucket.{name}.arn}}": b["bucket"].rsplit("-", 3)[-3:]
+               for name, b in resources(stack, "aws_s3_bucket").items()}  # fmt: skip
+    seen = {}
+    for policy in resources(stack, "aws_iam_role_policy").values():
+        by_sid = {s["sid"]: s for s in statements(stack, policy["policy"])}
+        [read] = by_sid["ReadSourceVersions"]["resources"]
+        [written] = by_sid["WriteReplicas"]["resources"]
+        source, destination = ("-".join(buckets[arn.removesuffix("/*")]) for arn in (read, written))
+        [decrypt_via] = by_sid["DecryptSourceObjects"]["condition"][0]["values"]
+        [encrypt_via] = by_sid["EncryptReplicas"]["condition"][0]["values"]
+        assert (decrypt_via, encrypt_via) == (f"s3.{source}.amazonaws.com",
+                                              f"s3.{destination}.amazonaws.com")  # fmt: skip
+        seen[source] = destination
+    assert seen == {"us-east-1": "us-west-2", "us-west-2": "us-east-1"}
 
 
 # --- catalog --------------------------------------------------------------------------------
@@ -348,8 +384,9 @@ def test_the_fleets_reach_the_auto_scaling_api_only_to_report_their_own_health(
     # The registry: logging in, and pulling the environment's own images only.
     [pulls] = statements(stack, interfaces["ecr.dkr"]["policy"])
     assert pulls["actions"] == list(REGISTRY_PULL_ACTIONS)
-    assert [r.startswith("${aws_ecr_repository.") or "remote_state" in r
-            for r in pulls["resources"]] == [True]  # fmt: skip
+    [repository] = pulls["resources"]
+    assert repository.startswith("arn:aws:ecr:us-east-1:")
+    assert repository.endswith(":repository/spotrain-dev/trainer")
     [login] = statements(stack, interfaces["ecr.api"]["policy"])
     assert (login["actions"], login["resources"]) == (["ecr:GetAuthorizationToken"], ["*"])
     # A run's fleet reaches them over HTTPS, and its own members on every port: never
@@ -359,6 +396,31 @@ def test_the_fleets_reach_the_auto_scaling_api_only_to_report_their_own_health(
     to_endpoints = [r for r in fleet["egress"] if r.get("security_groups")]
     [(port, [target])] = [(r["from_port"], r["security_groups"]) for r in to_endpoints]
     assert port == 443 and "EndpointSecurityGroup" in target
+
+
+def test_the_estimate_counts_the_interface_endpoints_every_region_deploys(
+    synth_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The standing cost in each pull request's estimate counts what the networks are:
+    each region's interface endpoints, one per service, billed in every zone it serves."""
+    from spotrain import cli
+    from spotrain.core import standing_cost
+
+    assert cli.main(["cost", "estimate", "prod", "--json"]) == 0
+    standing = {r["region"]: r for r in json.loads(capsys.readouterr().out)["standing"]}
+    for region, stack in (("us-east-1", "prod-network"), ("us-west-2", "prod-network-us-west-2")):
+        network = load_stack(synth_dir, stack)
+        interfaces = [e for e in resources(network, "aws_vpc_endpoint").values()
+                      if e["vpc_endpoint_type"] == "Interface"]  # fmt: skip
+        zones = {len(e["subnet_ids"]) for e in interfaces}
+        assert len(zones) == 1
+        assert standing[region]["interface_endpoints"] == len(interfaces) * zones.pop()
+        assert standing[region]["usd_per_hour"] == pytest.approx(
+            standing[region]["interface_endpoints"] * standing_cost.ENDPOINT_USD_PER_ZONE_HOUR
+            + standing_cost.KMS_KEY_USD_PER_MONTH / standing_cost.HOURS_PER_MONTH,
+            abs=1e-4,
+        )
+    assert [r["home"] for r in standing.values()] == [True, False]
 
 
 def test_the_vpc_endpoints_reach_only_the_environments_buckets_and_tables(
@@ -607,14 +669,14 @@ def bucket_props(**changes: Any) -> EncryptedBucketProps:
             "give each index its own name",
         ),
         (
-            lambda: ReplicatedBucketPairProps(
-                primary=bucket_props(),
-                replica=bucket_props(),
-                primary_region="us-east-1",
-                replica_region="us-east-1",
+            lambda: ReplicatedBucketsProps(
+                buckets=(
+                    RegionalBucket(label="A", region="us-east-1", bucket=bucket_props()),
+                    RegionalBucket(label="B", region="us-east-1", bucket=bucket_props()),
+                ),
                 role_name="r",
             ),
-            "must differ",
+            "regions must differ",
         ),
     ],
 )
@@ -629,7 +691,7 @@ def test_fleet_props_check_sizes_and_types() -> None:
     base = dict(
         name="f", run_name="r", instance_types=("g5.xlarge", "g6.xlarge"), subnet_ids=["s"],
         vpc_id="v", image_parameter_name="/p", min_size=1, desired_size=2, max_size=4,
-        on_demand_base_capacity=1, checkpoint_bucket_arn="a", replica_bucket_arn="b",
+        on_demand_base_capacity=1, checkpoint_bucket_arn="a", replica_bucket_arns=("b",),
         checkpoint_bucket_name="n", catalog_table_arn="t", catalog_table_name="tn",
         data_kms_key_arns=("k",), region="us-east-1", tags={}, events_table_arn="e",
         log_kms_key_arn="k", log_retention_days=30,
@@ -695,8 +757,9 @@ def test_each_stack_waits_for_the_stacks_it_depends_on_and_no_others(synth_dir: 
     assert "local-interruptions" not in waits_for["local-run-demo"]
     assert dependents(waits_for)["local-interruptions"] == frozenset()
     assert dependents(waits_for)["local-storage"] == {
-        f"local-{p}" for p in ("catalog", "interruptions", "network", "run-demo", "run-second")
-    }
+        f"local-{p}" for p in ("catalog", "interruptions", "network", "network-us-west-2",
+                               "run-demo", "run-second")
+    }  # fmt: skip
     assert stack_dependencies(synth_dir, "local-run-demo") == {"local-run-demo": frozenset()}
 
 

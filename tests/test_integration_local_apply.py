@@ -24,6 +24,7 @@ from deployment import ACCOUNT, Local
 
 from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
 from spotrain.constructs.interruption_handler.construct import HANDLER_ENTRY
+from spotrain.core import resource_names as names
 from spotrain.core.handler_settings import HandlerSettings
 from spotrain.localcloud import control, faults
 
@@ -36,8 +37,8 @@ def test_applies_every_stack_of_the_environment(local: Local) -> None:
     names = [r.name for r in local.results]
     assert names[0] in ("local-budget", "local-storage")
     assert set(names) == {
-        f"local-{p}" for p in ("storage", "catalog", "network", "budget", "interruptions",
-                               "run-demo", "run-second")
+        f"local-{p}" for p in ("storage", "catalog", "network", "network-us-west-2", "budget",
+                               "interruptions", "run-demo", "run-second")
     }  # fmt: skip
     assert sum(len(r.resources) for r in local.results) > 60
 
@@ -45,7 +46,7 @@ def test_applies_every_stack_of_the_environment(local: Local) -> None:
 def test_checkpoint_buckets_are_private_versioned_and_kms_encrypted(local: Local) -> None:
     for bucket, region in (
         (local.primary_bucket, local.config.primary_region),
-        (local.replica_bucket, local.config.replica_region),
+        (local.replica_bucket, local.config.replica_regions[0]),
     ):
         s3 = local.client("s3", region)
         rule = s3.get_bucket_encryption(Bucket=bucket)["ServerSideEncryptionConfiguration"][
@@ -61,26 +62,70 @@ def test_checkpoint_buckets_are_private_versioned_and_kms_encrypted(local: Local
         assert '"aws:SecureTransport"' in s3.get_bucket_policy(Bucket=bucket)["Policy"]
 
 
-def test_replication_copies_a_checkpoint_to_the_replica_region(local: Local) -> None:
-    key = f"runs/{local.run.name}/step_000000001/shard-{uuid.uuid4().hex[:6]}"
-    body = os.urandom(64 * 1024)
-    # The bucket policy refuses puts that do not name the bucket's own key.
-    primary_key = local.client("kms").describe_key(
-        KeyId=f"alias/spotrain-local-data-{local.config.primary_region}"
-    )["KeyMetadata"]["Arn"]
-    local.client("s3").put_object(
-        Bucket=local.primary_bucket, Key=key, Body=body, ServerSideEncryption="aws:kms",
-        SSEKMSKeyId=primary_key, IfNoneMatch="*",  # runs/ is written once
-    )  # fmt: skip
-    replica = local.client("s3", local.config.replica_region).get_object(
-        Bucket=local.replica_bucket, Key=key
-    )
-    assert replica["Body"].read() == body
-    assert replica["ReplicationStatus"] == "REPLICA"
-    replica_key = local.client("kms", local.config.replica_region).describe_key(
-        KeyId=f"alias/spotrain-local-data-{local.config.replica_region}"
-    )["KeyMetadata"]["Arn"]
-    assert replica["SSEKMSKeyId"] == replica_key
+def test_replication_copies_a_checkpoint_from_each_region_to_the_other(local: Local) -> None:
+    """Each region's bucket replicates to the other's: a run that moved publishes where it
+    trains, and a move back must find that history at home."""
+    config = local.config
+    buckets = {config.primary_region: local.primary_bucket, config.replica_regions[0]:
+               local.replica_bucket}  # fmt: skip
+
+    def key_arn(region: str) -> str:
+        alias = f"alias/{names.data_key_alias(config.name, region)}"
+        return str(local.client("kms", region).describe_key(KeyId=alias)["KeyMetadata"]["Arn"])
+
+    for source, destination in (tuple(buckets), tuple(reversed(buckets))):
+        key = f"runs/{local.run.name}/step_000000001/shard-{uuid.uuid4().hex[:6]}"
+        body = os.urandom(64 * 1024)
+        # The bucket policy refuses puts that do not name the bucket's own key.
+        local.client("s3", source).put_object(
+            Bucket=buckets[source], Key=key, Body=body, ServerSideEncryption="aws:kms",
+            SSEKMSKeyId=key_arn(source), IfNoneMatch="*",  # runs/ is written once
+        )  # fmt: skip
+        replica = local.client("s3", destination).get_object(Bucket=buckets[destination], Key=key)
+        assert replica["Body"].read() == body
+        assert replica["ReplicationStatus"] == "REPLICA"
+        assert replica["SSEKMSKeyId"] == key_arn(destination)
+        # A replica is not sent back: the source keeps its own copy, untouched.
+        source_copy = local.client("s3", source).head_object(Bucket=buckets[source], Key=key)
+        assert source_copy["ReplicationStatus"] == "COMPLETED"
+
+
+def test_every_region_has_its_private_network_reaching_only_its_own_copies(local: Local) -> None:
+    """A run may train in any region of its environment: each region's VPC is private, in
+    the zones and range configured, and its gateway endpoints reach that region's bucket and
+    tables only."""
+    for region in local.config.regions:
+        ec2 = local.client("ec2", region.name)
+        [vpc] = [v for v in ec2.describe_vpcs()["Vpcs"] if not v["IsDefault"]]
+        assert vpc["CidrBlock"] == region.vpc_cidr
+        subnets = ec2.describe_subnets(Filters=[{"Name": "vpc-id", "Values": [vpc["VpcId"]]}])
+        assert sorted(s["AvailabilityZone"] for s in subnets["Subnets"]) == sorted(
+            region.availability_zones
+        )
+        assert not any(s["MapPublicIpOnLaunch"] for s in subnets["Subnets"])
+        attached = [{"Name": "attachment.vpc-id", "Values": [vpc["VpcId"]]}]
+        assert ec2.describe_internet_gateways(Filters=attached)["InternetGateways"] == []
+        gateways = {
+            e["ServiceName"]: json.loads(e["PolicyDocument"])
+            for e in ec2.describe_vpc_endpoints()["VpcEndpoints"]
+            if e["VpcEndpointType"] == "Gateway"
+        }
+        reachable = {}
+        for service in ("s3", "dynamodb"):
+            policy = gateways[f"com.amazonaws.{region.name}.{service}"]
+            listed = (r for st in policy["Statement"] for r in _listed(st["Resource"]))
+            reachable[service] = {r for r in listed if service in r}
+        bucket = names.checkpoint_bucket(local.config.bucket_prefix, region.name)
+        assert reachable["s3"] == {f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"}
+        assert {r.split(":")[3] for r in reachable["dynamodb"]} == {region.name}
+        interfaces = {e["ServiceName"].removeprefix(f"com.amazonaws.{region.name}.")
+                      for e in ec2.describe_vpc_endpoints()["VpcEndpoints"]
+                      if e["VpcEndpointType"] == "Interface"}  # fmt: skip
+        assert {"autoscaling", "logs", "ecr.api", "ecr.dkr"} <= interfaces
+
+
+def _listed(value: str | list[str]) -> list[str]:
+    return [value] if isinstance(value, str) else value
 
 
 def test_checkpoint_bucket_policy_is_enforced(local: Local) -> None:
@@ -135,7 +180,7 @@ def test_the_image_registry_is_encrypted_immutable_and_scans_every_push(local: L
         "repositories"]  # fmt: skip
     assert repository["imageTagMutability"] == "IMMUTABLE"
     assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
-    key = local.client("kms").describe_key(KeyId=local.outputs["primary_key_alias"])
+    key = local.client("kms").describe_key(KeyId=local.primary_key_alias)
     assert repository["encryptionConfiguration"] == {
         "encryptionType": "KMS", "kmsKey": key["KeyMetadata"]["Arn"]}  # fmt: skip
     assert local.outputs["image_repository"] == repository["repositoryUri"]
@@ -148,15 +193,15 @@ def test_catalog_tables_are_encrypted_global_tables_with_recovery_and_streams(
     local: Local,
 ) -> None:
     dynamodb = local.client("dynamodb")
-    away = local.client("dynamodb", local.config.replica_region)
-    replica_key = local.client("kms", local.config.replica_region).describe_key(
-        KeyId=f"alias/spotrain-local-data-{local.config.replica_region}"
+    away = local.client("dynamodb", local.config.replica_regions[0])
+    replica_key = local.client("kms", local.config.replica_regions[0]).describe_key(
+        KeyId=f"alias/spotrain-local-data-{local.config.replica_regions[0]}"
     )["KeyMetadata"]["Arn"]
     for name in ("spotrain-local-checkpoints", "spotrain-local-events"):
         table = dynamodb.describe_table(TableName=name)["Table"]
         assert table["SSEDescription"]["SSEType"] == "KMS"
         assert table["StreamSpecification"]["StreamEnabled"] is True
-        replica = {"RegionName": local.config.replica_region, "ReplicaStatus": "ACTIVE",
+        replica = {"RegionName": local.config.replica_regions[0], "ReplicaStatus": "ACTIVE",
                    "KMSMasterKeyId": replica_key}  # fmt: skip
         assert table["Replicas"] == [replica]
         there = away.describe_table(TableName=name)["Table"]
@@ -247,7 +292,7 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
     written = (tmp_path / "etc" / "spotrain" / "run.env").read_text().splitlines()
     settings = dict(line.split("=", 1) for line in written)
     outputs = local.outputs
-    key = local.client("kms").describe_key(KeyId=outputs["primary_key_alias"])["KeyMetadata"]
+    key = local.client("kms").describe_key(KeyId=local.primary_key_alias)["KeyMetadata"]
     assert settings == {
         "SPOTRAIN_RUN": local.run.name,
         "SPOTRAIN_REGION": local.config.primary_region,
@@ -301,7 +346,7 @@ def _deployed_access(local: Local) -> dict[str, Any]:
     buckets = {}
     for bucket, region in (
         (local.primary_bucket, local.config.primary_region),
-        (local.replica_bucket, local.config.replica_region),
+        (local.replica_bucket, local.config.replica_regions[0]),
     ):
         s3 = local.client("s3", region)
         buckets[bucket] = {
@@ -696,7 +741,7 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
                                 ConsistentRead=True)["Items"])  # fmt: skip
 
     deadline = time.monotonic() + 30
-    while catalog(local.config.replica_region) != catalog(local.config.primary_region):
+    while catalog(local.config.replica_regions[0]) != catalog(local.config.primary_region):
         assert time.monotonic() < deadline, "the catalog's copies never agreed"
         time.sleep(0.2)
     assert any(item.get("status") == STATUS_COMPLETE for item in catalog("us-east-1"))
@@ -951,7 +996,7 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     shell_tools.copytree(ROOT / "runs" / "local", runs)
     corpus = tmp_path / "corpus.txt"
     corpus.write_text("two runs of one environment read the same prepared words\n" * 400)
-    key = local.client("kms").describe_key(KeyId=outputs["primary_key_alias"])["KeyMetadata"]["Arn"]
+    key = local.client("kms").describe_key(KeyId=local.primary_key_alias)["KeyMetadata"]["Arn"]
     assert cli.main(["data", "prepare", str(corpus), "--store", store, "--name", "two-runs",
                      "--kms-key-id", key]) == 0  # fmt: skip
     metrics = {run: Phase(run, tmp_path / f"{run}.jsonl") for run in ("second", "third")}

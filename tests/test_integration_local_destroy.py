@@ -66,7 +66,7 @@ def test_second_plan_shows_no_changes(local: Local, request: pytest.FixtureReque
 def test_destroy_leaves_nothing_behind(local: Local, request: pytest.FixtureRequest) -> None:
     after(local, request, modules=EVERY_STORY)
     # What the stacks made, by name: the cloud's own (its state bucket) stays.
-    regions = (local.config.primary_region, local.config.replica_region)
+    regions = local.config.region_names
     aliases = [f"alias/spotrain-local-data-{r}" for r in regions] + ["alias/spotrain-local-alerts"]
     keys = {}
     for region in regions:
@@ -97,11 +97,13 @@ def test_destroy_leaves_nothing_behind(local: Local, request: pytest.FixtureRequ
         local.client("sqs").list_queues(QueueNamePrefix="spotrain-local-").get("QueueUrls", [])
         == []
     )
-    vpcs = local.client("ec2").describe_vpcs()["Vpcs"]
-    assert [v for v in vpcs if not v["IsDefault"]] == []
+    for region in regions:
+        vpcs = local.client("ec2", region).describe_vpcs()["Vpcs"]
+        assert [v for v in vpcs if not v["IsDefault"]] == [], region
     for region, key_id in keys.values():
         state = local.client("kms", region).describe_key(KeyId=key_id)["KeyMetadata"]["KeyState"]
         assert state == "PendingDeletion"
-    for role in ("spotrain-local-replication", "spotrain-local-interruption-handler"):
+    for role in ("spotrain-local-replication", "spotrain-local-replication-us-west-2",
+                 "spotrain-local-interruption-handler"):  # fmt: skip
         with pytest.raises(ClientError):
             local.client("iam").get_role(RoleName=role)

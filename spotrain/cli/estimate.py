@@ -43,7 +43,12 @@ def cmd_estimate(args: argparse.Namespace) -> int:
     if not sections:
         sections.append(f"#### Run estimate\nEnvironment {args.environment} declares no runs "
                         f"(runs/{args.environment}/): nothing to price.")  # fmt: skip
-    say(json_text({"runs": documents}) if args.json else "\n\n".join(sections))
+    sections.append(estimate.standing_markdown(config))
+    standing = [{"region": r.region, "home": r.home, "interface_endpoints": r.endpoints,
+                 "usd_per_hour": round(r.usd_per_hour, 4)}
+                for r in estimate.standing(config)]  # fmt: skip
+    say(json_text({"runs": documents, "standing": standing}) if args.json
+        else "\n\n".join(sections))  # fmt: skip
     return 0
 
 

@@ -48,9 +48,7 @@ def cmd_prices(args: argparse.Namespace) -> int:
     types = args.instance_type or sorted(
         {t for e in environments for run in load_runs(e.name) for t in run.instance_types}
     )
-    regions = args.region or sorted(
-        {r for e in environments for r in (e.primary_region, e.replica_region)}
-    )
+    regions = args.region or sorted({r for e in environments for r in e.region_names})
     if args.action == "show":
         return _show(book, path, types, regions, args.stale_after_days)
     if args.action == "advisor":

@@ -207,7 +207,9 @@ def _env(where: Where, args: argparse.Namespace) -> int:
 
     run = _declared(args.environment, args.run)
     config = environment(args.environment)
-    replica = config.replica_region
+    # The replica the runbooks restore from: the first region after the one the commands
+    # talk to (home).
+    replica = next(r for r in config.region_names if r != where.region)
     keys = {region: _reachable_key(config, region) for region in (where.region, replica)}
 
     group = names.fleet_group(config.name, run.name)

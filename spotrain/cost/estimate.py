@@ -13,7 +13,7 @@ import math
 from dataclasses import asdict, dataclass, replace
 from typing import Any
 
-from spotrain.core import gpu_types, prices
+from spotrain.core import gpu_types, prices, standing_cost
 from spotrain.core.errors import CostInputError
 from spotrain.cost import planner
 from spotrain.cost.simulation import ON_DEMAND_ONLY
@@ -150,6 +150,35 @@ def _change(now: float, before: float) -> str:
         return "no change"
     share = f" ({delta / before:+.1%})" if before else ""
     return f"{'+' if delta > 0 else '-'}${abs(delta):,.2f}{share}"
+
+
+def standing(environment: Any) -> list[standing_cost.RegionStanding]:
+    """What each region of the environment costs while nothing trains."""
+    return standing_cost.standing(
+        (region.name, len(region.availability_zones)) for region in environment.regions
+    )
+
+
+def standing_markdown(environment: Any) -> str:
+    """The plan comment's section for the environment: what it costs with no run training,
+    region by region (a region a run may move to pays it too)."""
+    regions = standing(environment)
+    lines = [
+        f"#### Standing cost of environment `{environment.name}`: "
+        f"{_money(sum(r.usd_per_month for r in regions))} a month with no run training",
+        "",
+        "| region | | interface endpoints | per day | per month |",
+        "|---|---|---:|---:|---:|",
+    ]
+    for region in regions:
+        role = "home" if region.home else "a run may move here"
+        services = len(standing_cost.INTERFACE_ENDPOINT_SERVICES)
+        lines.append(f"| {region.region} | {role} | {region.endpoints} ({services} x "
+                     f"{region.zones} zones) | {_money(region.usd_per_hour * 24)} | "
+                     f"{_money(region.usd_per_month)} |")  # fmt: skip
+    lines.append(f"\nFrom {standing_cost.SOURCE}; bytes through the endpoints, storage and "
+                 "logs are not counted (they scale with use).")  # fmt: skip
+    return "\n".join(lines)
 
 
 def markdown(

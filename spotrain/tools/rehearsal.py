@@ -183,16 +183,14 @@ class Rehearsal:
         from spotrain.localcloud.imds import LocalMetadataService
 
         config = outputs["config"]
-        primary, replica = config.primary_region, config.replica_region
+        primary, replica = config.region_names[:2]
         keys = {
             region: control.client("kms", cloud.endpoint, region).describe_key(KeyId=alias)[
                 "KeyMetadata"
             ]["Arn"]
-            for region, alias in (
-                (primary, outputs["primary_key_alias"]),
-                (replica, outputs["replica_key_alias"]),
-            )
+            for region, alias in outputs["key_aliases"].items()
         }
+        replica_bucket = outputs["checkpoint_buckets"][replica]
         run = run or outputs["run"].name
         settings = {**self._settings(), "run": run}
         # The fleet is deployed empty: as a user does, store the environment run's
@@ -242,10 +240,10 @@ class Rehearsal:
                  f"{replica}")  # fmt: skip
         control.set_faults(regions_down=[primary])
         replica_step, restore_s = self._move_to_replica(
-            cloud, outputs["replica_bucket"], replica, run, outputs["checkpoint_catalog_table"]
+            cloud, replica_bucket, replica, run, outputs["checkpoint_catalog_table"]
         )
         on_replica = {
-            **settings, "store": f"s3://{outputs['replica_bucket']}", "kms_key_id": keys[replica],
+            **settings, "store": f"s3://{replica_bucket}", "kms_key_id": keys[replica],
             "catalog_table": outputs["checkpoint_catalog_table"], "steps": STEPS,
         }  # fmt: skip
         third = Phase("third", self.work / "third.jsonl")
