@@ -24,6 +24,12 @@ variable "region" {
   default = "us-east-1"
 }
 
+variable "copy_regions" {
+  type        = list(string)
+  default     = []
+  description = "the environment's other regions: the image is copied there (machine images are regional) and each region's image-id parameter updated"
+}
+
 variable "trainer_image" {
   type        = string
   description = "the code image `spotrain image build` printed: the trainer with your code, REPO@sha256:DIGEST"
@@ -48,6 +54,7 @@ source "amazon-ebs" "trainer" {
   ami_name      = "spotrain-${var.environment}-${local.timestamp}"
   ssh_username  = "ubuntu"
   encrypt_boot  = true
+  ami_regions   = var.copy_regions
 
   source_ami_filter {
     filters = {
@@ -134,8 +141,8 @@ build {
 
   post-processor "shell-local" {
     inline = [
-      "ami=$(python3 -c 'import json; print(json.load(open(\"packer-manifest.json\"))[\"builds\"][-1][\"artifact_id\"].split(\":\")[1])')",
-      "aws ssm put-parameter --region ${var.region} --name /spotrain/${var.environment}/image-id --type String --data-type aws:ec2:image --overwrite --value \"$ami\"",
+      "python3 -c 'import json; print(*(p.replace(\":\", \" \") for p in json.load(open(\"packer-manifest.json\"))[\"builds\"][-1][\"artifact_id\"].split(\",\")), sep=\"\\n\")' > packer-images.txt",
+      "while read -r region ami; do aws ssm put-parameter --region \"$region\" --name /spotrain/${var.environment}/image-id --type String --data-type aws:ec2:image --overwrite --value \"$ami\"; done < packer-images.txt",
     ]
   }
 }

@@ -29,7 +29,7 @@ from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
 from spotrain.stacks.interruptions import InterruptionsStack
 from spotrain.stacks.network import NetworkStack, network_part
-from spotrain.stacks.run import RunStack
+from spotrain.stacks.run import RegionGround, RunStack
 from spotrain.stacks.runs import RunConfig, load_runs
 from spotrain.stacks.storage import StorageStack
 
@@ -60,7 +60,6 @@ def add_environment(
         )
         for region in config.region_names
     }
-    network = networks[config.primary_region]
     budget = BudgetStack(app, config=config)
     interruptions = InterruptionsStack(
         app,
@@ -86,15 +85,17 @@ def add_environment(
             app,
             config=config,
             run=run,
-            network=network.network,
-            key_arns=key_arns,
-            checkpoint_bucket_arns={r: b.arn for r, b in storage.checkpoints.buckets.items()},
-            checkpoint_bucket_name=storage.checkpoints.primary.name,
-            catalog_table_arn=catalog.checkpoints.arn,
+            grounds={
+                region: RegionGround(
+                    network=networks[region].network,
+                    key_arn=key_arns[region],
+                    checkpoint_bucket_arn=storage.checkpoints.buckets[region].arn,
+                    checkpoint_bucket_name=storage.checkpoints.buckets[region].name,
+                )
+                for region in config.region_names
+            },
             catalog_table_name=catalog.checkpoints.name,
-            events_table_arn=catalog.events.arn,
             events_table_name=catalog.events.name,
-            image_repository_arn=storage.registry.repository.arn,
         )
     return stacks
 

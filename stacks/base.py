@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from spotrain.cdk import Construct, S3Backend, TerraformStack, aws
+from spotrain.cdk import (
+    Construct,
+    S3Backend,
+    TerraformDataSource,
+    TerraformResource,
+    TerraformStack,
+    aws,
+)
 from spotrain.core import resource_names as names
 from spotrain.stacks.config import EnvironmentConfig
 
@@ -86,6 +93,14 @@ def region_label(config: EnvironmentConfig, region: str) -> str:
     if index < 2:
         return ("Primary", "Replica")[index]
     return "".join(part.capitalize() for part in region.split("-"))
+
+
+def place_in(scope: Construct, provider: Any) -> None:
+    """Every resource and data source under `scope` is created by `provider` (another
+    region's): a construct built for a stack's default region, placed in another."""
+    for node in scope.node.find_all():
+        if isinstance(node, TerraformResource | TerraformDataSource):
+            node.provider = provider
 
 
 def resource_name(config: EnvironmentConfig, suffix: str) -> str:

@@ -94,18 +94,27 @@ class StorageStack(EnvironmentStack):
                 emulator_drift_tolerance=config.is_local,
             ),
         )
-        # The trainer image and the user's code layered on it (`spotrain image build`), in the
-        # primary region beside the fleets that run them, under the environment's data key.
-        self.registry = ContainerRegistry(
-            self,
-            "Images",
-            props=ContainerRegistryProps(
-                name=image_repository_name(config.name),
-                kms_key_arn=keys[config.primary_region].arn,
-                force_delete=config.is_local,
-                provider=self.provider(config.primary_region),
-            ),
-        )
+        # The trainer image and the user's code layered on it (`spotrain image build` pushes
+        # to every region's), beside the fleets that run them, under each region's data key.
+        # A repository per region, not registry replication: ECR's replication configuration
+        # is one per account and region, which two environments in one account would fight
+        # over; a push per region costs the image's bytes once per other region.
+        self.registries = {
+            region: ContainerRegistry(
+                self,
+                "Images"
+                if region == config.primary_region
+                else f"Images{region_label(config, region)}",
+                props=ContainerRegistryProps(
+                    name=image_repository_name(config.name),
+                    kms_key_arn=keys[region].arn,
+                    force_delete=config.is_local,
+                    provider=self.provider(region),
+                ),
+            )
+            for region in config.region_names
+        }
+        self.registry = self.registries[config.primary_region]
         TerraformOutput(self, "checkpoint_bucket", value=self.checkpoints.primary.name)
         TerraformOutput(self, "image_repository", value=self.registry.url)
         TerraformOutput(

@@ -17,9 +17,17 @@ PRIMARY = Group(declared=CapacityGroup(name="east-spot", region="us-east-1", lif
                                      holds_data=True),
                 pools=("g5.xlarge#us-east-1a", "g6.xlarge#us-east-1a"), desired=2, min_size=1,
                 max_size=4, in_service=2)  # fmt: skip
-REPLICA = Group(declared=CapacityGroup(name="west-spot", region="us-west-2", lifecycle="spot",
-                                     holds_data=False),
-                pools=("g5.xlarge#us-west-2a",), desired=0, min_size=0, max_size=4)  # fmt: skip
+OTHER_POOLS = Group(declared=CapacityGroup(name="east-spot-c", region="us-east-1",
+                                         lifecycle="spot", holds_data=True),
+                    pools=("g5.xlarge#us-east-1c",), desired=0, min_size=0,
+                    max_size=4)  # fmt: skip
+WEST = Group(declared=CapacityGroup(name="west-spot", region="us-west-2", lifecycle="spot",
+                                  holds_data=False),
+             pools=("g5.xlarge#us-west-2a",), desired=0, min_size=0, max_size=4)  # fmt: skip
+WEST_ON_DEMAND = Group(declared=CapacityGroup(name="west-on-demand", region="us-west-2",
+                                            lifecycle="on-demand", holds_data=False),
+                       pools=("g5.xlarge#us-west-2a",), desired=0, min_size=0,
+                       max_size=4)  # fmt: skip
 SECOND_EAST = Group(declared=CapacityGroup(name="east-spot-b", region="us-east-1",
                                          lifecycle="spot", holds_data=True),
                     pools=("g6.2xlarge#us-east-1b",), desired=0, min_size=0,
@@ -33,7 +41,7 @@ ON_DEMAND = Group(declared=CapacityGroup(name="east-on-demand", region="us-east-
 def decide(**changes: Any) -> policy.Decision:
     arguments: dict[str, Any] = {
         "group": "east-spot", "pool": "g5.xlarge#us-east-1a",
-        "groups": [PRIMARY, REPLICA, ON_DEMAND], "pool_interruptions": {},
+        "groups": [PRIMARY, OTHER_POOLS, ON_DEMAND], "pool_interruptions": {},
         "hot_threshold": 2, "short_since": None, "now": 1000.0,
         "on_demand_deadline_s": 600.0,
     }  # fmt: skip
@@ -49,33 +57,62 @@ def test_a_quiet_pool_is_replaced_in_place() -> None:
 def test_a_hot_pool_moves_one_instance_to_another_group() -> None:
     decision = decide(pool_interruptions={"g5.xlarge#us-east-1a": 2})
     assert decision.action == "shift"
-    assert decision.desired == {"west-spot": 1, "east-spot": 1}
+    assert decision.desired == {"east-spot-c": 1, "east-spot": 1}
 
 
-def test_the_region_holding_the_data_is_preferred_over_fewer_hot_pools() -> None:
-    decision = decide(
-        groups=[PRIMARY, REPLICA, SECOND_EAST, ON_DEMAND],
-        pool_interruptions={"g5.xlarge#us-east-1a": 3},
-    )
-    assert decision.desired == {"east-spot-b": 1, "east-spot": 1}
+def test_capacity_never_shifts_to_a_region_the_run_does_not_train_in() -> None:
+    """A gang cannot span regions: the handler decides on the groups of the run's region."""
+    hot = {"g5.xlarge#us-east-1a": 3, "g5.xlarge#us-east-1c": 3, "g6.2xlarge#us-east-1b": 3}
+    groups = [PRIMARY, WEST, OTHER_POOLS, SECOND_EAST, ON_DEMAND, WEST_ON_DEMAND]
+    decision = decide(groups=policy.groups_in("us-east-1", groups), pool_interruptions=hot)
+    assert (decision.action, decision.desired) == ("wait-for-spot", {})
+    assert policy.groups_in("us-west-2", groups) == [WEST, WEST_ON_DEMAND]
+
+
+def test_a_run_that_moved_has_its_machines_follow_it_and_none_left_behind() -> None:
+    """The run's epoch names us-west-2: home's groups go to 0 (minimum too), us-west-2's start
+    at their declared sizes; once nothing is left behind the rule has nothing to do."""
+    declared = [
+        CapacityGroup(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True,
+                      min_size=1, desired=2),
+        ON_DEMAND.declared,
+        CapacityGroup(name="west-spot", region="us-west-2", lifecycle="spot", holds_data=False,
+                      min_size=1, desired=2),
+        WEST_ON_DEMAND.declared]  # fmt: skip
+    covering = Group(**{**ON_DEMAND.__dict__, "desired": 1})
+    moved = policy.follow_the_run("us-west-2", [PRIMARY, covering, WEST, WEST_ON_DEMAND],
+                                  declared)  # fmt: skip
+    assert moved is not None and moved.action == "follow-the-run"
+    assert moved.desired == {"east-spot": 0, "east-on-demand": 0, "west-spot": 2}
+    assert moved.min_sizes == {"east-spot": 0, "east-on-demand": 0, "west-spot": 1}
+    assert "trains in us-west-2" in moved.reason and "west-spot 1..2 start" in moved.reason
+    there = Group(**{**WEST.__dict__, "desired": 2, "min_size": 1, "in_service": 2})
+    home = Group(**{**PRIMARY.__dict__, "desired": 0, "min_size": 0, "in_service": 0})
+    assert policy.follow_the_run("us-west-2", [home, ON_DEMAND, there, WEST_ON_DEMAND],
+                                 declared) is None  # fmt: skip
+    # Moved back home: the same rule the other way.
+    back = policy.follow_the_run("us-east-1", [home, ON_DEMAND, there, WEST_ON_DEMAND], declared)
+    assert back is not None and back.desired == {"west-spot": 0, "east-spot": 2}
+    assert back.min_sizes == {"west-spot": 0, "east-spot": 1}
 
 
 def test_a_group_whose_pools_are_all_hot_is_no_home() -> None:
     decision = decide(
-        groups=[PRIMARY, SECOND_EAST, REPLICA, ON_DEMAND],
+        groups=[PRIMARY, SECOND_EAST, OTHER_POOLS, ON_DEMAND],
         pool_interruptions={"g5.xlarge#us-east-1a": 2, "g6.2xlarge#us-east-1b": 2},
     )
-    assert decision.desired == {"west-spot": 1, "east-spot": 1}
+    assert decision.desired == {"east-spot-c": 1, "east-spot": 1}
 
 
 def test_the_source_group_never_drops_below_its_minimum() -> None:
     at_minimum = Group(**{**PRIMARY.__dict__, "desired": 1})
-    decision = decide(groups=[at_minimum, REPLICA], pool_interruptions={"g5.xlarge#us-east-1a": 2})
-    assert decision.desired == {"west-spot": 1}
+    decision = decide(groups=[at_minimum, OTHER_POOLS],
+                      pool_interruptions={"g5.xlarge#us-east-1a": 2})  # fmt: skip
+    assert decision.desired == {"east-spot-c": 1}
 
 
 def test_no_spot_home_waits_then_falls_back_to_on_demand_after_the_deadline() -> None:
-    full = Group(**{**REPLICA.__dict__, "desired": 4})
+    full = Group(**{**OTHER_POOLS.__dict__, "desired": 4})
     hot = {"g5.xlarge#us-east-1a": 2}
     waiting = decide(groups=[PRIMARY, full, ON_DEMAND], pool_interruptions=hot, now=1000.0)
     assert (waiting.action, waiting.desired, waiting.short_since) == ("wait-for-spot", {}, 1000.0)
@@ -149,16 +186,16 @@ def test_capacity_check_gives_on_demand_back_when_spot_returns() -> None:
 def test_a_held_run_is_scaled_to_nothing_and_released_to_its_sizes() -> None:
     crashed = hold_for(Standing(run="r", lifecycle=STARTED, crashed=True))
     assert crashed is not None
-    held = policy.hold([PRIMARY, REPLICA, ON_DEMAND], crashed)
+    held = policy.hold([PRIMARY, WEST, ON_DEMAND], crashed)
     assert (held.action, held.desired, held.min_sizes) == (
         "hold", {"east-spot": 0}, {"east-spot": 0}
     )  # fmt: skip
-    remembered = policy.sizes_to_remember([PRIMARY, REPLICA, ON_DEMAND], held)
+    remembered = policy.sizes_to_remember([PRIMARY, WEST, ON_DEMAND], held)
     assert remembered == {"east-spot": {"min_size": 1, "desired": 2}}
     at_zero = Group(**{**PRIMARY.__dict__, "desired": 0, "min_size": 0})
-    again = policy.hold([at_zero, REPLICA], crashed)
+    again = policy.hold([at_zero, WEST], crashed)
     assert (again.action, again.desired) == ("hold", {})
-    back = policy.release([at_zero, REPLICA], remembered)
+    back = policy.release([at_zero, WEST], remembered)
     assert (back.desired, back.min_sizes) == ({"east-spot": 2}, {"east-spot": 1})
 
 
@@ -167,10 +204,10 @@ def test_a_start_raises_each_group_to_its_declared_sizes_and_never_lowers_one() 
                               holds_data=True, min_size=1, desired=3),
                 CapacityGroup(name="west-spot", region="us-west-2", lifecycle="spot",
                               holds_data=False)]  # fmt: skip
-    started = policy.start([PRIMARY, REPLICA], declared)
+    started = policy.start([PRIMARY, WEST], declared)
     assert (started.desired, started.min_sizes) == ({"east-spot": 3}, {"east-spot": 1})
     larger = Group(**{**PRIMARY.__dict__, "desired": 4})
-    assert policy.start([larger, REPLICA], declared).desired == {}
+    assert policy.start([larger, WEST], declared).desired == {}
 
 
 # --- runs with a deadline: the deadline policy replaces the fixed wait -------------------------
@@ -180,7 +217,7 @@ def progress(done_h: float, elapsed_h: float = 4.0) -> Progress:
 
 
 def test_a_run_behind_its_schedule_goes_on_demand_at_once_after_an_interruption() -> None:
-    hot = {"g5.xlarge#us-east-1a": 3, "g5.xlarge#us-west-2a": 3}
+    hot = {"g5.xlarge#us-east-1a": 3, "g5.xlarge#us-east-1c": 3}
     behind = decide(pool_interruptions=hot, progress=progress(done_h=1.5))  # ep(4) = 2
     assert (behind.action, behind.desired) == ("on-demand", {"east-on-demand": 1})
     ahead = decide(pool_interruptions=hot, progress=progress(done_h=2.5), now=99_999.0,

@@ -25,6 +25,16 @@ def only(mapping: dict[str, Any]) -> Any:
     return next(iter(mapping.values()))
 
 
+def at_home(mapping: dict[str, Any]) -> dict[str, Any]:
+    """The resources of `mapping` in the environment's home region (the stack's default
+    provider); a run's stack has its fleet in every region."""
+    return {k: v for k, v in mapping.items() if v.get("provider", "aws") == "aws"}
+
+
+def elsewhere(mapping: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in mapping.items() if v.get("provider", "aws") != "aws"}
+
+
 def statements(stack: dict[str, Any], reference: str) -> list[dict[str, Any]]:
     name = reference.split(".")[2]
     return data_sources(stack, "aws_iam_policy_document")[name]["statement"]
@@ -94,7 +104,11 @@ def test_every_region_has_its_bucket_key_and_network_under_its_own_provider(
 
 def test_the_image_registry_is_encrypted_immutable_and_scans_every_push(synth_dir: Path) -> None:
     stack = load_stack(synth_dir, "dev-storage")
-    [(_, repository)] = resources(stack, "aws_ecr_repository").items()
+    [(_, repository)] = at_home(resources(stack, "aws_ecr_repository")).items()
+    # Each other region has its own (`spotrain image build` pushes to each), under its key.
+    [(_, there)] = elsewhere(resources(stack, "aws_ecr_repository")).items()
+    assert (there["name"], there["provider"]) == ("spotrain-dev/trainer", "aws.replica")
+    assert there["encryption_configuration"][0]["kms_key"].startswith("${aws_kms_key.ReplicaKey")
     assert repository["name"] == "spotrain-dev/trainer"
     assert repository["image_tag_mutability"] == "IMMUTABLE"
     assert repository["image_scanning_configuration"] == {"scan_on_push": True}
@@ -102,7 +116,7 @@ def test_the_image_registry_is_encrypted_immutable_and_scans_every_push(synth_di
     assert encryption["encryption_type"] == "KMS"
     assert encryption["kms_key"].startswith("${aws_kms_key.PrimaryKey")
     assert repository["force_delete"] is False
-    [(_, lifecycle)] = resources(stack, "aws_ecr_lifecycle_policy").items()
+    [(_, lifecycle)] = at_home(resources(stack, "aws_ecr_lifecycle_policy")).items()
     [rule] = json.loads(lifecycle["policy"])["rules"]
     assert (rule["selection"]["tagStatus"], rule["action"]["type"]) == ("untagged", "expire")
     assert stack["output"]["image_repository"]["value"].startswith("${aws_ecr_repository.")
@@ -218,12 +232,16 @@ def test_an_efa_run_attaches_every_interface_its_types_take_in_one_zones_placeme
     from spotrain.core.gpu_types import efa_interfaces
 
     stack = load_stack(synth_dir, "prod-run-gpt-large")
-    templates = resources(stack, "aws_launch_template")
+    templates = at_home(resources(stack, "aws_launch_template"))
     by_name = {t["name"]: (n, t) for n, t in templates.items()}
     assert sorted(by_name) == ["spotrain-prod-gpt-large-fleet",
                                "spotrain-prod-gpt-large-fleet-p5e-48xlarge"]  # fmt: skip
-    groups = resources(stack, "aws_autoscaling_group")
-    [placement] = resources(stack, "aws_placement_group").values()
+    # The fleet in the other region is the same, named for its region (roles are global).
+    assert sorted(t["name"] for t in elsewhere(resources(stack, "aws_launch_template")).values()
+                  ) == ["spotrain-prod-gpt-large-fleet-us-west-2",
+                        "spotrain-prod-gpt-large-fleet-us-west-2-p5e-48xlarge"]  # fmt: skip
+    groups = at_home(resources(stack, "aws_autoscaling_group"))
+    [placement] = at_home(resources(stack, "aws_placement_group")).values()
     assert placement["strategy"] == "cluster"
     for group in groups.values():
         assert len(group["vpc_zone_identifier"]) == 1
@@ -260,12 +278,18 @@ def test_on_demand_fallback_group_starts_empty_with_the_same_template(synth_dir:
 
 
 def test_launch_template_image_comes_from_the_image_parameter(synth_dir: Path) -> None:
+    """Each region's fleet boots the image its region's parameter names (machine images are
+    regional: the bake copies it to every region and writes each parameter)."""
     stack = load_stack(synth_dir, "dev-run-gpt-small")
-    parameter = only(data_sources(stack, "aws_ssm_parameter"))
-    assert parameter["name"] == "/spotrain/dev/image-id"
-    template = only(resources(stack, "aws_launch_template"))
-    assert template["image_id"].startswith("${data.aws_ssm_parameter.")
-    assert "lifecycle" not in template
+    parameters = data_sources(stack, "aws_ssm_parameter")
+    templates = resources(stack, "aws_launch_template")
+    assert len(parameters) == len(templates) == 2
+    for name, parameter in parameters.items():
+        assert parameter["name"] == "/spotrain/dev/image-id"
+        [template] = [t for t in templates.values()
+                      if t.get("provider", "aws") == parameter.get("provider", "aws")]  # fmt: skip
+        assert template["image_id"] == f"${{data.aws_ssm_parameter.{name}.insecure_value}}"
+        assert "lifecycle" not in template
 
 
 def test_no_stack_carries_an_unresolved_token(synth_dir: Path) -> None:
@@ -285,9 +309,11 @@ def test_launch_template_user_data_is_encoded_by_terraform_from_deployed_names(
         ).values():
             user_data = template["user_data"]
             assert user_data.startswith("${base64encode(format(")
+            # Each region's machines: that region's bucket and key.
+            label = "Primary" if template.get("provider", "aws") == "aws" else "Replica"
             for reference in (
-                "aws_s3_bucketCheckpoints_PrimaryBucket",
-                "aws_kms_keyPrimaryKey",
+                f"aws_s3_bucketCheckpoints_{label}Bucket",
+                f"aws_kms_key{label}Key",
                 "aws_dynamodb_tableCheckpoint",
                 "aws_dynamodb_tableInterruptionEvents",
             ):
@@ -391,7 +417,8 @@ def test_the_fleets_reach_the_auto_scaling_api_only_to_report_their_own_health(
     assert (login["actions"], login["resources"]) == (["ecr:GetAuthorizationToken"], ["*"])
     # A run's fleet reaches them over HTTPS, and its own members on every port: never
     # another run's machines.
-    fleet = only(resources(load_stack(synth_dir, "dev-run-gpt-small"), "aws_security_group"))
+    fleet = only(at_home(resources(load_stack(synth_dir, "dev-run-gpt-small"),
+                                   "aws_security_group")))  # fmt: skip
     assert [r["self"] for r in fleet["ingress"]] == [True]
     to_endpoints = [r for r in fleet["egress"] if r.get("security_groups")]
     [(port, [target])] = [(r["from_port"], r["security_groups"]) for r in to_endpoints]
@@ -617,10 +644,15 @@ def test_handler_is_told_its_environment_topic_and_queue_and_each_run_declares_i
     declared = json.loads(parameter["value"])
     assert (declared["run"], declared["max_spend_usd"], declared["run_deadline"]) == (
         "gpt-small", 1500.0, None)  # fmt: skip
-    assert [(g["name"], g["lifecycle"], g["region"], g["min_size"], g["desired"])
-            for g in declared["groups"]] == [
-        ("spotrain-dev-gpt-small-fleet", "spot", "us-east-1", 1, 2),
-        ("spotrain-dev-gpt-small-fleet-on-demand", "on-demand", "us-east-1", 0, 0),
+    # Its groups in every region, each with the run's sizes (used where the run trains: home
+    # until it moves), home's holding its data.
+    assert [(g["name"], g["lifecycle"], g["region"], g["min_size"], g["desired"],
+             g["holds_data"]) for g in declared["groups"]] == [
+        ("spotrain-dev-gpt-small-fleet", "spot", "us-east-1", 1, 2, True),
+        ("spotrain-dev-gpt-small-fleet-on-demand", "on-demand", "us-east-1", 0, 0, True),
+        ("spotrain-dev-gpt-small-fleet-us-west-2", "spot", "us-west-2", 1, 2, False),
+        ("spotrain-dev-gpt-small-fleet-us-west-2-on-demand", "on-demand", "us-west-2", 0, 0,
+         False),
     ]  # fmt: skip
     assert variables[HandlerSettings.variable("alert_topic_arn")].startswith("${aws_sns_topic.")
     assert variables["DEAD_LETTER_QUEUE_URL"].startswith("${aws_sqs_queue.")

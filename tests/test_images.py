@@ -453,9 +453,10 @@ def registry(monkeypatch: pytest.MonkeyPatch) -> Any:
                        "AWS_SECRET_ACCESS_KEY": "t"}.items():  # fmt: skip
         monkeypatch.setenv(key, value)
     with mock_aws():
-        ecr = boto3.client("ecr")
-        ecr.create_repository(repositoryName="spotrain-dev/trainer",
-                              imageTagMutability="IMMUTABLE")  # fmt: skip
+        for region in ("us-west-2", "us-east-1"):  # dev's regions: each has its repository
+            ecr = boto3.client("ecr", region_name=region)
+            ecr.create_repository(repositoryName="spotrain-dev/trainer",
+                                  imageTagMutability="IMMUTABLE")  # fmt: skip
         yield ecr
 
 
@@ -470,12 +471,16 @@ def test_image_build_pushes_the_trainer_then_the_code_on_it_by_digest(
     tag = re.search(r":trainer-(\S+)$", commands[0][-2])
     assert tag, out
     commit = tag[1]  # the checkout's commit (a clean checkout's; else shown as <commit>)
+    west = uri.replace(".us-east-1.", ".us-west-2.")
     assert commands == [
         ["docker", "build", "-f", "images/Dockerfile", "-t", f"{uri}:trainer-{commit}", "."],
         ["docker", "push", f"{uri}:trainer-{commit}"],
         ["docker", "build", "-f", "images/Dockerfile.code", "--build-arg",
          f"TRAINER_IMAGE={uri}@<digest of trainer-{commit}>", "-t", f"{uri}:code-{commit}", "."],
         ["docker", "push", f"{uri}:code-{commit}"],
+        # The code image in every other region's repository: machines pull from their own.
+        ["docker", "tag", f"{uri}:code-{commit}", f"{west}:code-{commit}"],
+        ["docker", "push", f"{west}:code-{commit}"],
     ]  # fmt: skip
     # An image already pushed for the commit is reused, by its digest, not built again.
     manifest = '{"schemaVersion": 2, "config": {"digest": "sha256:' + "1" * 64 + '"}}'
@@ -513,6 +518,7 @@ def test_image_bake_takes_one_image_by_digest_and_runs_the_recipe(
     assert cli.main(["image", "bake", "dev", "--image", image, "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert f"$ packer init {IMAGES}" in out
-    assert (f"$ packer build -var environment=dev -var region=us-east-1 -var "
-            f"trainer_image={image} {IMAGES}") in out  # fmt: skip
+    copies = "'copy_regions=[\"us-west-2\"]'"  # the machine image is copied to every region
+    assert (f"$ packer build -var environment=dev -var region=us-east-1 -var {copies} "
+            f"-var trainer_image={image} {IMAGES}") in out  # fmt: skip
     assert "/spotrain/dev/image-id" in out

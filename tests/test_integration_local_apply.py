@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from deployment import ACCOUNT, Local
+from deployment import ACCOUNT, Local, after
 
 from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
 from spotrain.constructs.interruption_handler.construct import HANDLER_ENTRY
@@ -114,7 +114,8 @@ def test_every_region_has_its_private_network_reaching_only_its_own_copies(local
         for service in ("s3", "dynamodb"):
             policy = gateways[f"com.amazonaws.{region.name}.{service}"]
             listed = (r for st in policy["Statement"] for r in _listed(st["Resource"]))
-            reachable[service] = {r for r in listed if service in r}
+            # (besides, for S3, the registry's own layer bucket: see the network construct)
+            reachable[service] = {r for r in listed if service in r and "starport" not in r}
         bucket = names.checkpoint_bucket(local.config.bucket_prefix, region.name)
         assert reachable["s3"] == {f"arn:aws:s3:::{bucket}", f"arn:aws:s3:::{bucket}/*"}
         assert {r.split(":")[3] for r in reachable["dynamodb"]} == {region.name}
@@ -282,29 +283,155 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
     local: Local, tmp_path: Path
 ) -> None:
     """What a machine boots with is what Terraform deployed: the launch template's user data
-    as the local cloud holds it, decoded and run (into a scratch root instead of /)."""
-    versions = local.client("ec2").describe_launch_template_versions(
-        LaunchTemplateName="spotrain-local-demo-fleet", Versions=["$Latest"]
-    )["LaunchTemplateVersions"]
-    script = base64.b64decode(versions[0]["LaunchTemplateData"]["UserData"]).decode()
-    subprocess.run(["bash", "-c", script], env={**os.environ, "SPOTRAIN_ROOT": str(tmp_path)},
-                   check=True, timeout=60)  # fmt: skip
-    written = (tmp_path / "etc" / "spotrain" / "run.env").read_text().splitlines()
-    settings = dict(line.split("=", 1) for line in written)
-    outputs = local.outputs
-    key = local.client("kms").describe_key(KeyId=local.primary_key_alias)["KeyMetadata"]
-    assert settings == {
-        "SPOTRAIN_RUN": local.run.name,
-        "SPOTRAIN_REGION": local.config.primary_region,
-        "SPOTRAIN_BUCKET": outputs["checkpoint_bucket"],
-        "SPOTRAIN_CATALOG_TABLE": outputs["checkpoint_catalog_table"],
-        "SPOTRAIN_KMS_KEY_ID": key["Arn"],
-        "SPOTRAIN_EVENTS_TABLE": outputs["events_table"],
-        "SPOTRAIN_NNODES": f"{local.run.min_size}:{local.run.max_size}",
-        "SPOTRAIN_RDZV_PORT": "29400",
-        "SPOTRAIN_LOG_GROUP": outputs["machine_log_group"],
-        "SPOTRAIN_IMAGE": "",  # the run pins none: the image baked into the machine image
+    as the local cloud holds it, decoded and run (into a scratch root instead of /). The run
+    has a fleet in every region of its environment: each machine writes to its own region's
+    bucket with its own region's key, and reads the tables' copies there."""
+    outputs, config = local.outputs, local.config
+    for region in config.region_names:
+        home = region == config.primary_region
+        fleet = names.fleet_group(config.name, local.run.name, None if home else region)
+        versions = local.client("ec2", region).describe_launch_template_versions(
+            LaunchTemplateName=fleet, Versions=["$Latest"]
+        )["LaunchTemplateVersions"]
+        script = base64.b64decode(versions[0]["LaunchTemplateData"]["UserData"]).decode()
+        root = tmp_path / region
+        subprocess.run(["bash", "-c", script], env={**os.environ, "SPOTRAIN_ROOT": str(root)},
+                       check=True, timeout=60)  # fmt: skip
+        written = (root / "etc" / "spotrain" / "run.env").read_text().splitlines()
+        settings = dict(line.split("=", 1) for line in written)
+        alias = f"alias/{names.data_key_alias(config.name, region)}"
+        key = local.client("kms", region).describe_key(KeyId=alias)["KeyMetadata"]
+        assert settings == {
+            "SPOTRAIN_RUN": local.run.name,
+            "SPOTRAIN_REGION": region,
+            "SPOTRAIN_BUCKET": outputs["checkpoint_buckets"][region],
+            "SPOTRAIN_CATALOG_TABLE": outputs["checkpoint_catalog_table"],
+            "SPOTRAIN_KMS_KEY_ID": key["Arn"],
+            "SPOTRAIN_EVENTS_TABLE": outputs["events_table"],
+            "SPOTRAIN_NNODES": f"{local.run.min_size}:{local.run.max_size}",
+            "SPOTRAIN_RDZV_PORT": "29400",
+            "SPOTRAIN_LOG_GROUP": names.machine_log_group(fleet),
+            "SPOTRAIN_IMAGE": "",  # the run pins none: the image baked into the machine image
+        }, region
+        if not home:  # empty where the run does not train: a run pays only where it trains
+            autoscaling = local.client("autoscaling", region)
+            both = [fleet, names.on_demand_group(fleet)]
+            groups = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=both)[
+                "AutoScalingGroups"]  # fmt: skip
+            assert [(g["MinSize"], g["DesiredCapacity"]) for g in groups] == [(0, 0), (0, 0)]
+
+
+def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind(
+    local: Local, request: pytest.FixtureRequest
+) -> None:
+    """The deployed handler's capacity check keeps a run's machines in the region its epoch
+    claimed: a run declared with groups in both regions (as every run's stack declares them)
+    starts at home; once its move to us-west-2 is claimed in the catalog, the next check
+    empties home's groups and starts us-west-2's at their declared sizes; moved back, the
+    other way. The run is this test's own (its groups made here from the deployed templates),
+    so the environment's runs are not moved."""
+    from spotrain.core import catalog_schema as schema
+    from spotrain.core import run_epochs
+    from spotrain.core.capacity import CapacityGroup, RunDeclaration
+    from spotrain.core.handler_settings import run_parameter_name
+    from spotrain.tools.rehearsal import deliver_capacity_check
+
+    # The check of the environment's runs below sees this run too: after the test that
+    # checks exactly which runs the handler serves.
+    after(
+        local, request, "test_a_run_without_its_configuration_starts_no_machine_and_counts_no_crash"
+    )
+    config, outputs, run = local.config, local.outputs, "roamer"
+    home, away = config.region_names[:2]
+    groups = {
+        region: names.fleet_group(config.name, run, None if region == home else region)
+        for region in (home, away)
     }
+    declared = [
+        group
+        for region, spot in groups.items()
+        for group in (
+            CapacityGroup(name=spot, region=region, lifecycle="spot", holds_data=region == home,
+                          min_size=1, desired=1),
+            CapacityGroup(name=names.on_demand_group(spot), region=region,
+                          lifecycle="on-demand", holds_data=region == home),
+        )
+    ]  # fmt: skip
+    ssm = local.client("ssm")
+    catalog = local.client("dynamodb")
+    try:
+        owner = ((schema.ENVIRONMENT_TAG, config.name), (schema.RUN_TAG, run))
+        tags = [{"Key": key, "Value": value} for key, value in owner]
+        for group in declared:  # its own template: its machines are its, not another run's
+            image = local.client("ssm", group.region).get_parameter(
+                Name=names.image_parameter(config.name))["Parameter"]["Value"]  # fmt: skip
+            local.client("ec2", group.region).create_launch_template(
+                LaunchTemplateName=group.name, LaunchTemplateData={
+                    "ImageId": image, "InstanceType": "g5.xlarge",
+                    "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}]})  # fmt: skip
+            local.client("autoscaling", group.region).create_auto_scaling_group(
+                AutoScalingGroupName=group.name, MinSize=0, MaxSize=2, DesiredCapacity=0,
+                LaunchTemplate={"LaunchTemplateName": group.name, "Version": "$Latest"},
+                AvailabilityZones=[f"{group.region}a"],
+                Tags=[{**tag, "PropagateAtLaunch": True} for tag in tags],
+            )  # fmt: skip
+        ssm.put_parameter(Name=run_parameter_name(config.name, run), Type="SecureString",
+                          Value=RunDeclaration(run=run, groups=tuple(declared)).to_json(),
+                          KeyId=local.primary_key_alias)  # fmt: skip
+        local.client("s3").put_object(
+            Bucket=local.primary_bucket, Key=f"{schema.configs_prefix(run)}0001.json", Body=b"{}",
+            ServerSideEncryption="aws:kms", SSEKMSKeyId=local.client("kms").describe_key(
+                KeyId=local.primary_key_alias)["KeyMetadata"]["Arn"], IfNoneMatch="*",
+        )  # fmt: skip
+
+        def claim(number: int, region: str) -> None:
+            epoch = run_epochs.Epoch(
+                id=run_epochs.EpochId(number, region),
+                base=run_epochs.EpochId(number - 1, home if number % 2 else away) if number
+                else None, base_step=0 if number else None, claimed_by="test")  # fmt: skip
+            keys = {schema.PARTITION_KEY: {"S": schema.run_key(run)},
+                    schema.SORT_KEY: {"S": run_epochs.epoch_sort_key(number)}}  # fmt: skip
+            catalog.put_item(TableName=outputs["checkpoint_catalog_table"],
+                             Item={**keys, **epoch.to_item()})  # fmt: skip
+
+        def sizes() -> dict[str, tuple[int, int]]:
+            found = {}
+            for group in declared:
+                [g] = local.client("autoscaling", group.region).describe_auto_scaling_groups(
+                    AutoScalingGroupNames=[group.name])["AutoScalingGroups"]  # fmt: skip
+                found[group.name] = (g["MinSize"], g["DesiredCapacity"])
+            return found
+
+        def check() -> dict[str, Any]:
+            return deliver_capacity_check(local.cloud, outputs["handler_function"], home, run)
+
+        spot = {region: groups[region] for region in (home, away)}
+        claim(0, home)
+        started = check()
+        assert started["decision"] == "start", started
+        assert sizes()[spot[home]] == (1, 1) and sizes()[spot[away]] == (0, 0)
+        claim(1, away)  # `spotrain checkpoints move` in us-west-2
+        moved = check()
+        assert moved["decision"] == "follow-the-run", moved
+        assert f"trains in {away}" in moved["reason"], moved
+        on_demand = {region: names.on_demand_group(spot[region]) for region in spot}
+        assert sizes() == {spot[home]: (0, 0), on_demand[home]: (0, 0),
+                           spot[away]: (1, 1), on_demand[away]: (0, 0)}  # fmt: skip
+        assert check()["decision"] != "follow-the-run"  # nothing left behind: nothing to do
+        claim(2, home)  # and back
+        back = check()
+        assert back["decision"] == "follow-the-run", back
+        assert sizes()[spot[home]] == (1, 1) and sizes()[spot[away]] == (0, 0)
+    finally:
+        for group in declared:
+            with contextlib.suppress(ClientError):
+                local.client("autoscaling", group.region).delete_auto_scaling_group(
+                    AutoScalingGroupName=group.name, ForceDelete=True)  # fmt: skip
+            with contextlib.suppress(ClientError):
+                local.client("ec2", group.region).delete_launch_template(
+                    LaunchTemplateName=group.name)  # fmt: skip
+        with contextlib.suppress(ClientError):
+            ssm.delete_parameter(Name=run_parameter_name(config.name, run))
 
 
 def _subscribe_a_queue(local: Local, topic: str) -> str:
@@ -341,7 +468,11 @@ def _deployed_access(local: Local) -> dict[str, Any]:
         for r in iam.list_roles()["Roles"]
         if FLEET_POLICY in iam.list_role_policies(RoleName=r["RoleName"])["PolicyNames"]
     }
-    assert sorted(fleet_roles) == ["spotrain-local-demo-fleet", "spotrain-local-second-fleet"]
+    # Each run's fleet in each region has its own role (roles are global: named by region).
+    assert sorted(fleet_roles) == ["spotrain-local-demo-fleet",
+                                   "spotrain-local-demo-fleet-us-west-2",
+                                   "spotrain-local-second-fleet",
+                                   "spotrain-local-second-fleet-us-west-2"]  # fmt: skip
     role = fleet_roles["spotrain-local-demo-fleet"]  # the demo run's machines
     buckets = {}
     for bucket, region in (

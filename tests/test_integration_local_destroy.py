@@ -84,10 +84,16 @@ def test_destroy_leaves_nothing_behind(local: Local, request: pytest.FixtureRequ
     buckets = {b["Name"] for b in local.client("s3").list_buckets()["Buckets"]}
     state_bucket = local.config.state.bucket  # type: ignore[union-attr]  # bootstrap, kept
     assert {b for b in buckets if b.startswith(prefix)} == {state_bucket}
-    tables = local.client("dynamodb").list_tables()["TableNames"]
-    assert [t for t in tables if t.startswith("spotrain-local-")] == []
-    groups = local.client("autoscaling").describe_auto_scaling_groups()["AutoScalingGroups"]
-    assert [g for g in groups if g["AutoScalingGroupName"].startswith("spotrain-local-")] == []
+    for region in regions:  # every region's tables, fleets and repositories
+        tables = local.client("dynamodb", region).list_tables()["TableNames"]
+        assert [t for t in tables if t.startswith("spotrain-local-")] == [], region
+        groups = local.client("autoscaling", region).describe_auto_scaling_groups()[
+            "AutoScalingGroups"]  # fmt: skip
+        assert [g for g in groups if g["AutoScalingGroupName"].startswith("spotrain-local-")
+                ] == [], region  # fmt: skip
+        repositories = local.client("ecr", region).describe_repositories()["repositories"]
+        assert [r for r in repositories if r["repositoryName"].startswith("spotrain-local/")
+                ] == [], region  # fmt: skip
     functions = local.client("lambda").list_functions()["Functions"]
     assert [f for f in functions if f["FunctionName"].startswith("spotrain-local-")] == []
     assert local.client("events").list_rules(NamePrefix="spotrain-local-")["Rules"] == []

@@ -75,9 +75,10 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
                 "mediaType": "application/vnd.docker.distribution.manifest.v2+json",
                 "config": {"mediaType": "application/vnd.docker.container.image.v1+json",
                            "size": 2, "digest": f"sha256:{'1' * 64}"}, "layers": []}  # fmt: skip
-    pushed = local.client("ecr").put_image(
-        repositoryName=registry["repositoryName"], imageManifest=json.dumps(manifest),
-        imageTag="code-mine")["image"]["imageId"]["imageDigest"]  # fmt: skip
+    for region in local.config.region_names:  # `image build` pushes to every region's
+        pushed = local.client("ecr", region).put_image(
+            repositoryName=registry["repositoryName"], imageManifest=json.dumps(manifest),
+            imageTag="code-mine")["image"]["imageId"]["imageDigest"]  # fmt: skip
     image = f"{registry['repositoryUri']}@{pushed}"
     repo = tmp_path / "ml-repo"
     (repo / "runs" / "local").mkdir(parents=True)
@@ -105,7 +106,8 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
         capsys.readouterr()
         assert cli.main(["run", "submit", "local", "mine"]) == 2
         refused = capsys.readouterr().err
-        assert "is not in the registry: push it with `spotrain image build local`" in refused
+        assert ("is not in the registry in us-east-1, us-west-2: push it with `spotrain image "
+                "build local` (it pushes to every region)") in refused  # fmt: skip
         assert "Traceback" not in refused
         # So is a dataset nobody prepared, with the command that prepares it.
         (repo / "runs" / "local" / "unprepared.toml").write_text("\n".join([

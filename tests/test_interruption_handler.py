@@ -177,6 +177,7 @@ def _handler_environment(dynamodb: Any, monkeypatch: pytest.MonkeyPatch) -> Clou
         CapacityGroup(name="west-spot", region="us-west-2", lifecycle="spot", holds_data=False),
         CapacityGroup(name="east-on-demand", region="us-east-1", lifecycle="on-demand",
                       holds_data=True),
+        CapacityGroup(name="east-spot-c", region="us-east-1", lifecycle="spot", holds_data=True),
     ])  # fmt: skip
     return Cloud(table, queue_url, notices_url)
 
@@ -281,7 +282,11 @@ def test_redelivered_event_is_recorded_and_acted_on_once(cloud: Cloud) -> None:
     assert len(cloud.notices()) == 1
 
 
-def test_a_hot_pool_shifts_capacity_to_the_other_region(cloud: Cloud) -> None:
+def test_a_hot_pool_shifts_capacity_to_another_pool_of_the_runs_region_only(
+    cloud: Cloud,
+) -> None:
+    """A gang cannot span regions: the run trains at home (no move claimed), so the hot
+    pool's capacity goes to home's other group, never to the other region's."""
     create_group("east-spot", "us-east-1", "us-east-1b", 2)
     create_group("west-spot", "us-west-2", "us-west-2a", 0)
     create_group("east-on-demand", "us-east-1", "us-east-1b", 0)
@@ -290,9 +295,15 @@ def test_a_hot_pool_shifts_capacity_to_the_other_region(cloud: Cloud) -> None:
     assert quiet["decision"] == "replace-in-place"
     hot = handler.handle(for_instance("spot-interruption-warning", second, id="w-2",
                                       time="2026-11-21T12:10:00Z"))  # fmt: skip
-    assert hot["decision"] == "shift", hot["reason"]
-    assert (desired("east-spot", "us-east-1"), desired("west-spot", "us-west-2")) == (1, 1)
-    assert desired("east-on-demand", "us-east-1") == 0
+    assert hot["decision"] == "wait-for-spot", hot["reason"]  # home has no other pool
+    assert desired("west-spot", "us-west-2") == 0
+    create_group("east-spot-c", "us-east-1", "us-east-1c", 0)
+    third = run_instance()
+    shifted = handler.handle(for_instance("spot-interruption-warning", third, id="w-3",
+                                          time="2026-11-21T12:12:00Z"))  # fmt: skip
+    assert shifted["decision"] == "shift", shifted["reason"]
+    assert (desired("east-spot", "us-east-1"), desired("east-spot-c", "us-east-1")) == (1, 1)
+    assert (desired("west-spot", "us-west-2"), desired("east-on-demand", "us-east-1")) == (0, 0)
 
 
 def test_interruptions_outside_the_window_do_not_make_a_pool_hot(cloud: Cloud) -> None:

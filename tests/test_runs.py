@@ -186,7 +186,7 @@ def test_a_run_that_pins_its_image_boots_and_may_pull_that_image_only(tmp_path: 
     from helpers import load_stack, resources
 
     from spotrain.cdk import App
-    from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
+    from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS, image_in_region
     from spotrain.stacks.app import add_environment
     from spotrain.stacks.environments import all_environments
 
@@ -198,28 +198,33 @@ def test_a_run_that_pins_its_image_boots_and_may_pull_that_image_only(tmp_path: 
     add_environment(app, dev, runs=(pinned, baked))
     app.synth()
 
-    def fleet(run: str) -> tuple[str, dict[str, Any]]:
+    def fleet(run: str, provider: str) -> tuple[str, dict[str, Any]]:
         stack = load_stack(tmp_path / "out", f"dev-run-{run}")
-        [template] = resources(stack, "aws_launch_template").values()
+        [template] = [t for t in resources(stack, "aws_launch_template").values()
+                      if t.get("provider", "aws") == provider]  # fmt: skip
         [policy] = [p for n, p in resources(stack, "aws_iam_role_policy").items()
-                    if "RunScoped" in n]  # fmt: skip
+                    if "RunScoped" in n and p.get("provider", "aws") == provider]  # fmt: skip
         document = stack["data"]["aws_iam_policy_document"]
         key = policy["policy"].split(".")[2]
         return template["user_data"], {s["sid"]: s for s in document[key]["statement"]}
 
-    user_data, grants = fleet("pinned")
-    assert "SPOTRAIN_IMAGE=%s" in user_data and f'"{PINNED}"' in user_data
-    pull = grants["PullRunImage"]
-    assert pull["actions"] == list(REGISTRY_PULL_ACTIONS)
-    [repository] = pull["resources"]
-    assert "ecr_repository" in repository or "image_repository" in repository, repository
-    for sid in ("PullRunImage", "RegistryLogin"):
-        [through] = grants[sid]["condition"]
-        assert through["variable"] == "aws:SourceVpce" and len(through["values"]) == 2
-        assert all("EcrApiEndpoint" in v or "EcrDkrEndpoint" in v for v in through["values"])
-    user_data, grants = fleet("baked")
-    assert f'"{PINNED}"' not in user_data and '""' in user_data  # the baked image
-    assert not any(a.startswith("ecr:") for g in grants.values() for a in g["actions"])
+    # Each region's machines pull the pinned image from their own region's repository.
+    for region, provider in (("us-east-1", "aws"), ("us-west-2", "aws.replica")):
+        user_data, grants = fleet("pinned", provider)
+        here = image_in_region(PINNED, region)
+        assert "SPOTRAIN_IMAGE=%s" in user_data and f'"{here}"' in user_data
+        pull = grants["PullRunImage"]
+        assert pull["actions"] == list(REGISTRY_PULL_ACTIONS)
+        [repository] = pull["resources"]
+        assert repository.startswith(f"arn:aws:ecr:{region}:")
+        assert repository.endswith(":repository/spotrain-dev/trainer")
+        for sid in ("PullRunImage", "RegistryLogin"):
+            [through] = grants[sid]["condition"]
+            assert through["variable"] == "aws:SourceVpce" and len(through["values"]) == 2
+            assert all("EcrApiEndpoint" in v or "EcrDkrEndpoint" in v for v in through["values"])
+        user_data, grants = fleet("baked", provider)
+        assert f'"{here}"' not in user_data and '""' in user_data  # the baked image
+        assert not any(a.startswith("ecr:") for g in grants.values() for a in g["actions"])
 
 
 def test_an_efa_run_trains_in_one_of_its_environments_zones(tmp_path: Path) -> None:

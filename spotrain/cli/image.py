@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import json
 import shlex
 import shutil
 import subprocess
@@ -68,12 +69,13 @@ def _commit() -> str:
                           capture_output=True, check=True).stdout.strip()  # fmt: skip
 
 
-def _repository(env_name: str) -> tuple[Any, str, str]:
-    """The environment's registry client, repository name and URI, as deployed."""
+def _repository(env_name: str, region: str | None = None) -> tuple[Any, str, str]:
+    """The environment's registry client, repository name and URI in `region` (home's if
+    None), as deployed."""
     import boto3
 
     config = environment(env_name)
-    ecr = boto3.client("ecr", region_name=config.primary_region)
+    ecr = boto3.client("ecr", region_name=region or config.primary_region)
     name = image_repository_name(config.name)
     fix = (
         f"deploy environment {env_name} first (`spotrain deploy {env_name}`: its storage "
@@ -101,15 +103,23 @@ def _pushed(ecr: Any, name: str, tag: str = "", digest: str = "") -> str | None:
 
 def check_pushed(env_name: str, reference: str) -> None:
     """Refuse a run's image its machines could not pull: another registry's, or a digest the
-    environment's registry does not hold."""
-    ecr, name, uri = _repository(env_name)
+    environment's registry does not hold in every region (a run's machines pull from their
+    own region's)."""
+    _, name, uri = _repository(env_name)
     if repository_of(reference) != uri:
         raise SpotrainError(f"image {reference} is not in environment {env_name}'s registry "
                             f"{uri}: pin an image `spotrain image build {env_name}` pushed "
                             "there")  # fmt: skip
-    if _pushed(ecr, name, digest=reference.rsplit("@", 1)[1]) is None:
-        raise SpotrainError(f"image {reference} is not in the registry: push it with "
-                            f"`spotrain image build {env_name}` and pin the digest it "
+    digest = reference.rsplit("@", 1)[1]
+    missing = [
+        region
+        for region in environment(env_name).region_names
+        if _pushed(_repository(env_name, region)[0], name, digest=digest) is None
+    ]
+    if missing:
+        raise SpotrainError(f"image {reference} is not in the registry in "
+                            f"{', '.join(missing)}: push it with `spotrain image build "
+                            f"{env_name}` (it pushes to every region) and pin the digest it "
                             "prints")  # fmt: skip
 
 
@@ -132,19 +142,44 @@ def _build_and_push(
     return f"{uri}@{digest}"
 
 
+def _login(ecr: Any, uri: str, dry_run: bool) -> None:
+    if dry_run:
+        return
+    with aws_errors("the registry's login", "check your credentials may push to it"):
+        token = ecr.get_authorization_token()["authorizationData"][0]
+    user, password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)
+    _run(["docker", "login", "--username", user, "--password-stdin", uri.split("/")[0]],
+         dry_run=False, stdin=password)  # fmt: skip
+
+
+def _copy_to_regions(env_name: str, home_uri: str, tag: str, digest: str, dry_run: bool) -> None:
+    """The image tagged `tag` pushed to every other region's repository: a run's machines
+    pull from their own region's. The same image has the same digest there."""
+    config = environment(env_name)
+    for region in config.region_names[1:]:
+        ecr, name, uri = _repository(env_name, region)
+        if (there := _pushed(ecr, name, tag)) is not None:
+            if there != digest and not dry_run:
+                raise SpotrainError(f"{uri}:{tag} holds {there}, not {digest}: tags are "
+                                    "immutable; rebuild from a new commit")  # fmt: skip
+            continue
+        _login(ecr, uri, dry_run)
+        _run(["docker", "tag", f"{home_uri}:{tag}", f"{uri}:{tag}"], dry_run=dry_run)
+        _run(["docker", "push", f"{uri}:{tag}"], dry_run=dry_run)
+        if not dry_run and _pushed(ecr, name, tag) != digest:
+            raise SpotrainError(f"{uri}:{tag} was pushed but does not hold {digest}: retry")
+
+
 def _build(args: argparse.Namespace) -> int:
     commit = _commit() if not args.dry_run else _commit_or_worktree()
     ecr, name, uri = _repository(args.environment)
-    if not args.dry_run:
-        with aws_errors("the registry's login", "check your credentials may push to it"):
-            token = ecr.get_authorization_token()["authorizationData"][0]
-        user, password = base64.b64decode(token["authorizationToken"]).decode().split(":", 1)
-        _run(["docker", "login", "--username", user, "--password-stdin", uri.split("/")[0]],
-             dry_run=False, stdin=password)  # fmt: skip
+    _login(ecr, uri, args.dry_run)
     trainer = _build_and_push(ecr, name, uri, f"trainer-{commit}", "images/Dockerfile", [],
                               args.dry_run)  # fmt: skip
     code = _build_and_push(ecr, name, uri, f"code-{commit}", "images/Dockerfile.code",
                            ["--build-arg", f"TRAINER_IMAGE={trainer}"], args.dry_run)  # fmt: skip
+    _copy_to_regions(args.environment, uri, f"code-{commit}", code.rsplit("@", 1)[1],
+                     args.dry_run)  # fmt: skip
     say(f"image: {code}\npin it in a run file (runs/{args.environment}/RUN.toml):\n"
         f'  image = "{code}"\nor bake the machine image with it: spotrain image bake '
         f"{args.environment} --image {code}")  # fmt: skip
@@ -165,13 +200,15 @@ def _bake(args: argparse.Namespace) -> int:
                             "`spotrain image build` printed): a machine image bakes one image, "
                             "named by its digest")  # fmt: skip
     config = environment(args.environment)
+    copies = json.dumps(list(config.replica_regions), separators=(",", ":"))
     packer = ["packer", "build", "-var", f"environment={config.name}",
-              "-var", f"region={config.primary_region}", "-var", f"trainer_image={args.image}",
-              str(IMAGES)]  # fmt: skip
+              "-var", f"region={config.primary_region}", "-var", f"copy_regions={copies}",
+              "-var", f"trainer_image={args.image}", str(IMAGES)]  # fmt: skip
     _run(["packer", "init", str(IMAGES)], dry_run=args.dry_run)
     _run(packer, dry_run=args.dry_run)
-    say(f"the machine image's id is in /spotrain/{config.name}/image-id: machines the runs of "
-        f"{config.name} launch from now on boot it")  # fmt: skip
+    say(f"the machine image's id is in /spotrain/{config.name}/image-id in each of "
+        f"{', '.join(config.region_names)}: machines the runs of {config.name} launch from now "
+        "on boot it")  # fmt: skip
     return 0
 
 

@@ -18,7 +18,8 @@ from spotrain.core.errors import SpotrainError
 
 @dataclass(frozen=True)
 class Where:
-    """The environment's tables and Auto Scaling, in its primary region."""
+    """The environment's tables and Auto Scaling, in its primary region; its runs' groups in
+    every region (`autoscaling_in`)."""
 
     events: Any
     catalog: Any
@@ -28,6 +29,15 @@ class Where:
     """The checkpoint bucket in the primary region."""
     environment: str
     region: str
+    regions: tuple[str, ...] = ()
+    """Every region of the environment, home first (empty: home only)."""
+    autoscaling_in: Any = None
+    """Auto Scaling client of a region, made on first use (None: home's only)."""
+
+    def autoscaling_of(self, region: str) -> Any:
+        if region == self.region or self.autoscaling_in is None:
+            return self.autoscaling
+        return self.autoscaling_in(region)
 
 
 @dataclass(frozen=True)
@@ -82,31 +92,41 @@ def where_of(env_name: str) -> Where:
     config = environment(env_name)
     region = config.primary_region
     dynamodb = boto3.resource("dynamodb", region_name=region)
+    clients: dict[str, Any] = {}
+
+    def autoscaling_in(where: str) -> Any:
+        if where not in clients:
+            clients[where] = boto3.client("autoscaling", region_name=where)
+        return clients[where]
+
     return Where(
         events=dynamodb.Table(names.environment_resource(config.name, EVENTS_TABLE_SUFFIX)),
         catalog=dynamodb.Table(names.environment_resource(config.name, CHECKPOINTS_TABLE_SUFFIX)),
-        autoscaling=boto3.client("autoscaling", region_name=region),
+        autoscaling=autoscaling_in(region),
         ssm=boto3.client("ssm", region_name=region),
         bucket=names.checkpoint_bucket(config.bucket_prefix, region),
         environment=config.name,
         region=region,
+        regions=config.region_names,
+        autoscaling_in=autoscaling_in,
     )
 
 
 def run_groups(where: Where, run: str | None = None) -> dict[str, list[dict[str, Any]]]:
-    """The environment's groups tagged with a run (`run`'s only, if given), by run."""
+    """The environment's groups tagged with a run (`run`'s only, if given), by run, from every
+    region (each group's `Region` says which)."""
     from spotrain.core.catalog_schema import ENVIRONMENT_TAG, RUN_TAG
 
     wanted = {"Name": f"tag:{RUN_TAG}", "Values": [run]} if run else {
         "Name": "tag-key", "Values": [RUN_TAG]}  # fmt: skip
     of_the_environment = {"Name": f"tag:{ENVIRONMENT_TAG}", "Values": [where.environment]}
     by_run: dict[str, list[dict[str, Any]]] = {}
-    for page in where.autoscaling.get_paginator("describe_auto_scaling_groups").paginate(
-        Filters=[of_the_environment, wanted]
-    ):
-        for group in page["AutoScalingGroups"]:
-            tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
-            by_run.setdefault(tags[RUN_TAG], []).append(group)
+    for region in where.regions or (where.region,):
+        pages = where.autoscaling_of(region).get_paginator("describe_auto_scaling_groups")
+        for page in pages.paginate(Filters=[of_the_environment, wanted]):
+            for group in page["AutoScalingGroups"]:
+                tags = {t["Key"]: t["Value"] for t in group.get("Tags", [])}
+                by_run.setdefault(tags[RUN_TAG], []).append({**group, "Region": region})
     return by_run
 
 

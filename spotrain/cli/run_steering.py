@@ -37,7 +37,7 @@ def cancel(where: Where, args: argparse.Namespace) -> int:
     if remembered := capacity_policy.sizes_to_remember(sizes, decision):
         fleet_state.set_held_sizes(where.events, args.run, remembered)
     run_lifecycle.mark_cancelled(where.events, args.run, by=by, at=now)
-    _scale(where, decision)
+    _scale(where, decision, groups)
     said = sum(in_service(g) for g in groups)
     say(f"run {args.run} cancelled: its groups are at 0; {said} machine(s) publish their "
         f"emergency checkpoint and leave. `spotrain run resume {args.environment} {args.run}` "
@@ -81,7 +81,7 @@ def resume(where: Where, args: argparse.Namespace) -> int:
         return 0
     decision = capacity_policy.release([Sizes.described(g) for g in described],
                                        state.held_sizes or {})  # fmt: skip
-    _scale(where, decision)
+    _scale(where, decision, described)
     fleet_state.set_held_sizes(where.events, args.run, None)
     back = ", ".join(f"{name} {decision.min_sizes[name]}..{desired}"
                      for name, desired in sorted(decision.desired.items()))  # fmt: skip
@@ -90,10 +90,12 @@ def resume(where: Where, args: argparse.Namespace) -> int:
     return 0
 
 
-def _scale(where: Where, decision: Any) -> None:
-    """The capacity policy's hold or release, applied to the run's groups."""
+def _scale(where: Where, decision: Any, groups: list[dict[str, Any]]) -> None:
+    """The capacity policy's hold or release, applied to the run's groups, each in its
+    region."""
+    region_of = {g["AutoScalingGroupName"]: g.get("Region", where.region) for g in groups}
     for name, desired in sorted(decision.desired.items()):
-        where.autoscaling.update_auto_scaling_group(
+        where.autoscaling_of(region_of[name]).update_auto_scaling_group(
             AutoScalingGroupName=name, MinSize=decision.min_sizes[name], DesiredCapacity=desired
         )
 

@@ -33,7 +33,8 @@ class CapacityGroup:
     lifecycle: str
     """Its market: SPOT, or ON_DEMAND (the fallback when spot is short)."""
     holds_data: bool
-    """In the region the run writes its checkpoints to (preferred: no egress)."""
+    """In the run's home region, where it starts. Where it trains later is its epoch's region
+    (`run_epochs`): the handler scales only that region's groups."""
     min_size: int = 0
     desired: int = 0
     """The sizes the run declares for the group: deployed empty, the group is started at
@@ -102,6 +103,12 @@ class RunDeclaration:
     @property
     def regions(self) -> list[str]:
         return sorted({g.region for g in self.groups})
+
+    @property
+    def home_region(self) -> str:
+        """Where the run starts: its groups that hold the data (the first group's, if none
+        says so)."""
+        return next((g.region for g in self.groups if g.holds_data), self.groups[0].region)
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -11,14 +11,18 @@ First, whether the run may have machines at all (`hold_for`), in this order:
    billed without training; once it is released, its groups get their sizes back (`release`).
 4. A run at its spend cap is held the same way until an operator raises the cap.
 
+A run trains in one region at a time (a gang cannot span regions, and one writer at a time
+is the catalog's rule): the region its current epoch claimed (`run_epochs`; home until it
+moves). Its groups elsewhere stay at nothing; when they have machines, the run has just moved,
+and the scheduled check empties them and starts its region's groups at their declared sizes
+(`follow_the_run`). The rules below look at that region's groups only (`groups_in`).
+
 Then, for a run that may have machines, where lost capacity goes (`after_interruption`, on a
 warning, and `reconcile`, the scheduled check):
 5. A pool interrupted less than `hot_threshold` times in the window is healthy enough: the
    group's capacity rebalancing replaces the instance in place (no change here).
-6. A hot pool moves one unit of capacity to another spot group (another region, or the same
-   region's other pools) that has room and a pool that is not hot, preferring groups in the
-   region that holds the run's data (reading checkpoints across regions costs egress), then
-   the fewest hot pools.
+6. A hot pool moves one unit of capacity to another spot group of the run's region (its
+   other pools) that has room and a pool that is not hot, preferring the fewest hot pools.
 7. No spot group can take it: the run is short of spot capacity. After `on_demand_deadline_s`
    of that, the on-demand fallback group is raised by the shortfall; the scheduled check
    gives it back when spot returns.
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from spotrain.core import deadline_policy
 from spotrain.core.capacity import ON_DEMAND, SPOT, CapacityGroup, Group
@@ -371,6 +375,39 @@ def sizes_to_remember(groups: Sequence[Sized], decision: Decision) -> HeldSizes:
     """What a hold takes away from each group it scales, for `release` to put back."""
     return {g.name: {"min_size": g.min_size, "desired": g.desired}
             for g in groups if g.name in decision.min_sizes}  # fmt: skip
+
+
+_InRegion = TypeVar("_InRegion", Group, CapacityGroup)
+
+
+def groups_in(region: str, groups: Sequence[_InRegion]) -> list[_InRegion]:
+    """The groups in `region` (where the run trains): the only ones the rules scale up."""
+    return [g for g in groups if g.region == region]
+
+
+def follow_the_run(
+    region: str, groups: Sequence[Group], declared: Sequence[CapacityGroup]
+) -> Decision | None:
+    """The run trains in `region`: its groups elsewhere that have sizes go to nothing (each
+    machine publishes its emergency checkpoint, refused if the move already fenced it), and,
+    as the run has just moved, `region`'s groups start at their declared sizes. None when
+    nothing is elsewhere."""
+    away = [g for g in groups if g.region != region and (g.desired or g.min_size)]
+    if not away:
+        return None
+    started = start(groups_in(region, groups), groups_in(region, declared))
+    desired = {g.name: 0 for g in away} | started.desired
+    min_sizes = {g.name: 0 for g in away} | started.min_sizes
+    there = ", ".join(f"{n} {started.min_sizes[n]}..{started.desired[n]}"
+                      for n in sorted(started.desired))  # fmt: skip
+    return Decision(
+        "follow-the-run",
+        f"the run trains in {region} (its epoch's region): "
+        f"{', '.join(sorted(g.name for g in away))} go to 0"
+        + (f"; {there} start" if there else ""),
+        desired,
+        min_sizes=min_sizes,
+    )
 
 
 def start(

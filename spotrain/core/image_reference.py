@@ -45,6 +45,15 @@ def repository_of(reference: str) -> str:
     return found["repository"]
 
 
+def image_in_region(reference: str, region: str) -> str:
+    """`reference` (a digest reference in the environment's registry) as the copy the
+    registry replicated to `region` names it: the same repository and digest, that region's
+    registry host."""
+    host, _, rest = reference.partition("/")
+    account, dkr, ecr, _, domain = host.split(".", 4)
+    return f"{account}.{dkr}.{ecr}.{region}.{domain}/{rest}"
+
+
 def run_image_problems(reference: str, environment: str) -> list[str]:
     """What is wrong with `reference` as the image a run of `environment` pins: it must name
     one image by digest, in the environment's own registry (the only one its machines may

@@ -49,9 +49,12 @@ def fleet_name_prefix(environment: str) -> str:
     return environment_resource(environment, "")
 
 
-def fleet_group(environment: str, run: str) -> str:
-    """The run's spot group (and fleet, role, launch template) name."""
-    return f"{fleet_name_prefix(environment)}{run}-fleet"
+def fleet_group(environment: str, run: str, region: str | None = None) -> str:
+    """The run's spot group (and fleet, role, launch template) name: in its home region
+    (`region` None), and in each other region of its environment (the region's name added:
+    roles are global)."""
+    home = f"{fleet_name_prefix(environment)}{run}-fleet"
+    return home if region is None else f"{home}-{region}"
 
 
 def on_demand_group(fleet_name: str) -> str:

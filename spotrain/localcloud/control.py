@@ -12,6 +12,7 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -327,9 +328,13 @@ def stock_image(ec2: Any) -> str:
     return str(min(image["ImageId"] for image in images))
 
 
-def prepare_account(endpoint: str, *, state_bucket: str, region: str, image_parameter: str) -> None:
-    """What a real account has before the first deploy: the Terraform state bucket and the
-    image id parameter the image build writes. Idempotent."""
+def prepare_account(
+    endpoint: str, *, state_bucket: str, region: str, image_parameter: str,
+    image_regions: Sequence[str] = (),
+) -> None:  # fmt: skip
+    """What a real account has before the first deploy: the Terraform state bucket and, in
+    `region` and each of `image_regions`, the image id parameter the image bake writes.
+    Idempotent."""
     s3 = client("s3", endpoint, region)
     existing = {b["Name"] for b in s3.list_buckets().get("Buckets", [])}
     if state_bucket not in existing:
@@ -350,7 +355,8 @@ def prepare_account(endpoint: str, *, state_bucket: str, region: str, image_para
             "RestrictPublicBuckets": True,
         },
     )
-    image_id = stock_image(client("ec2", endpoint, region))
-    client("ssm", endpoint, region).put_parameter(
-        Name=image_parameter, Value=image_id, Type="String", Overwrite=True
-    )
+    for where in dict.fromkeys((region, *image_regions)):
+        image_id = stock_image(client("ec2", endpoint, where))
+        client("ssm", endpoint, where).put_parameter(
+            Name=image_parameter, Value=image_id, Type="String", Overwrite=True
+        )

@@ -262,6 +262,7 @@ def local_environment_ready(endpoint: str) -> EnvironmentConfig:
         state_bucket=config.state.bucket,
         region=config.state.region,
         image_parameter=image_parameter(config.name),
+        image_regions=config.region_names,
     )
     return config
 

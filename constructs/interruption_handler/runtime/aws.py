@@ -157,11 +157,13 @@ def configuration_stored(settings: Settings) -> bool:
     return int(listed.get("KeyCount", 0)) > 0
 
 
-def final_step(settings: Settings) -> int | None:
-    """The run's published head when it is marked final (the run is done), else None."""
+def final_step(settings: Settings, region: str | None = None) -> int | None:
+    """The run's published head when it is marked final (the run is done), else None, read
+    from `region`'s copy (where the run trains, its writer's first; None: this region's)."""
     if not settings.handler.checkpoints_table or not settings.run:
         return None
-    catalog = boto3.resource("dynamodb").Table(settings.handler.checkpoints_table)
+    dynamodb = boto3.resource("dynamodb", region_name=region)  # None: the default region's
+    catalog = dynamodb.Table(settings.handler.checkpoints_table)
     head = run_lifecycle.published_head(catalog, settings.run)
     return head.step if head is not None and head.final else None
 
@@ -172,6 +174,14 @@ def epoch_chain(settings: Settings, run: str) -> list[run_epochs.Epoch]:
         return []
     catalog = boto3.resource("dynamodb").Table(settings.handler.checkpoints_table)
     return run_epochs.read_chain(catalog, run)
+
+
+def trains_in(settings: Settings) -> str:
+    """The region run `settings.run` trains in: its current epoch's, as this region's copy of
+    the catalog knows it (home, where the run declares it starts, until it moves)."""
+    assert settings.declaration is not None
+    latest = run_epochs.current(epoch_chain(settings, settings.run))
+    return latest.id.region if latest is not None else settings.declaration.home_region
 
 
 # --- writes ------------------------------------------------------------------------------------

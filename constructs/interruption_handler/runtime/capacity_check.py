@@ -1,9 +1,11 @@
 """The scheduled capacity check: every run of the environment, each on its own (one run's
 failure is reported in its result and logged, and the others are checked). For each run it
 moves the spend ledger, makes sure a finished run is marked so, asks the capacity policy
-whether the run may have machines (hold, wait, start or release) and, when it may, reconciles
-its groups (on-demand covers a spot shortfall, and goes when spot returns; a run with a
-deadline follows the deadline policy, on its progress read from the checkpoint catalog)."""
+whether the run may have machines (hold, wait, start or release) and, when it may, keeps its
+machines in the region it trains in (a run that moved: its groups there start, the others
+empty) and reconciles that region's groups (on-demand covers a spot shortfall, and goes when
+spot returns; a run with a deadline follows the deadline policy, on its progress read from the
+checkpoint catalog)."""
 
 from __future__ import annotations
 
@@ -48,7 +50,12 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
     if ledger is not None:
         ledger = spend.judge_spend(run_settings, table, ledger, now)
     lifecycle = run_lifecycle.read(table, run)
-    if lifecycle.finished_step is None and (step := aws.final_step(run_settings)) is not None:
+    assert run_settings.declaration is not None
+    region = aws.trains_in(run_settings)  # where the run's machines belong
+    if (
+        lifecycle.finished_step is None
+        and (step := aws.final_step(run_settings, region)) is not None
+    ):
         # The stream's notice was missed (or is still on its way): the check makes sure.
         lifecycle = finish(run_settings, table, step, now, ledger, stop=False)
     stored = lifecycle.started_at is not None or aws.configuration_stored(run_settings)
@@ -71,18 +78,24 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
             )
     elif lifecycle.started_at is None:
         run_lifecycle.mark_started(table, run, now)
-        assert run_settings.declaration is not None
-        decision = capacity_policy.start(groups, run_settings.declaration.groups,
-                                         state.held_sizes)  # fmt: skip
+        decision = capacity_policy.start(
+            capacity_policy.groups_in(region, groups),
+            capacity_policy.groups_in(region, run_settings.declaration.groups),
+            state.held_sizes,
+        )
         fleet_state.set_held_sizes(table, run, None)  # the start put them back
         decision = decision if decision.desired else None
     elif state.held_sizes:
         decision = capacity_policy.release(groups, state.held_sizes)
         fleet_state.set_held_sizes(table, run, None)
     if decision is None:
+        decision = capacity_policy.follow_the_run(region, groups,
+                                                  run_settings.declaration.groups)  # fmt: skip
+    if decision is None:
         progress, measured = deadline_progress(run_settings, now)
         decision = capacity_policy.reconcile(
-            groups=groups, short_since=state.short_since, now=now,
+            groups=capacity_policy.groups_in(region, groups), short_since=state.short_since,
+            now=now,
             on_demand_deadline_s=60 * run_settings.handler.on_demand_deadline_minutes,
             progress=progress,
         )  # fmt: skip

@@ -102,8 +102,9 @@ def _requeue(
         pools = {p for g in groups for p in g.pools} | {instance["pool"]}
         now = settings.now()
         progress, _ = capacity_check.deadline_progress(run_settings, now)
+        here = capacity_policy.groups_in(aws.trains_in(run_settings), groups)
         decision = capacity_policy.after_interruption(
-            group=instance.get("group") or None, pool=instance["pool"], groups=groups,
+            group=instance.get("group") or None, pool=instance["pool"], groups=here,
             pool_interruptions=aws.recent_interruptions(table, pools, fields["time"],
                                                         60 * handler.rate_window_minutes),
             hot_threshold=handler.hot_pool_threshold, short_since=state.short_since, now=now,
