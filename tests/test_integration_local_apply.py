@@ -895,10 +895,14 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
         events=tables.Table("spotrain-local-events"),
         catalog=tables.Table("spotrain-local-checkpoints"), autoscaling=local.client("autoscaling"),
         ssm=local.client("ssm"), bucket=local.primary_bucket, environment="local",
-        region="us-east-1",
+        region="us-east-1", buckets={"us-east-1": local.primary_bucket,
+                                     "us-west-2": local.replica_bucket},
     )  # fmt: skip
     status = run_status.status_of(where, "solo", [])
     assert (status.trains_in, status.epoch, status.moved_from_step) == ("us-west-2", 1, 20)
+    # Its head is named where it trains: the bucket its writer published to.
+    assert status.head_manifest is not None
+    assert status.head_manifest.startswith(f"s3://{local.replica_bucket}/runs/solo/")
     # Priced out of the box, as on a fresh clone: the checked-in book's AWS prices, spot
     # cheaper.
     spend = re.search(r"spend\s+\$([\d.]+) for ([\d.]+) machine-hours of run demo's fleet; "

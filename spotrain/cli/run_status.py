@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import argparse
 import time
-from dataclasses import asdict, dataclass
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spotrain.cli.arguments import environment
@@ -33,6 +34,12 @@ class Where:
     """Every region of the environment, home first (empty: home only)."""
     autoscaling_in: Any = None
     """Auto Scaling client of a region, made on first use (None: home's only)."""
+    buckets: Mapping[str, str] = field(default_factory=dict)
+    """The checkpoint bucket of each region (empty: home's only)."""
+
+    def bucket_in(self, region: str | None) -> str:
+        """The checkpoint bucket of `region` (home's when None or not known)."""
+        return self.buckets.get(region or self.region, self.bucket)
 
     def autoscaling_of(self, region: str) -> Any:
         if region == self.region or self.autoscaling_in is None:
@@ -109,6 +116,7 @@ def where_of(env_name: str) -> Where:
         region=region,
         regions=config.region_names,
         autoscaling_in=autoscaling_in,
+        buckets={r: names.checkpoint_bucket(config.bucket_prefix, r) for r in config.region_names},
     )
 
 
@@ -269,7 +277,9 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
                            f"{_warned_at(marks[-1])}"
                            if marks else None),
         steps=steps, loss=head.loss if head else None, head_at=head.created_at if head else None,
-        head_manifest=f"s3://{where.bucket}/{head.manifest}" if head else None,
+        # Where the run trains holds its head (its writer's, or the base its move verified).
+        head_manifest=(f"s3://{where.bucket_in(epoch.id.region if epoch else None)}/"
+                       f"{head.manifest}" if head else None),
         steps_per_hour=round(per_hour, 1) if per_hour else None,
         eta=_eta(step or 0, steps, per_hour) if phase == run_lifecycle.TRAINING else None,
         finish_by=_finish_by(where, run), leaving=sum(_leaving(g) for g in groups),
