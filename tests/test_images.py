@@ -509,6 +509,30 @@ def test_image_build_pushes_the_trainer_then_the_code_on_it_by_digest(
     assert run.image is not None and run.image.startswith(f"{uri}@sha256:")
 
 
+def test_a_pinned_image_must_be_in_every_regions_registry(registry: Any) -> None:
+    """A run's machines pull from their own region's repository: an image pushed at home
+    only is refused, naming the region that lacks it and the command that pushes it there."""
+    from spotrain.cli.image import check_pushed
+    from spotrain.core.errors import SpotrainError
+
+    manifest = '{"schemaVersion": 2, "config": {"digest": "sha256:' + "3" * 64 + '"}}'
+    kind = "application/vnd.oci.image.manifest.v1+json"
+    uri = registry.describe_repositories()["repositories"][0]["repositoryUri"]
+    pushed = registry.put_image(repositoryName="spotrain-dev/trainer", imageManifest=manifest,
+                                imageManifestMediaType=kind, imageTag="code-once")  # fmt: skip
+    reference = f"{uri}@{pushed['image']['imageId']['imageDigest']}"
+    with pytest.raises(SpotrainError, match=r"not in the registry in us-west-2: push it with "
+                       r"`spotrain image build dev`"):  # fmt: skip
+        check_pushed("dev", reference)
+    # (The emulator gives each push its own digest, so one image cannot be in both here; the
+    # shared deployment's user story pins one that is.) Home lacking it is refused as well.
+    west = boto3.client("ecr", region_name="us-west-2").put_image(
+        repositoryName="spotrain-dev/trainer", imageManifest=manifest,
+        imageManifestMediaType=kind, imageTag="code-west")  # fmt: skip
+    with pytest.raises(SpotrainError, match=r"not in the registry in us-east-1: push it"):
+        check_pushed("dev", f"{uri}@{west['image']['imageId']['imageDigest']}")
+
+
 def test_image_bake_takes_one_image_by_digest_and_runs_the_recipe(
     capsys: pytest.CaptureFixture[str],
 ) -> None:

@@ -105,17 +105,17 @@ def check_pushed(env_name: str, reference: str) -> None:
     """Refuse a run's image its machines could not pull: another registry's, or a digest the
     environment's registry does not hold in every region (a run's machines pull from their
     own region's)."""
-    _, name, uri = _repository(env_name)
+    ecr, name, uri = _repository(env_name)
     if repository_of(reference) != uri:
         raise SpotrainError(f"image {reference} is not in environment {env_name}'s registry "
                             f"{uri}: pin an image `spotrain image build {env_name}` pushed "
                             "there")  # fmt: skip
+    config = environment(env_name)
+    registries = {config.primary_region: ecr} | {
+        region: _repository(env_name, region)[0] for region in config.replica_regions
+    }
     digest = reference.rsplit("@", 1)[1]
-    missing = [
-        region
-        for region in environment(env_name).region_names
-        if _pushed(_repository(env_name, region)[0], name, digest=digest) is None
-    ]
+    missing = [r for r, ecr in registries.items() if _pushed(ecr, name, digest=digest) is None]
     if missing:
         raise SpotrainError(f"image {reference} is not in the registry in "
                             f"{', '.join(missing)}: push it with `spotrain image build "
@@ -155,8 +155,7 @@ def _login(ecr: Any, uri: str, dry_run: bool) -> None:
 def _copy_to_regions(env_name: str, home_uri: str, tag: str, digest: str, dry_run: bool) -> None:
     """The image tagged `tag` pushed to every other region's repository: a run's machines
     pull from their own region's. The same image has the same digest there."""
-    config = environment(env_name)
-    for region in config.region_names[1:]:
+    for region in environment(env_name).replica_regions:
         ecr, name, uri = _repository(env_name, region)
         if (there := _pushed(ecr, name, tag)) is not None:
             if there != digest and not dry_run:
