@@ -1,4 +1,5 @@
-"""The CDKTF app: five stacks per environment and one per run, composed from the constructs.
+"""The CDKTF app: the environment's stacks (five, and two more for each region beyond home)
+and one per run, composed from the constructs.
 
 Stacks per environment (deploy one environment with `cdktf deploy '<env>-*'`):
   <env>-storage        keys, access-log buckets, replicated checkpoint buckets
@@ -6,7 +7,10 @@ Stacks per environment (deploy one environment with `cdktf deploy '<env>-*'`):
   <env>-network        private network, gateway and interface endpoints (home region)
   <env>-network-<region>  the same in each other region
   <env>-budget         monthly budget and alerts
-  <env>-interruptions  EventBridge rules -> interruption handler Lambda (serves every run)
+  <env>-interruptions  EventBridge rules -> interruption handler Lambda (home region; serves
+                       every run, and watches the catalog)
+  <env>-interruptions-<region>  the same in each other region (its machines' warnings, and
+                       the runs that train there)
   <env>-run-<run>      per run (runs/<env>/<run>.toml): its fleet and its declaration to the
                        handler (deploy one run with `cdktf deploy <env>-run-<run>`)
 
@@ -27,15 +31,15 @@ from spotrain.stacks.budget import BudgetStack
 from spotrain.stacks.catalog import CatalogStack
 from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
-from spotrain.stacks.interruptions import InterruptionsStack
+from spotrain.stacks.interruptions import InterruptionsStack, interruptions_part
 from spotrain.stacks.network import NetworkStack, network_part
 from spotrain.stacks.run import RegionGround, RunStack
 from spotrain.stacks.runs import RunConfig, load_runs
 from spotrain.stacks.storage import StorageStack
 
 STACK_PARTS = ("storage", "catalog", "network", "budget", "interruptions")
-"""The environment's own stacks (`network` at home; every other region adds
-`network-<region>`); each run adds `run-<run>`."""
+"""The environment's own stacks (`network` and `interruptions` at home; every other region
+adds `network-<region>` and `interruptions-<region>`); each run adds `run-<run>`."""
 
 
 def add_environment(
@@ -46,7 +50,6 @@ def add_environment(
     runs = load_runs(config.name) if runs is None else runs
     storage = StorageStack(app, config=config)
     key_arns = {region: key.arn for region, key in storage.keys.items()}
-    primary_key = key_arns[config.primary_region]
     catalog = CatalogStack(app, config=config, key_arns=key_arns)
     networks = {
         region: NetworkStack(
@@ -61,24 +64,29 @@ def add_environment(
         for region in config.region_names
     }
     budget = BudgetStack(app, config=config)
-    interruptions = InterruptionsStack(
-        app,
-        config=config,
-        primary_key_arn=primary_key,
-        events_table_arn=catalog.events.arn,
-        events_table_name=catalog.events.name,
-        catalog_stream_arn=catalog.checkpoints.stream_arn,
-        checkpoints_table_arn=catalog.checkpoints.arn,
-        checkpoints_table_name=catalog.checkpoints.name,
-        checkpoint_bucket_name=storage.checkpoints.primary.name,
-        checkpoint_bucket_arn=storage.checkpoints.primary.arn,
-    )
+    handlers = {
+        region: InterruptionsStack(
+            app,
+            config=config,
+            region=region,
+            key_arn=key_arns[region],
+            events_table_name=catalog.events.name,
+            checkpoints_table_name=catalog.checkpoints.name,
+            checkpoint_bucket_name=storage.checkpoints.buckets[region].name,
+            checkpoint_bucket_arn=storage.checkpoints.buckets[region].arn,
+            # Home's handler watches the catalog (every region's writes replicate to it).
+            catalog_stream_arn=catalog.checkpoints.stream_arn
+            if region == config.primary_region
+            else None,
+        )
+        for region in config.region_names
+    }
     stacks: dict[str, object] = {
         "storage": storage,
         "catalog": catalog,
         **{network_part(config, region): stack for region, stack in networks.items()},
         "budget": budget,
-        "interruptions": interruptions,
+        **{interruptions_part(config, region): stack for region, stack in handlers.items()},
     }
     for run in runs:
         stacks[names.run_stack_part(run.name)] = RunStack(

@@ -95,6 +95,13 @@ def region_label(config: EnvironmentConfig, region: str) -> str:
     return "".join(part.capitalize() for part in region.split("-"))
 
 
+def regional_part(config: EnvironmentConfig, part: str, region: str) -> str:
+    """The stack part of `part` in `region`: the name alone at home (the name the stack had
+    when environments had one region, so its state keeps its key), `<part>-<region>`
+    elsewhere."""
+    return part if region == config.primary_region else f"{part}-{region}"
+
+
 def place_in(scope: Construct, provider: Any) -> None:
     """Every resource and data source under `scope` is created by `provider` (another
     region's): a construct built for a stack's default region, placed in another."""

@@ -12,13 +12,13 @@ from spotrain.cdk import Construct, TerraformOutput
 from spotrain.constructs.private_network import PrivateNetwork, PrivateNetworkProps
 from spotrain.core import resource_names as names
 from spotrain.core.image_reference import image_repository_name
-from spotrain.stacks.base import EnvironmentStack
+from spotrain.stacks.base import EnvironmentStack, regional_part
 from spotrain.stacks.config import EnvironmentConfig
 
 
 def network_part(config: EnvironmentConfig, region: str) -> str:
-    """The stack part of `region`'s network (home's keeps the name it had alone)."""
-    return "network" if region == config.primary_region else f"network-{region}"
+    """The stack part of `region`'s network."""
+    return regional_part(config, "network", region)
 
 
 class NetworkStack(EnvironmentStack):

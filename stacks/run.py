@@ -1,9 +1,9 @@
 """A run's own stack, `<env>-run-<run>`: its fleet in every region of its environment (spot
 group with the on-demand coordinator, the on-demand fallback group, launch template, instance
 role scoped to the run's prefix and items, security group, log group; at 0 where the run does
-not train) and its declaration to the environment's interruption handler (the run's groups,
-cap and deadline, as an SSM parameter the handler reads). Every resource carries the run and
-its owner as cost-allocation tags."""
+not train) and its declaration to the environment's interruption handlers (the run's groups,
+cap and deadline, as an SSM parameter in every region, which that region's handler reads).
+Every resource carries the run and its owner as cost-allocation tags."""
 
 from __future__ import annotations
 
@@ -75,25 +75,33 @@ class RunStack(EnvironmentStack):
             for region in config.region_names
         }  # fmt: skip
         self.fleet = self.fleets[config.primary_region]
-        home_key = grounds[config.primary_region].key_arn
-        # The run declares itself to the environment's interruption handler: its groups and
-        # sizes, its cap and its deadline. Retiring the run (destroying this stack) removes it.
-        self.declaration = aws.ssm_parameter.SsmParameter(
-            self,
-            "HandlerDeclaration",
-            name=run_parameter_name(config.name, run.name),
-            description=f"Run {run.name}: its groups, cap and deadline, for the handler",
-            # Nothing secret, but encrypted at rest as everything is: the handler decrypts it
-            # through SSM with the environment's key.
-            type="SecureString",
-            key_id=home_key,
-            value=RunDeclaration(
-                run=run.name,
-                groups=capacity_groups(config, run),
-                max_spend_usd=run.max_spend_usd,
-                run_deadline=run.deadline,
-            ).to_json(),
-        )
+        # The run declares itself to every region's interruption handler (each reads its own
+        # region's parameters: one region's outage leaves the others' handlers serving it):
+        # its groups and sizes, its cap and its deadline. Retiring the run (destroying this
+        # stack) removes it.
+        declaration = RunDeclaration(
+            run=run.name,
+            groups=capacity_groups(config, run),
+            max_spend_usd=run.max_spend_usd,
+            run_deadline=run.deadline,
+        ).to_json()
+        self.declarations = {}
+        for region in config.region_names:
+            home = region == config.primary_region
+            self.declarations[region] = aws.ssm_parameter.SsmParameter(
+                self,
+                "HandlerDeclaration" + ("" if home else region_label(config, region)),
+                name=run_parameter_name(config.name, run.name),
+                description=f"Run {run.name}: its groups, cap and deadline, for the handler",
+                # Nothing secret, but encrypted at rest as everything is: the handler decrypts
+                # it through SSM with its region's key.
+                type="SecureString",
+                key_id=grounds[region].key_arn,
+                value=declaration,
+            )
+            if not home:
+                place_in(self.declarations[region], self.provider(region))
+        self.declaration = self.declarations[config.primary_region]
         TerraformOutput(self, "fleet_group", value=self.fleet.group.name)
         TerraformOutput(self, "on_demand_group", value=self.fleet.on_demand_group.name)
         TerraformOutput(self, "launch_template", value=self.fleet.launch_template.id)

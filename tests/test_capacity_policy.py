@@ -70,8 +70,10 @@ def test_capacity_never_shifts_to_a_region_the_run_does_not_train_in() -> None:
 
 
 def test_a_run_that_moved_has_its_machines_follow_it_and_none_left_behind() -> None:
-    """The run's epoch names us-west-2: home's groups go to 0 (minimum too), us-west-2's start
-    at their declared sizes; once nothing is left behind the rule has nothing to do."""
+    """The run's epoch names us-west-2. Each region's handler decides for its own groups:
+    home's go to 0 (minimum too); us-west-2's, none asked for, start at their declared sizes
+    (the run has just moved in); once nothing is left behind neither has anything to do. A
+    handler never scales another region's groups."""
     declared = [
         CapacityGroup(name="east-spot", region="us-east-1", lifecycle="spot", holds_data=True,
                       min_size=1, desired=2),
@@ -80,20 +82,26 @@ def test_a_run_that_moved_has_its_machines_follow_it_and_none_left_behind() -> N
                       min_size=1, desired=2),
         WEST_ON_DEMAND.declared]  # fmt: skip
     covering = Group(**{**ON_DEMAND.__dict__, "desired": 1})
-    moved = policy.follow_the_run("us-west-2", [PRIMARY, covering, WEST, WEST_ON_DEMAND],
-                                  declared)  # fmt: skip
-    assert moved is not None and moved.action == "follow-the-run"
-    assert moved.desired == {"east-spot": 0, "east-on-demand": 0, "west-spot": 2}
-    assert moved.min_sizes == {"east-spot": 0, "east-on-demand": 0, "west-spot": 1}
-    assert "trains in us-west-2" in moved.reason and "west-spot 1..2 start" in moved.reason
+    before = [PRIMARY, covering, WEST, WEST_ON_DEMAND]
+    left = policy.follow_the_run("us-west-2", "us-east-1", before, declared)
+    assert left is not None and left.action == "follow-the-run"
+    assert left.desired == {"east-spot": 0, "east-on-demand": 0} == left.min_sizes
+    assert "trains in us-west-2" in left.reason
+    arrived = policy.follow_the_run("us-west-2", "us-west-2", before, declared)
+    assert arrived is not None and arrived.action == "follow-the-run"
+    assert (arrived.desired, arrived.min_sizes) == ({"west-spot": 2}, {"west-spot": 1})
+    assert "has just moved in" in arrived.reason and "west-spot 1..2 start" in arrived.reason
     there = Group(**{**WEST.__dict__, "desired": 2, "min_size": 1, "in_service": 2})
     home = Group(**{**PRIMARY.__dict__, "desired": 0, "min_size": 0, "in_service": 0})
-    assert policy.follow_the_run("us-west-2", [home, ON_DEMAND, there, WEST_ON_DEMAND],
-                                 declared) is None  # fmt: skip
+    after = [home, ON_DEMAND, there, WEST_ON_DEMAND]
+    for region in ("us-east-1", "us-west-2"):
+        assert policy.follow_the_run("us-west-2", region, after, declared) is None
     # Moved back home: the same rule the other way.
-    back = policy.follow_the_run("us-east-1", [home, ON_DEMAND, there, WEST_ON_DEMAND], declared)
-    assert back is not None and back.desired == {"west-spot": 0, "east-spot": 2}
-    assert back.min_sizes == {"west-spot": 0, "east-spot": 1}
+    back = policy.follow_the_run("us-east-1", "us-west-2", after, declared)
+    assert back is not None and (back.desired, back.min_sizes) == ({"west-spot": 0},) * 2
+    home_again = policy.follow_the_run("us-east-1", "us-east-1", after, declared)
+    assert home_again is not None and home_again.desired == {"east-spot": 2}
+    assert home_again.min_sizes == {"east-spot": 1}
 
 
 def test_a_group_whose_pools_are_all_hot_is_no_home() -> None:

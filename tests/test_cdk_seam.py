@@ -40,7 +40,7 @@ def _synth(tmp_path: Path, label: str, preload: str) -> tuple[dict[str, str], in
 def test_lazy_loading_synthesizes_byte_identical_json(tmp_path: Path) -> None:
     lazy, lazy_modules = _synth(tmp_path, "lazy", "")
     full, full_modules = _synth(tmp_path, "full", "import cdktf_cdktf_provider_aws")
-    assert len(lazy) == 22  # 6 stacks for each of 3 environments, and their 4 runs
+    assert len(lazy) == 25  # 7 stacks for each of 3 environments (2 regions), and 4 runs
     assert lazy == full
     # The point of the seam: a few dozen submodules instead of all ~2,100.
     assert lazy_modules < 100 < 2000 < full_modules

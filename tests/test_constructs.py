@@ -629,6 +629,43 @@ def test_eventbridge_may_encrypt_the_rules_dead_letters_and_nothing_else(
     assert not fnmatch.fnmatchcase(f"arn:aws:events:us-east-1:{account}:rule/other", pattern)
 
 
+def test_every_region_has_its_handler_scaling_and_tagging_only_that_regions_machines(
+    synth_dir: Path,
+) -> None:
+    """EventBridge delivers a machine's warnings in its region, and a region that is down
+    cannot act for another: each region has its handler, under its own provider and key,
+    with the same function name (Lambda names are regional) and a role of its own (IAM names
+    are global), scaling and tagging its region's groups and machines only. Home's alone
+    watches the catalog's stream (every region's writes replicate there): one alarm a change."""
+    handlers = {
+        "us-east-1": load_stack(synth_dir, "dev-interruptions"),
+        "us-west-2": load_stack(synth_dir, "dev-interruptions-us-west-2"),
+    }
+    for region, stack in handlers.items():
+        [provider] = stack["provider"]["aws"]
+        assert provider["region"] == region
+        function = only(resources(stack, "aws_lambda_function"))
+        assert function["function_name"] == "spotrain-dev-interruption-handler"
+        role = only({n: r for n, r in resources(stack, "aws_iam_role").items() if "Handler" in n})
+        assert role["name"] == "spotrain-dev-interruption-handler" + (
+            "" if region == "us-east-1" else "-us-west-2")  # fmt: skip
+        policy = only(
+            {n: p for n, p in resources(stack, "aws_iam_role_policy").items() if "Handler" in n}
+        )
+        by_sid = {s["sid"]: s for s in statements(stack, policy["policy"])}
+        [groups] = by_sid["ScaleTheRunsGroups"]["resources"]
+        assert groups.startswith(f"arn:aws:autoscaling:{region}:")
+        [instances] = by_sid["TagTheRunsInstances"]["resources"]
+        assert instances.startswith(f"arn:aws:ec2:{region}:")
+        tables = by_sid["RecordEventsAndFleetState"]["resources"]
+        assert all(t.startswith(f"arn:aws:dynamodb:{region}:") for t in tables), tables
+        watching = resources(stack, "aws_lambda_event_source_mapping")
+        assert len(watching) == (region == "us-east-1"), watching
+        assert ("ReadCatalogStream" in by_sid) == (region == "us-east-1")
+    assert "ReplicaKey" in only(resources(handlers["us-west-2"], "aws_lambda_function"))[
+        "kms_key_arn"]  # fmt: skip
+
+
 def test_handler_is_told_its_environment_topic_and_queue_and_each_run_declares_itself(
     synth_dir: Path,
 ) -> None:
@@ -638,9 +675,13 @@ def test_handler_is_told_its_environment_topic_and_queue_and_each_run_declares_i
     assert (environment, variables[RUNS_PARAMETER_PATH_VARIABLE]) == ("dev", "/spotrain/dev/runs")
     assert not {"RUN_NAME", "CAPACITY_GROUPS", "MAX_SPEND_USD"} & set(variables)
     run = load_stack(synth_dir, "dev-run-gpt-small")
-    parameter = only(resources(run, "aws_ssm_parameter"))
-    assert parameter["name"] == "/spotrain/dev/runs/gpt-small"
+    # Declared to each region's handler, in that region, under that region's key.
+    parameters = resources(run, "aws_ssm_parameter")
+    parameter, there = parameters["HandlerDeclaration"], parameters["HandlerDeclarationReplica"]
+    assert parameter["name"] == there["name"] == "/spotrain/dev/runs/gpt-small"
     assert parameter["type"] == "SecureString" and "PrimaryKey" in parameter["key_id"]
+    assert "provider" not in parameter and there["provider"] == "aws.replica"
+    assert "ReplicaKey" in there["key_id"] and there["value"] == parameter["value"]
     declared = json.loads(parameter["value"])
     assert (declared["run"], declared["max_spend_usd"], declared["run_deadline"]) == (
         "gpt-small", 1500.0, None)  # fmt: skip
@@ -744,7 +785,8 @@ def test_a_run_with_a_deadline_gives_its_handler_the_deadline_and_its_progress_o
     from spotrain.stacks.runs import load_runs
 
     run = load_stack(synth_dir, "prod-run-gpt-large")
-    deadline = json.loads(only(resources(run, "aws_ssm_parameter"))["value"])["run_deadline"]
+    declared = resources(run, "aws_ssm_parameter")["HandlerDeclaration"]["value"]
+    deadline = json.loads(declared)["run_deadline"]
     assert deadline == dataclasses.asdict(load_runs("prod")[0].deadline)
     prod = load_stack(synth_dir, "prod-interruptions")
     variables = only(resources(prod, "aws_lambda_function"))["environment"]["variables"]
@@ -789,8 +831,8 @@ def test_each_stack_waits_for_the_stacks_it_depends_on_and_no_others(synth_dir: 
     assert "local-interruptions" not in waits_for["local-run-demo"]
     assert dependents(waits_for)["local-interruptions"] == frozenset()
     assert dependents(waits_for)["local-storage"] == {
-        f"local-{p}" for p in ("catalog", "interruptions", "network", "network-us-west-2",
-                               "run-demo", "run-second")
+        f"local-{p}" for p in ("catalog", "interruptions", "interruptions-us-west-2", "network",
+                               "network-us-west-2", "run-demo", "run-second")
     }  # fmt: skip
     assert stack_dependencies(synth_dir, "local-run-demo") == {"local-run-demo": frozenset()}
 

@@ -15,6 +15,7 @@ import re
 import subprocess
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +39,8 @@ def test_applies_every_stack_of_the_environment(local: Local) -> None:
     assert names[0] in ("local-budget", "local-storage")
     assert set(names) == {
         f"local-{p}" for p in ("storage", "catalog", "network", "network-us-west-2", "budget",
-                               "interruptions", "run-demo", "run-second")
+                               "interruptions", "interruptions-us-west-2", "run-demo",
+                               "run-second")
     }  # fmt: skip
     assert sum(len(r.resources) for r in local.results) > 60
 
@@ -324,17 +326,19 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
 def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind(
     local: Local, request: pytest.FixtureRequest
 ) -> None:
-    """The deployed handler's capacity check keeps a run's machines in the region its epoch
-    claimed: a run declared with groups in both regions (as every run's stack declares them)
-    starts at home; once its move to us-west-2 is claimed in the catalog, the next check
-    empties home's groups and starts us-west-2's at their declared sizes; moved back, the
-    other way. The run is this test's own (its groups made here from the deployed templates),
-    so the environment's runs are not moved."""
+    """Each region's deployed handler checks the run for its own region's groups: a run
+    declared with groups in both regions (as every run's stack declares them, to each
+    region's handler) starts at home; once its move to us-west-2 is claimed in the catalog,
+    home's check empties home's groups and us-west-2's starts its own at their declared sizes
+    (the run has just moved in); moved back, the other way. Neither handler ever scales the
+    other region's groups, and a spot warning for a machine left behind is recorded by its
+    region's handler, not requeued. The run is this test's own (its groups made here from the
+    deployed templates), so the environment's runs are not moved."""
     from spotrain.core import catalog_schema as schema
     from spotrain.core import run_epochs
     from spotrain.core.capacity import CapacityGroup, RunDeclaration
     from spotrain.core.handler_settings import run_parameter_name
-    from spotrain.tools.rehearsal import deliver_capacity_check
+    from spotrain.tools.rehearsal import deliver_capacity_check, deliver_interruption
 
     # The check of the environment's runs below sees this run too: after the test that
     # checks exactly which runs the handler serves.
@@ -343,6 +347,13 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
     )
     config, outputs, run = local.config, local.outputs, "roamer"
     home, away = config.region_names[:2]
+    # The same function name in every region (Lambda names are regional), each its own.
+    assert outputs["regions"][away]["handler_function"] == outputs["handler_function"]
+    functions = {region: local.client("lambda", region).get_function_configuration(
+        FunctionName=outputs["handler_function"]) for region in (home, away)}  # fmt: skip
+    assert functions[home]["Role"] != functions[away]["Role"]
+    assert functions[away]["KMSKeyArn"] == local.client("kms", away).describe_key(
+        KeyId=f"alias/{names.data_key_alias(config.name, away)}")["KeyMetadata"]["Arn"]  # fmt: skip
     groups = {
         region: names.fleet_group(config.name, run, None if region == home else region)
         for region in (home, away)
@@ -357,8 +368,6 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
                           lifecycle="on-demand", holds_data=region == home),
         )
     ]  # fmt: skip
-    ssm = local.client("ssm")
-    catalog = local.client("dynamodb")
     try:
         owner = ((schema.ENVIRONMENT_TAG, config.name), (schema.RUN_TAG, run))
         tags = [{"Key": key, "Value": value} for key, value in owner]
@@ -375,9 +384,12 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
                 AvailabilityZones=[f"{group.region}a"],
                 Tags=[{**tag, "PropagateAtLaunch": True} for tag in tags],
             )  # fmt: skip
-        ssm.put_parameter(Name=run_parameter_name(config.name, run), Type="SecureString",
-                          Value=RunDeclaration(run=run, groups=tuple(declared)).to_json(),
-                          KeyId=local.primary_key_alias)  # fmt: skip
+        for region in (home, away):  # as the run's stack declares it to each region's handler
+            local.client("ssm", region).put_parameter(
+                Name=run_parameter_name(config.name, run), Type="SecureString",
+                Value=RunDeclaration(run=run, groups=tuple(declared)).to_json(),
+                KeyId=f"alias/{names.data_key_alias(config.name, region)}",
+            )  # fmt: skip
         local.client("s3").put_object(
             Bucket=local.primary_bucket, Key=f"{schema.configs_prefix(run)}0001.json", Body=b"{}",
             ServerSideEncryption="aws:kms", SSEKMSKeyId=local.client("kms").describe_key(
@@ -385,14 +397,20 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
         )  # fmt: skip
 
         def claim(number: int, region: str) -> None:
+            """Claimed in `region`'s copy (as `spotrain checkpoints move` there does), and
+            waited for in every other's."""
             epoch = run_epochs.Epoch(
                 id=run_epochs.EpochId(number, region),
                 base=run_epochs.EpochId(number - 1, home if number % 2 else away) if number
                 else None, base_step=0 if number else None, claimed_by="test")  # fmt: skip
             keys = {schema.PARTITION_KEY: {"S": schema.run_key(run)},
                     schema.SORT_KEY: {"S": run_epochs.epoch_sort_key(number)}}  # fmt: skip
-            catalog.put_item(TableName=outputs["checkpoint_catalog_table"],
-                             Item={**keys, **epoch.to_item()})  # fmt: skip
+            local.client("dynamodb", region).put_item(
+                TableName=outputs["checkpoint_catalog_table"], Item={**keys, **epoch.to_item()}
+            )
+            for other in (home, away):
+                replicated(lambda other=other: "Item" in local.client("dynamodb", other).get_item(
+                    TableName=outputs["checkpoint_catalog_table"], Key=keys))  # fmt: skip
 
         def sizes() -> dict[str, tuple[int, int]]:
             found = {}
@@ -402,25 +420,40 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
                 found[group.name] = (g["MinSize"], g["DesiredCapacity"])
             return found
 
-        def check() -> dict[str, Any]:
-            return deliver_capacity_check(local.cloud, outputs["handler_function"], home, run)
+        def check(region: str) -> dict[str, Any]:
+            return deliver_capacity_check(local.cloud, outputs["handler_function"], region, run)
 
         spot = {region: groups[region] for region in (home, away)}
+        on_demand = {region: names.on_demand_group(spot[region]) for region in spot}
         claim(0, home)
-        started = check()
+        started = check(home)
         assert started["decision"] == "start", started
+        assert check(away)["decision"] == "none"  # nothing of the run's in us-west-2
         assert sizes()[spot[home]] == (1, 1) and sizes()[spot[away]] == (0, 0)
         claim(1, away)  # `spotrain checkpoints move` in us-west-2
-        moved = check()
-        assert moved["decision"] == "follow-the-run", moved
-        assert f"trains in {away}" in moved["reason"], moved
-        on_demand = {region: names.on_demand_group(spot[region]) for region in spot}
+        left = check(home)
+        assert left["decision"] == "follow-the-run" and f"trains in {away}" in left["reason"]
+        assert sizes() == {spot[home]: (0, 0), on_demand[home]: (0, 0),
+                           spot[away]: (0, 0), on_demand[away]: (0, 0)}  # fmt: skip
+        arrived = check(away)
+        assert arrived["decision"] == "follow-the-run", arrived
+        assert "just moved in" in arrived["reason"], arrived
         assert sizes() == {spot[home]: (0, 0), on_demand[home]: (0, 0),
                            spot[away]: (1, 1), on_demand[away]: (0, 0)}  # fmt: skip
-        assert check()["decision"] != "follow-the-run"  # nothing left behind: nothing to do
+        for region in (home, away):  # nothing left behind: nothing to do
+            assert check(region)["decision"] != "follow-the-run"
+        # A machine of the run at home, as a stale group would have left it: its warning is
+        # home's handler's (EventBridge delivers it there), recorded and not requeued.
+        [instance] = local.client("ec2", home).run_instances(
+            LaunchTemplate={"LaunchTemplateName": spot[home]}, MinCount=1, MaxCount=1,
+            Placement={"AvailabilityZone": f"{home}a"})["Instances"]  # fmt: skip
+        warned = deliver_interruption(local.cloud, outputs["handler_function"],
+                                      instance["InstanceId"], home, lambda _: None)  # fmt: skip
+        assert warned["decision"] == "none" and f"trains in {away}" in warned["reason"], warned
+        local.client("ec2", home).terminate_instances(InstanceIds=[instance["InstanceId"]])
         claim(2, home)  # and back
-        back = check()
-        assert back["decision"] == "follow-the-run", back
+        assert check(away)["decision"] == "follow-the-run"
+        assert check(home)["decision"] == "follow-the-run"
         assert sizes()[spot[home]] == (1, 1) and sizes()[spot[away]] == (0, 0)
     finally:
         for group in declared:
@@ -430,8 +463,19 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
             with contextlib.suppress(ClientError):
                 local.client("ec2", group.region).delete_launch_template(
                     LaunchTemplateName=group.name)  # fmt: skip
-        with contextlib.suppress(ClientError):
-            ssm.delete_parameter(Name=run_parameter_name(config.name, run))
+        for region in (home, away):
+            with contextlib.suppress(ClientError):
+                local.client("ssm", region).delete_parameter(
+                    Name=run_parameter_name(config.name, run)
+                )
+
+
+def replicated(arrived: Callable[[], bool], timeout_s: float = 30) -> None:
+    """Wait until `arrived` (a global table's copy caught up)."""
+    deadline = time.monotonic() + timeout_s
+    while not arrived():
+        assert time.monotonic() < deadline, "the write did not replicate"
+        time.sleep(0.2)
 
 
 def _subscribe_a_queue(local: Local, topic: str) -> str:
@@ -761,31 +805,39 @@ def test_budget_alerts_at_every_threshold_to_topic_and_email(local: Local) -> No
 
 
 def test_interruption_rules_target_the_handler(local: Local) -> None:
-    events = local.client("events")
-    function = local.client("lambda").get_function(
-        FunctionName="spotrain-local-interruption-handler"
-    )["Configuration"]
-    # The emulator does not report DeadLetterConfig (hence ignore_changes in the local profile);
-    # the synthesized configuration carries it (test_constructs).
-    assert function["Handler"] == HANDLER_ENTRY  # the runtime's entry, in the zip
-    assert (
-        function["Environment"]["Variables"][HandlerSettings.variable("events_table")]
-        == "spotrain-local-events"
-    )
-    patterns, schedules = {}, []
-    for rule in events.list_rules(NamePrefix="spotrain-local-interruption-handler")["Rules"]:
-        targets = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
-        assert [t["Arn"] for t in targets] == [function["FunctionArn"]]
-        assert targets[0]["RetryPolicy"]["MaximumRetryAttempts"] == 8
-        if "EventPattern" in rule:
-            patterns[rule["Name"]] = rule["EventPattern"]
-        else:
-            schedules.append(rule["ScheduleExpression"])
-    assert len(patterns) == 2
-    assert schedules == ["rate(5 minutes)"]  # the capacity check
-    joined = " ".join(patterns.values())
-    assert "EC2 Spot Instance Interruption Warning" in joined
-    assert "EC2 Instance Rebalance Recommendation" in joined
+    """Each region's rules (its machines' warnings, its capacity check) target its own
+    handler; home's alone is fed by the catalog's stream."""
+    for region in local.config.region_names:
+        events = local.client("events", region)
+        function = local.client("lambda", region).get_function(
+            FunctionName="spotrain-local-interruption-handler"
+        )["Configuration"]
+        # The emulator does not report DeadLetterConfig (hence ignore_changes in the local
+        # profile); the synthesized configuration carries it (test_constructs).
+        assert function["Handler"] == HANDLER_ENTRY  # the runtime's entry, in the zip
+        assert (
+            function["Environment"]["Variables"][HandlerSettings.variable("events_table")]
+            == "spotrain-local-events"
+        )
+        patterns, schedules = {}, []
+        for rule in events.list_rules(NamePrefix="spotrain-local-interruption-handler")["Rules"]:
+            targets = events.list_targets_by_rule(Rule=rule["Name"])["Targets"]
+            assert [t["Arn"] for t in targets] == [function["FunctionArn"]]
+            assert targets[0]["RetryPolicy"]["MaximumRetryAttempts"] == 8
+            if "EventPattern" in rule:
+                patterns[rule["Name"]] = rule["EventPattern"]
+            else:
+                schedules.append(rule["ScheduleExpression"])
+        assert len(patterns) == 2, region
+        assert schedules == ["rate(5 minutes)"]  # the capacity check
+        joined = " ".join(patterns.values())
+        assert "EC2 Spot Instance Interruption Warning" in joined
+        assert "EC2 Instance Rebalance Recommendation" in joined
+        mappings = [
+            m for m in local.client("lambda", region).list_event_source_mappings()[
+                "EventSourceMappings"] if m["FunctionArn"] == function["FunctionArn"]
+        ]  # fmt: skip
+        assert len(mappings) == (region == local.config.primary_region), (region, mappings)
 
 
 def test_the_catalog_stream_runs_the_deployed_handler_which_alarms_on_rewritten_history(

@@ -94,22 +94,25 @@ def test_destroy_leaves_nothing_behind(local: Local, request: pytest.FixtureRequ
         repositories = local.client("ecr", region).describe_repositories()["repositories"]
         assert [r for r in repositories if r["repositoryName"].startswith("spotrain-local/")
                 ] == [], region  # fmt: skip
-    functions = local.client("lambda").list_functions()["Functions"]
-    assert [f for f in functions if f["FunctionName"].startswith("spotrain-local-")] == []
-    assert local.client("events").list_rules(NamePrefix="spotrain-local-")["Rules"] == []
     budgets = local.client("budgets").describe_budgets(AccountId=ACCOUNT).get("Budgets", [])
     assert [b for b in budgets if b["BudgetName"].startswith("spotrain-local-")] == []
-    assert (
-        local.client("sqs").list_queues(QueueNamePrefix="spotrain-local-").get("QueueUrls", [])
-        == []
-    )
-    for region in regions:
+    for region in regions:  # every region's handler, network and declarations
+        functions = local.client("lambda", region).list_functions()["Functions"]
+        assert [f for f in functions if f["FunctionName"].startswith("spotrain-local-")] == []
+        events = local.client("events", region)
+        assert events.list_rules(NamePrefix="spotrain-local-")["Rules"] == [], region
+        queues = local.client("sqs", region).list_queues(QueueNamePrefix="spotrain-local-")
+        assert queues.get("QueueUrls", []) == [], region
         vpcs = local.client("ec2", region).describe_vpcs()["Vpcs"]
         assert [v for v in vpcs if not v["IsDefault"]] == [], region
+        declared = local.client("ssm", region).get_parameters_by_path(
+            Path="/spotrain/local/runs")["Parameters"]  # fmt: skip
+        assert declared == [], region
     for region, key_id in keys.values():
         state = local.client("kms", region).describe_key(KeyId=key_id)["KeyMetadata"]["KeyState"]
         assert state == "PendingDeletion"
     for role in ("spotrain-local-replication", "spotrain-local-replication-us-west-2",
-                 "spotrain-local-interruption-handler"):  # fmt: skip
+                 "spotrain-local-interruption-handler",
+                 "spotrain-local-interruption-handler-us-west-2"):  # fmt: skip
         with pytest.raises(ClientError):
             local.client("iam").get_role(RoleName=role)

@@ -182,9 +182,11 @@ def _handler_environment(dynamodb: Any, monkeypatch: pytest.MonkeyPatch) -> Clou
     return Cloud(table, queue_url, notices_url)
 
 
-def declare_run(groups: list[CapacityGroup], run: str = RUN, **settings: Any) -> None:
-    """What the run's stack writes: its declaration to the environment's handler."""
-    boto3.client("ssm", region_name=REGION).put_parameter(
+def declare_run(
+    groups: list[CapacityGroup], run: str = RUN, region: str = REGION, **settings: Any
+) -> None:
+    """What the run's stack writes: its declaration to `region`'s handler."""
+    boto3.client("ssm", region_name=region).put_parameter(
         Name=run_parameter_name(os.environ[ENVIRONMENT_VARIABLE], run), Type="SecureString",
         Overwrite=True,
         Value=RunDeclaration(run=run, groups=tuple(groups), **settings).to_json(),
@@ -661,6 +663,75 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
     assert cloud.dead_letters() == []
 
 
+def test_each_regions_handler_scales_its_own_groups_for_the_region_the_run_trains_in(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every region has its handler. The run moved to us-west-2 (its epoch 1, in each region's
+    copy of the catalog once replicated): home's check empties home's groups and nothing else,
+    and keeps no ledger; us-west-2's starts its own groups (the run has just moved in) and
+    never touches home's; a warning for a machine left at home is recorded, not requeued."""
+    from helpers import create_catalog_table
+
+    from spotrain.core import run_epochs, run_lifecycle
+
+    west = "us-west-2"
+    declared = [
+        CapacityGroup(name="east-spot", region=REGION, lifecycle="spot", holds_data=True,
+                      min_size=1, desired=2),
+        CapacityGroup(name="east-on-demand", region=REGION, lifecycle="on-demand",
+                      holds_data=True),
+        CapacityGroup(name="west-spot", region=west, lifecycle="spot", holds_data=False,
+                      min_size=1, desired=2),
+        CapacityGroup(name="west-on-demand", region=west, lifecycle="on-demand",
+                      holds_data=False),
+    ]  # fmt: skip
+    for group in declared:
+        create_group(
+            group.name, group.region, f"{group.region}a", 2 if group.name == "east-spot" else 0
+        )  # the run trained at home
+    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), "catalog")
+    moved = run_epochs.Epoch(id=run_epochs.EpochId(1, west), base=run_epochs.EpochId(0, REGION),
+                             base_step=0, claimed_by="test")  # fmt: skip
+    for region in (REGION, west):  # each region's copies, as replication leaves them
+        dynamodb = boto3.client("dynamodb", region_name=region)
+        create_catalog_table(dynamodb, "catalog")
+        dynamodb.put_item(TableName="catalog", Item={
+            schema.PARTITION_KEY: {"S": schema.run_key(RUN)},
+            schema.SORT_KEY: {"S": run_epochs.epoch_sort_key(1)}, **moved.to_item()})  # fmt: skip
+        table = cloud.table if region == REGION else create_events_table(
+            boto3.resource("dynamodb", region_name=region))  # fmt: skip
+        run_lifecycle.mark_started(table, RUN, 0.0)
+        declare_run(declared, region=region)
+
+    topics = {REGION: os.environ[HandlerSettings.variable("alert_topic_arn")],
+              west: boto3.client("sns", region_name=west).create_topic(Name="notices")[
+                  "TopicArn"]}  # fmt: skip
+
+    def in_region(region: str) -> None:  # each region's function: its own process and topic
+        monkeypatch.setenv("AWS_DEFAULT_REGION", region)
+        monkeypatch.setenv(HandlerSettings.variable("alert_topic_arn"), topics[region])
+        monkeypatch.setattr(runtime_settings, "_declarations", {})
+
+    def sizes() -> dict[str, int]:
+        return {g.name: desired(g.name, g.region) for g in declared}
+
+    home = check_run(event("scheduled-capacity-check"))
+    assert home["decision"] == "follow-the-run", home
+    assert "trains in us-west-2" in home["reason"] and "its handler there" in str(home["ledger"])
+    assert sizes() == {"east-spot": 0, "east-on-demand": 0, "west-spot": 0, "west-on-demand": 0}
+    in_region(west)
+    there = check_run(event("scheduled-capacity-check"))
+    assert there["decision"] == "follow-the-run" and "just moved in" in there["reason"], there
+    assert sizes() == {"east-spot": 0, "east-on-demand": 0, "west-spot": 2, "west-on-demand": 0}
+    assert check_run(event("scheduled-capacity-check"))["decision"] != "follow-the-run"
+    in_region(REGION)
+    assert check_run(event("scheduled-capacity-check"))["decision"] == "none"
+    left = handler.handle(for_instance("spot-interruption-warning", run_instance()))
+    assert left["recorded"] is True and left["decision"] == "none", left
+    assert "trains in us-west-2" in left["reason"]
+    assert sizes()["west-spot"] == 2 and sizes()["east-spot"] == 0
+
+
 def test_a_checkpoint_published_by_an_epoch_the_run_moved_on_from_is_an_alarm(
     cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -757,12 +828,12 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     spot_now = {"available": False}
     groups_as_they_are = runtime_aws.capacity_groups
 
-    def spot_as_scripted(settings: Any, autoscaling: Any) -> Any:
+    def spot_as_scripted(settings: Any, autoscaling: Any, *, region: str) -> Any:
         return [
             Group(**{**g.__dict__, "in_service": g.desired if
                                      spot_now["available"] else 0})
             if g.lifecycle == "spot" else g
-            for g in groups_as_they_are(settings, autoscaling)
+            for g in groups_as_they_are(settings, autoscaling, region=region)
         ]  # fmt: skip
 
     monkeypatch.setattr(runtime_aws, "capacity_groups", spot_as_scripted)

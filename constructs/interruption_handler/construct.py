@@ -88,7 +88,10 @@ def rule_arns(handler_name: str, region: str, account_id: str) -> str:
 @dataclass(frozen=True, kw_only=True)
 class InterruptionHandlerProps:
     name: str
-    """Function, role, queue and rule name prefix."""
+    """Function, queue, topic, log group and rule name prefix (regional names)."""
+    role_name: str | None = None
+    """The role's name (IAM names are global: a handler of another region than home's needs
+    its own); None: `name`."""
     events_table_arn: str
     """Table the handler records events in."""
     events_table_name: str
@@ -98,7 +101,8 @@ class InterruptionHandlerProps:
     account_id: str
     """Account of the role's trust guard."""
     region: str
-    """Region of the handler (where its environment's runs declare themselves)."""
+    """Region of the handler: the groups it scales and the instances it tags are there, and
+    its environment's runs declare themselves to it there."""
     environment: str
     """The environment whose runs it serves: the groups it may scale are tagged
     `spotrain:environment` with it, and named with `group_name_prefix`."""
@@ -136,6 +140,9 @@ class InterruptionHandlerProps:
         problems = []
         if len(self.name) > 50:
             problems.append(f"name {self.name!r} is over 50 characters: Lambda names are limited")
+        if self.role_name is not None and len(self.role_name) > 64:
+            problems.append(f"role_name {self.role_name!r} is over 64 characters: IAM role "
+                            "names are limited")  # fmt: skip
         if self.event_retention_days < 1:
             problems.append("event_retention_days must be 1 or more")
         for field_name in ("hot_pool_threshold", "rate_window_minutes", "capacity_check_minutes"):
@@ -158,7 +165,7 @@ class InterruptionHandler(Construct):
         role = aws.iam_role.IamRole(
             self,
             "Role",
-            name=props.name,
+            name=props.role_name or props.name,
             assume_role_policy=assume_role_policy(
                 self, "Trust", "lambda.amazonaws.com", source_account=props.account_id
             ),

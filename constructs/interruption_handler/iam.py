@@ -37,8 +37,9 @@ def handler_statements(
     dead_letter_queue_arn: str,
 ) -> list[dict[str, Any]]:  # fmt: skip
     """The handler role's statements."""
+    # Its own region's groups and instances only: every region has its handler.
     group_arns = [
-        f"arn:aws:autoscaling:*:{props.account_id}:autoScalingGroup:*:"
+        f"arn:aws:autoscaling:{props.region}:{props.account_id}:autoScalingGroup:*:"
         f"autoScalingGroupName/{props.group_name_prefix}*"
     ]
     of_the_environment = ("StringEquals", f"aws:ResourceTag/{ENVIRONMENT_TAG}",
@@ -128,7 +129,7 @@ def handler_statements(
         statement(
             "TagTheRunsInstances",
             actions=["ec2:CreateTags"],
-            resources=[f"arn:aws:ec2:*:{props.account_id}:instance/*"],
+            resources=[f"arn:aws:ec2:{props.region}:{props.account_id}:instance/*"],
             conditions=[
                 of_the_environment,
                 # Only its own mark: never the run tag or anything else.

@@ -13,8 +13,10 @@ First, whether the run may have machines at all (`hold_for`), in this order:
 
 A run trains in one region at a time (a gang cannot span regions, and one writer at a time
 is the catalog's rule): the region its current epoch claimed (`run_epochs`; home until it
-moves). Its groups elsewhere stay at nothing; when they have machines, the run has just moved,
-and the scheduled check empties them and starts its region's groups at their declared sizes
+moves). Every region has its own handler, which scales its own region's groups only, so no
+group ever has two handlers scaling it: a handler whose region the run does not train in
+empties its groups there; the handler of the run's region, finding none of its groups asked
+for while the run may train, starts them at their declared sizes, as the run has just moved in
 (`follow_the_run`). The rules below look at that region's groups only (`groups_in`).
 
 Then, for a run that may have machines, where lost capacity goes (`after_interruption`, on a
@@ -386,28 +388,35 @@ def groups_in(region: str, groups: Sequence[_InRegion]) -> list[_InRegion]:
 
 
 def follow_the_run(
-    region: str, groups: Sequence[Group], declared: Sequence[CapacityGroup]
+    trains_in: str, here: str, groups: Sequence[Group], declared: Sequence[CapacityGroup]
 ) -> Decision | None:
-    """The run trains in `region`: its groups elsewhere that have sizes go to nothing (each
-    machine publishes its emergency checkpoint, refused if the move already fenced it), and,
-    as the run has just moved, `region`'s groups start at their declared sizes. None when
-    nothing is elsewhere."""
-    away = [g for g in groups if g.region != region and (g.desired or g.min_size)]
-    if not away:
+    """The run trains in `trains_in`; the handler of region `here` decides for its own groups
+    there (`groups`). Elsewhere than the run's region, its groups that have sizes go to nothing
+    (each machine publishes its emergency checkpoint, refused if the move already fenced it).
+    In the run's region, when none of its groups is asked for anything, the run has just moved
+    in: they start at their declared sizes. None when there is nothing to do."""
+    own = groups_in(here, groups)
+    if trains_in != here:
+        away = [g for g in own if g.desired or g.min_size]
+        if not away:
+            return None
+        names = ", ".join(sorted(g.name for g in away))
+        return Decision(
+            "follow-the-run",
+            f"the run trains in {trains_in} (its epoch's region): {names} go to 0",
+            {g.name: 0 for g in away},
+            min_sizes={g.name: 0 for g in away},
+        )
+    if any(g.desired or g.min_size for g in own):
         return None
-    started = start(groups_in(region, groups), groups_in(region, declared))
-    desired = {g.name: 0 for g in away} | started.desired
-    min_sizes = {g.name: 0 for g in away} | started.min_sizes
+    started = start(own, groups_in(here, declared))
+    if not started.desired:
+        return None
     there = ", ".join(f"{n} {started.min_sizes[n]}..{started.desired[n]}"
                       for n in sorted(started.desired))  # fmt: skip
-    return Decision(
-        "follow-the-run",
-        f"the run trains in {region} (its epoch's region): "
-        f"{', '.join(sorted(g.name for g in away))} go to 0"
-        + (f"; {there} start" if there else ""),
-        desired,
-        min_sizes=min_sizes,
-    )
+    return replace(started, action="follow-the-run", reason=(
+        f"the run trains in {here} (its epoch's region) and has no machine asked for here: "
+        f"it has just moved in; {there} start"))  # fmt: skip
 
 
 def start(

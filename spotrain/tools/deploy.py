@@ -233,16 +233,21 @@ def outputs_of(
     config: EnvironmentConfig, results: list[StackResult], run: str = REHEARSAL_RUN
 ) -> dict[str, Any]:
     """The environment's stacks' outputs in one mapping, with its configuration under
-    "config", each run's stack's outputs under "runs" by run, and `run`'s (its RunConfig
-    under "run") also at the top, where a rehearsal of that run reads them."""
+    "config", the stacks of each region beyond home (`<part>-<region>`) under "regions" by
+    region, each run's stack's outputs under "runs" by run, and `run`'s (its RunConfig under
+    "run") also at the top, where a rehearsal of that run reads them."""
     from spotrain.stacks.runs import load_runs
 
     runs = {r.name: r for r in load_runs(config.name)}
-    outputs: dict[str, Any] = {"config": config, "runs": {}}
+    outputs: dict[str, Any] = {"config": config, "runs": {},
+                               "regions": {r: {} for r in config.replica_regions}}  # fmt: skip
     prefix = config.stack_name("run-")
     for result in results:
+        region = next((r for r in config.replica_regions if result.name.endswith(f"-{r}")), None)
         if result.name.startswith(prefix):
             outputs["runs"][result.name.removeprefix(prefix)] = result.outputs
+        elif region is not None:
+            outputs["regions"][region].update(result.outputs)
         else:
             outputs.update(result.outputs)
     if run in outputs["runs"]:

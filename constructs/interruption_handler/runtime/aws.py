@@ -8,7 +8,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import boto3
@@ -25,7 +25,6 @@ from spotrain.core.catalog_schema import (
     INTERRUPTION_TAG,
     OCCURRED_AT_KEY,
     PARTITION_KEY,
-    POOL_INDEX,
     POOL_KEY,
     RUN_TAG,
     SORT_KEY,
@@ -34,7 +33,6 @@ from spotrain.core.catalog_schema import (
     event_key,
     pool_key,
 )
-from spotrain.core.events import INTERRUPTION_WARNING
 
 GROUP_TAG = "aws:autoscaling:groupName"
 
@@ -80,15 +78,24 @@ def describe_instance(ec2: Any, instance_id: str) -> dict[str, str]:
     return {"pool": UNKNOWN_POOL}
 
 
-def capacity_groups(settings: Settings, autoscaling: Callable[[str], Any]) -> list[Group]:
-    """The run's groups as they are now (as its stack declares them, read from each region).
-    A group that is not tagged with the handler's environment and this run is not the
-    handler's to scale: it is left out."""
+def own_region() -> str:
+    """The region this handler runs in (the function's): the groups it scales are there."""
+    return str(boto3.session.Session().region_name)
+
+
+def capacity_groups(
+    settings: Settings, autoscaling: Callable[[str], Any], *, region: str
+) -> list[Group]:
+    """The run's groups in `region` as they are now (as its stack declares them). A group
+    that is not tagged with the handler's environment and this run is not the handler's to
+    scale: it is left out."""
     groups: list[Group] = []
     if settings.declaration is None:
         return groups
     environment = settings.handler.environment
     for declared in settings.declaration.groups:
+        if declared.region != region:
+            continue
         found = autoscaling(declared.region).describe_auto_scaling_groups(
             AutoScalingGroupNames=[declared.name]
         )["AutoScalingGroups"]
@@ -116,34 +123,6 @@ def capacity_groups(settings: Settings, autoscaling: Callable[[str], Any]) -> li
     return groups
 
 
-def recent_interruptions(
-    table: Any, pools: set[str], until: str, window_s: float
-) -> dict[str, int]:
-    """Interruption warnings per pool in the window that ends at `until`."""
-    since = (parse_time(until) - timedelta(seconds=window_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
-    counts = {}
-    for pool in sorted(pools - {UNKNOWN_POOL}):
-        query: dict[str, Any] = {
-            "IndexName": POOL_INDEX,
-            "KeyConditionExpression": "#p = :pool AND #t BETWEEN :since AND :until",
-            "FilterExpression": "#k = :kind",
-            "ExpressionAttributeNames": {"#p": POOL_KEY, "#t": OCCURRED_AT_KEY, "#k": "kind"},
-            "ExpressionAttributeValues": {
-                ":pool": pool, ":since": since, ":until": until, ":kind": INTERRUPTION_WARNING,
-            },
-            "Select": "COUNT",
-        }  # fmt: skip
-        count = 0
-        while True:
-            page = table.query(**query)
-            count += int(page["Count"])
-            if "LastEvaluatedKey" not in page:
-                break
-            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
-        counts[pool] = count
-    return counts
-
-
 def configuration_stored(settings: Settings) -> bool:
     """Whether the run's training configuration is in its bucket (any stored version: they are
     checked when stored, the dataset they name included). Without a config bucket the handler
@@ -157,13 +136,13 @@ def configuration_stored(settings: Settings) -> bool:
     return int(listed.get("KeyCount", 0)) > 0
 
 
-def final_step(settings: Settings, region: str | None = None) -> int | None:
+def final_step(settings: Settings) -> int | None:
     """The run's published head when it is marked final (the run is done), else None, read
-    from `region`'s copy (where the run trains, its writer's first; None: this region's)."""
+    from this region's copy (the handler of the region the run trains in asks: its writer's
+    copy, the first to know)."""
     if not settings.handler.checkpoints_table or not settings.run:
         return None
-    dynamodb = boto3.resource("dynamodb", region_name=region)  # None: the default region's
-    catalog = dynamodb.Table(settings.handler.checkpoints_table)
+    catalog = boto3.resource("dynamodb").Table(settings.handler.checkpoints_table)
     head = run_lifecycle.published_head(catalog, settings.run)
     return head.step if head is not None and head.final else None
 

@@ -1,15 +1,19 @@
 """The scheduled capacity check: every run of the environment, each on its own (one run's
-failure is reported in its result and logged, and the others are checked). For each run it
-moves the spend ledger, makes sure a finished run is marked so, asks the capacity policy
-whether the run may have machines (hold, wait, start or release) and, when it may, keeps its
-machines in the region it trains in (a run that moved: its groups there start, the others
-empty) and reconciles that region's groups (on-demand covers a spot shortfall, and goes when
-spot returns; a run with a deadline follows the deadline policy, on its progress read from the
-checkpoint catalog)."""
+failure is reported in its result and logged, and the others are checked).
+
+Every region of the environment has its handler, and each scales its own region's groups
+only. A run is checked in full by the handler of the region it trains in (its epoch's, as that
+region's copy of the catalog says): it moves the spend ledger, makes sure a finished run is
+marked so, asks the capacity policy whether the run may have machines (hold, wait, start or
+release), starts its groups there when the run has just moved in, and reconciles them
+(on-demand covers a spot shortfall, and goes when spot returns; a run with a deadline follows
+the deadline policy, on its progress read from the checkpoint catalog). Every other region's
+handler only empties the run's groups in its region (`elsewhere`)."""
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -18,6 +22,7 @@ import boto3
 from spotrain.constructs.interruption_handler.runtime import aws, settings, spend
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import capacity_policy, deadline_policy, fleet_state, run_lifecycle, spend_ledger
+from spotrain.core.capacity import Group
 from spotrain.core.deadline_policy import Progress, RunDeadline
 
 log = logging.getLogger()
@@ -39,7 +44,11 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
     run, topic = run_settings.run, run_settings.handler.alert_topic_arn
     table = aws.events_table(run_settings)
     autoscaling = aws.clients_by_region("autoscaling")
-    groups = aws.capacity_groups(run_settings, autoscaling)
+    here, region = aws.own_region(), aws.trains_in(run_settings)
+    groups = aws.capacity_groups(run_settings, autoscaling, region=here)
+    assert run_settings.declaration is not None
+    if region != here:
+        return elsewhere(run_settings, table, groups, region, autoscaling)
     state = fleet_state.run_state(table, run)
     try:
         counted, ledger = spend.update_ledger(run_settings, table, now)
@@ -50,12 +59,7 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
     if ledger is not None:
         ledger = spend.judge_spend(run_settings, table, ledger, now)
     lifecycle = run_lifecycle.read(table, run)
-    assert run_settings.declaration is not None
-    region = aws.trains_in(run_settings)  # where the run's machines belong
-    if (
-        lifecycle.finished_step is None
-        and (step := aws.final_step(run_settings, region)) is not None
-    ):
+    if lifecycle.finished_step is None and (step := aws.final_step(run_settings)) is not None:
         # The stream's notice was missed (or is still on its way): the check makes sure.
         lifecycle = finish(run_settings, table, step, now, ledger, stop=False)
     stored = lifecycle.started_at is not None or aws.configuration_stored(run_settings)
@@ -79,8 +83,8 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
     elif lifecycle.started_at is None:
         run_lifecycle.mark_started(table, run, now)
         decision = capacity_policy.start(
-            capacity_policy.groups_in(region, groups),
-            capacity_policy.groups_in(region, run_settings.declaration.groups),
+            groups,
+            capacity_policy.groups_in(here, run_settings.declaration.groups),
             state.held_sizes,
         )
         fleet_state.set_held_sizes(table, run, None)  # the start put them back
@@ -89,13 +93,12 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
         decision = capacity_policy.release(groups, state.held_sizes)
         fleet_state.set_held_sizes(table, run, None)
     if decision is None:
-        decision = capacity_policy.follow_the_run(region, groups,
+        decision = capacity_policy.follow_the_run(region, here, groups,
                                                   run_settings.declaration.groups)  # fmt: skip
     if decision is None:
         progress, measured = deadline_progress(run_settings, now)
         decision = capacity_policy.reconcile(
-            groups=capacity_policy.groups_in(region, groups), short_since=state.short_since,
-            now=now,
+            groups=groups, short_since=state.short_since, now=now,
             on_demand_deadline_s=60 * run_settings.handler.on_demand_deadline_minutes,
             progress=progress,
         )  # fmt: skip
@@ -106,6 +109,30 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
         aws.notify(topic, f"spotrain: {decision.action} (run {run})", asdict(decision))
     return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
             "ledger": counted}  # fmt: skip
+
+
+def elsewhere(
+    run_settings: Settings, table: Any, groups: list[Group], region: str,
+    autoscaling: Callable[[str], Any],
+) -> dict[str, Any]:  # fmt: skip
+    """The check of a run that trains in another region (`region`): its handler there keeps
+    its ledger, holds and starts it; this one only empties the run's groups here, which
+    the run has left (they may not train: one writer at a time)."""
+    assert run_settings.declaration is not None
+    decision = capacity_policy.follow_the_run(
+        region, aws.own_region(), groups, run_settings.declaration.groups
+    ) or capacity_policy.Decision("none", f"the run trains in {region}, whose handler checks "
+                                  "it; none of its groups here is asked for a machine")  # fmt: skip
+    if decision.desired:
+        aws.apply(decision, groups, table, "", autoscaling)  # the run's state is its region's
+        aws.notify(
+            run_settings.handler.alert_topic_arn,
+            f"spotrain: {decision.action} (run {run_settings.run})",
+            asdict(decision),
+        )
+    return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
+            "ledger": {"counted": False, "why": f"the run trains in {region}: its handler "
+                       "there keeps the ledger"}}  # fmt: skip
 
 
 def finish(
@@ -120,7 +147,7 @@ def finish(
     held = capacity_policy.hold_for(capacity_policy.Standing(run=run, lifecycle=lifecycle))
     if stop and held is not None:
         autoscaling = aws.clients_by_region("autoscaling")
-        groups = aws.capacity_groups(run_settings, autoscaling)
+        groups = aws.capacity_groups(run_settings, autoscaling, region=aws.own_region())
         aws.apply(capacity_policy.hold(groups, held), groups, table, run, autoscaling)
     if first:
         ledger = ledger or spend_ledger.read(table, run)

@@ -2,12 +2,15 @@
 (keyed by the EventBridge event id: a redelivered event does nothing twice), the instance
 marked in its run's fleet state and tagged with its newest event, and for a warning the lost
 capacity requeued as the capacity policy decides (in place, to a healthier group, or to
-on-demand), unless the policy holds the run; the alert topic is told."""
+on-demand) among the groups of this handler's region, unless the policy holds the run or the
+run trains in another region (EventBridge delivers a warning in its machine's region, to that
+region's handler); the alert topic is told."""
 
 from __future__ import annotations
 
 import json
 import logging
+from datetime import timedelta
 from typing import Any
 
 import boto3
@@ -18,6 +21,9 @@ from spotrain.core import capacity_policy, fleet_state, run_lifecycle, spend_led
 from spotrain.core.catalog_schema import (
     INSTANCE_STATUS_INTERRUPTING,
     INSTANCE_STATUS_REBALANCING,
+    OCCURRED_AT_KEY,
+    POOL_INDEX,
+    POOL_KEY,
     UNKNOWN_POOL,
 )
 from spotrain.core.events import INTERRUPTION_WARNING
@@ -95,20 +101,52 @@ def _requeue(
         spend_usd=ledger.spend_usd, cap_usd=ledger.cap_usd, at_cap=ledger.held,
     ))  # fmt: skip
     autoscaling = aws.clients_by_region("autoscaling")
-    groups = aws.capacity_groups(run_settings, autoscaling)
+    here, region = aws.own_region(), aws.trains_in(run_settings)
+    groups = aws.capacity_groups(run_settings, autoscaling, region=here)
     if held is not None:  # the scheduled check scales a held run's groups
         decision = capacity_policy.Decision("hold", held.not_requeued)
+    elif region != here:  # a machine the run left: this region's check empties its groups
+        # Nothing is applied: the run's fleet state (its shortage) is its region's handler's.
+        return capacity_policy.Decision("none", f"the run trains in {region}: its machines "
+                                        f"in {here} are leaving, none is requeued")  # fmt: skip
     else:
         pools = {p for g in groups for p in g.pools} | {instance["pool"]}
         now = settings.now()
         progress, _ = capacity_check.deadline_progress(run_settings, now)
-        here = capacity_policy.groups_in(aws.trains_in(run_settings), groups)
         decision = capacity_policy.after_interruption(
-            group=instance.get("group") or None, pool=instance["pool"], groups=here,
-            pool_interruptions=aws.recent_interruptions(table, pools, fields["time"],
+            group=instance.get("group") or None, pool=instance["pool"], groups=groups,
+            pool_interruptions=recent_interruptions(table, pools, fields["time"],
                                                         60 * handler.rate_window_minutes),
             hot_threshold=handler.hot_pool_threshold, short_since=state.short_since, now=now,
             on_demand_deadline_s=60 * handler.on_demand_deadline_minutes, progress=progress,
         )  # fmt: skip
     aws.apply(decision, groups, table, run, autoscaling)
     return decision
+
+
+def recent_interruptions(
+    table: Any, pools: set[str], until: str, window_s: float
+) -> dict[str, int]:
+    """Interruption warnings per pool in the window that ends at `until`."""
+    since = (aws.parse_time(until) - timedelta(seconds=window_s)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    counts = {}
+    for pool in sorted(pools - {UNKNOWN_POOL}):
+        query: dict[str, Any] = {
+            "IndexName": POOL_INDEX,
+            "KeyConditionExpression": "#p = :pool AND #t BETWEEN :since AND :until",
+            "FilterExpression": "#k = :kind",
+            "ExpressionAttributeNames": {"#p": POOL_KEY, "#t": OCCURRED_AT_KEY, "#k": "kind"},
+            "ExpressionAttributeValues": {
+                ":pool": pool, ":since": since, ":until": until, ":kind": INTERRUPTION_WARNING,
+            },
+            "Select": "COUNT",
+        }  # fmt: skip
+        count = 0
+        while True:
+            page = table.query(**query)
+            count += int(page["Count"])
+            if "LastEvaluatedKey" not in page:
+                break
+            query["ExclusiveStartKey"] = page["LastEvaluatedKey"]
+        counts[pool] = count
+    return counts
