@@ -202,3 +202,59 @@ def test_the_progress_figure_marks_each_restart_and_preemption_over_the_steps(
                for c in checkpoints]  # fmt: skip
     assert "loss at each checkpoint" not in run_report.plot_progress(
         RUN, no_loss, [], tmp_path / "no-loss.png")  # fmt: skip
+
+
+def test_a_stale_writers_checkpoint_is_fenced_in_the_report_and_sets_no_pace(
+    dynamo: Any, tmp_path: Path
+) -> None:
+    """The run moved after step 200 and trained on at 10 s a step; meanwhile the region it
+    left published a step 300 of its own 100 s after its 200 (as replication delivers what a
+    cut-off region accepted). That checkpoint is no progress: the report lists it FENCED and
+    notes it, and neither the report's pace nor the handler's (the deadline policy's input)
+    counts it (it would have read 100 steps in 100 s). The new epoch's leases count from 1
+    again: its first start is not the old one's (200 -> 300 is the move's downtime, not 100
+    steps in 3,000 s)."""
+    from spotrain.core import catalog_schema as schema
+    from spotrain.core.deadline_policy import read_throughput
+
+    storage = LocalStorage(tmp_path)
+
+    def publish(catalog: DynamoCatalog, generation: int, step: int, at: float,
+                parent: int | None) -> None:  # fmt: skip
+        manifest = Manifest(
+            run=RUN, step=step, shards=(), world_size=1, zero_stage=1, config_hash="c",
+            code_version="v", created_at=_iso(at), parent=parent and f"{RUN}/step_{parent:09d}",
+        )  # fmt: skip
+        key = f"runs/{RUN}/checkpoints/step_{step:09d}/manifest-{step + generation:016x}.json"
+        catalog.publish(manifest, key, generation)
+
+    old = DynamoCatalog("catalog", RUN, storage, client=dynamo)
+    lease = old.acquire_lease("trainer at home")
+    publish(old, lease, 100, 1000, None)
+    publish(old, lease, 200, 2000, 100)
+    [base] = [e for e in old.entries() if e.step == 200]
+    moved = DynamoCatalog("catalog", RUN, storage, client=dynamo)
+    moved.claim_move(base, by="test")
+    generation = moved.acquire_lease("trainer after the move")
+    publish(moved, generation, 300, 5000, 200)
+    publish(moved, generation, 400, 6000, 300)
+    stale = {**old._key(schema.checkpoint_sort_key(300)),
+             "status": {"S": schema.STATUS_COMPLETE}, "step": {"N": "300"},
+             "created_at": {"S": _iso(2100)}, "generation": {"N": str(lease)},
+             "manifest": {"S": f"runs/{RUN}/checkpoints/step_{300:09d}/manifest-{0:016x}.json"},
+             }  # fmt: skip
+    dynamo.put_item(TableName="catalog", Item=stale)
+
+    table = boto3.resource("dynamodb").Table("catalog")
+    checkpoints, head = run_report.read_checkpoints(table, RUN)
+    assert head == 400
+    assert sorted((c.step, c.status) for c in checkpoints) == [
+        (100, "COMPLETE"), (200, "COMPLETE"), (300, "COMPLETE"), (300, "FENCED"),
+        (400, "COMPLETE")]  # fmt: skip
+    report = run_report.build(RUN, ledger=Ledger(), points=[], notices=[], head_step=head,
+                              checkpoints=checkpoints, interruptions=[])  # fmt: skip
+    assert report.steps_per_hour == pytest.approx(360)
+    assert report.checkpoints == 4  # 100, 200, 300 and 400: the head's lineage
+    assert any("1 checkpoint(s) published after the run moved on" in n and "steps 300" in n
+               for n in report.notes), report.notes  # fmt: skip
+    assert read_throughput(table, RUN) == pytest.approx(360)

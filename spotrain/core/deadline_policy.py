@@ -42,8 +42,11 @@ from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
+from spotrain.core import run_epochs
 from spotrain.core.catalog_schema import (
     CHECKPOINT_PREFIX,
+    SORT_KEY,
+    checkpoint_sort_key,
     query_items,
     run_key,
 )
@@ -361,12 +364,18 @@ class Pace:
 
 
 def throughput(records: list[dict[str, Any]]) -> float | None:
-    """Steps per hour between consecutive checkpoint records (`step`, `created_at`,
-    `generation`) of one trainer start: a restart's downtime is not throughput."""
+    """Steps per hour between consecutive checkpoint records (their sort key, `step`,
+    `created_at`, `generation`) of one trainer start: a restart's downtime is not throughput.
+    A start is its lease generation in its epoch (each epoch's leases count from 1 again)."""
+
+    def start(record: dict[str, Any]) -> tuple[str, Any]:
+        stem = checkpoint_sort_key(int(record["step"]))
+        return str(record.get(SORT_KEY, stem)).removeprefix(stem), record.get("generation")
+
     steps = seconds = 0.0
     ordered = sorted(records, key=lambda r: int(r["step"]))
     for before, after in pairwise(ordered):
-        if before.get("generation") != after.get("generation"):
+        if start(before) != start(after):
             continue
         took = instant(after["created_at"]) - instant(before["created_at"])
         if took > 0:
@@ -375,10 +384,13 @@ def throughput(records: list[dict[str, Any]]) -> float | None:
 
 
 def read_throughput(table: Any, run: str) -> float | None:
-    """The run's steps per hour (`throughput`) from the checkpoint catalog (a boto3 Table)."""
+    """The run's steps per hour (`throughput`) from the checkpoint catalog (a boto3 Table),
+    over the checkpoints of its history: one a stale writer published after the run moved is
+    no progress (and would count steps done twice)."""
     records = query_items(table, run_key(run), CHECKPOINT_PREFIX,
                           ProjectionExpression="#sk, step, created_at, generation")  # fmt: skip
-    return throughput(records)
+    counted = run_epochs.in_history(run_epochs.read_chain(table, run))
+    return throughput([r for r in records if counted(str(r[SORT_KEY]), int(r["step"]))])
 
 
 def read_pace(table: Any, run: str) -> Pace:

@@ -33,7 +33,7 @@ use these functions, and nothing else decides which of a run's checkpoints count
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,6 +206,16 @@ def publish_conditions(epoch: EpochId) -> list[tuple[str, str, dict[str, Any]]]:
     )
     none_next = (epoch_sort_key(epoch.number + 1), "attribute_not_exists(#region)", {})
     return [own, none_next]
+
+
+def in_history(chain: list[Epoch]) -> Callable[[str, int], bool]:
+    """Whether a checkpoint item (its sort key and step) is part of the run's history, as a
+    reader of a copy with claims `chain` sees it: a stale writer's checkpoint is not (it is
+    FENCED), nor is any of an epoch whose claim lost. Without claims, every one is."""
+    if not chain:
+        return lambda _key, _step: True
+    line = valid_through(chain)
+    return lambda key, step: counts(written_by(key, step, chain), step, line)
 
 
 def written_by(sort_key: str, step: int, chain: list[Epoch]) -> EpochId:

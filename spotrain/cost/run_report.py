@@ -22,6 +22,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
+from spotrain.core import run_epochs
 from spotrain.core.catalog_schema import (
     CHECKPOINT_PREFIX,
     INSTANCE_PREFIX,
@@ -31,6 +32,7 @@ from spotrain.core.catalog_schema import (
     SORT_KEY,
     STATUS_COLLECTED,
     STATUS_COMPLETE,
+    STATUS_FENCED,
     STEP_LOSSES_KEY,
     TIMINGS_KEY,
     query_items,
@@ -56,6 +58,17 @@ class Checkpoint:
     """The training loss at its step, when the loop gave it (`after_step(..., loss=)`)."""
     step_losses: tuple[tuple[int, float], ...] = ()
     """The loss of each step trained since the checkpoint before (STEP_LOSSES_KEY)."""
+    epoch: int = 0
+    """The epoch that wrote it (`run_epochs`: 0 until the run moves)."""
+
+    @property
+    def start(self) -> Start:
+        """The trainer start that published it: its lease generation in its epoch (each
+        epoch's leases count from 1 again), in the order the starts ran."""
+        return self.epoch, self.generation
+
+
+Start = tuple[int, int]
 
 
 @dataclass(frozen=True)
@@ -130,16 +143,16 @@ class RunReport:
 
 
 # --- the figures -------------------------------------------------------------------------------
-def _pace(checkpoints: list[Checkpoint]) -> dict[int | None, float]:
+def _pace(checkpoints: list[Checkpoint]) -> dict[Start | None, float]:
     """Seconds per step of each start (lease generation), between its consecutive checkpoints;
     under None, over all starts."""
-    sums: dict[int | None, list[float]] = {}
+    sums: dict[Start | None, list[float]] = {}
     ordered = sorted(checkpoints, key=lambda c: c.step)
     for before, after in pairwise(ordered):
         took, steps = after.published_at - before.published_at, after.step - before.step
-        if before.generation != after.generation or took <= 0 or steps <= 0:
+        if before.start != after.start or took <= 0 or steps <= 0:
             continue
-        for key in (after.generation, None):
+        for key in (after.start, None):
             total = sums.setdefault(key, [0.0, 0.0])
             total[0], total[1] = total[0] + took, total[1] + steps
     return {key: seconds / steps for key, (seconds, steps) in sums.items()}
@@ -158,24 +171,24 @@ def _lineage(checkpoints: list[Checkpoint], head_step: int) -> list[Checkpoint]:
     return chain[::-1]
 
 
-def _running_at(at: float, checkpoints: list[Checkpoint]) -> int | None:
-    """The start (lease generation) that was training at `at`: the one that published last
+def _running_at(at: float, checkpoints: list[Checkpoint]) -> Start | None:
+    """The start that was training at `at`: the one that published last
     before it, else the first to publish within the warning's two minutes (its emergency
     checkpoint); None if neither."""
     before = [c for c in checkpoints if c.published_at <= at]
     if before:
-        return max(before, key=lambda c: c.published_at).generation
+        return max(before, key=lambda c: c.published_at).start
     notice = [c for c in checkpoints if at < c.published_at <= at + SPOT_WARNING_LEAD_S]
-    return min(notice, key=lambda c: c.published_at).generation if notice else None
+    return min(notice, key=lambda c: c.published_at).start if notice else None
 
 
 def _preemptions(
     interruptions: Iterable[Interruption], checkpoints: list[Checkpoint],
-    pace: dict[int | None, float], price_per_machine_s: float | None,
+    pace: dict[Start | None, float], price_per_machine_s: float | None,
 ) -> list[Preemption]:  # fmt: skip
     """One per start that a warning ended: warnings to several machines of one start within
     one notice's two minutes count once."""
-    groups: list[tuple[int | None, list[Interruption]]] = []
+    groups: list[tuple[Start | None, list[Interruption]]] = []
     for warning in sorted(interruptions, key=lambda i: i.at):
         start = _running_at(warning.at, checkpoints)
         if (
@@ -189,7 +202,7 @@ def _preemptions(
     found = []
     for stopped, warnings in groups:
         at = warnings[0].at
-        own = [c for c in checkpoints if c.generation == stopped]
+        own = [c for c in checkpoints if c.start == stopped]
         last = max(own, key=lambda c: c.step) if own else None
         reached, machines = None, 1
         if last is not None:
@@ -199,12 +212,12 @@ def _preemptions(
             if last.published_at < at and per_step:  # no checkpoint after the warning
                 reached += int((at - last.published_at) / per_step)
         later = [c for c in checkpoints
-                 if c.generation > (stopped if stopped is not None else -1)
+                 if c.start > (stopped if stopped is not None else (-1, -1))
                  and c.published_at > at]  # fmt: skip
         resumed_from = resumed_at = cost = None
         if later:
-            resumed_gen = min(c.generation for c in later)
-            first = min((c for c in later if c.generation == resumed_gen), key=lambda c: c.step)
+            resumed_gen = min(c.start for c in later)
+            first = min((c for c in later if c.start == resumed_gen), key=lambda c: c.step)
             resumed_from = first.parent_step or 0
             per_step = pace.get(resumed_gen) or pace.get(None) or 0.0
             trained_again = (first.published_at - (first.upload_s or 0.0)
@@ -219,6 +232,18 @@ def _preemptions(
             resumed_from=resumed_from, resumed_at=resumed_at, cost_usd=cost,
         ))  # fmt: skip
     return found
+
+
+def _of_history(checkpoints: list[Checkpoint], notes: list[str]) -> list[Checkpoint]:
+    """The checkpoints of the run's history. A writer of a region the run had moved away from
+    may have trained on: its time is paid (the ledger counts it), its checkpoints are FENCED,
+    no progress, and set no pace (noted when there are any)."""
+    fenced = [c.step for c in checkpoints if c.status == STATUS_FENCED]
+    if fenced:
+        notes.append(f"{len(fenced)} checkpoint(s) published after the run moved on by a writer "
+                     f"it had left (steps {', '.join(map(str, fenced))}): fenced, not "
+                     "counted")  # fmt: skip
+    return [c for c in checkpoints if c.status != STATUS_FENCED]
 
 
 def build(
@@ -241,6 +266,7 @@ def build(
                      "checkpoint overhead need it")  # fmt: skip
         return RunReport(run, ledger, points, notices, 0, None, paid_s, None, 0, 0.0, None, None,
                          [], notes)  # fmt: skip
+    checkpoints = _of_history(checkpoints, notes)
     newest = max((c.published_at for c in checkpoints), default=None)
     if ledger.as_of is not None and newest is not None and ledger.as_of < newest:
         notes.append(f"spend is counted to {_when(ledger.as_of)} UTC, before the run's last "
@@ -254,7 +280,7 @@ def build(
     previous = 0
     for checkpoint in lineage:
         machines = checkpoint.machines or 1
-        per_step = pace.get(checkpoint.generation) or pace.get(None)
+        per_step = pace.get(checkpoint.start) or pace.get(None)
         start = checkpoint.parent_step if checkpoint.parent_step is not None else previous
         if per_step is None or productive is None:
             productive = None
@@ -302,23 +328,31 @@ def read_interruptions(events: Any, run: str) -> list[Interruption]:
 
 
 def read_checkpoints(catalog: Any, run: str) -> tuple[list[Checkpoint], int]:
-    """The run's checkpoint records and its head's step (0: nothing published)."""
+    """The run's checkpoint records and its head's step (0: nothing published); one that is
+    not part of the run's history (a stale writer's, after a move) is FENCED."""
     head = read_head(catalog, run)
+    chain = run_epochs.read_chain(catalog, run)
+    counted = run_epochs.in_history(chain)
     found = []
     for item in query_items(catalog, run_key(run), CHECKPOINT_PREFIX):
         timings = item.get(TIMINGS_KEY) or {}
         parent = item.get(LINEAGE_KEY)
+        key, step = str(item[SORT_KEY]), int(item["step"])
+        status = str(item.get("status", STATUS_COMPLETE))
+        if not counted(key, step):
+            status = STATUS_FENCED
         found.append(Checkpoint(
             step=int(item["step"]), generation=int(item.get("generation", 0)),
             published_at=_instant(item["created_at"]),
             parent_step=int(str(parent).rsplit("_", 1)[1]) if parent else None,
-            status=str(item.get("status", STATUS_COMPLETE)),
+            status=status,
             stall_s=float(timings["stall_s"]) if "stall_s" in timings else None,
             upload_s=float(timings["upload_s"]) if "upload_s" in timings else None,
             machines=int(timings["machines"]) if "machines" in timings else None,
             loss=float(item[LOSS_KEY]) if LOSS_KEY in item else None,
             step_losses=tuple((int(s), float(v))
                               for s, v in json.loads(str(item.get(STEP_LOSSES_KEY) or "[]"))),
+            epoch=run_epochs.written_by(key, step, chain).number,
         ))  # fmt: skip
     return found, int(head["step"]) if head else 0
 
@@ -448,8 +482,8 @@ def plot_progress(
         2, 1, figsize=(7.5, 5.6), sharex=True, layout="constrained"
     )
     with_loss = [c for c in published if c.loss is not None]
-    # A step trained again after a restart: the later start's loss (generations only grow).
-    each_step = dict(pair for c in sorted(published, key=lambda c: (c.generation, c.step))
+    # A step trained again after a restart: the later start's loss (starts only grow).
+    each_step = dict(pair for c in sorted(published, key=lambda c: (c.start, c.step))
                      for pair in c.step_losses)  # fmt: skip
     if each_step:
         steps = sorted(each_step)
@@ -466,14 +500,14 @@ def plot_progress(
     pace = [(after.step,
              3600 * (after.step - before.step) / (after.published_at - before.published_at))
             for before, after in pairwise(published)
-            if after.generation == before.generation and after.published_at > before.published_at
+            if after.start == before.start and after.published_at > before.published_at
             and after.step > before.step]  # fmt: skip
     if pace:
         pace_axes.plot(*zip(*pace, strict=True), marker=".", color="tab:green",
                        label="steps per hour (between checkpoints of one start)")  # fmt: skip
-    starts: dict[int, Checkpoint] = {}
+    starts: dict[Start, Checkpoint] = {}
     for checkpoint in published:
-        starts.setdefault(checkpoint.generation, checkpoint)
+        starts.setdefault(checkpoint.start, checkpoint)
     restarts = sorted({c.parent_step for c in list(starts.values())[1:] if c.parent_step})
     preempted = [p.reached_step for p in _preemptions(interruptions, published,
                                                       _pace(published), None)
