@@ -460,6 +460,56 @@ def test_plan_reads_step_time_and_checkpoint_cost_from_the_metrics_file(
     assert pool["checkpoint_interval_steps"] == round(expected / 2.1)
 
 
+def test_plan_prices_what_the_other_regions_add_replication_and_a_move(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each checkpoint's new bytes (the metrics file's median: 2 GB) go to every other region
+    of the environment as they are published, at the sending region's rate; a move costs its
+    changeover of the gang and sends nothing more."""
+    metrics = tmp_path / "metrics.jsonl"
+    lines = [{"step": n, "loss": 1.0, "step_s": 2.0} for n in range(1, 40)]
+    lines += [{"event": "published", "step": 20 * n, "stall_s": 30.0, "uploaded_bytes": sent}
+              for n, sent in enumerate((1.5e9, 2.0e9, 2.5e9), start=1)]  # fmt: skip
+    metrics.write_text("\n".join(json.dumps(line) for line in lines))
+    plan = ["cost", "plan", "--environment", "local", "--metrics", str(metrics), "--steps",
+            "36000", "--on-demand-price", "4", "--spot-price", "1.5", "--nodes", "2",
+            "--interruptions-per-hour", "0.05", "--samples", "10"]  # fmt: skip
+    assert cli.main([*plan, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    regions, [pool] = document["regions"], document["pools"]
+    assert (regions["home"], regions["others"]) == ("us-east-1", ["us-west-2"])
+    assert regions["checkpoint_gb"] == pytest.approx(2.0)
+    assert regions["usd_per_gb"] == {"us-west-2": 0.02}
+    checkpoints = 36000 * 2.0 / pool["checkpoint_interval_s"]
+    assert regions["checkpoints"] == pytest.approx(checkpoints)
+    assert regions["replication_usd"] == pytest.approx(2.0 * 0.02 * checkpoints)
+    assert regions["move_usd"] == pytest.approx(pool["changeover_hours"] * 1.5 * 2)
+    assert cli.main([*plan, "--checkpoint-gb", "10", "--transfer-usd-per-gb", "0.09"]) == 0
+    text = capsys.readouterr().out
+    assert "each checkpoint sends 10.00 GB to every other region (us-west-2 at $0.09/GB): " \
+           f"${10 * 0.09 * checkpoints:,.2f} over the run's" in text  # fmt: skip
+    assert "nothing more is sent (the checkpoint it resumes from is there already)" in text
+
+
+def test_the_rate_between_regions_is_the_senders_and_one_that_depends_on_the_pair_is_asked_for(
+) -> None:  # fmt: skip
+    from spotrain.core import inter_region
+    from spotrain.cost import regions_price
+
+    assert inter_region.usd_per_gb("us-east-1", "us-east-2") == 0.01
+    assert inter_region.usd_per_gb("us-west-2", "eu-west-1") == 0.02
+    assert inter_region.usd_per_gb("eu-west-1", "eu-west-1") == 0.0
+    assert inter_region.usd_per_gb("ap-northeast-1", "us-east-1") is None
+    price = regions_price.regions_price(
+        "ap-northeast-1", ["us-east-1"], work_h=10, interval_s=3600, checkpoint_gb=1.0,
+        changeover_h=0.25, gang_usd_per_h=8.0)  # fmt: skip
+    assert price.replication_usd is None and price.move_usd == 2.0
+    assert price.missing == ["the rate from ap-northeast-1 to us-east-1 depends on the pair: "
+                             "give --transfer-usd-per-gb"]  # fmt: skip
+    lines = regions_price.describe(price, "the gang")
+    assert lines[-1] == f"  to price it: {price.missing[0]}"
+
+
 @pytest.mark.parametrize(
     ("arguments", "message"),
     [

@@ -9,9 +9,17 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from spotrain.cli.arguments import MAX_REPLAYS, figure_path, finite, number, run_name
+from spotrain.cli.arguments import (
+    MAX_REPLAYS,
+    environment,
+    figure_path,
+    finite,
+    number,
+    run_name,
+)
 from spotrain.cli.output import json_text, say
 from spotrain.cli.plan_inputs import (
+    DEFAULT_ENVIRONMENT,
     Pool,
     declared_fleet,
     plan_inputs,
@@ -23,7 +31,7 @@ from spotrain.cli.plan_inputs import (
 from spotrain.cli.simulate import common_flags
 from spotrain.core import prices
 from spotrain.core.errors import CostInputError, SpotrainError
-from spotrain.cost import planner, report, simulation
+from spotrain.cost import planner, regions_price, report, simulation
 
 Plans = list[tuple[Pool, planner.Plan]]
 
@@ -59,13 +67,39 @@ def cmd_plan(args: argparse.Namespace) -> int:
             next(s.mean_cost for s in p[1].summaries if s.strategy == p[1].recommended),
         ),
     )
+    regions = _regions(args, run, best_pool, best)
     if args.json:
-        say(json_text(_plan_document(args, run, plans, best_pool, best)))
+        document = _plan_document(args, run, plans, best_pool, best)
+        say(json_text({**document, "regions": asdict(regions) if regions else None}))
     else:
         _say_plans(args, plans, best_pool, best)
+        for line in regions_price.describe(regions, _gang(args, best_pool)) if regions else []:
+            say(line)
     if args.plot:
         _plan_figure(args, run, best_pool, best)
     return 0
+
+
+def _regions(
+    args: argparse.Namespace, run: dict[str, Any], best_pool: Pool, best: planner.Plan
+) -> regions_price.RegionsPrice | None:
+    """What the environment's other regions add to the run (None: it has one region)."""
+    config = environment(args.environment or DEFAULT_ENVIRONMENT)
+    if not config.replica_regions:
+        return None
+    sent = (run["measured"] or {}).get("checkpoint_bytes")
+    return regions_price.regions_price(
+        config.primary_region, config.replica_regions, work_h=run["work_h"],
+        interval_s=best.used_interval_s, changeover_h=best.changeover_h,
+        checkpoint_gb=args.checkpoint_gb if args.checkpoint_gb is not None
+        else sent / 1e9 if sent is not None else None,
+        gang_usd_per_h=best_pool.spot_price * args.nodes,
+        given_usd_per_gb=args.transfer_usd_per_gb,
+    )  # fmt: skip
+
+
+def _gang(args: argparse.Namespace, pool: Pool) -> str:
+    return f"{args.nodes} machine(s) at {pool.label}'s spot price"
 
 
 def _check_plan_flags(args: argparse.Namespace) -> None:
@@ -215,6 +249,15 @@ def _add_pool_arguments(plan: argparse.ArgumentParser) -> None:
     )
     pools.add_argument("--instance-type", action="append", help="instead of the environment's")
     pools.add_argument("--region", action="append", help="instead of the primary region")
+    pools.add_argument(
+        "--checkpoint-gb", type=number(),
+        help="new bytes a checkpoint sends, in GB (default: a --metrics file's): what "
+             "replication copies to every other region")  # fmt: skip
+    pools.add_argument(
+        "--transfer-usd-per-gb",
+        type=number(),
+        help="USD per GB sent between the environment's regions, instead of AWS's rate",
+    )
     pools.add_argument("--on-demand-price", type=number(), help="USD/h, instead of the book")
     pools.add_argument("--spot-price", type=number(), help="USD/h, instead of the book")
     pools.add_argument(

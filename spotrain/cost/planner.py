@@ -257,6 +257,8 @@ class Measured:
     """Median seconds a checkpoint stalled training."""
     steps: int
     checkpoints: int
+    checkpoint_bytes: float | None = None
+    """Median bytes a published checkpoint sent (its changed chunks: what replication copies)."""
 
 
 def measured(path: str) -> Measured:
@@ -264,7 +266,7 @@ def measured(path: str) -> Measured:
     import json
     import statistics
 
-    step_times, stalls = [], []
+    step_times, stalls, sent = [], [], []
     text = read_text(path, "the metrics file", "give the run's metrics_file", CostInputError)
     for line in text.splitlines():
         try:
@@ -277,9 +279,12 @@ def measured(path: str) -> Measured:
             step_times.append(float(record["step_s"]))
         if record.get("event") == "published" and _seconds(record.get("stall_s")):
             stalls.append(float(record["stall_s"]))
+        if record.get("event") == "published" and _seconds(record.get("uploaded_bytes")):
+            sent.append(float(record["uploaded_bytes"]))
     return Measured(
         step_s=statistics.median(step_times) if step_times else None,
         checkpoint_s=statistics.median(stalls) if stalls else None,
         steps=len(step_times),
         checkpoints=len(stalls),
+        checkpoint_bytes=statistics.median(sent) if sent else None,
     )
