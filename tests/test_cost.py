@@ -491,6 +491,30 @@ def test_plan_prices_what_the_other_regions_add_replication_and_a_move(
     assert "nothing more is sent (the checkpoint it resumes from is there already)" in text
 
 
+def test_plan_prices_every_region_of_the_environment_and_leaves_out_another_it_cannot_price(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A run may move to any region of its environment: without --region the plan prices each
+    (the checked-in book has both of local's), and with a book that has home's prices only,
+    the other region's pools are left out, said so, and home's still planned; a region asked
+    for by name that cannot be priced is refused."""
+    plan = ["cost", "plan", "--environment", "local", "--work-hours", "20", "--nodes", "2",
+            "--checkpoint-seconds", "30", "--instance-type", "g5.xlarge", "--samples", "10",
+            "--interruptions-per-hour", "0.05"]  # fmt: skip
+    assert cli.main([*plan, "--json"]) == 0
+    document = json.loads(capsys.readouterr().out)
+    assert [p["pool"] for p in document["pools"]] == ["g5.xlarge us-east-1", "g5.xlarge us-west-2"]
+    assert document["not_priced"] == []
+    home_only = [*plan, "--price-book", str(PRICE_BOOK)]
+    assert cli.main(home_only) == 0
+    text = capsys.readouterr().out
+    assert "g5.xlarge us-east-1:" in text and "g5.xlarge us-west-2:" not in text
+    assert "not priced (another region of the environment): the price book" in text
+    assert "has no on-demand or spot price for g5.xlarge in us-west-2" in text
+    assert cli.main([*home_only, "--region", "us-west-2"]) == 2
+    assert "g5.xlarge in us-west-2" in capsys.readouterr().err
+
+
 def test_the_rate_between_regions_is_the_senders_and_one_that_depends_on_the_pair_is_asked_for(
 ) -> None:  # fmt: skip
     from spotrain.core import inter_region

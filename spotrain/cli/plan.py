@@ -51,8 +51,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
             problems.append(f"the deadline ({args.deadline_hours:g} h) is shorter than the work "
                             f"({run['work_h']:g} h on {args.nodes} machine(s)): move the "
                             "deadline or add machines")  # fmt: skip
+    left_out: list[str] = []
     try:
-        found_pools = pools(args)
+        found_pools, left_out = pools(args)
     except SpotrainError as error:
         problems += problems_of(error)
     raise_all(problems)
@@ -70,9 +71,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     regions = _regions(args, run, best_pool, best)
     if args.json:
         document = _plan_document(args, run, plans, best_pool, best)
-        say(json_text({**document, "regions": asdict(regions) if regions else None}))
+        say(json_text({**document, "regions": asdict(regions) if regions else None,
+                       "not_priced": left_out}))  # fmt: skip
     else:
         _say_plans(args, plans, best_pool, best)
+        for reason in left_out:
+            say(f"not priced (another region of the environment): {reason}")
         for line in regions_price.describe(regions, _gang(args, best_pool)) if regions else []:
             say(line)
     if args.plot:
@@ -244,11 +248,12 @@ def _add_pool_arguments(plan: argparse.ArgumentParser) -> None:
     pools = plan.add_argument_group("where and at what price")
     pools.add_argument(
         "--environment",
-        help="instance types and primary region of this environment (default: local), and "
+        help="instance types and regions of this environment (default: local), and "
         "the machines its run starts with",
     )
     pools.add_argument("--instance-type", action="append", help="instead of the environment's")
-    pools.add_argument("--region", action="append", help="instead of the primary region")
+    pools.add_argument("--region", action="append",
+                       help="instead of every region of the environment")  # fmt: skip
     pools.add_argument(
         "--checkpoint-gb", type=number(),
         help="new bytes a checkpoint sends, in GB (default: a --metrics file's): what "

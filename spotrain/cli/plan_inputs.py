@@ -36,43 +36,38 @@ class Pool:
     notes: tuple[str, ...] = ()
 
 
-def pools(args: argparse.Namespace) -> list[Pool]:
+def pools(args: argparse.Namespace) -> tuple[list[Pool], list[str]]:
+    """The pools the plan prices, and those it leaves out with why: every instance type in
+    the `--region`s given, else in every region of the environment (a run may move to any);
+    a pool of a region given, or of home, that cannot be priced is a problem, one of another
+    region is left out."""
     explicit_rate = args.interruptions_per_hour
-    finite("--interruptions-per-hour", explicit_rate, unit="interruptions per instance-hour",
-           zero=True, error=CostInputError)  # fmt: skip
-    given = args.on_demand_price is not None, args.spot_price is not None
-    if any(given) and not all(given):
-        raise CostInputError(
-            "give both --on-demand-price and --spot-price, or neither (the "
-            "price book then prices each instance type)"
-        )
+    given = _given_prices(args)
     if all(given) and not args.instance_type:
         if explicit_rate is None:
             raise CostInputError(
                 "no interruption rate for given prices: add --interruptions-per-hour (per instance)"
             )
-        return [
-            Pool(
-                "given prices",
-                args.on_demand_price,
-                args.spot_price,
-                explicit_rate,
-                "--interruptions-per-hour",
-            )
-        ]
+        given_pool = Pool("given prices", args.on_demand_price, args.spot_price, explicit_rate,
+                          "--interruptions-per-hour")  # fmt: skip
+        return [given_pool], []
     config = environment(args.environment or DEFAULT_ENVIRONMENT)
     types = args.instance_type or getattr(args, "run_types", None) or _declared_types(config.name)
-    regions = args.region or [config.primary_region]
+    regions = args.region or list(config.region_names)
     book = prices.load(args.price_book) if args.price_book else prices.load()
     history = _history(args.events_table) if args.events_table else {}
-    found_pools, problems, no_rate = [], [], []
+    found_pools, problems, no_rate, left_out = [], [], [], []
+
+    def required(region: str) -> bool:
+        return bool(args.region) or region == config.primary_region
+
     for region in regions:
         for instance_type in types:
             # Prices given on the command line need nothing from the book but its Advisor band.
             try:
                 found = None if all(given) else book.pool(instance_type, region)
             except CostInputError as error:
-                problems.append(str(error))
+                (problems if required(region) else left_out).append(str(error))
                 continue
             advisor = book.advisor_for(instance_type, region)
             notes = []
@@ -82,7 +77,11 @@ def pools(args: argparse.Namespace) -> list[Pool]:
             rated = _rate(explicit_rate, history.get((instance_type, region)), advisor,
                           args.events_table)  # fmt: skip
             if rated is None:
-                no_rate.append(f"{instance_type} in {region}")
+                if required(region):
+                    no_rate.append(f"{instance_type} in {region}")
+                else:
+                    left_out.append(f"no interruption rate for {instance_type} in {region}: "
+                                    "the price book has no Advisor band for it")  # fmt: skip
                 continue
             rate, source = rated
             on_demand = args.on_demand_price or (found and found.on_demand.usd_per_hour) or 0.0
@@ -95,7 +94,20 @@ def pools(args: argparse.Namespace) -> list[Pool]:
                         "no Advisor band for it; give --interruptions-per-hour (per "
                         "instance)")  # fmt: skip
     raise_all(problems)
-    return found_pools
+    return found_pools, left_out
+
+
+def _given_prices(args: argparse.Namespace) -> tuple[bool, bool]:
+    """Which prices the command line gives (both or neither), its rate checked."""
+    finite("--interruptions-per-hour", args.interruptions_per_hour,
+           unit="interruptions per instance-hour", zero=True, error=CostInputError)  # fmt: skip
+    given = args.on_demand_price is not None, args.spot_price is not None
+    if any(given) and not all(given):
+        raise CostInputError(
+            "give both --on-demand-price and --spot-price, or neither (the "
+            "price book then prices each instance type)"
+        )
+    return given
 
 
 def _rate(
