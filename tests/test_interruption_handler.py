@@ -193,6 +193,18 @@ def declare_run(
     )  # fmt: skip
 
 
+def publish_checkpoint(catalog: Any, folder: Path, generation: int, step: int) -> None:
+    """A one-file checkpoint of `step` published through `catalog` (its storage) as the
+    trainer publishes, staged in `folder`."""
+    from spotrain.trainer import checkpoint_store
+
+    folder.mkdir(parents=True)
+    (folder / "model.pt").write_bytes(bytes([step, generation]) * 64)
+    checkpoint_store.publish(folder, storage=catalog.records.storage, run=RUN, catalog=catalog,
+                             generation=generation, step=step, world_size=1, zero_stage=2,
+                             config_hash="c", code_version="v")  # fmt: skip
+
+
 def check_run(check: dict[str, Any], run: str = RUN) -> dict[str, Any]:
     """The scheduled capacity check (of every run of the environment): `run`'s result."""
     return handler.handle(check)["runs"][run]
@@ -616,7 +628,6 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
     a bug) does, read from the table's stream as Lambda receives it."""
     from helpers import create_catalog_table, stream_records
 
-    from spotrain.trainer import checkpoint_store
     from spotrain.trainer.catalog import DynamoCatalog
     from spotrain.trainer.storage import LocalStorage
 
@@ -626,12 +637,7 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
     catalog = DynamoCatalog("catalog", RUN, storage, client=client)
     generation = catalog.acquire_lease("trainer")
     for step in (1, 2, 3):
-        folder = tmp_path / f"step{step}"
-        folder.mkdir()
-        (folder / "model.pt").write_bytes(bytes([step]) * 64)
-        checkpoint_store.publish(folder, storage=storage, run=RUN, catalog=catalog,
-                           generation=generation, step=step, world_size=1, zero_stage=2,
-                           config_hash="c", code_version="v")  # fmt: skip
+        publish_checkpoint(catalog, tmp_path / f"step{step}", generation, step)
     catalog.roll_back(2, generation, "step 3 diverged")
     catalog.quarantine(3, "kept for the post-mortem")
     history = len(stream_records(client, boto3.client("dynamodbstreams"), "catalog"))
@@ -740,7 +746,6 @@ def test_a_checkpoint_published_by_an_epoch_the_run_moved_on_from_is_an_alarm(
     step 3 is history growing; the old one's is a stale writer."""
     from helpers import create_catalog_table, stream_records
 
-    from spotrain.trainer import checkpoint_store
     from spotrain.trainer.catalog import DynamoCatalog
     from spotrain.trainer.storage import LocalStorage
 
@@ -751,12 +756,7 @@ def test_a_checkpoint_published_by_an_epoch_the_run_moved_on_from_is_an_alarm(
     old = DynamoCatalog("catalog", RUN, storage, client=client)
 
     def publish(catalog: DynamoCatalog, generation: int, step: int) -> None:
-        folder = tmp_path / f"{generation}-{step}"
-        folder.mkdir()
-        (folder / "model.pt").write_bytes(bytes([step, generation]) * 64)
-        checkpoint_store.publish(folder, storage=storage, run=RUN, catalog=catalog,
-                                 generation=generation, step=step, world_size=1, zero_stage=2,
-                                 config_hash="c", code_version="v")  # fmt: skip
+        publish_checkpoint(catalog, tmp_path / f"{generation}-{step}", generation, step)
 
     lease = old.acquire_lease("trainer in us-east-1")
     for step in (1, 2):
@@ -779,6 +779,51 @@ def test_a_checkpoint_published_by_an_epoch_the_run_moved_on_from_is_an_alarm(
     assert [n["kind"] for n in cloud.notices()] == ["stale-writer"]
     assert [(e.step, e.status) for e in old.entries() if e.step == 3] == [
         (3, schema.STATUS_FENCED), (3, schema.STATUS_COMPLETE)]  # fmt: skip
+
+
+def test_a_stale_writer_that_is_refused_leaves_its_attempt_and_the_watcher_alarms(
+    cloud: Cloud, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The run moved to us-west-2 after step 1 (its claim, as replication delivers it to the
+    old region's copy). The old region's writer then tries to publish step 2, and a machine of
+    the old region coming back tries to start: both refused, nothing published, and each
+    leaves its attempt, which the catalog's stream brings to the handler as an alarm."""
+    from helpers import create_catalog_table, stream_records
+
+    from spotrain.core import run_epochs
+    from spotrain.trainer.catalog import DynamoCatalog, StaleWriter
+    from spotrain.trainer.storage import LocalStorage
+
+    client = boto3.client("dynamodb")
+    create_catalog_table(client, "catalog", stream=True)
+    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), "catalog")
+    storage = LocalStorage(tmp_path / "store")
+    old = DynamoCatalog("catalog", RUN, storage, client=client)
+
+    def publish(generation: int, step: int) -> None:
+        publish_checkpoint(old, tmp_path / f"{step}", generation, step)
+
+    lease = old.acquire_lease("trainer in us-east-1")
+    publish(lease, 1)
+    moved = run_epochs.Epoch(run_epochs.EpochId(1, "us-west-2"), run_epochs.EpochId(0, REGION),
+                             1, "2026-11-27T00:00:00Z", "test")  # fmt: skip
+    client.put_item(TableName="catalog",
+                    Item={**old._key(run_epochs.epoch_sort_key(1)), **moved.to_item()})  # fmt: skip
+    with pytest.raises(StaleWriter, match="moved on from this writer's epoch"):
+        publish(lease, 2)
+    back = DynamoCatalog("catalog", RUN, storage, client=client)
+    with pytest.raises(StaleWriter, match="trains in us-west-2 since epoch 1"):
+        back.acquire_lease("a machine of us-east-1, back")
+    assert [e.step for e in old.entries()] == [1]  # nothing published
+
+    result = handler.handle({"Records": stream_records(client, boto3.client("dynamodbstreams"),
+                                                       "catalog")})  # fmt: skip
+    found = [(f["kind"], f.get("refused"), f["epoch"], f["region"]) for f in result["findings"]]
+    assert found == [("stale-writer", "publish of step 2", 0, REGION),
+                     ("stale-writer", "take the run's lease (a start)", 0, REGION)]  # fmt: skip
+    assert "after the run moved to us-west-2 (epoch 1): refused, nothing published" in result[
+        "findings"][0]["detail"]  # fmt: skip
+    assert [n["kind"] for n in cloud.notices()] == ["stale-writer", "stale-writer"]
 
 
 @pytest.mark.parametrize(

@@ -389,12 +389,28 @@ class DynamoCatalog:
             latest = run_epochs.current(self.chain())
             assert latest is not None
         if latest.id.region != self.region:
+            # Refused as a writer of the last epoch this region had (0 if it had none).
+            mine = max((e.id for e in self.chain() if e.id.region == self.region),
+                       default=EpochId(0, self.region))  # fmt: skip
+            self._say_refused(mine, latest.id, "take the run's lease (a start)")
             raise StaleWriter(
                 f"run {self.run!r} trains in {latest.id.region} since epoch {latest.id.number}: "
                 f"a writer in {self.region} must not train it (its machines there leave; "
                 f"`spotrain run status` says where the run is)"
             )
         return latest.id
+
+    def _say_refused(self, writer: EpochId, latest: EpochId | None, action: str) -> None:
+        """Leave the refusal in this region's copy (`run_epochs.refusal_item`), so the
+        catalog's watcher alarms that a stale writer tried. Best effort: the refusal stands
+        whether or not this is written."""
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        item = {schema.PARTITION_KEY: self._pk,
+                **run_epochs.refusal_item(writer, latest, action, _now())}  # fmt: skip
+        with contextlib.suppress(BotoCoreError, ClientError):
+            self.client.put_item(TableName=self.table_name, Item=item,
+                                 ConditionExpression="attribute_not_exists(pk)")  # fmt: skip
 
     def _writer_epoch(self) -> EpochId:
         """This writer's epoch: the one it took its lease in (a catalog that took none writes
@@ -550,6 +566,8 @@ class DynamoCatalog:
                     f"start; {action} did not happen (it must come from the run's current holder)"
                 ) from error
             if failed and failed[0] < fences:
+                latest = run_epochs.current(self.chain())
+                self._say_refused(self._writer_epoch(), latest.id if latest else None, action)
                 raise StaleWriter(
                     f"run {self.run!r}: the run moved on from this writer's epoch "
                     f"({self._writer_epoch().number}, {self.region}); {action} did not happen "

@@ -218,6 +218,27 @@ def in_history(chain: list[Epoch]) -> Callable[[str, int], bool]:
     return lambda key, step: counts(written_by(key, step, chain), step, line)
 
 
+REFUSAL_PREFIX = "REFUSED#"
+"""A writer the run's epoch refused says it tried: one catalog item per refusal (its time and
+region in the key, never changed), written in the writer's region and replicated, so the
+catalog's watcher raises the stale-writer alarm even though nothing was published."""
+
+
+def refusal_item(writer: EpochId, latest: EpochId | None, action: str, at: str) -> dict[str, Any]:
+    """The refusal's sort key and attributes (DynamoDB's typed form): who was refused
+    (`writer`), doing what, and the epoch the run was in as the writer's copy showed it."""
+    item: dict[str, Any] = {
+        SORT_KEY: {"S": f"{REFUSAL_PREFIX}{at}#{writer.region}"},
+        "epoch": {"N": str(writer.number)},
+        "region": {"S": writer.region},
+        "action": {"S": action},
+        "at": {"S": at},
+    }
+    if latest is not None:
+        item |= {"run_epoch": {"N": str(latest.number)}, "run_region": {"S": latest.region}}
+    return item
+
+
 def written_by(sort_key: str, step: int, chain: list[Epoch]) -> EpochId:
     """The epoch that wrote checkpoint item `sort_key` (of `step`): its key's suffix, or the
     run's epoch 0 for a key without one."""

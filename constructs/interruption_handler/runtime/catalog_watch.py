@@ -11,7 +11,8 @@ A record that is published marked final says the run is done (`final_publishes`)
 handler then takes the run's machines away (`on_catalog_changes`). A record published by a
 writer of an epoch the run has moved on from (`fenced_publishes`: a region cut off from the
 others went on training) is an alarm too: it is fenced, never restored, and that region's
-machines should be stopped.
+machines should be stopped. So is a refusal such a writer left (`refused_writers`): once its
+region rejoined, it tried to start or publish and the run's epoch refused it.
 """
 
 from __future__ import annotations
@@ -124,6 +125,30 @@ def fenced_publishes(
     return found
 
 
+def refused_writers(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """An alarm for each refusal a stale writer left (`run_epochs.refusal_item`): a machine of
+    a region the run moved away from tried to start or publish, and was refused."""
+    found = []
+    for record in records:
+        change = record.get("dynamodb", {})
+        keys, new = _plain(change.get("Keys")), _plain(change.get("NewImage"))
+        if record.get("eventName") != "INSERT" or not keys.get(SORT_KEY, "").startswith(
+            run_epochs.REFUSAL_PREFIX
+        ):
+            continue
+        run = keys.get(PARTITION_KEY, "").removeprefix(run_key(""))
+        moved = (f"the run moved to {new['run_region']} (epoch {new['run_epoch']})"
+                 if "run_region" in new else "the run moved on")  # fmt: skip
+        found.append({
+            "severity": ALARM, "run": run, "kind": "stale-writer", "refused": new.get("action"),
+            "epoch": int(new.get("epoch") or 0), "region": new.get("region"), "at": new.get("at"),
+            "detail": f"a writer of epoch {new.get('epoch')} in {new.get('region')} tried to "
+                      f"{new.get('action')} after {moved}: refused, nothing published; stop "
+                      f"the run's machines in {new.get('region')}",
+        })  # fmt: skip
+    return found
+
+
 def final_publishes(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
     """(run, step) of each complete checkpoint record that appeared marked final."""
     done = []
@@ -146,8 +171,10 @@ def final_publishes(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
 def on_catalog_changes(environment: Settings, records: list[Any]) -> dict[str, Any]:
     """A batch of the catalog's stream: each finding to the alert topic (and the log), and
     each run that published its final step finished."""
-    found = findings(records) + fenced_publishes(
-        records, lambda run: aws.epoch_chain(environment, run)
+    found = (
+        findings(records)
+        + fenced_publishes(records, lambda run: aws.epoch_chain(environment, run))
+        + refused_writers(records)
     )
     for item in found:
         severity = "ALARM" if item["severity"] == ALARM else "notice"
