@@ -467,3 +467,36 @@ def test_one_phase_for_a_run_whatever_happened_to_it(
     capsys.readouterr()
     assert cli.main(["run", "resume", "local", "demo"]) == 2
     assert "run demo finished (step 20 is final)" in capsys.readouterr().err
+
+
+def test_run_play_plays_the_machines_of_the_region_the_run_trains_in(aws: None) -> None:
+    """`run play` boots the groups of the region the run's epoch names (home until it moves),
+    from the first copy of the catalog that answers: with home down, the other region's."""
+    from spotrain.core import catalog_schema as schema
+    from spotrain.core import run_epochs
+    from spotrain.tools.local_fleet import trains_in
+
+    regions = ("us-east-1", "us-west-2")
+    for region in regions:
+        create_catalog_table(boto3.client("dynamodb", region_name=region), "catalog")
+
+    def copy(region: str) -> object:
+        return boto3.resource("dynamodb", region_name=region).Table("catalog")
+
+    assert trains_in(regions, "demo", copy) == "us-east-1"  # never moved: home
+    moved = run_epochs.Epoch(run_epochs.EpochId(1, "us-west-2"),
+                             run_epochs.EpochId(0, "us-east-1"), 20, "t", "test")  # fmt: skip
+    boto3.client("dynamodb", region_name="us-west-2").put_item(TableName="catalog", Item={
+        schema.PARTITION_KEY: {"S": schema.run_key("demo")},
+        schema.SORT_KEY: {"S": run_epochs.epoch_sort_key(1)}, **moved.to_item()})  # fmt: skip
+
+    def home_down(region: str) -> object:
+        if region == "us-east-1":
+            from botocore.exceptions import EndpointConnectionError
+
+            raise EndpointConnectionError(endpoint_url="https://dynamodb.us-east-1")
+        return copy(region)
+
+    # The move was claimed in us-west-2's copy; home's has not heard of it yet, and answers.
+    assert trains_in(regions, "demo", copy) == "us-east-1"
+    assert trains_in(regions, "demo", home_down) == "us-west-2"

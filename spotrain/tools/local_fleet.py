@@ -2,17 +2,18 @@
 host by the machines its deployed groups launch; `spotrain run reclaim local RUN`: EC2's reclaim
 of one of them, rehearsed.
 
-The deployed handler's capacity check starts the run's groups (as the schedule does every 5
-minutes in an account); each instance in service then boots here from the run's deployed
-launch template (`localcloud/machines.py`: its own metadata service and work disk, the user
-data and the boot script run for real, spotrain from this checkout instead of the container),
-each on the market EC2 launched it on (the on-demand one coordinates the run). Their lines are
-printed after their instance id. `play` follows the groups as EC2 would: an instance the group
-launches later (a replacement) boots, and one that leaves service (a scale-in: `run cancel`, a
-spend-cap hold) is stopped, SIGTERM first, so it publishes its emergency checkpoint. It ends
-when every machine it booted has exited and the groups launch no other. Ctrl-C stops every
-machine at once, as a scale-in does (each publishes its emergency checkpoint; none is counted a
-crash), and EC2 takes their instances back.
+The machines are those of the region the run trains in (home until it moves, then its epoch's).
+That region's deployed handler's capacity check starts the run's groups (as the schedule does
+every 5 minutes in an account); each instance in service then boots here from the run's deployed
+launch template (`localcloud/machines.py`: its own metadata service and work disk, the user data
+and the boot script run for real, spotrain from this checkout instead of the container), each on
+the market EC2 launched it on (the on-demand one coordinates the run). Their lines are printed
+after their instance id. `play` follows the groups as EC2 would: an instance the group launches
+later (a replacement) boots, and one that leaves service (a scale-in: `run cancel`, a spend-cap
+hold) is stopped, SIGTERM first, so it publishes its emergency checkpoint. It ends when every
+machine it booted has exited and the groups launch no other. Ctrl-C stops every machine at once,
+as a scale-in does (each publishes its emergency checkpoint; none is counted a crash), and EC2
+takes their instances back.
 
 A reclaim is asked of the `play` that runs the machine (a request file in its folder, since
 that process holds the machine's metadata service) and carried out as EC2 does it: the notice
@@ -28,14 +29,14 @@ import json
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrain.core import run_lifecycle
+from spotrain.core import run_epochs, run_lifecycle
 from spotrain.core.capacity import SPOT
-from spotrain.core.catalog_schema import EVENTS_TABLE_SUFFIX
+from spotrain.core.catalog_schema import CHECKPOINTS_TABLE_SUFFIX, EVENTS_TABLE_SUFFIX
 from spotrain.core.errors import SpotrainError
 from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
 from spotrain.localcloud import control
@@ -105,13 +106,20 @@ class _Player:
         self.run, self.work, self.say, self.ranks = run, work, say, ranks_per_machine
         self.cloud = control.require()
         config = deploy.environment("local", local_endpoint=self.cloud.endpoint)
-        self.region = config.primary_region
+        catalog = names.environment_resource(config.name, CHECKPOINTS_TABLE_SUFFIX)
+        # The run's machines are where it trains: home until it moves, then its epoch's region
+        # (whose handler starts its groups there, and whose copies its machines use).
+        self.region = trains_in(config.region_names, run, lambda region: control.resource(
+            "dynamodb", self.cloud.endpoint, region).Table(catalog))  # fmt: skip
+        home = self.region == config.primary_region
+        if not home:
+            say(f"run {run} trains in {self.region} (it moved): its machines there")
         self.aws_env = control.aws_environment(self.cloud.endpoint, self.region)
         os.environ.update(self.aws_env)  # the handler's check runs here, on the local cloud
         self.autoscaling = control.client("autoscaling", self.cloud.endpoint, self.region)
         self.ec2 = control.client("ec2", self.cloud.endpoint, self.region)
         self.group, self.handler = (
-            names.fleet_group(config.name, run),
+            names.fleet_group(config.name, run, None if home else self.region),
             names.interruption_handler(config.name),
         )
         self.events = control.resource("dynamodb", self.cloud.endpoint, self.region).Table(
@@ -230,6 +238,21 @@ class _Player:
         for machine in self.machines.values():
             machine.stop()
         (self.work / PLAYING).unlink(missing_ok=True)
+
+
+def trains_in(regions: Sequence[str], run: str, catalog_in: Callable[[str], Any]) -> str:
+    """The region `run` trains in, from the first copy of the catalog that answers, in the
+    environment's order (`catalog_in(region)`: that region's table): its current epoch's, or
+    home (the first) when it never moved, or when no copy answers."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    for region in regions:
+        try:
+            latest = run_epochs.current(run_epochs.read_chain(catalog_in(region), run))
+        except (BotoCoreError, ClientError):
+            continue  # that region is down: another's copy says as much
+        return latest.id.region if latest is not None else regions[0]
+    return regions[0]
 
 
 def reclaim(run: str, *, work: Path, instance: str | None, say: Callable[[str], None],
