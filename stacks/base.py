@@ -160,6 +160,11 @@ class EnvironmentStack(TerraformStack):
             )
         return self._providers[region]
 
+    def arn_in(self, region: str, service: str, resource: str) -> str:
+        """The ARN of `resource` of `service` in `region` of this stack's account (a global
+        table's copy there, a repository there)."""
+        return f"arn:aws:{service}:{region}:{self.account_id}:{resource}"
+
     def resource_name(self, suffix: str) -> str:
         """Name for a regional resource of this environment, e.g. `spotrain-dev-events`."""
         return resource_name(self.config, suffix)

@@ -48,7 +48,7 @@ class InterruptionsStack(EnvironmentStack):
         super().__init__(scope, interruptions_part(config, region), config=config, region=region)
 
         def table_arn(table: str) -> str:  # the global table's copy in this region
-            return f"arn:aws:dynamodb:{region}:{self.account_id}:table/{table}"
+            return self.arn_in(region, "dynamodb", f"table/{table}")
 
         name = names.interruption_handler(config.name)
         self.handler = InterruptionHandler(

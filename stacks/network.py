@@ -37,9 +37,6 @@ class NetworkStack(EnvironmentStack):
         super().__init__(scope, part, config=config, region=region)
         zones = config.region(region)
 
-        def arn(service: str, resource: str) -> str:
-            return f"arn:aws:{service}:{region}:{self.account_id}:{resource}"
-
         self.network = PrivateNetwork(
             self,
             "Network",
@@ -55,12 +52,12 @@ class NetworkStack(EnvironmentStack):
                 # other regions' copies arrive by replication.
                 s3_buckets=(checkpoint_bucket_arn,),
                 dynamodb_tables=tuple(
-                    arn("dynamodb", f"table/{table}")
+                    self.arn_in(region, "dynamodb", f"table/{table}")
                     for table in (catalog_table_name, events_table_name)
                 ),
                 # The trainer image's repository in this region (home's, or its replica).
                 image_repositories=(
-                    arn("ecr", f"repository/{image_repository_name(config.name)}"),
+                    self.arn_in(region, "ecr", f"repository/{image_repository_name(config.name)}"),
                 ),
                 fleet_name_prefix=names.fleet_name_prefix(config.name),
             ),

@@ -147,7 +147,7 @@ class RunStack(EnvironmentStack):
             subnets = [subnets[zones.index(zone)]]
 
         def table_arn(table: str) -> str:  # the global table's replica in this region
-            return f"arn:aws:dynamodb:{region}:{self.account_id}:table/{table}"
+            return self.arn_in(region, "dynamodb", f"table/{table}")
 
         fleet = SpotFleet(
             self,
@@ -193,9 +193,8 @@ class RunStack(EnvironmentStack):
                 placement_group=mode == "cluster",
                 # The image, pulled from this region's copy of the registry (replicated).
                 image=image_in_region(run.image, region) if run.image else None,
-                image_repository_arn=(
-                    f"arn:aws:ecr:{region}:{self.account_id}:repository/"
-                    f"{image_repository_name(config.name)}"
+                image_repository_arn=self.arn_in(
+                    region, "ecr", f"repository/{image_repository_name(config.name)}"
                 ),
                 registry_endpoint_ids=self._registry_endpoint_ids(network),
                 emulator_drift_tolerance=config.is_local,

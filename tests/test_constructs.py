@@ -909,3 +909,19 @@ def test_terraform_validates_the_efa_runs_stack(synth_dir: Path, tmp_path: Path)
     terraform.run(stack, ["init", "-backend=false", "-input=false"], env, capture=True)
     checked = terraform.run(stack, ["validate", "-json"], env, capture=True)
     assert json.loads(checked.stdout)["valid"] is True, checked.stdout
+
+
+def test_handler_props_name_a_name_too_long_for_lambda_or_iam_with_the_fix() -> None:
+    from spotrain.constructs.interruption_handler.construct import InterruptionHandlerProps
+    from spotrain.core.errors import SpotrainError
+
+    with pytest.raises(SpotrainError) as refused:
+        InterruptionHandlerProps(
+            name="spotrain-" + "x" * 50, role_name="spotrain-" + "y" * 60,
+            events_table_arn="arn", events_table_name="events", kms_key_arn="key",
+            account_id="123456789012", region="us-west-2", environment="x",
+            group_name_prefix="spotrain-x-", alert_emails=(), log_retention_days=30,
+        )  # fmt: skip
+    said = str(refused.value)
+    assert "over 50 characters: Lambda names are limited" in said
+    assert "over 64 characters, IAM's limit: give the environment a shorter name" in said

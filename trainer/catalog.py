@@ -374,7 +374,8 @@ class DynamoCatalog:
         return int(result["Attributes"]["generation"]["N"])
 
     def _epoch_here(self, owner: str) -> EpochId:
-        latest = run_epochs.current(self.chain())
+        chain = self.chain()
+        latest = run_epochs.current(chain)
         if latest is None:
             first = Epoch(EpochId(0, self.region), None, None, _now(), owner)
             with contextlib.suppress(StaleWriter):  # another first writer claimed it here
@@ -386,11 +387,12 @@ class DynamoCatalog:
                     action="claiming epoch 0", refused=StaleWriter("epoch 0 is claimed"),
                     fences=0,
                 )  # fmt: skip
-            latest = run_epochs.current(self.chain())
+            chain = self.chain()
+            latest = run_epochs.current(chain)
             assert latest is not None
         if latest.id.region != self.region:
             # Refused as a writer of the last epoch this region had (0 if it had none).
-            mine = max((e.id for e in self.chain() if e.id.region == self.region),
+            mine = max((e.id for e in chain if e.id.region == self.region),
                        default=EpochId(0, self.region))  # fmt: skip
             self._say_refused(mine, latest.id, "take the run's lease (a start)")
             raise StaleWriter(
@@ -654,15 +656,9 @@ class DynamoCatalog:
         """Every recorded checkpoint of the run, by step; one a stale writer published after
         the run moved on (or in an epoch whose claim lost) reads as FENCED."""
         found = [self._entry(item) for item in self._items(schema.CHECKPOINT_PREFIX)]
-        chain = self.chain()
-        if not chain:
-            return found
-        line = run_epochs.valid_through(chain)
-        return [
-            e if run_epochs.counts(run_epochs.written_by(e.sort_key, e.step, chain), e.step, line)
-            else replace(e, status=schema.STATUS_FENCED)
-            for e in found
-        ]  # fmt: skip
+        counted = run_epochs.in_history(self.chain())
+        return [e if counted(e.sort_key, e.step) else replace(e, status=schema.STATUS_FENCED)
+                for e in found]  # fmt: skip
 
     def _at(self, step: int) -> CatalogEntry:
         """The run's checkpoint of `step` that counts."""

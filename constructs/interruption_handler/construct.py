@@ -141,8 +141,8 @@ class InterruptionHandlerProps:
         if len(self.name) > 50:
             problems.append(f"name {self.name!r} is over 50 characters: Lambda names are limited")
         if self.role_name is not None and len(self.role_name) > 64:
-            problems.append(f"role_name {self.role_name!r} is over 64 characters: IAM role "
-                            "names are limited")  # fmt: skip
+            problems.append(f"role_name {self.role_name!r} is over 64 characters, IAM's limit: "
+                            "give the environment a shorter name")  # fmt: skip
         if self.event_retention_days < 1:
             problems.append("event_retention_days must be 1 or more")
         for field_name in ("hot_pool_threshold", "rate_window_minutes", "capacity_check_minutes"):

@@ -153,6 +153,12 @@ def valid_through(chain: Iterable[Epoch]) -> dict[EpochId, int | None]:
     return line
 
 
+def trains_in(chain: Iterable[Epoch], home: str) -> str:
+    """The region the run trains in: its current epoch's, `home` until it moves."""
+    latest = current(chain)
+    return latest.id.region if latest is not None else home
+
+
 def head_sort_key(chain: Iterable[Epoch]) -> str:
     """Where the run's head is: its current epoch's head item."""
     latest = current(chain)

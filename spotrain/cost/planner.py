@@ -237,8 +237,8 @@ def history_rates(events: Sequence[dict[str, Any]], now: float) -> dict[tuple[st
     return {key: count / hours for key, count in warnings.items()}
 
 
-def _seconds(value: Any) -> bool:
-    """A duration a metrics line can hold: a finite number, 0 or more."""
+def _amount(value: Any) -> bool:
+    """A duration or a byte count a metrics line can hold: a finite number, 0 or more."""
     return (
         not isinstance(value, bool)
         and isinstance(value, int | float)
@@ -275,11 +275,11 @@ def measured(path: str) -> Measured:
             continue  # a line cut short by a kill
         if not isinstance(record, dict):
             continue  # not a line the trainer writes
-        if _seconds(record.get("step_s")) and "event" not in record:
+        if _amount(record.get("step_s")) and "event" not in record:
             step_times.append(float(record["step_s"]))
-        if record.get("event") == "published" and _seconds(record.get("stall_s")):
+        if record.get("event") == "published" and _amount(record.get("stall_s")):
             stalls.append(float(record["stall_s"]))
-        if record.get("event") == "published" and _seconds(record.get("uploaded_bytes")):
+        if record.get("event") == "published" and _amount(record.get("uploaded_bytes")):
             sent.append(float(record["uploaded_bytes"]))
     return Measured(
         step_s=statistics.median(step_times) if step_times else None,

@@ -248,10 +248,10 @@ def trains_in(regions: Sequence[str], run: str, catalog_in: Callable[[str], Any]
 
     for region in regions:
         try:
-            latest = run_epochs.current(run_epochs.read_chain(catalog_in(region), run))
+            chain = run_epochs.read_chain(catalog_in(region), run)
         except (BotoCoreError, ClientError):
             continue  # that region is down: another's copy says as much
-        return latest.id.region if latest is not None else regions[0]
+        return run_epochs.trains_in(chain, regions[0])
     return regions[0]
 
 

@@ -159,8 +159,8 @@ def trains_in(settings: Settings) -> str:
     """The region run `settings.run` trains in: its current epoch's, as this region's copy of
     the catalog knows it (home, where the run declares it starts, until it moves)."""
     assert settings.declaration is not None
-    latest = run_epochs.current(epoch_chain(settings, settings.run))
-    return latest.id.region if latest is not None else settings.declaration.home_region
+    return run_epochs.trains_in(epoch_chain(settings, settings.run),
+                                settings.declaration.home_region)  # fmt: skip
 
 
 # --- writes ------------------------------------------------------------------------------------

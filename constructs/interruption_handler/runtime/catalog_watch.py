@@ -98,7 +98,7 @@ def fenced_publishes(
     """An alarm for each checkpoint record that appeared but is not part of its run's history
     (`run_epochs`): its writer's epoch was moved on from, or its claim lost. `chain_of(run)`:
     the run's claims, read once per run."""
-    found, chains = [], {}
+    found, chains, counted = [], {}, {}
     for record in records:
         change = record.get("dynamodb", {})
         keys, new = _plain(change.get("Keys")), _plain(change.get("NewImage"))
@@ -108,12 +108,13 @@ def fenced_publishes(
         run = keys.get(PARTITION_KEY, "").removeprefix(run_key(""))
         if run not in chains:
             chains[run] = chain_of(run)
-        chain = chains[run]
-        latest = run_epochs.current(chain)
-        step = int(new.get("step") or 0)
-        writer = run_epochs.written_by(sort_key, step, chain)
-        if latest is None or run_epochs.counts(writer, step, run_epochs.valid_through(chain)):
+            counted[run] = run_epochs.in_history(chains[run])
+        chain, step = chains[run], int(new.get("step") or 0)
+        if counted[run](sort_key, step):
             continue
+        latest = run_epochs.current(chain)
+        assert latest is not None  # a run with no claims counts every checkpoint
+        writer = run_epochs.written_by(sort_key, step, chain)
         found.append({
             "severity": ALARM, "run": run, "kind": "stale-writer", "step": step,
             "epoch": writer.number, "region": writer.region, "manifest": new.get("manifest"),
