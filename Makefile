@@ -60,7 +60,7 @@ $(VENV)/.installed: pyproject.toml constraints.txt
 	DS_BUILD_OPS=0 $(call UV_INSTALL,$(VENV)) \
 	  --no-build-isolation -c constraints.txt deepspeed==0.19.8
 	$(call UV_INSTALL,$(VENV)) -c constraints.txt \
-	  -e '.[training,infrastructure,localcloud,plots,dev]'
+	  -e '.[training,infrastructure,localcloud,cost,plots,dev]'
 	# Caches the bytecode of what every training process, command and local cloud imports, so
 	# that running .venv/bin/... directly from a shell that forbids the caches stays quick.
 	$(VENV)/bin/python -c 'import torch._dynamo, torch.distributed.run, deepspeed, \

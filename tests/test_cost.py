@@ -370,6 +370,8 @@ def test_simulate_prints_each_strategy_as_json_from_public_format_traces(
                 "preemptions",
                 "wrapped",
                 "past_trace",
+                "optimum_cost",
+                "vs_optimum",
             }
             assert not run["wrapped"] and not run["past_trace"]  # every window fits its trace
     on_demand = document["strategies"]["on-demand"]["runs"][0]

@@ -61,7 +61,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     figure_path(args.plot)
     base = _job(args, args.deadline_hours)
     sampled = _traces(args, _length_for(args, args.deadline_hours or 3 * args.work_hours))
-    results = simulation.replay(base, sampled, starts=args.starts, wrap=args.wrap)
+    results = simulation.replay(base, sampled, starts=args.starts, wrap=args.wrap, optimum=True)
     if args.json:
         say(json_text(_document(args, sampled, results)))
     else:
@@ -81,6 +81,7 @@ def _document(
             "deadline_met": o.deadline_met, "spot_hours": o.spot_hours,
             "on_demand_hours": o.on_demand_hours, "preemptions": o.preemptions,
             "wrapped": o.wrapped, "past_trace": o.past_trace,
+            "optimum_cost": o.optimum_cost, "vs_optimum": o.vs_optimum,
         }  # fmt: skip
 
     summaries = [simulation.summarise(outcomes) for outcomes in results.values()]

@@ -28,7 +28,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 from spotrain.core import deadline_policy, handler_settings
 from spotrain.core.deadline_policy import IDLE, MS_PER_HOUR, ON_DEMAND, SPOT, Progress, whole_ms
@@ -146,10 +147,20 @@ class Outcome:
     """Its window ran past the trace's end and went on from its beginning (asked for)."""
     past_trace: bool = False
     """It ran past the trace's end, where no spot is assumed."""
+    optimum_cost: float | None = None
+    """The cheapest schedule that meets the deadline from the same start (`optimum`), when
+    the replay computed it; None too when no schedule meets it."""
 
     @property
     def finished(self) -> bool:
         return math.isfinite(self.finish_h)
+
+    @property
+    def vs_optimum(self) -> float | None:
+        """Cost as a multiple of the optimum, for a run that met its deadline."""
+        if self.optimum_cost is None or not self.deadline_met:
+            return None
+        return self.cost / self.optimum_cost if self.optimum_cost else 1.0
 
 
 Decide = Callable[[Progress, str, bool], str]
@@ -180,8 +191,11 @@ def _fixed_fallback(after_ms: int, tick_ms: int) -> Decide:
     return decide
 
 
-def _strategy(job: Job, strategy: str, tick_ms: int) -> tuple[Decide, int, int]:
-    """The decision function, machines always on on-demand, and machines of the gang."""
+def _strategy(job: Job, strategy: str | Decide, tick_ms: int) -> tuple[Decide, int, int]:
+    """The decision function, machines always on on-demand, and machines of the gang (a
+    decision function given as the strategy decides for the whole gang)."""
+    if callable(strategy):
+        return strategy, 0, job.nodes
     if strategy == ON_DEMAND_ONLY:
         return (lambda *_: ON_DEMAND), 0, job.nodes
     if strategy == SPOT_GREEDY:
@@ -202,7 +216,7 @@ def tick_ms(trace: Trace) -> int:
 def simulate(
     job: Job,
     trace: Trace,
-    strategy: str,
+    strategy: str | Decide,
     *,
     start_tick: int = 0,
     wrap: bool = False,
@@ -276,7 +290,7 @@ def simulate(
     spot_h, on_demand_h = spot_ms / MS_PER_HOUR, on_demand_ms / MS_PER_HOUR
     paid = spot_h + on_demand_h
     return Outcome(
-        strategy=strategy,
+        strategy=strategy if isinstance(strategy, str) else strategy.__name__,
         cost=spot_h * job.spot_price + on_demand_h * job.on_demand_price,
         finish_h=t / MS_PER_HOUR if finished else math.inf,
         deadline_met=finished and (deadline is None or t <= deadline),
@@ -307,6 +321,9 @@ class Summary:
     """Runs whose window wrapped around its trace's end."""
     past_trace: int = 0
     """Runs that went on past their trace's end (and saw no spot there)."""
+    mean_vs_optimum: float | None = None
+    """Mean over its runs that met the deadline of cost / the optimum from the same start."""
+    worst_vs_optimum: float | None = None
 
 
 def summarise(outcomes: Sequence[Outcome]) -> Summary:
@@ -314,6 +331,8 @@ def summarise(outcomes: Sequence[Outcome]) -> Summary:
 
     def mean(values: Sequence[float]) -> float:
         return sum(values) / count
+
+    ratios = [r for r in (o.vs_optimum for o in outcomes) if r is not None]
 
     return Summary(
         strategy=outcomes[0].strategy,
@@ -327,6 +346,8 @@ def summarise(outcomes: Sequence[Outcome]) -> Summary:
         mean_preemptions=mean([float(o.preemptions) for o in outcomes]),
         wrapped=sum(o.wrapped for o in outcomes),
         past_trace=sum(o.past_trace for o in outcomes),
+        mean_vs_optimum=sum(ratios) / len(ratios) if ratios else None,
+        worst_vs_optimum=max(ratios, default=None),
     )
 
 
@@ -363,13 +384,32 @@ def replay(
     starts: int = 1,
     strategies: Sequence[str] = STRATEGIES,
     wrap: bool = False,
+    optimum: bool = False,
 ) -> dict[str, list[Outcome]]:
-    """Every strategy from `starts` evenly spaced start ticks of every trace (`start_ticks`)."""
+    """Every strategy from `starts` evenly spaced start ticks of every trace (`start_ticks`),
+    each outcome with the optimum from its start when asked (`spotrain.cost.optimum`; a job
+    with a deadline only). The optimum moves the whole gang between markets, as every strategy
+    does but `blueprint-mix` of several machines (its coordinator stays on on-demand while the
+    others follow spot): that one is not measured against it."""
+    cheapest = _optimum_finder() if optimum and job.deadline_h is not None else None
     results: dict[str, list[Outcome]] = {s: [] for s in strategies}
     for trace in traces:
         for start in start_ticks(job, trace, starts, wrap=wrap):
+            best = None if cheapest is None else cheapest(job, trace, start_tick=start,
+                                                          wrap=wrap).cost  # fmt: skip
             for strategy in strategies:
-                results[strategy].append(
-                    simulate(job, trace, strategy, start_tick=start, wrap=wrap)
-                )
+                outcome = simulate(job, trace, strategy, start_tick=start, wrap=wrap)
+                if strategy != BLUEPRINT_MIX or job.nodes == 1:
+                    outcome = replace(outcome, optimum_cost=best)
+                results[strategy].append(outcome)
     return results
+
+
+def _optimum_finder() -> Callable[..., Any]:
+    try:
+        from spotrain.cost.optimum import cheapest
+    except ImportError as error:  # numpy: the `cost` extra
+        raise CostInputError(
+            f"the optimum needs numpy ({error}): install spotrain[cost] (make setup does)"
+        ) from error
+    return cheapest
