@@ -3,6 +3,7 @@ holds), and where its lost capacity goes."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,6 +12,7 @@ from spotrain.core import capacity_policy as policy
 from spotrain.core.capacity import CapacityGroup, Group
 from spotrain.core.capacity_policy import Standing, hold_for
 from spotrain.core.deadline_policy import Progress
+from spotrain.core.outage_fill import SpotRecord
 from spotrain.core.run_lifecycle import Lifecycle
 
 PRIMARY = Group(declared=CapacityGroup(name="east-spot", region="us-east-1", lifecycle="spot",
@@ -224,25 +226,40 @@ def progress(done_h: float, elapsed_h: float = 4.0) -> Progress:
                     changeover_h=0.25)  # fmt: skip
 
 
-def test_a_run_behind_its_schedule_goes_on_demand_at_once_after_an_interruption() -> None:
+PLENTIFUL = SpotRecord(observed_s=24 * 3600, available_s=22 * 3600, spells=2, last_at=0.0)
+SCARCE = SpotRecord(observed_s=24 * 3600, available_s=2 * 3600, spells=2, last_at=0.0)
+"""A day of checks that saw spot most of the time, or a little of it."""
+
+
+def test_a_run_whose_checks_saw_little_spot_goes_on_demand_at_once_after_an_interruption() -> None:
+    # 8.5 h of work in 10 h: spot seen 2 h a day leaves most of it to on-demand, more than two
+    # thirds of the outages to come; spot seen 22 h a day leaves almost none.
     hot = {"g5.xlarge#us-east-1a": 3, "g5.xlarge#us-east-1c": 3}
-    behind = decide(pool_interruptions=hot, progress=progress(done_h=1.5))  # ep(4) = 2
-    assert (behind.action, behind.desired) == ("on-demand", {"east-on-demand": 1})
-    ahead = decide(pool_interruptions=hot, progress=progress(done_h=2.5), now=99_999.0,
-                   short_since=0.0)  # fmt: skip
-    assert ahead.action == "wait-for-spot"  # however long it has waited: it is ahead
+    late = progress(done_h=1.5, elapsed_h=10.0)
+    scarce = decide(pool_interruptions=hot, progress=late, record=SCARCE)
+    assert (scarce.action, scarce.desired) == ("on-demand", {"east-on-demand": 1})
+    assert "on-demand while spot is gone" in scarce.reason
+    plentiful = decide(pool_interruptions=hot, progress=late, record=PLENTIFUL, now=99_999.0,
+                       short_since=0.0)  # fmt: skip
+    assert plentiful.action == "wait-for-spot"  # however long it has waited
+    assert "wait for spot" in plentiful.reason
 
 
-def test_a_run_ahead_of_its_schedule_keeps_on_demand_until_ahead_by_two_changeovers() -> None:
+def test_a_run_on_demand_stays_there_until_spot_returns_and_each_check_adds_its_look() -> None:
     covering = Group(**{**ON_DEMAND.__dict__, "desired": 2})
-    keep = policy.reconcile(groups=[PRIMARY, covering], short_since=None,
-                             now=0.0, on_demand_deadline_s=600.0,
-                             progress=progress(done_h=2.2))  # ep(4.5) = 2.25  # fmt: skip
+    short = Group(**{**PRIMARY.__dict__, "in_service": 0})
+    arguments: dict[str, Any] = {"short_since": 0.0, "on_demand_deadline_s": 600.0,
+                                 "progress": progress(done_h=2.2)}  # fmt: skip
+    keep = policy.reconcile(groups=[short, covering], now=3600.0, record=PLENTIFUL, **arguments)
     assert (keep.action, keep.desired) == ("none", {})
-    back = policy.reconcile(groups=[PRIMARY, covering], short_since=None,
-                             now=0.0, on_demand_deadline_s=600.0,
-                             progress=progress(done_h=2.3))  # fmt: skip
+    assert "stays on on-demand until spot returns" in keep.reason
+    assert keep.spot_record == replace(PLENTIFUL, observed_s=25 * 3600, available_s=22 * 3600,
+                                       last_at=3600.0)  # fmt: skip
+    back = policy.reconcile(groups=[PRIMARY, covering], now=7200.0,
+                            record=keep.spot_record, **arguments)  # fmt: skip
     assert (back.action, back.desired) == ("spot-is-back", {"east-on-demand": 0})
+    assert back.spot_record is not None and back.spot_record.spells == 3  # a spell begins
+    assert back.spot_record.available_s == 22 * 3600  # spot was gone the hour before
 
 
 def test_the_deadline_safety_net_covers_the_shortfall_to_the_end() -> None:
@@ -279,7 +296,7 @@ def test_the_handler_acts_on_every_on_demand_choice_as_the_simulator_bills_it() 
     timeline: list[tuple[float, float, bool, str]] = []
     available = (0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1)  # short at 8 and 9 h, back at 10
     simulation.simulate(job, traces.Trace("scripted", 3600, available),
-                        simulation.UNIFORM_PROGRESS, timeline=timeline)  # fmt: skip
+                        simulation.OUTAGE_FILL, timeline=timeline)  # fmt: skip
     t, done, spot, mode = timeline[10]
     assert (spot, mode) == (True, "on-demand")  # the net, at the tick spot returns
     back = Group(**{**PRIMARY.__dict__, "min_size": 0})  # every spot machine in service again

@@ -834,7 +834,8 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
 ) -> None:
     """A scripted spot availability sequence, replayed by the cost simulator and by the
     handler's scheduled check on the run's catalog: each check leaves the run on what the
-    simulator's Uniform Progress chose for that tick (one decision function, used twice)."""
+    simulator's outage-fill chose for that tick (one decision function, used twice, each
+    keeping the record of spot its checks saw: the handler's in the run's fleet state)."""
     from helpers import create_catalog_table
 
     from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
@@ -846,7 +847,7 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
                          spot_price=1.0)  # fmt: skip
     timeline: list[tuple[float, float, bool, str]] = []
     simulation.simulate(job, traces.Trace("scripted", 3600, tuple(available)),
-                        simulation.UNIFORM_PROGRESS, timeline=timeline)  # fmt: skip
+                        simulation.OUTAGE_FILL, timeline=timeline)  # fmt: skip
     modes = [mode for *_, mode in timeline]
     assert {"spot", "on-demand", "idle"} <= set(modes)  # the script exercises every move
 

@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 EXTRA_OF = {
-    "torch": "training", "deepspeed": "training", "numpy": "training", "tokenizers": "training",
+    "torch": "training", "deepspeed": "training", "numpy": "cost", "tokenizers": "training",
     "tqdm": "training", "watchtower": "training", "torchdata": "training",
     "cdktf": "infrastructure", "cdktf_cdktf_provider_aws": "infrastructure",
     "constructs": "infrastructure", "yaml": "infrastructure",
@@ -130,7 +130,8 @@ EXTRA_OF = {
     "matplotlib": "plots",
 }  # fmt: skip
 """The library each optional part of spotrain imports, and the extra (pyproject.toml) that
-installs it: a machine installs only what its kind needs."""
+installs it: a machine installs only what its kind needs. numpy is in `training` too, with
+torch, which a training command imports first: the smallest extra that has it is named."""
 
 
 PROGRAM_FIX = {

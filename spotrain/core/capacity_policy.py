@@ -30,13 +30,16 @@ warning, and `reconcile`, the scheduled check):
    gives it back when spot returns.
 
 A run with a deadline replaces rule 7's fixed wait, and the scheduled check's return to spot,
-with the deadline policy (`spotrain.core.deadline_policy.uniform_progress`, the one the cost
-simulator replays): on-demand covers the shortfall when the run falls behind its schedule,
-and is given back only when spot is there and the run is ahead by two changeovers.
+with the deadline policy (`spotrain.core.outage_fill`, the one the cost simulator replays):
+spot whenever it is there; on-demand covers an outage once the on-demand hours the run is
+expected to need take a large enough share of the outages to come, and stays until spot
+returns. Each scheduled check adds what it saw to the run's record of spot (`SpotRecord`, kept
+with its fleet state), from which the policy expects those hours.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
@@ -44,6 +47,7 @@ from typing import Protocol, TypeVar
 from spotrain.core import deadline_policy
 from spotrain.core.capacity import ON_DEMAND, SPOT, CapacityGroup, Group
 from spotrain.core.deadline_policy import Progress
+from spotrain.core.outage_fill import SpotRecord, outage_fill
 from spotrain.core.run_lifecycle import Lifecycle
 
 HeldSizes = dict[str, dict[str, int]]
@@ -63,6 +67,8 @@ class Decision:
     """New minimum size per group name (holding a run takes it to 0, releasing puts it back)."""
     short_since: float | None = None
     """When the run became short of spot capacity (None: it is not)."""
+    spot_record: SpotRecord | None = None
+    """A run with a deadline: its record of spot with this check's look added (to keep)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -151,6 +157,7 @@ def _on_demand(
     now: float,
     deadline_s: float,
     progress: Progress | None = None,
+    record: SpotRecord | None = None,
 ) -> Decision:
     waited = now - short_since
     fallback = next(
@@ -158,9 +165,8 @@ def _on_demand(
     )
     if progress is not None and fallback is not None:
         # Short of spot and not on on-demand: the deadline policy says wait or go.
-        choice = deadline_policy.uniform_progress(
-            progress, current=deadline_policy.IDLE, spot_available=False
-        )
+        choice = outage_fill(progress, current=deadline_policy.IDLE, spot_available=False,
+                             record=record or SpotRecord())  # fmt: skip
         if choice.mode == deadline_policy.IDLE:
             return Decision("wait-for-spot", f"short of spot capacity by {shortfall}; deadline "
                             f"policy: {choice.reason}", short_since=short_since)  # fmt: skip
@@ -197,10 +203,11 @@ def after_interruption(
     now: float,
     on_demand_deadline_s: float,
     progress: Progress | None = None,
+    record: SpotRecord | None = None,
 ) -> Decision:
     """What to do when an instance of `group` in `pool` of a run that may have machines gets
     an interruption warning. `progress`: the run against its deadline, for runs that have
-    one."""
+    one, and `record` its record of spot as the scheduled checks kept it."""
     count = pool_interruptions.get(pool, 0)
     hot = hot_pools(pool_interruptions, hot_threshold)
     if pool not in hot:
@@ -224,7 +231,7 @@ def after_interruption(
             short_since=None,
         )
     return _on_demand(groups, 1, short_since if short_since is not None else now, now,
-                      on_demand_deadline_s, progress)  # fmt: skip
+                      on_demand_deadline_s, progress, record or SpotRecord())  # fmt: skip
 
 
 def reconcile(
@@ -234,15 +241,20 @@ def reconcile(
     now: float,
     on_demand_deadline_s: float,
     progress: Progress | None = None,
+    record: SpotRecord | None = None,
 ) -> Decision:
     """Scheduled check of a run that may have machines: spot groups that cannot fill their
     desired capacity make the run short; past the deadline the on-demand group covers the
-    shortfall. A run with a deadline (`progress`) follows the deadline policy instead."""
+    shortfall. A run with a deadline (`progress`) follows the deadline policy instead, with
+    its record of spot (`record`; the decision carries it with this check's look added)."""
     shortfall = sum(max(0, g.desired - g.in_service) for g in groups if g.lifecycle == SPOT)
     fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
     covering = sum(g.desired for g in fallbacks)
     if progress is not None:
-        return _by_deadline(groups, shortfall, covering, progress, short_since, now)
+        seen = (record or SpotRecord()).seen(now, shortfall == 0,
+                                             longest_gap_s=longest_gap_s(progress))  # fmt: skip
+        decision = _by_deadline(groups, shortfall, covering, progress, short_since, now, seen)
+        return replace(decision, spot_record=seen)
     if shortfall < covering:
         # Spot came back: give the on-demand capacity up again, it costs several times more.
         desired, excess = {}, covering - shortfall
@@ -265,6 +277,13 @@ def reconcile(
     )  # fmt: skip
 
 
+def longest_gap_s(progress: Progress) -> float:
+    """Time between two checks that counts as what the earlier saw: two check intervals (a
+    check that did not happen is no evidence); without an interval, all of it."""
+    interval = progress.decision_interval_h
+    return 2 * interval * 3600 if interval else math.inf
+
+
 def _lower_on_demand(fallbacks: Sequence[Group], excess: int) -> dict[str, int]:
     desired = {}
     for g in fallbacks:
@@ -281,6 +300,7 @@ def _by_deadline(
     progress: Progress,
     short_since: float | None,
     now: float,
+    record: SpotRecord,
 ) -> Decision:
     """The scheduled check of a run with a deadline, acting on the policy's choice as the
     simulator plays it. What the run is on: on-demand while the fallback covers part of it;
@@ -295,9 +315,8 @@ def _by_deadline(
         current = deadline_policy.IDLE
     else:
         current = deadline_policy.SPOT
-    choice = deadline_policy.uniform_progress(
-        replace(progress, changeover_left_h=0.0), current=current, spot_available=shortfall == 0
-    )
+    choice = outage_fill(replace(progress, changeover_left_h=0.0), current=current,
+                         spot_available=shortfall == 0, record=record)  # fmt: skip
     why = f"deadline policy: {choice.reason}"
     since = None if shortfall == 0 else (short_since if short_since is not None else now)
     fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]

@@ -204,8 +204,9 @@ def _net_facts(progress: Progress, changeovers: int) -> str:
     )
 
 
-def _safety_net(progress: Progress, current: str, spot_available: bool) -> Choice | None:
-    """The net (2d, for a job idle or on on-demand) and the guard (1d, for every job)."""
+def safety_net(progress: Progress, current: str, spot_available: bool) -> Choice | None:
+    """The net (2d, for a job idle or on on-demand) and the guard (1d, for every job): every
+    deadline policy asks it first (`current` as `as_seen` gives it)."""
     x = progress.exact
     if not _out_of_time(x, 2):
         return None
@@ -222,7 +223,8 @@ def _safety_net(progress: Progress, current: str, spot_available: bool) -> Choic
                   "(one changeover still fits)")  # fmt: skip
 
 
-def _checked(current: str, spot_available: bool) -> str:
+def as_seen(current: str, spot_available: bool) -> str:
+    """What the run is on, as a policy sees it (checked)."""
     if current not in MODES:
         raise ValueError(f"current is {current!r}: use one of {', '.join(MODES)}")
     # Spot machines without spot capacity are going: the job is as good as idle.
@@ -232,8 +234,8 @@ def _checked(current: str, spot_available: bool) -> str:
 def uniform_progress(progress: Progress, *, current: str, spot_available: bool) -> Choice:
     """What the run should be on now, given what it is on (`current`) and whether spot
     capacity is there for the whole gang."""
-    current = _checked(current, spot_available)
-    forced = _safety_net(progress, current, spot_available)
+    current = as_seen(current, spot_available)
+    forced = safety_net(progress, current, spot_available)
     if forced is not None:
         return forced
     x, t, done = progress.exact, progress.elapsed_h, progress.done_h
@@ -270,8 +272,8 @@ def uniform_progress(progress: Progress, *, current: str, spot_available: bool) 
 
 def greedy(progress: Progress, *, current: str, spot_available: bool) -> Choice:
     """Spot whenever there is some; on-demand only when the deadline forces it."""
-    current = _checked(current, spot_available)
-    forced = _safety_net(progress, current, spot_available)
+    current = as_seen(current, spot_available)
+    forced = safety_net(progress, current, spot_available)
     if forced is not None:
         return forced
     if current == ON_DEMAND:  # only the safety net puts it there, and it stays

@@ -33,6 +33,7 @@ from spotrain.core.catalog_schema import (
     releases_key,
     run_key,
 )
+from spotrain.core.outage_fill import SpotRecord
 
 DEFAULT_MAX_CRASHES = 3
 """Crashes since the last release that hold a run (the boot script, the handler)."""
@@ -50,6 +51,8 @@ class RunState:
     short_since: float | None = None
     held_sizes: dict[str, dict[str, int]] | None = None
     """The run's groups' sizes (min_size, desired) before it was held and scaled to 0."""
+    spot_record: SpotRecord | None = None
+    """What the scheduled checks of a run with a deadline have seen of its spot market."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
             {name: {k: int(v) for k, v in sizes.items()} for name, sizes in held.items()}
             if held else None
         ),
+        spot_record=SpotRecord.from_item(item["spot_record"]) if "spot_record" in item else None,
     )  # fmt: skip
 
 
@@ -141,6 +145,18 @@ def set_short_since(table: Any, run: str, since: float | None) -> None:
     None once it is not."""
     stored = None if since is None else Decimal(str(round(since, 3)))
     _remember_first(table, run, "short_since", stored)
+
+
+def set_spot_record(table: Any, run: str, record: SpotRecord) -> None:
+    """Keep the run's record of spot as this check left it (the checks of a run are its
+    region's handler's, on a schedule: one at a time)."""
+    table.update_item(
+        Key=_state_key(run), UpdateExpression="SET spot_record = :record",
+        ExpressionAttributeValues={":record": {
+            name: Decimal(str(round(value, 3))) if isinstance(value, float) else value
+            for name, value in record.to_item().items()
+        }},
+    )  # fmt: skip
 
 
 def _remember_first(table: Any, run: str, attribute: str, value: Any) -> None:

@@ -20,6 +20,7 @@ work at the spot price) are dropped as the programme goes, so it ends early on e
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -42,21 +43,27 @@ class Optimum:
 
 
 class _Programme:
-    """The states after each tick: mode -> changeover still to pay (ms) -> least cost by units
-    of compute done (inf: not reachable, or not worth keeping)."""
+    """The states after each tick, per region: idle, or mode -> changeover still to pay (ms)
+    -> least cost by units of compute done (inf: not reachable, or not worth keeping)."""
 
-    def __init__(self, job: Job, tick: int) -> None:
+    def __init__(self, job: Job, tick: int, regions: int, move_usd: float,
+                 prices: Sequence[tuple[float, float]] | None = None) -> None:  # fmt: skip
         self.tick = tick
         self.work = whole_ms(job.work_h)
         self.changeover = whole_ms(job.changeover_h)
         self.first_start = whole_ms(job.start_h)
         self.unit = math.gcd(tick, self.changeover, self.first_start)
         self.units = -(-self.work // self.unit)  # states hold unfinished work: done < work
+        self.move_usd = move_usd
         per_ms = job.nodes / MS_PER_HOUR
-        self.rate = {SPOT: job.spot_price * per_ms, ON_DEMAND: job.on_demand_price * per_ms}
-        self.cheapest_rate = min(self.rate.values())
-        self.idle = self._empty()
-        self.modes: dict[str, dict[int, np.ndarray]] = {SPOT: {}, ON_DEMAND: {}}
+        prices = prices or [(job.spot_price, job.on_demand_price)] * regions
+        self.rates = [{SPOT: spot * per_ms, ON_DEMAND: on_demand * per_ms}
+                      for spot, on_demand in prices]  # fmt: skip
+        self.cheapest_rate = min(min(rate.values()) for rate in self.rates)
+        self.idle = [self._empty() for _ in range(regions)]
+        self.modes: list[dict[str, dict[int, np.ndarray]]] = [
+            {SPOT: {}, ON_DEMAND: {}} for _ in range(regions)
+        ]
         self.best = math.inf
         # What the work left would cost at the cheapest rate, from each unit done: the bound
         # below which a state is still worth keeping.
@@ -66,34 +73,44 @@ class _Programme:
     def _empty(self) -> np.ndarray:
         return np.full(self.units, math.inf)
 
-    def step(self, at: int, available: bool, deadline: int | None) -> None:
-        """Tick starting at `at` ms, with spot for the gang or not."""
-        everything = [self.idle, *(a for by in self.modes.values() for a in by.values())]
-        new_idle = np.minimum.reduce(everything)
-        new: dict[str, dict[int, np.ndarray]] = {SPOT: {}, ON_DEMAND: {}}
-        for mode in (SPOT, ON_DEMAND):
-            if mode == SPOT and not available:
-                continue
-            for left, costs in self.modes[mode].items():  # goes on, paying what is left
-                self._advance(costs, mode, left, at, deadline, new)
-            others = [self.idle, *self.modes[ON_DEMAND if mode == SPOT else SPOT].values()]
-            entering = np.minimum.reduce(others)
-            self._advance(entering, mode, self.changeover, at, deadline, new)
-            fresh = self._empty()  # the run's first start: it has done nothing, paid nothing
-            fresh[0] = 0.0
-            self._advance(fresh, mode, self.first_start, at, deadline, new)
-        self.idle = self._kept(new_idle)
-        self.modes = {m: {k: self._kept(a) for k, a in by.items()} for m, by in new.items()}
+    def _all(self, region: int) -> list[np.ndarray]:
+        return [self.idle[region], *(a for by in self.modes[region].values() for a in by.values())]
+
+    def step(self, at: int, available: Sequence[bool], deadline: int | None) -> None:
+        """Tick starting at `at` ms, with spot for the gang in each region or not."""
+        regions = range(len(self.idle))
+        anywhere = [np.minimum.reduce(self._all(r)) for r in regions]
+        new: list[dict[str, dict[int, np.ndarray]]] = [{SPOT: {}, ON_DEMAND: {}} for _ in regions]
+        for region in regions:
+            # Arriving from another region: its best state, and the move's transfer.
+            moved_in = [anywhere[r] + self.move_usd for r in regions if r != region]
+            for mode in (SPOT, ON_DEMAND):
+                if mode == SPOT and not available[region]:
+                    continue
+                for left, costs in self.modes[region][mode].items():  # goes on, paying the rest
+                    self._advance(costs, region, mode, left, at, deadline, new)
+                other = ON_DEMAND if mode == SPOT else SPOT
+                entering = np.minimum.reduce(
+                    [self.idle[region], *self.modes[region][other].values(), *moved_in]
+                )
+                self._advance(entering, region, mode, self.changeover, at, deadline, new)
+                fresh = self._empty()  # the run's first start: it has done nothing, paid nothing
+                fresh[0] = 0.0
+                self._advance(fresh, region, mode, self.first_start, at, deadline, new)
+        self.idle = [self._kept(a) for a in anywhere]  # idle stays where it was
+        self.modes = [{m: {k: self._kept(a) for k, a in by.items()} for m, by in r.items()}
+                      for r in new]  # fmt: skip
 
     def _advance(
-        self, costs: np.ndarray, mode: str, left: int, at: int, deadline: int | None,
-        into: dict[str, dict[int, np.ndarray]],
+        self, costs: np.ndarray, region: int, mode: str, left: int, at: int,
+        deadline: int | None, into: list[dict[str, dict[int, np.ndarray]]],
     ) -> None:  # fmt: skip
-        """A tick on `mode` from the states `costs`, `left` ms of changeover still to pay."""
+        """A tick on `mode` in `region` from the states `costs`, `left` ms of changeover still
+        to pay."""
         waiting = min(self.tick, left)
         useful = self.tick - waiting
         shift = useful // self.unit
-        rate = self.rate[mode]
+        rate = self.rates[region][mode]
         # The states this tick finishes: done + useful >= work, paying the used part only.
         first = max(0, -(-(self.work - useful) // self.unit))
         if first < self.units:
@@ -107,7 +124,7 @@ class _Programme:
             return
         moved = self._empty()
         moved[shift : first + shift] = costs[:first] + self.tick * rate
-        target = into[mode]
+        target = into[region][mode]
         key = left - waiting
         target[key] = moved if key not in target else np.minimum(target[key], moved)
 
@@ -117,16 +134,25 @@ class _Programme:
 
     def hopeless(self) -> bool:
         """No state left can beat the best finish, and neither can a first start now."""
-        return (
-            self.work * self.cheapest_rate >= self.best
-            and bool(np.isinf(self.idle).all())
-            and all(bool(np.isinf(a).all()) for by in self.modes.values() for a in by.values())
+        return self.work * self.cheapest_rate >= self.best and all(
+            bool(np.isinf(a).all()) for r in range(len(self.idle)) for a in self._all(r)
         )
 
 
 def cheapest(job: Job, trace: Trace, *, start_tick: int = 0, wrap: bool = False) -> Optimum:
     """The optimum for `job` from tick `start_tick` of `trace` (module docstring). Jobs with
     explicit checkpoints (`checkpoint_every_h`) are not modelled: CostInputError."""
+    return cheapest_across([trace], job, move_usd=0.0, start_tick=start_tick, wrap=wrap)
+
+
+def cheapest_across(
+    sampled: Sequence[Trace], job: Job, *, move_usd: float, start_tick: int = 0,
+    wrap: bool = False, prices: Sequence[tuple[float, float]] | None = None,
+) -> Optimum:  # fmt: skip
+    """The optimum over several regions, one trace each (the same ticks): the run trains in
+    one region at a time, and starting in another region than the one it was last in pays
+    `move_usd` besides the changeover (`prices`: each region's spot and on-demand USD per
+    instance-hour; the job's by default)."""
     from spotrain.cost.simulation import tick_ms
 
     if job.checkpoint_every_h is not None:
@@ -134,20 +160,26 @@ def cheapest(job: Job, trace: Trace, *, start_tick: int = 0, wrap: bool = False)
             "the optimum is computed for the study's model, where the changeover counts the "
             "work lost: leave checkpoint_every_h unset"
         )
-    tick = tick_ms(trace)
-    programme = _Programme(job, tick)
+    tick = tick_ms(sampled[0])
+    if any(tick_ms(t) != tick for t in sampled):
+        raise CostInputError("the regions' traces have different ticks: give traces of one tick "
+                             "(--tick coarsens them alike)")  # fmt: skip
+    programme = _Programme(job, tick, len(sampled), move_usd, prices)
     deadline = whole_ms(job.deadline_h) if job.deadline_h is not None else None
-    length = len(trace.available)
+    length = min(len(t.available) for t in sampled)
     horizon = deadline if deadline is not None else 10 * programme.work + length * tick
     wrapped, index, at = False, start_tick, 0
     while at < horizon and not (math.isfinite(programme.best) and programme.hopeless()):
-        if index < length:
-            count = trace.available[index]
-        elif wrap:
-            wrapped, count = True, trace.available[index % length]
-        else:
-            count = 0
-        programme.step(at, count >= job.nodes, deadline)
+        wrapped = wrapped or (index >= length and wrap)
+        available = [_count(t, index, length, wrap) >= job.nodes for t in sampled]
+        programme.step(at, available, deadline)
         index, at = index + 1, at + tick
     best = programme.best
     return Optimum(best if math.isfinite(best) else None, wrapped)
+
+
+def _count(trace: Trace, index: int, length: int, wrap: bool) -> int:
+    """Spot instances at tick `index`: none past the trace's end, unless it wraps."""
+    if index < length:
+        return trace.available[index]
+    return trace.available[index % length] if wrap else 0

@@ -82,7 +82,12 @@ def save_figure(figure: Any, path: Path) -> None:
         plt.close(figure)
 
 
-STYLES = {"spot-greedy": ("s", "--"), "blueprint-mix": ("^", "-."), "uniform-progress": ("D", ":")}
+STYLES = {
+    "spot-greedy": ("s", "--"),
+    "blueprint-mix": ("^", "-."),
+    "uniform-progress": ("D", ":"),
+    "outage-fill": ("o", "-"),
+}
 """Marker and dash per strategy, so lines that coincide (a mix that is all on-demand on one
 machine) stay visible, each drawn over the next."""
 

@@ -20,8 +20,9 @@ Strategies:
 - `blueprint-mix`: what the fleet does without a deadline: the coordinator on on-demand for
   the whole run, the other machines on spot, covered by on-demand after a fixed wait
   (`fallback_after_h`, the handler's on-demand deadline) and given back when spot returns.
-- `uniform-progress`: the deadline-aware policy (`spotrain.core.deadline_policy`), the one the
-  interruption handler runs for runs with a deadline.
+- `uniform-progress`: Uniform Progress (`spotrain.core.deadline_policy`), the study's policy.
+- `outage-fill`: the deadline policy the interruption handler runs for runs with a deadline
+  (`spotrain.core.outage_fill`), with the record of spot its checks keep, one check a tick.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
-from spotrain.core import deadline_policy, handler_settings
+from spotrain.core import capacity_policy, deadline_policy, handler_settings, outage_fill
 from spotrain.core.deadline_policy import IDLE, MS_PER_HOUR, ON_DEMAND, SPOT, Progress, whole_ms
 from spotrain.core.errors import CostInputError
 from spotrain.cost.traces import Trace
@@ -40,7 +41,8 @@ ON_DEMAND_ONLY = "on-demand"
 SPOT_GREEDY = "spot-greedy"
 BLUEPRINT_MIX = "blueprint-mix"
 UNIFORM_PROGRESS = "uniform-progress"
-STRATEGIES = (ON_DEMAND_ONLY, SPOT_GREEDY, BLUEPRINT_MIX, UNIFORM_PROGRESS)
+OUTAGE_FILL = "outage-fill"
+STRATEGIES = (ON_DEMAND_ONLY, SPOT_GREEDY, BLUEPRINT_MIX, UNIFORM_PROGRESS, OUTAGE_FILL)
 MAX_HOURS = 10_000
 """The longest work or deadline simulated (over a year): a replay walks every tick of it."""
 DEFAULT_FALLBACK_AFTER_H = handler_settings.ON_DEMAND_DEADLINE_MINUTES / 60
@@ -174,6 +176,20 @@ def _policy(function: Callable[..., deadline_policy.Choice]) -> Decide:
     return decide
 
 
+def _outage_fill() -> Decide:
+    """The handler's deadline policy, keeping the record its checks would (a check a tick)."""
+    record = outage_fill.SpotRecord()
+
+    def decide(progress: Progress, current: str, available: bool) -> str:
+        nonlocal record
+        record = record.seen(progress.elapsed_h * 3600, available,
+                             longest_gap_s=capacity_policy.longest_gap_s(progress))  # fmt: skip
+        return outage_fill.outage_fill(progress, current=current, spot_available=available,
+                                       record=record).mode  # fmt: skip
+
+    return decide
+
+
 def _fixed_fallback(after_ms: int, tick_ms: int) -> Decide:
     """Today's handler: on-demand after `after_ms` short of spot, back to spot when it returns."""
     short_for = 0
@@ -202,6 +218,8 @@ def _strategy(job: Job, strategy: str | Decide, tick_ms: int) -> tuple[Decide, i
         return _policy(deadline_policy.greedy), 0, job.nodes
     if strategy == UNIFORM_PROGRESS:
         return _policy(deadline_policy.uniform_progress), 0, job.nodes
+    if strategy == OUTAGE_FILL:
+        return _outage_fill(), 0, job.nodes
     if strategy == BLUEPRINT_MIX:
         if job.nodes == 1:
             return (lambda *_: ON_DEMAND), 1, 0
@@ -391,7 +409,11 @@ def replay(
     with a deadline only). The optimum moves the whole gang between markets, as every strategy
     does but `blueprint-mix` of several machines (its coordinator stays on on-demand while the
     others follow spot): that one is not measured against it."""
-    cheapest = _optimum_finder() if optimum and job.deadline_h is not None else None
+    cheapest: Callable[..., Any] | None = None
+    if optimum and job.deadline_h is not None:
+        from spotrain.cost import optimum as optimal  # numpy: the `cost` extra
+
+        cheapest = optimal.cheapest
     results: dict[str, list[Outcome]] = {s: [] for s in strategies}
     for trace in traces:
         for start in start_ticks(job, trace, starts, wrap=wrap):
@@ -403,13 +425,3 @@ def replay(
                     outcome = replace(outcome, optimum_cost=best)
                 results[strategy].append(outcome)
     return results
-
-
-def _optimum_finder() -> Callable[..., Any]:
-    try:
-        from spotrain.cost.optimum import cheapest
-    except ImportError as error:  # numpy: the `cost` extra
-        raise CostInputError(
-            f"the optimum needs numpy ({error}): install spotrain[cost] (make setup does)"
-        ) from error
-    return cheapest

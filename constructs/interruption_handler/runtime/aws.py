@@ -202,6 +202,8 @@ def apply(
         )
     if run:
         fleet_state.set_short_since(table, run, decision.short_since)
+        if decision.spot_record is not None:
+            fleet_state.set_spot_record(table, run, decision.spot_record)
 
 
 def tag_newest(ec2: Any, table: Any, run: str, instance_id: str, own: str) -> None:

@@ -100,7 +100,7 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
         decision = capacity_policy.reconcile(
             groups=groups, short_since=state.short_since, now=now,
             on_demand_deadline_s=60 * run_settings.handler.on_demand_deadline_minutes,
-            progress=progress,
+            progress=progress, record=state.spot_record,
         )  # fmt: skip
         if measured:
             decision = replace(decision, reason=f"{decision.reason} ({measured})")

@@ -1,0 +1,225 @@
+"""Outage Fill: the deadline policy the interruption handler runs for a run with a deadline,
+and `spotrain cost simulate` replays (strategy `outage-fill`).
+
+Spot is cheaper than on-demand whenever it is there, so a run takes it whenever it is there;
+an hour of on-demand displaces nothing only while spot is gone. What is left to decide is how
+much on-demand the run needs, and when. From what the run's checks have seen of its spot
+market (`SpotRecord`: how much of the time spot was there, a, and how many spells it came
+in), riding spot alone would train for the share rho of the time left T (each spell pays a
+changeover d before it trains):
+
+    deficit = work left - rho x T         (on-demand hours the run should expect to need)
+    outages = (1 - a) x T                 (the time spot is expected to be gone)
+
+1. The safety net and guard of `deadline_policy` first, as for every deadline policy.
+2. Spot there: spot (from idle, and back from on-demand).
+3. Spot gone, the run on on-demand: it stays until spot returns. (Going idle and coming back
+   would pay a changeover each time; measured, leaving at once cost a third more.)
+4. Spot gone, the run idle: on-demand once the deficit is more than `FILL_SHARE` of the
+   outages to come, else wait. Filling every outage as soon as there is any deficit spends
+   on-demand on a run that spot would have carried; waiting until the deficit takes all the
+   outages leaves nothing for a bad spell and ends on on-demand through spot (Uniform
+   Progress's and greedy's losses). Two thirds was the best on the development traces
+   (bench/cost.md).
+
+What the policy knows is what a check can know: the run's progress and pace, spot there now,
+and the record of what earlier checks saw. Until a day of checks is in, the record leans on a
+prior (half the time, a spell every `PRIOR_SPELL_H`), worth `PRIOR_H` of checks.
+
+Standard library only: it ships in the interruption handler's Lambda zip.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from spotrain.core.deadline_policy import (
+    IDLE,
+    ON_DEMAND,
+    SPOT,
+    Choice,
+    Progress,
+    as_seen,
+    safety_net,
+)
+
+FILL_SHARE = 2 / 3
+"""Rule 4: on-demand once the deficit is more than this share of the outages to come."""
+PRIOR_H = 12.0
+"""How many hours of checks the prior is worth."""
+PRIOR_AVAILABLE = 0.5
+PRIOR_SPELL_H = 4.0
+
+
+@dataclass(frozen=True)
+class SpotRecord:
+    """What a run's checks have seen of its spot market (for the whole gang), since the run
+    started. The handler keeps it with the run's state; the simulator keeps it per replay."""
+
+    observed_s: float = 0.0
+    available_s: float = 0.0
+    spells: int = 0
+    """Spells of spot seen begin (each costs a ride a changeover)."""
+    last_at: float | None = None
+    last_available: bool = False
+
+    def seen(self, now: float, available: bool, *, longest_gap_s: float) -> SpotRecord:
+        """The record after a check at `now` (seconds) that found spot there or not. The time
+        since the previous check counts as that check found it, up to `longest_gap_s` (checks
+        that did not happen are not evidence)."""
+        if self.last_at is not None and now < self.last_at:
+            return self  # an older check, delivered late: already counted past it
+        gap = 0.0 if self.last_at is None else min(now - self.last_at, longest_gap_s)
+        begins = available and not (self.last_at is not None and self.last_available)
+        return replace(
+            self,
+            observed_s=self.observed_s + gap,
+            available_s=self.available_s + (gap if self.last_available else 0.0),
+            spells=self.spells + int(begins),
+            last_at=now,
+            last_available=available,
+        )
+
+    def available_share(self) -> float:
+        """a: the share of the time spot was there, with the prior."""
+        return (self.available_s / 3600 + PRIOR_H * PRIOR_AVAILABLE) / (
+            self.observed_s / 3600 + PRIOR_H
+        )
+
+    def training_share(self, changeover_h: float) -> float:
+        """rho: the share of the time riding spot alone would train, with the prior."""
+        hours = self.observed_s / 3600 + PRIOR_H
+        spot_h = self.available_s / 3600 + PRIOR_H * PRIOR_AVAILABLE
+        spells = self.spells + PRIOR_H * PRIOR_AVAILABLE / PRIOR_SPELL_H
+        return max(0.0, spot_h - spells * changeover_h) / hours
+
+    def to_item(self) -> dict[str, object]:
+        return {"observed_s": self.observed_s, "available_s": self.available_s,
+                "spells": self.spells, "last_at": self.last_at,
+                "last_available": self.last_available}  # fmt: skip
+
+    @classmethod
+    def from_item(cls, item: dict[str, object] | None) -> SpotRecord:
+        if not item:
+            return cls()
+        last_at = item.get("last_at")
+        return cls(
+            observed_s=float(item.get("observed_s", 0)),  # type: ignore[arg-type]
+            available_s=float(item.get("available_s", 0)),  # type: ignore[arg-type]
+            spells=int(item.get("spells", 0)),  # type: ignore[call-overload]
+            last_at=None if last_at is None else float(last_at),  # type: ignore[arg-type]
+            last_available=bool(item.get("last_available", False)),
+        )
+
+
+def outage_fill(
+    progress: Progress, *, current: str, spot_available: bool, record: SpotRecord
+) -> Choice:
+    """What the run should be on now (the module's rules), given what it is on, whether spot
+    is there for the whole gang, and the record of earlier checks (this one included)."""
+    current = as_seen(current, spot_available)
+    forced = safety_net(progress, current, spot_available)
+    if forced is not None:
+        return forced
+    if spot_available:
+        back = " (back from on-demand)" if current == ON_DEMAND else ""
+        return Choice(SPOT, f"spot is available{back}")
+    if current == ON_DEMAND:
+        return Choice(ON_DEMAND, "no spot capacity: stays on on-demand until spot returns")
+    if math.isinf(progress.deadline_h):
+        return Choice(IDLE, "no spot capacity and no deadline: wait for spot")
+    left_h = progress.deadline_h - progress.elapsed_h
+    work_h = progress.work_h - progress.done_h
+    rho = record.training_share(progress.changeover_h)
+    deficit = work_h - rho * left_h
+    outages = (1 - record.available_share()) * left_h
+    facts = (
+        f"{work_h:.2f} h of work in {left_h:.2f} h; spot alone trains {rho:.0%} of the time "
+        f"as seen, leaving {deficit:.2f} h to on-demand, against {outages:.2f} h of outages "
+        "to come"
+    )
+    if deficit > FILL_SHARE * outages:
+        return Choice(ON_DEMAND, f"no spot capacity; {facts}: on-demand while spot is gone")
+    return Choice(IDLE, f"no spot capacity; {facts}: wait for spot")
+
+
+# --- across regions -----------------------------------------------------------------------
+@dataclass(frozen=True)
+class RegionRecords:
+    """A record of spot per region of the run's environment, and one of spot anywhere (in at
+    least one region): what a run that may move sees of its market."""
+
+    regions: tuple[SpotRecord, ...] = ()
+    anywhere: SpotRecord = SpotRecord()
+
+    @classmethod
+    def empty(cls, regions: int) -> RegionRecords:
+        return cls(tuple(SpotRecord() for _ in range(regions)))
+
+    def seen(self, now: float, available: Sequence[bool], *, longest_gap_s: float) -> RegionRecords:
+        regions = self.regions or tuple(SpotRecord() for _ in available)
+        each = tuple(
+            r.seen(now, spot, longest_gap_s=longest_gap_s)
+            for r, spot in zip(regions, available, strict=True)
+        )
+        return RegionRecords(
+            each, self.anywhere.seen(now, any(available), longest_gap_s=longest_gap_s)
+        )
+
+
+def spell_h(record: SpotRecord) -> float:
+    """The mean spell of spot the record saw, with the prior (hours)."""
+    spot_h = record.available_s / 3600 + PRIOR_H * PRIOR_AVAILABLE
+    return spot_h / (record.spells + PRIOR_H * PRIOR_AVAILABLE / PRIOR_SPELL_H)
+
+
+@dataclass(frozen=True)
+class Placement:
+    region: int
+    """Index in the environment's regions (home first)."""
+    mode: str
+    reason: str
+
+
+def across(
+    progress: Progress, *, region: int, current: str, spot_available: Sequence[bool],
+    records: RegionRecords, move_usd: float, saving_per_hour: float,
+) -> Placement:  # fmt: skip
+    """Outage fill for a run that may train in any region of its environment: where and on
+    what it should be now.
+
+    1. The safety net, in the region it is in (a move would pay a changeover it may not have).
+    2. Spot here: spot here (a run never leaves spot for spot).
+    3. Spot elsewhere only, and a changeover more still fits: it moves to the region whose
+       spells of spot have been longest, if what such a spell saves on on-demand
+       (`saving_per_hour` for each hour it trains, after the changeover) is more than the
+       move's transfer (`move_usd`).
+    4. Otherwise, outage fill here, with the record of spot anywhere: stays on on-demand
+       until spot returns; idle, on-demand once the deficit is more than `FILL_SHARE` of the
+       outages to come.
+    """
+    here = spot_available[region]
+    current = as_seen(current, here)
+    forced = safety_net(progress, current, here)
+    if forced is not None:
+        return Placement(region, forced.mode, forced.reason)
+    if here:
+        return Placement(region, SPOT, "spot is available here")
+    elsewhere = [r for r, spot in enumerate(spot_available) if spot]
+    if elsewhere:
+        to = max(elsewhere, key=lambda r: (spell_h(records.regions[r]), -r))
+        spell = spell_h(records.regions[to])
+        trains_h = max(0.0, spell - progress.changeover_h)
+        left_h = progress.deadline_h - progress.elapsed_h
+        fits = left_h > progress.work_h - progress.done_h + 3 * progress.changeover_h
+        if fits and trains_h * saving_per_hour > move_usd:
+            return Placement(to, SPOT, (
+                f"no spot here, spot in region {to}, whose spells have lasted {spell:.1f} h: "
+                f"a spell there saves about ${trains_h * saving_per_hour:,.2f} on on-demand, more "
+                f"than the move's ${move_usd:,.2f}: move"
+            ))  # fmt: skip
+    choice = outage_fill(progress, current=current, spot_available=False,
+                         record=records.anywhere)  # fmt: skip
+    return Placement(region, choice.mode, choice.reason)
