@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from spotrain.cost import planner, report, simulation, trace_models, traces
+from spotrain.cost import across_regions, planner, report, simulation, trace_models, traces
 
 HERE = Path(__file__).parent
 WORK_H = 24.0
@@ -168,6 +168,12 @@ only; the held-out seeds were drawn once, after."""
 COMPARED = (simulation.UNIFORM_PROGRESS, simulation.SPOT_GREEDY, simulation.OUTAGE_FILL)
 
 
+def deadline_job(deadline_h: float) -> simulation.Job:
+    return simulation.Job(work_h=DEADLINE_WORK_H, deadline_h=deadline_h,
+                          changeover_h=DEADLINE_CHANGEOVER_H, on_demand_price=ON_DEMAND_PRICE,
+                          spot_price=SPOT_PRICE)  # fmt: skip
+
+
 def model_traces(seeds: range) -> list[traces.Trace]:
     """Every region's trace of every market, per seed: a deadline's window and a day more."""
     hours = max(DEADLINES_H) + 24
@@ -187,11 +193,7 @@ def optimum_table() -> list[str]:
     for label, seeds in (("development", DEVELOPMENT_SEEDS), ("held out", HELD_OUT_SEEDS)):
         sampled = model_traces(seeds)
         for deadline_h in DEADLINES_H:
-            job = simulation.Job(
-                work_h=DEADLINE_WORK_H, deadline_h=deadline_h,
-                changeover_h=DEADLINE_CHANGEOVER_H, on_demand_price=ON_DEMAND_PRICE,
-                spot_price=SPOT_PRICE,
-            )  # fmt: skip
+            job = deadline_job(deadline_h)
             found = simulation.replay(job, sampled, starts=MODEL_STARTS, strategies=COMPARED,
                                       optimum=True)  # fmt: skip
             cells = []
@@ -202,6 +204,46 @@ def optimum_table() -> list[str]:
                              + (f", {missed} missed" if missed else ""))  # fmt: skip
             lines.append(f"| {label} ({len(sampled) * MODEL_STARTS} runs) | {deadline_h:g} h | "
                          + " | ".join(cells) + " |")  # fmt: skip
+    return lines
+
+
+ACROSS_DEVELOPMENT, ACROSS_HELD_OUT = range(0, 4), range(100, 108)
+MOVES_USD = (0.5, 3.0)
+"""A move's transfer: a 25 GB checkpoint at $0.02/GB, or 150 GB (in spot-hours of this
+bench's prices: a move at $3 costs three hours of spot)."""
+
+
+def across_table() -> list[str]:
+    """The strategies across each market's regions against the optimum across them."""
+    lines = [
+        "| traces | move | deadline | " + " | ".join(f"`{s}`" for s in across_regions.STRATEGIES)
+        + " |",
+        "|---|---|---|" + "---|" * len(across_regions.STRATEGIES),
+    ]  # fmt: skip
+    for label, seeds in (("development", ACROSS_DEVELOPMENT), ("held out", ACROSS_HELD_OUT)):
+        markets = [trace_models.sample(market, hours=max(DEADLINES_H) + 24, gap_s=MODEL_TICK_S,
+                                       seed=seed)
+                   for market in trace_models.MARKETS for seed in seeds]  # fmt: skip
+        for move_usd in MOVES_USD:
+            for deadline_h in DEADLINES_H:
+                job = deadline_job(deadline_h)
+                found: dict[str, list[across_regions.RegionsOutcome]] = {}
+                for sampled in markets:
+                    for name, outcomes in across_regions.replay_across(
+                        job, sampled, move_usd=move_usd, starts=MODEL_STARTS
+                    ).items():
+                        found.setdefault(name, []).extend(outcomes)
+                cells = []
+                for outcomes in found.values():
+                    ratios = [o.vs_optimum for o in outcomes if o.vs_optimum is not None]
+                    missed = sum(not o.deadline_met for o in outcomes)
+                    moves = sum(o.moves for o in outcomes) / len(outcomes)
+                    ratio = f"{sum(ratios) / len(ratios):.3f}x ({max(ratios):.2f}x)"
+                    cells.append(f"{ratio}, {moves:.1f} moves"
+                                 + (f", {missed} missed" if missed else ""))  # fmt: skip
+                runs = len(markets) * MODEL_STARTS
+                lines.append(f"| {label} ({runs} runs) | ${move_usd:g} | {deadline_h:g} h | "
+                             + " | ".join(cells) + " |")  # fmt: skip
     return lines
 
 
@@ -232,6 +274,7 @@ def main() -> None:
     strategies, curves, cells = strategies_table()
     intervals = interval_table()
     against_optimum = optimum_table()
+    across = across_table()
     report.plot(curves, HERE / "cost.png",
                 f"4 machines, spot {MARKETS[1][0]}/h per machine, recovery {MARKETS[1][1]:g} h, "
                 f"{WORK_H:g} h of work")  # fmt: skip
@@ -283,6 +326,19 @@ its prior standing in). `outage-fill` is the one the handler runs. Target: every
 and at most 1.10x at every deadline.
 
 {chr(10).join(against_optimum)}
+
+## Across regions, against the exact optimum across them
+
+The same runs over every region of a market at once (`us`: three regions, `scarce`: two; one
+trace each from one seed, so their shared dry spells line up), a move between regions paying
+a changeover and its transfer (`spotrain.cost.across_regions`; the optimum is
+`optimum.cheapest_across`). `outage-fill@home` is the handler's policy confined to home (a run
+that never moves); `spot-anywhere` the plain rule (spot here, else spot wherever there is some
+while a changeover more still fits); `outage-fill` the policy across regions
+(`outage_fill.across`). A cell: mean (worst) of cost over the optimum, the mean moves per run,
+misses. Target: at most 1.05x.
+
+{chr(10).join(across)}
 
 ## The planner's checkpoint interval against a brute-force search
 

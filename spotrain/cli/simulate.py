@@ -8,6 +8,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from spotrain.cli import simulate_regions
 from spotrain.cli.arguments import MAX_REPLAYS, figure_path, number
 from spotrain.cli.output import json_text, say
 from spotrain.core.errors import CostInputError
@@ -58,6 +59,8 @@ def _job(args: argparse.Namespace, deadline_h: float | None) -> simulation.Job:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    if args.across_regions:
+        return simulate_regions.cmd_across(args, _job(args, args.deadline_hours))
     figure_path(args.plot)
     base = _job(args, args.deadline_hours)
     sampled = _traces(args, _length_for(args, args.deadline_hours or 3 * args.work_hours))
@@ -241,6 +244,7 @@ def add_parser(actions: Any) -> None:
         help="let a start's window run past its trace's end and on from its beginning (said "
         "in the output); by default starts are spread over the ticks whose window fits",
     )
+    simulate_regions.add_flags(simulate)
     common_flags(simulate)
     simulate.set_defaults(handler=cmd_simulate)
 

@@ -175,6 +175,24 @@ def spell_h(record: SpotRecord) -> float:
     return spot_h / (record.spells + PRIOR_H * PRIOR_AVAILABLE / PRIOR_SPELL_H)
 
 
+def outage_h(record: SpotRecord) -> float:
+    """The mean outage the record saw, with the prior (hours)."""
+    gone_h = (record.observed_s - record.available_s) / 3600 + PRIOR_H * (1 - PRIOR_AVAILABLE)
+    return gone_h / (record.spells + PRIOR_H * PRIOR_AVAILABLE / PRIOR_SPELL_H)
+
+
+def _need_for_on_demand(progress: Progress, record: SpotRecord) -> float:
+    """How close a run idle in the record's region is to filling outages there with
+    on-demand (rule 4): its deficit over `FILL_SHARE` of the outages to come, from 0 (spot
+    there is expected to carry it) to 1 (it fills them)."""
+    left_h = progress.deadline_h - progress.elapsed_h
+    deficit = (
+        progress.work_h - progress.done_h - record.training_share(progress.changeover_h) * left_h
+    )
+    outages = FILL_SHARE * (1 - record.available_share()) * left_h
+    return 1.0 if outages <= 0 else min(1.0, max(0.0, deficit / outages))
+
+
 @dataclass(frozen=True)
 class Placement:
     region: int
@@ -193,9 +211,14 @@ def across(
     1. The safety net, in the region it is in (a move would pay a changeover it may not have).
     2. Spot here: spot here (a run never leaves spot for spot).
     3. Spot elsewhere only, and a changeover more still fits: it moves to the region whose
-       spells of spot have been longest, if what such a spell saves on on-demand
-       (`saving_per_hour` for each hour it trains, after the changeover) is more than the
-       move's transfer (`move_usd`).
+       spells of spot have been longest, if the on-demand the move is expected to save is
+       more than the move's transfer (`move_usd`). It saves `saving_per_hour` for each hour it
+       trains there instead of on on-demand here: over a spell there (after the changeover),
+       but no longer than an outage here lasts (then spot is back here), and only as far as
+       the run would need on-demand here (on on-demand: fully; idle: as close as rule 4 is to
+       sending it). Moving for spot a run would not have needed on-demand for buys time it
+       has: measured, runs moved three times as often as the optimum, each move a changeover
+       and a transfer.
     4. Otherwise, outage fill here, with the record of spot anywhere: stays on on-demand
        until spot returns; idle, on-demand once the deficit is more than `FILL_SHARE` of the
        outages to come.
@@ -210,15 +233,19 @@ def across(
     elsewhere = [r for r, spot in enumerate(spot_available) if spot]
     if elsewhere:
         to = max(elsewhere, key=lambda r: (spell_h(records.regions[r]), -r))
-        spell = spell_h(records.regions[to])
-        trains_h = max(0.0, spell - progress.changeover_h)
+        own = records.regions[region]
+        trains_h = max(0.0, min(spell_h(records.regions[to]) - progress.changeover_h,
+                                outage_h(own)))  # fmt: skip
+        need = 1.0 if current == ON_DEMAND else _need_for_on_demand(progress, own)
+        saves = trains_h * saving_per_hour * need
         left_h = progress.deadline_h - progress.elapsed_h
         fits = left_h > progress.work_h - progress.done_h + 3 * progress.changeover_h
-        if fits and trains_h * saving_per_hour > move_usd:
+        if fits and saves > move_usd:
             return Placement(to, SPOT, (
-                f"no spot here, spot in region {to}, whose spells have lasted {spell:.1f} h: "
-                f"a spell there saves about ${trains_h * saving_per_hour:,.2f} on on-demand, more "
-                f"than the move's ${move_usd:,.2f}: move"
+                f"no spot here, spot in region {to}: training there for {trains_h:.1f} h (a "
+                f"spell there, at most an outage here) saves about ${saves:,.2f} of the "
+                f"on-demand this run would need ({need:.0%}), more than the move's "
+                f"${move_usd:,.2f}: move"
             ))  # fmt: skip
     choice = outage_fill(progress, current=current, spot_available=False,
                          record=records.anywhere)  # fmt: skip

@@ -1,0 +1,100 @@
+"""`spotrain cost simulate --across-regions`: the given traces are one region each (home
+first, the same tick); a run may train in any of them, one at a time, a move paying the
+changeover and `--move-usd`. Every strategy against the exact optimum across the regions."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from spotrain.cli.output import json_text, say
+from spotrain.core.errors import CostInputError
+from spotrain.cost import across_regions, simulation, traces
+
+
+def add_flags(command: argparse.ArgumentParser) -> None:
+    command.add_argument(
+        "--across-regions",
+        action="store_true",
+        help="the traces are one region each (home first): a run may move between them",
+    )
+    command.add_argument(
+        "--move-usd",
+        type=float,
+        default=0.0,
+        help="with --across-regions: what a move transfers, in USD (default 0)",
+    )
+
+
+def problems(args: argparse.Namespace) -> list[str]:
+    """What the flags lack for a replay across regions, all at once."""
+    found = []
+    if not args.trace or len(args.trace) < 2:
+        found.append("give a --trace per region (two or more; home first)")
+    if args.deadline_hours is None:
+        found.append("give --deadline-hours (the policies across regions keep a deadline)")
+    if args.wrap:
+        found.append("leave out --wrap (every region's window must fit in its trace)")
+    if args.plot:
+        found.append("leave out --plot (the figure is drawn for one region)")
+    if args.move_usd < 0:
+        found.append(f"--move-usd is {args.move_usd:g}: give the move's transfer in USD, 0 or more")
+    return found
+
+
+def cmd_across(args: argparse.Namespace, job: simulation.Job) -> int:
+    wrong = problems(args)
+    if wrong:
+        raise CostInputError("--across-regions: " + "; ".join(wrong))
+    sampled = [traces.load(path) for path in args.trace]
+    if args.tick:
+        sampled = [traces.coarsen(t, args.tick) for t in sampled]
+    results = across_regions.replay_across(job, sampled, move_usd=args.move_usd,
+                                           starts=args.starts)  # fmt: skip
+    summary = {name: _summary(outcomes) for name, outcomes in results.items()}
+    if args.json:
+        say(json_text({
+            "regions": [{"trace": t.name, "availability": t.availability(args.nodes)}
+                        for t in sampled],
+            "move_usd": args.move_usd,
+            "strategies": {name: {"summary": summary[name],
+                                  "runs": [_run(o) for o in results[name]]}
+                           for name in results},
+        }))  # fmt: skip
+        return 0
+    for index, t in enumerate(sampled):
+        say(f"region {index}{' (home)' if index == 0 else ''}: {t.name}, spot for "
+            f"{args.nodes} machine(s) {t.availability(args.nodes):.0%} of the time")  # fmt: skip
+    say(f"{args.starts} runs per strategy of {args.work_hours:g} h by {args.deadline_hours:g} h, "
+        f"a move ${args.move_usd:,.2f} and a changeover")  # fmt: skip
+    say(f"{'strategy':<18} {'cost':>11} {'deadline':>9} {'moves':>6} {'vs optimum':>16}")
+    for name, s in summary.items():
+        ratio = ("n/a" if s["mean_vs_optimum"] is None
+                 else f"{s['mean_vs_optimum']:.3f}x ({s['worst_vs_optimum']:.2f}x)")  # fmt: skip
+        say(f"{name:<18} {'$' + format(s['mean_cost'], ',.2f'):>11} {s['deadline_met']:>9.0%} "
+            f"{s['mean_moves']:>6.1f} {ratio:>16}")  # fmt: skip
+    say(
+        "vs optimum: the mean (worst) of each run's cost over the cheapest schedule across the "
+        "regions that meets the deadline from the same start, known in advance"
+    )
+    return 0
+
+
+def _run(o: across_regions.RegionsOutcome) -> dict[str, Any]:
+    return {"cost": o.cost, "finish_hours": o.finish_h if o.deadline_met else None,
+            "deadline_met": o.deadline_met, "moves": o.moves, "spot_hours": o.spot_hours,
+            "on_demand_hours": o.on_demand_hours, "optimum_cost": o.optimum_cost,
+            "vs_optimum": o.vs_optimum}  # fmt: skip
+
+
+def _summary(outcomes: list[across_regions.RegionsOutcome]) -> dict[str, Any]:
+    count = len(outcomes)
+    ratios = [r for r in (o.vs_optimum for o in outcomes) if r is not None]
+    return {
+        "runs": count,
+        "mean_cost": sum(o.cost for o in outcomes) / count,
+        "deadline_met": sum(o.deadline_met for o in outcomes) / count,
+        "mean_moves": sum(o.moves for o in outcomes) / count,
+        "mean_vs_optimum": sum(ratios) / len(ratios) if ratios else None,
+        "worst_vs_optimum": max(ratios, default=None),
+    }

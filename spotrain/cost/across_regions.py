@@ -1,0 +1,210 @@
+"""Replay a run over several regions at once (one availability trace per region, the same
+ticks), in the single-region simulator's model (`spotrain.cost.simulation`) with one more
+choice: where. The run trains in one region at a time; a start in another region than the one
+it was last in pays the changeover and the move's transfer (`move_usd`: the checkpoint's and
+dataset's bytes at the inter-region price, `spotrain.core.inter_region`).
+
+Strategies:
+- `outage-fill@home`: the handler's policy confined to the first region (what a run does
+  today, without moves).
+- `spot-anywhere`: the plain rule: spot here while there is some; when it is gone here and
+  there is some in another region, move there if the time left still covers the work and a
+  changeover more; else wait; the deadline's safety net as every policy's.
+- `outage-fill`: the handler's policy across regions (`spotrain.core.outage_fill.across`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from spotrain.core import capacity_policy, outage_fill
+from spotrain.core.deadline_policy import IDLE, MS_PER_HOUR, ON_DEMAND, SPOT, Progress, whole_ms
+from spotrain.core.errors import CostInputError
+from spotrain.cost.simulation import Job, tick_ms
+from spotrain.cost.traces import Trace
+
+HOME_ONLY = "outage-fill@home"
+SPOT_ANYWHERE = "spot-anywhere"
+OUTAGE_FILL = "outage-fill"
+STRATEGIES = (HOME_ONLY, SPOT_ANYWHERE, OUTAGE_FILL)
+
+Where = tuple[int, str]
+"""(region index, mode)."""
+DecideWhere = Callable[[Progress, Where, Sequence[bool]], Where]
+"""(progress, where the run is, spot for the gang in each region) -> where it goes."""
+
+
+@dataclass(frozen=True)
+class RegionsOutcome:
+    strategy: str
+    cost: float
+    """USD, the moves' transfers included."""
+    finish_h: float
+    deadline_met: bool
+    moves: int
+    """Starts in another region than the run was last in."""
+    spot_hours: float
+    on_demand_hours: float
+    optimum_cost: float | None = None
+
+    @property
+    def vs_optimum(self) -> float | None:
+        if self.optimum_cost is None or not self.deadline_met:
+            return None
+        return self.cost / self.optimum_cost if self.optimum_cost else 1.0
+
+
+def _home_only(job: Job) -> DecideWhere:
+    record = outage_fill.SpotRecord()
+
+    def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
+        nonlocal record
+        record = record.seen(progress.elapsed_h * 3600, available[0],
+                             longest_gap_s=capacity_policy.longest_gap_s(progress))  # fmt: skip
+        choice = outage_fill.outage_fill(progress, current=where[1],
+                                         spot_available=available[0], record=record)  # fmt: skip
+        return 0, choice.mode
+
+    return decide
+
+
+def _spot_anywhere(job: Job) -> DecideWhere:
+    from spotrain.core.deadline_policy import as_seen, safety_net
+
+    def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
+        region, current = where
+        here = available[region]
+        forced = safety_net(progress, as_seen(current, here), here)
+        if forced is not None:
+            return region, forced.mode
+        if here:
+            return region, SPOT
+        if current == ON_DEMAND:
+            return region, ON_DEMAND
+        elsewhere = [r for r, spot in enumerate(available) if spot]
+        left = progress.deadline_h - progress.elapsed_h
+        if elsewhere and left > progress.work_h - progress.done_h + 2 * progress.changeover_h:
+            return elsewhere[0], SPOT
+        return region, IDLE
+
+    return decide
+
+
+def _outage_fill(job: Job, move_usd: float) -> DecideWhere:
+    records = outage_fill.RegionRecords.empty(0)
+
+    def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
+        nonlocal records
+        records = records.seen(progress.elapsed_h * 3600, available,
+                               longest_gap_s=capacity_policy.longest_gap_s(progress))  # fmt: skip
+        choice = outage_fill.across(
+            progress, region=where[0], current=where[1], spot_available=available,
+            records=records, move_usd=move_usd,
+            saving_per_hour=(job.on_demand_price - job.spot_price) * job.nodes,
+        )  # fmt: skip
+        return choice.region, choice.mode
+
+    return decide
+
+
+def _strategy(name: str | DecideWhere, job: Job, move_usd: float) -> DecideWhere:
+    if callable(name):  # a decision function of the caller's
+        return name
+    if name == HOME_ONLY:
+        return _home_only(job)
+    if name == SPOT_ANYWHERE:
+        return _spot_anywhere(job)
+    if name == OUTAGE_FILL:
+        return _outage_fill(job, move_usd)
+    raise CostInputError(f"strategy {name!r} is unknown: use one of {', '.join(STRATEGIES)}")
+
+
+def simulate_across(
+    job: Job, sampled: Sequence[Trace], strategy: str | DecideWhere, *, move_usd: float,
+    start_tick: int = 0,
+) -> RegionsOutcome:  # fmt: skip
+    """One run of `job` from tick `start_tick` of every region's trace under `strategy`; past
+    the traces' end no spot anywhere."""
+    if job.checkpoint_every_h is not None or job.deadline_h is None:
+        raise CostInputError(
+            "a replay across regions is of a job with a deadline and the study's model: give "
+            "a deadline, leave checkpoint_every_h unset"
+        )
+    tick = tick_ms(sampled[0])
+    decide = _strategy(strategy, job, move_usd)
+    work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
+                                     whole_ms(job.start_h))  # fmt: skip
+    deadline = whole_ms(job.deadline_h)
+    length = min(len(t.available) for t in sampled)
+    horizon = 10 * max(work, deadline) + length * tick
+    t = done = changeover_left = spot_ms = on_demand_ms = moves = 0
+    region: int | None = None
+    mode, index = IDLE, start_tick
+    while done < work and t < horizon:
+        available = [index < length and trace.available[index] >= job.nodes
+                     for trace in sampled]  # fmt: skip
+        index += 1
+        if mode == SPOT and not available[region or 0]:
+            mode, changeover_left = IDLE, 0  # preempted
+        progress = Progress.from_ms(elapsed=t, deadline=deadline, work=work, done=done,
+                                    changeover=changeover, changeover_left=changeover_left,
+                                    decision_interval=tick)  # fmt: skip
+        to, chosen = decide(progress, (region or 0, mode), available)
+        if chosen == SPOT and not available[to]:
+            raise AssertionError(f"{strategy} chose spot in region {to}, which had none")
+        if chosen != IDLE and (chosen != mode or to != region):
+            changeover_left = first_start if region is None else changeover
+            moves += region is not None and to != region
+            region = to
+        mode = chosen
+        used = tick
+        if mode != IDLE:
+            waiting = min(tick, changeover_left)
+            useful = tick - waiting
+            if done + useful >= work:
+                used, useful = waiting + (work - done), work - done
+            changeover_left -= waiting
+            done += useful
+            if mode == SPOT:
+                spot_ms += used * job.nodes
+            else:
+                on_demand_ms += used * job.nodes
+        t += used
+    spot_h, on_demand_h = spot_ms / MS_PER_HOUR, on_demand_ms / MS_PER_HOUR
+    finished = done >= work
+    return RegionsOutcome(
+        strategy=strategy if isinstance(strategy, str) else strategy.__name__,
+        cost=spot_h * job.spot_price + on_demand_h * job.on_demand_price + moves * move_usd,
+        finish_h=t / MS_PER_HOUR if finished else math.inf,
+        deadline_met=finished and t <= deadline,
+        moves=moves,
+        spot_hours=spot_h,
+        on_demand_hours=on_demand_h,
+    )
+
+
+def replay_across(
+    job: Job, sampled: Sequence[Trace], *, move_usd: float, starts: int,
+    strategies: Sequence[str] = STRATEGIES,
+) -> dict[str, list[RegionsOutcome]]:  # fmt: skip
+    """Every strategy from `starts` start ticks spread over those whose deadline fits in
+    every region's trace, each outcome with the optimum across the regions from its start."""
+    from dataclasses import replace
+
+    from spotrain.cost import optimum
+    from spotrain.cost.simulation import start_ticks
+
+    if len({tick_ms(t) for t in sampled}) > 1:
+        raise CostInputError("the regions' traces have different ticks: give traces of one "
+                             "tick (--tick coarsens them alike)")  # fmt: skip
+    shortest = min(sampled, key=lambda t: len(t.available))
+    results: dict[str, list[RegionsOutcome]] = {s: [] for s in strategies}
+    for start in start_ticks(job, shortest, starts):
+        best = optimum.cheapest_across(sampled, job, move_usd=move_usd, start_tick=start).cost
+        for strategy in strategies:
+            outcome = simulate_across(job, sampled, strategy, move_usd=move_usd,
+                                      start_tick=start)  # fmt: skip
+            results[strategy].append(replace(outcome, optimum_cost=best))
+    return results

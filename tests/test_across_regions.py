@@ -1,0 +1,167 @@
+"""A run over several regions: the exact optimum across them equals a brute force over every
+(region, mode) schedule, no strategy beats it, and the policy moves only when a move pays."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+from spotrain import cli
+from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
+from spotrain.core.errors import CostInputError
+from spotrain.core.outage_fill import RegionRecords, SpotRecord, across
+from spotrain.cost import across_regions, optimum, simulation, trace_models, traces
+
+HOUR = 3600.0
+
+
+def brute_force(job: simulation.Job, sampled: list[traces.Trace], move_usd: float) -> float | None:
+    """The cheapest schedule of (region, mode) per tick that meets the deadline, each replayed
+    through the simulator across regions itself."""
+    ticks = math.ceil(job.deadline_h * 3600 / sampled[0].gap_s)  # type: ignore[operator]
+    choices = [(r, m) for r in range(len(sampled)) for m in (SPOT, ON_DEMAND)] + [(0, IDLE)]
+    best = None
+    for schedule in itertools.product(choices, repeat=ticks):
+        if any(mode == SPOT and (i >= len(sampled[r].available) or sampled[r].available[i] < 1)
+               for i, (r, mode) in enumerate(schedule)):  # fmt: skip
+            continue
+        # Idle keeps the region the run was in: the script says idle as "stay where it is".
+        outcome = across_regions.simulate_across(job, sampled, _idle_in_place(schedule),
+                                                 move_usd=move_usd)  # fmt: skip
+        if outcome.deadline_met and (best is None or outcome.cost < best):
+            best = outcome.cost
+    return best
+
+
+def _idle_in_place(schedule: Sequence[tuple[int, str]]) -> across_regions.DecideWhere:
+    steps = iter(schedule)
+
+    def scripted(
+        progress: Progress, where: tuple[int, str], available: Sequence[bool]
+    ) -> tuple[int, str]:
+        region, mode = next(steps, (where[0], IDLE))
+        return (where[0], IDLE) if mode == IDLE else (region, mode)
+
+    return scripted
+
+
+def test_the_optimum_across_regions_is_the_cheapest_of_every_schedule() -> None:
+    rng = random.Random(11)
+    compared = 0
+    while compared < 12:
+        work_h = rng.choice([0.5, 1.0, 1.5])
+        deadline_h = work_h + rng.choice([0.5, 1.0])
+        if math.ceil(deadline_h * 2) > 5:
+            continue
+        job = simulation.Job(work_h=work_h, deadline_h=deadline_h,
+                             changeover_h=rng.choice([0, 10, 15]) / 60,
+                             on_demand_price=3.0, spot_price=rng.choice([0.5, 1.0]))  # fmt: skip
+        sampled = [traces.Trace(f"r{r}", 1800, tuple(rng.choice([0, 1]) for _ in range(5)))
+                   for r in range(2)]  # fmt: skip
+        move_usd = rng.choice([0.0, 0.3, 2.0])
+        expected = brute_force(job, sampled, move_usd)
+        found = optimum.cheapest_across(sampled, job, move_usd=move_usd).cost
+        assert (found is None) == (expected is None)
+        if expected is not None:
+            assert found == pytest.approx(expected, rel=1e-12), (job, sampled, move_usd)
+        compared += 1
+
+
+def test_no_strategy_beats_the_optimum_and_regions_only_help() -> None:
+    sampled = trace_models.sample(trace_models.US, hours=40, gap_s=600, seed=4)
+    job = simulation.Job(work_h=12, deadline_h=15, changeover_h=0.2, on_demand_price=3.0,
+                         spot_price=1.0)  # fmt: skip
+    results = across_regions.replay_across(job, sampled, move_usd=0.5, starts=3)
+    for name, outcomes in results.items():
+        for outcome in outcomes:
+            assert outcome.deadline_met, name
+            assert outcome.cost >= outcome.optimum_cost * (1 - 1e-12), name  # type: ignore[operator]
+    for start, outcome in zip(simulation.start_ticks(job, sampled[0], 3),
+                              results[across_regions.OUTAGE_FILL], strict=True):  # fmt: skip
+        home = optimum.cheapest(job, sampled[0], start_tick=start).cost
+        assert outcome.optimum_cost <= home  # type: ignore[operator]
+
+
+def _progress(elapsed_h: float = 4.0, done_h: float = 3.0) -> Progress:
+    return Progress(elapsed_h=elapsed_h, deadline_h=20.0, work_h=10.0, done_h=done_h,
+                    changeover_h=0.25, decision_interval_h=0.1)  # fmt: skip
+
+
+SCARCE_HOME = RegionRecords(
+    (SpotRecord(observed_s=24 * HOUR, available_s=4 * HOUR, spells=6),
+     SpotRecord(observed_s=24 * HOUR, available_s=20 * HOUR, spells=2)),
+    SpotRecord(observed_s=24 * HOUR, available_s=22 * HOUR, spells=3),
+)  # fmt: skip
+"""Home saw spot 4 h a day in short spells; the other region 20 h in long ones."""
+
+
+def test_a_run_moves_for_spot_that_saves_more_than_the_move_and_stays_for_spot_here() -> None:
+    def where(**changes: object) -> tuple[int, str]:
+        arguments: dict[str, object] = {
+            "region": 0, "current": ON_DEMAND, "spot_available": [False, True],
+            "records": SCARCE_HOME, "move_usd": 1.0, "saving_per_hour": 2.0,
+        }  # fmt: skip
+        placement = across(_progress(), **{**arguments, **changes})  # type: ignore[arg-type]
+        return placement.region, placement.mode
+
+    assert where() == (1, SPOT)
+    assert where(move_usd=1_000.0) == (0, ON_DEMAND)  # a move dearer than what it saves
+    assert where(spot_available=[True, True]) == (0, SPOT)  # never leaves spot for spot
+    assert where(spot_available=[False, False]) == (0, ON_DEMAND)  # stays until spot returns
+    # Idle, with years of time left: spot at home will carry the run, a move would buy
+    # nothing it needs.
+    ample = across(_progress(done_h=9.0), region=0, current=IDLE, spot_available=[False, True],
+                   records=RegionRecords((SpotRecord(observed_s=24 * HOUR,
+                                                     available_s=23 * HOUR, spells=2),
+                                          SCARCE_HOME.regions[1]),
+                                         SCARCE_HOME.anywhere),
+                   move_usd=1.0, saving_per_hour=2.0)  # fmt: skip
+    assert (ample.region, ample.mode) == (0, IDLE), ample.reason
+
+
+def test_across_regions_meets_every_deadline_and_beats_staying_home() -> None:
+    sampled = trace_models.sample(trace_models.SCARCE, hours=40, gap_s=600, seed=7)
+    job = simulation.Job(work_h=12, deadline_h=16, changeover_h=0.2, on_demand_price=3.0,
+                         spot_price=1.0)  # fmt: skip
+    results = across_regions.replay_across(job, sampled, move_usd=0.5, starts=4)
+    ours = results[across_regions.OUTAGE_FILL]
+    home = results[across_regions.HOME_ONLY]
+    assert all(o.deadline_met for o in ours)
+    assert sum(o.cost for o in ours) < sum(o.cost for o in home)
+
+
+def test_cost_simulate_across_regions_reports_moves_and_the_optimum(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = []
+    for index, trace in enumerate(trace_models.sample(trace_models.US, hours=30, gap_s=600,
+                                                      seed=2)):  # fmt: skip
+        paths += ["--trace", str(tmp_path / f"{index}.json")]
+        (tmp_path / f"{index}.json").write_text(json.dumps(trace.to_json()))
+    flags = ["cost", "simulate", "--across-regions", *paths, "--work-hours", "8",
+             "--deadline-hours", "11", "--on-demand-price", "3", "--spot-price", "1",
+             "--starts", "3", "--move-usd", "0.5", "--json"]  # fmt: skip
+    assert cli.main(flags) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert len(found["regions"]) == 3 and found["move_usd"] == 0.5
+    for name, strategy in found["strategies"].items():
+        assert all(run["vs_optimum"] >= 1 - 1e-12 for run in strategy["runs"]), name
+    assert found["strategies"]["outage-fill@home"]["summary"]["mean_moves"] == 0
+    assert cli.main(["cost", "simulate", "--across-regions", *paths[:2], "--work-hours", "8",
+                     "--on-demand-price", "3", "--spot-price", "1", "--wrap"]) == 2  # fmt: skip
+    error = capsys.readouterr().err
+    assert "--trace per region" in error and "--deadline-hours" in error and "--wrap" in error
+
+
+def test_traces_of_different_ticks_are_refused_with_the_fix() -> None:
+    job = simulation.Job(work_h=1, deadline_h=2, changeover_h=0.1, on_demand_price=3.0,
+                         spot_price=1.0)  # fmt: skip
+    with pytest.raises(CostInputError, match="--tick"):
+        optimum.cheapest_across([traces.Trace("a", 600, (1,) * 20),
+                                 traces.Trace("b", 300, (1,) * 40)], job, move_usd=0)  # fmt: skip
