@@ -108,6 +108,72 @@ def test_machines_are_read_from_describe_instances_with_their_end() -> None:
     assert (on_demand.market, on_demand.ended_at) == (ON_DEMAND, None)
 
 
+def test_a_region_that_does_not_answer_is_counted_from_where_it_fell_behind() -> None:
+    # A machine in each region from 0. us-west-2 does not answer the checks at 600 s and
+    # 1200 s; at 1800 s it does: its machine is counted from 0, once, and nothing twice.
+    east = machine("i-east", SPOT, 0)
+    west = Machine("i-west", "g5.xlarge", "us-west-2a", ON_DEMAND, T0, None)
+    ledger = Ledger(as_of=T0)
+    ledger = spend_ledger.accrue(ledger, [east], FixedPrices(), T0 + 600, silent=["us-west-2"])
+    assert ledger.behind == {"us-west-2": T0} and ledger.as_of == T0 + 600
+    ledger = spend_ledger.accrue(ledger, [east], FixedPrices(), T0 + 1200, silent=["us-west-2"])
+    assert ledger.behind == {"us-west-2": T0}  # still from where it fell behind
+    ledger = spend_ledger.accrue(ledger, [east, west], FixedPrices(), T0 + 1800)
+    assert ledger.behind == {}
+    assert ledger.per_pool["g5.xlarge#us-west-2a#on-demand"]["seconds"] == pytest.approx(1800)
+    assert ledger.per_pool["g5.xlarge#us-east-1a#spot"]["seconds"] == pytest.approx(1800)
+    assert ledger.spend_usd == pytest.approx(1800 * (4 + 1.2) / 3600)
+
+
+def test_the_count_goes_on_with_the_regions_that_answer_and_keeps_the_rest_behind(
+    dynamo: Any,
+) -> None:
+    from botocore.exceptions import EndpointConnectionError
+
+    table = boto3.resource("dynamodb").Table("catalog")
+    down = {"us-west-2": True}
+
+    class Ec2:
+        def __init__(self, region: str) -> None:
+            self.region = region
+
+        def get_paginator(self, _: str) -> Any:
+            if down.get(self.region):
+                raise EndpointConnectionError(endpoint_url=f"https://ec2.{self.region}")
+            zone = f"{self.region}a"
+            reservation = {"Instances": [{
+                "InstanceId": f"i-{self.region}", "InstanceType": "g5.xlarge",
+                "Placement": {"AvailabilityZone": zone}, "LaunchTime": T0,
+                "State": {"Name": "running"},
+            }]}  # fmt: skip
+            return type(
+                "Pages", (), {"paginate": lambda _, **__: [{"Reservations": [reservation]}]}
+            )()
+
+    def count(at: float) -> spend_ledger.Counted:
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(spend_ledger, "AwsPrices", lambda *_, **__: FixedPrices())
+            return spend_ledger.count(
+                table,
+                "demo",
+                regions=["us-east-1", "us-west-2"],
+                ec2_for=Ec2,
+                pricing=None,
+                now=at,
+                retention_days=1,
+            )
+
+    first = count(T0 + 600)
+    assert first.written and first.ledger.behind == {"us-west-2": 0.0}  # never counted yet
+    assert spend_ledger.read(table, "demo").behind == {"us-west-2": 0.0}
+    down["us-west-2"] = False
+    second = count(T0 + 1200)
+    assert second.written and second.ledger.behind == {}
+    pools = second.ledger.per_pool
+    assert pools["g5.xlarge#us-west-2a#on-demand"]["seconds"] == pytest.approx(1200)
+    assert pools["g5.xlarge#us-east-1a#on-demand"]["seconds"] == pytest.approx(1200)
+
+
 def test_a_check_that_lost_the_race_writes_nothing(dynamo: Any) -> None:
     table = boto3.resource("dynamodb").Table("catalog")
     first = spend_ledger.accrue(Ledger(), [machine("i-1", SPOT, 0)], FixedPrices(), T0 + 60)

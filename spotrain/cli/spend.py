@@ -55,6 +55,12 @@ def cmd_status(args: argparse.Namespace) -> int:
                 else ""
             )
         )
+    for region, since in sorted(ledger.behind.items()):
+        when = (f"since {datetime.datetime.fromtimestamp(since, datetime.UTC):%Y-%m-%d %H:%M} UTC"
+                if since else "ever")  # fmt: skip
+        say(f"  NOT COUNTED: {region} has not answered the checks {when}: its machines' time "
+            "is counted when it answers again (machines that ended over an hour before then "
+            "are no longer listed: their time is lost to the ledger)")  # fmt: skip
     if ledger.unpriced_seconds:
         say(
             f"  WARNING: {ledger.unpriced_seconds / 3600:.2f} machine-hours have no price in "

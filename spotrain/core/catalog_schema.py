@@ -231,7 +231,8 @@ def release_sort_key(at: float) -> str:
 LEDGER_SORT_KEY = "LEDGER"
 """`as_of` (epoch seconds counted up to), `spend_usd`, `on_demand_usd` (the same machine time
 at on-demand prices), `per_pool` (seconds, spend and on-demand equivalent per pool and market),
-`unpriced_seconds` (machine time of pools without a price); the cap's state: `cap_usd`,
+`unpriced_seconds` (machine time of pools without a price), `behind` (regions that did not
+answer a check: the time their machines are counted up to); the cap's state: `cap_usd`,
 `notified` (percentages of the cap already announced), `held` (spend reached the cap: the run
 may not start, its groups are at 0)."""
 

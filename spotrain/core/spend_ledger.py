@@ -8,9 +8,14 @@ forward: it counts the machine time in (as_of, now] and writes the new ledger on
 other check moved it meanwhile (a conditional write on `as_of`). So a check delivered twice,
 or one that arrives late (its now is not after as_of), counts nothing, and a machine that
 terminated since the last check still counts up to its end: terminated machines stay in
-DescribeInstances for about an hour, far longer than a check interval. EBS volumes, data
-transfer and requests are not counted. Each counted check also leaves a spend point (the
-ledger as it left it) and each cap notice an item of its own, for `spotrain cost report`.
+DescribeInstances for about an hour, far longer than a check interval. A region that does not
+answer (an outage; a run moves away from one) does not stop the count: the regions that answer
+are counted to now, and the silent one is kept `behind` from the time it was last counted,
+until a check it answers counts its machines from then (a terminated machine is listed for
+about an hour: a longer silence loses the time of machines that ended in it, said by the
+ledger's `behind`). EBS volumes, data transfer and requests are not counted. Each counted
+check also leaves a spend point (the ledger as it left it) and each cap notice an item of its
+own, for `spotrain cost report`.
 
 Boto3 and the standard library only: it ships in the interruption handler's Lambda zip, and
 `spotrain cost status` reads the same item.
@@ -85,6 +90,9 @@ class Ledger:
     """Percentages of that cap already announced."""
     held: bool = False
     """The spend reached the cap: the run may not start and its groups are at 0."""
+    behind: dict[str, float] = field(default_factory=dict)
+    """Regions that did not answer a check: the time their machines are counted up to (0:
+    never counted), behind `as_of`."""
 
     @property
     def saved(self) -> float:
@@ -97,11 +105,17 @@ class Prices(Protocol):
     def spot(self, instance_type: str, zone: str, start: float, end: float) -> float | None: ...
 
 
-def accrue(ledger: Ledger, machines: Iterable[Machine], prices: Prices, now: float) -> Ledger:
-    """The ledger with the machine time in (as_of, now] added (all of it on the first check)."""
+def accrue(
+    ledger: Ledger, machines: Iterable[Machine], prices: Prices, now: float,
+    silent: Iterable[str] = (),
+) -> Ledger:  # fmt: skip
+    """The ledger with the machine time in (as_of, now] added (all of it on the first check;
+    from the time a region was last counted for a region `behind` that answered now). The
+    `silent` regions did not answer: they stay (or fall) behind."""
     start = ledger.as_of
     if start is not None and now <= start:
         return ledger  # repeated or late: this time is counted already
+    behind = {region: ledger.behind.get(region, start or 0.0) for region in silent}
     per_pool = {pool: dict(figures) for pool, figures in ledger.per_pool.items()}
     spend, on_demand_total, unpriced = (
         ledger.spend_usd,
@@ -109,7 +123,8 @@ def accrue(ledger: Ledger, machines: Iterable[Machine], prices: Prices, now: flo
         ledger.unpriced_seconds,
     )
     for machine in machines:
-        begin = machine.launched_at if start is None else max(machine.launched_at, start)
+        since = ledger.behind.get(machine.region, start)
+        begin = machine.launched_at if since is None else max(machine.launched_at, since)
         end = now if machine.ended_at is None else min(machine.ended_at, now)
         if end <= begin:
             continue
@@ -132,7 +147,7 @@ def accrue(ledger: Ledger, machines: Iterable[Machine], prices: Prices, now: flo
         spend += rate * seconds / 3600
         on_demand_total += on_demand_rate * seconds / 3600
     return Ledger(now, spend, on_demand_total, per_pool, unpriced, ledger.cap_usd,
-                  ledger.notified, ledger.held)  # fmt: skip
+                  ledger.notified, ledger.held, behind)  # fmt: skip
 
 
 def machines(reservations: Iterable[dict[str, Any]], now: float) -> list[Machine]:
@@ -241,15 +256,23 @@ def count(
     """Count the run's machine time since the ledger's as_of (every machine tagged with the
     run in `regions`, terminated ones included) and write it, with a spend point: the
     handler's capacity check, and `run retire` settling a run's last minutes."""
-    found = []
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    found, silent = [], []
     for region in regions:
-        pages = ec2_for(region).get_paginator("describe_instances").paginate(
-            Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [run]}])  # fmt: skip
-        for page in pages:
-            found += machines(page["Reservations"], now)
+        try:
+            pages = ec2_for(region).get_paginator("describe_instances").paginate(
+                Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [run]}])  # fmt: skip
+            found += [m for page in pages for m in machines(page["Reservations"], now)]
+        except (BotoCoreError, ClientError):  # the region does not answer: it falls behind
+            silent.append(region)
     previous = read(table, run)
-    since = previous.as_of or min((m.launched_at for m in found), default=now)
-    ledger = accrue(previous, found, AwsPrices(ec2_for, pricing, since=since, now=now), now)
+    # The earliest machine time this count prices: from the ledger's as_of, a region's that
+    # fell behind, or (never counted) a machine's launch.
+    starts = [previous.as_of, *previous.behind.values()]
+    since = min([s for s in starts if s] or [m.launched_at for m in found] or [now])
+    prices = AwsPrices(ec2_for, pricing, since=since, now=now)
+    ledger = accrue(previous, found, prices, now, silent)
     if ledger is previous:
         return Counted(False, len(found), previous, previous)
     if not write(table, run, ledger, previous):
@@ -278,6 +301,7 @@ def read(table: Any, run: str) -> Ledger:
         cap_usd=float(item["cap_usd"]) if item.get("cap_usd") is not None else None,
         notified=tuple(int(p) for p in item.get("notified", [])),
         held=bool(item.get("held", False)),
+        behind={region: float(at) for region, at in item.get("behind", {}).items()},
     )
 
 
@@ -302,6 +326,7 @@ def write(table: Any, run: str, ledger: Ledger, previous: Ledger) -> bool:
         "cap_usd": None if ledger.cap_usd is None else number(ledger.cap_usd),
         "notified": list(ledger.notified),
         "held": ledger.held,
+        "behind": {region: number(at) for region, at in ledger.behind.items()},
     }
     condition: dict[str, Any] = (
         {"ConditionExpression": "attribute_not_exists(#p)",
