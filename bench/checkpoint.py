@@ -124,8 +124,8 @@ def raw_multipart(path: Path, s3: Any, key_id: str) -> float:
 def raw_puts(path: Path, s3: Any, key_id: str) -> float:
     """The same bytes as parallel single PUTs of the checkpoint's largest piece (16 in flight,
     as the checkpointer sends them), read into memory before the clock starts."""
+    from spotrain.core.manifest import CHUNK_BYTES
     from spotrain.trainer.checkpoint_store import PIECE_WORKERS
-    from spotrain.trainer.manifest import CHUNK_BYTES
 
     data = path.read_bytes()
     pieces = [data[i : i + CHUNK_BYTES] for i in range(0, len(data), CHUNK_BYTES)]

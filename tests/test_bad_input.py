@@ -404,7 +404,7 @@ def test_files_that_are_not_what_they_should_be_are_refused(
 def test_config_get_refuses_a_folder_and_a_stored_configuration_that_is_no_object(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from spotrain.trainer.manifest import config_key
+    from spotrain.core.manifest import config_key
 
     store = LocalStorage(tmp_path / "store")
     store.put_bytes(config_key(RUN, "20270101T000000000000Z", b"[1]"), b"[1, 2]")

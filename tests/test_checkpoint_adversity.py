@@ -19,10 +19,10 @@ from helpers import create_catalog_table, kms_only_bucket
 
 from spotrain import cli
 from spotrain.core import catalog_schema as schema
+from spotrain.core.manifest import Manifest, ManifestError, check_manifest_bytes, run_prefix
 from spotrain.localcloud import control
 from spotrain.trainer import checkpoint_store, restore_policy
 from spotrain.trainer.catalog import DynamoCatalog, StaleWriter, StoreCatalog
-from spotrain.trainer.manifest import Manifest, ManifestError, check_manifest_bytes, run_prefix
 from spotrain.trainer.storage import AlreadyExists, LocalStorage, S3Storage, StorageError
 
 RUN = "adversity"

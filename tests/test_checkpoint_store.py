@@ -19,11 +19,11 @@ import pytest
 from helpers import create_catalog_table, kms_only_bucket
 
 from spotrain.core import catalog_schema as schema
+from spotrain.core.manifest import Manifest, Shard, shard_key
 from spotrain.core.run_epochs import EpochId
 from spotrain.localcloud import control
 from spotrain.trainer import checkpoint_store, restore_policy
 from spotrain.trainer.catalog import CatalogError, DynamoCatalog, StaleWriter, StoreCatalog
-from spotrain.trainer.manifest import Manifest, Shard, shard_key
 from spotrain.trainer.storage import (
     AlreadyExists,
     LocalStorage,
@@ -534,7 +534,7 @@ def test_large_files_are_stored_in_chunks_and_only_changed_chunks_are_sent(
 ) -> None:
     """A fine-tuning run with frozen layers: DeepSpeed rewrites the same file at the same
     offsets, and only the chunks whose bytes changed are sent (once each has its two copies)."""
-    from spotrain.trainer import manifest as manifest_module
+    from spotrain.core import manifest as manifest_module
 
     chunk = 64 * 1024
     monkeypatch.setattr(manifest_module, "CHUNK_BYTES", chunk)
@@ -620,7 +620,7 @@ def test_the_trainers_uploader_checks_its_parents_pieces_and_finds_older_ones_by
 ) -> None:
     """Known pieces (the parent's) are checked where they are; others are written at once, and
     a taken address reveals bytes an older checkpoint stored, reused all the same."""
-    from spotrain.trainer.manifest import chunk_of
+    from spotrain.core.manifest import chunk_of
 
     storage = LocalStorage(tmp_path / "bucket")
 

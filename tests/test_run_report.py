@@ -18,10 +18,10 @@ import pytest
 from spotrain import cli
 from spotrain.core import fleet_state, spend_ledger
 from spotrain.core.catalog_schema import INSTANCE_STATUS_INTERRUPTING
+from spotrain.core.manifest import Manifest
 from spotrain.core.spend_ledger import CapNotice, Ledger
 from spotrain.cost import run_report
 from spotrain.trainer.catalog import DynamoCatalog
-from spotrain.trainer.manifest import Manifest
 from spotrain.trainer.storage import LocalStorage
 
 T0 = 1_800_000_000.0

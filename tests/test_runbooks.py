@@ -19,10 +19,10 @@ import pytest
 from helpers import create_catalog_table, kms_only_bucket
 
 from spotrain.core import catalog_schema as schema
+from spotrain.core.manifest import Manifest
 from spotrain.localcloud import control
 from spotrain.trainer import checkpoint_store
 from spotrain.trainer.catalog import DynamoCatalog, StaleWriter
-from spotrain.trainer.manifest import Manifest
 from spotrain.trainer.storage import open_storage
 
 pytestmark = pytest.mark.integration

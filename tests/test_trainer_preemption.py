@@ -22,12 +22,12 @@ from helpers import create_catalog_table, kms_only_bucket
 from training import TINY_MODEL, losses_of, prepare, train
 
 from spotrain.core.catalog_schema import checkpoint_tag
+from spotrain.core.manifest import Manifest, checkpoints_prefix
 from spotrain.cost import planner
 from spotrain.localcloud import control
 from spotrain.localcloud.imds import LocalMetadataService
 from spotrain.trainer.catalog import DynamoCatalog, StoreCatalog
 from spotrain.trainer.failpoints import kill_launcher_and_workers
-from spotrain.trainer.manifest import Manifest, checkpoints_prefix
 from spotrain.trainer.storage import LocalStorage, open_storage
 
 pytestmark = pytest.mark.integration

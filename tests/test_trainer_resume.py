@@ -262,8 +262,8 @@ def test_two_machines_each_upload_their_shards_and_each_fetch_on_restore(
                                tmp_path, "reference")  # fmt: skip
     first = two_machines(2, "first")
     second = two_machines(4, "second")
+    from spotrain.core.manifest import Manifest
     from spotrain.trainer.catalog import StoreCatalog
-    from spotrain.trainer.manifest import Manifest
     from spotrain.trainer.storage import LocalStorage
 
     storage = LocalStorage(tmp_path / "store")

@@ -26,13 +26,13 @@ from typing import Any, Protocol
 from spotrain.core import catalog_schema as schema
 from spotrain.core import run_epochs
 from spotrain.core.errors import SpotrainError, no_region_fix
-from spotrain.core.run_epochs import Epoch, EpochId
-from spotrain.trainer.manifest import (
+from spotrain.core.manifest import (
     Manifest,
     parse_record_key,
     record_key,
     records_prefix,
 )
+from spotrain.core.run_epochs import Epoch, EpochId
 from spotrain.trainer.storage import AlreadyExists, Storage, StorageError
 
 

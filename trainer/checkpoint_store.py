@@ -41,9 +41,7 @@ from typing import Any
 
 from spotrain.core import catalog_schema as schema
 from spotrain.core.errors import SpotrainError
-from spotrain.trainer import failpoints
-from spotrain.trainer.catalog import Catalog, CatalogEntry, CatalogError
-from spotrain.trainer.manifest import (
+from spotrain.core.manifest import (
     Chunk,
     Manifest,
     ManifestError,
@@ -55,6 +53,8 @@ from spotrain.trainer.manifest import (
     shard_copy_key,
     shard_key,
 )
+from spotrain.trainer import failpoints
+from spotrain.trainer.catalog import Catalog, CatalogEntry, CatalogError
 from spotrain.trainer.storage import (
     AlreadyExists,
     ObjectMissing,

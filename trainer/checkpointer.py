@@ -54,9 +54,9 @@ import torch
 from spotrain.core.catalog_schema import checkpoint_id, checkpoint_tag, run_name_problem
 from spotrain.core.entry_point import COORDINATES
 from spotrain.core.errors import SpotrainError, raise_if_problems
+from spotrain.core.manifest import Manifest, Shard
 from spotrain.trainer import checkpoint_store, failpoints, local_tier, membership, restore_policy
 from spotrain.trainer.catalog import open_catalog
-from spotrain.trainer.manifest import Manifest, Shard
 from spotrain.trainer.preemption import Agreement, PreemptionFlag
 from spotrain.trainer.process import (
     OnEvent,

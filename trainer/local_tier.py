@@ -20,8 +20,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from spotrain.core.manifest import Shard, describe_file
 from spotrain.trainer.checkpoint_store import describe_folder
-from spotrain.trainer.manifest import Shard, describe_file
 
 MANIFEST = "light-manifest.json"
 

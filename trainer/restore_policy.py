@@ -15,6 +15,7 @@ from typing import Any
 from spotrain.core import catalog_schema as schema
 from spotrain.core.catalog_schema import checkpoint_id
 from spotrain.core.errors import SpotrainError
+from spotrain.core.manifest import Manifest
 from spotrain.trainer import local_tier
 from spotrain.trainer.catalog import Catalog, CatalogError, StoreCatalog
 from spotrain.trainer.checkpoint_store import (
@@ -25,7 +26,6 @@ from spotrain.trainer.checkpoint_store import (
     StoreUnreadable,
     fetch,
 )
-from spotrain.trainer.manifest import Manifest
 from spotrain.trainer.storage import Storage, StorageError
 
 

@@ -8,6 +8,7 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from spotrain.core.manifest import Manifest, ManifestError
 from spotrain.core.run_epochs import Epoch
 from spotrain.trainer import checkpoint_store, restore_policy
 from spotrain.trainer.catalog import (
@@ -17,7 +18,6 @@ from spotrain.trainer.catalog import (
     DynamoCatalog,
     open_catalog,
 )
-from spotrain.trainer.manifest import Manifest, ManifestError
 from spotrain.trainer.storage import Storage, open_storage
 
 Say = Callable[[str], None]

@@ -15,7 +15,7 @@ from typing import Any
 
 from spotrain.core.catalog_schema import configs_prefix
 from spotrain.core.errors import SpotrainError, json_kind
-from spotrain.trainer.manifest import config_key
+from spotrain.core.manifest import config_key
 from spotrain.trainer.storage import Storage
 
 

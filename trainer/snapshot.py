@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from spotrain.trainer.manifest import RECORD_BYTES, Chunk, ChunkHasher, Shard
+from spotrain.core.manifest import RECORD_BYTES, Chunk, ChunkHasher, Shard
 
 if TYPE_CHECKING:
     from spotrain.trainer.checkpoint_store import PieceUploader

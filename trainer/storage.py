@@ -17,7 +17,6 @@ are retried by botocore's standard retry mode before they surface.
 
 from __future__ import annotations
 
-import base64
 import hashlib
 import os
 import re
@@ -31,6 +30,7 @@ from typing import Any, Protocol
 from urllib.parse import urlparse
 
 from spotrain.core.errors import SpotrainError, no_region_fix
+from spotrain.core.manifest import crc32_text
 
 _CHUNK = 8 * 1024 * 1024
 DEFAULT_MAX_ATTEMPTS = 6
@@ -66,11 +66,6 @@ class FileDigests:
     sha256: str
     crc32: str
     size: int
-
-
-def crc32_text(value: int) -> str:
-    """A CRC32 as S3 writes it: base64 of the 4 big-endian bytes."""
-    return base64.b64encode(value.to_bytes(4, "big")).decode()
 
 
 def digests_of(path: Path) -> FileDigests:

@@ -11,7 +11,7 @@ SpotrainError
 └── the trainer's own, documented where they are raised:
     ├── StorageError (ObjectMissing, AlreadyExists)                 trainer/storage.py
     ├── CatalogError (StaleWriter)                                  trainer/catalog.py
-    ├── ManifestError                                               trainer/manifest.py
+    ├── ManifestError                                               core/manifest.py
     ├── RestoreError (NothingPublished, StoreUnreadable),
     │   DamagedCheckpoint, DestinationError                         trainer/checkpoint_store.py
     ├── ConfigChanged                                               trainer/restore_policy.py

@@ -20,6 +20,7 @@ writes a second manifest beside the first, never over it, and a damaged manifest
 
 from __future__ import annotations
 
+import base64
 import hashlib
 import json
 import re
@@ -33,7 +34,12 @@ from typing import Any
 
 from spotrain.core.catalog_schema import checkpoint_id, checkpoint_tag, configs_prefix, run_prefix
 from spotrain.core.errors import SpotrainError
-from spotrain.trainer.storage import crc32_text
+
+
+def crc32_text(value: int) -> str:
+    """A CRC32 as S3 writes it: base64 of the 4 big-endian bytes."""
+    return base64.b64encode(value.to_bytes(4, "big")).decode()
+
 
 FORMAT_VERSION = 3
 READABLE_VERSIONS = (2, 3)
