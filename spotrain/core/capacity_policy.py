@@ -231,7 +231,7 @@ def after_interruption(
             short_since=None,
         )
     return _on_demand(groups, 1, short_since if short_since is not None else now, now,
-                      on_demand_deadline_s, progress, record or SpotRecord())  # fmt: skip
+                      on_demand_deadline_s, progress, record)  # fmt: skip
 
 
 def reconcile(

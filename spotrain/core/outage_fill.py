@@ -14,13 +14,15 @@ changeover d before it trains):
 1. The safety net and guard of `deadline_policy` first, as for every deadline policy.
 2. Spot there: spot (from idle, and back from on-demand).
 3. Spot gone, the run on on-demand: it stays until spot returns. (Going idle and coming back
-   would pay a changeover each time; measured, leaving at once cost a third more.)
+   pays a changeover each time: on the development traces, leaving on-demand as soon as the
+   deficit allowed cost 1.08-1.09x the optimum, staying 1.03-1.06x.)
 4. Spot gone, the run idle: on-demand once the deficit is more than `FILL_SHARE` of the
    outages to come, else wait. Filling every outage as soon as there is any deficit spends
    on-demand on a run that spot would have carried; waiting until the deficit takes all the
    outages leaves nothing for a bad spell and ends on on-demand through spot (Uniform
-   Progress's and greedy's losses). Two thirds was the best on the development traces
-   (bench/cost.md).
+   Progress's and greedy's losses). Two thirds lies between the two best shares measured on
+   the development traces (0.6 and 0.7; 0 and 1 cost 1.04-1.15x and 1.14-1.32x the optimum;
+   bench/cost.md's held-out traces were drawn after).
 
 What the policy knows is what a check can know: the run's progress and pace, spot there now,
 and the record of what earlier checks saw. Until a day of checks is in, the record leans on a
@@ -61,7 +63,7 @@ class SpotRecord:
     observed_s: float = 0.0
     available_s: float = 0.0
     spells: int = 0
-    """Spells of spot seen begin (each costs a ride a changeover)."""
+    """Spells of spot that began while the checks looked (riding each costs a changeover)."""
     last_at: float | None = None
     last_available: bool = False
 
