@@ -250,16 +250,17 @@ def test_a_run_on_demand_stays_there_until_spot_returns_and_each_check_adds_its_
     short = Group(**{**PRIMARY.__dict__, "in_service": 0})
     arguments: dict[str, Any] = {"short_since": 0.0, "on_demand_deadline_s": 600.0,
                                  "progress": progress(done_h=2.2)}  # fmt: skip
-    keep = policy.reconcile(groups=[short, covering], now=3600.0, record=PLENTIFUL, **arguments)
+    gone = policy.looked(PLENTIFUL, [short, covering], 3600.0, interval_h=1.0)
+    assert gone == replace(PLENTIFUL, observed_s=25 * 3600, last_at=3600.0)  # an hour, no spot
+    keep = policy.reconcile(groups=[short, covering], now=3600.0, record=gone, **arguments)
     assert (keep.action, keep.desired) == ("none", {})
     assert "stays on on-demand until spot returns" in keep.reason
-    assert keep.spot_record == replace(PLENTIFUL, observed_s=25 * 3600, available_s=22 * 3600,
-                                       last_at=3600.0)  # fmt: skip
-    back = policy.reconcile(groups=[PRIMARY, covering], now=7200.0,
-                            record=keep.spot_record, **arguments)  # fmt: skip
+    there = policy.looked(gone, [PRIMARY, covering], 7200.0, interval_h=1.0)
+    assert there.spells == 3 and there.available_s == 22 * 3600  # a spell begins
+    back = policy.reconcile(groups=[PRIMARY, covering], now=7200.0, record=there, **arguments)
     assert (back.action, back.desired) == ("spot-is-back", {"east-on-demand": 0})
-    assert back.spot_record is not None and back.spot_record.spells == 3  # a spell begins
-    assert back.spot_record.available_s == 22 * 3600  # spot was gone the hour before
+    # Ten hours later, after checks that did not happen: two intervals count, no more.
+    assert policy.looked(there, [PRIMARY], 43_200.0, interval_h=1.0).observed_s == 28 * 3600
 
 
 def test_the_deadline_safety_net_covers_the_shortfall_to_the_end() -> None:

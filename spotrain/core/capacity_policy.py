@@ -246,15 +246,13 @@ def reconcile(
     """Scheduled check of a run that may have machines: spot groups that cannot fill their
     desired capacity make the run short; past the deadline the on-demand group covers the
     shortfall. A run with a deadline (`progress`) follows the deadline policy instead, with
-    its record of spot (`record`; the decision carries it with this check's look added)."""
-    shortfall = sum(max(0, g.desired - g.in_service) for g in groups if g.lifecycle == SPOT)
+    its record of spot (`record`, this check's look included: `looked`)."""
+    shortfall = _spot_shortfall(groups)
     fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
     covering = sum(g.desired for g in fallbacks)
     if progress is not None:
-        seen = (record or SpotRecord()).seen(now, shortfall == 0,
-                                             longest_gap_s=longest_gap_s(progress))  # fmt: skip
-        decision = _by_deadline(groups, shortfall, covering, progress, short_since, now, seen)
-        return replace(decision, spot_record=seen)
+        return _by_deadline(groups, shortfall, covering, progress, short_since, now,
+                            record or SpotRecord())  # fmt: skip
     if shortfall < covering:
         # Spot came back: give the on-demand capacity up again, it costs several times more.
         desired, excess = {}, covering - shortfall
@@ -277,11 +275,24 @@ def reconcile(
     )  # fmt: skip
 
 
-def longest_gap_s(progress: Progress) -> float:
+def _spot_shortfall(groups: Sequence[Group]) -> int:
+    return sum(max(0, g.desired - g.in_service) for g in groups if g.lifecycle == SPOT)
+
+
+def looked(
+    record: SpotRecord | None, groups: Sequence[Group], now: float, *, interval_h: float
+) -> SpotRecord:
+    """The run's record of spot with this check's look added: spot there for the gang when
+    every spot group runs its desired capacity. Every scheduled check of a run with a
+    deadline that may train adds one, from its first (before its pace is known too)."""
+    return (record or SpotRecord()).seen(now, _spot_shortfall(groups) == 0,
+                                         longest_gap_s=longest_gap_s(interval_h))  # fmt: skip
+
+
+def longest_gap_s(interval_h: float) -> float:
     """Time between two checks that counts as what the earlier saw: two check intervals (a
     check that did not happen is no evidence); without an interval, all of it."""
-    interval = progress.decision_interval_h
-    return 2 * interval * 3600 if interval else math.inf
+    return 2 * interval_h * 3600 if interval_h else math.inf
 
 
 def _lower_on_demand(fallbacks: Sequence[Group], excess: int) -> dict[str, int]:

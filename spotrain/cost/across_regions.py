@@ -61,8 +61,8 @@ def _home_only(job: Job) -> DecideWhere:
 
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
         nonlocal record
-        record = record.seen(progress.elapsed_h * 3600, available[0],
-                             longest_gap_s=capacity_policy.longest_gap_s(progress))  # fmt: skip
+        gap = capacity_policy.longest_gap_s(progress.decision_interval_h)
+        record = record.seen(progress.elapsed_h * 3600, available[0], longest_gap_s=gap)
         choice = outage_fill.outage_fill(progress, current=where[1],
                                          spot_available=available[0], record=record)  # fmt: skip
         return 0, choice.mode
@@ -97,8 +97,8 @@ def _outage_fill(job: Job, move_usd: float) -> DecideWhere:
 
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
         nonlocal records
-        records = records.seen(progress.elapsed_h * 3600, available,
-                               longest_gap_s=capacity_policy.longest_gap_s(progress))  # fmt: skip
+        gap = capacity_policy.longest_gap_s(progress.decision_interval_h)
+        records = records.seen(progress.elapsed_h * 3600, available, longest_gap_s=gap)
         choice = outage_fill.across(
             progress, region=where[0], current=where[1], spot_available=available,
             records=records, move_usd=move_usd,

@@ -183,7 +183,8 @@ def _outage_fill() -> Decide:
     def decide(progress: Progress, current: str, available: bool) -> str:
         nonlocal record
         record = record.seen(progress.elapsed_h * 3600, available,
-                             longest_gap_s=capacity_policy.longest_gap_s(progress))  # fmt: skip
+                             longest_gap_s=capacity_policy.longest_gap_s(
+                                 progress.decision_interval_h))  # fmt: skip
         return outage_fill.outage_fill(progress, current=current, spot_available=available,
                                        record=record).mode  # fmt: skip
 

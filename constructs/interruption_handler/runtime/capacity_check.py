@@ -97,11 +97,16 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
                                                   run_settings.declaration.groups)  # fmt: skip
     if decision is None:
         progress, measured = deadline_progress(run_settings, now)
+        record = None
+        if run_settings.declaration.run_deadline is not None:
+            every_h = run_settings.handler.capacity_check_minutes / 60
+            record = capacity_policy.looked(state.spot_record, groups, now, interval_h=every_h)
         decision = capacity_policy.reconcile(
             groups=groups, short_since=state.short_since, now=now,
             on_demand_deadline_s=60 * run_settings.handler.on_demand_deadline_minutes,
-            progress=progress, record=state.spot_record,
+            progress=progress, record=record,
         )  # fmt: skip
+        decision = replace(decision, spot_record=record)
         if measured:
             decision = replace(decision, reason=f"{decision.reason} ({measured})")
     aws.apply(decision, groups, table, run, autoscaling)
