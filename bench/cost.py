@@ -200,7 +200,7 @@ def optimum_table() -> list[str]:
             for name in COMPARED:
                 s = simulation.summarise(found[name])
                 missed = round((1 - s.deadline_met) * s.runs)
-                cells.append(f"{s.mean_vs_optimum:.3f}x ({s.worst_vs_optimum:.2f}x)"
+                cells.append(report.versus(s.mean_vs_optimum, s.worst_vs_optimum)
                              + (f", {missed} missed" if missed else ""))  # fmt: skip
             lines.append(f"| {label} ({len(sampled) * MODEL_STARTS} runs) | {deadline_h:g} h | "
                          + " | ".join(cells) + " |")  # fmt: skip
@@ -235,11 +235,10 @@ def across_table() -> list[str]:
                         found.setdefault(name, []).extend(outcomes)
                 cells = []
                 for outcomes in found.values():
-                    ratios = [o.vs_optimum for o in outcomes if o.vs_optimum is not None]
+                    mean, worst = simulation.mean_and_worst([o.vs_optimum for o in outcomes])
                     missed = sum(not o.deadline_met for o in outcomes)
                     moves = sum(o.moves for o in outcomes) / len(outcomes)
-                    ratio = f"{sum(ratios) / len(ratios):.3f}x ({max(ratios):.2f}x)"
-                    cells.append(f"{ratio}, {moves:.1f} moves"
+                    cells.append(f"{report.versus(mean, worst)}, {moves:.1f} moves"
                                  + (f", {missed} missed" if missed else ""))  # fmt: skip
                 runs = len(markets) * MODEL_STARTS
                 lines.append(f"| {label} ({runs} runs) | ${move_usd:g} | {deadline_h:g} h | "

@@ -128,10 +128,11 @@ def test_a_region_that_does_not_answer_is_counted_from_where_it_fell_behind() ->
 def test_the_count_goes_on_with_the_regions_that_answer_and_keeps_the_rest_behind(
     dynamo: Any,
 ) -> None:
-    from botocore.exceptions import EndpointConnectionError
+    from botocore.exceptions import ClientError, EndpointConnectionError
 
     table = boto3.resource("dynamodb").Table("catalog")
     down = {"us-west-2": True}
+    refused: set[str] = set()
 
     class Ec2:
         def __init__(self, region: str) -> None:
@@ -140,6 +141,10 @@ def test_the_count_goes_on_with_the_regions_that_answer_and_keeps_the_rest_behin
         def get_paginator(self, _: str) -> Any:
             if down.get(self.region):
                 raise EndpointConnectionError(endpoint_url=f"https://ec2.{self.region}")
+            if self.region in refused:
+                raise ClientError({"Error": {"Code": "UnauthorizedOperation"},
+                                   "ResponseMetadata": {"HTTPStatusCode": 403}},
+                                  "DescribeInstances")  # fmt: skip
             zone = f"{self.region}a"
             reservation = {"Instances": [{
                 "InstanceId": f"i-{self.region}", "InstanceType": "g5.xlarge",
@@ -172,6 +177,10 @@ def test_the_count_goes_on_with_the_regions_that_answer_and_keeps_the_rest_behin
     pools = second.ledger.per_pool
     assert pools["g5.xlarge#us-west-2a#on-demand"]["seconds"] == pytest.approx(1200)
     assert pools["g5.xlarge#us-east-1a#on-demand"]["seconds"] == pytest.approx(1200)
+    # A region that answers no (a permission) is no outage: the count fails, and says why.
+    refused.add("us-west-2")
+    with pytest.raises(ClientError, match="UnauthorizedOperation"):
+        count(T0 + 1800)
 
 
 def test_a_check_that_lost_the_race_writes_nothing(dynamo: Any) -> None:

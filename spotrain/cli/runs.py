@@ -229,13 +229,14 @@ def _env(where: Where, args: argparse.Namespace) -> int:
 def _reachable_key(config: Any, region: str) -> str:
     """The data key's ARN in `region`, or "" (said on stderr) when the region does not answer:
     a region outage must not keep on-call from the exports of the regions that do."""
-    from botocore.exceptions import ClientError, ConnectionError, ConnectTimeoutError
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    from spotrain.core.errors import does_not_answer
 
     try:
         return _data_key_arn(config, region)
-    except (ClientError, ConnectionError, ConnectTimeoutError) as error:
-        status = getattr(error, "response", {}).get("ResponseMetadata", {}).get("HTTPStatusCode")
-        if isinstance(error, ClientError) and (status or 0) < 500:
+    except (ClientError, BotoCoreError) as error:
+        if not does_not_answer(error):
             raise  # it answered: a real refusal (credentials, a missing key) to fix
         print(
             f"{region} does not answer ({error}): its key is left empty; during a region "

@@ -9,7 +9,7 @@ from typing import Any
 
 from spotrain.cli.output import json_text, say
 from spotrain.core.errors import CostInputError
-from spotrain.cost import across_regions, simulation, traces
+from spotrain.cost import across_regions, report, simulation, traces
 
 
 def add_flags(command: argparse.ArgumentParser) -> None:
@@ -69,8 +69,7 @@ def cmd_across(args: argparse.Namespace, job: simulation.Job) -> int:
         f"a move ${args.move_usd:,.2f} and a changeover")  # fmt: skip
     say(f"{'strategy':<18} {'cost':>11} {'deadline':>9} {'moves':>6} {'vs optimum':>16}")
     for name, s in summary.items():
-        ratio = ("n/a" if s["mean_vs_optimum"] is None
-                 else f"{s['mean_vs_optimum']:.3f}x ({s['worst_vs_optimum']:.2f}x)")  # fmt: skip
+        ratio = report.versus(s["mean_vs_optimum"], s["worst_vs_optimum"])
         say(f"{name:<18} {'$' + format(s['mean_cost'], ',.2f'):>11} {s['deadline_met']:>9.0%} "
             f"{s['mean_moves']:>6.1f} {ratio:>16}")  # fmt: skip
     say(
@@ -89,12 +88,12 @@ def _run(o: across_regions.RegionsOutcome) -> dict[str, Any]:
 
 def _summary(outcomes: list[across_regions.RegionsOutcome]) -> dict[str, Any]:
     count = len(outcomes)
-    ratios = [r for r in (o.vs_optimum for o in outcomes) if r is not None]
+    mean_vs, worst_vs = simulation.mean_and_worst([o.vs_optimum for o in outcomes])
     return {
         "runs": count,
         "mean_cost": sum(o.cost for o in outcomes) / count,
         "deadline_met": sum(o.deadline_met for o in outcomes) / count,
         "mean_moves": sum(o.moves for o in outcomes) / count,
-        "mean_vs_optimum": sum(ratios) / len(ratios) if ratios else None,
-        "worst_vs_optimum": max(ratios, default=None),
+        "mean_vs_optimum": mean_vs,
+        "worst_vs_optimum": worst_vs,
     }

@@ -70,6 +70,18 @@ def no_region_fix() -> str:
     return fix
 
 
+def does_not_answer(error: BaseException) -> bool:
+    """An AWS call's error that says its region did not answer (no connection, a timeout, or
+    5xx after botocore's retries: an outage), not that it answered no (credentials, a missing
+    resource: something to fix)."""
+    from botocore.exceptions import ClientError, ConnectionError, ConnectTimeoutError
+
+    if isinstance(error, ClientError):
+        status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
+        return isinstance(status, int) and status >= 500
+    return isinstance(error, ConnectionError | ConnectTimeoutError)
+
+
 def raise_if_problems(subject: str, problems: list[str]) -> None:
     if problems:
         raise ConfigError(subject, problems)

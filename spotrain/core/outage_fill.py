@@ -84,18 +84,32 @@ class SpotRecord:
             last_available=available,
         )
 
+    # The record's totals with the prior's (hours, hours of spot, spells): every estimate
+    # below is a ratio of two of them.
+    def _hours(self) -> float:
+        return self.observed_s / 3600 + PRIOR_H
+
+    def _spot_h(self) -> float:
+        return self.available_s / 3600 + PRIOR_H * PRIOR_AVAILABLE
+
+    def _spells(self) -> float:
+        return self.spells + PRIOR_H * PRIOR_AVAILABLE / PRIOR_SPELL_H
+
     def available_share(self) -> float:
         """a: the share of the time spot was there, with the prior."""
-        return (self.available_s / 3600 + PRIOR_H * PRIOR_AVAILABLE) / (
-            self.observed_s / 3600 + PRIOR_H
-        )
+        return self._spot_h() / self._hours()
 
     def training_share(self, changeover_h: float) -> float:
         """rho: the share of the time riding spot alone would train, with the prior."""
-        hours = self.observed_s / 3600 + PRIOR_H
-        spot_h = self.available_s / 3600 + PRIOR_H * PRIOR_AVAILABLE
-        spells = self.spells + PRIOR_H * PRIOR_AVAILABLE / PRIOR_SPELL_H
-        return max(0.0, spot_h - spells * changeover_h) / hours
+        return max(0.0, self._spot_h() - self._spells() * changeover_h) / self._hours()
+
+    def spell_h(self) -> float:
+        """The mean spell of spot, with the prior (hours)."""
+        return self._spot_h() / self._spells()
+
+    def outage_h(self) -> float:
+        """The mean outage, with the prior (hours)."""
+        return (self._hours() - self._spot_h()) / self._spells()
 
     def to_item(self) -> dict[str, object]:
         return {"observed_s": self.observed_s, "available_s": self.available_s,
@@ -135,8 +149,7 @@ def outage_fill(
     left_h = progress.deadline_h - progress.elapsed_h
     work_h = progress.work_h - progress.done_h
     rho = record.training_share(progress.changeover_h)
-    deficit = work_h - rho * left_h
-    outages = (1 - record.available_share()) * left_h
+    deficit, outages = _deficit_and_outages(progress, record)
     facts = (
         f"{work_h:.2f} h of work in {left_h:.2f} h; spot alone trains {rho:.0%} of the time "
         f"as seen, leaving {deficit:.2f} h to on-demand, against {outages:.2f} h of outages "
@@ -171,28 +184,21 @@ class RegionRecords:
         )
 
 
-def spell_h(record: SpotRecord) -> float:
-    """The mean spell of spot the record saw, with the prior (hours)."""
-    spot_h = record.available_s / 3600 + PRIOR_H * PRIOR_AVAILABLE
-    return spot_h / (record.spells + PRIOR_H * PRIOR_AVAILABLE / PRIOR_SPELL_H)
-
-
-def outage_h(record: SpotRecord) -> float:
-    """The mean outage the record saw, with the prior (hours)."""
-    gone_h = (record.observed_s - record.available_s) / 3600 + PRIOR_H * (1 - PRIOR_AVAILABLE)
-    return gone_h / (record.spells + PRIOR_H * PRIOR_AVAILABLE / PRIOR_SPELL_H)
+def _deficit_and_outages(progress: Progress, record: SpotRecord) -> tuple[float, float]:
+    """The on-demand hours the run should expect to need (work left less what spot alone
+    would train in the time left), and the hours spot is expected to be gone in it."""
+    left_h = progress.deadline_h - progress.elapsed_h
+    rho = record.training_share(progress.changeover_h)
+    return progress.work_h - progress.done_h - rho * left_h, (1 - record.available_share()) * left_h
 
 
 def _need_for_on_demand(progress: Progress, record: SpotRecord) -> float:
     """How close a run idle in the record's region is to filling outages there with
     on-demand (rule 4): its deficit over `FILL_SHARE` of the outages to come, from 0 (spot
     there is expected to carry it) to 1 (it fills them)."""
-    left_h = progress.deadline_h - progress.elapsed_h
-    deficit = (
-        progress.work_h - progress.done_h - record.training_share(progress.changeover_h) * left_h
-    )
-    outages = FILL_SHARE * (1 - record.available_share()) * left_h
-    return 1.0 if outages <= 0 else min(1.0, max(0.0, deficit / outages))
+    deficit, outages = _deficit_and_outages(progress, record)
+    limit = FILL_SHARE * outages
+    return 1.0 if limit <= 0 else min(1.0, max(0.0, deficit / limit))
 
 
 @dataclass(frozen=True)
@@ -234,10 +240,10 @@ def across(
         return Placement(region, SPOT, "spot is available here")
     elsewhere = [r for r, spot in enumerate(spot_available) if spot]
     if elsewhere:
-        to = max(elsewhere, key=lambda r: (spell_h(records.regions[r]), -r))
+        to = max(elsewhere, key=lambda r: (records.regions[r].spell_h(), -r))
         own = records.regions[region]
-        trains_h = max(0.0, min(spell_h(records.regions[to]) - progress.changeover_h,
-                                outage_h(own)))  # fmt: skip
+        trains_h = max(0.0, min(records.regions[to].spell_h() - progress.changeover_h,
+                                own.outage_h()))  # fmt: skip
         need = 1.0 if current == ON_DEMAND else _need_for_on_demand(progress, own)
         saves = trains_h * saving_per_hour * need
         left_h = progress.deadline_h - progress.elapsed_h

@@ -47,6 +47,7 @@ from spotrain.core.catalog_schema import (
     spend_key,
     spend_point_sort_key,
 )
+from spotrain.core.errors import does_not_answer
 
 _ENDED_AT = re.compile(r"\((\d{4}-\d{2}-\d{2} \d{2}:\d{2}:\d{2}) (?:GMT|UTC)\)")
 """When a machine stopped, in its StateTransitionReason: "User initiated (2026-11-23 10:00:00
@@ -264,8 +265,10 @@ def count(
             pages = ec2_for(region).get_paginator("describe_instances").paginate(
                 Filters=[{"Name": f"tag:{RUN_TAG}", "Values": [run]}])  # fmt: skip
             found += [m for page in pages for m in machines(page["Reservations"], now)]
-        except (BotoCoreError, ClientError):  # the region does not answer: it falls behind
-            silent.append(region)
+        except (BotoCoreError, ClientError) as error:
+            if not does_not_answer(error):
+                raise  # it answered no (a permission): the check reports it
+            silent.append(region)  # an outage: the region falls behind
     previous = read(table, run)
     # The earliest machine time this count prices: from the ledger's as_of, a region's that
     # fell behind, or (never counted) a machine's launch.

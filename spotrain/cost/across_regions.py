@@ -8,8 +8,9 @@ Strategies:
 - `outage-fill@home`: the handler's policy confined to the first region (what a run does
   today, without moves).
 - `spot-anywhere`: the plain rule: spot here while there is some; when it is gone here and
-  there is some in another region, move there if the time left still covers the work and a
-  changeover more; else wait; the deadline's safety net as every policy's.
+  there is some in another region, move there if the time left is more than the work and two
+  changeovers (the move's and the net's margin); else wait; the deadline's safety net as
+  every policy's.
 - `outage-fill`: the handler's policy across regions (`spotrain.core.outage_fill.across`).
 """
 
@@ -20,9 +21,18 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from spotrain.core import capacity_policy, outage_fill
-from spotrain.core.deadline_policy import IDLE, MS_PER_HOUR, ON_DEMAND, SPOT, Progress, whole_ms
+from spotrain.core.deadline_policy import (
+    IDLE,
+    MS_PER_HOUR,
+    ON_DEMAND,
+    SPOT,
+    Progress,
+    as_seen,
+    safety_net,
+    whole_ms,
+)
 from spotrain.core.errors import CostInputError
-from spotrain.cost.simulation import Job, tick_ms
+from spotrain.cost.simulation import Job, tick_ms, versus_optimum
 from spotrain.cost.traces import Trace
 
 HOME_ONLY = "outage-fill@home"
@@ -51,9 +61,7 @@ class RegionsOutcome:
 
     @property
     def vs_optimum(self) -> float | None:
-        if self.optimum_cost is None or not self.deadline_met:
-            return None
-        return self.cost / self.optimum_cost if self.optimum_cost else 1.0
+        return versus_optimum(self.cost, self.optimum_cost, self.deadline_met)
 
 
 def _home_only(job: Job) -> DecideWhere:
@@ -71,8 +79,6 @@ def _home_only(job: Job) -> DecideWhere:
 
 
 def _spot_anywhere(job: Job) -> DecideWhere:
-    from spotrain.core.deadline_policy import as_seen, safety_net
-
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
         region, current = where
         here = available[region]

@@ -35,7 +35,9 @@ def table(summaries: Sequence[Summary], *, recommended: str | None = None) -> st
             f"{s.strategy:<18} {'$' + format(s.mean_cost, ',.2f'):>11} {share:>6} "
             f"{_hours(s.mean_finish_h):>9} {s.deadline_met:>9.0%} {s.mean_goodput:>8.1%} "
             f"{s.mean_spot_hours:>8.1f} {s.mean_on_demand_hours:>8.1f} "
-            f"{s.mean_preemptions:>8.1f}" + (f" {_versus(s):>16}" if optimum else "") + mark
+            f"{s.mean_preemptions:>8.1f}"
+            + (f" {versus(s.mean_vs_optimum, s.worst_vs_optimum):>16}" if optimum else "")
+            + mark
         )
     if optimum:
         lines.append(
@@ -45,10 +47,9 @@ def table(summaries: Sequence[Summary], *, recommended: str | None = None) -> st
     return "\n".join(lines)
 
 
-def _versus(summary: Summary) -> str:
-    if summary.mean_vs_optimum is None or summary.worst_vs_optimum is None:
-        return "n/a"
-    return f"{summary.mean_vs_optimum:.3f}x ({summary.worst_vs_optimum:.2f}x)"
+def versus(mean: float | None, worst: float | None) -> str:
+    """Ratios to the optimum as the tables show them: mean (worst)."""
+    return "n/a" if mean is None or worst is None else f"{mean:.3f}x ({worst:.2f}x)"
 
 
 def sweep(

@@ -159,10 +159,21 @@ class Outcome:
 
     @property
     def vs_optimum(self) -> float | None:
-        """Cost as a multiple of the optimum, for a run that met its deadline."""
-        if self.optimum_cost is None or not self.deadline_met:
-            return None
-        return self.cost / self.optimum_cost if self.optimum_cost else 1.0
+        return versus_optimum(self.cost, self.optimum_cost, self.deadline_met)
+
+
+def versus_optimum(cost: float, optimum: float | None, deadline_met: bool) -> float | None:
+    """A run's cost as a multiple of the optimum from its start, when it met its deadline
+    (a run that missed it is not comparable: it was not held to the same bound)."""
+    if optimum is None or not deadline_met:
+        return None
+    return cost / optimum if optimum else 1.0
+
+
+def mean_and_worst(ratios: Sequence[float | None]) -> tuple[float | None, float | None]:
+    """The mean and the largest of the runs' ratios to the optimum (None: none to count)."""
+    counted = [r for r in ratios if r is not None]
+    return (sum(counted) / len(counted) if counted else None), max(counted, default=None)
 
 
 Decide = Callable[[Progress, str, bool], str]
@@ -351,7 +362,7 @@ def summarise(outcomes: Sequence[Outcome]) -> Summary:
     def mean(values: Sequence[float]) -> float:
         return sum(values) / count
 
-    ratios = [r for r in (o.vs_optimum for o in outcomes) if r is not None]
+    mean_vs, worst_vs = mean_and_worst([o.vs_optimum for o in outcomes])
 
     return Summary(
         strategy=outcomes[0].strategy,
@@ -365,8 +376,8 @@ def summarise(outcomes: Sequence[Outcome]) -> Summary:
         mean_preemptions=mean([float(o.preemptions) for o in outcomes]),
         wrapped=sum(o.wrapped for o in outcomes),
         past_trace=sum(o.past_trace for o in outcomes),
-        mean_vs_optimum=sum(ratios) / len(ratios) if ratios else None,
-        worst_vs_optimum=max(ratios, default=None),
+        mean_vs_optimum=mean_vs,
+        worst_vs_optimum=worst_vs,
     )
 
 
