@@ -193,7 +193,11 @@ stoppable() {
 fleet=()
 if [[ -n "${SPOTRAIN_EVENTS_TABLE:-}" ]]; then
   fleet=(spotrain fleet --events-table "$SPOTRAIN_EVENTS_TABLE" --run "$SPOTRAIN_RUN")
-  ((status)) || stoppable "${fleet[@]}" may-start || exit 3
+  # A move this region's handler ordered (the run's region stopped answering) is claimed here
+  # first: the run's next epoch, from its newest checkpoint whose every piece replicated.
+  ((status)) || stoppable "${fleet[@]}" may-start --instance "$instance_id" \
+    --store "s3://$SPOTRAIN_BUCKET" --catalog-table "$SPOTRAIN_CATALOG_TABLE" \
+    --kms-key-id "$SPOTRAIN_KMS_KEY_ID" --scratch "$WORK_DIR" || exit 3
 fi
 # Several machines meet at the run's coordinator: the first on-demand machine claims the role
 # (and renews it while it runs); the others, spot ones included, wait for it.

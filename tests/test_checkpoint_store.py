@@ -380,6 +380,59 @@ def test_a_run_moved_to_another_region_keeps_one_history_whatever_the_old_region
     _until(lambda: home.head().step == 40 and home.head().epoch == claim.id)  # type: ignore[union-attr]
 
 
+def test_a_machine_booting_where_the_handler_ordered_the_move_claims_the_run_there(
+    global_catalog: tuple[str, Any, Any], tmp_path: Path, local_cloud: Any,
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
+    """The run's region stopped answering, and the next region's handler ordered the move
+    there (in its fleet state: `core.failover`). The first machine to boot there (`fleet
+    may-start`, as the boot script runs it) claims the run's next epoch from the newest
+    checkpoint whose every piece is there and verifies, passing over one whose piece never
+    arrived; the next machine finds it claimed; with no order, nothing moves."""
+    from spotrain import cli
+    from spotrain.core import fleet_state, run_epochs
+    from spotrain.core.failover import MoveOrder
+
+    table, east, west = global_catalog
+    storage = LocalStorage(tmp_path / "bucket")  # the destination's copy
+    home = DynamoCatalog(table, RUN, storage, client=east)
+    lease = home.acquire_lease("machine in us-east-1")
+    published = {step: publish(write_folder(tmp_path / f"h{step}", shards_of_step(step)), storage,
+                               home, step, lease) for step in (10, 20)}  # fmt: skip
+    away = DynamoCatalog(table, RUN, storage, client=west)
+    _until(lambda: (head := away.head()) is not None and head.step == 20)
+    # Step 20's changed piece has not replicated yet.
+    missing = next(s for s in published[20].manifest.shards if "rank_1" in s.name).stored_keys[0]
+    (storage.root / missing).unlink()
+    events = f"events-{os.urandom(4).hex()}"
+    create_catalog_table(west, events)
+    for name, value in control.aws_environment(local_cloud.endpoint, "us-west-2").items():
+        monkeypatch.setenv(name, value)
+    boot = ["fleet", "may-start", "--events-table", events, "--run", RUN, "--instance", "i-0a",
+            "--store", storage.uri, "--catalog-table", table,
+            "--scratch", str(tmp_path)]  # fmt: skip
+    control.set_faults(regions_down=["us-east-1"])
+    try:
+        assert cli.main(boot) == 0  # no order yet: a machine there moves nothing
+        assert "may start" in capsys.readouterr().out and len(away.chain()) == 1
+        state = control.resource("dynamodb", local_cloud.endpoint, "us-west-2").Table(events)
+        fleet_state.set_move_order(state, RUN, MoveOrder(
+            from_epoch=0, from_region="us-east-1", to_region="us-west-2", ordered_at=0.0,
+            reason="us-east-1 has not answered for 3 checks"))  # fmt: skip
+        assert cli.main(boot) == 0
+        said = capsys.readouterr().out
+        assert "passed over step 20" in said, said
+        assert f"run {RUN} moved to us-west-2 (epoch 1) from step 10" in said
+        claim = run_epochs.current(away.chain())
+        assert claim is not None and (claim.id, claim.base_step) == (EpochId(1, "us-west-2"), 10)
+        assert "us-east-1 has not answered for 3 checks" in claim.claimed_by
+        assert cli.main([*boot[:7], "i-0b", *boot[8:]]) == 0  # the next machine
+        assert "no move: the run already trains here (epoch 1)" in capsys.readouterr().out
+        assert len(away.chain()) == 2
+    finally:
+        control.set_faults(regions_down=[])
+
+
 def test_two_regions_that_claim_the_same_epoch_end_agreeing_on_one(
     global_catalog: tuple[str, Any, Any], tmp_path: Path
 ) -> None:

@@ -335,7 +335,7 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
     region's handler, not requeued. The run is this test's own (its groups made here from the
     deployed templates), so the environment's runs are not moved."""
     from spotrain.core import catalog_schema as schema
-    from spotrain.core import run_epochs
+    from spotrain.core import fleet_state, run_epochs
     from spotrain.core.capacity import CapacityGroup, RunDeclaration
     from spotrain.core.handler_settings import run_parameter_name
     from spotrain.tools.rehearsal import deliver_capacity_check, deliver_interruption
@@ -455,6 +455,40 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
         assert check(away)["decision"] == "follow-the-run"
         assert check(home)["decision"] == "follow-the-run"
         assert sizes()[spot[home]] == (1, 1) and sizes()[spot[away]] == (0, 0)
+        # Home stops answering: us-west-2's handler, the run's next region, orders the move
+        # there after three checks in a row and starts the run's groups (their machines claim
+        # the run as they boot: test_checkpoint_store.py); home answers again before any did:
+        # the order is withdrawn and the groups empty again.
+        state = control.resource("dynamodb", local.cloud.endpoint, away).Table(
+            outputs["events_table"])  # fmt: skip
+
+        def away_sizes() -> tuple[int, int]:
+            [g] = local.client("autoscaling", away).describe_auto_scaling_groups(
+                AutoScalingGroupNames=[spot[away]])["AutoScalingGroups"]  # fmt: skip
+            return g["MinSize"], g["DesiredCapacity"]
+
+        control.set_faults(regions_down=[home])
+        try:
+            for count in (1, 2):
+                waiting = check(away)
+                assert waiting["decision"] == "none", waiting
+                assert (
+                    f"{home} has not answered {count} check(s) in a row: the run moves "
+                    "here after 3" in waiting["reason"]
+                ), waiting
+            assert away_sizes() == (0, 0)
+            moved = check(away)
+            assert moved["decision"] == "fail-over", moved
+            assert f"{home} has not answered for 3 checks" in moved["reason"], moved
+            assert away_sizes() == (1, 1)
+            order = fleet_state.run_state(state, run).move_order
+            assert order is not None
+            assert (order.from_epoch, order.from_region, order.to_region) == (2, home, away)
+        finally:
+            control.set_faults(regions_down=[])
+        withdrawn = check(away)
+        assert withdrawn["decision"] == "follow-the-run", withdrawn
+        assert away_sizes() == (0, 0) and fleet_state.run_state(state, run).move_order is None
     finally:
         for group in declared:
             with contextlib.suppress(ClientError):

@@ -1148,6 +1148,7 @@ def test_the_handlers_settings_own_their_environment_variables() -> None:
         "RUNS_PARAMETER_PATH": "/spotrain/dev/runs", "ALERT_TOPIC_ARN": "arn:topic",
         "HOT_POOL_THRESHOLD": "2", "RATE_WINDOW_MINUTES": "30",
         "ON_DEMAND_DEADLINE_MINUTES": "10", "CAPACITY_CHECK_MINUTES": "5",
+        "FAILOVER_AFTER_CHECKS": "3",
     }  # fmt: skip
     assert HandlerSettings.from_environment(written) == given
     assert HandlerSettings.variable("dead_letter_queue_url") == "DEAD_LETTER_QUEUE_URL"

@@ -8,8 +8,9 @@ import os
 from collections.abc import Callable
 from pathlib import Path
 
+from spotrain.core.failover import MoveOrder
 from spotrain.core.manifest import Manifest, ManifestError
-from spotrain.core.run_epochs import Epoch
+from spotrain.core.run_epochs import Epoch, EpochId
 from spotrain.trainer import checkpoint_store, restore_policy
 from spotrain.trainer.catalog import (
     Catalog,
@@ -118,6 +119,35 @@ class RunCheckpoints:
             f"run {self.run!r} has no checkpoint whose every piece is in {self.storage.uri}: "
             "wait for replication to catch up (`spotrain checkpoints verify`), then move"
         )
+
+    def follow_order(
+        self, order: MoveOrder | None, scratch: Path
+    ) -> tuple[Epoch | None, list[tuple[int, str]], str]:
+        """Carry out a handler's move order when it applies to this region (`failover`): the
+        claim (None when there was nothing to do), the checkpoints passed over, and what
+        happened. Several machines boot at once: one claims, the others find it claimed."""
+        from spotrain.core import failover, run_epochs
+
+        if not isinstance(self.catalog, DynamoCatalog):
+            raise CatalogError("a move claims the run in the catalog: give --catalog-table "
+                               "(the table's copy in the region the run moves to)")  # fmt: skip
+        here = self.catalog.region
+
+        def current() -> EpochId | None:
+            latest = run_epochs.current(self.catalog.chain())  # type: ignore[union-attr]
+            return latest.id if latest is not None else None
+
+        why_not = failover.order_applies(order, current(), here)
+        if why_not is not None or order is None:
+            return None, [], f"no move: {why_not}"
+        try:
+            claim, passed_over = self.move_here(order.reason, scratch)
+        except CatalogError:
+            now = current()
+            if now is None or now.region != here:
+                raise
+            return None, [], f"no move: another machine claimed it (epoch {now.number})"
+        return claim, passed_over, f"ordered: {order.reason}"
 
     def _accept(self, manifest: Manifest) -> None:
         """Refuse (raise) a checkpoint this restorer may not take; an operator takes any."""

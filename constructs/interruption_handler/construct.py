@@ -122,6 +122,8 @@ class InterruptionHandlerProps:
     """How long the run may lack spot capacity before the on-demand group covers it."""
     capacity_check_minutes: int = handler_settings.CAPACITY_CHECK_MINUTES
     """How often the scheduled capacity check runs."""
+    failover_after_checks: int = handler_settings.FAILOVER_AFTER_CHECKS
+    """Checks in a row a run's region must fail to answer before the next region moves it."""
     catalog_stream_arn: str | None = None
     """Stream of the checkpoint catalog table: the handler alarms when a run's head moves back
     without a roll back, or a complete checkpoint's record is rewritten or removed."""
@@ -145,7 +147,12 @@ class InterruptionHandlerProps:
                             "give the environment a shorter name")  # fmt: skip
         if self.event_retention_days < 1:
             problems.append("event_retention_days must be 1 or more")
-        for field_name in ("hot_pool_threshold", "rate_window_minutes", "capacity_check_minutes"):
+        for field_name in (
+            "hot_pool_threshold",
+            "rate_window_minutes",
+            "capacity_check_minutes",
+            "failover_after_checks",
+        ):
             if getattr(self, field_name) < 1:
                 problems.append(f"{field_name} must be 1 or more")
         if self.on_demand_deadline_minutes < 0:
@@ -291,6 +298,7 @@ class InterruptionHandler(Construct):
                     rate_window_minutes=props.rate_window_minutes,
                     on_demand_deadline_minutes=props.on_demand_deadline_minutes,
                     capacity_check_minutes=props.capacity_check_minutes,
+                    failover_after_checks=props.failover_after_checks,
                     checkpoints_table=props.checkpoints_table_name,
                     config_bucket=props.config_bucket_name,
                 ).to_environment()

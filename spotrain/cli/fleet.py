@@ -95,13 +95,13 @@ def _reset_crashes(fleet: _Fleet, args: argparse.Namespace) -> int:
 def _may_start(fleet: _Fleet, args: argparse.Namespace) -> int:
     from spotrain.core import fleet_state, run_lifecycle, spend_ledger
 
-    failed = fleet_state.run_state(fleet.table, args.run).failed
+    state = fleet_state.run_state(fleet.table, args.run)
     spend = spend_ledger.read(fleet.table, args.run)
     lifecycle = run_lifecycle.read(fleet.table, args.run)
     if lifecycle.stopped:
         say(f"run {args.run} may not start: {lifecycle.why_stopped}")
         return 3
-    if failed:
+    if state.failed:
         say(f"run {args.run} is held after repeated crashes: fix the cause, then "
             "`spotrain fleet reset-crashes`")  # fmt: skip
     elif spend.held:
@@ -110,7 +110,37 @@ def _may_start(fleet: _Fleet, args: argparse.Namespace) -> int:
             "raises it")  # fmt: skip
     else:
         say(f"run {args.run} may start")
-    return 3 if failed or spend.held else 0
+        if state.move_order is not None and args.store and args.catalog_table:
+            _follow_move_order(state.move_order, args)
+    return 3 if state.failed or spend.held else 0
+
+
+def _follow_move_order(order: Any, args: argparse.Namespace) -> None:
+    """The run's region stopped answering and this region's handler ordered the move here
+    (`core.failover`): the first machine to boot claims the run here from its newest checkpoint
+    whose every piece replicated and verifies; the others find it claimed. A move that cannot
+    be made yet is said, and the trainer, refused, tells the group to replace the machine."""
+    import tempfile
+    from pathlib import Path
+
+    from spotrain.trainer.run_checkpoints import RunCheckpoints  # no PyTorch
+
+    checkpoints = RunCheckpoints.open(
+        run=args.run, store=args.store, catalog_table=args.catalog_table,
+        kms_key_id=args.kms_key_id, lease_owner=f"machine {args.instance}", say=say,
+    )  # fmt: skip
+    try:
+        with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
+            claim, passed_over, what = checkpoints.follow_order(order, Path(scratch))
+    except SpotrainError as error:
+        say(f"run {args.run}: the ordered move to {order.to_region} did not happen: {error}")
+        return
+    say(f"run {args.run}: {what}")
+    for step, why in passed_over:
+        say(f"passed over step {step}: {why}")
+    if claim is not None:
+        say(f"run {args.run} moved to {claim.id.region} (epoch {claim.id.number}) from step "
+            f"{claim.base_step}")  # fmt: skip
 
 
 def _mark_reclaimed(table: Any, args: argparse.Namespace) -> None:
@@ -355,6 +385,14 @@ def add_parsers(commands: Any) -> None:
                        "leaving): the next on-demand machine takes it at once")  # fmt: skip
     fleet.add_argument("--address", help="coordinator --claim: this machine's private address")
     fleet.add_argument("--port", type=whole(1, 65535), help="coordinator --claim: its port")
+    for flag, what in (
+        ("--store", "s3://BUCKET"),
+        ("--catalog-table", "the catalog table"),
+        ("--kms-key-id", "the bucket's key"),
+        ("--scratch", "a folder"),
+    ):
+        fleet.add_argument(flag, help=f"may-start: {what}, to carry out a move its region's "
+                           "handler ordered (the run's region stopped answering)")  # fmt: skip
     fleet.add_argument("--wait", type=whole(0), default=0,
                        help="coordinator: seconds to wait for one to claim the role and "
                        "answer on its port")  # fmt: skip

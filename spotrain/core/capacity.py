@@ -102,7 +102,9 @@ class RunDeclaration:
 
     @property
     def regions(self) -> list[str]:
-        return sorted({g.region for g in self.groups})
+        """The regions the run may train in, in the environment's order (home first): the
+        order its groups are declared in, which failover follows."""
+        return list(dict.fromkeys(g.region for g in self.groups))
 
     @property
     def home_region(self) -> str:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
@@ -33,6 +33,7 @@ from spotrain.core.catalog_schema import (
     releases_key,
     run_key,
 )
+from spotrain.core.failover import MoveOrder, Silence
 from spotrain.core.outage_fill import SpotRecord
 
 DEFAULT_MAX_CRASHES = 3
@@ -53,6 +54,10 @@ class RunState:
     """The run's groups' sizes (min_size, desired) before it was held and scaled to 0."""
     spot_record: SpotRecord | None = None
     """What the scheduled checks of a run with a deadline have seen of its spot market."""
+    silent: dict[str, Silence] = field(default_factory=dict)
+    """The run's regions that did not answer this region's handler at its latest checks."""
+    move_order: MoveOrder | None = None
+    """This region's handler's order that the run move here (`failover`)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +86,8 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
             if held else None
         ),
         spot_record=SpotRecord.from_item(item["spot_record"]) if "spot_record" in item else None,
+        silent={region: Silence.from_item(v) for region, v in item.get("silent", {}).items()},
+        move_order=MoveOrder.from_item(item["move_order"]) if "move_order" in item else None,
     )  # fmt: skip
 
 
@@ -150,13 +157,34 @@ def set_short_since(table: Any, run: str, since: float | None) -> None:
 def set_spot_record(table: Any, run: str, record: SpotRecord) -> None:
     """Keep the run's record of spot as this check left it (the checks of a run are its
     region's handler's, on a schedule: one at a time)."""
-    table.update_item(
-        Key=_state_key(run), UpdateExpression="SET spot_record = :record",
-        ExpressionAttributeValues={":record": {
-            name: Decimal(str(round(value, 3))) if isinstance(value, float) else value
-            for name, value in record.to_item().items()
-        }},
-    )  # fmt: skip
+    _set(table, run, "spot_record", record.to_item())
+
+
+def set_silent(table: Any, run: str, silent: dict[str, Silence]) -> None:
+    """Keep which of the run's regions did not answer this check (`failover.heard`)."""
+    _set(table, run, "silent", {region: s.to_item() for region, s in silent.items()})
+
+
+def set_move_order(table: Any, run: str, order: MoveOrder | None) -> None:
+    """Keep this handler's order that the run move here, or withdraw it (None)."""
+    if order is None:
+        table.update_item(Key=_state_key(run), UpdateExpression="REMOVE move_order")
+    else:
+        _set(table, run, "move_order", order.to_item())
+
+
+def _set(table: Any, run: str, attribute: str, value: dict[str, Any]) -> None:
+    table.update_item(Key=_state_key(run), UpdateExpression=f"SET {attribute} = :value",
+                      ExpressionAttributeValues={":value": _stored(value)})  # fmt: skip
+
+
+def _stored(value: Any) -> Any:
+    """`value` as DynamoDB keeps it: floats as Decimals (to the millisecond), maps within."""
+    if isinstance(value, float):
+        return Decimal(str(round(value, 3)))
+    if isinstance(value, dict):
+        return {key: _stored(inner) for key, inner in value.items()}
+    return value
 
 
 def _remember_first(table: Any, run: str, attribute: str, value: Any) -> None:

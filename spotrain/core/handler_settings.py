@@ -19,6 +19,9 @@ ON_DEMAND_DEADLINE_MINUTES = 10
 """How long a run without a deadline waits short of spot before on-demand covers it."""
 CAPACITY_CHECK_MINUTES = 5
 """How often the scheduled capacity check runs; a deadline decision holds until the next."""
+FAILOVER_AFTER_CHECKS = 3
+"""Scheduled checks in a row the region a run trains in must fail to answer before the next
+of its regions moves it there (`failover`)."""
 
 
 def runs_parameter_path(environment: str) -> str:
@@ -48,6 +51,7 @@ class HandlerSettings:
     rate_window_minutes: float = RATE_WINDOW_MINUTES
     on_demand_deadline_minutes: float = ON_DEMAND_DEADLINE_MINUTES
     capacity_check_minutes: float = CAPACITY_CHECK_MINUTES
+    failover_after_checks: int = FAILOVER_AFTER_CHECKS
     checkpoints_table: str | None = None
     config_bucket: str | None = None
     """Where the runs' training configurations are stored: a run's groups start once it is."""

@@ -8,21 +8,20 @@ marked so, asks the capacity policy whether the run may have machines (hold, wai
 release), starts its groups there when the run has just moved in, and reconciles them
 (on-demand covers a spot shortfall, and goes when spot returns; a run with a deadline follows
 the deadline policy, on its progress read from the checkpoint catalog). Every other region's
-handler only empties the run's groups in its region (`elsewhere`)."""
+handler only empties the run's groups in its region, or takes the run when its region stops
+answering and this one is the run's next (`elsewhere`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
 import boto3
 
-from spotrain.constructs.interruption_handler.runtime import aws, settings, spend
+from spotrain.constructs.interruption_handler.runtime import aws, elsewhere, settings, spend
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import capacity_policy, deadline_policy, fleet_state, run_lifecycle, spend_ledger
-from spotrain.core.capacity import Group
 from spotrain.core.deadline_policy import Progress, RunDeadline
 
 log = logging.getLogger()
@@ -30,16 +29,17 @@ log = logging.getLogger()
 
 def on_capacity_check(environment: Settings) -> dict[str, Any]:
     results: dict[str, Any] = {}
+    asked: dict[str, bool] = {}  # whether each region answered, asked once a check
     for run, run_settings in sorted(settings.declared_runs(environment, fresh=True).items()):
         try:
-            results[run] = check_run(run_settings)
+            results[run] = check_run(run_settings, asked)
         except Exception as error:  # the other runs' checks go on; the next check retries
             log.exception("the capacity check of run %s failed", run)
             results[run] = {"decision": "error", "reason": f"{type(error).__name__}: {error}"}
     return {"runs": results}
 
 
-def check_run(run_settings: Settings) -> dict[str, Any]:
+def check_run(run_settings: Settings, asked: dict[str, bool] | None = None) -> dict[str, Any]:
     now = settings.now()
     run, topic = run_settings.run, run_settings.handler.alert_topic_arn
     table = aws.events_table(run_settings)
@@ -48,7 +48,9 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
     groups = aws.capacity_groups(run_settings, autoscaling, region=here)
     assert run_settings.declaration is not None
     if region != here:
-        return elsewhere(run_settings, table, groups, region, autoscaling)
+        return elsewhere.check_elsewhere(
+            run_settings, table, groups, region, autoscaling, {} if asked is None else asked
+        )
     state = fleet_state.run_state(table, run)
     try:
         counted, ledger = spend.update_ledger(run_settings, table, now)
@@ -114,30 +116,6 @@ def check_run(run_settings: Settings) -> dict[str, Any]:
         aws.notify(topic, f"spotrain: {decision.action} (run {run})", asdict(decision))
     return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
             "ledger": counted}  # fmt: skip
-
-
-def elsewhere(
-    run_settings: Settings, table: Any, groups: list[Group], region: str,
-    autoscaling: Callable[[str], Any],
-) -> dict[str, Any]:  # fmt: skip
-    """The check of a run that trains in another region (`region`): its handler there keeps
-    its ledger, holds and starts it; this one only empties the run's groups here, which
-    the run has left (they may not train: one writer at a time)."""
-    assert run_settings.declaration is not None
-    decision = capacity_policy.follow_the_run(
-        region, aws.own_region(), groups, run_settings.declaration.groups
-    ) or capacity_policy.Decision("none", f"the run trains in {region}, whose handler checks "
-                                  "it; none of its groups here is asked for a machine")  # fmt: skip
-    if decision.desired:
-        aws.apply(decision, groups, table, "", autoscaling)  # the run's state is its region's
-        aws.notify(
-            run_settings.handler.alert_topic_arn,
-            f"spotrain: {decision.action} (run {run_settings.run})",
-            asdict(decision),
-        )
-    return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
-            "ledger": {"counted": False, "why": f"the run trains in {region}: its handler "
-                       "there keeps the ledger"}}  # fmt: skip
 
 
 def finish(

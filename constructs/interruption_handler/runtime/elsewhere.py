@@ -1,0 +1,132 @@
+"""The check of a run that trains in another region than this handler's: its handler there
+keeps its ledger, holds and starts it; this one empties the run's groups here, which the run
+has left (they may not train: one writer at a time), unless that region stops answering and
+this one is the run's next (`spotrain.core.failover`): then this handler orders the move here
+and starts the run's groups, whose machines claim the run as they boot."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from typing import Any
+
+import boto3
+from botocore.config import Config
+
+from spotrain.constructs.interruption_handler.runtime import aws, settings
+from spotrain.constructs.interruption_handler.runtime.settings import Settings
+from spotrain.core import capacity_policy, failover, fleet_state, run_epochs
+from spotrain.core.capacity import Group
+from spotrain.core.capacity_policy import Decision
+from spotrain.core.errors import does_not_answer
+
+log = logging.getLogger()
+
+
+def check_elsewhere(
+    run_settings: Settings, table: Any, groups: list[Group], region: str,
+    autoscaling: Callable[[str], Any], asked: dict[str, bool],
+) -> dict[str, Any]:  # fmt: skip
+    """The run trains in `region` (this region's copy of the catalog says so); `asked`: the
+    regions this check has asked already, and whether they answered."""
+    declaration, run, here = run_settings.declaration, run_settings.run, aws.own_region()
+    assert declaration is not None
+    state = fleet_state.run_state(table, run)
+    verdict = _heard(run_settings, table, state, region, here, asked)
+    order, standing = verdict.order, state.move_order
+    if order is not None and standing is not None and _same_move(order, standing):
+        order = standing  # the first order of this move stands
+    elif order is None and standing is not None:
+        fleet_state.set_move_order(table, run, None)  # the region answers again: withdrawn
+    if order is not None:
+        decision = _fail_over(run_settings, table, groups, order, first=order is not standing)
+    else:
+        decision = capacity_policy.follow_the_run(region, here, groups, declaration.groups)
+    if decision is None:
+        decision = Decision(
+            "none",
+            f"the run trains in {region}, whose handler checks it; none "
+            f"of its groups here is asked for a machine ({verdict.reason})",
+        )
+    elif order is None and verdict.reason:
+        decision = replace(decision, reason=f"{decision.reason} ({verdict.reason})")
+    if decision.desired:
+        aws.apply(decision, groups, table, "", autoscaling)  # the run's state is its region's
+        aws.notify(run_settings.handler.alert_topic_arn,
+                   f"spotrain: {decision.action} (run {run})", asdict(decision))  # fmt: skip
+    return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
+            "ledger": {"counted": False, "why": f"the run trains in {region}: its handler "
+                       "there keeps the ledger"}}  # fmt: skip
+
+
+PROBE = Config(connect_timeout=5, read_timeout=10, retries={"mode": "standard", "max_attempts": 2})
+"""How long asking whether a region answers may take: a region cut off never answers, and the
+check waits on the question. One retry: the checks in a row the rule waits for are the rest."""
+
+
+def answers(settings: Settings, region: str, asked: dict[str, bool]) -> bool:
+    """Whether `region` answers this handler: its Auto Scaling API, asked about the run's groups
+    there, once a check (`asked`, shared by the check's runs). False when it does not
+    (`errors.does_not_answer`); a refusal is raised."""
+    if region not in asked:
+        names = [g.name for g in settings.declaration.groups if g.region == region] if (
+            settings.declaration) else []  # fmt: skip
+        client = boto3.client("autoscaling", region_name=region, config=PROBE)
+        try:
+            client.describe_auto_scaling_groups(AutoScalingGroupNames=names, MaxRecords=1)
+            asked[region] = True
+        except Exception as error:
+            if not does_not_answer(error):
+                raise
+            log.warning("%s does not answer: %s", region, error)
+            asked[region] = False
+    return asked[region]
+
+
+def _same_move(one: failover.MoveOrder, other: failover.MoveOrder) -> bool:
+    return (one.from_epoch, one.from_region, one.to_region) == (
+        other.from_epoch, other.from_region, other.to_region)  # fmt: skip
+
+
+def _heard(run_settings: Settings, table: Any, state: fleet_state.RunState, region: str,
+           here: str, asked: dict[str, bool]) -> failover.Verdict:  # fmt: skip
+    """Ask the run's region whether it answers (and, when it does not, each region between it
+    and this one, which would be the run's next before this one); keep what was heard; the
+    failover rule's verdict."""
+    assert run_settings.declaration is not None
+    regions = run_settings.declaration.regions
+    answered = {region: answers(run_settings, region, asked)}
+    if not answered[region] and region in regions and here in regions:
+        start, end = regions.index(region), regions.index(here)
+        between = regions[start + 1:end] if start < end else [*regions[start + 1:],
+                                                             *regions[:end]]  # fmt: skip
+        answered |= {other: answers(run_settings, other, asked) for other in between}
+    silent = failover.heard(state.silent, answered, settings.now())
+    if silent != state.silent:
+        fleet_state.set_silent(table, run_settings.run, silent)
+    current = run_epochs.current(aws.epoch_chain(run_settings, run_settings.run))
+    return failover.failover(
+        here=here, trains_in=region, epoch=current.id.number if current else 0, regions=regions,
+        silent=silent, now=settings.now(), after_checks=run_settings.handler.failover_after_checks,
+    )  # fmt: skip
+
+
+def _fail_over(run_settings: Settings, table: Any, groups: list[Group], order: failover.MoveOrder,
+               *, first: bool) -> Decision:  # fmt: skip
+    """The move here is ordered: kept (the first time) for the machines to read, and the run's
+    groups here started at their declared sizes."""
+    assert run_settings.declaration is not None
+    if first:
+        fleet_state.set_move_order(table, run_settings.run, order)
+        log.warning("run %s: %s", run_settings.run, order.reason)
+    started = capacity_policy.start(
+        groups, capacity_policy.groups_in(order.to_region, run_settings.declaration.groups)
+    )
+    claims = ("its machines claim the run here from its newest checkpoint whose every piece "
+              "replicated here, as they boot")  # fmt: skip
+    if not started.desired:
+        return Decision("none", f"{order.reason}; ordered, and its groups here run: {claims}")
+    there = ", ".join(f"{n} {started.min_sizes[n]}..{started.desired[n]}"
+                      for n in sorted(started.desired))  # fmt: skip
+    return replace(started, action="fail-over", reason=f"{order.reason}; {there} start: {claims}")
