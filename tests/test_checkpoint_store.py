@@ -416,13 +416,14 @@ def test_a_machine_booting_where_the_handler_ordered_the_move_claims_the_run_the
         assert cli.main(boot) == 0  # no order yet: a machine there moves nothing
         assert "may start" in capsys.readouterr().out and len(away.chain()) == 1
         state = control.resource("dynamodb", local_cloud.endpoint, "us-west-2").Table(events)
-        fleet_state.set_move_order(state, RUN, MoveOrder(
-            from_epoch=0, from_region="us-east-1", to_region="us-west-2", ordered_at=0.0,
-            reason="us-east-1 has not answered for 3 checks"))  # fmt: skip
+        fleet_state.set_failover_state(state, RUN, "us-west-2", fleet_state.FailoverState(
+            move_order=MoveOrder(from_epoch=0, from_region="us-east-1", to_region="us-west-2",
+                                 ordered_at=0.0, reason="us-east-1 has not answered for 3 checks"),
+        ))  # fmt: skip
         assert cli.main(boot) == 0
         said = capsys.readouterr().out
         assert "passed over step 20" in said, said
-        assert f"run {RUN} moved to us-west-2 (epoch 1) from step 10" in said
+        assert f"run {RUN}: moved to us-west-2 (epoch 1) from step 10, as ordered" in said
         claim = run_epochs.current(away.chain())
         assert claim is not None and (claim.id, claim.base_step) == (EpochId(1, "us-west-2"), 10)
         assert "us-east-1 has not answered for 3 checks" in claim.claimed_by

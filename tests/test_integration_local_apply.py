@@ -481,14 +481,15 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
             assert moved["decision"] == "fail-over", moved
             assert f"{home} has not answered for 3 checks" in moved["reason"], moved
             assert away_sizes() == (1, 1)
-            order = fleet_state.run_state(state, run).move_order
+            order = fleet_state.failover_state(state, run, away).move_order
             assert order is not None
             assert (order.from_epoch, order.from_region, order.to_region) == (2, home, away)
         finally:
             control.set_faults(regions_down=[])
         withdrawn = check(away)
         assert withdrawn["decision"] == "follow-the-run", withdrawn
-        assert away_sizes() == (0, 0) and fleet_state.run_state(state, run).move_order is None
+        assert away_sizes() == (0, 0)
+        assert fleet_state.failover_state(state, run, away).move_order is None
     finally:
         for group in declared:
             with contextlib.suppress(ClientError):

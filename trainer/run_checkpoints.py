@@ -120,12 +120,10 @@ class RunCheckpoints:
             "wait for replication to catch up (`spotrain checkpoints verify`), then move"
         )
 
-    def follow_order(
-        self, order: MoveOrder | None, scratch: Path
-    ) -> tuple[Epoch | None, list[tuple[int, str]], str]:
-        """Carry out a handler's move order when it applies to this region (`failover`): the
-        claim (None when there was nothing to do), the checkpoints passed over, and what
-        happened. Several machines boot at once: one claims, the others find it claimed."""
+    def follow_order(self, order: MoveOrder, scratch: Path) -> str:
+        """Carry out a handler's move order when it applies to this region (`core.failover`),
+        and say what happened. Several machines boot at once: one claims, the others find it
+        claimed."""
         from spotrain.core import failover, run_epochs
 
         if not isinstance(self.catalog, DynamoCatalog):
@@ -138,16 +136,18 @@ class RunCheckpoints:
             return latest.id if latest is not None else None
 
         why_not = failover.order_applies(order, current(), here)
-        if why_not is not None or order is None:
-            return None, [], f"no move: {why_not}"
+        if why_not is not None:
+            return f"no move: {why_not}"
         try:
             claim, passed_over = self.move_here(order.reason, scratch)
         except CatalogError:
             now = current()
             if now is None or now.region != here:
                 raise
-            return None, [], f"no move: another machine claimed it (epoch {now.number})"
-        return claim, passed_over, f"ordered: {order.reason}"
+            return f"no move: another machine claimed it (epoch {now.number})"
+        passed = "".join(f"; passed over step {step}: {why}" for step, why in passed_over)
+        return (f"moved to {here} (epoch {claim.id.number}) from step {claim.base_step}, as "
+                f"ordered: {order.reason}{passed}")  # fmt: skip
 
     def _accept(self, manifest: Manifest) -> None:
         """Refuse (raise) a checkpoint this restorer may not take; an operator takes any."""

@@ -110,19 +110,25 @@ def _may_start(fleet: _Fleet, args: argparse.Namespace) -> int:
             "raises it")  # fmt: skip
     else:
         say(f"run {args.run} may start")
-        if state.move_order is not None and args.store and args.catalog_table:
-            _follow_move_order(state.move_order, args)
+        if args.store and args.catalog_table:
+            _follow_move_order(fleet, args)
     return 3 if state.failed or spend.held else 0
 
 
-def _follow_move_order(order: Any, args: argparse.Namespace) -> None:
+def _follow_move_order(fleet: _Fleet, args: argparse.Namespace) -> None:
     """The run's region stopped answering and this region's handler ordered the move here
     (`core.failover`): the first machine to boot claims the run here from its newest checkpoint
     whose every piece replicated and verifies; the others find it claimed. A move that cannot
-    be made yet is said, and the trainer, refused, tells the group to replace the machine."""
+    be made yet is said, and the trainer, refused, has the group replace the machine."""
     import tempfile
     from pathlib import Path
 
+    from spotrain.core import fleet_state
+
+    here = fleet.autoscaling.meta.region_name
+    order = fleet_state.failover_state(fleet.table, args.run, here).move_order
+    if order is None:
+        return
     from spotrain.trainer.run_checkpoints import RunCheckpoints  # no PyTorch
 
     checkpoints = RunCheckpoints.open(
@@ -131,16 +137,9 @@ def _follow_move_order(order: Any, args: argparse.Namespace) -> None:
     )  # fmt: skip
     try:
         with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
-            claim, passed_over, what = checkpoints.follow_order(order, Path(scratch))
+            say(f"run {args.run}: {checkpoints.follow_order(order, Path(scratch))}")
     except SpotrainError as error:
-        say(f"run {args.run}: the ordered move to {order.to_region} did not happen: {error}")
-        return
-    say(f"run {args.run}: {what}")
-    for step, why in passed_over:
-        say(f"passed over step {step}: {why}")
-    if claim is not None:
-        say(f"run {args.run} moved to {claim.id.region} (epoch {claim.id.number}) from step "
-            f"{claim.base_step}")  # fmt: skip
+        say(f"run {args.run}: the ordered move to {here} did not happen: {error}")
 
 
 def _mark_reclaimed(table: Any, args: argparse.Namespace) -> None:

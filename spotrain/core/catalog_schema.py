@@ -180,6 +180,16 @@ def pool_key(instance_type: str, availability_zone: str) -> str:
 RUN_STATE_SORT_KEY = "STATE"
 """`short_since` (epoch seconds the run has been short of spot capacity), `held_sizes`,
 `foreign_events`."""
+FAILOVER_PREFIX = "FAILOVER#"
+
+
+def failover_sort_key(region: str) -> str:
+    """Region `region`'s handler's failover state for the run (`silent`, `move_order`): an item
+    per region, written by that region's handler alone, so the events table's replication (last
+    writer wins, item by item) never mixes two regions' writes (`core/failover.py`)."""
+    return f"{FAILOVER_PREFIX}{region}"
+
+
 COORDINATOR_SORT_KEY = "COORDINATOR"
 """The run's coordinator: `address`, `port`, `instance_id`, `heartbeat_at` (epoch seconds);
 the machines of a run meet at its rendezvous (torchrun c10d)."""

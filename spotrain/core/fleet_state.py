@@ -28,6 +28,7 @@ from spotrain.core.catalog_schema import (
     STAMP_FORMAT,
     crash_sort_key,
     crashes_key,
+    failover_sort_key,
     instance_sort_key,
     release_sort_key,
     releases_key,
@@ -54,10 +55,6 @@ class RunState:
     """The run's groups' sizes (min_size, desired) before it was held and scaled to 0."""
     spot_record: SpotRecord | None = None
     """What the scheduled checks of a run with a deadline have seen of its spot market."""
-    silent: dict[str, Silence] = field(default_factory=dict)
-    """The run's regions that did not answer this region's handler at its latest checks."""
-    move_order: MoveOrder | None = None
-    """This region's handler's order that the run move here (`failover`)."""
 
 
 @dataclass(frozen=True)
@@ -86,8 +83,6 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
             if held else None
         ),
         spot_record=SpotRecord.from_item(item["spot_record"]) if "spot_record" in item else None,
-        silent={region: Silence.from_item(v) for region, v in item.get("silent", {}).items()},
-        move_order=MoveOrder.from_item(item["move_order"]) if "move_order" in item else None,
     )  # fmt: skip
 
 
@@ -157,25 +152,39 @@ def set_short_since(table: Any, run: str, since: float | None) -> None:
 def set_spot_record(table: Any, run: str, record: SpotRecord) -> None:
     """Keep the run's record of spot as this check left it (the checks of a run are its
     region's handler's, on a schedule: one at a time)."""
-    _set(table, run, "spot_record", record.to_item())
+    table.update_item(Key=_state_key(run), UpdateExpression="SET spot_record = :record",
+                      ExpressionAttributeValues={":record": _stored(record.to_item())})  # fmt: skip
 
 
-def set_silent(table: Any, run: str, silent: dict[str, Silence]) -> None:
-    """Keep which of the run's regions did not answer this check (`failover.heard`)."""
-    _set(table, run, "silent", {region: s.to_item() for region, s in silent.items()})
+@dataclass(frozen=True)
+class FailoverState:
+    """What a region's handler keeps of a run trained elsewhere (`core/failover.py`)."""
+
+    silent: dict[str, Silence] = field(default_factory=dict)
+    """The run's regions that did not answer this region's handler at its latest checks."""
+    move_order: MoveOrder | None = None
+    """This region's handler's order that the run move here."""
 
 
-def set_move_order(table: Any, run: str, order: MoveOrder | None) -> None:
-    """Keep this handler's order that the run move here, or withdraw it (None)."""
-    if order is None:
-        table.update_item(Key=_state_key(run), UpdateExpression="REMOVE move_order")
-    else:
-        _set(table, run, "move_order", order.to_item())
+def _failover_key(run: str, region: str) -> dict[str, str]:
+    return {PARTITION_KEY: run_key(run), SORT_KEY: failover_sort_key(region)}
 
 
-def _set(table: Any, run: str, attribute: str, value: dict[str, Any]) -> None:
-    table.update_item(Key=_state_key(run), UpdateExpression=f"SET {attribute} = :value",
-                      ExpressionAttributeValues={":value": _stored(value)})  # fmt: skip
+def failover_state(table: Any, run: str, region: str) -> FailoverState:
+    """Region `region`'s failover state for the run (its own item: its handler's alone)."""
+    item = table.get_item(Key=_failover_key(run, region), ConsistentRead=True).get("Item") or {}
+    return FailoverState(
+        silent={r: Silence.from_item(v) for r, v in item.get("silent", {}).items()},
+        move_order=MoveOrder.from_item(item["move_order"]) if "move_order" in item else None,
+    )  # fmt: skip
+
+
+def set_failover_state(table: Any, run: str, region: str, state: FailoverState) -> None:
+    """Keep what this check heard and ordered (the whole item, one writer: its region's)."""
+    item: dict[str, Any] = {"silent": {r: s.to_item() for r, s in state.silent.items()}}
+    if state.move_order is not None:
+        item["move_order"] = state.move_order.to_item()
+    table.put_item(Item={**_failover_key(run, region), **_stored(item)})
 
 
 def _stored(value: Any) -> Any:

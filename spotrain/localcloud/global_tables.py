@@ -14,6 +14,10 @@
   each item's latest write; a replicated change older than the member's own is dropped, so
   every member ends on the same item whatever order the changes arrive in. A conditional write
   is judged against its own region's copy only, which is why fencing cannot rest on it.
+- Each write is atomic, as in AWS: moto checks a write's condition and then makes it in
+  Python, so two requests served at once on the server's threads could both pass their
+  conditions on one item, the later overwriting a newer value; every write (and every
+  replicated change applied) is made under one lock (`_writes`).
 
 `install()` patches moto in this process (`extensions.install` calls it).
 """
@@ -53,6 +57,8 @@ class _Change:
 
 
 _lock = threading.Lock()
+_writes = threading.RLock()
+"""Held by every write to any table (a request's or a replicated change's): one at a time."""
 _groups: dict[tuple[str, str], _Group] = {}  # (account, table name) -> members
 _written_at: dict[tuple[str, str, str, tuple[Any, ...]], tuple[float, int]] = {}
 _pending: list[_Change] = []
@@ -134,13 +140,14 @@ def _apply(change: _Change) -> None:
         return  # the replica was deleted meanwhile
     _applying.active = True
     try:
-        if change.item is not None:
-            table.put_item(change.item)
-        else:
-            hash_value = DynamoType({table.hash_key_type: change.key[0]})
-            range_value = (DynamoType({table.range_key_type: change.key[1]})
-                           if change.key[1] is not None else None)  # fmt: skip
-            table.delete_item(hash_value, range_value)
+        with _writes:
+            if change.item is not None:
+                table.put_item(change.item)
+            else:
+                hash_value = DynamoType({table.hash_key_type: change.key[0]})
+                range_value = (DynamoType({table.range_key_type: change.key[1]})
+                               if change.key[1] is not None else None)  # fmt: skip
+                table.delete_item(hash_value, range_value)
     finally:
         _applying.active = False
 
@@ -276,3 +283,14 @@ def install() -> None:
     Table.delete_item = delete_item  # type: ignore[method-assign]
     DynamoDBBackend.update_item = update_item  # type: ignore[method-assign]
     DynamoDBBackend.delete_table = delete_table  # type: ignore[method-assign]
+    for name in ("put_item", "update_item", "delete_item", "transact_write_items",
+                 "batch_write_item"):  # fmt: skip
+        setattr(DynamoDBBackend, name, _one_at_a_time(getattr(DynamoDBBackend, name)))
+
+
+def _one_at_a_time(write: Any) -> Any:
+    def under_the_lock(self: Any, *args: Any, **kwargs: Any) -> Any:
+        with _writes:
+            return write(self, *args, **kwargs)
+
+    return under_the_lock

@@ -32,15 +32,16 @@ def check_elsewhere(
     regions this check has asked already, and whether they answered."""
     declaration, run, here = run_settings.declaration, run_settings.run, aws.own_region()
     assert declaration is not None
-    state = fleet_state.run_state(table, run)
-    verdict = _heard(run_settings, table, state, region, here, asked)
+    state = fleet_state.failover_state(table, run, here)
+    silent, verdict = _heard(run_settings, state, region, here, asked)
     order, standing = verdict.order, state.move_order
     if order is not None and standing is not None and _same_move(order, standing):
-        order = standing  # the first order of this move stands
-    elif order is None and standing is not None:
-        fleet_state.set_move_order(table, run, None)  # the region answers again: withdrawn
+        order = standing  # the first order of this move stands (None: withdrawn, if any)
+    kept = fleet_state.FailoverState(silent, order)
+    if kept != state:
+        fleet_state.set_failover_state(table, run, here, kept)
     if order is not None:
-        decision = _fail_over(run_settings, table, groups, order, first=order is not standing)
+        decision = _fail_over(run_settings, groups, order, first=order is not standing)
     else:
         decision = capacity_policy.follow_the_run(region, here, groups, declaration.groups)
     if decision is None:
@@ -89,11 +90,14 @@ def _same_move(one: failover.MoveOrder, other: failover.MoveOrder) -> bool:
         other.from_epoch, other.from_region, other.to_region)  # fmt: skip
 
 
-def _heard(run_settings: Settings, table: Any, state: fleet_state.RunState, region: str,
-           here: str, asked: dict[str, bool]) -> failover.Verdict:  # fmt: skip
+Silences = dict[str, failover.Silence]
+
+
+def _heard(run_settings: Settings, state: fleet_state.FailoverState, region: str, here: str,
+           asked: dict[str, bool]) -> tuple[Silences, failover.Verdict]:  # fmt: skip
     """Ask the run's region whether it answers (and, when it does not, each region between it
-    and this one, which would be the run's next before this one); keep what was heard; the
-    failover rule's verdict."""
+    and this one, which would be the run's next before this one): the silences after this
+    check, and the failover rule's verdict."""
     assert run_settings.declaration is not None
     regions = run_settings.declaration.regions
     answered = {region: answers(run_settings, region, asked)}
@@ -103,22 +107,19 @@ def _heard(run_settings: Settings, table: Any, state: fleet_state.RunState, regi
                                                              *regions[:end]]  # fmt: skip
         answered |= {other: answers(run_settings, other, asked) for other in between}
     silent = failover.heard(state.silent, answered, settings.now())
-    if silent != state.silent:
-        fleet_state.set_silent(table, run_settings.run, silent)
     current = run_epochs.current(aws.epoch_chain(run_settings, run_settings.run))
-    return failover.failover(
+    return silent, failover.failover(
         here=here, trains_in=region, epoch=current.id.number if current else 0, regions=regions,
         silent=silent, now=settings.now(), after_checks=run_settings.handler.failover_after_checks,
     )  # fmt: skip
 
 
-def _fail_over(run_settings: Settings, table: Any, groups: list[Group], order: failover.MoveOrder,
-               *, first: bool) -> Decision:  # fmt: skip
-    """The move here is ordered: kept (the first time) for the machines to read, and the run's
-    groups here started at their declared sizes."""
+def _fail_over(run_settings: Settings, groups: list[Group], order: failover.MoveOrder, *,
+               first: bool) -> Decision:  # fmt: skip
+    """The move here is ordered (and kept for the machines to read): the run's groups here
+    start at their declared sizes."""
     assert run_settings.declaration is not None
     if first:
-        fleet_state.set_move_order(table, run_settings.run, order)
         log.warning("run %s: %s", run_settings.run, order.reason)
     started = capacity_policy.start(
         groups, capacity_policy.groups_in(order.to_region, run_settings.declaration.groups)
