@@ -95,17 +95,15 @@ Silences = dict[str, failover.Silence]
 
 def _heard(run_settings: Settings, state: fleet_state.FailoverState, region: str, here: str,
            asked: dict[str, bool]) -> tuple[Silences, failover.Verdict]:  # fmt: skip
-    """Ask the run's region whether it answers (and, when it does not, each region between it
-    and this one, which would be the run's next before this one): the silences after this
-    check, and the failover rule's verdict."""
+    """Ask the run's region whether it answers (and, when it does not, the run's other
+    regions, one of which may be its next before this one): the silences after this check,
+    and the failover rule's verdict."""
     assert run_settings.declaration is not None
     regions = run_settings.declaration.regions
     answered = {region: answers(run_settings, region, asked)}
-    if not answered[region] and region in regions and here in regions:
-        start, end = regions.index(region), regions.index(here)
-        between = regions[start + 1:end] if start < end else [*regions[start + 1:],
-                                                             *regions[:end]]  # fmt: skip
-        answered |= {other: answers(run_settings, other, asked) for other in between}
+    if not answered[region]:
+        answered |= {other: answers(run_settings, other, asked)
+                     for other in regions if other not in (region, here)}  # fmt: skip
     silent = failover.heard(state.silent, answered, settings.now())
     current = run_epochs.current(aws.epoch_chain(run_settings, run_settings.run))
     return silent, failover.failover(
