@@ -324,8 +324,9 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
 
 
 def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind(
-    local: Local, request: pytest.FixtureRequest
-) -> None:
+    local: Local, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:  # fmt: skip
     """Each region's deployed handler checks the run for its own region's groups: a run
     declared with groups in both regions (as every run's stack declares them, to each
     region's handler) starts at home; once its move to us-west-2 is claimed in the catalog,
@@ -481,6 +482,15 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
             assert moved["decision"] == "fail-over", moved
             assert f"{home} has not answered for 3 checks" in moved["reason"], moved
             assert away_sizes() == (1, 1)
+            # On-call's view meanwhile: `run status` answers from the region that does.
+            from spotrain import cli
+
+            for name, value in control.aws_environment(local.cloud.endpoint, home).items():
+                monkeypatch.setenv(name, value)
+            capsys.readouterr()
+            assert cli.main(["run", "status", "local", run]) == 0
+            said = capsys.readouterr()
+            assert f"{home} does not answer" in said.err and run in said.out, said
             order = fleet_state.failover_state(state, run, away).move_order
             assert order is not None
             assert (order.from_epoch, order.from_region, order.to_region) == (2, home, away)

@@ -83,16 +83,17 @@ def sha256_of(path: Path) -> str:
     return digests_of(path).sha256
 
 
-def aws_client(service: str) -> Any:
-    """A boto3 client with the retry policy every spotrain AWS call uses: botocore's standard
-    mode (5xx, throttling and connection errors retried with jittered backoff)."""
+def aws_client(service: str, region: str | None = None) -> Any:
+    """A boto3 client (of `region`; default: the environment's) with the retry policy every
+    spotrain AWS call uses: botocore's standard mode (5xx, throttling and connection errors
+    retried with jittered backoff)."""
     import boto3
     from botocore.config import Config
 
     retries: dict[str, Any] = {"mode": os.environ.get("AWS_RETRY_MODE", "standard")}
     if "AWS_MAX_ATTEMPTS" not in os.environ:
         retries["total_max_attempts"] = DEFAULT_MAX_ATTEMPTS
-    return boto3.client(service, config=Config(retries=retries))
+    return boto3.client(service, region_name=region, config=Config(retries=retries))
 
 
 class Storage(Protocol):

@@ -13,6 +13,7 @@ from typing import Any
 
 from spotrain.cli.arguments import environment
 from spotrain.cli.output import json_text, say
+from spotrain.cli.regions import region_answers
 from spotrain.core.deadline_policy import instant
 from spotrain.core.errors import SpotrainError
 
@@ -90,14 +91,26 @@ class RunStatus:
     """The checkpoint its current epoch started from (None in epoch 0)."""
 
 
-def where_of(env_name: str) -> Where:
+def where_of(env_name: str, *, from_a_region_that_answers: bool = False) -> Where:
+    """Where environment `env_name` keeps its runs: home's tables, bucket and declarations,
+    and every region's groups. `from_a_region_that_answers`: while home does not answer, the
+    first region that does (its copies of the global tables), and only the regions that
+    answer (each one that does not said on stderr): `run status` and `list` in an outage."""
     import boto3
 
     from spotrain.core import resource_names as names
     from spotrain.core.catalog_schema import CHECKPOINTS_TABLE_SUFFIX, EVENTS_TABLE_SUFFIX
 
     config = environment(env_name)
-    region = config.primary_region
+    events = names.environment_resource(config.name, EVENTS_TABLE_SUFFIX)
+    regions = tuple(config.region_names)
+    if from_a_region_that_answers:
+        regions = tuple(r for r in regions if region_answers(events, r))
+        if not regions:
+            raise SpotrainError(f"no region of environment {env_name} answers "
+                                f"({', '.join(config.region_names)}): an outage, or no "
+                                "connection from here; try again later")  # fmt: skip
+    region = regions[0]
     dynamodb = boto3.resource("dynamodb", region_name=region)
     clients: dict[str, Any] = {}
 
@@ -107,14 +120,14 @@ def where_of(env_name: str) -> Where:
         return clients[where]
 
     return Where(
-        events=dynamodb.Table(names.environment_resource(config.name, EVENTS_TABLE_SUFFIX)),
+        events=dynamodb.Table(events),
         catalog=dynamodb.Table(names.environment_resource(config.name, CHECKPOINTS_TABLE_SUFFIX)),
         autoscaling=autoscaling_in(region),
         ssm=boto3.client("ssm", region_name=region),
         bucket=names.checkpoint_bucket(config.bucket_prefix, region),
         environment=config.name,
         region=region,
-        regions=config.region_names,
+        regions=regions,
         autoscaling_in=autoscaling_in,
         buckets={r: names.checkpoint_bucket(config.bucket_prefix, r) for r in config.region_names},
     )
@@ -171,11 +184,16 @@ def _why_not_training(
 
 def _stored_configuration(where: Where, run: str) -> dict[str, Any] | None:
     """The run's newest stored configuration (None if none is readable)."""
+    import boto3
+
     from spotrain.trainer import run_config
     from spotrain.trainer.storage import open_storage
 
+    s3 = boto3.client("s3", region_name=where.region)  # the bucket's (home's, or in an outage)
     try:
-        return dict(run_config.newest(open_storage(f"s3://{where.bucket}"), run).document)
+        return dict(
+            run_config.newest(open_storage(f"s3://{where.bucket}", client=s3), run).document
+        )
     except SpotrainError:
         return None
 

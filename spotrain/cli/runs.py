@@ -304,7 +304,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             run_name(args.run, "RUN")
     fix = "check the environment is deployed, AWS_DEFAULT_REGION and your credentials"
     with aws_errors(f"`spotrain run {args.action}`", fix):
-        return ACTIONS[args.action](where_of(args.environment), args)
+        where = where_of(args.environment,
+                         from_a_region_that_answers=args.action in ("status", "list"))  # fmt: skip
+        return ACTIONS[args.action](where, args)
 
 
 def add_parsers(commands: Any) -> None:

@@ -51,7 +51,12 @@ def write_cli_config(directory: Path) -> Path:
     mirror = find_provider_mirror()
     plugin_cache = directory / "plugin-cache"
     plugin_cache.mkdir(exist_ok=True)
-    lines = [f'plugin_cache_dir = "{plugin_cache}"']
+    # Without the second line, every init of a stack whose lock file is new (each synthesized
+    # stack's) installs the provider into the shared cache again, removing the entry first:
+    # a stack applying meanwhile found its link into the cache dangling ("no package for
+    # hashicorp/aws cached in .terraform/providers"). With it, inits link to the entry there.
+    lines = [f'plugin_cache_dir = "{plugin_cache}"',
+             "plugin_cache_may_break_dependency_lock_file = true"]  # fmt: skip
     if mirror is not None:
         lines += [
             "provider_installation {",
