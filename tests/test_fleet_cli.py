@@ -500,3 +500,14 @@ def test_run_play_plays_the_machines_of_the_region_the_run_trains_in(aws: None) 
     # The move was claimed in us-west-2's copy; home's has not heard of it yet, and answers.
     assert trains_in(regions, "demo", copy) == "us-east-1"
     assert trains_in(regions, "demo", home_down) == "us-west-2"
+
+    def home_refuses(region: str) -> object:  # it answers: a fault to fix, not an outage
+        from botocore.exceptions import ClientError
+
+        if region == "us-east-1":
+            raise ClientError({"Error": {"Code": "AccessDeniedException", "Message": "no"},
+                               "ResponseMetadata": {"HTTPStatusCode": 400}}, "Query")  # fmt: skip
+        return copy(region)
+
+    with pytest.raises(Exception, match="AccessDeniedException"):
+        trains_in(regions, "demo", home_refuses)

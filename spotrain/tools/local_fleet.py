@@ -243,13 +243,16 @@ class _Player:
 def trains_in(regions: Sequence[str], run: str, catalog_in: Callable[[str], Any]) -> str:
     """The region `run` trains in, from the first copy of the catalog that answers, in the
     environment's order (`catalog_in(region)`: that region's table): its current epoch's, or
-    home (the first) when it never moved, or when no copy answers."""
-    from botocore.exceptions import BotoCoreError, ClientError
+    home (the first) when it never moved, or when no copy answers. A copy that answers with a
+    refusal is raised: a fault to fix, not an outage to work round."""
+    from spotrain.core.errors import does_not_answer
 
     for region in regions:
         try:
             chain = run_epochs.read_chain(catalog_in(region), run)
-        except (BotoCoreError, ClientError):
+        except Exception as error:
+            if not does_not_answer(error):
+                raise
             continue  # that region is down: another's copy says as much
         return run_epochs.trains_in(chain, regions[0])
     return regions[0]
