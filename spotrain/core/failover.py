@@ -13,8 +13,9 @@ decide, each for itself, from what it sees:
 3. The successor waits until the silent region has failed `after_checks` scheduled checks in
    a row (`handler_settings.FAILOVER_AFTER_CHECKS`: 10 to 15 minutes at the 5-minute
    schedule), so a blip moves nothing.
-4. Then it orders the move (`MoveOrder`, kept in its copy of the run's fleet state: from the
-   run's current epoch, to here) and starts the run's groups here at their declared sizes.
+4. Then it orders the move (`MoveOrder`, from the run's current epoch to here, kept in its own
+   region's failover item of the run's fleet state: `fleet_state.FailoverState`) and starts
+   the run's groups here at their declared sizes.
 
 The handler never writes the catalog (its role may not): the machines it starts read the
 order as they boot and claim the run's next epoch here themselves (`order_applies`, then
