@@ -98,11 +98,9 @@ class RunCheckpoints:
         fenced from then on. Returns the claim and (step, why) of each newer one passed over."""
         from spotrain.core.catalog_schema import STATUS_COMPLETE
 
-        if not isinstance(self.catalog, DynamoCatalog):
-            raise CatalogError("a move claims the run in the catalog: give --catalog-table "
-                               "(the table's copy in the region the run moves to)")  # fmt: skip
-        head = self.catalog.head()
-        newest_first = reversed(self.catalog.entries())
+        catalog = self._mover()
+        head = catalog.head()
+        newest_first = reversed(catalog.entries())
         last = head.step if head is not None else None
         history = [e for e in newest_first
                    if e.status == STATUS_COMPLETE and (last is None or e.step <= last)]  # fmt: skip
@@ -113,7 +111,7 @@ class RunCheckpoints:
             except (checkpoint_store.DamagedCheckpoint, ManifestError) as why:
                 passed_over.append((entry.step, str(why)))
                 continue
-            claim = self.catalog.claim_move(entry, by=f"{self._lease_owner}: {reason}")
+            claim = catalog.claim_move(entry, by=f"{self._lease_owner}: {reason}")
             return claim, passed_over
         raise CatalogError(
             f"run {self.run!r} has no checkpoint whose every piece is in {self.storage.uri}: "
@@ -126,13 +124,11 @@ class RunCheckpoints:
         claimed."""
         from spotrain.core import failover, run_epochs
 
-        if not isinstance(self.catalog, DynamoCatalog):
-            raise CatalogError("a move claims the run in the catalog: give --catalog-table "
-                               "(the table's copy in the region the run moves to)")  # fmt: skip
-        here = self.catalog.region
+        catalog = self._mover()
+        here = catalog.region
 
         def current() -> EpochId | None:
-            latest = run_epochs.current(self.catalog.chain())  # type: ignore[union-attr]
+            latest = run_epochs.current(catalog.chain())
             return latest.id if latest is not None else None
 
         why_not = failover.order_applies(order, current(), here)
@@ -148,6 +144,13 @@ class RunCheckpoints:
         passed = "".join(f"; passed over step {step}: {why}" for step, why in passed_over)
         return (f"moved to {here} (epoch {claim.id.number}) from step {claim.base_step}, as "
                 f"ordered: {order.reason}{passed}")  # fmt: skip
+
+    def _mover(self) -> DynamoCatalog:
+        """The catalog a move claims the run in (a move needs the table)."""
+        if not isinstance(self.catalog, DynamoCatalog):
+            raise CatalogError("a move claims the run in the catalog: give --catalog-table "
+                               "(the table's copy in the region the run moves to)")  # fmt: skip
+        return self.catalog
 
     def _accept(self, manifest: Manifest) -> None:
         """Refuse (raise) a checkpoint this restorer may not take; an operator takes any."""

@@ -11,13 +11,12 @@ def region_answers(table: str, region: str) -> bool:
     import sys
 
     import boto3
-    from botocore.config import Config
 
-    from spotrain.core.errors import does_not_answer
+    from spotrain.core.errors import does_not_answer, probe_config
 
-    quick = Config(connect_timeout=5, read_timeout=10, retries={"max_attempts": 2})
+    client = boto3.client("dynamodb", region_name=region, config=probe_config())
     try:
-        boto3.client("dynamodb", region_name=region, config=quick).describe_table(TableName=table)
+        client.describe_table(TableName=table)
     except Exception as error:
         if not does_not_answer(error):
             return True

@@ -155,12 +155,14 @@ def epoch_chain(settings: Settings, run: str) -> list[run_epochs.Epoch]:
     return run_epochs.read_chain(catalog, run)
 
 
-def trains_in(settings: Settings) -> str:
-    """The region run `settings.run` trains in: its current epoch's, as this region's copy of
-    the catalog knows it (home, where the run declares it starts, until it moves)."""
+def current_epoch(settings: Settings) -> run_epochs.EpochId:
+    """The epoch run `settings.run` trains in, as this region's copy of the catalog knows it:
+    its region is where the run trains (home, epoch 0, where the run declares it starts, until
+    it moves)."""
     assert settings.declaration is not None
-    return run_epochs.trains_in(epoch_chain(settings, settings.run),
-                                settings.declaration.home_region)  # fmt: skip
+    latest = run_epochs.current(epoch_chain(settings, settings.run))
+    return latest.id if latest is not None else run_epochs.EpochId(
+        0, settings.declaration.home_region)  # fmt: skip
 
 
 # --- writes ------------------------------------------------------------------------------------

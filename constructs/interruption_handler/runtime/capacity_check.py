@@ -44,12 +44,13 @@ def check_run(run_settings: Settings, asked: dict[str, bool] | None = None) -> d
     run, topic = run_settings.run, run_settings.handler.alert_topic_arn
     table = aws.events_table(run_settings)
     autoscaling = aws.clients_by_region("autoscaling")
-    here, region = aws.own_region(), aws.trains_in(run_settings)
+    here, epoch = aws.own_region(), aws.current_epoch(run_settings)
+    region = epoch.region
     groups = aws.capacity_groups(run_settings, autoscaling, region=here)
     assert run_settings.declaration is not None
     if region != here:
         return elsewhere.check_elsewhere(
-            run_settings, table, groups, region, autoscaling, {} if asked is None else asked
+            run_settings, table, groups, epoch, autoscaling, {} if asked is None else asked
         )
     state = fleet_state.run_state(table, run)
     try:

@@ -12,28 +12,28 @@ from dataclasses import asdict, replace
 from typing import Any
 
 import boto3
-from botocore.config import Config
 
 from spotrain.constructs.interruption_handler.runtime import aws, settings
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import capacity_policy, failover, fleet_state, run_epochs
 from spotrain.core.capacity import Group
 from spotrain.core.capacity_policy import Decision
-from spotrain.core.errors import does_not_answer
+from spotrain.core.errors import does_not_answer, probe_config
 
 log = logging.getLogger()
 
 
 def check_elsewhere(
-    run_settings: Settings, table: Any, groups: list[Group], region: str,
+    run_settings: Settings, table: Any, groups: list[Group], epoch: run_epochs.EpochId,
     autoscaling: Callable[[str], Any], asked: dict[str, bool],
 ) -> dict[str, Any]:  # fmt: skip
-    """The run trains in `region` (this region's copy of the catalog says so); `asked`: the
-    regions this check has asked already, and whether they answered."""
+    """The run trains in another region, in `epoch` (this region's copy of the catalog says
+    so); `asked`: the regions this check has asked already, and whether they answered."""
+    region = epoch.region
     declaration, run, here = run_settings.declaration, run_settings.run, aws.own_region()
     assert declaration is not None
     state = fleet_state.failover_state(table, run, here)
-    silent, verdict = _heard(run_settings, state, region, here, asked)
+    silent, verdict = _heard(run_settings, state, epoch, here, asked)
     order, standing = verdict.order, state.move_order
     if order is not None and standing is not None and _same_move(order, standing):
         order = standing  # the first order of this move stands (None: withdrawn, if any)
@@ -61,11 +61,6 @@ def check_elsewhere(
                        "there keeps the ledger"}}  # fmt: skip
 
 
-PROBE = Config(connect_timeout=5, read_timeout=10, retries={"mode": "standard", "max_attempts": 2})
-"""How long asking whether a region answers may take: a region cut off never answers, and the
-check waits on the question. One retry: the checks in a row the rule waits for are the rest."""
-
-
 def answers(settings: Settings, region: str, asked: dict[str, bool]) -> bool:
     """Whether `region` answers this handler: its Auto Scaling API, asked about the run's groups
     there, once a check (`asked`, shared by the check's runs). False when it does not
@@ -73,7 +68,7 @@ def answers(settings: Settings, region: str, asked: dict[str, bool]) -> bool:
     if region not in asked:
         names = [g.name for g in settings.declaration.groups if g.region == region] if (
             settings.declaration) else []  # fmt: skip
-        client = boto3.client("autoscaling", region_name=region, config=PROBE)
+        client = boto3.client("autoscaling", region_name=region, config=probe_config())
         try:
             client.describe_auto_scaling_groups(AutoScalingGroupNames=names, MaxRecords=1)
             asked[region] = True
@@ -93,22 +88,21 @@ def _same_move(one: failover.MoveOrder, other: failover.MoveOrder) -> bool:
 Silences = dict[str, failover.Silence]
 
 
-def _heard(run_settings: Settings, state: fleet_state.FailoverState, region: str, here: str,
-           asked: dict[str, bool]) -> tuple[Silences, failover.Verdict]:  # fmt: skip
+def _heard(run_settings: Settings, state: fleet_state.FailoverState, epoch: run_epochs.EpochId,
+           here: str, asked: dict[str, bool]) -> tuple[Silences, failover.Verdict]:  # fmt: skip
     """Ask the run's region whether it answers (and, when it does not, the run's other
     regions, one of which may be its next before this one): the silences after this check,
     and the failover rule's verdict."""
     assert run_settings.declaration is not None
-    regions = run_settings.declaration.regions
+    regions, region, now = run_settings.declaration.regions, epoch.region, settings.now()
     answered = {region: answers(run_settings, region, asked)}
     if not answered[region]:
         answered |= {other: answers(run_settings, other, asked)
                      for other in regions if other not in (region, here)}  # fmt: skip
-    silent = failover.heard(state.silent, answered, settings.now())
-    current = run_epochs.current(aws.epoch_chain(run_settings, run_settings.run))
+    silent = failover.heard(state.silent, answered, now)
     return silent, failover.failover(
-        here=here, trains_in=region, epoch=current.id.number if current else 0, regions=regions,
-        silent=silent, now=settings.now(), after_checks=run_settings.handler.failover_after_checks,
+        here=here, trains_in=region, epoch=epoch.number, regions=regions, silent=silent,
+        now=now, after_checks=run_settings.handler.failover_after_checks,
     )  # fmt: skip
 
 

@@ -101,7 +101,7 @@ def _requeue(
         spend_usd=ledger.spend_usd, cap_usd=ledger.cap_usd, at_cap=ledger.held,
     ))  # fmt: skip
     autoscaling = aws.clients_by_region("autoscaling")
-    here, region = aws.own_region(), aws.trains_in(run_settings)
+    here, region = aws.own_region(), aws.current_epoch(run_settings).region
     groups = aws.capacity_groups(run_settings, autoscaling, region=here)
     if held is not None:  # the scheduled check scales a held run's groups
         decision = capacity_policy.Decision("hold", held.not_requeued)
