@@ -448,6 +448,16 @@ def test_the_code_image_layers_the_checkout_and_its_pinned_requirements_on_the_t
     assert {".git/", ".venv/", "node_modules/", "cdktf.out/", ".spotrain/"} <= set(ignored)
 
 
+OCI_MANIFEST = "application/vnd.oci.image.manifest.v1+json"
+
+
+def _manifest(layer: str) -> str:
+    """An image manifest whose digest the emulator derives from its layer (without layers it
+    draws one of 101 digests at random, so two pushes could share one)."""
+    return ('{"schemaVersion": 2, "config": {"digest": "sha256:' + "3" * 64 + '"}, '
+            '"layers": [{"digest": "sha256:' + layer * 64 + '"}]}')  # fmt: skip
+
+
 @pytest.fixture
 def registry(monkeypatch: pytest.MonkeyPatch) -> Any:
     from moto import mock_aws
@@ -486,9 +496,8 @@ def test_image_build_pushes_the_trainer_then_the_code_on_it_by_digest(
         ["docker", "push", f"{west}:code-{commit}"],
     ]  # fmt: skip
     # An image already pushed for the commit is reused, by its digest, not built again.
-    manifest = '{"schemaVersion": 2, "config": {"digest": "sha256:' + "1" * 64 + '"}}'
-    registry.put_image(repositoryName="spotrain-dev/trainer", imageManifest=manifest,
-                       imageManifestMediaType="application/vnd.oci.image.manifest.v1+json",
+    registry.put_image(repositoryName="spotrain-dev/trainer", imageManifest=_manifest("1"),
+                       imageManifestMediaType=OCI_MANIFEST,
                        imageTag=f"trainer-{commit}")  # fmt: skip
     [pushed] = registry.describe_images(repositoryName="spotrain-dev/trainer")["imageDetails"]
     assert cli.main(["image", "build", "dev", "--dry-run"]) == 0
@@ -497,9 +506,8 @@ def test_image_build_pushes_the_trainer_then_the_code_on_it_by_digest(
     assert f"TRAINER_IMAGE={uri}@{pushed['imageDigest']}" in out
     assert f"spotrain image bake dev --image {uri}@<digest of code-{commit}>" in out
     # Once both are there, the line it prints is what a run file pins.
-    code = manifest.replace("1" * 64, "2" * 64)
-    registry.put_image(repositoryName="spotrain-dev/trainer", imageManifest=code,
-                       imageManifestMediaType="application/vnd.oci.image.manifest.v1+json",
+    registry.put_image(repositoryName="spotrain-dev/trainer", imageManifest=_manifest("2"),
+                       imageManifestMediaType=OCI_MANIFEST,
                        imageTag=f"code-{commit}")  # fmt: skip
     assert cli.main(["image", "build", "dev", "--dry-run"]) == 0
     [pin] = [line.strip() for line in capsys.readouterr().out.splitlines()
@@ -518,22 +526,21 @@ def test_a_pinned_image_must_be_in_every_regions_registry(registry: Any) -> None
     from spotrain.cli.image import check_pushed
     from spotrain.core.errors import SpotrainError
 
-    manifest = '{"schemaVersion": 2, "config": {"digest": "sha256:' + "3" * 64 + '"}}'
-    kind = "application/vnd.oci.image.manifest.v1+json"
+    def push(region: str, layer: str, tag: str) -> str:
+        pushed = boto3.client("ecr", region_name=region).put_image(
+            repositoryName="spotrain-dev/trainer", imageManifest=_manifest(layer),
+            imageManifestMediaType=OCI_MANIFEST, imageTag=tag)  # fmt: skip
+        return f"{uri}@{pushed['image']['imageId']['imageDigest']}"
+
     uri = registry.describe_repositories()["repositories"][0]["repositoryUri"]
-    pushed = registry.put_image(repositoryName="spotrain-dev/trainer", imageManifest=manifest,
-                                imageManifestMediaType=kind, imageTag="code-once")  # fmt: skip
-    reference = f"{uri}@{pushed['image']['imageId']['imageDigest']}"
+    home_only = push("us-east-1", "4", "code-once")
     with pytest.raises(SpotrainError, match=r"not in the registry in us-west-2: push it with "
                        r"`spotrain image build dev`"):  # fmt: skip
-        check_pushed("dev", reference)
-    # (The emulator gives each push its own digest, so one image cannot be in both here; the
-    # shared deployment's user story pins one that is.) Home lacking it is refused as well.
-    west = boto3.client("ecr", region_name="us-west-2").put_image(
-        repositoryName="spotrain-dev/trainer", imageManifest=manifest,
-        imageManifestMediaType=kind, imageTag="code-west")  # fmt: skip
+        check_pushed("dev", home_only)
     with pytest.raises(SpotrainError, match=r"not in the registry in us-east-1: push it"):
-        check_pushed("dev", f"{uri}@{west['image']['imageId']['imageDigest']}")
+        check_pushed("dev", push("us-west-2", "5", "code-west"))  # home lacking it as well
+    assert push("us-west-2", "4", "code-both") == home_only  # the same image in both regions
+    check_pushed("dev", home_only)
 
 
 def test_image_bake_takes_one_image_by_digest_and_runs_the_recipe(
