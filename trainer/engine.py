@@ -30,6 +30,7 @@ from spotrain.core.validation import instance_type_problems, writable_folder_pro
 from spotrain.trainer import datasets, memory
 from spotrain.trainer.checkpointer import Checkpointer
 from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
+from spotrain.trainer.deepspeed_loader import load_deepspeed
 from spotrain.trainer.membership import Stop
 from spotrain.trainer.model import GPT, GPTConfig
 from spotrain.trainer.process import Place, init_distributed, say
@@ -344,8 +345,7 @@ def build_engine(config: TrainConfig, *, world_size: int) -> Any:
     """Collective: the model (identical initial weights on every rank), its optimizer and
     learning-rate schedule in a DeepSpeed engine, as the trainer trains them (the GPU
     benchmark's bare loop builds the same)."""
-    import deepspeed
-
+    deepspeed = load_deepspeed()
     _seed_everything(config.seed, 0)
     model = GPT(config.model, recompute=memory.recompute_function(config))
     optimizer = memory.make_optimizer(
