@@ -139,3 +139,57 @@ def efa_interfaces(instance_type: str) -> int:
 def efa_everywhere(instance_types: tuple[str, ...]) -> bool:
     """Whether every one of the types takes EFA."""
     return bool(instance_types) and all(efa_interfaces(t) > 0 for t in instance_types)
+
+
+METAL_VCPUS = {"g4dn.metal": 96}
+"""vCPUs of the bare-metal types (every other size's name says its vCPUs: 4 per xlarge)."""
+
+
+def vcpus(instance_type: str) -> int:
+    """The vCPUs of a GPU type, what AWS's instance quotas count: 4 per `xlarge` of its size
+    (`g5.12xlarge`: 48, `p5.48xlarge`: 192), as AWS sizes every family here."""
+    if instance_type in METAL_VCPUS:
+        return METAL_VCPUS[instance_type]
+    size = instance_type.rsplit(".", 1)[-1]
+    units = size.removesuffix("xlarge")
+    if size == units or not (units == "" or units.isdigit()):
+        raise ValueError(unknown_type_problem(instance_type))
+    return 4 * int(units or 1)
+
+
+@dataclass(frozen=True)
+class InstanceQuota:
+    """One of AWS's per-region vCPU quotas for GPU machines (Service Quotas, service `ec2`)."""
+
+    key: str
+    """How an environment's ceilings name it: `<market>/<class>`, e.g. `spot/P5`."""
+    code: str
+    """The quota's code (`aws service-quotas get-service-quota --service-code ec2
+    --quota-code CODE`)."""
+    name: str
+
+
+INSTANCE_QUOTAS: dict[str, InstanceQuota] = {q.key: q for q in (
+    InstanceQuota("spot/G and VT", "L-3819A6DF", "All G and VT Spot Instance Requests"),
+    InstanceQuota("spot/P", "L-7212CCBC", "All P4, P3 and P2 Spot Instance Requests"),
+    InstanceQuota("spot/P5", "L-C4BD4855", "All P5 Spot Instance Requests"),
+    InstanceQuota("on-demand/G and VT", "L-DB2E81BA",
+                  "Running On-Demand G and VT instances"),
+    InstanceQuota("on-demand/P", "L-417A185B", "Running On-Demand P instances"),
+)}  # fmt: skip
+"""The quotas a run's machines count against, by market and instance class."""
+
+
+def quota_key(instance_type: str, market: str) -> str:
+    """The quota (`INSTANCE_QUOTAS`) a machine of `instance_type` in `market` (spot or
+    on-demand) counts against."""
+    family = instance_type.split(".", 1)[0]
+    if family.startswith("g"):
+        kind = "G and VT"
+    elif market == "spot" and family.startswith(("p5", "p6")):
+        # AWS counts P5 spot apart from the older P families; its table names no P6 quota
+        # yet, so P6 is counted with P5 until it does.
+        kind = "P5"
+    else:
+        kind = "P"
+    return f"{market}/{kind}"

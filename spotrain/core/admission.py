@@ -1,0 +1,180 @@
+"""Which of an environment's runs may have machines now, when they compete for its GPUs: the
+queue's decision, pure (no AWS call), one function for the handler's check, `run list` and
+the queue's replay.
+
+AWS limits each account per region by vCPU quotas per instance class and market
+(`gpu_types.INSTANCE_QUOTAS`); the environment sets a ceiling on each (`ceilings`, vCPUs per
+region and quota), and its teams a share of GPUs and a monthly budget in dollars (`Team`).
+Every run asks for the machines its groups start at (`Demand`). `admit` decides, in order:
+
+1. A run that holds machines keeps them (taking them back is preemption's, which publishes
+   the run's checkpoint first): what it holds is counted before any waiting run is looked at.
+2. Waiting runs are taken in priority order (highest first), then by submission (earliest
+   first), then by name. Each one that fits is admitted and what it takes is counted before
+   the next is looked at; one that does not fit waits, with its place among the waiting and
+   the first reason, and keeps nothing for itself: a later run that fits starts meanwhile
+   (Kueue's best-effort FIFO), so GPUs never sit idle behind a run that cannot start. (A large
+   run is not starved by small ones for long: its priority lets it preempt them.)
+3. A run fits when all of these hold:
+   a. its team is one of the environment's (when the environment names teams);
+   b. its team has spent less than its monthly budget (the run ledgers' sum this month);
+   c. every quota it asks from has room under the region's ceiling: what holding and
+      admitted runs take, plus what it asks, is at most the ceiling (a quota with no ceiling
+      set is the account's own business: nothing is counted against it);
+   d. its team stays within its GPU share, or the GPUs over it are idle in other teams'
+      shares (borrowed: the run says so; a team gets its share back by preemption, never by
+      the borrower being stopped unpublished).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+
+from spotrain.core.gpu_types import MACHINES, quota_key, vcpus
+
+
+@dataclass(frozen=True, kw_only=True)
+class Team:
+    """A team of the environment: its share of the GPUs and its monthly budget."""
+
+    name: str
+    gpus: int
+    """GPUs its runs may hold at once without borrowing."""
+    monthly_budget_usd: float | None = None
+    """What its runs may spend in a calendar month (their ledgers); None: no budget."""
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.gpus < 0:
+            found.append(f"team {self.name!r} has gpus = {self.gpus}: give 0 or more")
+        budget = self.monthly_budget_usd
+        if budget is not None and not budget > 0:
+            found.append(f"team {self.name!r} has monthly_budget_usd = {budget}: give a "
+                         "positive amount in USD, or leave it out for no budget")  # fmt: skip
+        return found
+
+
+@dataclass(frozen=True, kw_only=True)
+class Demand:
+    """What one run asks for: where, for whom, how urgently, and how much."""
+
+    run: str
+    region: str
+    """Where it trains (its current epoch's region; home before it starts)."""
+    team: str = ""
+    priority: int = 0
+    """Higher goes first."""
+    submitted_at: float = 0.0
+    gpus: int
+    """GPUs its machines carry, at the sizes its groups start at."""
+    vcpus: Mapping[str, int] = field(default_factory=dict)
+    """vCPUs it asks from each quota (`gpu_types.INSTANCE_QUOTAS` key), at those sizes."""
+    holding: bool = False
+    """It holds machines now: it keeps them (rule 1)."""
+
+
+def asked(instance_types: Iterable[str], machines: Mapping[str, int]) -> tuple[int, dict[str, int]]:
+    """The GPUs and the vCPUs per quota of a run's machines: `machines` per market (spot,
+    on-demand), of the run's types (known types, which all carry as many GPUs; the vCPUs of the
+    largest, as any of them may come)."""
+    types = list(instance_types)
+    gpus_each = MACHINES[types[0]].gpus
+    vcpus_each = max(vcpus(t) for t in types)
+    wanted: dict[str, int] = defaultdict(int)
+    for market, count in machines.items():
+        for quota in {quota_key(t, market) for t in types}:
+            wanted[quota] = max(wanted[quota], count * vcpus_each)
+    return gpus_each * sum(machines.values()), {q: n for q, n in wanted.items() if n}
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a run may have machines now, and why not."""
+
+    admitted: bool
+    reason: str
+    place: int | None = None
+    """Its place among the waiting runs, from 1 (None: admitted)."""
+    borrowed_gpus: int = 0
+    """GPUs it holds beyond its team's share, idle in other teams' shares."""
+
+
+Ceilings = Mapping[str, Mapping[str, int]]
+"""Per region, vCPUs per quota key: the most the environment's runs may hold."""
+
+
+def admit(
+    demands: Iterable[Demand], *, ceilings: Ceilings, teams: Mapping[str, Team],
+    team_spend_usd: Mapping[str, float],
+) -> dict[str, Verdict]:  # fmt: skip
+    """Every run's verdict (rules 1-3 above)."""
+    used: dict[tuple[str, str], int] = defaultdict(int)  # (region, quota) -> vCPUs
+    team_gpus: dict[str, int] = defaultdict(int)
+    verdicts: dict[str, Verdict] = {}
+
+    def take(demand: Demand) -> None:
+        for quota, count in demand.vcpus.items():
+            used[demand.region, quota] += count
+        team_gpus[demand.team] += demand.gpus
+
+    in_order = sorted(demands, key=lambda d: (-d.priority, d.submitted_at, d.run))
+    for demand in (d for d in in_order if d.holding):
+        take(demand)
+        borrowed = _over_share(demand, team_gpus, teams)
+        verdicts[demand.run] = Verdict(True, "holds its machines", borrowed_gpus=borrowed)
+    place = 0
+    for demand in (d for d in in_order if not d.holding):
+        reason = _why_not(demand, used, team_gpus, ceilings, teams, team_spend_usd)
+        if reason is None:
+            take(demand)
+            borrowed = _over_share(demand, team_gpus, teams)
+            said = f"admitted, borrowing {borrowed} idle GPU(s) of other teams" if borrowed \
+                else "admitted"  # fmt: skip
+            verdicts[demand.run] = Verdict(True, said, borrowed_gpus=borrowed)
+        else:
+            place += 1
+            verdicts[demand.run] = Verdict(False, reason, place=place)
+    return verdicts
+
+
+def _why_not(
+    demand: Demand, used: Mapping[tuple[str, str], int], team_gpus: Mapping[str, int],
+    ceilings: Ceilings, teams: Mapping[str, Team], team_spend_usd: Mapping[str, float],
+) -> str | None:  # fmt: skip
+    """The first of rule 3's conditions the run fails, said with what would change it."""
+    team = teams.get(demand.team)
+    if teams and team is None:
+        return (f"team {demand.team!r} is not one of the environment's teams "
+                f"({', '.join(sorted(teams))}): set the run's team to one of them")  # fmt: skip
+    if team is not None and team.monthly_budget_usd is not None:
+        spent = team_spend_usd.get(team.name, 0.0)
+        if spent >= team.monthly_budget_usd:
+            return (f"team {team.name} spent ${spent:,.2f} of its ${team.monthly_budget_usd:,.2f} "
+                    "monthly budget: it waits for the next month or a larger budget")  # fmt: skip
+    region_ceilings = ceilings.get(demand.region, {})
+    for quota, asked in sorted(demand.vcpus.items()):
+        ceiling = region_ceilings.get(quota)
+        if ceiling is not None and used.get((demand.region, quota), 0) + asked > ceiling:
+            free = max(0, ceiling - used.get((demand.region, quota), 0))
+            return (f"needs {asked} vCPUs of {quota} in {demand.region}, {free} of its ceiling "
+                    f"{ceiling} free: it starts when runs there finish, or with a higher "
+                    "ceiling (and AWS quota)")  # fmt: skip
+    if team is not None:
+        over = team_gpus.get(team.name, 0) + demand.gpus - team.gpus
+        idle = sum(max(0, t.gpus - team_gpus.get(t.name, 0)) for t in teams.values()
+                   if t.name != team.name)  # fmt: skip
+        if over > idle:
+            return (f"team {team.name} holds {team_gpus.get(team.name, 0)} of its {team.gpus} "
+                    f"GPUs and the run needs {demand.gpus}; other teams have {idle} idle to "
+                    "lend: it starts when the team's runs finish or others' GPUs free")  # fmt: skip
+    return None
+
+
+def _over_share(demand: Demand, team_gpus: Mapping[str, int], teams: Mapping[str, Team]) -> int:
+    """GPUs of this run beyond its team's share, the team's runs counted so far included."""
+    team = teams.get(demand.team)
+    if team is None:
+        return 0
+    return max(0, min(demand.gpus, team_gpus.get(team.name, 0) - team.gpus))

@@ -1,0 +1,111 @@
+"""The queue's decision: which runs may have machines when they compete for an environment's
+GPUs (quotas in vCPUs per region, teams' shares in GPUs and budgets in dollars, priorities)."""
+
+from __future__ import annotations
+
+import pytest
+
+from spotrain.core.admission import Demand, Team, Verdict, admit, asked
+from spotrain.core.gpu_types import INSTANCE_QUOTAS, MACHINES, quota_key, vcpus
+
+G5 = "spot/G and VT"
+TEAMS = {"vision": Team(name="vision", gpus=8), "speech": Team(name="speech", gpus=8)}
+
+
+def _run(run: str, *, team: str = "vision", at: float = 0.0, machines: int = 2,
+         priority: int = 0, holding: bool = False) -> Demand:  # fmt: skip
+    """A run of g5.12xlarge machines (4 GPUs, 48 vCPUs each) on spot."""
+    gpus, wanted = asked(["g5.12xlarge"], {"spot": machines})
+    return Demand(run=run, region="us-east-1", team=team, priority=priority, submitted_at=at,
+                  gpus=gpus, vcpus=wanted, holding=holding)  # fmt: skip
+
+
+def _decide(*demands: Demand, ceiling: int = 192, spend: dict[str, float] | None = None,
+            teams: dict[str, Team] | None = None) -> dict[str, Verdict]:  # fmt: skip
+    return admit(demands, ceilings={"us-east-1": {G5: ceiling}},
+                 teams=TEAMS if teams is None else teams, team_spend_usd=spend or {})  # fmt: skip
+
+
+def test_three_runs_on_a_ceiling_that_fits_two_the_third_waits_then_starts() -> None:
+    first, second, third = _run("a", at=1), _run("b", team="speech", at=2), _run("c", at=3)
+    verdicts = _decide(first, second, third)
+    assert [verdicts[r].admitted for r in "abc"] == [True, True, False]
+    assert verdicts["c"].place == 1
+    assert verdicts["c"].reason == (
+        f"needs 96 vCPUs of {G5} in us-east-1, 0 of its ceiling 192 free: it starts when runs "
+        "there finish, or with a higher ceiling (and AWS quota)")  # fmt: skip
+    # The first finishes: the next check admits the third at once.
+    holding = [Demand(**{**vars(second), "holding": True})]
+    assert _decide(*holding, third)["c"] == Verdict(True, "admitted")
+
+
+def test_a_team_at_its_dollar_budget_waits_and_another_teams_run_starts() -> None:
+    teams = {**TEAMS, "vision": Team(name="vision", gpus=8, monthly_budget_usd=1000.0)}
+    verdicts = _decide(_run("a", at=1), _run("b", team="speech", at=2),
+                       spend={"vision": 1000.0, "speech": 5000.0}, teams=teams)  # fmt: skip
+    assert not verdicts["a"].admitted and verdicts["a"].place == 1
+    assert verdicts["a"].reason == (
+        "team vision spent $1,000.00 of its $1,000.00 monthly "
+        "budget: it waits for the next month or a larger budget"
+    )
+    assert verdicts["b"].admitted  # speech has no budget
+
+
+def test_priority_goes_first_then_submission_and_a_run_that_cannot_start_blocks_none() -> None:
+    low, high = _run("low", at=1), _run("high", at=5, priority=10, team="speech")
+    verdicts = _decide(low, high, ceiling=96)
+    assert verdicts["high"].admitted and verdicts["low"].place == 1
+    # A large run that does not fit keeps nothing for itself: a later, smaller one starts.
+    large, small = _run("large", at=1, machines=4), _run("small", at=2, machines=1)
+    verdicts = _decide(large, small, ceiling=144)
+    assert not verdicts["large"].admitted and verdicts["small"].admitted
+    # Places count the waiting only, in the order they will be looked at.
+    waiting = _decide(*(_run(name, at=i, team="speech") for i, name in enumerate("xyz")),
+                      ceiling=96)  # fmt: skip
+    assert [(waiting[r].admitted, waiting[r].place) for r in "xyz"] == [
+        (True, None), (False, 1), (False, 2)]  # fmt: skip
+
+
+def test_a_team_over_its_share_borrows_only_what_other_teams_leave_idle() -> None:
+    ceiling = 10_000  # the quota is not what limits here
+    # vision's share is 8 GPUs (two machines): a third machine's 4 GPUs borrow speech's idle.
+    verdicts = _decide(_run("a", at=1), _run("b", at=2, machines=1), ceiling=ceiling)
+    assert verdicts["b"] == Verdict(True, "admitted, borrowing 4 idle GPU(s) of other teams",
+                                    borrowed_gpus=4)  # fmt: skip
+    # Once speech holds its share, there is nothing idle to lend.
+    speech = _run("s", team="speech", holding=True)
+    verdicts = _decide(speech, _run("a", at=1), _run("b", at=2, machines=1), ceiling=ceiling)
+    assert verdicts["a"].admitted and not verdicts["b"].admitted
+    assert verdicts["b"].reason.startswith("team vision holds 8 of its 8 GPUs and the run needs "
+                                           "4; other teams have 0 idle to lend")  # fmt: skip
+
+
+def test_holding_runs_keep_their_machines_and_are_counted_first() -> None:
+    # A ceiling lowered under what runs hold takes nothing back (that is preemption's, which
+    # publishes a checkpoint first): they keep their machines, and nothing new starts.
+    verdicts = _decide(_run("a", holding=True), _run("b", holding=True, team="speech"),
+                       _run("c", at=0, priority=99), ceiling=96)  # fmt: skip
+    assert verdicts["a"].admitted and verdicts["b"].admitted
+    assert verdicts["c"].place == 1 and "0 of its ceiling 96 free" in verdicts["c"].reason
+    # A quota without a ceiling, and an environment without teams, hold nothing back.
+    free = admit([_run("a"), _run("b")], ceilings={}, teams={}, team_spend_usd={})
+    assert all(v.admitted for v in free.values())
+
+
+def test_a_run_of_a_team_the_environment_does_not_have_waits_saying_which_it_has() -> None:
+    [verdict] = _decide(_run("a", team="nlp")).values()
+    assert verdict.reason == ("team 'nlp' is not one of the environment's teams (speech, "
+                              "vision): set the run's team to one of them")  # fmt: skip
+
+
+def test_what_a_run_asks_is_counted_per_quota_in_vcpus_and_in_gpus() -> None:
+    # Two spot machines and the on-demand coordinator of p5.48xlarge (8 GPUs, 192 vCPUs).
+    assert asked(["p5.48xlarge"], {"spot": 2, "on-demand": 1}) == (
+        24, {"spot/P5": 384, "on-demand/P": 192})  # fmt: skip
+    assert asked(["g5.12xlarge", "g6.12xlarge"], {"spot": 1, "on-demand": 0}) == (4, {G5: 48})
+    assert {quota_key(t, m) for t in MACHINES for m in ("spot", "on-demand")} == set(
+        INSTANCE_QUOTAS)  # every type counts against a quota AWS names  # fmt: skip
+    assert [vcpus(t) for t in ("g5.xlarge", "g6e.12xlarge", "p4d.24xlarge", "g4dn.metal")] == [
+        4, 48, 96, 96]  # fmt: skip
+    with pytest.raises(ValueError, match="not a GPU type spotrain knows"):
+        vcpus("g5.large")
