@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from spotrain.core.capacity import ON_DEMAND, SPOT
+
 GPU_TFLOPS: dict[str, float] = {
     "T4": 65.0,  # fp16
     "V100": 125.0,  # fp16
@@ -170,12 +172,12 @@ class InstanceQuota:
 
 
 INSTANCE_QUOTAS: dict[str, InstanceQuota] = {q.key: q for q in (
-    InstanceQuota("spot/G and VT", "L-3819A6DF", "All G and VT Spot Instance Requests"),
-    InstanceQuota("spot/P", "L-7212CCBC", "All P4, P3 and P2 Spot Instance Requests"),
-    InstanceQuota("spot/P5", "L-C4BD4855", "All P5 Spot Instance Requests"),
-    InstanceQuota("on-demand/G and VT", "L-DB2E81BA",
+    InstanceQuota(f"{SPOT}/G and VT", "L-3819A6DF", "All G and VT Spot Instance Requests"),
+    InstanceQuota(f"{SPOT}/P", "L-7212CCBC", "All P4, P3 and P2 Spot Instance Requests"),
+    InstanceQuota(f"{SPOT}/P5", "L-C4BD4855", "All P5 Spot Instance Requests"),
+    InstanceQuota(f"{ON_DEMAND}/G and VT", "L-DB2E81BA",
                   "Running On-Demand G and VT instances"),
-    InstanceQuota("on-demand/P", "L-417A185B", "Running On-Demand P instances"),
+    InstanceQuota(f"{ON_DEMAND}/P", "L-417A185B", "Running On-Demand P instances"),
 )}  # fmt: skip
 """The quotas a run's machines count against, by market and instance class."""
 
@@ -186,7 +188,7 @@ def quota_key(instance_type: str, market: str) -> str:
     family = instance_type.split(".", 1)[0]
     if family.startswith("g"):
         kind = "G and VT"
-    elif market == "spot" and family.startswith(("p5", "p6")):
+    elif market == SPOT and family.startswith(("p5", "p6")):
         # AWS counts P5 spot apart from the older P families; its table names no P6 quota
         # yet, so P6 is counted with P5 until it does.
         kind = "P5"
