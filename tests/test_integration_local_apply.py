@@ -1191,11 +1191,13 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     destroys the third's stack (its groups and declaration go), its spend counted to its end,
     and it is listed as retired with that spend."""
     import shutil as shell_tools
+    import signal
     import threading
     import time
 
     from spotrain import cli
     from spotrain.core import fleet_state, run_lifecycle
+    from spotrain.localcloud.machines import process_tree, signal_all
     from spotrain.tools import local_fleet
     from spotrain.tools.rehearsal import Phase, deliver_capacity_check
 
@@ -1269,14 +1271,22 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
             "third", work=tmp_path / "played", say=third_said.append)), daemon=True)  # fmt: skip
         player.start()
         # Both train at the same time, each from its own deployed template, into its own
-        # checkpoints.
+        # checkpoints. `second` boots first: once it has published a checkpoint its machine is
+        # paused (as a slow machine is) until the cancel, so that its lead cannot let it
+        # finish all its steps while `third` catches up and the runs are listed.
         deadline = time.monotonic() + 300
         first_checkpoint = TWO_RUNS_TRAINING["checkpoint_every"]
+        machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
+        paused = False
         while not (head("second") >= first_checkpoint and head("third") >= first_checkpoint):
             assert first["second"].running() and player.is_alive(), (
                 first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
             assert time.monotonic() < deadline, (
                 first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
+            if not paused and head("second") >= first_checkpoint:
+                machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
+                signal_all(machine, signal.SIGSTOP)
+                paused = True
             time.sleep(0.2)
         assert first["second"].running() and player.is_alive()
         assert head("second") < TWO_RUNS_TRAINING["steps"] > head("third")
@@ -1287,11 +1297,13 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         capsys.readouterr()
         assert cli.main(["run", "cancel", "local", "second"]) == 0
         assert sizes(groups["second"]) == (0, 0)
+        signal_all(machine, signal.SIGCONT)
         codes = fleet.shut_down_the_terminated(groups["second"])
         cancelled = first["second"]
         assert list(codes) == [cancelled.instance_id], codes
-        [stopped] = metrics["second"].events("stopped")
-        stopped_at = int(stopped["step"])
+        stops = metrics["second"].events("stopped")  # the machine's last words, should it fail
+        assert len(stops) == 1, (codes, stops, cancelled.output[-4000:])
+        stopped_at = int(stops[0]["step"])
         assert stopped_at < TWO_RUNS_TRAINING["steps"]
         assert head("second") == stopped_at  # its emergency checkpoint is published
         said = cancelled.output

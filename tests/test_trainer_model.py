@@ -197,15 +197,17 @@ def test_launch_gives_the_ranks_the_shutdown_timeout_on_a_membership_change(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """torch 2.13 stops the ranks with its fixed 30 s when a machine joins; the repaired
-    launcher waits --shutdown-timeout, and does not share the agent's store (which strands a
-    machine that joins a running group)."""
+    launcher waits --shutdown-timeout, and where machines may join does not share the agent's
+    store (which strands a machine that joins a running group)."""
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 
     from spotrain.trainer import launch
 
     monkeypatch.setattr(LocalElasticAgent, "_stop_workers", LocalElasticAgent._stop_workers)
     monkeypatch.delenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", raising=False)
-    launch._repair_torchrun()
+    launch._repair_torchrun(standalone=True)  # one machine: torch's shared store is kept
+    assert "TORCH_DISABLE_SHARE_RDZV_TCP_STORE" not in os.environ
+    launch._repair_torchrun(standalone=False)
     asked: list[int] = []
 
     class Agent:

@@ -112,7 +112,7 @@ def test_spotrains_torchrun_stops_a_rank_alone_and_kills_its_whole_group(
     monkeypatch.setattr(SubprocessHandler, "close", SubprocessHandler.close)
     monkeypatch.setattr(LocalElasticAgent, "_stop_workers", LocalElasticAgent._stop_workers)
     monkeypatch.setenv("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", "1")
-    _repair_torchrun()
+    _repair_torchrun(standalone=False)
     helper_file = tmp_path / "helper"
     # A shell cannot trap a signal ignored when it starts, and a test process started in the
     # background (`make test &`) ignores SIGINT: the rank starts with the default instead, as

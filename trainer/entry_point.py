@@ -38,7 +38,7 @@ from spotrain.core.entry_point import COORDINATES, EntryPoint
 from spotrain.core.errors import SpotrainError, json_kind, raise_if_problems
 from spotrain.core.validation import type_problems, writable_folder_problem
 from spotrain.trainer import membership
-from spotrain.trainer.deepspeed_loader import load_deepspeed
+from spotrain.trainer.deepspeed_loader import defer_muon_compile
 from spotrain.trainer.preemption import shield_data_loader_workers
 
 ENTRY_POINT_FIELD = "entry_point"
@@ -183,8 +183,7 @@ def main(argv: list[str] | None = None) -> int:
                             "(--script FILE | --module NAME) [-- ARGS...]")  # fmt: skip
     kind, target, args = given[0], given[1], given[2:]
     shield_data_loader_workers()  # before the script starts any: a stop is the rank's alone
-    if importlib.util.find_spec("deepspeed") is not None:
-        load_deepspeed()  # the script's `deepspeed.initialize` then loads no compiler for nothing
+    defer_muon_compile()  # the script's `deepspeed.initialize` then loads no compiler for nothing
     if args[:1] == ["--"]:
         args = args[1:]
     code = 0

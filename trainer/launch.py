@@ -9,7 +9,10 @@ torchrun's.
    address while a newly arrived node waits for that round's `MASTER_ADDR` until it times out,
    and the whole group with it (and when rank 0 moved to another machine, the others keep the
    address of one that left). With the sharing turned off (torch's own switch), every round
-   publishes (rank 0) and reads (the others) its own address.
+   publishes (rank 0) and reads (the others) its own address. Only where machines may join:
+   a `--standalone` run keeps the shared store, whose port is taken when it is bound (rank 0's
+   own store listens on a port the agent found free a moment before, which another process
+   may take meanwhile).
 2. **A membership change gives the ranks 30 s, not `--shutdown-timeout`.** When a machine
    arrives the agents stop their ranks to re-form the group; the ranks publish an emergency
    checkpoint on that SIGTERM, which may take longer than torchrun's built-in 30 s. The
@@ -44,11 +47,12 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """What asks a rank to publish and exit; only the rank hears it (repair 4)."""
 
 
-def _repair_torchrun() -> None:
+def _repair_torchrun(*, standalone: bool) -> None:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
     from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
 
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+    if not standalone:
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
     def stop_workers_as_long_as_a_shutdown(self: Any, worker_group: Any) -> None:
         if hasattr(self, "_shutdown_timeout"):
@@ -113,7 +117,7 @@ def main() -> None:
     from torch.distributed import run
     from torch.distributed.elastic.multiprocessing.api import SignalException
 
-    _repair_torchrun()
+    _repair_torchrun(standalone="--standalone" in sys.argv)
     sys.argv = _older_torchrun(sys.argv)
     try:
         run.main()
