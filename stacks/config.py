@@ -13,8 +13,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 
+from spotrain.core.admission import QueuePolicy, Team
 from spotrain.core.catalog_schema import ENVIRONMENT_TAG
 from spotrain.core.errors import raise_if_problems
+from spotrain.core.gpu_types import INSTANCE_QUOTAS
 from spotrain.core.validation import instance_type_problems
 
 # Commercial regions that offer GPU instances and the services the blueprint uses.
@@ -88,10 +90,16 @@ class RegionConfig:
     vpc_cidr: str = "10.40.0.0/16"
     """Address range of this region's VPC. Give each region its own /16 so the networks can
     be peered later; the runs need no peering (they meet through S3 and DynamoDB)."""
+    vcpu_ceilings: Mapping[str, int] = field(default_factory=dict)
+    """The most vCPUs the environment's runs may hold here at once, per AWS quota (a key of
+    `gpu_types.INSTANCE_QUOTAS`: "spot/P5", "on-demand/P", ...): at or under the account's
+    quota, less what else the account runs. A run that would go over waits in the queue
+    (`core.admission`). A quota not named has no ceiling."""
 
     def __post_init__(self) -> None:
         if isinstance(self.availability_zones, list):
             object.__setattr__(self, "availability_zones", tuple(self.availability_zones))
+        object.__setattr__(self, "vcpu_ceilings", MappingProxyType(dict(self.vcpu_ceilings)))
 
     def problems(self) -> list[str]:
         where = f"region {self.name!r}"
@@ -119,6 +127,14 @@ class RegionConfig:
             problems.append(
                 f"{where}: availability_zones names more than 16 zones: the VPC has 16 /20 slices"
             )
+        for quota, ceiling in self.vcpu_ceilings.items():
+            if quota not in INSTANCE_QUOTAS:
+                known = ", ".join(INSTANCE_QUOTAS)
+                problems.append(f"{where}: vcpu_ceilings names {quota!r}, not an AWS quota "
+                                f"spotrain counts: use one of {known}")  # fmt: skip
+            if isinstance(ceiling, int) and ceiling < 0:  # its type is judged with the others
+                problems.append(f"{where}: vcpu_ceilings gives {quota!r} {ceiling}: give 0 "
+                                "or more vCPUs")  # fmt: skip
         return problems + [f"{where}: {p}" for p in _vpc_cidr_problems(self.vpc_cidr)]
 
 
@@ -146,6 +162,10 @@ class EnvironmentConfig:
     """Retention of the Lambda, VPC flow and other log groups."""
     noncurrent_version_expiration_days: int = 30
     """Days a superseded object version is kept before it expires."""
+    teams: tuple[Team, ...] = ()
+    """The teams whose runs share the environment's GPUs, each with its share of GPUs and a
+    monthly budget in dollars (`core.admission.Team`): a run names its team, and waits in the
+    queue when it would take its team over either. Empty: runs are not grouped in teams."""
     state: StateBackend | None = None
     """Remote state; None keeps state beside the synthesized stack (tests only)."""
     local: LocalCloud | None = None
@@ -155,7 +175,7 @@ class EnvironmentConfig:
         # Types first: the value checks below would misread a budget given as a string, or
         # instance types given as one string (its letters).
         raise_if_problems(f"environment {self.name!r}", instance_type_problems(self))
-        for name in ("regions", "alert_emails"):
+        for name in ("regions", "alert_emails", "teams"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
         raise_if_problems(f"environment {self.name!r}", self._problems())
@@ -184,6 +204,13 @@ class EnvironmentConfig:
     def region_names(self) -> tuple[str, ...]:
         return tuple(region.name for region in self.regions)
 
+    @property
+    def queue_policy(self) -> QueuePolicy:
+        """What the queue judges the environment's runs by: its teams and every region's vCPU
+        ceilings (handed to each region's handler)."""
+        ceilings = {r.name: r.vcpu_ceilings for r in self.regions if r.vcpu_ceilings}
+        return QueuePolicy(teams=self.teams, ceilings=ceilings)
+
     def region(self, name: str) -> RegionConfig:
         """The region called `name` (one of `region_names`)."""
         return next(region for region in self.regions if region.name == name)
@@ -208,6 +235,11 @@ class EnvironmentConfig:
             problems.append(f"regions lists {name!r} twice: list each region once")
         for region in self.regions:
             problems += region.problems()
+        team_names = [team.name for team in self.teams]
+        for name in sorted({n for n in team_names if team_names.count(n) > 1}):
+            problems.append(f"teams lists {name!r} twice: name each team once")
+        for team in self.teams:
+            problems += team.problems()
         if not _BUCKET_PREFIX.match(self.bucket_prefix):
             problems.append(
                 f"bucket_prefix {self.bucket_prefix!r} is not a valid S3 name prefix: use 4-40 "

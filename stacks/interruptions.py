@@ -46,6 +46,7 @@ class InterruptionsStack(EnvironmentStack):
         catalog_stream_arn: str | None,
     ) -> None:
         super().__init__(scope, interruptions_part(config, region), config=config, region=region)
+        queue = config.queue_policy
 
         def table_arn(table: str) -> str:  # the global table's copy in this region
             return self.arn_in(region, "dynamodb", f"table/{table}")
@@ -73,6 +74,7 @@ class InterruptionsStack(EnvironmentStack):
                 checkpoints_table_name=checkpoints_table_name,
                 config_bucket_name=checkpoint_bucket_name,
                 config_bucket_arn=checkpoint_bucket_arn,
+                queue_policy=None if queue.limits_nothing else queue.to_json(),
                 emulator_drift_tolerance=config.is_local,
             ),
         )

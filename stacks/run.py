@@ -13,6 +13,7 @@ from spotrain.cdk import Construct, TerraformOutput, aws
 from spotrain.constructs.private_network import PrivateNetwork
 from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps
 from spotrain.core import resource_names as names
+from spotrain.core.admission import asked
 from spotrain.core.capacity import ON_DEMAND, SPOT, CapacityGroup, RunDeclaration
 from spotrain.core.errors import ConfigError
 from spotrain.core.gpu_types import efa_interfaces
@@ -39,6 +40,25 @@ def capacity_groups(config: EnvironmentConfig, run: RunConfig) -> tuple[Capacity
                           holds_data=home),
         ]  # fmt: skip
     return tuple(groups)
+
+
+def run_declaration(config: EnvironmentConfig, run: RunConfig) -> RunDeclaration:
+    """What the run declares to its environment's handlers: its groups, cap and deadline, and
+    what the queue judges it by (its team, priority, and the GPUs and vCPUs per quota of its
+    declared machines: the coordinator on-demand, the rest spot). A team the environment does
+    not have is refused before anything is synthesized."""
+    teams = [team.name for team in config.teams]
+    if teams and run.team not in teams:
+        raise ConfigError(f"run {run.source or run.name!r}", [
+            f"team {run.team!r} is not one of environment {config.name}'s teams: set team "
+            f"to one of {', '.join(teams)}"])  # fmt: skip
+    gpus, vcpus = asked(run.instance_types, {
+        SPOT: run.desired_size - run.on_demand_base_capacity,
+        ON_DEMAND: run.on_demand_base_capacity})  # fmt: skip
+    return RunDeclaration(
+        run=run.name, groups=capacity_groups(config, run), max_spend_usd=run.max_spend_usd,
+        run_deadline=run.deadline, team=run.team, priority=run.priority, gpus=gpus, vcpus=vcpus,
+    )  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -79,12 +99,7 @@ class RunStack(EnvironmentStack):
         # region's parameters: one region's outage leaves the others' handlers serving it):
         # its groups and sizes, its cap and its deadline. Retiring the run (destroying this
         # stack) removes it.
-        declaration = RunDeclaration(
-            run=run.name,
-            groups=capacity_groups(config, run),
-            max_spend_usd=run.max_spend_usd,
-            run_deadline=run.deadline,
-        ).to_json()
+        declaration = run_declaration(config, run).to_json()
         self.declarations = {}
         for region in config.region_names:
             home = region == config.primary_region

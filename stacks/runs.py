@@ -151,6 +151,12 @@ class RunConfig:
     planned: PlannedRun | None = None
     """The run's expected work, priced in each pull request's plan comment; None: no
     estimate."""
+    team: str = ""
+    """The environment's team its GPUs and spend count against (`EnvironmentConfig.teams`:
+    a share of GPUs and a monthly budget); "" where the environment names no teams."""
+    priority: int = 0
+    """Its place in the queue when runs wait for GPUs: higher first, then the earlier
+    submitted."""
     tags: Mapping[str, str] = field(default_factory=dict)
     """More cost-allocation tags on the run's resources (the environment's come too)."""
     source: str = ""

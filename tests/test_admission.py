@@ -109,3 +109,19 @@ def test_what_a_run_asks_is_counted_per_quota_in_vcpus_and_in_gpus() -> None:
         4, 48, 96, 96]  # fmt: skip
     with pytest.raises(ValueError, match="not a GPU type spotrain knows"):
         vcpus("g5.large")
+
+
+def test_the_capacity_policy_holds_a_queued_run_until_it_starts_and_never_after() -> None:
+    from spotrain.core import capacity_policy
+    from spotrain.core.run_lifecycle import Lifecycle
+
+    standing = capacity_policy.Standing(run="c", lifecycle=Lifecycle(), queued="#1 in the queue")
+    held = capacity_policy.hold_for(standing)
+    assert held is not None and held.kind == capacity_policy.QUEUED
+    assert held.why == "queued: #1 in the queue" and not held.remembers_sizes
+    # Without a configuration it waits for that first; once started the queue stops nothing.
+    unsubmitted = capacity_policy.Standing(run="c", lifecycle=Lifecycle(), queued="#1",
+                                           configuration_stored=False)  # fmt: skip
+    assert capacity_policy.hold_for(unsubmitted).kind == capacity_policy.WAITING  # type: ignore[union-attr]
+    started = capacity_policy.Standing(run="c", lifecycle=Lifecycle(started_at=1.0), queued="#1")
+    assert capacity_policy.hold_for(started) is None

@@ -101,3 +101,26 @@ def test_tags_are_frozen_and_carry_the_cost_allocation_keys() -> None:
         config.tags["team"] = "other"  # type: ignore[index]
     assert config.all_tags["spotrain:environment"] == "dev"
     assert config.all_tags["team"] == "ml-platform"
+
+
+def test_teams_and_ceilings_are_judged_with_the_rest_and_reach_the_handler_as_one_policy() -> None:
+    from spotrain.core.admission import QueuePolicy, Team
+
+    with pytest.raises(ConfigError) as caught:
+        with_changes(**with_home(vcpu_ceilings={"spot/X": 96, "spot/P5": -1}),
+                     teams=(Team(name="vision", gpus=-8), Team(name="vision", gpus=8,
+                                                              monthly_budget_usd=0.0)))  # fmt: skip
+    message = str(caught.value)
+    assert "has 5 problem(s)" in message
+    for fragment in ("vcpu_ceilings names 'spot/X', not an AWS quota spotrain counts: use one "
+                     "of spot/G and VT, spot/P, spot/P5", "vcpu_ceilings gives 'spot/P5' -1",
+                     "teams lists 'vision' twice", "team 'vision' has gpus = -8",
+                     "monthly_budget_usd = 0.0: give a positive amount"):  # fmt: skip
+        assert fragment in message
+    # Without teams or ceilings the queue limits nothing (the handler is given no policy).
+    assert environments.dev().queue_policy.limits_nothing
+    vision = Team(name="vision", gpus=16, monthly_budget_usd=5000.0)
+    shared = with_changes(**with_home(vcpu_ceilings={"spot/P5": 384}), teams=(vision,))
+    policy = shared.queue_policy
+    assert QueuePolicy.from_json(policy.to_json()) == policy and not policy.limits_nothing
+    assert policy.ceilings == {"us-east-1": {"spot/P5": 384}}

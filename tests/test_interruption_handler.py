@@ -1019,6 +1019,58 @@ def test_a_cancelled_run_is_not_requeued_stays_at_0_and_its_machines_may_not_sta
 
 
 # --- one handler, every run of its environment ---------------------------------------------
+def test_runs_that_do_not_fit_wait_in_the_queue_with_their_place_and_start_when_one_finishes(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Three runs of two teams, each of one g5.12xlarge spot machine (48 vCPUs), on a ceiling
+    that fits two: the check starts the first two submitted and keeps the third waiting with
+    its place and reason (what `run list` shows); when the first finishes, the third starts at
+    once. A run the queue admitted is never stopped by it."""
+    from helpers import stream_records
+
+    from spotrain.core.admission import QueuePolicy, Team
+
+    catalog = _lifecycle_environment(monkeypatch, tmp_path)
+    policy = QueuePolicy(teams=(Team(name="vision", gpus=8), Team(name="speech", gpus=8)),
+                         ceilings={REGION: {"spot/G and VT": 96}})  # fmt: skip
+    monkeypatch.setenv(HandlerSettings.variable("queue_policy"), policy.to_json())
+    asks = {"gpus": 4, "vcpus": {"spot/G and VT": 48}}
+    declare_run([CapacityGroup(name="east-spot", region=REGION, lifecycle="spot",
+                               holds_data=True, min_size=1, desired=1)],
+                team="vision", **asks)  # fmt: skip
+    for run, team in (("gpt-speech", "speech"), ("gpt-vision", "vision")):
+        create_group(f"{run}-spot", REGION, "us-east-1b", 0, run=run)
+        declare_run([CapacityGroup(name=f"{run}-spot", region=REGION, lifecycle="spot",
+                                   holds_data=True, min_size=1, desired=1)],
+                    run=run, team=team, **asks)  # fmt: skip
+    for run in (RUN, "gpt-speech", "gpt-vision"):  # submitted in this order
+        boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{run}/config/1-a.json",
+                                      Body=b"{}")  # fmt: skip
+    check = event("scheduled-capacity-check")
+    runs = handler.handle(check)["runs"]
+    assert {r: d["decision"] for r, d in runs.items()} == {
+        RUN: "start", "gpt-speech": "start", "gpt-vision": "wait"}, runs  # fmt: skip
+    waiting = ("#1 in the queue: needs 48 vCPUs of spot/G and VT in us-east-1, 0 of its "
+               "ceiling 96 free: it starts when runs there finish, or with a higher ceiling "
+               "(and AWS quota)")  # fmt: skip
+    assert runs["gpt-vision"]["reason"].startswith(f"queued: {waiting}")
+    assert fleet_state.run_state(cloud.table, "gpt-vision").queued == waiting
+    assert _sizes("gpt-vision-spot")[:2] == (0, 0)
+    # Checked again, the admitted keep their machines and the third still waits.
+    runs = handler.handle(check)["runs"]
+    assert runs["gpt-vision"]["decision"] == "wait" and _sizes("east-spot")[:2] == (1, 1)
+
+    # The first run finishes: its groups go to 0 and, the GPUs freed, the third starts at once
+    # (the catalog's stream brings the final publish; no scheduled check is waited for).
+    _publish(catalog, tmp_path, catalog.acquire_lease("trainer"), 20, final=True)
+    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    changed = handler.handle({"Records": records})
+    assert changed["finished"] == {RUN: 20}
+    assert changed["queue"]["gpt-vision"]["decision"] == "start", changed
+    assert _sizes("gpt-vision-spot")[:2] == (1, 1)
+    assert fleet_state.run_state(cloud.table, "gpt-vision").queued is None
+
+
 def test_one_handler_serves_each_run_of_its_environment_on_its_own(
     cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

@@ -241,3 +241,26 @@ def test_an_efa_run_trains_in_one_of_its_environments_zones(tmp_path: Path) -> N
     assert "zone 'us-east-1z' is not one of environment prod's: use one of us-east-1a" in str(
         caught.value
     )
+
+
+def test_a_run_declares_its_team_priority_and_machines_and_must_name_a_team_of_its_environment(
+    tmp_path: Path,
+) -> None:
+    import dataclasses
+
+    from spotrain.core.admission import Team
+    from spotrain.stacks import environments
+    from spotrain.stacks.run import run_declaration
+
+    run = read_run(write(tmp_path / "dev", "sweep-a", 'team = "vision"\npriority = 5\n' + GOOD),
+                   "dev")  # fmt: skip
+    dev = dataclasses.replace(environments.dev(), teams=(Team(name="vision", gpus=8),))
+    declared = run_declaration(dev, run)
+    # Two machines: the on-demand coordinator and one spot, g5.2xlarge's 8 vCPUs the most.
+    assert (declared.team, declared.priority, declared.gpus) == ("vision", 5, 2)
+    assert declared.vcpus == {"spot/G and VT": 8, "on-demand/G and VT": 8}
+    nlp = dataclasses.replace(run, team="nlp")
+    with pytest.raises(ConfigError, match="team 'nlp' is not one of environment dev's teams: "
+                       "set team to one of vision"):  # fmt: skip
+        run_declaration(dev, nlp)
+    assert run_declaration(environments.dev(), nlp).team == "nlp"  # no teams: not judged

@@ -135,6 +135,9 @@ class InterruptionHandlerProps:
     """The bucket the run's training configuration is stored in: the run's groups start once
     one is there (None: at the first capacity check)."""
     config_bucket_arn: str | None = None
+    queue_policy: str | None = None
+    """The environment's teams and vCPU ceilings (`admission.QueuePolicy.to_json`): runs that
+    do not fit wait. None: nothing limits the runs."""
     emulator_drift_tolerance: bool = False
     """Local cloud only: ignore dead-letter config drift the emulator reports on every read."""
 
@@ -301,6 +304,7 @@ class InterruptionHandler(Construct):
                     failover_after_checks=props.failover_after_checks,
                     checkpoints_table=props.checkpoints_table_name,
                     config_bucket=props.config_bucket_name,
+                    queue_policy=props.queue_policy,
                 ).to_environment()
             },
             depends_on=[log_group],

@@ -16,6 +16,7 @@ from spotrain.cli.output import json_text, say
 from spotrain.cli.regions import region_answers
 from spotrain.core.deadline_policy import instant
 from spotrain.core.errors import SpotrainError
+from spotrain.core.fleet_state import RunState
 
 
 @dataclass(frozen=True)
@@ -65,6 +66,8 @@ class RunStatus:
     cap_usd: float | None
     crashes: int
     last_interruption: str | None
+    queued: str | None = None
+    """Its place and why it waits in the environment's queue (the handler's last check)."""
     steps: int | None = None
     """The run's training steps, from its newest stored configuration."""
     loss: float | None = None
@@ -161,14 +164,16 @@ def _leaving(group: dict[str, Any]) -> int:
 
 
 def _why_not_training(
-    phase: str, failed: bool, held: bool, stored: dict[str, Any] | None
+    phase: str, state: RunState, held: bool, stored: dict[str, Any] | None
 ) -> str:  # fmt: skip
     from spotrain.core import run_lifecycle
 
-    if failed:
+    if state.failed:
         return "held after repeated crashes (`spotrain fleet reset-crashes`)"
     if held:
         return "held at its spend cap (`spotrain fleet release --max-spend-usd N`)"
+    if phase == run_lifecycle.WAITING and state.queued and stored:
+        return state.queued
     if phase == run_lifecycle.WAITING:
         return ("submitted: the handler's next capacity check (every 5 minutes) starts its "
                 "groups" if stored else
@@ -279,12 +284,13 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
     # When each machine was warned (a spot notice's own time is the stop, two minutes on).
     marks = sorted(fleet_state.instances(where.events, run), key=_warned_at)
     stored = _stored_configuration(where, run)
-    why = it.lifecycle.why_stopped or _why_not_training(phase, state.failed, ledger.held, stored)
+    why = it.lifecycle.why_stopped or _why_not_training(phase, state, ledger.held, stored)
     steps = _total_steps(stored)
     per_hour = read_throughput(where.catalog, run) if head is not None else None
     epoch = run_epochs.current(run_epochs.read_chain(where.catalog, run))
     return RunStatus(
         run=run, phase=phase, why=why, step=step, final=final, machines=it.machines,
+        queued=why if why and why == state.queued else None,
         sizes={g["AutoScalingGroupName"]: f"{g['MinSize']}..{g['DesiredCapacity']}.."
                f"{g['MaxSize']}" for g in groups},
         spend_usd=round(ledger.spend_usd, 2), on_demand_usd=round(ledger.on_demand_usd, 2),

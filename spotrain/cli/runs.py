@@ -49,8 +49,9 @@ def _list(where: Where, args: argparse.Namespace) -> int:
         say(json_text([asdict(s) for s in statuses]))
     elif not statuses:
         say(f"no run has groups in environment {args.environment}")
-    for status in [] if args.json else statuses:
-        say(line(status) + (f": {status.why}" if status.phase == "declared" else ""))
+    for status in [] if args.json else statuses:  # and where a run waits in the queue, why
+        shown = status.phase == "declared" or status.queued is not None
+        say(line(status) + (f": {status.why}" if shown else ""))
     return 0
 
 

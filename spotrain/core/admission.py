@@ -1,6 +1,6 @@
 """Which of an environment's runs may have machines now, when they compete for its GPUs: the
-queue's decision, pure (no AWS call), one function for the handler's check, `run list` and
-the queue's replay.
+queue's decision, pure (no AWS call). The handler's scheduled check judges the whole queue with
+it once a check (`runtime/run_queue.py`), and `run list` shows what it judged.
 
 AWS limits each account per region by vCPU quotas per instance class and market
 (`gpu_types.INSTANCE_QUOTAS`); the environment sets a ceiling on each (`ceilings`, vCPUs per
@@ -28,9 +28,10 @@ Every run asks for the machines its groups start at (`Demand`). `admit` decides,
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from spotrain.core.gpu_types import MACHINES, quota_key, vcpus
 
@@ -178,3 +179,37 @@ def _over_share(demand: Demand, team_gpus: Mapping[str, int], teams: Mapping[str
     if team is None:
         return 0
     return max(0, min(demand.gpus, team_gpus.get(team.name, 0) - team.gpus))
+
+
+@dataclass(frozen=True, kw_only=True)
+class QueuePolicy:
+    """What the queue is judged by: the environment's teams and its ceilings per region. The
+    stacks hand it to the handler as JSON (`HandlerSettings.queue_policy`)."""
+
+    teams: tuple[Team, ...] = ()
+    ceilings: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
+    """Per region, vCPUs per quota key."""
+
+    @property
+    def limits_nothing(self) -> bool:
+        """No team and no ceiling: every run is admitted (the handler need not ask)."""
+        return not self.teams and not any(self.ceilings.values())
+
+    @property
+    def teams_by_name(self) -> dict[str, Team]:
+        return {team.name: team for team in self.teams}
+
+    def to_json(self) -> str:
+        return json.dumps({"teams": [asdict(t) for t in self.teams],
+                           "ceilings": {r: dict(c) for r, c in self.ceilings.items()}},
+                          sort_keys=True)  # fmt: skip
+
+    @classmethod
+    def from_json(cls, text: str) -> QueuePolicy:
+        """The policy in `text` (a ValueError, TypeError or KeyError says what is wrong)."""
+        document = json.loads(text)
+        return cls(
+            teams=tuple(Team(**team) for team in document.get("teams", [])),
+            ceilings={str(region): {str(q): int(n) for q, n in quotas.items()}
+                      for region, quotas in document.get("ceilings", {}).items()},
+        )  # fmt: skip

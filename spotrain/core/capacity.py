@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from spotrain.core.deadline_policy import RunDeadline
@@ -62,6 +62,14 @@ class RunDeclaration:
     groups: tuple[CapacityGroup, ...]
     max_spend_usd: float | None = None
     run_deadline: RunDeadline | None = None
+    team: str = ""
+    """The team the run's GPUs and spend count against (the environment's queue)."""
+    priority: int = 0
+    """Its place in the queue before submission order: higher goes first."""
+    gpus: int = 0
+    """GPUs its machines carry at its declared sizes (what the queue counts)."""
+    vcpus: Mapping[str, int] = field(default_factory=dict)
+    """vCPUs it asks of each AWS quota at those sizes (`gpu_types.INSTANCE_QUOTAS`)."""
 
     def problems(self) -> list[str]:
         found = []
@@ -98,6 +106,10 @@ class RunDeclaration:
             groups=tuple(CapacityGroup(**g) for g in groups),
             max_spend_usd=float(cap) if cap is not None else None,
             run_deadline=RunDeadline(**deadline) if deadline else None,
+            team=str(document.get("team", "")),
+            priority=int(document.get("priority", 0)),
+            gpus=int(document.get("gpus", 0)),
+            vcpus={str(q): int(n) for q, n in (document.get("vcpus") or {}).items()},
         )
 
     @property

@@ -6,6 +6,9 @@ First, whether the run may have machines at all (`hold_for`), in this order:
 1. A finished or cancelled run has none (`run_lifecycle`).
 2. A run whose training configuration is not stored waits with none; once it is stored, the
    scheduled check starts the run's groups at their declared sizes (`start`).
+   a. Unless the environment's queue does not admit it yet (its teams' shares and budgets,
+      its regions' vCPU ceilings: `admission`): it waits, queued, with its place and reason.
+      A run the queue admitted keeps its machines (the queue never stops a started run).
 3. A run that crashed too often is held: nothing is requeued (no restart loop), and the
    scheduled check scales every group to nothing (minimum and desired 0), so no machine is
    billed without training; once it is released, its groups get their sizes back (`release`).
@@ -86,10 +89,13 @@ class Standing:
     cap_usd: float | None = None
     at_cap: bool = False
     """Its ledger reached its cap (the ledger's judgement)."""
+    queued: str | None = None
+    """Why the environment's queue does not admit it yet, with its place (`admission`); None:
+    admitted, or an environment without teams or ceilings."""
 
 
-STOPPED, WAITING, CRASHED, AT_CAP = "stopped", "waiting", "crashed", "at-cap"
-"""Why a run may have no machines: rules 1-4 above, in their order."""
+STOPPED, WAITING, QUEUED, CRASHED, AT_CAP = "stopped", "waiting", "queued", "crashed", "at-cap"
+"""Why a run may have no machines: rules 1-4 above, in their order (2a: queued)."""
 
 
 @dataclass(frozen=True)
@@ -97,7 +103,7 @@ class Hold:
     """Why a run may have no machines, and how that ends."""
 
     kind: str
-    """STOPPED, WAITING, CRASHED or AT_CAP."""
+    """STOPPED, WAITING, QUEUED, CRASHED or AT_CAP."""
     why: str
     how_to_release: str
     not_requeued: str
@@ -119,6 +125,9 @@ def hold_for(standing: Standing) -> Hold | None:
     if lifecycle.started_at is None and not standing.configuration_stored:
         return Hold(WAITING, f"waiting: run {run} has no training configuration",
                     "until one is stored", "not requeued: the run has not started")  # fmt: skip
+    if lifecycle.started_at is None and standing.queued is not None:
+        return Hold(QUEUED, f"queued: {standing.queued}", "when the queue admits it",
+                    "not requeued: the run waits in the queue")  # fmt: skip
     if standing.crashed:
         return Hold(CRASHED, "the run crashed too often",
                     "fix the cause, then `spotrain fleet reset-crashes`",
@@ -389,7 +398,7 @@ def hold(groups: Sequence[Sized], held: Hold) -> Decision:
     """A held run's groups go to nothing (minimum and desired 0): each machine gets SIGTERM and
     publishes its emergency checkpoint before it goes."""
     running = [g for g in groups if g.desired or g.min_size]
-    if held.kind == WAITING:
+    if held.kind in (WAITING, QUEUED):
         return Decision("wait", f"{held.why}: its groups are at 0 {held.how_to_release}",
                         {g.name: 0 for g in running},
                         min_sizes={g.name: 0 for g in running})  # fmt: skip

@@ -55,6 +55,9 @@ class RunState:
     """The run's groups' sizes (min_size, desired) before it was held and scaled to 0."""
     spot_record: SpotRecord | None = None
     """What the scheduled checks of a run with a deadline have seen of its spot market."""
+    queued: str | None = None
+    """Why the environment's queue does not admit the run yet, with its place, as the last
+    check judged (`admission`); None: not waiting in the queue."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +86,7 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
             if held else None
         ),
         spot_record=SpotRecord.from_item(item["spot_record"]) if "spot_record" in item else None,
+        queued=str(item["queued"]) if item.get("queued") else None,
     )  # fmt: skip
 
 
@@ -154,6 +158,16 @@ def set_spot_record(table: Any, run: str, record: SpotRecord) -> None:
     region's handler's, on a schedule: one at a time)."""
     table.update_item(Key=_state_key(run), UpdateExpression="SET spot_record = :record",
                       ExpressionAttributeValues={":record": _stored(record.to_item())})  # fmt: skip
+
+
+def set_queued(table: Any, run: str, queued: str | None) -> None:
+    """Why the queue keeps the run waiting, as this check judged it (None: it does not): what
+    `run list` shows. Written by the check of the run's region alone, as its other state."""
+    if queued is None:
+        table.update_item(Key=_state_key(run), UpdateExpression="REMOVE queued")
+    else:
+        table.update_item(Key=_state_key(run), UpdateExpression="SET queued = :queued",
+                          ExpressionAttributeValues={":queued": queued})  # fmt: skip
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,9 @@ class HandlerSettings:
     checkpoints_table: str | None = None
     config_bucket: str | None = None
     """Where the runs' training configurations are stored: a run's groups start once it is."""
+    queue_policy: str | None = None
+    """The environment's teams and vCPU ceilings, as JSON (`admission.QueuePolicy`): runs
+    that do not fit wait in the queue. None: an environment that limits neither."""
 
     @property
     def runs_parameter_path(self) -> str:

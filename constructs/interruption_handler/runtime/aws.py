@@ -136,6 +136,18 @@ def configuration_stored(settings: Settings) -> bool:
     return int(listed.get("KeyCount", 0)) > 0
 
 
+def submitted_at(settings: Settings) -> float | None:
+    """When the run's first training configuration was stored, its submission (the queue's
+    order); None: none is stored. Without a config bucket, 0: submitted from the start."""
+    bucket = settings.handler.config_bucket
+    if not bucket:
+        return 0.0
+    listed = boto3.client("s3").list_objects_v2(Bucket=bucket,
+                                                Prefix=configs_prefix(settings.run))  # fmt: skip
+    times = [item["LastModified"].timestamp() for item in listed.get("Contents", [])]
+    return min(times) if times else None
+
+
 def final_step(settings: Settings) -> int | None:
     """The run's published head when it is marked final (the run is done), else None, read
     from this region's copy (the handler of the region the run trains in asks: its writer's

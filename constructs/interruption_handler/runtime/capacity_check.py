@@ -19,9 +19,22 @@ from typing import Any
 
 import boto3
 
-from spotrain.constructs.interruption_handler.runtime import aws, elsewhere, settings, spend
+from spotrain.constructs.interruption_handler.runtime import (
+    aws,
+    elsewhere,
+    run_queue,
+    settings,
+    spend,
+)
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
-from spotrain.core import capacity_policy, deadline_policy, fleet_state, run_lifecycle, spend_ledger
+from spotrain.core import (
+    admission,
+    capacity_policy,
+    deadline_policy,
+    fleet_state,
+    run_lifecycle,
+    spend_ledger,
+)
 from spotrain.core.deadline_policy import Progress, RunDeadline
 
 log = logging.getLogger()
@@ -30,16 +43,25 @@ log = logging.getLogger()
 def on_capacity_check(environment: Settings) -> dict[str, Any]:
     results: dict[str, Any] = {}
     asked: dict[str, bool] = {}  # whether each region answered, asked once a check
-    for run, run_settings in sorted(settings.declared_runs(environment, fresh=True).items()):
+    runs = settings.declared_runs(environment, fresh=True)
+    try:
+        queue = run_queue.verdicts(environment, runs)
+    except Exception as error:  # no run starts on a queue it could not judge; the next retries
+        log.exception("the queue could not be judged")
+        queue = {run: admission.Verdict(False, f"the queue could not be judged ({error})",
+                                        place=0) for run in runs}  # fmt: skip
+    for run, run_settings in sorted(runs.items()):
         try:
-            results[run] = check_run(run_settings, asked)
+            results[run] = check_run(run_settings, asked, queued=run_queue.said(queue.get(run)))
         except Exception as error:  # the other runs' checks go on; the next check retries
             log.exception("the capacity check of run %s failed", run)
             results[run] = {"decision": "error", "reason": f"{type(error).__name__}: {error}"}
     return {"runs": results}
 
 
-def check_run(run_settings: Settings, asked: dict[str, bool] | None = None) -> dict[str, Any]:
+def check_run(
+    run_settings: Settings, asked: dict[str, bool] | None = None, *, queued: str | None = None
+) -> dict[str, Any]:
     now = settings.now()
     run, topic = run_settings.run, run_settings.handler.alert_topic_arn
     table = aws.events_table(run_settings)
@@ -70,7 +92,10 @@ def check_run(run_settings: Settings, asked: dict[str, bool] | None = None) -> d
         run=run, lifecycle=lifecycle, configuration_stored=stored, crashed=state.failed,
         spend_usd=ledger.spend_usd if ledger else 0.0,
         cap_usd=ledger.cap_usd if ledger else None, at_cap=bool(ledger and ledger.held),
+        queued=queued,
     ))  # fmt: skip
+    if (queued if lifecycle.started_at is None else None) != state.queued:
+        fleet_state.set_queued(table, run, queued if lifecycle.started_at is None else None)
     decision = None
     if held is not None:
         decision = capacity_policy.hold(groups, held)

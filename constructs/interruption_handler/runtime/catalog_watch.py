@@ -171,7 +171,8 @@ def final_publishes(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
 
 def on_catalog_changes(environment: Settings, records: list[Any]) -> dict[str, Any]:
     """A batch of the catalog's stream: each finding to the alert topic (and the log), and
-    each run that published its final step finished."""
+    each run that published its final step finished (where the environment has a queue, a
+    capacity check follows at once: the next runs start on the GPUs it freed)."""
     found = (
         findings(records)
         + fenced_publishes(records, lambda run: aws.epoch_chain(environment, run))
@@ -195,4 +196,8 @@ def on_catalog_changes(environment: Settings, records: list[Any]) -> dict[str, A
             if run in runs:  # a run of the environment: its groups go to 0
                 capacity_check.finish(runs[run], table, step, settings.now())
                 finished[run] = step
-    return {"catalog_changes": len(records), "findings": found, "finished": finished}
+    result = {"catalog_changes": len(records), "findings": found, "finished": finished}
+    if finished and environment.handler.queue_policy:
+        # GPUs freed: the queue's next runs start now, not at the next scheduled check.
+        result["queue"] = capacity_check.on_capacity_check(environment)["runs"]
+    return result

@@ -1,0 +1,56 @@
+"""The environment's queue, as one scheduled check sees it: every declared run's demand, judged
+once by `admission.admit` before the runs are checked one by one (`capacity_check`), so that
+every region's handler reaches the same verdicts from the same global tables.
+
+In the queue: every run that is submitted (its training configuration stored: the time of
+its first is its submission), not finished or cancelled, and not held after crashes or at its
+spend cap. A run holds its machines once the handler started it. A team's spend is its runs'
+this calendar month (their ledgers). An environment without teams or ceilings has no
+queue: nothing is read."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+
+from spotrain.constructs.interruption_handler.runtime import aws, settings
+from spotrain.constructs.interruption_handler.runtime.settings import Settings
+from spotrain.core import admission, fleet_state, run_lifecycle, spend_ledger
+
+
+def verdicts(environment: Settings, runs: Mapping[str, Settings]) -> dict[str, admission.Verdict]:
+    """Each queued run's verdict (empty where the environment limits nothing)."""
+    text = environment.handler.queue_policy
+    policy = admission.QueuePolicy.from_json(text) if text else admission.QueuePolicy()
+    if policy.limits_nothing:
+        return {}
+    now = settings.now()
+    table = aws.events_table(environment)
+    demands, team_spend = [], defaultdict(float)
+    for run, run_settings in sorted(runs.items()):
+        declared = run_settings.declaration
+        assert declared is not None
+        if declared.team:
+            team_spend[declared.team] += spend_ledger.month_to_date(table, run, now)
+        lifecycle = run_lifecycle.read(table, run)
+        if lifecycle.stopped:
+            continue
+        submitted = lifecycle.started_at
+        if submitted is None and (submitted := aws.submitted_at(run_settings)) is None:
+            continue  # not submitted: it waits for its configuration, not in the queue
+        if fleet_state.run_state(table, run).failed or spend_ledger.read(table, run).held:
+            continue  # held with its groups at 0 until an operator releases it
+        demands.append(admission.Demand(
+            run=run, region=aws.current_epoch(run_settings).region, team=declared.team,
+            priority=declared.priority, submitted_at=submitted, gpus=declared.gpus,
+            vcpus=declared.vcpus, holding=lifecycle.started_at is not None,
+        ))  # fmt: skip
+    return admission.admit(demands, ceilings=policy.ceilings, teams=policy.teams_by_name,
+                           team_spend_usd=team_spend)  # fmt: skip
+
+
+def said(verdict: admission.Verdict | None) -> str | None:
+    """What a run the queue keeps waiting is told, its place first (None: not kept)."""
+    if verdict is None or verdict.admitted:
+        return None
+    return f"#{verdict.place} in the queue: {verdict.reason}"
