@@ -48,8 +48,8 @@ def on_capacity_check(environment: Settings) -> dict[str, Any]:
         queue = run_queue.verdicts(environment, runs)
     except Exception as error:  # no run starts on a queue it could not judge; the next retries
         log.exception("the queue could not be judged")
-        queue = {run: admission.Verdict(False, f"the queue could not be judged ({error})",
-                                        place=0) for run in runs}  # fmt: skip
+        queue = {run: admission.Verdict(False, f"the queue could not be judged ({error})")
+                 for run in runs}  # fmt: skip
     for run, run_settings in sorted(runs.items()):
         try:
             results[run] = check_run(run_settings, asked, queued=run_queue.said(queue.get(run)))

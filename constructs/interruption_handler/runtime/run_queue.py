@@ -53,4 +53,4 @@ def said(verdict: admission.Verdict | None) -> str | None:
     """What a run the queue keeps waiting is told, its place first (None: not kept)."""
     if verdict is None or verdict.admitted:
         return None
-    return f"#{verdict.place} in the queue: {verdict.reason}"
+    return f"#{verdict.place} in the queue: {verdict.reason}" if verdict.place else verdict.reason
