@@ -401,12 +401,13 @@ def read_history(table: Any, run: str) -> tuple[list[SpendPoint], list[CapNotice
     return points, notices
 
 
-def month_to_date(table: Any, run: str, now: float) -> float:
-    """What the run spent in the calendar month (UTC) of `now`: its ledger less the last spend
-    point before the month began (0 if none: it started this month, or its points expired)."""
+def month_to_date(table: Any, run: str, now: float, ledger: Ledger | None = None) -> float:
+    """What the run spent in the calendar month (UTC) of `now`: its ledger (read unless given)
+    less the last spend point before the month began (0 if none: it started this month, or its
+    points expired)."""
     month = datetime.fromtimestamp(now, UTC).replace(day=1, hour=0, minute=0, second=0,
                                                      microsecond=0).timestamp()  # fmt: skip
-    spent = read(table, run).spend_usd
+    spent = (ledger or read(table, run)).spend_usd
     before = [p.spend_usd for p in read_history(table, run)[0] if p.at < month]
     return max(0.0, spent - (before[-1] if before else 0.0))
 

@@ -30,15 +30,16 @@ def verdicts(environment: Settings, runs: Mapping[str, Settings]) -> dict[str, a
     for run, run_settings in sorted(runs.items()):
         declared = run_settings.declaration
         assert declared is not None
+        ledger = spend_ledger.read(table, run)  # once: the team's spend and the cap's hold
         if declared.team:
-            team_spend[declared.team] += spend_ledger.month_to_date(table, run, now)
+            team_spend[declared.team] += spend_ledger.month_to_date(table, run, now, ledger)
         lifecycle = run_lifecycle.read(table, run)
         if lifecycle.stopped:
             continue
         submitted = lifecycle.started_at
         if submitted is None and (submitted := aws.submitted_at(run_settings)) is None:
             continue  # not submitted: it waits for its configuration, not in the queue
-        if fleet_state.run_state(table, run).failed or spend_ledger.read(table, run).held:
+        if fleet_state.run_state(table, run).failed or ledger.held:
             continue  # held with its groups at 0 until an operator releases it
         demands.append(admission.Demand(
             run=run, region=aws.current_epoch(run_settings).region, team=declared.team,
