@@ -49,6 +49,7 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
     from spotrain import cli
     from spotrain.core import code_bundle, fleet_state, run_lifecycle
     from spotrain.cost import run_report
+    from spotrain.localcloud.machines import process_tree, signal_all
     from spotrain.trainer import run_config
     from spotrain.trainer.storage import open_storage
 
@@ -160,7 +161,7 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
             play = subprocess.Popen([sys.executable, "-m", "spotrain.cli", "run", "play",
                                      "local", "mine"], stdout=log, stderr=subprocess.STDOUT,
                                     text=True, cwd=repo)  # fmt: skip
-        deadline = time.monotonic() + 300
+        deadline = time.monotonic() + 600  # two boots and a reclaim, on a busy 2-core machine
         while head() < 5:  # past its first checkpoint
             assert play.poll() is None and time.monotonic() < deadline, played.read_text()[-4000:]
             time.sleep(0.2)
@@ -173,10 +174,22 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
             assert play.poll() is None and time.monotonic() < deadline, played.read_text()[-4000:]
             time.sleep(0.2)
         # Cancelled mid-epoch, from a laptop with the base install (no CDKTF, no Node): its
-        # machines leave as a scale-in stops them; resumed later.
-        [cancelled] = run_base_install([["run", "cancel", "local", "mine"]], cwd=repo,
-                                       env=dict(os.environ))  # fmt: skip
-        assert cancelled.code == 0, cancelled
+        # machines leave as a scale-in stops them; resumed later. They are paused (as slow
+        # machines are) from before the cancel until `run play` has stopped both, so that the
+        # time a busy host takes to cancel cannot let the run finish all its steps first.
+        machines = [pid for pid in process_tree(play.pid) if pid != play.pid]
+        signal_all(machines, signal.SIGSTOP)
+        try:
+            [cancelled] = run_base_install([["run", "cancel", "local", "mine"]], cwd=repo,
+                                           env=dict(os.environ))  # fmt: skip
+            assert cancelled.code == 0, cancelled
+            while "left service (a scale-in)" not in played.read_text():
+                assert play.poll() is None and time.monotonic() < deadline + 300, (
+                    played.read_text()[-4000:])  # fmt: skip
+                time.sleep(0.2)
+            time.sleep(2)  # it stops every machine that left in the same turn, each at once
+        finally:
+            signal_all(machines, signal.SIGCONT)
         assert play.wait(timeout=300) == 0, played.read_text()[-4000:]
         output = played.read_text()
         assert "Traceback" not in output and "DataLoader worker" not in output, output[-4000:]
@@ -197,7 +210,7 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
             play = subprocess.Popen([sys.executable, "-m", "spotrain.cli", "run", "play",
                                      "local", "mine"], stdout=log, stderr=subprocess.STDOUT,
                                     text=True, cwd=repo)  # fmt: skip
-        assert play.wait(timeout=400) == 0, (tmp_path / "play-resumed.log").read_text()[-4000:]
+        assert play.wait(timeout=600) == 0, (tmp_path / "play-resumed.log").read_text()[-4000:]
         resumed = (tmp_path / "play-resumed.log").read_text()
         assert f"resumed mine at step {cancelled_at}" in resumed, resumed[-4000:]
         trained = script_steps(output + resumed)  # a step trained again: the later line
