@@ -310,3 +310,35 @@ def test_the_handler_acts_on_every_on_demand_choice_as_the_simulator_bills_it() 
     assert decision.action == "on-demand", decision.reason
     assert decision.desired == {"east-on-demand": 2, "east-spot": 0}
     assert "move from spot to east-on-demand" in decision.reason
+
+
+def test_a_gang_asked_for_is_released_only_when_it_has_not_come_whole_in_time() -> None:
+    """Rule 8: a whole gang ends the asking; a partial one is kept waiting until the timeout,
+    then released (every group with a size to 0) with what the wait cost; a run short while
+    training is left to rule 7 unless it lost every machine, when it asks anew."""
+    partial = [replace(PRIMARY, in_service=1), ON_DEMAND]
+    asked = policy.GangAsked(since=1000.0, spend_usd=4.0)
+
+    def gang(groups: list[Group], asked: policy.GangAsked | None, now: float) -> Any:
+        return policy.whole_gang(groups, minimum=2, asked=asked, now=now, timeout_s=900,
+                                 spend_usd=4.5)  # fmt: skip
+
+    assert gang([PRIMARY, ON_DEMAND], asked, 1100.0) == (None, None)  # whole
+    assert gang(
+        [replace(PRIMARY, in_service=1), replace(ON_DEMAND, desired=1, in_service=1)], asked, 1100.0
+    ) == (None, None)  # whole with the on-demand fallback's machine
+    assert gang(partial, asked, 1899.0) == (asked, None)
+    kept, released = gang(partial, asked, 1900.0)
+    assert kept is None and released.action == "gang-released"
+    assert (released.desired, released.min_sizes) == ({"east-spot": 0}, {"east-spot": 0})
+    assert "1 of the 2 machines its rendezvous needs came in 15 min (limit 15)" in released.reason
+    assert "the wait cost $0.50" in released.reason
+    assert gang(partial, None, 1100.0) == (None, None)  # lost one while training: rule 7's
+    lost_all = [replace(PRIMARY, in_service=0), ON_DEMAND]
+    assert gang(lost_all, None, 1100.0) == (policy.GangAsked(1100.0, 4.5), None)
+    assert gang(lost_all, asked, 9000.0) == (asked, None)  # none came: nothing to release
+    nothing_asked = [replace(PRIMARY, desired=0, min_size=0, in_service=0), ON_DEMAND]
+    assert gang(nothing_asked, asked, 5000.0) == (None, None)
+    assert policy.gang_minimum([PRIMARY.declared]) == 1  # a declaration without a minimum
+    two = replace(PRIMARY.declared, min_size=2)
+    assert policy.gang_minimum([two, ON_DEMAND.declared]) == 2

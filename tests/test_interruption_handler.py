@@ -10,6 +10,7 @@ import copy
 import json
 import os
 import random
+import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -980,6 +981,87 @@ def test_a_run_waits_for_its_configuration_starts_and_has_no_machine_once_finish
     assert run_lifecycle.read(cloud.table, RUN).finished_step == 20
 
 
+@pytest.mark.integration
+def test_a_gang_that_does_not_come_whole_in_time_is_released_and_asked_for_again(
+    http_cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule 8, on the local cloud with its spot capacity gone: a run of two machines (its
+    coordinator on-demand, the other spot) starts, and only the coordinator comes. The checks
+    within the gang timeout keep asking; the first past it releases the one that came (groups
+    to 0, not kept idle and billed) and says what the wait cost. Once spot is back, the next
+    check asks again from none, and the gang comes whole."""
+    import time
+
+    ec2, autoscaling = boto3.client("ec2"), boto3.client("autoscaling")
+    template = ec2.create_launch_template(
+        LaunchTemplateName=f"gang-{random.getrandbits(32)}",
+        LaunchTemplateData={"ImageId": control.stock_image(ec2)},
+    )["LaunchTemplate"]["LaunchTemplateId"]  # fmt: skip
+    groups = {}
+    for market in ("spot", "on-demand"):
+        groups[market] = f"gang-{random.getrandbits(32):08x}-{market}"
+        autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=groups[market], MinSize=0, MaxSize=2, DesiredCapacity=0,
+            AvailabilityZones=["us-east-1b"],
+            MixedInstancesPolicy={
+                "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateId": template},
+                                   "Overrides": [{"InstanceType": "g5.xlarge"}]},
+                "InstancesDistribution": {"OnDemandBaseCapacity": int(market == "spot"),
+                                          "OnDemandPercentageAboveBaseCapacity":
+                                              100 * (market == "on-demand")},
+            },
+            Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True}
+                  for k, v in (("spotrain:environment", os.environ[ENVIRONMENT_VARIABLE]),
+                               ("spotrain:run", RUN))],
+        )  # fmt: skip
+    boto3.client("s3").create_bucket(Bucket=f"configs-{os.environ[ENVIRONMENT_VARIABLE]}")
+    bucket = f"configs-{os.environ[ENVIRONMENT_VARIABLE]}"
+    monkeypatch.setenv(HandlerSettings.variable("config_bucket"), bucket)
+    declare_run([
+        CapacityGroup(name=groups["spot"], region=REGION, lifecycle="spot", holds_data=True,
+                      min_size=2, desired=2),
+        CapacityGroup(name=groups["on-demand"], region=REGION, lifecycle="on-demand",
+                      holds_data=True),
+    ])  # fmt: skip
+    boto3.client("s3").put_object(Bucket=bucket, Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    started = float(int(time.time()))  # whole seconds: kept to the millisecond
+    clock = [started]
+    monkeypatch.setattr(runtime_settings, "now", lambda: clock[0])
+    check = event("scheduled-capacity-check")
+
+    def sizes() -> tuple[int, int, int]:
+        return _sizes(groups["spot"])
+
+    control.set_faults(spot_capacity_gone=[f"{REGION}/*"])
+    try:
+        assert check_run(check)["decision"] == "start"
+        assert sizes() == (2, 2, 1)  # the on-demand coordinator came, its spot peer did not
+        assert fleet_state.run_state(http_cloud.table, RUN).gang_asked.since == started
+        clock[0] = started + 5 * 60
+        waiting = check_run(check)
+        assert waiting["decision"] == "wait-for-spot" and sizes() == (2, 2, 1), waiting
+        http_cloud.notices()
+        clock[0] = started + 16 * 60  # past the timeout (15 min)
+        released = check_run(check)
+        assert released["decision"] == "gang-released", released
+        assert sizes() == (0, 0, 0)
+        said = released["reason"]
+        assert "1 of the 2 machines its rendezvous needs came in 16 min (limit 15)" in said
+        cost = float(re.search(r"the wait cost \$([\d.]+)", said)[1])  # type: ignore[index]
+        assert cost > 0, said  # the coordinator's time while it waited
+        assert [n["action"] for n in http_cloud.notices()] == ["gang-released"]
+        assert fleet_state.run_state(http_cloud.table, RUN).gang_asked is None
+    finally:
+        control.set_faults(spot_capacity_gone=[])
+    clock[0] = started + 21 * 60
+    again = check_run(check)
+    assert again["decision"] == "release" and sizes() == (2, 2, 2), again
+    assert fleet_state.run_state(http_cloud.table, RUN).gang_asked.since == clock[0]
+    clock[0] = started + 26 * 60
+    assert check_run(check)["decision"] == "none"
+    assert fleet_state.run_state(http_cloud.table, RUN).gang_asked is None  # whole: rule 7's now
+
+
 def test_the_capacity_check_finishes_a_run_whose_stream_notice_was_missed(
     cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
@@ -1200,7 +1282,7 @@ def test_the_handlers_settings_own_their_environment_variables() -> None:
         "RUNS_PARAMETER_PATH": "/spotrain/dev/runs", "ALERT_TOPIC_ARN": "arn:topic",
         "HOT_POOL_THRESHOLD": "2", "RATE_WINDOW_MINUTES": "30",
         "ON_DEMAND_DEADLINE_MINUTES": "10", "CAPACITY_CHECK_MINUTES": "5",
-        "FAILOVER_AFTER_CHECKS": "3",
+        "GANG_TIMEOUT_MINUTES": "15", "FAILOVER_AFTER_CHECKS": "3",
     }  # fmt: skip
     assert HandlerSettings.from_environment(written) == given
     assert HandlerSettings.variable("dead_letter_queue_url") == "DEAD_LETTER_QUEUE_URL"

@@ -663,6 +663,54 @@ def test_group_sizes_outside_their_bounds_are_refused_as_aws_refuses_them(
     assert (group["MinSize"], group["DesiredCapacity"]) == (0, 0)
 
 
+def test_spot_pools_without_capacity_leave_a_group_short_until_capacity_returns(
+    local_cloud: control.RunningCloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`spotrain local fault spot-gone REGION TYPES`: a mixed-instances group launches its
+    on-demand base but none of its spot machines of those types (its desired capacity unmet,
+    as AWS leaves it without capacity), tries again at each look, and fills once `spot-back`
+    returns the capacity."""
+    from helpers import launch_template
+
+    from spotrain import cli
+
+    autoscaling, ec2 = client(local_cloud, "autoscaling"), client(local_cloud, "ec2")
+    name = unique("short-of-spot")
+    autoscaling.create_auto_scaling_group(
+        AutoScalingGroupName=name, MinSize=0, MaxSize=3, DesiredCapacity=0,
+        AvailabilityZones=["us-east-1a"],
+        MixedInstancesPolicy={
+            "LaunchTemplate": {
+                "LaunchTemplateSpecification": {"LaunchTemplateId": launch_template(ec2, name)},
+                "Overrides": [{"InstanceType": "g6.xlarge"}],
+            },
+            "InstancesDistribution": {"OnDemandBaseCapacity": 1,
+                                      "OnDemandPercentageAboveBaseCapacity": 0},
+        },
+    )  # fmt: skip
+
+    def in_service() -> list[str]:
+        [group] = autoscaling.describe_auto_scaling_groups(AutoScalingGroupNames=[name])[
+            "AutoScalingGroups"]  # fmt: skip
+        ids = [i["InstanceId"] for i in group["Instances"]]
+        found = ec2.describe_instances(InstanceIds=ids)["Reservations"] if ids else []
+        return sorted(i.get("InstanceLifecycle", "on-demand")
+                      for r in found for i in r["Instances"])  # fmt: skip
+
+    try:
+        assert cli.main(["local", "fault", "spot-gone", REGION, "g6.*"]) == 0
+        assert "spot capacity gone: us-east-1/g6.*" in capsys.readouterr().out
+        autoscaling.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
+        assert in_service() == ["on-demand"]
+        assert in_service() == ["on-demand"]  # it tries again, and fails again
+        assert cli.main(["local", "fault", "spot-back", REGION, "g6.*"]) == 0
+        assert in_service() == ["on-demand", "spot", "spot"]
+    finally:
+        control.set_faults(spot_capacity_gone=[])
+    assert cli.main(["local", "fault", "spot-gone", "mars-east-1"]) == 2
+    assert "is not an AWS region spotrain knows" in capsys.readouterr().err
+
+
 def test_schedule_periods_and_the_clock_file(tmp_path: Path) -> None:
     """EventBridge's `rate(...)` periods, and the speed-up a running cloud reads: unreadable
     or absent, the clock is stopped."""

@@ -122,6 +122,9 @@ class InterruptionHandlerProps:
     """How long the run may lack spot capacity before the on-demand group covers it."""
     capacity_check_minutes: int = handler_settings.CAPACITY_CHECK_MINUTES
     """How often the scheduled capacity check runs."""
+    gang_timeout_minutes: int = handler_settings.GANG_TIMEOUT_MINUTES
+    """How long a run's gang may take to come whole before the machines that came are
+    released rather than kept idle."""
     failover_after_checks: int = handler_settings.FAILOVER_AFTER_CHECKS
     """Checks in a row a run's region must fail to answer before the next region moves it."""
     catalog_stream_arn: str | None = None
@@ -154,6 +157,7 @@ class InterruptionHandlerProps:
             "hot_pool_threshold",
             "rate_window_minutes",
             "capacity_check_minutes",
+            "gang_timeout_minutes",
             "failover_after_checks",
         ):
             if getattr(self, field_name) < 1:
@@ -301,6 +305,7 @@ class InterruptionHandler(Construct):
                     rate_window_minutes=props.rate_window_minutes,
                     on_demand_deadline_minutes=props.on_demand_deadline_minutes,
                     capacity_check_minutes=props.capacity_check_minutes,
+                    gang_timeout_minutes=props.gang_timeout_minutes,
                     failover_after_checks=props.failover_after_checks,
                     checkpoints_table=props.checkpoints_table_name,
                     config_bucket=props.config_bucket_name,

@@ -50,7 +50,8 @@ def cmd_local(args: argparse.Namespace) -> int:
 FAULT_USAGE = (
     "name a fault: region-down REGION, region-up REGION, partition REGION, rejoin REGION, "
     "table-lag SECONDS, replication-pending BUCKET/KEY-PATTERN, replication-resumed, "
-    "unavailable BUCKET/KEY-PATTERN REQUESTS, or clear"
+    "unavailable BUCKET/KEY-PATTERN REQUESTS, spot-gone REGION [TYPE-PATTERN], spot-back "
+    "REGION [TYPE-PATTERN], or clear"
 )
 
 
@@ -96,10 +97,16 @@ def _fault_changes(words: list[str]) -> dict[str, Any]:
             entry = {"id": uuid.uuid4().hex, "pattern": _object_pattern(pattern),
                      "requests": _positive_int(requests, "REQUESTS")}  # fmt: skip
             return {"unavailable": [*current.unavailable, entry]}
+        case ["spot-gone", region, *types] if len(types) <= 1:
+            pool = f"{_region(region)}/{types[0] if types else '*'}"
+            return {"spot_capacity_gone": [*current.spot_capacity_gone, pool]}
+        case ["spot-back", region, *types] if len(types) <= 1:
+            pool = f"{_region(region)}/{types[0] if types else '*'}"
+            return {"spot_capacity_gone": [p for p in current.spot_capacity_gone if p != pool]}
         case ["clear"]:
             return {"regions_down": [], "regions_partitioned": [],
                     "table_replication_lag_seconds": 0.0, "replication_pending": [],
-                    "unavailable": []}  # fmt: skip
+                    "unavailable": [], "spot_capacity_gone": []}  # fmt: skip
     raise SpotrainError(f"`spotrain local fault {' '.join(words)}`: {FAULT_USAGE}")
 
 
@@ -111,7 +118,8 @@ def _describe_faults(current: faults.Faults) -> str:
         f"{', '.join(current.regions_partitioned) or 'none'}; table replication lag: "
         f"{current.table_replication_lag_seconds:g} s; replication pending for: "
         f"{', '.join(current.replication_pending) or 'nothing'}; unavailable: "
-        f"{unavailable or 'nothing'}"
+        f"{unavailable or 'nothing'}; spot capacity gone: "
+        f"{', '.join(current.spot_capacity_gone) or 'none'}"
     )
 
 
@@ -193,9 +201,10 @@ def add_parsers(commands: Any) -> None:
         metavar="FAULT",
         help="with `fault`: region-down REGION | region-up REGION | partition REGION (it "
         "serves its clients, replicates nothing) | rejoin REGION | table-lag SECONDS (global "
-        "tables' replication lag) | replication-pending "
-        "BUCKET/KEY-PATTERN | replication-resumed | unavailable BUCKET/KEY-PATTERN REQUESTS "
-        "(the next REQUESTS requests for those objects get 503) | clear",
+        "tables' replication lag) | replication-pending BUCKET/KEY-PATTERN | replication-resumed "
+        "| unavailable BUCKET/KEY-PATTERN REQUESTS (the next REQUESTS requests for those objects "
+        "get 503) | spot-gone REGION [TYPE-PATTERN] (no spot machine of those types launches) | "
+        "spot-back REGION [TYPE-PATTERN] | clear",
     )
     local.add_argument(
         "--port",
@@ -223,9 +232,8 @@ def add_parsers(commands: Any) -> None:
         help="the fleet story instead: 3 machines booted from the deployed launch template "
         "train one run, one is reclaimed, its replacement joins",
     )  # fmt: skip
-    rehearse.add_argument(
-        "--keep-cloud", action="store_true", help="leave the local cloud running afterwards"
-    )
+    rehearse.add_argument("--keep-cloud", action="store_true",
+                          help="leave the local cloud running afterwards")  # fmt: skip
     rehearse.add_argument(
         "--port",
         type=whole(0, 65535),

@@ -32,6 +32,15 @@ warning, and `reconcile`, the scheduled check):
    of that, the on-demand fallback group is raised by the shortfall; the scheduled check
    gives it back when spot returns.
 
+And whatever the market, a run's gang starts whole or not at all (`whole_gang`):
+8. A run that asks for machines from none (its start, a release, a move in) needs its gang,
+   the machines its rendezvous waits for (its groups' minimum there), before any trains. If
+   they have not all come `gang_timeout_s` after it asked, the ones that came are released
+   (its groups to 0, their sizes remembered), not kept idle and billed, with what the wait
+   cost; the next check asks again from none. While none has come it keeps asking (nothing
+   is billed, and a run with a deadline waits for spot this way). A run that lost some
+   machines while training is rule 7's; one that lost all of them asks from none.
+
 A run with a deadline replaces rule 7's fixed wait, and the scheduled check's return to spot,
 with the deadline policy (`spotrain.core.outage_fill`, the one the cost simulator replays):
 spot whenever it is there; on-demand covers an outage once the on-demand hours the run is
@@ -72,6 +81,20 @@ class Decision:
     """When the run became short of spot capacity (None: it is not)."""
     spot_record: SpotRecord | None = None
     """A run with a deadline: its record of spot with this check's look added (to keep)."""
+
+
+@dataclass(frozen=True)
+class GangAsked:
+    """A run asking for its gang (rule 8): since when, and its ledger's spend then (what the
+    wait cost, should the gang not come, is the difference)."""
+
+    since: float
+    spend_usd: float = 0.0
+
+
+ASKS_FROM_NONE = ("start", "release", "follow-the-run")
+"""Decisions that raise a run's groups from nothing in the region they act in: the run asks
+for its gang (rule 8)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -380,6 +403,39 @@ def _gang_to_on_demand(groups: Sequence[Group], fallback: Group, why: str) -> De
         f"({fallback.desired} -> {fallback.desired + moved} on-demand)",
         desired,
         short_since=None,
+    )
+
+
+def gang_minimum(declared: Sequence[CapacityGroup]) -> int:
+    """The machines a run's rendezvous waits for in a region: its groups' minimum there (at
+    least one: torchrun's --nnodes, `spot_fleet.nnodes`)."""
+    return max(1, sum(g.min_size for g in declared))
+
+
+def whole_gang(
+    groups: Sequence[Group], *, minimum: int, asked: GangAsked | None, now: float,
+    timeout_s: float, spend_usd: float,
+) -> tuple[GangAsked | None, Decision | None]:  # fmt: skip
+    """Rule 8 at a scheduled check of a run that may have machines, on its groups in the region
+    it trains in: whether it still asks for its gang (to keep), and the release of a gang that
+    did not come in time (None: nothing to do)."""
+    wanted, came = sum(g.desired for g in groups), sum(g.in_service for g in groups)
+    if wanted == 0 or came >= minimum:
+        return None, None  # nothing asked for, or the gang is whole
+    if asked is None:  # short while training (rule 7's), or every machine lost: asks anew
+        return (GangAsked(now, spend_usd) if came == 0 else None), None
+    waited = now - asked.since
+    if waited < timeout_s or came == 0:
+        return asked, None  # none came: nothing is billed, and it keeps its place in the pools
+    sized = [g for g in groups if g.desired or g.min_size]
+    cost = max(0.0, spend_usd - asked.spend_usd)
+    return None, Decision(
+        "gang-released",
+        f"whole-gang start: {came} of the {minimum} machines its rendezvous needs came in "
+        f"{waited / 60:.0f} min (limit {timeout_s / 60:.0f}): released rather than kept idle "
+        f"(the wait cost ${cost:,.2f}); the next check asks for the gang again",
+        {g.name: 0 for g in sized},
+        min_sizes={g.name: 0 for g in sized},
     )
 
 

@@ -18,6 +18,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
+from spotrain.core.capacity_policy import GangAsked
 from spotrain.core.catalog_schema import (
     COORDINATOR_SORT_KEY,
     FOREIGN_EVENTS_KEY,
@@ -58,6 +59,8 @@ class RunState:
     queued: str | None = None
     """Why the environment's queue does not admit the run yet, with its place, as the last
     check judged (`admission`); None: not waiting in the queue."""
+    gang_asked: GangAsked | None = None
+    """The run asks for its gang and it has not all come yet (`capacity_policy` rule 8)."""
 
 
 @dataclass(frozen=True)
@@ -87,6 +90,9 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
         ),
         spot_record=SpotRecord.from_item(item["spot_record"]) if "spot_record" in item else None,
         queued=str(item["queued"]) if item.get("queued") else None,
+        gang_asked=GangAsked(float(item["gang_asked"]["since"]),
+                             float(item["gang_asked"]["spend_usd"]))
+        if item.get("gang_asked") else None,
     )  # fmt: skip
 
 
@@ -168,6 +174,18 @@ def set_queued(table: Any, run: str, queued: str | None) -> None:
     else:
         table.update_item(Key=_state_key(run), UpdateExpression="SET queued = :queued",
                           ExpressionAttributeValues={":queued": queued})  # fmt: skip
+
+
+def set_gang_asked(table: Any, run: str, asked: GangAsked | None) -> None:
+    """Keep when the run asked for its gang (None once it came, or was released)."""
+    if asked is None:
+        table.update_item(Key=_state_key(run), UpdateExpression="REMOVE gang_asked")
+    else:
+        table.update_item(
+            Key=_state_key(run), UpdateExpression="SET gang_asked = :asked",
+            ExpressionAttributeValues={":asked": _stored(
+                {"since": asked.since, "spend_usd": asked.spend_usd})},
+        )  # fmt: skip
 
 
 @dataclass(frozen=True)

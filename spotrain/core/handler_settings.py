@@ -19,6 +19,9 @@ ON_DEMAND_DEADLINE_MINUTES = 10
 """How long a run without a deadline waits short of spot before on-demand covers it."""
 CAPACITY_CHECK_MINUTES = 5
 """How often the scheduled capacity check runs; a deadline decision holds until the next."""
+GANG_TIMEOUT_MINUTES = 15
+"""How long a run's gang may take to come whole before the machines that came are released
+(rule 8 of `capacity_policy`): three checks, past the on-demand fallback's wait."""
 FAILOVER_AFTER_CHECKS = 3
 """Scheduled checks in a row the region a run trains in must fail to answer before the next
 of its regions moves it there (`failover`)."""
@@ -51,6 +54,7 @@ class HandlerSettings:
     rate_window_minutes: float = RATE_WINDOW_MINUTES
     on_demand_deadline_minutes: float = ON_DEMAND_DEADLINE_MINUTES
     capacity_check_minutes: float = CAPACITY_CHECK_MINUTES
+    gang_timeout_minutes: float = GANG_TIMEOUT_MINUTES
     failover_after_checks: int = FAILOVER_AFTER_CHECKS
     checkpoints_table: str | None = None
     config_bucket: str | None = None

@@ -83,6 +83,7 @@ def set_faults(
     table_replication_lag_seconds: float | None = None,
     replication_pending: list[str] | None = None,
     unavailable: list[dict[str, Any]] | None = None,
+    spot_capacity_gone: list[str] | None = None,
     through_vpc_endpoints: dict[str, str] | None = None,
 ) -> faults.Faults:
     """Replace the named kinds of fault (None leaves a kind as it is); returns all of them."""
@@ -97,6 +98,8 @@ def set_faults(
         current.replication_pending = list(dict.fromkeys(replication_pending))
     if unavailable is not None:
         current.unavailable = unavailable
+    if spot_capacity_gone is not None:
+        current.spot_capacity_gone = list(dict.fromkeys(spot_capacity_gone))
     if through_vpc_endpoints is not None:
         current.through_vpc_endpoints = through_vpc_endpoints
     faults.write(faults_file(), current)

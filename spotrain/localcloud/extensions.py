@@ -32,6 +32,8 @@
   `OnDemandPercentageAboveBaseCapacity` of the rest) are spot machines
   (`InstanceLifecycle: spot`), as AWS launches them. An UpdateAutoScalingGroup that names no
   policy keeps the group's (moto drops it, and the group then launches machines of no type).
+  Spot machines of a pool the `spot_capacity_gone` fault names do not launch; the group tries
+  again whenever it is described, until they do.
 
 `install()` patches moto in this process; the local cloud server calls it before it serves.
 """
@@ -444,6 +446,10 @@ def _install_python_function_invoke() -> None:
     LambdaFunction.invoke = invoke  # type: ignore[method-assign]
 
 
+EC2_SPOT = "spot"
+"""EC2's `InstanceLifecycle` of a spot machine (an on-demand one has none)."""
+
+
 def _install_autoscaling_markets() -> None:
     from moto.autoscaling.models import FakeAutoScalingGroup
 
@@ -466,13 +472,53 @@ def _install_autoscaling_markets() -> None:
             if not policy:
                 continue
             live = [s.instance for s in self.instance_states if s.instance.state != "terminated"]
-            on_demand = sum(i.lifecycle != "spot" for i in live if i is not instance)
+            on_demand = sum(i.lifecycle != EC2_SPOT for i in live if i is not instance)
             beyond = max(0, len(live) - base)
             wanted_on_demand = base + (beyond * above + 99) // 100
             if on_demand >= wanted_on_demand:
-                instance.lifecycle = "spot"
+                instance.lifecycle = EC2_SPOT
+        _leave_out_spot_without_capacity(self, before)
 
     FakeAutoScalingGroup.replace_autoscaling_group_instances = replace_autoscaling_group_instances  # type: ignore[method-assign]
+    _install_autoscaling_keeps_trying()
+
+
+_SHORT_OF_SPOT: set[tuple[str, str]] = set()
+"""(region, group) left short of desired capacity by a `spot_capacity_gone` fault."""
+
+
+def _leave_out_spot_without_capacity(group: Any, first: int) -> None:
+    """The machines launched from `group.instance_states[first]` on that are spot in a pool
+    with no capacity (the fault) never started: terminated and out of the group."""
+    gone = faults.current()
+    failed = [s for s in group.instance_states[first:] if s.instance.lifecycle == EC2_SPOT
+              and gone.spot_gone(group.region, s.instance.instance_type)]  # fmt: skip
+    if not failed:
+        _SHORT_OF_SPOT.discard((group.region, group.name))
+        return
+    group.autoscaling_backend.ec2_backend.terminate_instances([s.instance.id for s in failed])
+    group.instance_states = [s for s in group.instance_states if s not in failed]
+    _SHORT_OF_SPOT.add((group.region, group.name))
+
+
+def _install_autoscaling_keeps_trying() -> None:
+    """A group left short of spot by the fault launches again when it is next described, as
+    Auto Scaling keeps trying until capacity returns (only such groups: moto fills a group
+    only when its desired capacity changes)."""
+    from moto.autoscaling.models import AutoScalingBackend
+
+    describe = AutoScalingBackend.describe_auto_scaling_groups
+
+    def describe_and_retry(self: AutoScalingBackend, *args: Any, **kwargs: Any) -> Any:
+        for region, name in sorted(_SHORT_OF_SPOT):
+            if region != self.region_name:
+                continue
+            _SHORT_OF_SPOT.discard((region, name))  # a launch that fails again puts it back
+            if (group := self.autoscaling_groups.get(name)) is not None:
+                group.set_desired_capacity(group.desired_capacity)
+        return describe(self, *args, **kwargs)
+
+    AutoScalingBackend.describe_auto_scaling_groups = describe_and_retry  # type: ignore[method-assign]
 
 
 def _install_autoscaling_update_keeps_the_policy() -> None:

@@ -1,7 +1,7 @@
 """Faults the local cloud can play, for rehearsals and tests: a region that is down, a region
 cut off from the others (it serves its own clients, replicates nothing), S3 and DynamoDB
-replication that has not caught up yet, and S3 objects that fail their next requests; and
-where callers stand (inside a VPC, through its endpoints, or outside).
+replication that has not caught up yet, S3 objects that fail their next requests, and spot
+pools without capacity; and where callers stand (inside a VPC, through its endpoints, or outside).
 
 The running server re-reads `faults.json` in its state directory on every request it could
 affect, so `spotrain local fault ...` takes effect at once without a restart.
@@ -43,10 +43,20 @@ class Faults:
     `pattern` (`bucket/key`, fnmatch) get 503 SlowDown, as S3 answers under load; later ones
     are served."""
 
+    spot_capacity_gone: list[str] = field(default_factory=list)
+    """`REGION/INSTANCE-TYPE` patterns (fnmatch) of spot pools with no capacity: a group's
+    spot machines of such a pool do not launch (its desired capacity stays unmet, as AWS's
+    `InsufficientInstanceCapacity` leaves it) until the pattern is cleared, when the group
+    fills at its next look, as Auto Scaling keeps trying."""
+
     through_vpc_endpoints: dict[str, str] = field(default_factory=dict)
     """Service (`s3`, `dynamodb`) -> VPC endpoint id: requests to the service carry
     `aws:SourceVpce` with that id, as from a machine inside the VPC. Empty: callers are
     outside any VPC, as a laptop (or a stolen credential) is."""
+
+    def spot_gone(self, region: str, instance_type: str) -> bool:
+        return any(fnmatch.fnmatchcase(f"{region}/{instance_type}", p)
+                   for p in self.spot_capacity_gone)  # fmt: skip
 
     def replication_held(self, bucket: str, key: str) -> bool:
         return any(fnmatch.fnmatchcase(f"{bucket}/{key}", p) for p in self.replication_pending)

@@ -123,6 +123,8 @@ def check_run(
     if decision is None:
         decision = capacity_policy.follow_the_run(region, here, groups,
                                                   run_settings.declaration.groups)  # fmt: skip
+    decision = whole_gang(run_settings, table, groups, state, decision, now,
+                          ledger.spend_usd if ledger else 0.0)  # fmt: skip
     if decision is None:
         progress, measured = deadline_progress(run_settings, now)
         record = None
@@ -142,6 +144,33 @@ def check_run(
         aws.notify(topic, f"spotrain: {decision.action} (run {run})", asdict(decision))
     return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
             "ledger": counted}  # fmt: skip
+
+
+def whole_gang(
+    run_settings: Settings, table: Any, groups: list[Any], state: fleet_state.RunState,
+    decision: capacity_policy.Decision | None, now: float, spend_usd: float,
+) -> capacity_policy.Decision | None:  # fmt: skip
+    """Rule 8 of the capacity policy: a decision that raises the run's groups from none asks
+    for its gang; with no such decision, a gang that did not come in time is released (its
+    sizes remembered: the next check asks again). Keeps when it asked; `decision`, or the
+    release, or None."""
+    assert run_settings.declaration is not None
+    asked = state.gang_asked
+    if decision is not None:
+        raises = decision.action in capacity_policy.ASKS_FROM_NONE and decision.desired
+        asked = capacity_policy.GangAsked(now, spend_usd) if raises else None
+    else:
+        declared = capacity_policy.groups_in(aws.own_region(), run_settings.declaration.groups)
+        asked, decision = capacity_policy.whole_gang(
+            groups, minimum=capacity_policy.gang_minimum(declared), asked=asked, now=now,
+            timeout_s=60 * run_settings.handler.gang_timeout_minutes, spend_usd=spend_usd,
+        )  # fmt: skip
+        if decision is not None:
+            sizes = capacity_policy.sizes_to_remember(groups, decision)
+            fleet_state.set_held_sizes(table, run_settings.run, sizes)
+    if asked != state.gang_asked:
+        fleet_state.set_gang_asked(table, run_settings.run, asked)
+    return decision
 
 
 def finish(
