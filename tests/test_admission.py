@@ -13,11 +13,11 @@ TEAMS = {"vision": Team(name="vision", gpus=8), "speech": Team(name="speech", gp
 
 
 def _run(run: str, *, team: str = "vision", at: float = 0.0, machines: int = 2,
-         priority: int = 0, holding: bool = False) -> Demand:  # fmt: skip
+         priority: int = 0, holding: bool = False, preemptible: bool = True) -> Demand:  # fmt: skip
     """A run of g5.12xlarge machines (4 GPUs, 48 vCPUs each) on spot."""
     gpus, wanted = asked(["g5.12xlarge"], {"spot": machines})
     return Demand(run=run, region="us-east-1", team=team, priority=priority, submitted_at=at,
-                  gpus=gpus, vcpus=wanted, holding=holding)  # fmt: skip
+                  gpus=gpus, vcpus=wanted, holding=holding, preemptible=preemptible)  # fmt: skip
 
 
 def _decide(*demands: Demand, ceiling: int = 192, spend: dict[str, float] | None = None,
@@ -84,7 +84,7 @@ def test_holding_runs_keep_their_machines_and_are_counted_first() -> None:
     # A ceiling lowered under what runs hold takes nothing back (that is preemption's, which
     # publishes a checkpoint first): they keep their machines, and nothing new starts.
     verdicts = _decide(_run("a", holding=True), _run("b", holding=True, team="speech"),
-                       _run("c", at=0, priority=99), ceiling=96)  # fmt: skip
+                       _run("c", at=0), ceiling=96)  # fmt: skip
     assert verdicts["a"].admitted and verdicts["b"].admitted
     assert verdicts["c"].place == 1 and "0 of its ceiling 96 free" in verdicts["c"].reason
     # A quota without a ceiling, and an environment without teams, hold nothing back.
@@ -111,17 +111,60 @@ def test_what_a_run_asks_is_counted_per_quota_in_vcpus_and_in_gpus() -> None:
         vcpus("g5.large")
 
 
-def test_the_capacity_policy_holds_a_queued_run_until_it_starts_and_never_after() -> None:
+def test_the_capacity_policy_holds_a_queued_run_and_a_preempted_one_remembering_its_sizes() -> None:
     from spotrain.core import capacity_policy
+    from spotrain.core.capacity import CapacityGroup, Group
     from spotrain.core.run_lifecycle import Lifecycle
 
     standing = capacity_policy.Standing(run="c", lifecycle=Lifecycle(), queued="#1 in the queue")
     held = capacity_policy.hold_for(standing)
     assert held is not None and held.kind == capacity_policy.QUEUED
-    assert held.why == "queued: #1 in the queue" and not held.remembers_sizes
-    # Without a configuration it waits for that first; once started the queue stops nothing.
+    assert held.why == "queued: #1 in the queue"
+    empty = Group(declared=CapacityGroup(name="c-spot", region="us-east-1", lifecycle="spot",
+                                         holds_data=True),
+                  pools=(), desired=0, min_size=0, max_size=2)  # fmt: skip
+    waiting = capacity_policy.hold([empty], held)
+    assert waiting.action == "wait" and not capacity_policy.sizes_to_remember([empty], waiting)
+    # Without a configuration it waits for that first.
     unsubmitted = capacity_policy.Standing(run="c", lifecycle=Lifecycle(), queued="#1",
                                            configuration_stored=False)  # fmt: skip
     assert capacity_policy.hold_for(unsubmitted).kind == capacity_policy.WAITING  # type: ignore[union-attr]
-    started = capacity_policy.Standing(run="c", lifecycle=Lifecycle(started_at=1.0), queued="#1")
-    assert capacity_policy.hold_for(started) is None
+    # A started run the queue does not admit was preempted: its groups go to 0, their sizes
+    # remembered for when it is admitted again.
+    started = capacity_policy.Standing(run="c", lifecycle=Lifecycle(started_at=1.0),
+                                       queued="#1 in the queue: preempted by run u")  # fmt: skip
+    held = capacity_policy.hold_for(started)
+    assert held is not None and held.remembers_sizes
+    running = Group(**{**vars(empty), "desired": 2, "min_size": 2, "in_service": 2})
+    preempted = capacity_policy.hold([running], held)
+    assert preempted.action == "preempt" and "emergency checkpoint" in preempted.reason
+    assert capacity_policy.sizes_to_remember([running], preempted) == {
+        "c-spot": {"min_size": 2, "desired": 2}}  # fmt: skip
+    admitted = capacity_policy.Standing(run="c", lifecycle=Lifecycle(started_at=1.0))
+    assert capacity_policy.hold_for(admitted) is None
+
+
+def test_a_higher_priority_run_preempts_the_fewest_lower_ones_it_needs_newest_first() -> None:
+    # Three holders of one machine each (48 vCPUs) fill a ceiling of 144; an urgent run of two
+    # machines takes the lowest priority's first, then the latest submitted of the rest.
+    holders = [_run("old", at=1, machines=1, priority=1, holding=True),
+               _run("new", at=2, machines=1, priority=1, holding=True),
+               _run("least", at=3, machines=1, priority=0, holding=True)]  # fmt: skip
+    urgent = _run("urgent", at=9, priority=5, team="speech")
+    verdicts = _decide(*holders, urgent, ceiling=144)
+    assert verdicts["urgent"] == Verdict(True, "admitted")
+    assert [r for r, v in verdicts.items() if v.preempted_by == "urgent"] == ["new", "least"]
+    assert verdicts["old"].admitted
+    assert verdicts["least"].reason.startswith("preempted by run urgent (priority 5 over its 0):")
+    assert (verdicts["least"].place, verdicts["new"].place) == (2, 1)  # waiting, in order
+    # One that would then wait anyway preempts nobody: a larger run than the whole ceiling.
+    huge = _run("huge", at=9, priority=5, machines=4)
+    verdicts = _decide(*holders, huge, ceiling=144)
+    assert all(verdicts[h.run].admitted for h in holders) and not verdicts["huge"].admitted
+    # Equal priority never preempts; nor does any priority preempt a run with a deadline.
+    assert not _decide(*holders, _run("peer", priority=1), ceiling=144)["peer"].admitted
+    promised = [_run("deadline", machines=3, priority=0, holding=True, preemptible=False)]
+    assert not _decide(*promised, urgent, ceiling=144)["urgent"].admitted
+    # What it does not need is kept: one machine freed is enough for a one-machine run.
+    verdicts = _decide(*holders, _run("one", at=9, priority=5, machines=1), ceiling=144)
+    assert [r for r, v in verdicts.items() if v.preempted_by] == ["least"]

@@ -930,16 +930,18 @@ def _sizes(name: str) -> tuple[int, int, int]:
     return int(group["MinSize"]), int(group["DesiredCapacity"]), in_service
 
 
-def _publish(catalog: Any, tmp_path: Path, generation: int, step: int, *, final: bool) -> None:
+def _publish(
+    catalog: Any, tmp_path: Path, generation: int, step: int, *, final: bool, run: str = RUN
+) -> None:
     from spotrain.trainer import checkpoint_store
 
-    folder = tmp_path / f"step{step}"
+    folder = tmp_path / f"{run}-step{step}"
     folder.mkdir()
     (folder / "model.pt").write_bytes(bytes([step]) * 64)
     from spotrain.trainer.storage import LocalStorage
 
     storage = LocalStorage(tmp_path / "store")
-    checkpoint_store.publish(folder, storage=storage, run=RUN, catalog=catalog,
+    checkpoint_store.publish(folder, storage=storage, run=run, catalog=catalog,
                              generation=generation, step=step, world_size=1, zero_stage=2,
                              config_hash="c", code_version="v", final=final)  # fmt: skip
 
@@ -1151,6 +1153,72 @@ def test_runs_that_do_not_fit_wait_in_the_queue_with_their_place_and_start_when_
     assert changed["queue"]["gpt-vision"]["decision"] == "start", changed
     assert _sizes("gpt-vision-spot")[:2] == (1, 1)
     assert fleet_state.run_state(cloud.table, "gpt-vision").queued is None
+
+
+def test_a_higher_priority_run_preempts_a_lower_one_which_resumes_when_it_finishes(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two runs hold the ceiling's two machines, one of them with a deadline; an urgent run
+    submitted later preempts the other (its groups to 0, sizes remembered: its machines
+    publish their emergency checkpoints as they leave), never the one with a deadline. The
+    preempted run waits with its reason; when the urgent run finishes, the catalog's stream
+    admits it again and its groups get their sizes back."""
+    from helpers import stream_records
+
+    from spotrain.core.admission import QueuePolicy, Team
+    from spotrain.trainer.catalog import DynamoCatalog
+    from spotrain.trainer.storage import LocalStorage
+
+    _lifecycle_environment(monkeypatch, tmp_path)
+    policy = QueuePolicy(teams=(Team(name="vision", gpus=8), Team(name="speech", gpus=8)),
+                         ceilings={REGION: {"spot/G and VT": 96}})  # fmt: skip
+    monkeypatch.setenv(HandlerSettings.variable("queue_policy"), policy.to_json())
+    asks = {"gpus": 4, "vcpus": {"spot/G and VT": 48}}
+    deadline = RunDeadline(
+        started_at="2026-11-01T00:00:00+00:00",
+        finish_by="2026-12-31T00:00:00+00:00",
+        total_steps=1000,
+    )
+    runs = {"promised": ("speech", 0, deadline), "urgent": ("speech", 5, None)}
+    declare_run([CapacityGroup(name="east-spot", region=REGION, lifecycle="spot",
+                               holds_data=True, min_size=1, desired=1)],
+                team="vision", **asks)  # fmt: skip
+    for run, (team, priority, promise) in runs.items():
+        create_group(f"{run}-spot", REGION, "us-east-1b", 0, run=run)
+        declare_run([CapacityGroup(name=f"{run}-spot", region=REGION, lifecycle="spot",
+                                   holds_data=True, min_size=1, desired=1)],
+                    run=run, team=team, priority=priority, run_deadline=promise,
+                    **asks)  # fmt: skip
+    check = event("scheduled-capacity-check")
+
+    def submit(run: str) -> None:
+        boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{run}/config/1-a.json",
+                                      Body=b"{}")  # fmt: skip
+
+    for run in (RUN, "promised"):
+        submit(run)
+    decided = handler.handle(check)["runs"]
+    assert {decided[r]["decision"] for r in (RUN, "promised")} == {"start"}, decided
+    submit("urgent")
+    decided = handler.handle(check)["runs"]
+    assert (decided["urgent"]["decision"], decided[RUN]["decision"]) == ("start", "preempt")
+    assert decided["promised"]["decision"] != "preempt"  # a deadline is not preempted
+    preempted = fleet_state.run_state(cloud.table, RUN)
+    assert preempted.queued.startswith("#1 in the queue: preempted by run urgent (priority 5 "
+                                       "over its 0)")  # fmt: skip
+    assert preempted.held_sizes == {"east-spot": {"min_size": 1, "desired": 1}}
+    assert _sizes("east-spot")[:2] == (0, 0) and _sizes("urgent-spot")[:2] == (1, 1)
+    # It waits while the urgent run trains, and resumes the moment it finishes.
+    assert handler.handle(check)["runs"][RUN]["decision"] == "wait"
+    urgent = DynamoCatalog("catalog", "urgent", LocalStorage(tmp_path / "store"),
+                           client=boto3.client("dynamodb"))  # fmt: skip
+    _publish(urgent, tmp_path, urgent.acquire_lease("trainer"), 20, final=True, run="urgent")
+    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    changed = handler.handle({"Records": records})
+    assert changed["finished"] == {"urgent": 20}
+    assert changed["queue"][RUN]["decision"] == "release", changed
+    assert _sizes("east-spot")[:2] == (1, 1)
+    assert fleet_state.run_state(cloud.table, RUN).queued is None
 
 
 def test_one_handler_serves_each_run_of_its_environment_on_its_own(

@@ -172,7 +172,7 @@ def _why_not_training(
         return "held after repeated crashes (`spotrain fleet reset-crashes`)"
     if held:
         return "held at its spend cap (`spotrain fleet release --max-spend-usd N`)"
-    if phase == run_lifecycle.WAITING and state.queued and stored:
+    if state.queued and stored:  # waiting in the queue, or preempted
         return state.queued
     if phase == run_lifecycle.WAITING:
         return ("submitted: the handler's next capacity check (every 5 minutes) starts its "

@@ -24,14 +24,24 @@ Every run asks for the machines its groups start at (`Demand`). `admit` decides,
    d. its team stays within its GPU share, or the GPUs over it are idle in other teams'
       shares (borrowed: the run says so; a team gets its share back by preemption, never by
       the borrower being stopped unpublished).
+4. A waiting run that does not fit may take the machines of holding runs of lower priority
+   (preemption): the preemptible ones, lowest priority first and then the latest submitted,
+   are set aside one at a time until it fits; those it does not need after all are kept, and
+   if it cannot fit with every one set aside, none is preempted. A preempted run waits in the
+   queue like any other: its machines are scaled in, so each publishes its emergency
+   checkpoint first (SIGTERM, as for a cancel), nothing runs so nothing is billed, and it
+   resumes from that checkpoint when the queue admits it again.
+   A run with a deadline is not preemptible: the deadline policy keeps its promise by paying
+   for on-demand when spot is short, and a preemption of unknown length would make its owner
+   pay, or miss the deadline, for another run's priority. Its priority still orders it.
 """
 
 from __future__ import annotations
 
 import json
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import asdict, dataclass, field, replace
 
 from spotrain.core.gpu_types import MACHINES, quota_key, vcpus
 
@@ -73,7 +83,9 @@ class Demand:
     vcpus: Mapping[str, int] = field(default_factory=dict)
     """vCPUs it asks from each quota (`gpu_types.INSTANCE_QUOTAS` key), at those sizes."""
     holding: bool = False
-    """It holds machines now: it keeps them (rule 1)."""
+    """It holds machines now: it keeps them (rule 1), unless preempted (rule 4)."""
+    preemptible: bool = True
+    """A run with a deadline is not (rule 4)."""
 
 
 def asked(instance_types: Iterable[str], machines: Mapping[str, int]) -> tuple[int, dict[str, int]]:
@@ -100,6 +112,8 @@ class Verdict:
     """Its place among the waiting runs, from 1 (None: admitted)."""
     borrowed_gpus: int = 0
     """GPUs it holds beyond its team's share, idle in other teams' shares."""
+    preempted_by: str | None = None
+    """A holding run preempted this time: the run that takes its machines."""
 
 
 Ceilings = Mapping[str, Mapping[str, int]]
@@ -120,14 +134,32 @@ def admit(
             used[demand.region, quota] += count
         team_gpus[demand.team] += demand.gpus
 
+    def give_back(demand: Demand) -> None:
+        for quota, count in demand.vcpus.items():
+            used[demand.region, quota] -= count
+        team_gpus[demand.team] -= demand.gpus
+
+    def why_not(demand: Demand) -> str | None:
+        return _why_not(demand, used, team_gpus, ceilings, teams, team_spend_usd)
+
     in_order = sorted(demands, key=lambda d: (-d.priority, d.submitted_at, d.run))
-    for demand in (d for d in in_order if d.holding):
+    holders = [d for d in in_order if d.holding]
+    for demand in holders:
         take(demand)
         borrowed = _over_share(demand, team_gpus, teams)
         verdicts[demand.run] = Verdict(True, "holds its machines", borrowed_gpus=borrowed)
-    place = 0
     for demand in (d for d in in_order if not d.holding):
-        reason = _why_not(demand, used, team_gpus, ceilings, teams, team_spend_usd)
+        reason = why_not(demand)
+        if reason is not None:  # rule 4: preemptible holders of lower priority, last first
+            victims = [h for h in reversed(holders) if h.preemptible
+                       and h.priority < demand.priority and verdicts[h.run].admitted]  # fmt: skip
+            for victim in _set_aside(demand, victims, take, give_back, why_not):
+                verdicts[victim.run] = Verdict(
+                    False, f"preempted by run {demand.run} (priority {demand.priority} over "
+                    f"its {victim.priority}): its machines publish their checkpoint and leave; "
+                    "it resumes from it when the queue admits it again",
+                    preempted_by=demand.run)  # fmt: skip
+                reason = None
         if reason is None:
             take(demand)
             borrowed = _over_share(demand, team_gpus, teams)
@@ -135,9 +167,35 @@ def admit(
                 else "admitted"  # fmt: skip
             verdicts[demand.run] = Verdict(True, said, borrowed_gpus=borrowed)
         else:
-            place += 1
-            verdicts[demand.run] = Verdict(False, reason, place=place)
-    return verdicts
+            verdicts[demand.run] = Verdict(False, reason)
+    waiting = [d.run for d in in_order if not verdicts[d.run].admitted]
+    return {run: replace(v, place=None if v.admitted else waiting.index(run) + 1)
+            for run, v in verdicts.items()}  # fmt: skip
+
+
+def _set_aside(
+    demand: Demand, victims: list[Demand], take: Callable[[Demand], None],
+    give_back: Callable[[Demand], None], why_not: Callable[[Demand], str | None],
+) -> list[Demand]:  # fmt: skip
+    """Rule 4: the fewest of `victims` (in the order given) whose machines let `demand` fit,
+    given back; none (all restored) when even all of them would not."""
+    aside: list[Demand] = []
+    for victim in victims:
+        give_back(victim)
+        aside.append(victim)
+        if why_not(demand) is None:
+            break
+    else:
+        for victim in aside:
+            take(victim)
+        return []
+    for victim in list(reversed(aside[:-1])):  # keep those it does not need after all
+        take(victim)
+        if why_not(demand) is None:
+            aside.remove(victim)
+        else:
+            give_back(victim)
+    return aside
 
 
 def _why_not(

@@ -8,7 +8,10 @@ First, whether the run may have machines at all (`hold_for`), in this order:
    scheduled check starts the run's groups at their declared sizes (`start`).
    a. Unless the environment's queue does not admit it yet (its teams' shares and budgets,
       its regions' vCPU ceilings: `admission`): it waits, queued, with its place and reason.
-      A run the queue admitted keeps its machines (the queue never stops a started run).
+      A run the queue admitted keeps its machines unless a run of higher priority preempts
+      it: then it is held the same way, its groups to 0 (each machine publishes its
+      emergency checkpoint as it leaves) with their sizes remembered, and released when the
+      queue admits it again.
 3. A run that crashed too often is held: nothing is requeued (no restart loop), and the
    scheduled check scales every group to nothing (minimum and desired 0), so no machine is
    billed without training; once it is released, its groups get their sizes back (`release`).
@@ -70,8 +73,8 @@ puts back (kept in the run's fleet state)."""
 @dataclass(frozen=True)
 class Decision:
     action: str
-    """hold | wait | start | release | replace-in-place | shift | wait-for-spot | on-demand |
-    spot-is-back | none"""
+    """hold | wait | preempt | start | release | gang-released | replace-in-place | shift |
+    wait-for-spot | on-demand | spot-is-back | follow-the-run | none"""
     reason: str
     desired: dict[str, int] = field(default_factory=dict)
     """New desired capacity per group name (only groups that change)."""
@@ -135,8 +138,9 @@ class Hold:
     @property
     def remembers_sizes(self) -> bool:
         """Its groups get their sizes back when it is released (a stopped run's were
-        remembered by whoever stopped it; a waiting run's come from its declaration)."""
-        return self.kind in (CRASHED, AT_CAP)
+        remembered by whoever stopped it; a waiting run's come from its declaration, unless
+        it was preempted, when its groups had sizes to remember)."""
+        return self.kind in (CRASHED, AT_CAP, QUEUED)
 
 
 def hold_for(standing: Standing) -> Hold | None:
@@ -148,7 +152,7 @@ def hold_for(standing: Standing) -> Hold | None:
     if lifecycle.started_at is None and not standing.configuration_stored:
         return Hold(WAITING, f"waiting: run {run} has no training configuration",
                     "until one is stored", "not requeued: the run has not started")  # fmt: skip
-    if lifecycle.started_at is None and standing.queued is not None:
+    if standing.queued is not None:  # not admitted yet, or preempted
         return Hold(QUEUED, f"queued: {standing.queued}", "when the queue admits it",
                     "not requeued: the run waits in the queue")  # fmt: skip
     if standing.crashed:
@@ -454,6 +458,11 @@ def hold(groups: Sequence[Sized], held: Hold) -> Decision:
     """A held run's groups go to nothing (minimum and desired 0): each machine gets SIGTERM and
     publishes its emergency checkpoint before it goes."""
     running = [g for g in groups if g.desired or g.min_size]
+    if held.kind == QUEUED and running:  # a started run, preempted
+        return Decision("preempt", f"{held.why}: its groups go to 0, each machine publishing "
+                        "its emergency checkpoint as it leaves, until the queue admits it again",
+                        {g.name: 0 for g in running},
+                        min_sizes={g.name: 0 for g in running})  # fmt: skip
     if held.kind in (WAITING, QUEUED):
         return Decision("wait", f"{held.why}: its groups are at 0 {held.how_to_release}",
                         {g.name: 0 for g in running},

@@ -94,8 +94,8 @@ def check_run(
         cap_usd=ledger.cap_usd if ledger else None, at_cap=bool(ledger and ledger.held),
         queued=queued,
     ))  # fmt: skip
-    if (queued if lifecycle.started_at is None else None) != state.queued:
-        fleet_state.set_queued(table, run, queued if lifecycle.started_at is None else None)
+    if queued != state.queued:
+        fleet_state.set_queued(table, run, queued)
     decision = None
     if held is not None:
         decision = capacity_policy.hold(groups, held)

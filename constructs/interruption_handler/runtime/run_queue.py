@@ -4,7 +4,8 @@ every region's handler reaches the same verdicts from the same global tables.
 
 In the queue: every run that is submitted (its training configuration stored: the time of
 its first is its submission), not finished or cancelled, and not held after crashes or at its
-spend cap. A run holds its machines once the handler started it. A team's spend is its runs'
+spend cap. A run holds its machines once the handler started it, until it is preempted (then
+it waits like the others until admitted again). A team's spend is its runs'
 this calendar month (their ledgers). An environment without teams or ceilings has no
 queue: nothing is read."""
 
@@ -39,12 +40,14 @@ def verdicts(environment: Settings, runs: Mapping[str, Settings]) -> dict[str, a
         submitted = lifecycle.started_at
         if submitted is None and (submitted := aws.submitted_at(run_settings)) is None:
             continue  # not submitted: it waits for its configuration, not in the queue
-        if fleet_state.run_state(table, run).failed or ledger.held:
+        state = fleet_state.run_state(table, run)
+        if state.failed or ledger.held:
             continue  # held with its groups at 0 until an operator releases it
         demands.append(admission.Demand(
             run=run, region=aws.current_epoch(run_settings).region, team=declared.team,
             priority=declared.priority, submitted_at=submitted, gpus=declared.gpus,
-            vcpus=declared.vcpus, holding=lifecycle.started_at is not None,
+            vcpus=declared.vcpus, preemptible=declared.run_deadline is None,
+            holding=lifecycle.started_at is not None and state.queued is None,
         ))  # fmt: skip
     return admission.admit(demands, ceilings=policy.ceilings, teams=policy.teams_by_name,
                            team_spend_usd=team_spend)  # fmt: skip
