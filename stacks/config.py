@@ -166,6 +166,10 @@ class EnvironmentConfig:
     """The teams whose runs share the environment's GPUs, each with its share of GPUs and a
     monthly budget in dollars (`core.admission.Team`): a run names its team, and waits in the
     queue when it would take its team over either. Empty: runs are not grouped in teams."""
+    account_quotas: bool = False
+    """The queue also holds runs under what each region's AWS quotas leave free (the handler
+    reads Service Quotas and their usage in CloudWatch's AWS/Usage at every check; its role
+    may read the five GPU quotas only). Off: only `vcpu_ceilings` (and teams) limit runs."""
     state: StateBackend | None = None
     """Remote state; None keeps state beside the synthesized stack (tests only)."""
     local: LocalCloud | None = None
@@ -209,7 +213,8 @@ class EnvironmentConfig:
         """What the queue judges the environment's runs by: its teams and every region's vCPU
         ceilings (handed to each region's handler)."""
         ceilings = {r.name: r.vcpu_ceilings for r in self.regions if r.vcpu_ceilings}
-        return QueuePolicy(teams=self.teams, ceilings=ceilings)
+        return QueuePolicy(teams=self.teams, ceilings=ceilings,
+                           account_quotas=self.account_quotas)  # fmt: skip
 
     def region(self, name: str) -> RegionConfig:
         """The region called `name` (one of `region_names`)."""

@@ -74,6 +74,8 @@ def prod() -> EnvironmentConfig:
         monthly_budget_usd=50_000.0,
         alert_emails=("ml-platform-oncall@example.com", "finops@example.com"),
         tags={"team": "ml-platform"},
+        # Its runs wait rather than fail to launch past the account's GPU quotas.
+        account_quotas=True,
         state=StateBackend(bucket="example-spotrain-terraform-state", region="us-east-1"),
     )
 

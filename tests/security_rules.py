@@ -134,6 +134,7 @@ UNSCOPED_ACTIONS = {  # actions without resource-level permissions
     "ec2:DescribeSpotPriceHistory",
     "pricing:GetProducts",
     "cloudwatch:PutMetricData",  # scoped by its namespace instead (cloudwatch:namespace)
+    "cloudwatch:GetMetricStatistics",
     "xray:PutTraceSegments",
     "xray:PutTelemetryRecords",
 }

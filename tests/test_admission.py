@@ -168,3 +168,19 @@ def test_a_higher_priority_run_preempts_the_fewest_lower_ones_it_needs_newest_fi
     # What it does not need is kept: one machine freed is enough for a one-machine run.
     verdicts = _decide(*holders, _run("one", at=9, priority=5, machines=1), ceiling=144)
     assert [r for r, v in verdicts.items() if v.preempted_by] == ["least"]
+
+
+def test_what_the_accounts_quota_leaves_free_and_the_tightest_ceiling_counts() -> None:
+    from spotrain.core.admission import QueuePolicy, account_room, tightest
+
+    # A quota of 384 vCPUs, 240 in use of which the runs hold 192: others use 48.
+    assert account_room(384, 240, 192) == 336
+    assert account_room(384, None, 192) == 384  # no usage published: none counted
+    assert account_room(100, 500, 0) == 0  # never below nothing
+    set_here = {"us-east-1": {G5: 192}}
+    free = {"us-east-1": {G5: 96, "spot/P5": 384}, "us-west-2": {G5: 48}}
+    assert tightest(set_here, free) == {"us-east-1": {G5: 96, "spot/P5": 384},
+                                        "us-west-2": {G5: 48}}  # fmt: skip
+    reading = QueuePolicy(account_quotas=True)
+    assert not reading.limits_nothing and QueuePolicy.from_json(reading.to_json()) == reading
+    assert "account_quotas" not in QueuePolicy(teams=tuple(TEAMS.values())).to_json()

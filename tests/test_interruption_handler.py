@@ -1064,6 +1064,52 @@ def test_a_gang_that_does_not_come_whole_in_time_is_released_and_asked_for_again
     assert fleet_state.run_state(http_cloud.table, RUN).gang_asked is None  # whole: rule 7's now
 
 
+@pytest.mark.integration
+def test_the_queue_holds_runs_under_what_the_accounts_quota_leaves_free(
+    http_cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An environment whose queue counts the account's quotas, on the local cloud: another
+    workload of the account runs a 48-vCPU machine and its quota of on-demand G vCPUs leaves
+    48 beside what runs, so of two runs asking 48 each, one starts and the other waits, saying
+    what is free; when that machine ends, the next check starts it."""
+    from spotrain.core.admission import QueuePolicy
+
+    monkeypatch.setenv(HandlerSettings.variable("queue_policy"),
+                       QueuePolicy(account_quotas=True).to_json())  # fmt: skip
+    suffix = f"{random.getrandbits(32):08x}"
+    runs = [f"first-{suffix}", f"second-{suffix}"]
+    for run in runs:
+        create_group(f"{run}-on-demand", REGION, "us-east-1b", 0, run=run)
+        declare_run([CapacityGroup(name=f"{run}-on-demand", region=REGION, lifecycle="spot",
+                                   holds_data=True, min_size=1, desired=1)],
+                    run=run, gpus=4, vcpus={"on-demand/G and VT": 48})  # fmt: skip
+    ec2 = boto3.client("ec2")
+    [elsewhere] = ec2.run_instances(ImageId=control.stock_image(ec2), MinCount=1, MaxCount=1,
+                                    InstanceType="g5.12xlarge")["Instances"]  # fmt: skip
+    # The quota leaves room for one run beside what runs (that machine, and this cloud's
+    # machines of earlier tests).
+    now = datetime.now(UTC)
+    [running] = boto3.client("cloudwatch").get_metric_statistics(
+        Namespace="AWS/Usage", MetricName="ResourceCount", Period=60, Statistics=["Maximum"],
+        Dimensions=[{"Name": k, "Value": v} for k, v in (
+            ("Service", "EC2"), ("Type", "Resource"), ("Resource", "vCPU"),
+            ("Class", "G/OnDemand"))],
+        StartTime=now.replace(year=now.year - 1), EndTime=now)["Datapoints"]  # fmt: skip
+    control.set_faults(vcpu_quotas={f"{REGION}/on-demand/G and VT": int(running["Maximum"]) + 48})
+    check = event("scheduled-capacity-check")
+    try:
+        decided = handler.handle(check)["runs"]
+        assert [decided[r]["decision"] for r in runs] == ["start", "wait"], decided
+        assert (
+            "#1 in the queue: needs 48 vCPUs of on-demand/G and VT in us-east-1, 0 of its "
+            "ceiling 48 free"
+        ) in decided[runs[1]]["reason"]
+        ec2.terminate_instances(InstanceIds=[elsewhere["InstanceId"]])
+        assert handler.handle(check)["runs"][runs[1]]["decision"] == "start"
+    finally:
+        control.set_faults(vcpu_quotas={})
+
+
 def test_the_capacity_check_finishes_a_run_whose_stream_notice_was_missed(
     cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:

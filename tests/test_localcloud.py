@@ -711,6 +711,50 @@ def test_spot_pools_without_capacity_leave_a_group_short_until_capacity_returns(
     assert "is not an AWS region spotrain knows" in capsys.readouterr().err
 
 
+def test_the_accounts_gpu_quotas_and_their_usage_answer_as_aws_does(
+    local_cloud: control.RunningCloud, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Service Quotas answers for EC2's GPU quotas (the value `spotrain local fault quota`
+    set, else the default) naming its AWS/Usage metric, whose value is the vCPUs of the
+    region's running machines of that class and market."""
+    from datetime import UTC, datetime, timedelta
+
+    from spotrain import cli
+    from spotrain.localcloud import account_quotas
+
+    quotas, ec2 = client(local_cloud, "service-quotas"), client(local_cloud, "ec2")
+    cloudwatch = client(local_cloud, "cloudwatch")
+    try:
+        assert cli.main(["local", "fault", "quota", REGION, "on-demand/P", "192"]) == 0
+        assert "GPU quotas set: us-east-1/on-demand/P 192 vCPUs" in capsys.readouterr().out
+        quota = quotas.get_service_quota(ServiceCode="ec2", QuotaCode="L-417A185B")["Quota"]
+        assert (quota["QuotaName"], quota["Value"]) == ("Running On-Demand P instances", 192)
+        other = quotas.get_service_quota(ServiceCode="ec2", QuotaCode="L-C4BD4855")["Quota"]
+        assert other["Value"] == account_quotas.DEFAULT_VCPUS  # not set: the default
+        metric = quota["UsageMetric"]
+        assert metric["MetricDimensions"]["Class"] == "P/OnDemand"
+
+        def used() -> float:
+            now = datetime.now(UTC)
+            [point] = cloudwatch.get_metric_statistics(
+                Namespace=metric["MetricNamespace"], MetricName=metric["MetricName"],
+                Dimensions=[{"Name": k, "Value": v} for k, v in metric["MetricDimensions"].items()],
+                StartTime=now - timedelta(minutes=15), EndTime=now, Period=60,
+                Statistics=["Maximum"])["Datapoints"]  # fmt: skip
+            return float(point["Maximum"])
+
+        before = used()  # other tests' machines on this cloud count too
+        [machine] = ec2.run_instances(ImageId=control.stock_image(ec2), MinCount=1, MaxCount=1,
+                                      InstanceType="p4d.24xlarge")["Instances"]  # fmt: skip
+        assert used() == before + 96
+        ec2.terminate_instances(InstanceIds=[machine["InstanceId"]])
+        assert used() == before
+    finally:
+        control.set_faults(vcpu_quotas={})
+    assert cli.main(["local", "fault", "quota", REGION, "spot/Q", "8"]) == 2
+    assert "'spot/Q' is not a GPU quota: use one of" in capsys.readouterr().err
+
+
 def test_schedule_periods_and_the_clock_file(tmp_path: Path) -> None:
     """EventBridge's `rate(...)` periods, and the speed-up a running cloud reads: unreadable
     or absent, the clock is stopped."""

@@ -3,8 +3,9 @@ parts: read its environment's run declarations, record events and its runs' flee
 spend and lifecycle, read their crashes, releases and caps, count interruptions by pool, tag
 only its environment's instances with the interruption mark, scale only its environment's
 groups, notify, price and publish its runs' spend, dead-letter, use its key through the
-services that hold its data, and read its runs' progress and whether their configuration is
-stored. Its environment has its own tables and bucket; every run of it is the handler's."""
+services that hold its data, read its runs' progress and whether their configuration is
+stored, and where its queue counts them, the account's GPU quotas and their usage. Its
+environment has its own tables and bucket; every run of it is the handler's."""
 
 from __future__ import annotations
 
@@ -85,6 +86,7 @@ def handler_statements(
         )
     parameters = runs_parameter_path(props.environment)
     return [
+        *_read_account_quotas(props),
         statement(
             # Each run's stack declares the run (its groups, cap and deadline) here.
             "ReadRunDeclarations",
@@ -202,4 +204,26 @@ def handler_statements(
         ),
         *watch_catalog,
         *read_progress,
+    ]
+
+
+def _read_account_quotas(props: InterruptionHandlerProps) -> list[dict[str, Any]]:
+    """Where the queue counts the account's quotas: the five GPU quotas in every region
+    (each region's handler judges the whole queue), and their usage metrics."""
+    from spotrain.core.admission import QueuePolicy
+    from spotrain.core.gpu_types import INSTANCE_QUOTAS
+
+    if props.queue_policy is None or not QueuePolicy.from_json(props.queue_policy).account_quotas:
+        return []
+    return [
+        statement(
+            "ReadGpuQuotas",
+            actions=["servicequotas:GetServiceQuota"],
+            resources=[
+                f"arn:aws:servicequotas:*:{props.account_id}:ec2/{quota.code}"
+                for quota in INSTANCE_QUOTAS.values()
+            ],
+        ),
+        # Reading a metric has no resource-level permission.
+        statement("ReadQuotaUsage", actions=["cloudwatch:GetMetricStatistics"], resources=["*"]),
     ]

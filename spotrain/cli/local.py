@@ -12,6 +12,7 @@ from typing import Any
 from spotrain.cli.arguments import whole
 from spotrain.cli.output import say
 from spotrain.core.errors import SpotrainError
+from spotrain.core.gpu_types import INSTANCE_QUOTAS
 from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
 from spotrain.localcloud import control, faults
 
@@ -51,7 +52,7 @@ FAULT_USAGE = (
     "name a fault: region-down REGION, region-up REGION, partition REGION, rejoin REGION, "
     "table-lag SECONDS, replication-pending BUCKET/KEY-PATTERN, replication-resumed, "
     "unavailable BUCKET/KEY-PATTERN REQUESTS, spot-gone REGION [TYPE-PATTERN], spot-back "
-    "REGION [TYPE-PATTERN], or clear"
+    "REGION [TYPE-PATTERN], quota REGION QUOTA-KEY VCPUS, or clear"
 )
 
 
@@ -103,6 +104,12 @@ def _fault_changes(words: list[str]) -> dict[str, Any]:
         case ["spot-back", region, *types] if len(types) <= 1:
             pool = f"{_region(region)}/{types[0] if types else '*'}"
             return {"spot_capacity_gone": [p for p in current.spot_capacity_gone if p != pool]}
+        case ["quota", region, key, vcpus]:
+            if key not in INSTANCE_QUOTAS:
+                raise SpotrainError(f"{key!r} is not a GPU quota: use one of "
+                                    f"{', '.join(sorted(INSTANCE_QUOTAS))}")  # fmt: skip
+            value = _positive_int(vcpus, "VCPUS") if vcpus != "0" else 0
+            return {"vcpu_quotas": {**current.vcpu_quotas, f"{_region(region)}/{key}": value}}
         case ["clear"]:
             return {"regions_down": [], "regions_partitioned": [],
                     "table_replication_lag_seconds": 0.0, "replication_pending": [],
@@ -119,7 +126,8 @@ def _describe_faults(current: faults.Faults) -> str:
         f"{current.table_replication_lag_seconds:g} s; replication pending for: "
         f"{', '.join(current.replication_pending) or 'nothing'}; unavailable: "
         f"{unavailable or 'nothing'}; spot capacity gone: "
-        f"{', '.join(current.spot_capacity_gone) or 'none'}"
+        f"{', '.join(current.spot_capacity_gone) or 'none'}; GPU quotas set: "
+        f"{', '.join(f'{k} {v} vCPUs' for k, v in current.vcpu_quotas.items()) or 'none'}"
     )
 
 
@@ -204,7 +212,8 @@ def add_parsers(commands: Any) -> None:
         "tables' replication lag) | replication-pending BUCKET/KEY-PATTERN | replication-resumed "
         "| unavailable BUCKET/KEY-PATTERN REQUESTS (the next REQUESTS requests for those objects "
         "get 503) | spot-gone REGION [TYPE-PATTERN] (no spot machine of those types launches) | "
-        "spot-back REGION [TYPE-PATTERN] | clear",
+        "spot-back REGION [TYPE-PATTERN] | quota REGION QUOTA-KEY VCPUS (the account's GPU "
+        "quota, e.g. spot/P5) | clear",
     )
     local.add_argument(
         "--port",

@@ -239,28 +239,55 @@ def _over_share(demand: Demand, team_gpus: Mapping[str, int], teams: Mapping[str
     return max(0, min(demand.gpus, team_gpus.get(team.name, 0) - team.gpus))
 
 
+def account_room(quota_vcpus: int, usage_vcpus: int | None, held_vcpus: int) -> int:
+    """The vCPUs of an AWS quota the environment's runs may hold at once: the quota, less
+    what the rest of the account uses of it (its usage, less what the runs hold; unknown
+    usage counts as none)."""
+    others = max(0, (usage_vcpus or 0) - held_vcpus)
+    return max(0, quota_vcpus - others)
+
+
+def tightest(*ceilings: Ceilings) -> dict[str, dict[str, int]]:
+    """Per region and quota, the lowest of the ceilings given (the environment's own, what
+    the account leaves free)."""
+    merged: dict[str, dict[str, int]] = defaultdict(dict)
+    for ceiling in ceilings:
+        for region, quotas in ceiling.items():
+            for quota, most in quotas.items():
+                merged[region][quota] = min(most, merged[region].get(quota, most))
+    return dict(merged)
+
+
 @dataclass(frozen=True, kw_only=True)
 class QueuePolicy:
-    """What the queue is judged by: the environment's teams and its ceilings per region. The
-    stacks hand it to the handler as JSON (`HandlerSettings.queue_policy`)."""
+    """What the queue is judged by: the environment's teams and its ceilings per region, and
+    whether the account's own quotas count too. The stacks hand it to the handler as JSON
+    (`HandlerSettings.queue_policy`)."""
 
     teams: tuple[Team, ...] = ()
     ceilings: Mapping[str, Mapping[str, int]] = field(default_factory=dict)
     """Per region, vCPUs per quota key."""
+    account_quotas: bool = False
+    """Also hold the runs under what each region's AWS quotas leave free (Service Quotas,
+    and their usage in CloudWatch's AWS/Usage), read at every check."""
 
     @property
     def limits_nothing(self) -> bool:
-        """No team and no ceiling: every run is admitted (the handler need not ask)."""
-        return not self.teams and not any(self.ceilings.values())
+        """No team, no ceiling, no quota read: every run is admitted (the handler need not
+        ask)."""
+        return not self.teams and not any(self.ceilings.values()) and not self.account_quotas
 
     @property
     def teams_by_name(self) -> dict[str, Team]:
         return {team.name: team for team in self.teams}
 
     def to_json(self) -> str:
-        return json.dumps({"teams": [asdict(t) for t in self.teams],
-                           "ceilings": {r: dict(c) for r, c in self.ceilings.items()}},
-                          sort_keys=True)  # fmt: skip
+        document: dict[str, object] = {
+            "teams": [asdict(t) for t in self.teams],
+            "ceilings": {r: dict(c) for r, c in self.ceilings.items()}}  # fmt: skip
+        if self.account_quotas:
+            document["account_quotas"] = True
+        return json.dumps(document, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str) -> QueuePolicy:
@@ -270,4 +297,5 @@ class QueuePolicy:
             teams=tuple(Team(**team) for team in document.get("teams", [])),
             ceilings={str(region): {str(q): int(n) for q, n in quotas.items()}
                       for region, quotas in document.get("ceilings", {}).items()},
+            account_quotas=bool(document.get("account_quotas", False)),
         )  # fmt: skip

@@ -84,6 +84,7 @@ def set_faults(
     replication_pending: list[str] | None = None,
     unavailable: list[dict[str, Any]] | None = None,
     spot_capacity_gone: list[str] | None = None,
+    vcpu_quotas: dict[str, int] | None = None,
     through_vpc_endpoints: dict[str, str] | None = None,
 ) -> faults.Faults:
     """Replace the named kinds of fault (None leaves a kind as it is); returns all of them."""
@@ -100,6 +101,8 @@ def set_faults(
         current.unavailable = unavailable
     if spot_capacity_gone is not None:
         current.spot_capacity_gone = list(dict.fromkeys(spot_capacity_gone))
+    if vcpu_quotas is not None:
+        current.vcpu_quotas = dict(vcpu_quotas)
     if through_vpc_endpoints is not None:
         current.through_vpc_endpoints = through_vpc_endpoints
     faults.write(faults_file(), current)

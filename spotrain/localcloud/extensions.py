@@ -26,6 +26,8 @@
   (`global_tables`).
 - Prices: EC2 spot price history and the Price List API answer from a price book
   (`price_list`).
+- GPU quotas: Service Quotas answers for EC2's GPU quotas and CloudWatch's AWS/Usage counts
+  their use from the running instances (`account_quotas`).
 - Auto Scaling markets: moto launches a mixed-instances group's machines with the launch
   template's instance type (none) and all on on-demand. Here each new machine takes the
   group's first override type, and those beyond `OnDemandBaseCapacity` (plus
@@ -54,7 +56,14 @@ import zipfile
 from typing import Any
 from urllib.parse import parse_qs, urlparse
 
-from spotrain.localcloud import authorization, faults, global_tables, price_list
+from spotrain.localcloud import (
+    account_quotas,
+    authorization,
+    faults,
+    global_tables,
+    price_list,
+)
+from spotrain.localcloud.account_quotas import EC2_SPOT
 
 _installed = False
 
@@ -446,10 +455,6 @@ def _install_python_function_invoke() -> None:
     LambdaFunction.invoke = invoke  # type: ignore[method-assign]
 
 
-EC2_SPOT = "spot"
-"""EC2's `InstanceLifecycle` of a spot machine (an on-demand one has none)."""
-
-
 def _install_autoscaling_markets() -> None:
     from moto.autoscaling.models import FakeAutoScalingGroup
 
@@ -648,6 +653,7 @@ def install() -> None:
     _install_python_function_invoke()
     _install_autoscaling_update_keeps_the_policy()
     price_list.install()
+    account_quotas.install()
     _install_autoscaling_markets()
     _install_autoscaling_bounds()
     _install_backend_names_listed_once()

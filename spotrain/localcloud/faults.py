@@ -49,6 +49,10 @@ class Faults:
     `InsufficientInstanceCapacity` leaves it) until the pattern is cleared, when the group
     fills at its next look, as Auto Scaling keeps trying."""
 
+    vcpu_quotas: dict[str, int] = field(default_factory=dict)
+    """`REGION/QUOTA-KEY` ("us-east-1/spot/P5") -> the account's quota in vCPUs, as Service
+    Quotas answers it (`account_quotas`; unset: its default)."""
+
     through_vpc_endpoints: dict[str, str] = field(default_factory=dict)
     """Service (`s3`, `dynamodb`) -> VPC endpoint id: requests to the service carry
     `aws:SourceVpce` with that id, as from a machine inside the VPC. Empty: callers are

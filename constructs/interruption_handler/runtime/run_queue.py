@@ -6,15 +6,16 @@ In the queue: every run that is submitted (its training configuration stored: th
 its first is its submission), not finished or cancelled, and not held after crashes or at its
 spend cap. A run holds its machines once the handler started it, until it is preempted (then
 it waits like the others until admitted again). A team's spend is its runs'
-this calendar month (their ledgers). An environment without teams or ceilings has no
-queue: nothing is read."""
+this calendar month (their ledgers). Where the environment asks, each region's ceilings are
+also what its AWS quotas leave free (`account_quotas`). An environment without teams, ceilings
+or quotas to read has no queue: nothing is read."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
 
-from spotrain.constructs.interruption_handler.runtime import aws, settings
+from spotrain.constructs.interruption_handler.runtime import account_quotas, aws, settings
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import admission, fleet_state, run_lifecycle, spend_ledger
 
@@ -49,7 +50,11 @@ def verdicts(environment: Settings, runs: Mapping[str, Settings]) -> dict[str, a
             vcpus=declared.vcpus, preemptible=declared.run_deadline is None,
             holding=lifecycle.started_at is not None and state.queued is None,
         ))  # fmt: skip
-    return admission.admit(demands, ceilings=policy.ceilings, teams=policy.teams_by_name,
+    ceilings: admission.Ceilings = policy.ceilings
+    if policy.account_quotas:  # and under what the account's quotas leave free
+        free = account_quotas.free_of_quotas(demands, account_quotas.utc(now))
+        ceilings = admission.tightest(policy.ceilings, free)
+    return admission.admit(demands, ceilings=ceilings, teams=policy.teams_by_name,
                            team_spend_usd=team_spend)  # fmt: skip
 
 
