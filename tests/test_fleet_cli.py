@@ -199,7 +199,9 @@ def test_run_cancel_takes_the_groups_to_0_and_resume_puts_them_back(
     assert cli.main(["run", "resume", "local", "demo"]) == 0
     assert "resumed: demo-fleet 1..2;" in capsys.readouterr().out  # what the cancel took
     assert sizes() == [(1, 2), (0, 0), (1, 1)]
-    assert fleet_state.run_state(table, "demo").held_sizes is None
+    resumed = fleet_state.run_state(table, "demo")
+    assert resumed.held_sizes is None
+    assert resumed.gang_asked is not None  # raised from none: the handler checks its gang
     assert cli.main(["run", "status", "local", "ghost"]) == 2
     assert "no Auto Scaling group of run ghost" in capsys.readouterr().err
 
