@@ -1254,7 +1254,12 @@ def test_a_higher_priority_run_preempts_a_lower_one_which_resumes_when_it_finish
                                        "over its 0)")  # fmt: skip
     assert preempted.held_sizes == {"east-spot": {"min_size": 1, "desired": 1}}
     assert _sizes("east-spot")[:2] == (0, 0) and _sizes("urgent-spot")[:2] == (1, 1)
-    # It waits while the urgent run trains, and resumes the moment it finishes.
+    # A warning for one of its leaving machines requeues nothing; it waits while the urgent
+    # run trains, and resumes the moment it finishes.
+    warned = handler.handle(for_instance("spot-interruption-warning", run_instance()))
+    assert (warned["decision"], warned["reason"]) == (
+        "hold", "not requeued: the run waits in the queue")  # fmt: skip
+    assert _sizes("east-spot")[:2] == (0, 0)
     assert handler.handle(check)["runs"][RUN]["decision"] == "wait"
     urgent = DynamoCatalog("catalog", "urgent", LocalStorage(tmp_path / "store"),
                            client=boto3.client("dynamodb"))  # fmt: skip
@@ -1265,6 +1270,16 @@ def test_a_higher_priority_run_preempts_a_lower_one_which_resumes_when_it_finish
     assert changed["queue"][RUN]["decision"] == "release", changed
     assert _sizes("east-spot")[:2] == (1, 1)
     assert fleet_state.run_state(cloud.table, RUN).queued is None
+    # A queue that cannot be judged stops no training run.
+    from spotrain.constructs.interruption_handler.runtime import run_queue
+
+    def unreadable(*_: Any) -> Any:
+        raise RuntimeError("the ledgers do not answer")
+
+    monkeypatch.setattr(run_queue, "verdicts", unreadable)
+    decided = handler.handle(check)["runs"]
+    assert decided[RUN]["decision"] not in ("preempt", "wait", "hold"), decided[RUN]
+    assert _sizes("east-spot")[:2] == (1, 1) and _sizes("promised-spot")[:2] == (1, 1)
 
 
 def test_one_handler_serves_each_run_of_its_environment_on_its_own(

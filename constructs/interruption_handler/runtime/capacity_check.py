@@ -51,8 +51,10 @@ def on_capacity_check(environment: Settings) -> dict[str, Any]:
         queue = {run: admission.Verdict(False, f"the queue could not be judged ({error})")
                  for run in runs}  # fmt: skip
     for run, run_settings in sorted(runs.items()):
+        verdict = queue.get(run)
         try:
-            results[run] = check_run(run_settings, asked, queued=run_queue.said(queue.get(run)))
+            results[run] = check_run(run_settings, asked, queued=run_queue.said(verdict),
+                                     preempted=bool(verdict and verdict.preempted_by))  # fmt: skip
         except Exception as error:  # the other runs' checks go on; the next check retries
             log.exception("the capacity check of run %s failed", run)
             results[run] = {"decision": "error", "reason": f"{type(error).__name__}: {error}"}
@@ -60,8 +62,16 @@ def on_capacity_check(environment: Settings) -> dict[str, Any]:
 
 
 def check_run(
-    run_settings: Settings, asked: dict[str, bool] | None = None, *, queued: str | None = None
+    run_settings: Settings,
+    asked: dict[str, bool] | None = None,
+    *,
+    queued: str | None = None,
+    preempted: bool = False,
 ) -> dict[str, Any]:
+    """One run's check. `queued`: why the queue does not admit it (None: it does), which
+    holds a run not started yet, one it preempts (`preempted`), or one waiting since it was;
+    a run that holds its machines keeps them whatever else the queue says (a queue that could
+    not be judged stops no training)."""
     now = settings.now()
     run, topic = run_settings.run, run_settings.handler.alert_topic_arn
     table = aws.events_table(run_settings)
@@ -88,6 +98,8 @@ def check_run(
         # The stream's notice was missed (or is still on its way): the check makes sure.
         lifecycle = finish(run_settings, table, step, now, ledger, stop=False)
     stored = lifecycle.started_at is not None or aws.configuration_stored(run_settings)
+    if lifecycle.started_at is not None and not preempted and state.queued is None:
+        queued = None  # it holds its machines: only a preemption takes them
     held = capacity_policy.hold_for(capacity_policy.Standing(
         run=run, lifecycle=lifecycle, configuration_stored=stored, crashed=state.failed,
         spend_usd=ledger.spend_usd if ledger else 0.0,

@@ -99,6 +99,7 @@ def _requeue(
     held = capacity_policy.hold_for(capacity_policy.Standing(
         run=run, lifecycle=run_lifecycle.read(table, run), crashed=state.failed,
         spend_usd=ledger.spend_usd, cap_usd=ledger.cap_usd, at_cap=ledger.held,
+        queued=state.queued,  # preempted: its leaving machines are not replaced
     ))  # fmt: skip
     autoscaling = aws.clients_by_region("autoscaling")
     here, region = aws.own_region(), aws.current_epoch(run_settings).region
