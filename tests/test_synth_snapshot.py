@@ -4,7 +4,9 @@ The handler package's file name and hash are left out: they change with the hand
 
 After an intended change, write the snapshot again and review its diff:
 
-    .venv/bin/pytest tests/test_synth_snapshot.py --update-snapshots
+    .venv/bin/pytest tests/test_cdk_seam.py tests/test_synth_snapshot.py --update-snapshots
+
+(the first also checks that a synthesis after a full import of the provider writes the same).
 """
 
 from __future__ import annotations
