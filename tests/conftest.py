@@ -59,14 +59,20 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Grouped(config, log)
 
 
+USERS_STORY_BEFORE = "test_trainer_resume.py"
+"""The user's-repository story is handed out just before this module's tests: by then the
+other worker's stories have passed the rehearsal it waits for (about 10 minutes in: the apply
+and the stories before it), so its worker does not sit waiting."""
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest work first: the deployment's apply and its stories on the environment's
     runs (on one worker), then the integration and slow tests, among them a user's own run on
-    the same deployment (on the other worker, by then the apply is done), those that step CPU
-    Adam last of them; then the deployment's second plan and destroy, which wait for every
-    story; then the quick tests that fill the gaps at the end. Workers take work in this order
-    (--no-loadscope-reorder)."""
-    first, _, last = deployment.MODULES
+    the same deployment (on the other worker, late enough that the stories it follows are
+    over: USERS_STORY_BEFORE), those that step CPU Adam last of them; then the deployment's
+    second plan and destroy, which wait for every story; then the quick tests that fill the
+    gaps at the end. Workers take work in this order (--no-loadscope-reorder)."""
+    first, users, last = deployment.MODULES
 
     def rank(item: pytest.Item) -> int:
         if item.path.name == first:
@@ -80,6 +86,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         return 4
 
     items.sort(key=rank)  # stable: each module's tests stay in file order
+    story = [item for item in items if item.path.name == users]
+    later = next((i for i, item in enumerate(items) if item.path.name == USERS_STORY_BEFORE
+                  and item not in story), None)  # fmt: skip
+    if story and later is not None:
+        rest = [item for item in items if item.path.name != users]
+        at = rest.index(items[later])
+        items[:] = [*rest[:at], *story, *rest[at:]]
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:
