@@ -197,6 +197,24 @@ def test_a_check_that_lost_the_race_writes_nothing(dynamo: Any) -> None:
     assert stored.per_pool.keys() == later.per_pool.keys()
 
 
+def test_a_runs_spend_this_month_is_its_ledger_less_the_last_point_before_the_month(
+    dynamo: Any,
+) -> None:
+    """What a team's budget counts (the queue): each run's spend since the calendar month
+    (UTC) began, from the spend points its checks left."""
+    table = boto3.resource("dynamodb").Table("catalog")
+    october_end = datetime(2026, 10, 31, 23, 55, tzinfo=UTC).timestamp()
+    november = datetime(2026, 11, 1, 0, 5, tzinfo=UTC).timestamp()
+    mid_november = datetime(2026, 11, 15, tzinfo=UTC).timestamp()
+    for at, spent in ((october_end - 3600, 40.0), (october_end, 50.0), (november, 55.0)):
+        spend_ledger.record_point(table, "demo", Ledger(as_of=at, spend_usd=spent), 90)
+    now = Ledger(as_of=mid_november, spend_usd=80.0)
+    assert spend_ledger.month_to_date(table, "demo", mid_november, now) == pytest.approx(30.0)
+    # In the month it started: all of it; a ledger read when not given.
+    assert spend_ledger.month_to_date(table, "new", mid_november, now) == pytest.approx(80.0)
+    assert spend_ledger.month_to_date(table, "demo", mid_november) == 0.0  # nothing stored
+
+
 @dataclass
 class RunOnTheLocalCloud:
     run: str
