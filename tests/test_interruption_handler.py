@@ -117,8 +117,10 @@ def _drain(url: str) -> list[dict[str, Any]]:
     return messages
 
 
-def create_group(name: str, region: str, zone: str, desired: int, run: str = RUN) -> None:
-    """A group as a run's stack deploys it, tagged with its environment and run."""
+def create_group(name: str, region: str, zone: str, desired: int, run: str = RUN,
+                 distribution: dict[str, int] | None = None) -> None:  # fmt: skip
+    """A group as a run's stack deploys it, tagged with its environment and run
+    (`distribution`: its markets, as the stack's `InstancesDistribution`; none: on-demand)."""
     ec2 = boto3.client("ec2", region_name=region)
     image = control.stock_image(ec2)
     template = ec2.create_launch_template(
@@ -131,7 +133,8 @@ def create_group(name: str, region: str, zone: str, desired: int, run: str = RUN
             "LaunchTemplate": {
                 "LaunchTemplateSpecification": {"LaunchTemplateId": template},
                 "Overrides": [{"InstanceType": "g5.xlarge"}, {"InstanceType": "g6.xlarge"}],
-            }
+            },
+            **({"InstancesDistribution": distribution} if distribution else {}),
         },
         Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True}
               for k, v in (("spotrain:environment", os.environ[ENVIRONMENT_VARIABLE]),
@@ -994,28 +997,12 @@ def test_a_gang_that_does_not_come_whole_in_time_is_released_and_asked_for_again
     check asks again from none, and the gang comes whole."""
     import time
 
-    ec2, autoscaling = boto3.client("ec2"), boto3.client("autoscaling")
-    template = ec2.create_launch_template(
-        LaunchTemplateName=f"gang-{random.getrandbits(32)}",
-        LaunchTemplateData={"ImageId": control.stock_image(ec2)},
-    )["LaunchTemplate"]["LaunchTemplateId"]  # fmt: skip
     groups = {}
-    for market in ("spot", "on-demand"):
+    for market in ("spot", "on-demand"):  # the coordinator on-demand, its peer spot
         groups[market] = f"gang-{random.getrandbits(32):08x}-{market}"
-        autoscaling.create_auto_scaling_group(
-            AutoScalingGroupName=groups[market], MinSize=0, MaxSize=2, DesiredCapacity=0,
-            AvailabilityZones=["us-east-1b"],
-            MixedInstancesPolicy={
-                "LaunchTemplate": {"LaunchTemplateSpecification": {"LaunchTemplateId": template},
-                                   "Overrides": [{"InstanceType": "g5.xlarge"}]},
-                "InstancesDistribution": {"OnDemandBaseCapacity": int(market == "spot"),
-                                          "OnDemandPercentageAboveBaseCapacity":
-                                              100 * (market == "on-demand")},
-            },
-            Tags=[{"Key": k, "Value": v, "PropagateAtLaunch": True}
-                  for k, v in (("spotrain:environment", os.environ[ENVIRONMENT_VARIABLE]),
-                               ("spotrain:run", RUN))],
-        )  # fmt: skip
+        create_group(groups[market], REGION, "us-east-1b", 0, distribution={
+            "OnDemandBaseCapacity": int(market == "spot"),
+            "OnDemandPercentageAboveBaseCapacity": 100 * (market == "on-demand")})  # fmt: skip
     boto3.client("s3").create_bucket(Bucket=f"configs-{os.environ[ENVIRONMENT_VARIABLE]}")
     bucket = f"configs-{os.environ[ENVIRONMENT_VARIABLE]}"
     monkeypatch.setenv(HandlerSettings.variable("config_bucket"), bucket)

@@ -753,6 +753,8 @@ def test_the_accounts_gpu_quotas_and_their_usage_answer_as_aws_does(
         control.set_faults(vcpu_quotas={})
     assert cli.main(["local", "fault", "quota", REGION, "spot/Q", "8"]) == 2
     assert "'spot/Q' is not a GPU quota: use one of" in capsys.readouterr().err
+    assert cli.main(["local", "fault", "quota", REGION, "spot/P5", "lots"]) == 2
+    assert "give a whole number of vCPUs, 0 or more" in capsys.readouterr().err
 
 
 def test_schedule_periods_and_the_clock_file(tmp_path: Path) -> None:

@@ -107,12 +107,15 @@ def test_bad_queue_files_list_every_problem_and_the_command_answers(
     with pytest.raises(CostInputError) as error:
         queue_replay.parse({"region": "", "vcpu_ceilings": {"spot/Q": -1}, "colour": 1,
                             "runs": [{"name": "x", "instance_type": "p9", "machines": 0,
-                                      "work_h": 1, "team": "nlp"}],
-                            "teams": [{"name": "vision", "gpus": -2}]})  # fmt: skip
+                                      "work_h": 1, "team": "nlp", "priority": "high",
+                                      "deadline": "yes"}],
+                            "teams": [{"name": "vision", "gpus": -2},
+                                      {"name": "audio", "gpus": "many"}]})  # fmt: skip
     said = str(error.value)
     for problem in ("'colour' is not a setting", "region is ''", "names 'spot/Q'",
                     "'spot/Q' is -1", "gpus = -2", "'p9' is not a GPU type",
-                    "machines is 0", "team 'nlp' is not one of vision"):  # fmt: skip
+                    "machines is 0", "team 'nlp' is not one of vision",
+                    "priority is 'high'", "deadline is 'yes'", "gpus = 'many'"):  # fmt: skip
         assert problem in said, said
     queue = tmp_path / "queue.toml"
     queue.write_text(

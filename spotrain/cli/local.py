@@ -108,7 +108,10 @@ def _fault_changes(words: list[str]) -> dict[str, Any]:
             if key not in INSTANCE_QUOTAS:
                 raise SpotrainError(f"{key!r} is not a GPU quota: use one of "
                                     f"{', '.join(sorted(INSTANCE_QUOTAS))}")  # fmt: skip
-            value = _positive_int(vcpus, "VCPUS") if vcpus != "0" else 0
+            if not vcpus.isdigit():
+                raise SpotrainError(f"VCPUS is {vcpus!r}: give a whole number of vCPUs, 0 or "
+                                    "more")  # fmt: skip
+            value = int(vcpus)
             return {"vcpu_quotas": {**current.vcpu_quotas, f"{_region(region)}/{key}": value}}
         case ["clear"]:
             return {"regions_down": [], "regions_partitioned": [],

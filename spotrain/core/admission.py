@@ -58,10 +58,12 @@ class Team:
 
     def problems(self) -> list[str]:
         found = []
-        if self.gpus < 0:
-            found.append(f"team {self.name!r} has gpus = {self.gpus}: give 0 or more")
+        if isinstance(self.gpus, bool) or not isinstance(self.gpus, int) or self.gpus < 0:
+            found.append(f"team {self.name!r} has gpus = {self.gpus!r}: give a whole number, "
+                         "0 or more")  # fmt: skip
         budget = self.monthly_budget_usd
-        if budget is not None and not budget > 0:
+        number = isinstance(budget, int | float) and not isinstance(budget, bool)
+        if budget is not None and not (number and budget > 0):
             found.append(f"team {self.name!r} has monthly_budget_usd = {budget}: give a "
                          "positive amount in USD, or leave it out for no budget")  # fmt: skip
         return found

@@ -146,6 +146,11 @@ def _run_problems(run: QueuedRun, teams: Sequence[str]) -> list[str]:
                      "spotrain knows (spotrain/core/gpu_types.py)")  # fmt: skip
     if isinstance(run.machines, bool) or not isinstance(run.machines, int) or run.machines < 1:
         found.append(f"run {run.name!r}: machines is {run.machines!r}: give 1 or more")
+    if isinstance(run.priority, bool) or not isinstance(run.priority, int):
+        found.append(f"run {run.name!r}: priority is {run.priority!r}: give a whole number "
+                     "(higher goes first)")  # fmt: skip
+    if not isinstance(run.deadline, bool):
+        found.append(f"run {run.name!r}: deadline is {run.deadline!r}: give true or false")
     for label, value in (("work_h", run.work_h), ("submitted_h", run.submitted_h)):
         if not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
             found.append(f"run {run.name!r}: {label} is {value!r}: give 0 or more hours")

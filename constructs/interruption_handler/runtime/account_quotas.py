@@ -6,17 +6,14 @@ check, for the environments that ask (`QueuePolicy.account_quotas`)."""
 
 from __future__ import annotations
 
-import logging
 from collections import defaultdict
 from collections.abc import Iterable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from spotrain.constructs.interruption_handler.runtime import aws
 from spotrain.core import admission
 from spotrain.core.gpu_types import INSTANCE_QUOTAS
-
-log = logging.getLogger()
 
 USAGE_WINDOW = timedelta(minutes=15)
 """How far back a quota's usage is read (AWS/Usage is published every minute)."""
@@ -58,7 +55,3 @@ def _usage(cloudwatch: Any, metric: dict[str, Any] | None, now: datetime) -> int
     )  # fmt: skip
     points = answer.get("Datapoints", [])
     return int(max(p["Maximum"] for p in points)) if points else None
-
-
-def utc(seconds: float) -> datetime:
-    return datetime.fromtimestamp(seconds, UTC)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
+from datetime import UTC, datetime
 
 from spotrain.constructs.interruption_handler.runtime import account_quotas, aws, settings
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
@@ -52,7 +53,7 @@ def verdicts(environment: Settings, runs: Mapping[str, Settings]) -> dict[str, a
         ))  # fmt: skip
     ceilings: admission.Ceilings = policy.ceilings
     if policy.account_quotas:  # and under what the account's quotas leave free
-        free = account_quotas.free_of_quotas(demands, account_quotas.utc(now))
+        free = account_quotas.free_of_quotas(demands, datetime.fromtimestamp(now, UTC))
         ceilings = admission.tightest(policy.ceilings, free)
     return admission.admit(demands, ceilings=ceilings, teams=policy.teams_by_name,
                            team_spend_usd=team_spend)  # fmt: skip
