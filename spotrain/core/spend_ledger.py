@@ -408,8 +408,16 @@ def month_to_date(table: Any, run: str, now: float, ledger: Ledger | None = None
     month = datetime.fromtimestamp(now, UTC).replace(day=1, hour=0, minute=0, second=0,
                                                      microsecond=0).timestamp()  # fmt: skip
     spent = (ledger or read(table, run)).spend_usd
-    before = [p.spend_usd for p in read_history(table, run)[0] if p.at < month]
-    return max(0.0, spent - (before[-1] if before else 0.0))
+    # The one point before the month (a check's query: never the whole history, which grows
+    # by a point every check for 90 days).
+    last = table.query(
+        KeyConditionExpression="#pk = :pk AND #sk BETWEEN :first AND :month",
+        ExpressionAttributeNames={"#pk": PARTITION_KEY, "#sk": SORT_KEY},
+        ExpressionAttributeValues={":pk": spend_key(run), ":first": SPEND_POINT_PREFIX,
+                                   ":month": spend_point_sort_key(month - 0.001)},
+        ScanIndexForward=False, Limit=1,
+    )["Items"]  # fmt: skip
+    return max(0.0, spent - (float(last[0]["spend_usd"]) if last else 0.0))
 
 
 # --- the cap ----------------------------------------------------------------------------------
