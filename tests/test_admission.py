@@ -13,11 +13,13 @@ TEAMS = {"vision": Team(name="vision", gpus=8), "speech": Team(name="speech", gp
 
 
 def _run(run: str, *, team: str = "vision", at: float = 0.0, machines: int = 2,
-         priority: int = 0, holding: bool = False, preemptible: bool = True) -> Demand:  # fmt: skip
+         priority: int = 0, holding: bool = False, preemptible: bool = True,
+         finishing: bool = False) -> Demand:  # fmt: skip
     """A run of g5.12xlarge machines (4 GPUs, 48 vCPUs each) on spot."""
     gpus, wanted = asked(["g5.12xlarge"], {"spot": machines})
     return Demand(run=run, region="us-east-1", team=team, priority=priority, submitted_at=at,
-                  gpus=gpus, vcpus=wanted, holding=holding, preemptible=preemptible)  # fmt: skip
+                  gpus=gpus, vcpus=wanted, holding=holding, preemptible=preemptible,
+                  finishing=finishing)  # fmt: skip
 
 
 def _decide(*demands: Demand, ceiling: int = 192, spend: dict[str, float] | None = None,
@@ -184,3 +186,35 @@ def test_what_the_accounts_quota_leaves_free_and_the_tightest_ceiling_counts() -
     reading = QueuePolicy(account_quotas=True)
     assert not reading.limits_nothing and QueuePolicy.from_json(reading.to_json()) == reading
     assert "account_quotas" not in QueuePolicy(teams=tuple(TEAMS.values())).to_json()
+
+
+def test_the_next_run_starts_on_the_machines_of_a_run_publishing_its_final_checkpoint() -> None:
+    """Warm starts (rule 5): a finishing run keeps its machines, uncounted, so the next run
+    boots while it publishes; it is never preempted; the account's quota still counts it."""
+    from spotrain.core.admission import account_room
+
+    training = _run("a", at=1, holding=True)
+    finishing = _run("a", at=1, holding=True, finishing=True)
+    other = _run("b", team="speech", at=2, holding=True)
+    waiting = _run("c", at=3)
+    assert not _decide(training, other, waiting)["c"].admitted  # the ceiling is full
+    verdicts = _decide(finishing, other, waiting)
+    assert verdicts["c"] == Verdict(True, "admitted")
+    assert verdicts["a"].admitted and verdicts["a"].reason.startswith("finishing:")
+    # Its team's share counts it no more either: vision's 8 GPUs go to the next vision run.
+    assert _decide(finishing, _run("d", at=3, machines=2),
+                   ceiling=1000)["d"] == Verdict(True, "admitted")  # fmt: skip
+    # A finishing run is about to give its machines up: an urgent run never preempts it.
+    urgent = _run("urgent", at=9, priority=5, team="speech", machines=4)
+    verdicts = _decide(finishing, other, urgent)
+    assert verdicts["a"].admitted and verdicts["b"].preempted_by == "urgent"
+    # Where AWS's quota is read, the finishing run's machines use it until they leave: of a
+    # quota of 384 vCPUs used by the runs alone (288, the finishing run's 96 among them), 288
+    # is the room: a next run of two machines (96 vCPUs) fits, one of four (192) waits.
+    room = account_room(384, 288, 288, leaving_vcpus=96)
+    assert room == 288
+    held = [finishing, other, _run("e", at=2, holding=True)]
+    two, four = _run("two", at=3), _run("four", at=3, machines=4)
+    assert _decide(*held, two, ceiling=room, teams={})["two"].admitted
+    assert not _decide(*held, four, ceiling=room, teams={})["four"].admitted
+    assert _decide(*held, four, ceiling=account_room(384, 288, 288), teams={})["four"].admitted

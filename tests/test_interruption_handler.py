@@ -1141,8 +1141,9 @@ def test_runs_that_do_not_fit_wait_in_the_queue_with_their_place_and_start_when_
 ) -> None:
     """Three runs of two teams, each of one g5.12xlarge spot machine (48 vCPUs), on a ceiling
     that fits two: the check starts the first two submitted and keeps the third waiting with
-    its place and reason (what `run list` shows); when the first finishes, the third starts at
-    once. A run the queue admitted is never stopped by it."""
+    its place and reason (what `run list` shows); when the first announces its final
+    checkpoint, the third starts at once, on its machines while it publishes (a warm start).
+    A run the queue admitted is never stopped by it."""
     from helpers import stream_records
 
     from spotrain.core.admission import QueuePolicy, Team
@@ -1177,15 +1178,23 @@ def test_runs_that_do_not_fit_wait_in_the_queue_with_their_place_and_start_when_
     runs = handler.handle(check)["runs"]
     assert runs["gpt-vision"]["decision"] == "wait" and _sizes("east-spot")[:2] == (1, 1)
 
-    # The first run finishes: its groups go to 0 and, the GPUs freed, the third starts at once
-    # (the catalog's stream brings the final publish; no scheduled check is waited for).
+    # The first run announces its final checkpoint (the catalog's stream brings it; no
+    # scheduled check is waited for): the third starts on its machines while it publishes
+    # (a warm start), which keep training's last publish going meanwhile.
+    catalog.announce_finishing(20)
+    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    changed = handler.handle({"Records": records})
+    assert (changed["finishing"], changed["finished"]) == ({RUN: 20}, {}), changed
+    assert changed["queue"]["gpt-vision"]["decision"] == "start", changed
+    assert _sizes("gpt-vision-spot")[:2] == (1, 1) and _sizes("east-spot")[:2] == (1, 1)
+    assert fleet_state.run_state(cloud.table, "gpt-vision").queued is None
+    assert handler.handle(check)["runs"][RUN]["decision"] != "preempt"  # nor is it preempted
+    # It publishes: its groups go to 0; the third keeps its machines.
     _publish(catalog, tmp_path, catalog.acquire_lease("trainer"), 20, final=True)
     records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
     changed = handler.handle({"Records": records})
     assert changed["finished"] == {RUN: 20}
-    assert changed["queue"]["gpt-vision"]["decision"] == "start", changed
-    assert _sizes("gpt-vision-spot")[:2] == (1, 1)
-    assert fleet_state.run_state(cloud.table, "gpt-vision").queued is None
+    assert _sizes("east-spot")[:2] == (0, 0) and _sizes("gpt-vision-spot")[:2] == (1, 1)
 
 
 def test_a_higher_priority_run_preempts_a_lower_one_which_resumes_when_it_finishes(

@@ -115,7 +115,8 @@ def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
     corpus: str, tmp_path: Path, local_cloud: control.RunningCloud
 ) -> None:
     """Through S3 (a KMS-only bucket) and the DynamoDB catalog: published, listed, rolled
-    back by the operator's command, and resumed from the cloud bit for bit."""
+    back by the operator's command, and resumed from the cloud bit for bit; the final
+    checkpoint announced before it is published."""
     region = "us-east-1"
     s3 = control.client("s3", local_cloud.endpoint, region)
     bucket, table = "trainer-resume-test", "trainer-resume-test-catalog"
@@ -144,6 +145,13 @@ def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
     each_step = {step: loss for c in sorted(checkpoints, key=lambda c: (c.generation, c.step))
                  for step, loss in c.step_losses}  # fmt: skip
     assert head == 4 and each_step == dict(enumerate(uninterrupted[:2] + resumed, start=1))
+    # Before its final checkpoint the run said it was publishing it (the handler's queue then
+    # starts the next run on its machines: a warm start).
+    from spotrain.core.catalog_schema import FINISHING_SORT_KEY, PARTITION_KEY, SORT_KEY, run_key
+
+    announced = records.get_item(Key={PARTITION_KEY: run_key("cloud"),
+                                      SORT_KEY: FINISHING_SORT_KEY})["Item"]  # fmt: skip
+    assert (announced["step"], announced["epoch"], announced["region"]) == (4, 0, region)
 
 
 def test_sigterm_stops_every_rank_after_one_step_publishes_it_and_resume_is_exact(

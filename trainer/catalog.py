@@ -80,6 +80,8 @@ class Catalog(Protocol):
 
     def roll_back(self, step: int, generation: int, reason: str) -> list[int]: ...
 
+    def announce_finishing(self, step: int) -> None: ...
+
 
 def open_catalog(
     storage: Storage, run: str, *, table: str | None = None, client: Any = None
@@ -210,6 +212,9 @@ class StoreCatalog:
 
     def acquire_lease(self, owner: str) -> int:
         return 0
+
+    def announce_finishing(self, step: int) -> None:
+        """Nothing: a run without a table has no queue waiting on its machines."""
 
     def publish(self, manifest: Manifest, manifest_key: str, generation: int) -> None:
         head = self.head()
@@ -617,6 +622,17 @@ class DynamoCatalog:
         self._epoch = None
         self.records.write_claim([*chain, claim])
         return claim
+
+    def announce_finishing(self, step: int) -> None:
+        """Say that `step`, the run's last, is being published as its final checkpoint: the
+        catalog's stream tells the interruption handler, whose queue starts the next runs on
+        this run's machines meanwhile (`catalog_schema.FINISHING_SORT_KEY`). Not fenced: it
+        publishes nothing, and a stale writer's announcement only lets a run start early."""
+        epoch = self._writer_epoch()
+        self._call("put_item", Item={
+            **self._key(schema.FINISHING_SORT_KEY), "step": {"N": str(step)},
+            "epoch": {"N": str(epoch.number)}, "region": {"S": epoch.region},
+            "at": {"S": _now()}})  # fmt: skip
 
     def head(self) -> CatalogEntry | None:
         chain = self.chain()

@@ -601,6 +601,8 @@ class Checkpointer(RunCheckpoints):
     def _start(self, step: int, *, final: bool = False, loss: float | None = None) -> None:
         """Collective: snapshot `step` and start writing and uploading it in the background
         (`final`: the run's last step; `loss`: its training loss)."""
+        if final:
+            self._announce_finishing(step)
         if self.in_flight is not None:
             if self.in_flight.step == step:
                 self.in_flight.final = self.in_flight.final or final
@@ -623,6 +625,18 @@ class Checkpointer(RunCheckpoints):
                                    self._step_losses, self._snapshots.allocated_bytes)  # fmt: skip
         self._step_losses = []
         self.status = f"step {step} uploading"
+
+    def _announce_finishing(self, step: int) -> None:
+        """Rank 0, before the final checkpoint's snapshot: the queue may start the next runs on
+        these machines while it publishes (`catalog.announce_finishing`). Failing to say so
+        costs only that warm start: said, never raised."""
+        if self.place.rank != 0:
+            return
+        try:
+            self.catalog.announce_finishing(step)
+        except SpotrainError as error:
+            self._say(f"the final checkpoint's announcement failed ({error}): the next run in "
+                      "the queue starts when it is published instead of meanwhile")  # fmt: skip
 
     def _write_and_upload(
         self, root: Path, staged: list[Staged], direct: list[Shard]

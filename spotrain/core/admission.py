@@ -34,6 +34,13 @@ Every run asks for the machines its groups start at (`Demand`). `admit` decides,
    A run with a deadline is not preemptible: the deadline policy keeps its promise by paying
    for on-demand when spot is short, and a preemption of unknown length would make its owner
    pay, or miss the deadline, for another run's priority. Its priority still orders it.
+5. Warm starts: a holding run that is finishing (its last step trained, its final checkpoint
+   being published: `run_lifecycle.Lifecycle.finishing`) keeps its machines until its final
+   publish takes them, but they are not counted: the next runs are admitted onto them, so
+   their machines boot and meet while it publishes and the GPUs do not sit idle between runs.
+   The account's own quota still counts them where it is read (`account_room`'s `leaving`):
+   they exist until they leave, and AWS refuses a launch beyond its quota. A finishing run is
+   never preempted: it is about to give its machines up.
 """
 
 from __future__ import annotations
@@ -88,6 +95,8 @@ class Demand:
     """It holds machines now: it keeps them (rule 1), unless preempted (rule 4)."""
     preemptible: bool = True
     """A run with a deadline is not (rule 4)."""
+    finishing: bool = False
+    """It holds machines that are publishing its final checkpoint (rule 5)."""
 
 
 def asked(instance_types: Iterable[str], machines: Mapping[str, int]) -> tuple[int, dict[str, int]]:
@@ -126,7 +135,7 @@ def admit(
     demands: Iterable[Demand], *, ceilings: Ceilings, teams: Mapping[str, Team],
     team_spend_usd: Mapping[str, float],
 ) -> dict[str, Verdict]:  # fmt: skip
-    """Every run's verdict (rules 1-3 above)."""
+    """Every run's verdict (rules 1-5 above)."""
     used: dict[tuple[str, str], int] = defaultdict(int)  # (region, quota) -> vCPUs
     team_gpus: dict[str, int] = defaultdict(int)
     verdicts: dict[str, Verdict] = {}
@@ -145,7 +154,10 @@ def admit(
         return _why_not(demand, used, team_gpus, ceilings, teams, team_spend_usd)
 
     in_order = sorted(demands, key=lambda d: (-d.priority, d.submitted_at, d.run))
-    holders = [d for d in in_order if d.holding]
+    for demand in (d for d in in_order if d.holding and d.finishing):  # rule 5
+        verdicts[demand.run] = Verdict(True, "finishing: its final checkpoint is publishing; "
+                                       "the next runs start on its machines")  # fmt: skip
+    holders = [d for d in in_order if d.holding and not d.finishing]
     for demand in holders:
         take(demand)
         borrowed = _over_share(demand, team_gpus, teams)
@@ -241,12 +253,15 @@ def _over_share(demand: Demand, team_gpus: Mapping[str, int], teams: Mapping[str
     return max(0, min(demand.gpus, team_gpus.get(team.name, 0) - team.gpus))
 
 
-def account_room(quota_vcpus: int, usage_vcpus: int | None, held_vcpus: int) -> int:
-    """The vCPUs of an AWS quota the environment's runs may hold at once: the quota, less
-    what the rest of the account uses of it (its usage, less what the runs hold; unknown
-    usage counts as none)."""
+def account_room(
+    quota_vcpus: int, usage_vcpus: int | None, held_vcpus: int, leaving_vcpus: int = 0
+) -> int:
+    """The vCPUs of an AWS quota the environment's runs may be admitted to at once: the quota,
+    less what the rest of the account uses of it (its usage, less what the runs hold; unknown
+    usage counts as none), less what finishing runs hold until their machines leave
+    (`leaving_vcpus`, part of `held_vcpus`: rule 5 counts them nowhere else)."""
     others = max(0, (usage_vcpus or 0) - held_vcpus)
-    return max(0, quota_vcpus - others)
+    return max(0, quota_vcpus - others - leaving_vcpus)
 
 
 def tightest(*ceilings: Ceilings) -> dict[str, dict[str, int]]:

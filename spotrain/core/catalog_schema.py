@@ -86,6 +86,11 @@ HEAD_SORT_KEY = "HEAD"
 """The run's head item: the latest complete checkpoint, moved only by a conditional write."""
 LEASE_SORT_KEY = "LEASE"
 """The run's writer lease: generation numbers fence off stale writers."""
+FINISHING_SORT_KEY = "FINISHING"
+"""The trainer's announcement that it is publishing its final checkpoint (`step`, `epoch`,
+`region`, `at`): the catalog's stream tells the interruption handler, whose queue starts the
+next runs on the machines meanwhile (a warm start, `admission` rule 5). Not history: written
+again by a run that finishes again."""
 
 LOSS_KEY = "loss"
 """On a checkpoint's record: the training loss of its step, as the loop gave it to the

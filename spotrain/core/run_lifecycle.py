@@ -46,6 +46,12 @@ FINISHED = "finished"
 CANCELLED = "cancelled"
 PHASES = (WAITING, STARTING, TRAINING, IDLE, HELD, FAILED, FINISHED, CANCELLED)
 
+FINISHING_FOR_S = 30 * 60
+"""How long a run that said it is finishing (its last step trained, its final checkpoint being
+published) counts as finishing: the queue starts the next runs on its machines meanwhile
+(`admission` rule 5). A final publish that never came (the run crashed during it and trains
+again) stops counting after this, and its machines count again."""
+
 
 @dataclass(frozen=True)
 class Lifecycle:
@@ -56,6 +62,16 @@ class Lifecycle:
     finished_at: float | None = None
     cancelled_at: float | None = None
     cancelled_by: str = ""
+    finishing_step: int | None = None
+    """The last step the run said it is publishing as its final one (its catalog's
+    announcement, recorded by the handler)."""
+    finishing_at: float | None = None
+
+    def finishing(self, now: float) -> bool:
+        """Its final checkpoint is publishing now: announced less than FINISHING_FOR_S ago and
+        not yet published."""
+        return (self.finishing_at is not None and self.finished_step is None
+                and now - self.finishing_at < FINISHING_FOR_S)  # fmt: skip
 
     @property
     def stopped(self) -> bool:
@@ -113,13 +129,15 @@ def _number(value: Any) -> float | None:
 
 def read(table: Any, run: str) -> Lifecycle:
     item = table.get_item(Key=_key(run), ConsistentRead=True).get("Item") or {}
-    step = item.get("finished_step")
+    step, finishing = item.get("finished_step"), item.get("finishing_step")
     return Lifecycle(
         started_at=_number(item.get("started_at")),
         finished_step=int(step) if step is not None else None,
         finished_at=_number(item.get("finished_at")),
         cancelled_at=_number(item.get("cancelled_at")),
         cancelled_by=str(item.get("cancelled_by", "")),
+        finishing_step=int(finishing) if finishing is not None else None,
+        finishing_at=_number(item.get("finishing_at")),
     )
 
 
@@ -154,6 +172,15 @@ def mark_started(table: Any, run: str, at: float) -> bool:
 def mark_finished(table: Any, run: str, step: int, at: float) -> bool:
     """The run published its final step `step`; True the first time (one notice)."""
     return _set_once(table, run, {"finished_step": step, "finished_at": _at(at)}, "finished_step")
+
+
+def mark_finishing(table: Any, run: str, step: int, at: float) -> None:
+    """The run said it is publishing `step` as its final checkpoint. The latest announcement
+    wins: a run that crashed during its final publish and announces again counts anew."""
+    table.update_item(
+        Key=_key(run), UpdateExpression="SET finishing_step = :step, finishing_at = :at",
+        ExpressionAttributeValues={":step": step, ":at": _at(at)},
+    )  # fmt: skip
 
 
 def mark_cancelled(table: Any, run: str, *, by: str, at: float) -> bool:

@@ -1,7 +1,8 @@
 """What the account's AWS quotas leave free for the environment's runs, per region: each GPU
 quota a run asks from (`gpu_types.INSTANCE_QUOTAS`) read from Service Quotas, and its usage
 from the CloudWatch metric Service Quotas names for it (AWS/Usage, the highest value of the
-last 15 minutes), less what the runs themselves hold (`admission.account_room`). Read once a
+last 15 minutes), less what the runs themselves hold, and what finishing runs hold until
+their machines leave (`admission.account_room`). Read once a
 check, for the environments that ask (`QueuePolicy.account_quotas`)."""
 
 from __future__ import annotations
@@ -24,11 +25,13 @@ def free_of_quotas(demands: Iterable[admission.Demand], now: datetime) -> admiss
     them."""
     asked: dict[str, set[str]] = defaultdict(set)
     held: dict[tuple[str, str], int] = defaultdict(int)
+    leaving: dict[tuple[str, str], int] = defaultdict(int)
     for demand in demands:
         asked[demand.region] |= set(demand.vcpus)
         if demand.holding:
             for quota, vcpus in demand.vcpus.items():
                 held[demand.region, quota] += vcpus
+                leaving[demand.region, quota] += vcpus if demand.finishing else 0
     quotas_in = aws.clients_by_region("service-quotas")
     metrics_in = aws.clients_by_region("cloudwatch")
     room: dict[str, dict[str, int]] = {}
@@ -38,8 +41,9 @@ def free_of_quotas(demands: Iterable[admission.Demand], now: datetime) -> admiss
             quota = quotas_in(region).get_service_quota(
                 ServiceCode="ec2", QuotaCode=INSTANCE_QUOTAS[key].code)["Quota"]  # fmt: skip
             usage = _usage(metrics_in(region), quota.get("UsageMetric"), now)
-            room[region][key] = admission.account_room(int(quota["Value"]), usage,
-                                                       held[region, key])  # fmt: skip
+            room[region][key] = admission.account_room(
+                int(quota["Value"]), usage, held[region, key], leaving[region, key]
+            )
     return room
 
 

@@ -8,11 +8,14 @@ never removed. The trainer's roll back is the one legitimate move backwards, and
 or a bug moved the head back, or rewrote or removed a record, and on-call should look.
 
 A record that is published marked final says the run is done (`final_publishes`): the
-handler then takes the run's machines away (`on_catalog_changes`). A record published by a
-writer of an epoch the run has moved on from (`fenced_publishes`: a region cut off from the
-others went on training) is an alarm too: it is fenced, never restored, and that region's
-machines should be stopped. So is a refusal such a writer left (`refused_writers`): once its
-region rejoined, it tried to start or publish and the run's epoch refused it.
+handler then takes the run's machines away (`on_catalog_changes`). Just before, the trainer
+announces that it is publishing its final checkpoint (`finishing_announcements`): the queue
+then starts the next runs on its machines meanwhile (a warm start, `admission` rule 5). A
+record published by a writer of an epoch the run has moved on from (`fenced_publishes`: a
+region cut off from the others went on training) is an alarm too: it is fenced, never
+restored, and that region's machines should be stopped. So is a refusal such a writer left
+(`refused_writers`): once its region rejoined, it tried to start or publish and the run's
+epoch refused it.
 """
 
 from __future__ import annotations
@@ -24,9 +27,10 @@ from typing import Any
 
 from spotrain.constructs.interruption_handler.runtime import aws, capacity_check, settings
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
-from spotrain.core import run_epochs
+from spotrain.core import run_epochs, run_lifecycle
 from spotrain.core.catalog_schema import (
     FINAL_KEY,
+    FINISHING_SORT_KEY,
     HEAD_SORT_KEY,
     PARTITION_KEY,
     SORT_KEY,
@@ -169,6 +173,18 @@ def final_publishes(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
     return done
 
 
+def finishing_announcements(records: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    """(run, step) of each announcement that a run is publishing its final checkpoint."""
+    said = []
+    for record in records:
+        change = record.get("dynamodb", {})
+        keys, new = _plain(change.get("Keys")), _plain(change.get("NewImage"))
+        if record.get("eventName") in ("INSERT", "MODIFY") and (
+                keys.get(SORT_KEY) == FINISHING_SORT_KEY and new.get("step")):  # fmt: skip
+            said.append((keys.get(PARTITION_KEY, "").removeprefix(run_key("")), int(new["step"])))
+    return said
+
+
 def on_catalog_changes(environment: Settings, records: list[Any]) -> dict[str, Any]:
     """A batch of the catalog's stream: each finding to the alert topic (and the log), and
     each run that published its final step finished (where the environment has a queue, a
@@ -186,18 +202,25 @@ def on_catalog_changes(environment: Settings, records: list[Any]) -> dict[str, A
     final: dict[str, int] = {}
     for run, step in final_publishes(records):
         final[run] = max(step, final.get(run, step))
-    finished = {}
-    if final:
+    announced = dict(finishing_announcements(records))
+    finished, finishing = {}, {}
+    if final or announced:
         runs = settings.declared_runs(environment)
-        if set(final) - set(runs):  # a run declared since the last read?
+        if (set(final) | set(announced)) - set(runs):  # a run declared since the last read?
             runs = settings.declared_runs(environment, fresh=True)
         table = aws.events_table(environment)
+        for run, step in sorted(announced.items()):
+            if run in runs and run not in final:  # its machines are the next runs' (warm start)
+                run_lifecycle.mark_finishing(table, run, step, settings.now())
+                finishing[run] = step
         for run, step in sorted(final.items()):
             if run in runs:  # a run of the environment: its groups go to 0
                 capacity_check.finish(runs[run], table, step, settings.now())
                 finished[run] = step
-    result = {"catalog_changes": len(records), "findings": found, "finished": finished}
-    if finished and environment.handler.queue_policy:
-        # GPUs freed: the queue's next runs start now, not at the next scheduled check.
+    result = {"catalog_changes": len(records), "findings": found, "finished": finished,
+              "finishing": finishing}  # fmt: skip
+    if (finished or finishing) and environment.handler.queue_policy:
+        # GPUs freed, or about to be: the queue's next runs start now, not at the next
+        # scheduled check.
         result["queue"] = capacity_check.on_capacity_check(environment)["runs"]
     return result
