@@ -1052,6 +1052,68 @@ def test_a_gang_that_does_not_come_whole_in_time_is_released_and_asked_for_again
 
 
 @pytest.mark.integration
+def test_a_released_gang_gives_its_place_in_the_queue_to_the_run_behind_it(
+    http_cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Rule 8 with a queue, on the local cloud with its spot capacity gone: two runs on a
+    ceiling that fits one. The first's gang (an on-demand coordinator and a spot peer) never
+    comes whole; past the gang timeout its part is released and it goes back to the queue as
+    if submitted then, so the run that waited behind it starts at the next check and it waits
+    behind that one, until that one finishes."""
+    import time
+
+    from spotrain.core import run_lifecycle
+    from spotrain.core.admission import QueuePolicy
+
+    policy = QueuePolicy(ceilings={REGION: {"spot/G and VT": 96}})
+    monkeypatch.setenv(HandlerSettings.variable("queue_policy"), policy.to_json())
+    suffix = f"{random.getrandbits(32):08x}"
+    first, second = f"a-{suffix}", f"b-{suffix}"  # in the queue's order: submitted together
+    create_group(f"{first}-spot", REGION, "us-east-1b", 0, run=first, distribution={
+        "OnDemandBaseCapacity": 1, "OnDemandPercentageAboveBaseCapacity": 0})  # fmt: skip
+    create_group(f"{second}-on-demand", REGION, "us-east-1b", 0, run=second)
+    for run, group, machines in ((first, f"{first}-spot", 2), (second, f"{second}-on-demand", 1)):
+        declare_run([CapacityGroup(name=group, region=REGION, lifecycle="spot", holds_data=True,
+                                   min_size=machines, desired=machines)],
+                    run=run, gpus=4 * machines, vcpus={"spot/G and VT": 48 * machines})  # fmt: skip
+    started = float(int(time.time()))
+    clock = [started]
+    monkeypatch.setattr(runtime_settings, "now", lambda: clock[0])
+    check = event("scheduled-capacity-check")
+
+    def decided() -> dict[str, dict[str, Any]]:
+        runs = handler.handle(check)["runs"]
+        return {run: runs[run] for run in (first, second)}
+
+    control.set_faults(spot_capacity_gone=[f"{REGION}/*"])
+    try:
+        runs = decided()
+        assert [runs[r]["decision"] for r in (first, second)] == ["start", "wait"], runs
+        assert _sizes(f"{first}-spot") == (2, 2, 1)  # the coordinator came, its peer did not
+        clock[0] = started + 16 * 60  # past the gang timeout (15 min)
+        runs = decided()
+        assert [runs[r]["decision"] for r in (first, second)] == ["gang-released", "wait"], runs
+        state = fleet_state.run_state(http_cloud.table, first)
+        assert (state.queued, state.gang_released_at) == (fleet_state.GANG_REQUEUED, clock[0])
+        # Back in the queue as if submitted at its release: the run behind it goes first.
+        clock[0] = started + 21 * 60
+        runs = decided()
+        assert [runs[r]["decision"] for r in (first, second)] == ["wait", "start"], runs
+        assert runs[first]["reason"].startswith(
+            "queued: #1 in the queue: needs 96 vCPUs of spot/G and VT in us-east-1, 48 of its "
+            "ceiling 96 free"), runs[first]  # fmt: skip
+        assert _sizes(f"{first}-spot")[:2] == (0, 0) and _sizes(f"{second}-on-demand")[2] == 1
+        # The second finishes: the first is admitted again and asks for its gang anew.
+        run_lifecycle.mark_finished(http_cloud.table, second, 10, clock[0])
+        clock[0] = started + 26 * 60
+        runs = decided()
+        assert runs[first]["decision"] == "release", runs
+        assert _sizes(f"{first}-spot")[:2] == (2, 2)
+    finally:
+        control.set_faults(spot_capacity_gone=[])
+
+
+@pytest.mark.integration
 def test_the_queue_holds_runs_under_what_the_accounts_quota_leaves_free(
     http_cloud: Cloud, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -10,7 +10,9 @@ Every run asks for the machines its groups start at (`Demand`). `admit` decides,
 1. A run that holds machines keeps them (taking them back is preemption's, which publishes
    the run's checkpoint first): what it holds is counted before any waiting run is looked at.
 2. Waiting runs are taken in priority order (highest first), then by submission (earliest
-   first), then by name. Each one that fits is admitted and what it takes is counted before
+   first; a run whose gang did not come whole in time is back in the queue as if submitted
+   at its release, behind the runs that waited before it, as Kueue requeues a workload by its
+   eviction time), then by name. Each one that fits is admitted and what it takes is counted before
    the next is looked at; one that does not fit waits, with its place among the waiting and
    the first reason, and keeps nothing for itself: a later run that fits starts meanwhile
    (Kueue's best-effort FIFO), so GPUs never sit idle behind a run that cannot start. (A large

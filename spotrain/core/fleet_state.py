@@ -61,6 +61,10 @@ class RunState:
     check judged (`admission`); None: not waiting in the queue."""
     gang_asked: GangAsked | None = None
     """The run asks for its gang and it has not all come yet (`capacity_policy` rule 8)."""
+    gang_released_at: float | None = None
+    """When the run's gang was last released for not coming whole in time (rule 8): the queue
+    takes it as the run's submission, so the run waits behind those queued before it
+    (`admission` rule 2; Kueue requeues a workload by its eviction time alike)."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,8 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
         gang_asked=GangAsked(float(item["gang_asked"]["since"]),
                              float(item["gang_asked"]["spend_usd"]))
         if item.get("gang_asked") else None,
+        gang_released_at=float(item["gang_released_at"]) if item.get("gang_released_at")
+        else None,
     )  # fmt: skip
 
 
@@ -174,6 +180,21 @@ def set_queued(table: Any, run: str, queued: str | None) -> None:
     else:
         table.update_item(Key=_state_key(run), UpdateExpression="SET queued = :queued",
                           ExpressionAttributeValues={":queued": queued})  # fmt: skip
+
+
+GANG_REQUEUED = ("its gang did not come whole in time: it waits for its turn again, behind "
+                 "the runs queued before its release")  # fmt: skip
+"""What a run whose gang was released is told until the next check judges the queue."""
+
+
+def release_gang(table: Any, run: str, sizes: dict[str, dict[str, int]], at: float) -> None:
+    """Rule 8 released the part of the run's gang that came: remember its groups' sizes (as a
+    hold does) and put the run back in the queue as if submitted `at` (`gang_released_at`)."""
+    set_held_sizes(table, run, sizes)
+    table.update_item(
+        Key=_state_key(run), UpdateExpression="SET queued = :queued, gang_released_at = :at",
+        ExpressionAttributeValues={":queued": GANG_REQUEUED, ":at": Decimal(str(round(at, 3)))},
+    )  # fmt: skip
 
 
 def set_gang_asked(table: Any, run: str, asked: GangAsked | None) -> None:

@@ -164,8 +164,8 @@ def whole_gang(
 ) -> capacity_policy.Decision | None:  # fmt: skip
     """Rule 8 of the capacity policy: a decision that raises the run's groups from none asks
     for its gang; with no such decision, a gang that did not come in time is released (its
-    sizes remembered: the next check asks again). Keeps when it asked; `decision`, or the
-    release, or None."""
+    sizes remembered, the run back in the queue: the next check asks again, or the queue's
+    next run first). Keeps when it asked; `decision`, or the release, or None."""
     assert run_settings.declaration is not None
     asked = state.gang_asked
     if decision is not None:
@@ -177,9 +177,9 @@ def whole_gang(
             groups, minimum=capacity_policy.gang_minimum(declared), asked=asked, now=now,
             timeout_s=60 * run_settings.handler.gang_timeout_minutes, spend_usd=spend_usd,
         )  # fmt: skip
-        if decision is not None:
+        if decision is not None:  # back in the queue, behind those queued before it
             sizes = capacity_policy.sizes_to_remember(groups, decision)
-            fleet_state.set_held_sizes(table, run_settings.run, sizes)
+            fleet_state.release_gang(table, run_settings.run, sizes, now)
     if asked != state.gang_asked:
         fleet_state.set_gang_asked(table, run_settings.run, asked)
     return decision
