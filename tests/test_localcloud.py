@@ -669,7 +669,7 @@ def test_spot_pools_without_capacity_leave_a_group_short_until_capacity_returns(
     """`spotrain local fault spot-gone REGION TYPES`: a mixed-instances group launches its
     on-demand base but none of its spot machines of those types (its desired capacity unmet,
     as AWS leaves it without capacity), tries again at each look, and fills once `spot-back`
-    returns the capacity."""
+    returns the capacity; spot placement scores say the same of the region meanwhile."""
     from helpers import launch_template
 
     from spotrain import cli
@@ -697,14 +697,24 @@ def test_spot_pools_without_capacity_leave_a_group_short_until_capacity_returns(
         return sorted(i.get("InstanceLifecycle", "on-demand")
                       for r in found for i in r["Instances"])  # fmt: skip
 
+    def scores(*types: str) -> dict[str, int]:
+        answer = ec2.get_spot_placement_scores(
+            InstanceTypes=list(types), TargetCapacity=2, SingleAvailabilityZone=False,
+            RegionNames=[REGION, "us-west-2"])["SpotPlacementScores"]  # fmt: skip
+        return {s["Region"]: s["Score"] for s in answer}
+
     try:
         assert cli.main(["local", "fault", "spot-gone", REGION, "g6.*"]) == 0
         assert "spot capacity gone: us-east-1/g6.*" in capsys.readouterr().out
         autoscaling.set_desired_capacity(AutoScalingGroupName=name, DesiredCapacity=3)
         assert in_service() == ["on-demand"]
         assert in_service() == ["on-demand"]  # it tries again, and fails again
+        # Spot placement scores say so: unlikely where every type asked is gone.
+        assert scores("g6.xlarge") == {REGION: 1, "us-west-2": 9}
+        assert scores("g6.xlarge", "g5.xlarge") == {REGION: 9, "us-west-2": 9}
         assert cli.main(["local", "fault", "spot-back", REGION, "g6.*"]) == 0
         assert in_service() == ["on-demand", "spot", "spot"]
+        assert scores("g6.xlarge") == {REGION: 9, "us-west-2": 9}
     finally:
         control.set_faults(spot_capacity_gone=[])
     assert cli.main(["local", "fault", "spot-gone", "mars-east-1"]) == 2

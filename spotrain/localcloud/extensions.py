@@ -28,6 +28,8 @@
   (`price_list`).
 - GPU quotas: Service Quotas answers for EC2's GPU quotas and CloudWatch's AWS/Usage counts
   their use from the running instances (`account_quotas`).
+- Spot placement scores: EC2's GetSpotPlacementScores answers from the `spot_capacity_gone`
+  fault (`spot_placement`).
 - Auto Scaling markets: moto launches a mixed-instances group's machines with the launch
   template's instance type (none) and all on on-demand. Here each new machine takes the
   group's first override type, and those beyond `OnDemandBaseCapacity` (plus
@@ -62,6 +64,7 @@ from spotrain.localcloud import (
     faults,
     global_tables,
     price_list,
+    spot_placement,
 )
 from spotrain.localcloud.account_quotas import EC2_SPOT
 
@@ -654,6 +657,7 @@ def install() -> None:
     _install_autoscaling_update_keeps_the_policy()
     price_list.install()
     account_quotas.install()
+    spot_placement.install()
     _install_autoscaling_markets()
     _install_autoscaling_bounds()
     _install_backend_names_listed_once()
