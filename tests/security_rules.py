@@ -132,6 +132,7 @@ UNSCOPED_ACTIONS = {  # actions without resource-level permissions
     *SESSION_MANAGER_AGENT_ACTIONS,  # its channels and messages name no resource
     "ec2:DescribeInstances",
     "ec2:DescribeSpotPriceHistory",
+    "ec2:GetSpotPlacementScores",
     "pricing:GetProducts",
     "cloudwatch:PutMetricData",  # scoped by its namespace instead (cloudwatch:namespace)
     "cloudwatch:GetMetricStatistics",

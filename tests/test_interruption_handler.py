@@ -900,6 +900,127 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     catalog.delete()
 
 
+@pytest.mark.integration
+def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_spot_returns(
+    http_cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with a deadline, on on-demand at home because spot is gone there (the local
+    cloud's fault). While spot is gone in us-west-2 too it stays; once spot placement scores
+    put spot in us-west-2, home's check wishes
+    the move (the policy's saving against on-demand here is more than the move's cost) and
+    takes home's groups to 0; us-west-2's check reads the wish, orders the move there and
+    starts the run's groups, whose machines would claim it. Spot back at home before they do:
+    home withdraws the wish and starts its groups again; us-west-2 empties its own."""
+    from helpers import create_catalog_table
+
+    from spotrain.core import run_lifecycle
+    from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
+
+    west, suffix = "us-west-2", f"{random.getrandbits(32):08x}"
+    run = f"mover-{suffix}"
+    declared = [CapacityGroup(name=f"{run}-{r}-{kind}", region=r, lifecycle=kind,
+                              holds_data=r == REGION, min_size=int(kind == "spot"),
+                              desired=int(kind == "spot"))
+                for r in (REGION, west) for kind in ("spot", "on-demand")]  # fmt: skip
+    start, per_hour = 1_800_000_000.0, 3600
+    iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
+    catalog_name = f"catalog-{suffix}"
+    for region in (REGION, west):  # the catalog's copy in each region (the run never moved)
+        create_catalog_table(boto3.client("dynamodb", region_name=region), catalog_name)
+    catalog = boto3.resource("dynamodb").Table(catalog_name)
+    for step, at in ((0, "2027-01-15T08:00:00Z"), (per_hour, "2027-01-15T09:00:00Z")):
+        catalog.put_item(Item={"pk": run_key(run), "sk": checkpoint_sort_key(step), "step": step,
+                               "created_at": at, "generation": 1})  # fmt: skip
+    catalog.put_item(Item={"pk": run_key(run), "sk": HEAD_SORT_KEY, "step": per_hour})
+    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), catalog_name)
+    monkeypatch.setattr(runtime_settings, "now", lambda: start + 2 * 3600)
+    deadline = RunDeadline(started_at=iso(start), finish_by=iso(start + 14 * 3600),
+                           total_steps=8 * per_hour, changeover_minutes=15)  # fmt: skip
+    tables = {
+        REGION: http_cloud.table,
+        west: create_events_table(boto3.resource("dynamodb", region_name=west)),
+    }
+    for region in (REGION, west):  # started, as the stack declared it to each region
+        declare_run(declared, run=run, region=region, run_deadline=deadline,
+                    instance_types=("g6.xlarge",))  # fmt: skip
+        run_lifecycle.mark_started(tables[region], run, start)
+    control.set_faults(spot_capacity_gone=["*/*"])  # at first in both regions
+    all_spot = {"OnDemandBaseCapacity": 0, "OnDemandPercentageAboveBaseCapacity": 0}
+    for group in declared:  # home trains on on-demand: spot is gone there
+        create_group(
+            group.name,
+            group.region,
+            f"{group.region}b",
+            int(group.region == REGION),
+            run=run,
+            distribution=all_spot if group.lifecycle == "spot" else None,
+        )
+    check = event("scheduled-capacity-check")
+
+    topics = {REGION: os.environ[HandlerSettings.variable("alert_topic_arn")],
+              west: boto3.client("sns", region_name=west).create_topic(Name=f"notices-{suffix}")[
+                  "TopicArn"]}  # fmt: skip
+
+    def in_region(region: str) -> None:  # each region's function: its own copies and topic
+        for name in ("AWS_REGION", "AWS_DEFAULT_REGION"):
+            monkeypatch.setenv(name, region)
+        monkeypatch.setenv(HandlerSettings.variable("alert_topic_arn"), topics[region])
+        monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+        monkeypatch.setattr(runtime_settings, "_declarations", {})
+
+    def replicate_the_wish() -> None:  # the events table's replication, item by item
+        key = {"pk": run_key(run), "sk": schema.failover_sort_key(REGION)}
+        item = tables[REGION].get_item(Key=key).get("Item")
+        if item is None:
+            tables[west].delete_item(Key=key)
+        else:
+            tables[west].put_item(Item=item)
+
+    def sizes(region: str) -> dict[str, int]:
+        return {g.name.removeprefix(f"{run}-"): desired(g.name, g.region)
+                for g in declared if g.region == region}  # fmt: skip
+
+    try:
+        autoscaling = boto3.client("autoscaling")
+        autoscaling.update_auto_scaling_group(
+            AutoScalingGroupName=f"{run}-{REGION}-on-demand", MinSize=0, DesiredCapacity=1
+        )
+        stays = check_run(check, run)  # no spot anywhere: the deadline policy here decides
+        assert stays["decision"] != "move-for-spot" and "deadline policy" in stays["reason"]
+        assert sizes(REGION)[f"{REGION}-on-demand"] == 1
+        control.set_faults(spot_capacity_gone=[f"{REGION}/*"])  # spot back in us-west-2
+        home = check_run(check, run)
+        assert home["decision"] == "move-for-spot", home
+        assert "spot in region 1" in home["reason"] and "us-west-2's handler starts" in home[
+            "reason"], home  # fmt: skip
+        assert sizes(REGION) == {f"{REGION}-spot": 0, f"{REGION}-on-demand": 0}
+        wish = fleet_state.failover_state(tables[REGION], run, REGION).move_order
+        assert (wish.from_epoch, wish.from_region, wish.to_region) == (0, REGION, west)
+        assert check_run(check, run)["decision"] == "move-for-spot"  # it stands
+        replicate_the_wish()
+        in_region(west)
+        there = check_run(check, run)
+        assert there["decision"] == "fail-over" and "claim the run here" in there["reason"], there
+        assert sizes(west) == {f"{west}-spot": 1, f"{west}-on-demand": 0}
+        ordered = fleet_state.failover_state(tables[west], run, west).move_order
+        assert ordered is not None and ordered.to_region == west  # what its machines follow
+        # Spot is back at home before any machine there claimed the run: the wish goes.
+        control.set_faults(spot_capacity_gone=[])
+        in_region(REGION)
+        back = check_run(check, run)
+        assert back["decision"] == "stay" and "withdrawn" in back["reason"], back
+        assert sizes(REGION)[f"{REGION}-spot"] == 1
+        replicate_the_wish()
+        in_region(west)
+        assert check_run(check, run)["decision"] == "follow-the-run"
+        assert sizes(west) == {f"{west}-spot": 0, f"{west}-on-demand": 0}
+    finally:
+        control.set_faults(spot_capacity_gone=[])
+        for region in (REGION, west):
+            boto3.client("dynamodb", region_name=region).delete_table(TableName=catalog_name)
+        tables[west].delete()
+
+
 # --- a run pays only while it trains ---------------------------------------------------------
 def _lifecycle_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """The groups deployed empty with the run's declared sizes, its configuration bucket and

@@ -157,6 +157,13 @@ def handler_statements(
             resources=["*"],
         ),
         statement(
+            # Where a run with a deadline may find spot in its other regions (a move for
+            # spot: runtime/deadline.py). No resource-level permissions either.
+            "ScoreSpotInTheRunsRegions",
+            actions=["ec2:GetSpotPlacementScores"],
+            resources=["*"],
+        ),
+        statement(
             "PublishTheRunsSpend",
             actions=["cloudwatch:PutMetricData"],
             resources=["*"],

@@ -70,6 +70,9 @@ class RunDeclaration:
     """GPUs its machines carry at its declared sizes (what the queue counts)."""
     vcpus: Mapping[str, int] = field(default_factory=dict)
     """vCPUs it asks of each AWS quota at those sizes (`gpu_types.INSTANCE_QUOTAS`)."""
+    instance_types: tuple[str, ...] = ()
+    """The types its machines may be, in its order of preference: what spot placement scores
+    are asked for and a move between regions is priced with."""
 
     def problems(self) -> list[str]:
         found = []
@@ -110,6 +113,7 @@ class RunDeclaration:
             priority=int(document.get("priority", 0)),
             gpus=int(document.get("gpus", 0)),
             vcpus={str(q): int(n) for q, n in (document.get("vcpus") or {}).items()},
+            instance_types=tuple(str(t) for t in document.get("instance_types") or ()),
         )
 
     @property

@@ -61,6 +61,9 @@ class RunState:
     check judged (`admission`); None: not waiting in the queue."""
     gang_asked: GangAsked | None = None
     """The run asks for its gang and it has not all come yet (`capacity_policy` rule 8)."""
+    spot_records: dict[str, Any] | None = None
+    """What the checks of a run with a deadline in several regions saw of spot in each
+    (`outage_fill.RegionRecords.to_item`), as its home handler keeps it."""
     gang_released_at: float | None = None
     """When the run's gang was last released for not coming whole in time (rule 8): the queue
     takes it as the run's submission, so the run waits behind those queued before it
@@ -99,6 +102,7 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
         if item.get("gang_asked") else None,
         gang_released_at=float(item["gang_released_at"]) if item.get("gang_released_at")
         else None,
+        spot_records=dict(item["spot_records"]) if item.get("spot_records") else None,
     )  # fmt: skip
 
 
@@ -170,6 +174,12 @@ def set_spot_record(table: Any, run: str, record: SpotRecord) -> None:
     region's handler's, on a schedule: one at a time)."""
     table.update_item(Key=_state_key(run), UpdateExpression="SET spot_record = :record",
                       ExpressionAttributeValues={":record": _stored(record.to_item())})  # fmt: skip
+
+
+def set_spot_records(table: Any, run: str, records: dict[str, Any]) -> None:
+    """Keep what the run's checks saw of spot in each of its regions (`spot_records`)."""
+    table.update_item(Key=_state_key(run), UpdateExpression="SET spot_records = :records",
+                      ExpressionAttributeValues={":records": _stored(records)})  # fmt: skip
 
 
 def set_queued(table: Any, run: str, queued: str | None) -> None:
@@ -246,6 +256,8 @@ def _stored(value: Any) -> Any:
         return Decimal(str(round(value, 3)))
     if isinstance(value, dict):
         return {key: _stored(inner) for key, inner in value.items()}
+    if isinstance(value, list | tuple):
+        return [_stored(inner) for inner in value]
     return value
 
 

@@ -36,6 +36,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
 from spotrain.core.deadline_policy import (
     IDLE,
@@ -173,6 +174,20 @@ class RegionRecords:
     def empty(cls, regions: int) -> RegionRecords:
         return cls(tuple(SpotRecord() for _ in range(regions)))
 
+    def to_item(self) -> dict[str, object]:
+        return {"regions": [r.to_item() for r in self.regions],
+                "anywhere": self.anywhere.to_item()}  # fmt: skip
+
+    @classmethod
+    def from_item(cls, item: dict[str, Any] | None, regions: int) -> RegionRecords:
+        """The records kept for a run of `regions` regions (empty ones when none were kept, or
+        kept for another number of regions)."""
+        kept = (item or {}).get("regions") or []
+        if len(kept) != regions:
+            return cls.empty(regions)
+        return cls(tuple(SpotRecord.from_item(r) for r in kept),
+                   SpotRecord.from_item(item.get("anywhere") if item else None))  # fmt: skip
+
     def seen(self, now: float, available: Sequence[bool], *, longest_gap_s: float) -> RegionRecords:
         regions = self.regions or tuple(SpotRecord() for _ in available)
         each = tuple(
@@ -199,6 +214,13 @@ def _need_for_on_demand(progress: Progress, record: SpotRecord) -> float:
     deficit, outages = _deficit_and_outages(progress, record)
     limit = FILL_SHARE * outages
     return 1.0 if limit <= 0 else min(1.0, max(0.0, deficit / limit))
+
+
+SPOT_LIKELY_SCORE = 7
+"""A region's spot placement score (EC2 `GetSpotPlacementScores`, 1 to 10) from which the
+handler takes spot to be there for a run's gang in a region it does not train in (it sees its
+own region's spot in its groups). AWS calls a high score likely, not certain: below 7 a move
+would pay its changeover for a maybe."""
 
 
 @dataclass(frozen=True)

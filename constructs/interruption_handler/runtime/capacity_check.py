@@ -9,7 +9,8 @@ release), starts its groups there when the run has just moved in, and reconciles
 (on-demand covers a spot shortfall, and goes when spot returns; a run with a deadline follows
 the deadline policy, on its progress read from the checkpoint catalog). Every other region's
 handler only empties the run's groups in its region, or takes the run when its region stops
-answering and this one is the run's next (`elsewhere`)."""
+answering and this one is the run's next (`elsewhere`). A run with a deadline in several
+regions may move for spot first (`deadline.for_spot`)."""
 
 from __future__ import annotations
 
@@ -17,10 +18,9 @@ import logging
 from dataclasses import asdict, replace
 from typing import Any
 
-import boto3
-
 from spotrain.constructs.interruption_handler.runtime import (
     aws,
+    deadline,
     elsewhere,
     run_queue,
     settings,
@@ -30,12 +30,10 @@ from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import (
     admission,
     capacity_policy,
-    deadline_policy,
     fleet_state,
     run_lifecycle,
     spend_ledger,
 )
-from spotrain.core.deadline_policy import Progress, RunDeadline
 
 log = logging.getLogger()
 
@@ -132,13 +130,16 @@ def check_run(
     elif state.held_sizes:
         decision = capacity_policy.release(groups, state.held_sizes)
         fleet_state.set_held_sizes(table, run, None)
+    progress, measured = deadline.deadline_progress(run_settings, now)
+    if decision is None:  # where a run with a deadline should train: it may move for spot
+        decision = deadline.for_spot(run_settings, table, groups, state, progress, epoch.number,
+                                     now)  # fmt: skip
     if decision is None:
         decision = capacity_policy.follow_the_run(region, here, groups,
                                                   run_settings.declaration.groups)  # fmt: skip
     decision = whole_gang(run_settings, table, groups, state, decision, now,
                           ledger.spend_usd if ledger else 0.0)  # fmt: skip
     if decision is None:
-        progress, measured = deadline_progress(run_settings, now)
         record = None
         if run_settings.declaration.run_deadline is not None:
             every_h = run_settings.handler.capacity_check_minutes / 60
@@ -213,38 +214,3 @@ def finish(
         })  # fmt: skip
         log.info("run %s finished at step %d", run, step)
     return lifecycle
-
-
-def run_progress(
-    table: Any, run: str, deadline: RunDeadline, now: float, check_every_h: float = 0.0
-) -> tuple[Progress | None, str]:
-    """The run against its deadline, in hours of its gang's compute: its progress is the
-    catalog head's step, its throughput the steps per hour between checkpoints published by
-    one trainer start (a restart's downtime is not throughput); a decision holds for
-    `check_every_h`, until the next scheduled check. None (and why) until two checkpoints of
-    one start are published."""
-    pace = deadline_policy.read_pace(table, run)
-    if pace.steps_per_hour is None:
-        return None, ("throughput unknown until two checkpoints of one trainer start are "
-                      "published: the fixed on-demand deadline applies")  # fmt: skip
-    per_hour, done = pace.steps_per_hour, pace.step
-    progress = Progress(
-        elapsed_h=max(0.0, now - deadline.start_s) / 3600, deadline_h=deadline.deadline_h,
-        work_h=deadline.total_steps / per_hour, done_h=done / per_hour,
-        changeover_h=deadline.changeover_minutes / 60, decision_interval_h=check_every_h,
-    )  # fmt: skip
-    left_h = deadline.deadline_h - progress.elapsed_h
-    return progress, (
-        f"step {done} of {deadline.total_steps} at {per_hour:,.0f} steps/h, {left_h:.1f} h "
-        "to the deadline"
-    )
-
-
-def deadline_progress(run_settings: Settings, now: float) -> tuple[Progress | None, str]:
-    """The progress of the checked run when it has a deadline (else None, '')."""
-    declaration = run_settings.declaration
-    if declaration is None or declaration.run_deadline is None:
-        return None, ""
-    table = boto3.resource("dynamodb").Table(run_settings.handler.checkpoints_table)
-    return run_progress(table, declaration.run, declaration.run_deadline, now,
-                        run_settings.handler.capacity_check_minutes / 60)  # fmt: skip

@@ -1,8 +1,9 @@
 """The check of a run that trains in another region than this handler's: its handler there
 keeps its ledger, holds and starts it; this one empties the run's groups here, which the run
 has left (they may not train: one writer at a time), unless that region stops answering and
-this one is the run's next (`spotrain.core.failover`): then this handler orders the move here
-and starts the run's groups, whose machines claim the run as they boot."""
+this one is the run's next (`spotrain.core.failover`), or that region's handler wishes the run
+moved here for spot (`deadline.for_spot`): then this handler orders the move here and starts
+the run's groups, whose machines claim the run as they boot."""
 
 from __future__ import annotations
 
@@ -35,6 +36,8 @@ def check_elsewhere(
     state = fleet_state.failover_state(table, run, here)
     silent, verdict = _heard(run_settings, state, epoch, here, asked)
     order, standing = verdict.order, state.move_order
+    if order is None and region not in silent:  # its region's handler may send it here
+        order = wished_here(table, run, epoch, here)
     if order is not None and standing is not None and _same_move(order, standing):
         order = standing  # the first order of this move stands (None: withdrawn, if any)
     kept = fleet_state.FailoverState(silent, order)
@@ -59,6 +62,18 @@ def check_elsewhere(
     return {"decision": decision.action, "reason": decision.reason, "desired": decision.desired,
             "ledger": {"counted": False, "why": f"the run trains in {region}: its handler "
                        "there keeps the ledger"}}  # fmt: skip
+
+
+def wished_here(table: Any, run: str, epoch: run_epochs.EpochId, here: str
+                ) -> failover.MoveOrder | None:  # fmt: skip
+    """The move here that the handler of the region the run trains in wishes (for spot:
+    `deadline.for_spot`), read from its failover item (its own writes alone), when it is a
+    move of the run's current epoch to this region."""
+    wish = fleet_state.failover_state(table, run, epoch.region).move_order
+    if wish is None or (wish.to_region, wish.from_epoch, wish.from_region) != (
+            here, epoch.number, epoch.region):  # fmt: skip
+        return None
+    return wish
 
 
 def answers(settings: Settings, region: str, asked: dict[str, bool]) -> bool:

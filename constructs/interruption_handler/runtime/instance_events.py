@@ -15,7 +15,7 @@ from typing import Any
 
 import boto3
 
-from spotrain.constructs.interruption_handler.runtime import aws, capacity_check, settings
+from spotrain.constructs.interruption_handler.runtime import aws, deadline, settings
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import capacity_policy, fleet_state, run_lifecycle, spend_ledger
 from spotrain.core.catalog_schema import (
@@ -113,7 +113,7 @@ def _requeue(
     else:
         pools = {p for g in groups for p in g.pools} | {instance["pool"]}
         now = settings.now()
-        progress, _ = capacity_check.deadline_progress(run_settings, now)
+        progress, _ = deadline.deadline_progress(run_settings, now)
         decision = capacity_policy.after_interruption(
             group=instance.get("group") or None, pool=instance["pool"], groups=groups,
             pool_interruptions=recent_interruptions(table, pools, fields["time"],
