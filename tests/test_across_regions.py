@@ -165,3 +165,13 @@ def test_traces_of_different_ticks_are_refused_with_the_fix() -> None:
     with pytest.raises(CostInputError, match="--tick"):
         optimum.cheapest_across([traces.Trace("a", 600, (1,) * 20),
                                  traces.Trace("b", 300, (1,) * 40)], job, move_usd=0)  # fmt: skip
+
+
+def test_the_records_of_every_region_are_kept_as_an_item_and_read_back() -> None:
+    """What the handler keeps in a run's state between checks (`spot_records`): the same
+    records back; none kept, or kept for another number of regions, reads as empty ones."""
+    records = RegionRecords.empty(2).seen(1_000.0, [False, True], longest_gap_s=600.0)
+    records = records.seen(1_300.0, [True, True], longest_gap_s=600.0)
+    assert RegionRecords.from_item(records.to_item(), 2) == records
+    assert RegionRecords.from_item(None, 3) == RegionRecords.empty(3)
+    assert RegionRecords.from_item(records.to_item(), 3) == RegionRecords.empty(3)

@@ -955,6 +955,11 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     assert "handler: recorded=True (redelivery recorded=False)" in told
     assert re.search(r"moved to us-west-2 \(epoch 1\); restored step 20 from s3://\S+-us-west-2",
                      told), told  # fmt: skip
+    # What the move took and sent: its checkpoints were replicated as they were published.
+    moved = re.search(r"move\s+restored in us-west-2 ([\d.]+) s after us-east-1 went down .*; "
+                      r"([\d,]+) bytes of checkpoints replicated to us-west-2 before it "
+                      r"\(\$[\d.]+ at \$0.02/GB\), nothing sent by the move", told)  # fmt: skip
+    assert moved and 0 < float(moved[1]) < 300 and int(moved[2].replace(",", "")) > 0, told
     assert faults.read(control.faults_file()).regions_down == []  # the region is back
     # The catalog outlived its region: the global table's replica holds the run's every item,
     # published while the primary was up (once replication caught up after its return).

@@ -248,3 +248,16 @@ def test_every_spotrain_command_the_readme_and_docs_show_is_one_the_cli_takes() 
                         ) from None
                 shown += 1
     assert shown >= 20, shown  # the pages still show the commands a newcomer copies
+
+
+def test_no_script_folder_shadows_a_standard_library_module() -> None:
+    """`python bench/x.py` puts bench/ first on the import path: a script named like a
+    standard library module (a bench/queue.py once) breaks every import of it there, torch's
+    among them."""
+    import sys
+
+    scripts = [
+        p for folder in ("bench", "scripts", "examples") for p in (ROOT / folder).glob("*.py")
+    ]
+    assert scripts
+    assert [p.name for p in scripts if p.stem in sys.stdlib_module_names] == []

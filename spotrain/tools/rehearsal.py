@@ -86,6 +86,8 @@ class Report:
     max_loss_difference: float
     handler: dict[str, Any]
     spend: str = "not counted"
+    move: str = "not measured"
+    """The move to the replica region: how soon the run trained there, and what it sent."""
 
     @property
     def steps_lost(self) -> int:
@@ -107,6 +109,7 @@ class Report:
             f"  committed work lost           {self.committed_work_lost} steps (primary head "
             f"{self.primary_head_step}, replica restored step {self.replica_step})",
             f"  restore from replica region   {self.restore_s:.1f} s (every shard checked)",
+            f"  move                          {self.move}",
             f"  bytes uploaded vs full        {self.uploaded_bytes:,} of {self.full_bytes:,} "
             f"({self.uploaded_bytes / max(self.full_bytes, 1):.0%}; unchanged shards reused)",
             f"  final loss (step {self.steps})         {self.final_loss:.6f} vs uninterrupted "
@@ -239,6 +242,7 @@ class Rehearsal:
         self.say(f"[5/6] primary region {primary} down; the run moves to the replica region "
                  f"{replica}")  # fmt: skip
         control.set_faults(regions_down=[primary])
+        down_at = time.time()
         replica_step, restore_s = self._move_to_replica(
             cloud, replica_bucket, replica, run, outputs["checkpoint_catalog_table"]
         )
@@ -262,6 +266,7 @@ class Rehearsal:
                 f"{sorted(expected)}"
             )
         published = first.events("published") + second.events("published")
+        at_home = sum(int(p["uploaded_bytes"]) for p in published)
         published += third.events("published")
         uploaded = sum(int(p["uploaded_bytes"]) for p in published)
         reused = sum(int(p["reused_bytes"]) for p in published)
@@ -274,6 +279,8 @@ class Rehearsal:
             max_loss_difference=max(abs(combined[s] - expected[s]) for s in expected),
             handler=handled,
             spend=spend_line(cloud, outputs["events_table"], primary, outputs["run"].name),
+            move=move_line(primary, replica, float(third.events("restored")[0]["at"]) - down_at,
+                           at_home),
         )  # fmt: skip
 
     # --- helpers -------------------------------------------------------------------------
@@ -531,6 +538,21 @@ def prices_from(book: Path | None) -> Iterator[None]:
         yield
     finally:
         control.set_price_book(None)
+
+
+def move_line(primary: str, replica: str, resumed_after_s: float, replicated_bytes: int) -> str:
+    """What the move cost: how long after the region went down the run had restored in the
+    replica region, and what its checkpoints sent there before (replication sends each piece
+    once, as it is published: the move itself sends nothing), at AWS's inter-region rate."""
+    from spotrain.core import inter_region
+
+    rate = inter_region.usd_per_gb(primary, replica)
+    sent = f"{replicated_bytes:,} bytes of checkpoints replicated to {replica} before it"
+    priced = f" (${replicated_bytes / 1e9 * rate:,.6f} at ${rate}/GB)" if rate is not None else ""
+    return (
+        f"restored in {replica} {resumed_after_s:.1f} s after {primary} went down (on this "
+        f"host: a fleet adds its machines' boot); {sent}{priced}, nothing sent by the move"
+    )
 
 
 def spend_line(cloud: control.RunningCloud, events_table: str, region: str, run: str) -> str:

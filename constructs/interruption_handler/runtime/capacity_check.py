@@ -46,8 +46,9 @@ def on_capacity_check(environment: Settings) -> dict[str, Any]:
         queue = run_queue.verdicts(environment, runs)
     except Exception as error:  # no run starts on a queue it could not judge; the next retries
         log.exception("the queue could not be judged")
-        queue = {run: admission.Verdict(False, f"the queue could not be judged ({error})")
-                 for run in runs}  # fmt: skip
+        said = (f"the queue could not be judged ({error}): the next check tries again; the "
+                "handler's log has the cause")  # fmt: skip
+        queue = {run: admission.Verdict(False, said) for run in runs}
     for run, run_settings in sorted(runs.items()):
         verdict = queue.get(run)
         try:

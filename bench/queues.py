@@ -1,7 +1,7 @@
 """Queue figures: what a ceiling, a priority and a team's budget buy, replayed with the queue's
 own decision (`spotrain cost queue`, `core/admission.py`) on generated workloads and markets.
 
-    .venv/bin/python bench/queue.py           # writes bench/queue.md
+    .venv/bin/python bench/queues.py           # writes bench/queues.md
 
 Each scenario replays the same seeded week of runs (three teams, a fifth of the runs urgent,
 gangs of 1 to 4 p5.48xlarge machines) on the same seeded spot markets, and changes one thing.
@@ -137,7 +137,7 @@ def main() -> int:
     lines = [
         "# Queue: what a ceiling, a priority and a budget buy",
         "",
-        "Made by `.venv/bin/python bench/queue.py` (deterministic: seeded workloads and "
+        "Made by `.venv/bin/python bench/queues.py` (deterministic: seeded workloads and "
         f"markets), {took:.0f} s on a {os.cpu_count()}-core {platform.machine()} with Python "
         f"{sys.version.split()[0]}. Each row replays the same {WORKLOADS} seeded weeks of "
         f"{RUNS_A_WEEK} runs ({len(TEAMS)} teams, {URGENT_SHARE:.0%} of runs at priority 5, "
@@ -167,7 +167,7 @@ def main() -> int:
             + f" | ${row['cost']:,.0f} |"
         )
     lines += ["", *reading(rows), ""]
-    (HERE / "queue.md").write_text("\n".join(lines))
+    (HERE / "queues.md").write_text("\n".join(lines))
     print("\n".join(lines))
     return 0
 
