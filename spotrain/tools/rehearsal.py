@@ -255,7 +255,10 @@ class Rehearsal:
         self.say("[6/6] finished; the primary region is back; comparing with the uninterrupted "
                  "run")  # fmt: skip
         control.set_faults(regions_down=[])
-        deliver_capacity_check(cloud, outputs["handler_function"], primary)  # the spend so far
+        # The spend so far, counted by the handler of the region the environment's run trains
+        # in now (it keeps the run's ledger): the replica's once this story moved that run.
+        trains_in = replica if run == outputs["run"].name else primary
+        deliver_capacity_check(cloud, outputs["handler_function"], trains_in)
         reference_phase, reference_trainer = reference
         reference_trainer.finish()
         combined = {**first.losses(), **second.losses(), **third.losses()}
@@ -278,7 +281,7 @@ class Rehearsal:
             final_loss=combined[STEPS], reference_loss=expected[STEPS],
             max_loss_difference=max(abs(combined[s] - expected[s]) for s in expected),
             handler=handled,
-            spend=spend_line(cloud, outputs["events_table"], primary, outputs["run"].name),
+            spend=spend_line(cloud, outputs["events_table"], trains_in, outputs["run"].name),
             move=move_line(primary, replica, float(third.events("restored")[0]["at"]) - down_at,
                            at_home),
         )  # fmt: skip
