@@ -991,8 +991,9 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
         control.set_faults(spot_capacity_gone=[f"{REGION}/*"])  # spot back in us-west-2
         home = check_run(check, run)
         assert home["decision"] == "move-for-spot", home
-        assert "spot in region 1" in home["reason"] and "us-west-2's handler starts" in home[
-            "reason"], home  # fmt: skip
+        said = home["reason"]
+        assert "spot in us-west-2: training there" in said, said
+        assert "us-west-2's handler starts the run's groups there" in said, said
         assert sizes(REGION) == {f"{REGION}-spot": 0, f"{REGION}-on-demand": 0}
         wish = fleet_state.failover_state(tables[REGION], run, REGION).move_order
         assert (wish.from_epoch, wish.from_region, wish.to_region) == (0, REGION, west)

@@ -234,6 +234,7 @@ class Placement:
 def across(
     progress: Progress, *, region: int, current: str, spot_available: Sequence[bool],
     records: RegionRecords, move_usd: float, saving_per_hour: float,
+    names: Sequence[str] = (),
 ) -> Placement:  # fmt: skip
     """Outage fill for a run that may train in any region of its environment: where and on
     what it should be now.
@@ -248,7 +249,7 @@ def across(
        the run would need on-demand here (on on-demand: fully; idle: as close as rule 4 is to
        sending it). Moving for spot a run would not have needed on-demand for buys time it
        has: measured, runs moved three times as often as the optimum, each move a changeover
-       and a transfer.
+       and a transfer. (`names`: the regions' names for the reason; by index without.)
     4. Otherwise, outage fill here, with the record of spot anywhere: stays on on-demand
        until spot returns; idle, on-demand once the deficit is more than `FILL_SHARE` of the
        outages to come.
@@ -271,8 +272,9 @@ def across(
         left_h = progress.deadline_h - progress.elapsed_h
         fits = left_h > progress.work_h - progress.done_h + 3 * progress.changeover_h
         if fits and saves > move_usd:
+            there = names[to] if names else f"region {to}"
             return Placement(to, SPOT, (
-                f"no spot here, spot in region {to}: training there for {trains_h:.1f} h (a "
+                f"no spot here, spot in {there}: training there for {trains_h:.1f} h (a "
                 f"spell there, at most an outage here) saves about ${saves:,.2f} of the "
                 f"on-demand this run would need ({need:.0%}), more than the move's "
                 f"${move_usd:,.2f}: move"

@@ -94,6 +94,7 @@ def for_spot(
         progress, region=regions.index(here), current=_mode(own, wish.move_order),
         spot_available=available, records=records, move_usd=0.0,
         saving_per_hour=_saving_per_hour(declaration.instance_types, own, regions, here),
+        names=regions,
     )  # fmt: skip
     to = regions[placement.region]
     if to == here:
