@@ -985,6 +985,14 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
         autoscaling.update_auto_scaling_group(
             AutoScalingGroupName=f"{run}-{REGION}-on-demand", MinSize=0, DesiredCapacity=1
         )
+        # An order an earlier failover left in home's item (to home, from us-west-2) is
+        # history, not a wish of this epoch.
+        from spotrain.core.failover import MoveOrder
+
+        old = MoveOrder(from_epoch=0, from_region=west, to_region=REGION, ordered_at=start,
+                        reason="us-west-2 did not answer")  # fmt: skip
+        fleet_state.set_failover_state(tables[REGION], run, REGION,
+                                       fleet_state.FailoverState(move_order=old))  # fmt: skip
         stays = check_run(check, run)  # no spot anywhere: the deadline policy here decides
         assert stays["decision"] != "move-for-spot" and "deadline policy" in stays["reason"]
         assert sizes(REGION)[f"{REGION}-on-demand"] == 1

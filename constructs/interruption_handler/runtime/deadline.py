@@ -90,25 +90,27 @@ def for_spot(
         now, available, longest_gap_s=capacity_policy.longest_gap_s(every_h))  # fmt: skip
     fleet_state.set_spot_records(table, run, records.to_item())
     wish = fleet_state.failover_state(table, run, here)
+    standing = wish.move_order
+    if standing is not None and (standing.from_epoch, standing.from_region) != (epoch, here):
+        standing = None  # an earlier epoch's order (a failover to here), carried out long ago
     placement = outage_fill.across(
-        progress, region=regions.index(here), current=_mode(own, wish.move_order),
+        progress, region=regions.index(here), current=_mode(own, standing),
         spot_available=available, records=records, move_usd=0.0,
         saving_per_hour=_saving_per_hour(declaration.instance_types, own, regions, here),
         names=regions,
     )  # fmt: skip
     to = regions[placement.region]
     if to == here:
-        if wish.move_order is None:
+        if standing is None:
             return None
         fleet_state.set_failover_state(table, run, here, fleet_state.FailoverState(wish.silent))
         declared = capacity_policy.groups_in(here, declaration.groups)
         started = capacity_policy.start(own, declared)
-        return Decision("stay", f"{placement.reason}: the move to {wish.move_order.to_region} "
+        return Decision("stay", f"{placement.reason}: the move to {standing.to_region} "
                         "is withdrawn and the run's groups here start again",
                         started.desired, min_sizes=started.min_sizes)  # fmt: skip
     order = MoveOrder(from_epoch=epoch, from_region=here, to_region=to, ordered_at=now,
                       reason=placement.reason)  # fmt: skip
-    standing = wish.move_order
     if standing is None or (standing.to_region, standing.from_epoch) != (to, epoch):
         fleet_state.set_failover_state(table, run, here,
                                        fleet_state.FailoverState(wish.silent, order))  # fmt: skip
