@@ -40,14 +40,21 @@ def test_a_third_run_waits_for_the_first_to_finish_and_every_hour_is_paid_at_spo
     runs = _by_name(outcome)
     assert runs["a"].started_h == runs["b"].started_h == 0
     assert runs["a"].finished_h == pytest.approx(2.1)  # 6 minutes' changeover, then 2 h
-    # The ceiling fits two: c waits from its submission until the tick after a finishes.
-    assert runs["c"].started_h == pytest.approx(2.1)
-    assert runs["c"].waited_h == pytest.approx(1.6)
+    # The ceiling fits two: c waits from its submission until the tick in which a finishes,
+    # when it starts on a's machines while a publishes its last checkpoint (a warm start).
+    assert runs["c"].started_h == pytest.approx(2.0)
+    assert runs["c"].waited_h == pytest.approx(1.5)
     for run in runs.values():
         assert run.cost_usd == pytest.approx(run.held_machine_h * PRICE)
         assert run.held_machine_h == pytest.approx(run.trained_h + 0.1)  # one changeover
-    assert outcome.by("team")["vision"]["longest_wait_h"] == pytest.approx(1.6)
+    assert outcome.by("team")["vision"]["longest_wait_h"] == pytest.approx(1.5)
     assert outcome.hours == pytest.approx(4.1)  # until every run finished
+    # Without a market machine to spare in that tick, c waits for the next one.
+    market = Trace("two machines", 360, (2,) * 60)
+    short = _by_name(queue_replay.replay(_setup(
+        {"name": "a", "work_h": 2}, {"name": "b", "team": "speech", "work_h": 4},
+        {"name": "c", "work_h": 1, "submitted_h": 0.5}), market))  # fmt: skip
+    assert short["c"].started_h == pytest.approx(2.1)
 
 
 def test_a_higher_priority_run_preempts_the_latest_lower_one_which_resumes_where_it_was() -> None:
@@ -61,7 +68,8 @@ def test_a_higher_priority_run_preempts_the_latest_lower_one_which_resumes_where
     assert [r.preemptions for r in (runs["old"], runs["new"], runs["promised"])] == [0, 1, 0]
     assert runs["urgent"].started_h == pytest.approx(1.0)
     assert runs["new"].trained_h == pytest.approx(5.0)  # its progress kept
-    assert runs["new"].waited_h == pytest.approx(1.1)  # urgent's changeover and hour
+    # urgent's changeover and hour, but for the tick in which it finishes (a warm start)
+    assert runs["new"].waited_h == pytest.approx(1.0)
     assert runs["new"].held_machine_h == pytest.approx(5.2)  # two starts: two changeovers
     assert outcome.by("priority")[9]["mean_wait_h"] == 0
 
@@ -79,8 +87,8 @@ def test_a_team_at_its_budget_waits_and_the_other_teams_run_goes_on() -> None:
     runs = _by_name(outcome)
     # One machine at a time: `second` starts within the budget (a started run keeps its
     # machines); once it is spent, `third` waits and the other team's run goes first.
-    assert runs["second"].started_h == pytest.approx(1.1)
-    assert runs["theirs"].started_h == pytest.approx(2.2)
+    assert runs["second"].started_h == pytest.approx(1.0)  # a warm start on the first's
+    assert runs["theirs"].started_h == pytest.approx(2.0)  # at its submission, on second's
     assert runs["third"].started_h is None and runs["third"].waited_h == pytest.approx(10)
     assert outcome.by("team")["vision"]["finished"] == 2
 
@@ -129,7 +137,8 @@ def test_bad_queue_files_list_every_problem_and_the_command_answers(
     assert cli.main(["cost", "queue", str(queue), "--json"]) == 0
     document = json.loads(capsys.readouterr().out)
     assert [r["name"] for r in document["runs"]] == ["a", "b"]
-    assert document["runs"][1]["waited_h"] == pytest.approx(4 / 3)  # a's 1 h 15, in 10-min ticks
+    # a's 1 h 15 in 10-minute ticks, less the tick it finishes in (b's warm start)
+    assert document["runs"][1]["waited_h"] == pytest.approx(7 / 6)
     assert cli.main(["cost", "queue", str(ROOT / "examples" / "queue.toml")]) == 0
     assert "urgent" in capsys.readouterr().out  # the documented example runs
     queue.write_text("region = [")

@@ -16,7 +16,10 @@ environment and its run files do. Each tick of the replay:
    hold: each goes back to the queue with its progress up to its last checkpoint (counted in
    the changeover it pays when it starts again).
 4. Admitted runs start, in the queue's order, when the market has their whole gang (a
-   partial gang is never billed: the handler releases one that does not come whole).
+   partial gang is never billed: the handler releases one that does not come whole). A run
+   that finishes within the tick is finishing: its machines are not counted against the
+   ceilings, so the next run starts in the same tick, its changeover beside the finishing
+   run's last minutes (a warm start), where the market has machines for both.
 5. Every run that holds machines pays for them, spot, and trains for the tick, less the
    changeover (restart, restore and the work since its last checkpoint) each start costs.
 """
@@ -220,10 +223,12 @@ class _Running:
 
 def replay(
     setup: QueueSetup, market: Trace | None = None, *, hours: float | None = None,
-    gap_s: float = 600.0, book: prices.PriceBook | None = None,
+    gap_s: float = 600.0, book: prices.PriceBook | None = None, warm_starts: bool = True,
 ) -> QueueOutcome:  # fmt: skip
     """The queue of `setup` replayed on `market` (its ticks; else ticks of `gap_s`) for
-    `hours` (default: the trace's length, else until every run finishes or a year)."""
+    `hours` (default: the trace's length, else until every run finishes or a year);
+    `warm_starts=False` counts a finishing run's machines until it is done (what warm starts
+    buy, compared)."""
     gap_s = market.gap_s if market is not None else gap_s
     gap_h = gap_s / 3600
     ticks = math.ceil((hours if hours is not None else market.hours if market else 8760) / gap_h)
@@ -243,7 +248,8 @@ def replay(
         active = [r for r in runs if r.spec.submitted_h <= now_h and r.outcome.finished_h is None]
         available = market.available[tick % len(market.available)] if market else math.inf
         offered += available * gap_h if market else 0.0
-        verdicts = admit([_demand(r, setup.region) for r in active],
+        verdicts = admit([_demand(r, setup.region, gap_h if warm_starts else 0.0)
+                          for r in active],
                          ceilings={setup.region: setup.ceilings}, teams=teams,
                          team_spend_usd=spend)  # fmt: skip
         for run in active:  # 2. preempted
@@ -278,11 +284,17 @@ def _start(spec: QueuedRun, region: str, book: prices.PriceBook) -> _Running:
     return _Running(spec, outcome, price, gpus, vcpus)
 
 
-def _demand(run: _Running, region: str) -> Demand:
+def _demand(run: _Running, region: str, within_h: float) -> Demand:
+    """The run as the queue sees it; one that finishes within `within_h` (this tick) is
+    finishing (its final checkpoint publishing: `admission` rule 5), so the next run starts on
+    its machines in the same tick where the market has them too."""
     spec = run.spec
+    finishing = within_h > 0 and run.holding and (
+        run.changeover_left_h + spec.work_h - run.progress_h <= within_h + 1e-9)  # fmt: skip
     return Demand(run=spec.name, region=region, team=spec.team, priority=spec.priority,
                   submitted_at=spec.submitted_h, gpus=run.gpus, vcpus=run.vcpus,
-                  holding=run.holding, preemptible=not spec.deadline)  # fmt: skip
+                  holding=run.holding, preemptible=not spec.deadline,
+                  finishing=finishing)  # fmt: skip
 
 
 def _reclaim(active: Sequence[_Running], available: float) -> None:
