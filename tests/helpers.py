@@ -89,3 +89,27 @@ def launch_template(ec2: Any, name: str) -> str:
         LaunchTemplateName=name, LaunchTemplateData={"ImageId": image}
     )
     return str(template["LaunchTemplate"]["LaunchTemplateId"])
+
+
+def rest_of(process: Any, timeout: float) -> str:
+    """What a process started with a text stdout pipe writes from here to its end, read
+    through the file object a test already read lines from, once the process has exited.
+    (`communicate` with a timeout reads the pipe itself, so the lines that object had already
+    taken from the pipe, beyond the last one the test read, were lost: a flake under load.)
+    Its stdin, if piped, is closed first, as `communicate` does."""
+    import subprocess
+    import threading
+
+    if process.stdin is not None:
+        process.stdin.close()
+    read: list[str] = []
+    reader = threading.Thread(target=lambda: read.append(process.stdout.read()), daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if reader.is_alive():
+        process.kill()
+        reader.join(10)
+        raise subprocess.TimeoutExpired(process.args, timeout)
+    process.stdout.close()
+    process.wait(timeout=30)
+    return read[0] if read else ""

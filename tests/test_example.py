@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers import create_catalog_table, kms_only_bucket
+from helpers import create_catalog_table, kms_only_bucket, rest_of
 from training import LLAMA_LOSSES, printed_losses
 
 from spotrain.localcloud import control
@@ -54,7 +54,7 @@ def test_sigterm_mid_run_publishes_and_the_restart_resumes_with_the_same_losses(
             first.send_signal(signal.SIGTERM)  # torchrun forwards it to both ranks
             break
         assert time.monotonic() < deadline, "".join(seen)[-3000:]
-    rest, _ = first.communicate(timeout=180)
+    rest = rest_of(first, timeout=180)
     output = "".join(seen) + rest
     stopped = re.search(r"stopped after step (\d+) \(SIGTERM\); it is published", output)
     assert stopped, output[-3000:]

@@ -571,7 +571,9 @@ def test_a_machines_output_reaches_its_log_stream_including_what_follows_sigterm
     echoed = [shipper.stdout.readline().rstrip("\n") for _ in range(2)]  # the journal's copy
     shipper.send_signal(signal.SIGTERM)  # the service stops: every process in it gets this
     shipper.stdin.write(expected[2] + "\n")
-    out, _ = shipper.communicate(timeout=60)
+    from helpers import rest_of
+
+    out = rest_of(shipper, timeout=60)
     assert shipper.returncode == 0
     assert echoed + out.splitlines() == expected
     events = logs.get_log_events(logGroupName=group, logStreamName="i-0reclaimed",

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers import rest_of
 from training import EPOCH_LOOP_LOSSES, script_steps
 
 from spotrain.localcloud.machines import process_tree, signal_all
@@ -72,7 +73,7 @@ def test_sigterm_to_every_process_mid_epoch_publishes_and_the_restart_continues_
             signal_all(tree, signal.SIGTERM)  # a stop sent to every process at once
             break
         assert time.monotonic() < deadline, "".join(seen)[-3000:]
-    rest, _ = first.communicate(timeout=180)
+    rest = rest_of(first, timeout=180)
     output = "".join(seen) + rest
     assert "DataLoader worker" not in output, output[-3000:]
     stopped = [int(line.split("stopped after step ")[1].split()[0])
