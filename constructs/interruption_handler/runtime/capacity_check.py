@@ -131,8 +131,9 @@ def check_run(
     elif state.held_sizes:
         decision = capacity_policy.release(groups, state.held_sizes)
         fleet_state.set_held_sizes(table, run, None)
-    progress, measured = deadline.deadline_progress(run_settings, now)
+    progress, measured = None, ""  # read only for a run no hold, start or release decided
     if decision is None:  # where a run with a deadline should train: it may move for spot
+        progress, measured = deadline.deadline_progress(run_settings, now)
         decision = deadline.for_spot(run_settings, table, groups, state, progress, epoch.number,
                                      now)  # fmt: skip
     if decision is None:
