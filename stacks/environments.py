@@ -8,6 +8,7 @@ existing S3 bucket (see README: remote state).
 
 from __future__ import annotations
 
+from spotrain.core.admission import Team
 from spotrain.stacks.config import EnvironmentConfig, LocalCloud, RegionConfig, StateBackend
 
 DEFAULT_LOCAL_ENDPOINT = "https://127.0.0.1:4566"
@@ -19,7 +20,13 @@ def local(endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> EnvironmentConfig:
     return EnvironmentConfig(
         name="local",
         regions=(
-            RegionConfig(name=LOCAL_REGION, availability_zones=("us-east-1a", "us-east-1b")),
+            # P machines (p4d, 96 vCPUs each) are held to two at once, so the queue shows
+            # runs waiting; the runs here on G machines have no ceiling.
+            RegionConfig(
+                name=LOCAL_REGION,
+                availability_zones=("us-east-1a", "us-east-1b"),
+                vcpu_ceilings={"spot/P": 192},
+            ),
             RegionConfig(
                 name="us-west-2",
                 availability_zones=("us-west-2a", "us-west-2b"),
@@ -30,6 +37,14 @@ def local(endpoint: str = DEFAULT_LOCAL_ENDPOINT) -> EnvironmentConfig:
         monthly_budget_usd=100.0,
         alert_emails=("oncall@example.com",),
         tags={"team": "ml-platform"},
+        # Every run names one of these. Speech's budget is one the local cloud's few
+        # machine-seconds reach, so a team at its budget can be seen waiting.
+        teams=(
+            Team(name="platform", gpus=16),
+            Team(name="research", gpus=16),
+            Team(name="vision", gpus=16),
+            Team(name="speech", gpus=16, monthly_budget_usd=0.02),
+        ),
         state=StateBackend(bucket=LOCAL_STATE_BUCKET, region=LOCAL_REGION),
         local=LocalCloud(endpoint=endpoint),
     )

@@ -323,6 +323,55 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
             assert [(g["MinSize"], g["DesiredCapacity"]) for g in groups] == [(0, 0), (0, 0)]
 
 
+def _declare_own_run(local: Local, declaration: Any, instance_type: str,
+                     regions: tuple[str, ...]) -> None:  # fmt: skip
+    """A story's own run, as a run's stack makes it: each group with its own launch template
+    (tagged with the environment and the run, so its machines are its and no other run's) and
+    the declaration in every region of `regions`, to that region's handler."""
+    from spotrain.core import catalog_schema as schema
+    from spotrain.core.handler_settings import run_parameter_name
+
+    config, run = local.config, declaration.run
+    owner = ((schema.ENVIRONMENT_TAG, config.name), (schema.RUN_TAG, run))
+    tags = [{"Key": key, "Value": value} for key, value in owner]
+    for group in declaration.groups:
+        image = local.client("ssm", group.region).get_parameter(
+            Name=names.image_parameter(config.name))["Parameter"]["Value"]  # fmt: skip
+        local.client("ec2", group.region).create_launch_template(
+            LaunchTemplateName=group.name, LaunchTemplateData={
+                "ImageId": image, "InstanceType": instance_type,
+                "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}]})  # fmt: skip
+        local.client("autoscaling", group.region).create_auto_scaling_group(
+            AutoScalingGroupName=group.name, MinSize=0, MaxSize=2, DesiredCapacity=0,
+            LaunchTemplate={"LaunchTemplateName": group.name, "Version": "$Latest"},
+            AvailabilityZones=[f"{group.region}a"],
+            Tags=[{**tag, "PropagateAtLaunch": True} for tag in tags],
+        )  # fmt: skip
+    for region in regions:
+        local.client("ssm", region).put_parameter(
+            Name=run_parameter_name(config.name, run), Type="SecureString",
+            Value=declaration.to_json(),
+            KeyId=f"alias/{names.data_key_alias(config.name, region)}",
+        )  # fmt: skip
+
+
+def _remove_own_run(local: Local, declaration: Any, regions: tuple[str, ...]) -> None:
+    """What `_declare_own_run` made, gone (the destroy test finds nothing left)."""
+    from spotrain.core.handler_settings import run_parameter_name
+
+    for group in declaration.groups:
+        with contextlib.suppress(ClientError):
+            local.client("autoscaling", group.region).delete_auto_scaling_group(
+                AutoScalingGroupName=group.name, ForceDelete=True)  # fmt: skip
+        with contextlib.suppress(ClientError):
+            local.client("ec2", group.region).delete_launch_template(
+                LaunchTemplateName=group.name)  # fmt: skip
+    for region in regions:
+        with contextlib.suppress(ClientError):
+            local.client("ssm", region).delete_parameter(
+                Name=run_parameter_name(local.config.name, declaration.run))  # fmt: skip
+
+
 def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind(
     local: Local, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
@@ -338,7 +387,6 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
     from spotrain.core import catalog_schema as schema
     from spotrain.core import fleet_state, run_epochs
     from spotrain.core.capacity import CapacityGroup, RunDeclaration
-    from spotrain.core.handler_settings import run_parameter_name
     from spotrain.tools.rehearsal import deliver_capacity_check, deliver_interruption
 
     # The check of the environment's runs below sees this run too: after the test that
@@ -369,28 +417,9 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
                           lifecycle="on-demand", holds_data=region == home),
         )
     ]  # fmt: skip
+    declaration = RunDeclaration(run=run, groups=tuple(declared), team="research")
     try:
-        owner = ((schema.ENVIRONMENT_TAG, config.name), (schema.RUN_TAG, run))
-        tags = [{"Key": key, "Value": value} for key, value in owner]
-        for group in declared:  # its own template: its machines are its, not another run's
-            image = local.client("ssm", group.region).get_parameter(
-                Name=names.image_parameter(config.name))["Parameter"]["Value"]  # fmt: skip
-            local.client("ec2", group.region).create_launch_template(
-                LaunchTemplateName=group.name, LaunchTemplateData={
-                    "ImageId": image, "InstanceType": "g5.xlarge",
-                    "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}]})  # fmt: skip
-            local.client("autoscaling", group.region).create_auto_scaling_group(
-                AutoScalingGroupName=group.name, MinSize=0, MaxSize=2, DesiredCapacity=0,
-                LaunchTemplate={"LaunchTemplateName": group.name, "Version": "$Latest"},
-                AvailabilityZones=[f"{group.region}a"],
-                Tags=[{**tag, "PropagateAtLaunch": True} for tag in tags],
-            )  # fmt: skip
-        for region in (home, away):  # as the run's stack declares it to each region's handler
-            local.client("ssm", region).put_parameter(
-                Name=run_parameter_name(config.name, run), Type="SecureString",
-                Value=RunDeclaration(run=run, groups=tuple(declared)).to_json(),
-                KeyId=f"alias/{names.data_key_alias(config.name, region)}",
-            )  # fmt: skip
+        _declare_own_run(local, declaration, "g5.xlarge", (home, away))
         local.client("s3").put_object(
             Bucket=local.primary_bucket, Key=f"{schema.configs_prefix(run)}0001.json", Body=b"{}",
             ServerSideEncryption="aws:kms", SSEKMSKeyId=local.client("kms").describe_key(
@@ -501,18 +530,185 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
         assert away_sizes() == (0, 0)
         assert fleet_state.failover_state(state, run, away).move_order is None
     finally:
-        for group in declared:
-            with contextlib.suppress(ClientError):
-                local.client("autoscaling", group.region).delete_auto_scaling_group(
-                    AutoScalingGroupName=group.name, ForceDelete=True)  # fmt: skip
-            with contextlib.suppress(ClientError):
-                local.client("ec2", group.region).delete_launch_template(
-                    LaunchTemplateName=group.name)  # fmt: skip
-        for region in (home, away):
-            with contextlib.suppress(ClientError):
-                local.client("ssm", region).delete_parameter(
-                    Name=run_parameter_name(config.name, run)
-                )
+        _remove_own_run(local, declaration, (home, away))
+
+
+def test_the_deployed_queue_holds_runs_to_the_ceiling_and_budgets_and_preempts_by_priority(
+    local: Local, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:  # fmt: skip
+    """The environment's queue as deployed: the local environment holds P machines to two at
+    once (`vcpu_ceilings`) and gives team speech a budget its first run's machine-seconds
+    reach. Runs of one p4d.24xlarge each (their groups made here from their own templates,
+    declared as a run's stack declares them), submitted with `spotrain config put`:
+
+    - vision-a, speech-a, vision-b: the deployed handler's check starts the first two and
+      keeps vision-b waiting with its place and reason, which `run list` shows; vision-a
+      publishes its final checkpoint and the catalog's stream alone (no check) starts vision-b;
+    - speech-a spends past its team's budget, then speech-b and vision-c are submitted and
+      speech-a finishes: vision-c starts on its machines, speech-b waits for next month;
+    - an urgent vision run (priority 5) preempts vision-c, the later of the two it could
+      take from (its groups to 0, its sizes kept); when the urgent run finishes, vision-c gets
+      them back.
+
+    Other stories' runs are on G machines, which have no ceiling, and of other teams: a check
+    they deliver meanwhile reaches the same decisions. That the preempted machines publish
+    before they go is the cancel's scale-in (the two-runs story)."""
+    from spotrain import cli
+    from spotrain.core import fleet_state, run_lifecycle, spend_ledger
+    from spotrain.core.capacity import CapacityGroup, RunDeclaration
+    from spotrain.tools.rehearsal import deliver_capacity_check
+    from spotrain.trainer import checkpoint_store
+    from spotrain.trainer.catalog import DynamoCatalog
+    from spotrain.trainer.storage import open_storage
+
+    after(
+        local, request, "test_a_run_without_its_configuration_starts_no_machine_and_counts_no_crash"
+    )
+    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
+        monkeypatch.setenv(name, value)
+    config, outputs = local.config, local.outputs
+    store = f"s3://{outputs['checkpoint_bucket']}"
+    key = local.client("kms").describe_key(KeyId=local.primary_key_alias)["KeyMetadata"]["Arn"]
+    events = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
+        outputs["events_table"])  # fmt: skip
+    spot_group: dict[str, str] = {}
+    declared: dict[str, Any] = {}
+    teams = {"vision-a": "vision", "speech-a": "speech", "vision-b": "vision",
+             "speech-b": "speech", "vision-c": "vision", "urgent": "vision"}  # fmt: skip
+    runs = {name: f"queue-{name}" for name in teams}
+
+    def declare(name: str, priority: int = 0) -> None:
+        """Its own groups and template (tagged as its stack tags them) and its declaration."""
+        run = runs[name]
+        spot_group[name] = names.fleet_group(config.name, run)
+        groups = (CapacityGroup(name=spot_group[name], region="us-east-1", lifecycle="spot",
+                                holds_data=True, min_size=1, desired=1),
+                  CapacityGroup(name=names.on_demand_group(spot_group[name]), region="us-east-1",
+                                lifecycle="on-demand", holds_data=True))  # fmt: skip
+        declared[name] = RunDeclaration(
+            run=run, groups=groups, team=teams[name], priority=priority, gpus=8,
+            vcpus={"spot/P": 96}, instance_types=("p4d.24xlarge",))  # fmt: skip
+        _declare_own_run(local, declared[name], "p4d.24xlarge", ("us-east-1",))
+
+    def submit(*names_: str) -> None:
+        for name in names_:
+            document = tmp_path / f"{name}.json"
+            document.write_text(json.dumps({
+                **TWO_RUNS_TRAINING, "run": runs[name], "store": store, "steps": 20,
+                "data": "/set/by/each/machine/tokens.bin", "work_dir": "/set/by/each/machine",
+            }))  # fmt: skip
+            assert cli.main(["config", "put", str(document), "--store", store]) == 0
+
+    def desired(name: str) -> int:
+        [group] = local.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[spot_group[name]])["AutoScalingGroups"]  # fmt: skip
+        return int(group["DesiredCapacity"])
+
+    def finish(name: str) -> None:
+        """Its machine publishes its final checkpoint, as the trainer does at its last step."""
+        run = runs[name]
+        storage = open_storage(store, kms_key_id=key)
+        catalog = DynamoCatalog(outputs["checkpoint_catalog_table"], run, storage,
+                                client=local.client("dynamodb"))  # fmt: skip
+        folder = tmp_path / f"{name}-final"
+        folder.mkdir()
+        (folder / "model.pt").write_bytes(b"weights" * 64)
+        checkpoint_store.publish(folder, storage=storage, run=run, catalog=catalog,
+                                 generation=catalog.acquire_lease("trainer"), step=20,
+                                 world_size=1, zero_stage=2, config_hash="c", code_version="v",
+                                 final=True)  # fmt: skip
+
+    def waits_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                print(json.dumps(state(), default=str, indent=1))
+                print(json.dumps(checks_seen, default=str, indent=1))
+                pytest.fail(what)
+            time.sleep(0.5)
+
+    def state() -> dict[str, Any]:
+        """Each run's lifecycle, queue place and groups' desired size, should a wait fail."""
+        return {name: (run_lifecycle.read(events, run), queued(name),
+                       desired(name) if name in spot_group else None)
+                for name, run in runs.items()}  # fmt: skip
+
+    checks_seen: list[dict[str, Any]] = []
+
+    def check() -> dict[str, Any]:
+        checked = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
+        checks_seen.append({n: checked["runs"].get(r) for n, r in runs.items()})
+        return {name: checked["runs"][run] for name, run in runs.items() if run in checked["runs"]}
+
+    def listed(name: str) -> str:
+        capsys.readouterr()
+        assert cli.main(["run", "list", "local"]) == 0
+        said = capsys.readouterr().out
+        [line] = [line for line in said.splitlines() if line.startswith(f"{runs[name]} ")]
+        return line
+
+    def queued(name: str) -> str | None:
+        return fleet_state.run_state(events, runs[name]).queued
+
+    try:
+        for name in ("vision-a", "speech-a", "vision-b"):
+            declare(name)
+        submit("vision-a", "speech-a", "vision-b")  # in this order
+        decided = check()
+        assert [desired(name) for name in ("vision-a", "speech-a", "vision-b")] == [1, 1, 0], (
+            decided
+        )
+        waiting = ("#1 in the queue: needs 96 vCPUs of spot/P in us-east-1, 0 of its ceiling "
+                   "192 free")  # fmt: skip
+        assert decided["vision-b"]["decision"] == "wait", decided
+        assert (queued("vision-b") or "").startswith(waiting), queued("vision-b")
+        assert re.search(rf"\bmachines 0 .*: {re.escape(waiting)}", listed("vision-b")), (
+            listed("vision-b"))  # fmt: skip
+
+        # vision-a finishes: the stream brings its final checkpoint to the handler, which
+        # empties its groups and starts vision-b at once.
+        finish("vision-a")
+        waits_for(lambda: desired("vision-b") == 1, "the stream did not start vision-b")
+        assert desired("vision-a") == 0 and queued("vision-b") is None
+        assert run_lifecycle.read(events, runs["vision-a"]).finished_step == 20
+
+        # speech-a's machine-seconds take its team past its budget (counted at each check).
+        def over_budget() -> bool:
+            check()
+            return spend_ledger.read(events, runs["speech-a"]).spend_usd >= 0.02
+
+        waits_for(over_budget, "speech-a's ledger did not reach its team's budget")
+        for name in ("speech-b", "vision-c"):
+            declare(name)
+        submit("speech-b", "vision-c")
+        finish("speech-a")
+        waits_for(lambda: desired("vision-c") == 1, "vision-c did not start when speech-a finished")
+        assert desired("speech-b") == 0 and desired("speech-a") == 0
+        budget = queued("speech-b") or ""
+        assert "team speech spent $" in budget and "of its $0.02" in budget, budget
+        assert budget in listed("speech-b")
+
+        # The urgent run takes the later-started of vision-b and vision-c; it gets its
+        # machines back when the urgent run finishes.
+        declare("urgent", priority=5)
+        submit("urgent")
+        decided = check()
+        assert decided["urgent"]["decision"] == "start", decided
+        assert decided["vision-c"]["decision"] == "preempt", decided
+        assert (desired("urgent"), desired("vision-c"), desired("vision-b")) == (1, 0, 1)
+        preempted = fleet_state.run_state(events, runs["vision-c"])
+        # Behind speech-b, which waits for its team's budget and was submitted before it.
+        assert (preempted.queued or "").startswith(
+            f"#2 in the queue: preempted by run {runs['urgent']} (priority 5 over its 0)"
+        ), preempted.queued
+        assert preempted.held_sizes == {spot_group["vision-c"]: {"min_size": 1, "desired": 1}}
+        finish("urgent")
+        waits_for(lambda: desired("vision-c") == 1, "vision-c was not released")
+        assert queued("vision-c") is None and desired("urgent") == 0
+    finally:
+        for declaration in declared.values():
+            _remove_own_run(local, declaration, ("us-east-1",))
 
 
 def replicated(arrived: Callable[[], bool], timeout_s: float = 30) -> None:
@@ -1241,7 +1437,8 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     metrics = {run: Phase(run, tmp_path / f"{run}.jsonl") for run in ("second", "third")}
     training = {**TWO_RUNS_TRAINING, "data": "dataset:two-runs"}
     (runs / "third.toml").write_text("\n".join([
-        'owner = "research@example.com"', 'instance_types = ["g6.xlarge", "g5.xlarge"]',
+        'owner = "research@example.com"', 'team = "research"',
+        'instance_types = ["g6.xlarge", "g5.xlarge"]',
         "mixed_gpus = true", "min_size = 1", "desired_size = 1", "max_size = 1", "[training]",
         *(f"{k} = {json.dumps(v)}" for k, v in training.items() if k != "model"),
         f'metrics_file = "{metrics["third"].metrics}"',

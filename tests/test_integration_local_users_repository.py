@@ -91,7 +91,8 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
 
     def declare(pinned: str) -> None:
         (repo / "runs" / "local" / "mine.toml").write_text("\n".join([
-            'owner = "research@example.com"', 'instance_types = ["g6.xlarge", "g5.xlarge"]',
+            'owner = "research@example.com"', 'team = "research"',
+            'instance_types = ["g6.xlarge", "g5.xlarge"]',
             "mixed_gpus = true", "min_size = 2", "desired_size = 2", "max_size = 2",
             f'image = "{pinned}"',
             "[entry_point]", 'script = "train.py"', 'args = ["--step-seconds", "1"]',
@@ -112,7 +113,8 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
         assert "Traceback" not in refused
         # So is a dataset nobody prepared, with the command that prepares it.
         (repo / "runs" / "local" / "unprepared.toml").write_text("\n".join([
-            'owner = "research@example.com"', 'instance_types = ["g6.xlarge", "g5.xlarge"]',
+            'owner = "research@example.com"', 'team = "research"',
+            'instance_types = ["g6.xlarge", "g5.xlarge"]',
             "mixed_gpus = true", "min_size = 1", "desired_size = 1", "max_size = 1",
             "[training]", 'data = "dataset:never-prepared"', "steps = 5",
             "model = { context = 32, layers = 2, heads = 2, width = 64 }", "",
