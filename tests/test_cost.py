@@ -467,7 +467,7 @@ def test_plan_prices_what_the_other_regions_add_replication_and_a_move(
 ) -> None:
     """Each checkpoint's new bytes (the metrics file's median: 2 GB) go to every other region
     of the environment as they are published, at the sending region's rate; a move costs its
-    changeover of the gang and sends nothing more."""
+    changeover of the gang and sends nothing more; the dataset went once, when prepared."""
     metrics = tmp_path / "metrics.jsonl"
     lines = [{"step": n, "loss": 1.0, "step_s": 2.0} for n in range(1, 40)]
     lines += [{"event": "published", "step": 20 * n, "stall_s": 30.0, "uploaded_bytes": sent}
@@ -491,6 +491,16 @@ def test_plan_prices_what_the_other_regions_add_replication_and_a_move(
     assert "each checkpoint sends 10.00 GB to every other region (us-west-2 at $0.09/GB): " \
            f"${10 * 0.09 * checkpoints:,.2f} over the run's" in text  # fmt: skip
     assert "nothing more is sent (the checkpoint it resumes from is there already)" in text
+    assert "the dataset: sent to every other region once, when prepared" in text
+    assert "give --dataset-gb to price it" in text
+    # The dataset crossed once, when prepared: its bytes at the same rate, not per move.
+    assert cli.main([*plan, "--dataset-gb", "300", "--json"]) == 0
+    regions = json.loads(capsys.readouterr().out)["regions"]
+    assert (regions["dataset_gb"], regions["dataset_usd"]) == (300, pytest.approx(300 * 0.02))
+    assert regions["move_usd"] == pytest.approx(pool["changeover_hours"] * 1.5 * 2)
+    assert cli.main([*plan, "--dataset-gb", "300"]) == 0
+    assert "the dataset: 300.00 GB sent to every other region once, when prepared: $6.00 " \
+           "(shared by the runs that read it;" in capsys.readouterr().out  # fmt: skip
 
 
 def test_plan_prices_every_region_of_the_environment_and_leaves_out_another_it_cannot_price(

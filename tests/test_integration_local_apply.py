@@ -1286,9 +1286,13 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
     assert re.search(rf"run {report.run}: \$[\d.]+ spent", capsys.readouterr().out)
     figure = tmp_path / "spend.png"
     catalog = ["--catalog-table", outputs["checkpoint_catalog_table"]]
-    assert cli.main(["cost", "report", *tables, *catalog, "--json", "--plot", str(figure)]) == 0
+    assert cli.main(["cost", "report", *tables, *catalog, "--environment", "local", "--json",
+                     "--plot", str(figure)]) == 0  # fmt: skip
     found = json.loads(capsys.readouterr().out)
     assert 0 < found["ledger"]["spend_usd"] < found["ledger"]["on_demand_usd"], found
+    # Each checkpoint's new bytes, as its machines recorded them, went to the other region.
+    assert found["replicated_bytes"] > 0, found
+    assert found["replication_usd"] == pytest.approx(found["replicated_bytes"] / 1e9 * 0.02)
     # Three checks here (the rehearsal above counted the same fleet's machines twice before).
     spent = [p["spend_usd"] for p in found["points"]]
     assert len(spent) >= 3 and spent == sorted(spent) and figure.stat().st_size > 0, found

@@ -258,3 +258,49 @@ def test_a_stale_writers_checkpoint_is_fenced_in_the_report_and_sets_no_pace(
     assert any("1 checkpoint(s) published after the run moved on" in n and "steps 300" in n
                for n in report.notes), report.notes  # fmt: skip
     assert read_throughput(table, RUN) == pytest.approx(360)
+
+
+def test_a_move_between_regions_is_reported_with_its_changeover_and_replication_priced() -> None:
+    """The run trained at home to step 250 and moved to us-west-2 from step 200 (250 had
+    not replicated when the claim was made at 3,000 s); there it published 300 at 5,000 s
+    and 400 at 6,000 s (10 s a step, 10 s uploads). The report lists the move: 50 steps lost,
+    trained again 990 s after the claim (its first checkpoint less its upload and 100 steps
+    at its pace), those seconds and the lost steps' at the run's price per machine-second.
+    Every checkpoint's new bytes went from the region that published it to the other, at
+    $0.02/GB both ways; without the environment's regions the bytes are shown unpriced."""
+    from spotrain.core.run_epochs import Epoch, EpochId
+
+    home, away = EpochId(0, "us-east-1"), EpochId(1, "us-west-2")
+    epochs = [Epoch(home, None, None, _iso(0), "trainer"),
+              Epoch(away, home, 200, _iso(3000), "handler")]  # fmt: skip
+    made = [(100, 0, 1000, None), (200, 0, 2000, 100), (250, 0, 2500, 200),
+            (300, 1, 5000, 200), (400, 1, 6000, 300)]  # fmt: skip
+    checkpoints = [
+        run_report.Checkpoint(step=step, generation=1, published_at=T0 + at, parent_step=parent,
+                              upload_s=10.0, machines=2, epoch=epoch, sent_bytes=2_000_000_000)
+        for step, epoch, at, parent in made
+    ]  # fmt: skip
+    found = run_report.build(RUN, ledger=LEDGER, points=[], notices=[], head_step=400,
+                             checkpoints=checkpoints, interruptions=[], epochs=epochs,
+                             regions=("us-east-1", "us-west-2"))  # fmt: skip
+    [move] = found.moves
+    assert (move.from_region, move.to_region, move.from_step, move.steps_lost) == (
+        "us-east-1", "us-west-2", 200, 50)  # fmt: skip
+    assert move.time_to_resume_s == pytest.approx(990)
+    assert move.cost_usd == pytest.approx((50 * 10 + 990) * 2 * PER_MACHINE_S)
+    assert found.replicated_bytes == 10_000_000_000
+    assert found.replication_usd == pytest.approx(10 * 0.02)  # to the one other region
+    text = run_report.render(found)
+    assert "  moves               1" in text
+    assert (f"us-east-1 -> us-west-2 from step 200: steps lost 50, trained again after "
+            f"16.5 min, cost ${move.cost_usd:,.2f}; nothing sent (its checkpoint was "
+            "replicated)") in text  # fmt: skip
+    assert "replication         10.000 GB of new checkpoint bytes, each sent to every other " \
+           "region: $0.20" in text  # fmt: skip
+    unpriced = run_report.build(RUN, ledger=LEDGER, points=[], notices=[], head_step=400,
+                                checkpoints=checkpoints, interruptions=[],
+                                epochs=epochs)  # fmt: skip
+    assert unpriced.replication_usd is None
+    assert unpriced.as_json()["moves"][0]["time_to_resume_s"] == pytest.approx(990)
+    assert "replication is not priced: give the run's --environment (its regions)" in (
+        unpriced.notes)  # fmt: skip

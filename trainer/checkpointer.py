@@ -724,9 +724,11 @@ class Checkpointer(RunCheckpoints):
             for shard in report.shards:
                 if shards.setdefault(shard.name, shard).sha256 != shard.sha256:
                     return f"ranks wrote different files named {shard.name} at step {flight.step}"
+        # Its new bytes too: what replication sends to every other region (the cost report).
         timings = {"stall_s": round(flight.stall_s, 3),
                    "upload_s": round(time.perf_counter() - flight.began, 3),
-                   "machines": self.place.world // ranks_per_machine()}  # fmt: skip
+                   "machines": self.place.world // ranks_per_machine(),
+                   "uploaded_bytes": sum(r.uploaded_bytes for r in reports)}  # fmt: skip
         try:
             checkpoint_store.commit(
                 list(shards.values()), storage=self.storage, catalog=self.catalog,

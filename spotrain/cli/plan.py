@@ -98,7 +98,7 @@ def _regions(
         checkpoint_gb=args.checkpoint_gb if args.checkpoint_gb is not None
         else sent / 1e9 if sent is not None else None,
         gang_usd_per_h=best_pool.spot_price * args.nodes,
-        given_usd_per_gb=args.transfer_usd_per_gb,
+        given_usd_per_gb=args.transfer_usd_per_gb, dataset_gb=args.dataset_gb,
     )  # fmt: skip
 
 
@@ -258,6 +258,10 @@ def _add_pool_arguments(plan: argparse.ArgumentParser) -> None:
         "--checkpoint-gb", type=number(),
         help="new bytes a checkpoint sends, in GB (default: a --metrics file's): what "
              "replication copies to every other region")  # fmt: skip
+    pools.add_argument(
+        "--dataset-gb", type=number(),
+        help="the run's dataset, in GB (`spotrain data prepare` says what it stored): what "
+             "replication copied once to every other region")  # fmt: skip
     pools.add_argument(
         "--transfer-usd-per-gb",
         type=number(),

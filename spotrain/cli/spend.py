@@ -9,7 +9,13 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from spotrain.cli.arguments import CATALOG_TABLE_FIX, EVENTS_TABLE_FIX, figure_path, run_name
+from spotrain.cli.arguments import (
+    CATALOG_TABLE_FIX,
+    EVENTS_TABLE_FIX,
+    environment,
+    figure_path,
+    run_name,
+)
 from spotrain.cli.output import json_text, say
 from spotrain.core.errors import CostInputError, aws_errors
 
@@ -72,7 +78,7 @@ def cmd_status(args: argparse.Namespace) -> int:
 def cmd_report(args: argparse.Namespace) -> int:
     import boto3
 
-    from spotrain.core import spend_ledger
+    from spotrain.core import run_epochs, spend_ledger
     from spotrain.cost import run_report
 
     run_name(args.run)
@@ -83,14 +89,15 @@ def cmd_report(args: argparse.Namespace) -> int:
         ledger = spend_ledger.read(events, args.run)
         points, notices = spend_ledger.read_history(events, args.run)
         interruptions = run_report.read_interruptions(events, args.run)
-    checkpoints, head_step = None, 0
+    checkpoints, head_step, epochs = None, 0, []
+    regions = environment(args.environment).region_names if args.environment else ()
     if args.catalog_table:
         with aws_errors(
             f"the catalog table {args.catalog_table} cannot be read", CATALOG_TABLE_FIX
         ):
-            checkpoints, head_step = run_report.read_checkpoints(
-                dynamodb.Table(args.catalog_table), args.run
-            )
+            catalog = dynamodb.Table(args.catalog_table)
+            checkpoints, head_step = run_report.read_checkpoints(catalog, args.run)
+            epochs = run_epochs.read_chain(catalog, args.run)
     if ledger.as_of is None and not interruptions and not checkpoints:
         raise CostInputError(
             f"run {args.run!r} left nothing in {args.events_table}"
@@ -100,7 +107,7 @@ def cmd_report(args: argparse.Namespace) -> int:
         )
     found = run_report.build(
         args.run, ledger=ledger, points=points, notices=notices, checkpoints=checkpoints,
-        head_step=head_step, interruptions=interruptions,
+        head_step=head_step, interruptions=interruptions, epochs=epochs, regions=regions,
     )  # fmt: skip
     say(json_text(found.as_json()) if args.json else run_report.render(found))
     if args.plot:
@@ -136,6 +143,10 @@ def add_report_parser(actions: Any) -> None:
         "--catalog-table",
         help="its checkpoint table (spotrain-<env>-checkpoints): goodput, preemptions, "
         "checkpoint overhead",
+    )
+    summary.add_argument(
+        "--environment",
+        help="the run's environment: prices the replication of its checkpoints to its regions",
     )
     summary.add_argument("--json", action="store_true", help="print JSON instead of lines")
     summary.add_argument(

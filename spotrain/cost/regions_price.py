@@ -2,7 +2,9 @@
 new bytes from the region the run trains in to every other region as it is published (so a run
 can move there and resume from it), and a move costs its changeover, the gang idle while it
 restarts and restores there, and no transfer of its own (the checkpoint is there already).
-Pure: `spotrain cost plan` gives it the plan's figures."""
+The run's dataset crossed once, when it was prepared: replication copied it with everything
+else, and a run reads it from the region it trains in. Pure: `spotrain cost plan` gives it
+the plan's figures."""
 
 from __future__ import annotations
 
@@ -28,6 +30,10 @@ class RegionsPrice:
     """A move's changeover: the gang idle at its hourly price."""
     replication_usd: float | None = None
     """Every checkpoint's new bytes to every other region, over the run (None: not known)."""
+    dataset_gb: float | None = None
+    """The run's dataset (its shards), in GB; None: not given."""
+    dataset_usd: float | None = None
+    """The dataset to every other region, once (shared by every run that reads it)."""
     missing: list[str] = field(default_factory=list)
     """What to give for the figures that are not known."""
 
@@ -35,7 +41,7 @@ class RegionsPrice:
 def regions_price(
     home: str, others: Sequence[str], *, work_h: float, interval_s: float,
     checkpoint_gb: float | None, changeover_h: float, gang_usd_per_h: float,
-    given_usd_per_gb: float | None = None,
+    given_usd_per_gb: float | None = None, dataset_gb: float | None = None,
 ) -> RegionsPrice:  # fmt: skip
     """The price of the other regions for a run of `work_h` hours checkpointing every
     `interval_s` (at least the final checkpoint), whose gang costs `gang_usd_per_h`."""
@@ -57,10 +63,13 @@ def regions_price(
     if not missing:
         per_checkpoint = sum(checkpoint_gb * rate for rate in rates.values())  # type: ignore[operator]
         replication = per_checkpoint * checkpoints
+    dataset = None
+    if dataset_gb is not None and not unknown:
+        dataset = sum(dataset_gb * rate for rate in rates.values())  # type: ignore[operator]
     return RegionsPrice(
         home=home, others=tuple(others), checkpoints=checkpoints, checkpoint_gb=checkpoint_gb,
         usd_per_gb=rates, changeover_h=changeover_h, move_usd=changeover_h * gang_usd_per_h,
-        replication_usd=replication, missing=missing,
+        replication_usd=replication, dataset_gb=dataset_gb, dataset_usd=dataset, missing=missing,
     )  # fmt: skip
 
 
@@ -79,5 +88,14 @@ def describe(price: RegionsPrice, gang: str) -> list[str]:
         f"(${price.move_usd:,.2f}); nothing more is sent (the checkpoint it resumes from is "
         "there already)",
     ]  # fmt: skip
+    if price.dataset_gb is None:
+        lines.append("  the dataset: sent to every other region once, when prepared (shared by "
+                     "the runs that read it; a run reads it where it trains): give "
+                     "--dataset-gb to price it")  # fmt: skip
+    else:
+        cost = f": ${price.dataset_usd:,.2f}" if price.dataset_usd is not None else ""
+        lines.append(f"  the dataset: {price.dataset_gb:,.2f} GB sent to every other region "
+                     f"once, when prepared{cost} (shared by the runs that read it; a run reads "
+                     "it where it trains, so a move sends none of it)")  # fmt: skip
     lines += [f"  to price it: {need}" for need in price.missing]
     return lines

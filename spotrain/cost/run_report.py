@@ -9,20 +9,25 @@ parent and `timings`). A preemption's figures are estimates from those: the step
 stopped start had reached when warned (its last checkpoint, plus the steps its pace fits
 between that checkpoint and the warning when none was published after it), the step the next
 start resumed from (its first checkpoint's parent), and when it trained again (its first
-checkpoint's publish time less its upload and the steps since the resume at its pace).
+checkpoint's publish time less its upload and the steps since the resume at its pace). A move
+between regions is estimated alike from its claim: the destination's first checkpoint, its
+base, and the steps its origin had published beyond that base. Replication sent each
+checkpoint's new bytes (`timings`) from the region that published it to every other region
+of the environment, at AWS's rate for the pair (`core.inter_region`); a move sends nothing
+more.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from spotrain.core import run_epochs
+from spotrain.core import inter_region, run_epochs
 from spotrain.core.catalog_schema import (
     CHECKPOINT_PREFIX,
     INSTANCE_PREFIX,
@@ -60,6 +65,9 @@ class Checkpoint:
     """The loss of each step trained since the checkpoint before (STEP_LOSSES_KEY)."""
     epoch: int = 0
     """The epoch that wrote it (`run_epochs`: 0 until the run moves)."""
+    sent_bytes: int | None = None
+    """Its new bytes (the pieces it did not share with the checkpoint before): what
+    replication sent to each other region; None: not recorded (an older trainer)."""
 
     @property
     def start(self) -> Start:
@@ -103,6 +111,28 @@ class Preemption:
 
 
 @dataclass(frozen=True)
+class Move:
+    """The run moved between regions: its epoch claimed in `to_region` at `at`, from
+    checkpoint `from_step` of `from_region`."""
+
+    at: float
+    from_region: str
+    to_region: str
+    from_step: int | None
+    steps_lost: int | None
+    """What its origin had published beyond the move's base (not replicated in time)."""
+    resumed_at: float | None
+    """When the destination trained again (estimated; None: no checkpoint there yet)."""
+    cost_usd: float | None
+    """Its changeover (the claim to training again) and the lost steps' machine time, at the
+    run's mean price."""
+
+    @property
+    def time_to_resume_s(self) -> float | None:
+        return None if self.resumed_at is None else self.resumed_at - self.at
+
+
+@dataclass(frozen=True)
 class RunReport:
     run: str
     ledger: Ledger
@@ -121,6 +151,12 @@ class RunReport:
     mean_upload_s: float | None
     preemptions: list[Preemption]
     notes: list[str] = field(default_factory=list)
+    moves: list[Move] = field(default_factory=list)
+    replicated_bytes: int | None = None
+    """Every checkpoint's new bytes, each sent to every other region; None: none recorded."""
+    replication_usd: float | None = None
+    """What that cost at AWS's rates (None: the environment's regions were not given, or a
+    pair's rate is not known)."""
 
     @property
     def goodput(self) -> float | None:
@@ -139,6 +175,8 @@ class RunReport:
         for preemption, found in zip(self.preemptions, document["preemptions"], strict=True):
             found.update(steps_lost=preemption.steps_lost,
                          time_to_resume_s=preemption.time_to_resume_s)  # fmt: skip
+        for move, found in zip(self.moves, document["moves"], strict=True):
+            found.update(time_to_resume_s=move.time_to_resume_s)
         return document
 
 
@@ -234,6 +272,60 @@ def _preemptions(
     return found
 
 
+def _moves(
+    epochs: Sequence[run_epochs.Epoch], checkpoints: list[Checkpoint],
+    pace: dict[Start | None, float], price_per_machine_s: float | None,
+) -> list[Move]:  # fmt: skip
+    """One per epoch after the first: from its base's region to its own."""
+    found = []
+    for epoch in epochs:
+        if epoch.base is None or not epoch.claimed_at:
+            continue
+        at = _instant(epoch.claimed_at)
+        origin = [c.step for c in checkpoints
+                  if c.epoch == epoch.base.number and c.published_at <= at]  # fmt: skip
+        lost = None if epoch.base_step is None or not origin else max(
+            0, max(origin) - epoch.base_step)  # fmt: skip
+        arrived = [c for c in checkpoints if c.epoch == epoch.id.number
+                   and c.status != STATUS_FENCED]  # fmt: skip
+        resumed_at = cost = None
+        if arrived:
+            first = min(arrived, key=lambda c: c.step)
+            per_step = pace.get(first.start) or pace.get(None) or 0.0
+            since = first.step - (first.parent_step or epoch.base_step or 0)
+            resumed_at = max(at, first.published_at - (first.upload_s or 0.0) - since * per_step)
+            if price_per_machine_s is not None:
+                lost_s = (lost or 0) * per_step
+                cost = (lost_s + resumed_at - at) * (first.machines or 1) * price_per_machine_s
+        found.append(Move(at=at, from_region=epoch.base.region, to_region=epoch.id.region,
+                          from_step=epoch.base_step, steps_lost=lost, resumed_at=resumed_at,
+                          cost_usd=cost))  # fmt: skip
+    return found
+
+
+def _replication(
+    checkpoints: list[Checkpoint], epochs: Sequence[run_epochs.Epoch], regions: Sequence[str]
+) -> tuple[int | None, float | None]:
+    """Every checkpoint's new bytes, and what sending each from the region that published it
+    to every other region of the environment cost (None: not known)."""
+    recorded = [c for c in checkpoints if c.sent_bytes is not None]
+    if not recorded:
+        return None, None
+    sent = sum(c.sent_bytes or 0 for c in recorded)
+    if len(regions) < 2:
+        return sent, 0.0 if regions else None
+    region_of = {e.id.number: e.id.region for e in epochs}
+    usd = 0.0
+    for checkpoint in recorded:
+        sender = region_of.get(checkpoint.epoch, regions[0])
+        for other in (r for r in regions if r != sender):
+            rate = inter_region.usd_per_gb(sender, other)
+            if rate is None:
+                return sent, None
+            usd += (checkpoint.sent_bytes or 0) / 1e9 * rate
+    return sent, usd
+
+
 def _of_history(checkpoints: list[Checkpoint], notes: list[str]) -> list[Checkpoint]:
     """The checkpoints of the run's history. A writer of a region the run had moved away from
     may have trained on: its time is paid (the ledger counts it), its checkpoints are FENCED,
@@ -249,8 +341,11 @@ def _of_history(checkpoints: list[Checkpoint], notes: list[str]) -> list[Checkpo
 def build(
     run: str, *, ledger: Ledger, points: list[SpendPoint], notices: list[CapNotice],
     checkpoints: list[Checkpoint] | None, head_step: int, interruptions: list[Interruption],
+    epochs: Sequence[run_epochs.Epoch] = (), regions: Sequence[str] = (),
 ) -> RunReport:  # fmt: skip
-    """The report from what the run left; `checkpoints` None: no catalog was given."""
+    """The report from what the run left; `checkpoints` None: no catalog was given; `epochs`
+    its claims (its moves); `regions` its environment's (empty: not given, replication is
+    not priced)."""
     notes = []
     paid_s = sum(figures["seconds"] for figures in ledger.per_pool.values())
     priced_s = paid_s - ledger.unpriced_seconds
@@ -266,7 +361,7 @@ def build(
                      "checkpoint overhead need it")  # fmt: skip
         return RunReport(run, ledger, points, notices, 0, None, paid_s, None, 0, 0.0, None, None,
                          [], notes)  # fmt: skip
-    checkpoints = _of_history(checkpoints, notes)
+    everything, checkpoints = checkpoints, _of_history(checkpoints, notes)
     newest = max((c.published_at for c in checkpoints), default=None)
     if ledger.as_of is not None and newest is not None and ledger.as_of < newest:
         notes.append(f"spend is counted to {_when(ledger.as_of)} UTC, before the run's last "
@@ -302,6 +397,11 @@ def build(
     preemptions = _preemptions(interruptions, checkpoints, pace, price_per_machine_s)
     if any(p.resumed_from is None for p in preemptions):
         notes.append("a preempted start has not been followed by another one yet")
+    replicated, replication_usd = _replication(everything, epochs, regions)
+    if replicated is not None and replication_usd is None:
+        notes.append("replication is not priced: " + (
+            "give the run's --environment (its regions)" if not regions
+            else "a pair of the environment's regions has no known rate"))  # fmt: skip
     return RunReport(
         run=run, ledger=ledger, points=points, notices=notices, head_step=head_step,
         steps_per_hour=3600 / pace[None] if pace.get(None) else None, paid_s=paid_s,
@@ -309,6 +409,8 @@ def build(
         mean_stall_s=sum(stalls) / len(stalls) if stalls else None,
         mean_upload_s=sum(uploads) / len(uploads) if uploads else None,
         preemptions=preemptions, notes=notes,
+        moves=_moves(epochs, everything, pace, price_per_machine_s),
+        replicated_bytes=replicated, replication_usd=replication_usd,
     )  # fmt: skip
 
 
@@ -353,6 +455,7 @@ def read_checkpoints(catalog: Any, run: str) -> tuple[list[Checkpoint], int]:
             step_losses=tuple((int(s), float(v))
                               for s, v in json.loads(str(item.get(STEP_LOSSES_KEY) or "[]"))),
             epoch=run_epochs.written_by(key, step, chain).number,
+            sent_bytes=int(timings["uploaded_bytes"]) if "uploaded_bytes" in timings else None,
         ))  # fmt: skip
     return found, int(head["step"]) if head else 0
 
@@ -413,6 +516,21 @@ def render(report: RunReport) -> str:
             f"    {_when(p.at)} {', '.join(p.instances)} ({', '.join(p.pools)}): steps lost "
             f"{lost} (had reached {p.reached_step}), {resumed}{cost}"
         )
+    if report.moves:
+        lines.append(f"  moves               {len(report.moves)}")
+    for m in report.moves:
+        lost = "unknown" if m.steps_lost is None else str(m.steps_lost)
+        resumed = ("not trained there yet" if m.resumed_at is None
+                   else f"trained again after {_duration(m.time_to_resume_s)}")  # fmt: skip
+        cost = "" if m.cost_usd is None else f", cost ${m.cost_usd:,.2f}"
+        lines.append(f"    {_when(m.at)} {m.from_region} -> {m.to_region} from step "
+                     f"{m.from_step}: steps lost {lost}, {resumed}{cost}; nothing sent (its "
+                     "checkpoint was replicated)")  # fmt: skip
+    if report.replicated_bytes is not None:
+        usd = ("" if report.replication_usd is None
+               else f": ${report.replication_usd:,.2f}")  # fmt: skip
+        lines.append(f"  replication         {report.replicated_bytes / 1e9:,.3f} GB of new "
+                     f"checkpoint bytes, each sent to every other region{usd}")  # fmt: skip
     if ledger.cap_usd is not None:
         sent = ", ".join(f"{n.percent}% at {_when(n.at)}" for n in report.notices) or "none"
         share = ledger.spend_usd / ledger.cap_usd
