@@ -761,6 +761,11 @@ def test_the_accounts_gpu_quotas_and_their_usage_answer_as_aws_does(
         assert used() == before + 96
         ec2.terminate_instances(InstanceIds=[machine["InstanceId"]])
         assert used() == before
+        # `clear` leaves a clean slate: the quotas are the defaults again, with the faults.
+        assert cli.main(["local", "fault", "clear"]) == 0
+        assert "GPU quotas set: none" in capsys.readouterr().out
+        quota = quotas.get_service_quota(ServiceCode="ec2", QuotaCode="L-417A185B")["Quota"]
+        assert quota["Value"] == account_quotas.DEFAULT_VCPUS
     finally:
         control.set_faults(vcpu_quotas={})
     assert cli.main(["local", "fault", "quota", REGION, "spot/Q", "8"]) == 2

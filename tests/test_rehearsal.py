@@ -1,7 +1,8 @@
 """The README's main command, `make local` (`spotrain rehearse`): its story runs on the
 deployment the apply tests share (tests/test_integration_local_apply.py); here, the part around
 it: the rehearsal starts a local cloud when none runs and stops it afterwards unless told to
-keep it."""
+keep it (then with its schedules running, which the rehearsal had stopped to deliver each check
+itself)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from unittest import mock
 
 import pytest
 
-from spotrain.localcloud import control
+from spotrain.localcloud import control, schedules
 from spotrain.tools.rehearsal import local_cloud
 
 pytestmark = pytest.mark.integration
@@ -29,7 +30,12 @@ def test_the_rehearsal_stops_the_cloud_it_started_unless_kept(
             assert os.environ["AWS_ENDPOINT_URL"] == cloud.endpoint
         try:
             assert (control.status() is not None) == keep
-            assert said == ([] if keep else [
-                "local cloud stopped (pass --keep-cloud to leave it running)"])  # fmt: skip
+            assert said == [
+                "local cloud kept running; its schedules run at AWS's pace (`spotrain local up "
+                "--schedule-speedup N` changes it)" if keep else
+                "local cloud stopped (pass --keep-cloud to leave it running)"]  # fmt: skip
+            if keep:  # the rehearsal's own checks are over: the deployed schedule runs again
+                clock = control.faults_file().with_name(schedules.CLOCK_NAME)
+                assert schedules.read_speedup(clock) == 1.0
         finally:
             control.down()

@@ -113,10 +113,10 @@ def _fault_changes(words: list[str]) -> dict[str, Any]:
                                     "more")  # fmt: skip
             value = int(vcpus)
             return {"vcpu_quotas": {**current.vcpu_quotas, f"{_region(region)}/{key}": value}}
-        case ["clear"]:
+        case ["clear"]:  # every fault, and the quotas set back to the account's defaults
             return {"regions_down": [], "regions_partitioned": [],
                     "table_replication_lag_seconds": 0.0, "replication_pending": [],
-                    "unavailable": [], "spot_capacity_gone": []}  # fmt: skip
+                    "unavailable": [], "spot_capacity_gone": [], "vcpu_quotas": {}}  # fmt: skip
     raise SpotrainError(f"`spotrain local fault {' '.join(words)}`: {FAULT_USAGE}")
 
 

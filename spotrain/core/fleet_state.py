@@ -200,10 +200,12 @@ GANG_REQUEUED = ("its gang did not come whole in time: it waits for its turn aga
 def release_gang(table: Any, run: str, sizes: dict[str, dict[str, int]], at: float) -> None:
     """Rule 8 released the part of the run's gang that came: remember its groups' sizes (as a
     hold does) and put the run back in the queue as if submitted `at` (`gang_released_at`)."""
-    set_held_sizes(table, run, sizes)
-    table.update_item(
-        Key=_state_key(run), UpdateExpression="SET queued = :queued, gang_released_at = :at",
-        ExpressionAttributeValues={":queued": GANG_REQUEUED, ":at": Decimal(str(round(at, 3)))},
+    table.update_item(  # one write: the held sizes as `set_held_sizes` keeps them (first wins)
+        Key=_state_key(run),
+        UpdateExpression="SET held_sizes = if_not_exists(held_sizes, :sizes), queued = :queued, "
+                         "gang_released_at = :at",
+        ExpressionAttributeValues={":sizes": sizes, ":queued": GANG_REQUEUED,
+                                   ":at": Decimal(str(round(at, 3)))},
     )  # fmt: skip
 
 

@@ -458,6 +458,10 @@ def local_cloud(
         if started_here and not keep_cloud:
             control.down()
             say("local cloud stopped (pass --keep-cloud to leave it running)")
+        elif started_here:  # kept: its schedules run again, as `spotrain local up` runs them
+            control.set_schedule_speedup(1.0)
+            say("local cloud kept running; its schedules run at AWS's pace (`spotrain local up "
+                "--schedule-speedup N` changes it)")  # fmt: skip
 
 
 def deliver_interruption(

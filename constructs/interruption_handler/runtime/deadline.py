@@ -12,6 +12,7 @@ groups here again."""
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import Any
 
@@ -161,10 +162,16 @@ def _saving_per_hour(instance_types: tuple[str, ...], own: list[Group], regions:
     0 when the book cannot price it, so that no move is made on a guess."""
     machines = max(1, sum(g.declared.desired for g in own))
     try:
-        book = prices.load()
+        book = _checked_in_book()
         on_demand = book.pool(instance_types[0], here).on_demand.usd_per_hour or 0.0
         spot = min(book.pool(instance_types[0], r).spot_price for r in regions if r != here)
     except (SpotrainError, ValueError) as error:
         log.warning("a move cannot be priced: %s", error)
         return 0.0
     return max(0.0, on_demand - spot) * machines
+
+
+@functools.cache
+def _checked_in_book() -> prices.PriceBook:
+    """The price book the zip carries, read once per warm handler (it never changes there)."""
+    return prices.load()
