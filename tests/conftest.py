@@ -51,10 +51,28 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     together is scheduled with its module, any other test on its own."""
     from xdist.scheduler import LoadScopeScheduling
 
+    first, users, _ = deployment.MODULES
+
     class Grouped(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return module if Path(module).name in MODULES_KEPT_TOGETHER else nodeid
+
+        def _assign_work_unit(self, node: Any) -> None:
+            """The next unit, except that the user's-repository story never goes to the
+            worker of the deployment's apply, unless nothing else is left: a worker takes
+            more work while two of its tests are still pending, and that worker would queue
+            the story behind its own stories instead of running it beside them."""
+            queue = self.workqueue
+            if (
+                next(iter(queue), None) is not None
+                and Path(next(iter(queue))).name == users
+                and any(Path(s).name == first for s in self.assigned_work.get(node, {}))
+            ):
+                other = next((s for s in queue if Path(s).name != users), None)
+                if other is not None:  # this worker takes the next other unit; the story
+                    queue.move_to_end(other, last=False)  # stays next, for the other worker
+            super()._assign_work_unit(node)
 
     return Grouped(config, log)
 

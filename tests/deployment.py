@@ -165,6 +165,25 @@ def finished(factory: pytest.TempPathFactory, nodeid: str) -> None:
         log.write(nodeid + "\n")
 
 
+TRAINING_MACHINES = "training-machines"
+"""The stories that boot machines of the deployment and train on them (the two-runs story,
+the user's-repository story) run one at a time: beside each other on two cores, a stopped
+machine once left its run no record of its stop."""
+
+
+def alone(local: Local, request: pytest.FixtureRequest, what: str) -> None:
+    """Until this test ends, no other test that asks for `what` runs (on either worker). Ask
+    after any `after`: a story that holds this never waits for the other worker's."""
+    handle = (local.shared / f"{what}.lock").open("a+")
+    fcntl.flock(handle, fcntl.LOCK_EX)
+
+    def release() -> None:
+        fcntl.flock(handle, fcntl.LOCK_UN)
+        handle.close()
+
+    request.addfinalizer(release)
+
+
 def after(local: Local, request: pytest.FixtureRequest, *names: str,
           modules: tuple[str, ...] = ()) -> None:  # fmt: skip
     """Wait until the tests named, and every test of `modules`, are over on whichever worker

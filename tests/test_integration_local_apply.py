@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
-from deployment import ACCOUNT, Local, after
+from deployment import ACCOUNT, TRAINING_MACHINES, Local, after, alone
 
 from spotrain.constructs.budget_alerts import ALERT_THRESHOLDS
 from spotrain.constructs.interruption_handler.construct import HANDLER_ENTRY
@@ -693,9 +693,7 @@ def test_the_deployed_queue_holds_runs_to_the_ceiling_and_budgets_and_preempts_b
         # machines back when the urgent run finishes.
         declare("urgent", priority=5)
         submit("urgent")
-        decided = check()
-        assert decided["urgent"]["decision"] == "start", decided
-        assert decided["vision-c"]["decision"] == "preempt", decided
+        check()  # or another story's check, delivered since: it decides the same
         assert (desired("urgent"), desired("vision-c"), desired("vision-b")) == (1, 0, 1)
         preempted = fleet_state.run_state(events, runs["vision-c"])
         # Behind speech-b, which waits for its team's budget and was submitted before it.
@@ -1380,7 +1378,7 @@ class _PlayedFleet:
 
 def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses(
     local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
     """A third run is declared beside the repository's two (listed as declared) and submitted by its
     file: its stack applies and its configuration is stored; `second` gets a configuration of
@@ -1406,6 +1404,7 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     from spotrain.tools import local_fleet
     from spotrain.tools.rehearsal import Phase, deliver_capacity_check
 
+    alone(local, request, TRAINING_MACHINES)
     for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
         monkeypatch.setenv(name, value)
     monkeypatch.chdir(tmp_path)
