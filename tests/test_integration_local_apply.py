@@ -1120,6 +1120,199 @@ def test_the_catalog_stream_runs_the_deployed_handler_which_alarms_on_rewritten_
     assert (alarm["from_step"], alarm["to_step"]) == (7, 2)
 
 
+def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses(
+    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest,
+) -> None:  # fmt: skip
+    """A third run is declared beside the repository's two (listed as declared) and submitted by its
+    file: its stack applies and its configuration is stored; `second` gets a configuration of
+    the same training. One capacity check of the deployed handler starts both and leaves the
+    finished demo run's groups as they are. Each trains on a machine booted from its own
+    deployed launch template, at the same time: `second`'s booted by the test, `third`'s by
+    `run play` (tools/local_fleet.py) as a user plays a local run. `run cancel second`: its
+    groups go to 0, its machine is stopped as EC2 stops one (SIGTERM), publishes its emergency
+    checkpoint and leaves, accounted as stopped, its coordinator role given up; `run resume`
+    boots a new machine that resumes from that checkpoint, and every step's loss equals the
+    third run's, which nothing interrupted. `run logs` shows the stopped machine's last words;
+    `run list` and `status` each state; both runs finish and their groups go to 0; `run retire`
+    destroys the third's stack (its groups and declaration go), its spend counted to its end,
+    and it is listed as retired with that spend."""
+    import shutil as shell_tools
+    import signal
+    import threading
+    import time
+
+    from spotrain import cli
+    from spotrain.core import fleet_state, run_lifecycle
+    from spotrain.localcloud.machines import process_tree, signal_all
+    from spotrain.tools import local_fleet
+    from spotrain.tools.rehearsal import Phase, deliver_capacity_check
+
+    alone(local, request, TRAINING_MACHINES)
+    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.chdir(tmp_path)
+    outputs = local.outputs
+    store = f"s3://{outputs['checkpoint_bucket']}"
+    table = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
+        outputs["events_table"])  # fmt: skip
+    catalog = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
+        outputs["checkpoint_catalog_table"])  # fmt: skip
+
+    def head(run: str) -> int:
+        found = run_lifecycle.published_head(catalog, run)
+        return found.step if found else 0
+
+    def sizes(group: str) -> tuple[int, int]:
+        [found] = local.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[group])["AutoScalingGroups"]  # fmt: skip
+        return int(found["MinSize"]), int(found["DesiredCapacity"])
+
+    def listed() -> str:
+        capsys.readouterr()
+        assert cli.main(["run", "list", "local"]) == 0
+        return capsys.readouterr().out
+
+    # Declared as a user declares a run: a file beside the environment's others.
+    runs = tmp_path / "runs" / "local"
+    shell_tools.copytree(ROOT / "runs" / "local", runs)
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("two runs of one environment read the same prepared words\n" * 400)
+    key = local.client("kms").describe_key(KeyId=local.primary_key_alias)["KeyMetadata"]["Arn"]
+    assert cli.main(["data", "prepare", str(corpus), "--store", store, "--name", "two-runs",
+                     "--kms-key-id", key]) == 0  # fmt: skip
+    metrics = {run: Phase(run, tmp_path / f"{run}.jsonl") for run in ("second", "third")}
+    training = {**TWO_RUNS_TRAINING, "data": "dataset:two-runs"}
+    (runs / "third.toml").write_text("\n".join([
+        'owner = "research@example.com"', 'team = "research"',
+        'instance_types = ["g6.xlarge", "g5.xlarge"]',
+        "mixed_gpus = true", "min_size = 1", "desired_size = 1", "max_size = 1", "[training]",
+        *(f"{k} = {json.dumps(v)}" for k, v in training.items() if k != "model"),
+        f'metrics_file = "{metrics["third"].metrics}"',
+        "model = { context = 32, layers = 2, heads = 2, width = 64 }", "",
+    ]))  # fmt: skip
+    monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
+    fleet = _PlayedFleet(local, tmp_path / "machines")
+    try:
+        assert re.search(r"^third\s+declared\s.*`spotrain run submit local third`", listed(),
+                         re.M)  # fmt: skip
+        assert cli.main(["run", "submit", "local", str(runs / "third.toml")]) == 0
+        said = capsys.readouterr().out
+        assert "run third submitted to local: its fleet spotrain-local-third-fleet" in said, said
+        second_config = tmp_path / "second.json"
+        second_config.write_text(json.dumps({
+            **training, "run": "second", "store": store, "work_dir": "/set/by/each/machine",
+            "metrics_file": str(metrics["second"].metrics)}))  # fmt: skip
+        assert cli.main(["config", "put", str(second_config), "--store", store]) == 0
+        groups = {run: f"spotrain-local-{run}-fleet" for run in ("second", "third")}
+        demo_before = sizes("spotrain-local-demo-fleet")
+        asked_at = time.time()
+        checked = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
+        # This check starts both, unless the user's story on the other worker delivered one
+        # since they were submitted (the handler checks every run of the environment at each):
+        # then that check did, before this one.
+        for run in groups:
+            started = run_lifecycle.read(table, run).started_at
+            assert checked["runs"][run]["decision"] == "start" or (
+                started is not None and started <= asked_at), checked  # fmt: skip
+        assert [sizes(group) for group in groups.values()] == [(1, 1), (1, 1)]  # as declared
+        assert sizes("spotrain-local-demo-fleet") == demo_before
+        first = {"second": fleet.boot(groups["second"])}
+        # `third` is played as a user plays a local run (`spotrain run play`): another check,
+        # then its machine boots here and trains it to the end, its lines said as they come.
+        third_said: list[str] = []
+        third_codes: dict[str, int] = {}
+        player = threading.Thread(target=lambda: third_codes.update(local_fleet.play(
+            "third", work=tmp_path / "played", say=third_said.append)), daemon=True)  # fmt: skip
+        player.start()
+        # Both train at the same time, each from its own deployed template, into its own
+        # checkpoints. `second` boots first: once it has published a checkpoint its machine is
+        # paused (as a slow machine is) until the cancel, so that its lead cannot let it
+        # finish all its steps while `third` catches up and the runs are listed.
+        deadline = time.monotonic() + 300
+        first_checkpoint = TWO_RUNS_TRAINING["checkpoint_every"]
+        machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
+        paused = False
+        while not (head("second") >= first_checkpoint and head("third") >= first_checkpoint):
+            assert first["second"].running() and player.is_alive(), (
+                first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
+            assert time.monotonic() < deadline, (
+                first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
+            if not paused and head("second") >= first_checkpoint:
+                machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
+                signal_all(machine, signal.SIGSTOP)
+                paused = True
+            time.sleep(0.2)
+        assert first["second"].running() and player.is_alive()
+        assert head("second") < TWO_RUNS_TRAINING["steps"] > head("third")
+        now_listed = listed()
+        for run in groups:
+            assert re.search(rf"^{run}\s+training\s", now_listed, re.M), now_listed
+
+        capsys.readouterr()
+        assert cli.main(["run", "cancel", "local", "second"]) == 0
+        assert sizes(groups["second"]) == (0, 0)
+        signal_all(machine, signal.SIGCONT)
+        codes = fleet.shut_down_the_terminated(groups["second"])
+        cancelled = first["second"]
+        assert list(codes) == [cancelled.instance_id], codes
+        stops = metrics["second"].events("stopped")  # the machine's last words, should it fail
+        assert len(stops) == 1, (codes, stops, cancelled.output[-4000:])
+        stopped_at = int(stops[0]["step"])
+        assert stopped_at < TWO_RUNS_TRAINING["steps"]
+        assert head("second") == stopped_at  # its emergency checkpoint is published
+        said = cancelled.output
+        assert f"{cancelled.instance_id} is asked to stop (SIGTERM)" in said, said[-3000:]
+        assert "spotrain train: stopped by SIGTERM" in said and "Traceback" not in said, said
+        assert ": stopped; run second has 0 crash(es)" in said, said[-3000:]
+        assert f"{cancelled.instance_id} no longer coordinates it" in said, said[-3000:]
+        assert fleet_state.run_state(table, "second").crashes == 0
+        capsys.readouterr()
+        assert cli.main(["run", "status", "local", "second", "--json"]) == 0
+        status = json.loads(capsys.readouterr().out)
+        assert (status["phase"], status["step"], sum(status["machines"].values())) == (
+            "cancelled", stopped_at, 0)  # fmt: skip
+        # On-call reads the stopped machine's last words after it is gone.
+        assert cli.main(["run", "logs", "local", "second", "--machine",
+                         cancelled.instance_id]) == 0  # fmt: skip
+        shipped = capsys.readouterr().out
+        assert "is asked to stop (SIGTERM)" in shipped and f"stopped after step {stopped_at}" in (
+            shipped), shipped[-3000:]  # fmt: skip
+
+        assert cli.main(["run", "resume", "local", "second"]) == 0
+        resumed = fleet.boot(groups["second"])  # the group's new instance: it coordinates
+        assert resumed.wait(timeout=300) == 0, resumed.output[-3000:]
+        player.join(timeout=300)
+        assert list(third_codes.values()) == [0], "\n".join(third_said[-40:])
+        assert any("(on-demand)" in line for line in third_said), third_said[:5]
+        assert f"resumed second at step {stopped_at}" in resumed.output, resumed.output[-3000:]
+        losses = {run: phase.losses() for run, phase in metrics.items()}
+        assert sorted(losses["third"]) == list(range(1, TWO_RUNS_TRAINING["steps"] + 1))
+        assert losses["second"] == pytest.approx(losses["third"], rel=1e-6)
+
+        # Finished: the catalog's stream took both runs' groups to 0.
+        deadline = time.monotonic() + 60
+        while any(run_lifecycle.read(table, run).finished_step is None for run in groups):
+            assert time.monotonic() < deadline, "a finish did not reach the handler"
+            time.sleep(0.5)
+        finished = listed()
+        for run in groups:
+            steps = TWO_RUNS_TRAINING["steps"]
+            assert re.search(rf"^{run}\s+finished\s+step {steps}/{steps} \(final\)\s+loss "
+                             rf"{losses[run][steps]:.4f}\s+machines 0 ", finished,
+                             re.M), finished  # fmt: skip
+        assert cli.main(["run", "retire", "local", "third"]) == 0
+        assert local.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[groups["third"]])["AutoScalingGroups"] == []  # fmt: skip
+        declared = local.client("ssm").get_parameters_by_path(Path="/spotrain/local/runs")
+        names = {p["Name"].removeprefix("/spotrain/local/runs/") for p in declared["Parameters"]}
+        assert "third" not in names and {"demo", "second"} <= names, names  # and the user's
+        # Retired, its file kept: listed as retired with what it cost, not as never deployed.
+        assert re.search(r"^third\s+retired\s.*\$\d+\.\d\d", listed(), re.M)
+    finally:
+        fleet.stop_all()
+
+
 def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1374,196 +1567,3 @@ class _PlayedFleet:
     def stop_all(self) -> None:
         for _, machine in self.machines.values():
             machine.stop()
-
-
-def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses(
-    local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest,
-) -> None:  # fmt: skip
-    """A third run is declared beside the repository's two (listed as declared) and submitted by its
-    file: its stack applies and its configuration is stored; `second` gets a configuration of
-    the same training. One capacity check of the deployed handler starts both and leaves the
-    finished demo run's groups as they are. Each trains on a machine booted from its own
-    deployed launch template, at the same time: `second`'s booted by the test, `third`'s by
-    `run play` (tools/local_fleet.py) as a user plays a local run. `run cancel second`: its
-    groups go to 0, its machine is stopped as EC2 stops one (SIGTERM), publishes its emergency
-    checkpoint and leaves, accounted as stopped, its coordinator role given up; `run resume`
-    boots a new machine that resumes from that checkpoint, and every step's loss equals the
-    third run's, which nothing interrupted. `run logs` shows the stopped machine's last words;
-    `run list` and `status` each state; both runs finish and their groups go to 0; `run retire`
-    destroys the third's stack (its groups and declaration go), its spend counted to its end,
-    and it is listed as retired with that spend."""
-    import shutil as shell_tools
-    import signal
-    import threading
-    import time
-
-    from spotrain import cli
-    from spotrain.core import fleet_state, run_lifecycle
-    from spotrain.localcloud.machines import process_tree, signal_all
-    from spotrain.tools import local_fleet
-    from spotrain.tools.rehearsal import Phase, deliver_capacity_check
-
-    alone(local, request, TRAINING_MACHINES)
-    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
-        monkeypatch.setenv(name, value)
-    monkeypatch.chdir(tmp_path)
-    outputs = local.outputs
-    store = f"s3://{outputs['checkpoint_bucket']}"
-    table = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
-        outputs["events_table"])  # fmt: skip
-    catalog = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
-        outputs["checkpoint_catalog_table"])  # fmt: skip
-
-    def head(run: str) -> int:
-        found = run_lifecycle.published_head(catalog, run)
-        return found.step if found else 0
-
-    def sizes(group: str) -> tuple[int, int]:
-        [found] = local.client("autoscaling").describe_auto_scaling_groups(
-            AutoScalingGroupNames=[group])["AutoScalingGroups"]  # fmt: skip
-        return int(found["MinSize"]), int(found["DesiredCapacity"])
-
-    def listed() -> str:
-        capsys.readouterr()
-        assert cli.main(["run", "list", "local"]) == 0
-        return capsys.readouterr().out
-
-    # Declared as a user declares a run: a file beside the environment's others.
-    runs = tmp_path / "runs" / "local"
-    shell_tools.copytree(ROOT / "runs" / "local", runs)
-    corpus = tmp_path / "corpus.txt"
-    corpus.write_text("two runs of one environment read the same prepared words\n" * 400)
-    key = local.client("kms").describe_key(KeyId=local.primary_key_alias)["KeyMetadata"]["Arn"]
-    assert cli.main(["data", "prepare", str(corpus), "--store", store, "--name", "two-runs",
-                     "--kms-key-id", key]) == 0  # fmt: skip
-    metrics = {run: Phase(run, tmp_path / f"{run}.jsonl") for run in ("second", "third")}
-    training = {**TWO_RUNS_TRAINING, "data": "dataset:two-runs"}
-    (runs / "third.toml").write_text("\n".join([
-        'owner = "research@example.com"', 'team = "research"',
-        'instance_types = ["g6.xlarge", "g5.xlarge"]',
-        "mixed_gpus = true", "min_size = 1", "desired_size = 1", "max_size = 1", "[training]",
-        *(f"{k} = {json.dumps(v)}" for k, v in training.items() if k != "model"),
-        f'metrics_file = "{metrics["third"].metrics}"',
-        "model = { context = 32, layers = 2, heads = 2, width = 64 }", "",
-    ]))  # fmt: skip
-    monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
-    fleet = _PlayedFleet(local, tmp_path / "machines")
-    try:
-        assert re.search(r"^third\s+declared\s.*`spotrain run submit local third`", listed(),
-                         re.M)  # fmt: skip
-        assert cli.main(["run", "submit", "local", str(runs / "third.toml")]) == 0
-        said = capsys.readouterr().out
-        assert "run third submitted to local: its fleet spotrain-local-third-fleet" in said, said
-        second_config = tmp_path / "second.json"
-        second_config.write_text(json.dumps({
-            **training, "run": "second", "store": store, "work_dir": "/set/by/each/machine",
-            "metrics_file": str(metrics["second"].metrics)}))  # fmt: skip
-        assert cli.main(["config", "put", str(second_config), "--store", store]) == 0
-        groups = {run: f"spotrain-local-{run}-fleet" for run in ("second", "third")}
-        demo_before = sizes("spotrain-local-demo-fleet")
-        asked_at = time.time()
-        checked = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
-        # This check starts both, unless the user's story on the other worker delivered one
-        # since they were submitted (the handler checks every run of the environment at each):
-        # then that check did, before this one.
-        for run in groups:
-            started = run_lifecycle.read(table, run).started_at
-            assert checked["runs"][run]["decision"] == "start" or (
-                started is not None and started <= asked_at), checked  # fmt: skip
-        assert [sizes(group) for group in groups.values()] == [(1, 1), (1, 1)]  # as declared
-        assert sizes("spotrain-local-demo-fleet") == demo_before
-        first = {"second": fleet.boot(groups["second"])}
-        # `third` is played as a user plays a local run (`spotrain run play`): another check,
-        # then its machine boots here and trains it to the end, its lines said as they come.
-        third_said: list[str] = []
-        third_codes: dict[str, int] = {}
-        player = threading.Thread(target=lambda: third_codes.update(local_fleet.play(
-            "third", work=tmp_path / "played", say=third_said.append)), daemon=True)  # fmt: skip
-        player.start()
-        # Both train at the same time, each from its own deployed template, into its own
-        # checkpoints. `second` boots first: once it has published a checkpoint its machine is
-        # paused (as a slow machine is) until the cancel, so that its lead cannot let it
-        # finish all its steps while `third` catches up and the runs are listed.
-        deadline = time.monotonic() + 300
-        first_checkpoint = TWO_RUNS_TRAINING["checkpoint_every"]
-        machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
-        paused = False
-        while not (head("second") >= first_checkpoint and head("third") >= first_checkpoint):
-            assert first["second"].running() and player.is_alive(), (
-                first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
-            assert time.monotonic() < deadline, (
-                first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
-            if not paused and head("second") >= first_checkpoint:
-                machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
-                signal_all(machine, signal.SIGSTOP)
-                paused = True
-            time.sleep(0.2)
-        assert first["second"].running() and player.is_alive()
-        assert head("second") < TWO_RUNS_TRAINING["steps"] > head("third")
-        now_listed = listed()
-        for run in groups:
-            assert re.search(rf"^{run}\s+training\s", now_listed, re.M), now_listed
-
-        capsys.readouterr()
-        assert cli.main(["run", "cancel", "local", "second"]) == 0
-        assert sizes(groups["second"]) == (0, 0)
-        signal_all(machine, signal.SIGCONT)
-        codes = fleet.shut_down_the_terminated(groups["second"])
-        cancelled = first["second"]
-        assert list(codes) == [cancelled.instance_id], codes
-        stops = metrics["second"].events("stopped")  # the machine's last words, should it fail
-        assert len(stops) == 1, (codes, stops, cancelled.output[-4000:])
-        stopped_at = int(stops[0]["step"])
-        assert stopped_at < TWO_RUNS_TRAINING["steps"]
-        assert head("second") == stopped_at  # its emergency checkpoint is published
-        said = cancelled.output
-        assert f"{cancelled.instance_id} is asked to stop (SIGTERM)" in said, said[-3000:]
-        assert "spotrain train: stopped by SIGTERM" in said and "Traceback" not in said, said
-        assert ": stopped; run second has 0 crash(es)" in said, said[-3000:]
-        assert f"{cancelled.instance_id} no longer coordinates it" in said, said[-3000:]
-        assert fleet_state.run_state(table, "second").crashes == 0
-        capsys.readouterr()
-        assert cli.main(["run", "status", "local", "second", "--json"]) == 0
-        status = json.loads(capsys.readouterr().out)
-        assert (status["phase"], status["step"], sum(status["machines"].values())) == (
-            "cancelled", stopped_at, 0)  # fmt: skip
-        # On-call reads the stopped machine's last words after it is gone.
-        assert cli.main(["run", "logs", "local", "second", "--machine",
-                         cancelled.instance_id]) == 0  # fmt: skip
-        shipped = capsys.readouterr().out
-        assert "is asked to stop (SIGTERM)" in shipped and f"stopped after step {stopped_at}" in (
-            shipped), shipped[-3000:]  # fmt: skip
-
-        assert cli.main(["run", "resume", "local", "second"]) == 0
-        resumed = fleet.boot(groups["second"])  # the group's new instance: it coordinates
-        assert resumed.wait(timeout=300) == 0, resumed.output[-3000:]
-        player.join(timeout=300)
-        assert list(third_codes.values()) == [0], "\n".join(third_said[-40:])
-        assert any("(on-demand)" in line for line in third_said), third_said[:5]
-        assert f"resumed second at step {stopped_at}" in resumed.output, resumed.output[-3000:]
-        losses = {run: phase.losses() for run, phase in metrics.items()}
-        assert sorted(losses["third"]) == list(range(1, TWO_RUNS_TRAINING["steps"] + 1))
-        assert losses["second"] == pytest.approx(losses["third"], rel=1e-6)
-
-        # Finished: the catalog's stream took both runs' groups to 0.
-        deadline = time.monotonic() + 60
-        while any(run_lifecycle.read(table, run).finished_step is None for run in groups):
-            assert time.monotonic() < deadline, "a finish did not reach the handler"
-            time.sleep(0.5)
-        finished = listed()
-        for run in groups:
-            steps = TWO_RUNS_TRAINING["steps"]
-            assert re.search(rf"^{run}\s+finished\s+step {steps}/{steps} \(final\)\s+loss "
-                             rf"{losses[run][steps]:.4f}\s+machines 0 ", finished,
-                             re.M), finished  # fmt: skip
-        assert cli.main(["run", "retire", "local", "third"]) == 0
-        assert local.client("autoscaling").describe_auto_scaling_groups(
-            AutoScalingGroupNames=[groups["third"]])["AutoScalingGroups"] == []  # fmt: skip
-        declared = local.client("ssm").get_parameters_by_path(Path="/spotrain/local/runs")
-        names = {p["Name"].removeprefix("/spotrain/local/runs/") for p in declared["Parameters"]}
-        assert "third" not in names and {"demo", "second"} <= names, names  # and the user's
-        # Retired, its file kept: listed as retired with what it cost, not as never deployed.
-        assert re.search(r"^third\s+retired\s.*\$\d+\.\d\d", listed(), re.M)
-    finally:
-        fleet.stop_all()
