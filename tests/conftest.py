@@ -77,10 +77,11 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Grouped(config, log)
 
 
-USERS_STORY_BEFORE = "test_trainer_resume.py"
+USERS_STORY_BEFORE = "test_user_scripts.py"
 """The user's-repository story is handed out just before this module's tests: by then the
-other worker's stories have passed the rehearsal it waits for (about 10 minutes in: the apply
-and the stories before it), so its worker does not sit waiting."""
+other worker's stories have passed the rehearsal it waits for (about 8 minutes into the tests:
+the apply and the stories before it, the two-runs story among them), so its worker does not
+sit waiting (handed out before `test_trainer_resume.py` instead, it waited 160 s)."""
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
