@@ -450,6 +450,10 @@ def test_names_are_checked_where_they_are_written(
                   "run name 'Bad Run!' is not valid")  # fmt: skip
     fails_clearly(capsys, ["cost", "report", *table, "--run", "Bad Run!"],
                   "run name 'Bad Run!' is not valid")  # fmt: skip
+    # An unknown environment is refused before any table is read (this one does not exist).
+    fails_clearly(capsys, ["cost", "report", "--events-table", "no-such-table", "--run", "r",
+                           "--environment", "mars"],
+                  "environment 'mars' is unknown: use one of local, dev, prod")  # fmt: skip
     fails_clearly(capsys, ["fleet", "exit", *table, "--run", "r", "--instance", "i-1", "--code",
                            "143", "--spot-notice", '{"time": "soon"}'],
                   "is not the metadata service's")  # fmt: skip

@@ -323,11 +323,11 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
             assert [(g["MinSize"], g["DesiredCapacity"]) for g in groups] == [(0, 0), (0, 0)]
 
 
-def _declare_own_run(local: Local, declaration: Any, instance_type: str,
-                     regions: tuple[str, ...]) -> None:  # fmt: skip
+def _declare_own_run(local: Local, declaration: Any, regions: tuple[str, ...]) -> None:
     """A story's own run, as a run's stack makes it: each group with its own launch template
-    (tagged with the environment and the run, so its machines are its and no other run's) and
-    the declaration in every region of `regions`, to that region's handler."""
+    (of the run's first instance type, tagged with the environment and the run, so its
+    machines are its and no other run's) and the declaration in every region of `regions`, to
+    that region's handler."""
     from spotrain.core import catalog_schema as schema
     from spotrain.core.handler_settings import run_parameter_name
 
@@ -339,7 +339,7 @@ def _declare_own_run(local: Local, declaration: Any, instance_type: str,
             Name=names.image_parameter(config.name))["Parameter"]["Value"]  # fmt: skip
         local.client("ec2", group.region).create_launch_template(
             LaunchTemplateName=group.name, LaunchTemplateData={
-                "ImageId": image, "InstanceType": instance_type,
+                "ImageId": image, "InstanceType": declaration.instance_types[0],
                 "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}]})  # fmt: skip
         local.client("autoscaling", group.region).create_auto_scaling_group(
             AutoScalingGroupName=group.name, MinSize=0, MaxSize=2, DesiredCapacity=0,
@@ -417,9 +417,10 @@ def test_a_run_that_moves_region_has_its_machines_follow_it_and_none_left_behind
                           lifecycle="on-demand", holds_data=region == home),
         )
     ]  # fmt: skip
-    declaration = RunDeclaration(run=run, groups=tuple(declared), team="research")
+    declaration = RunDeclaration(run=run, groups=tuple(declared), team="research",
+                                 instance_types=("g5.xlarge",))  # fmt: skip
     try:
-        _declare_own_run(local, declaration, "g5.xlarge", (home, away))
+        _declare_own_run(local, declaration, (home, away))
         local.client("s3").put_object(
             Bucket=local.primary_bucket, Key=f"{schema.configs_prefix(run)}0001.json", Body=b"{}",
             ServerSideEncryption="aws:kms", SSEKMSKeyId=local.client("kms").describe_key(
@@ -589,7 +590,7 @@ def test_the_deployed_queue_holds_runs_to_the_ceiling_and_budgets_and_preempts_b
         declared[name] = RunDeclaration(
             run=run, groups=groups, team=teams[name], priority=priority, gpus=8,
             vcpus={"spot/P": 96}, instance_types=("p4d.24xlarge",))  # fmt: skip
-        _declare_own_run(local, declared[name], "p4d.24xlarge", ("us-east-1",))
+        _declare_own_run(local, declared[name], ("us-east-1",))
 
     def submit(*names_: str) -> None:
         for name in names_:

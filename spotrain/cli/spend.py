@@ -83,6 +83,8 @@ def cmd_report(args: argparse.Namespace) -> int:
 
     run_name(args.run)
     figure_path(args.plot)
+    # An unknown environment is refused before anything is read.
+    regions = environment(args.environment).region_names if args.environment else ()
     dynamodb = boto3.resource("dynamodb")
     events = dynamodb.Table(args.events_table)
     with aws_errors(f"the events table {args.events_table} cannot be read", EVENTS_TABLE_FIX):
@@ -90,14 +92,13 @@ def cmd_report(args: argparse.Namespace) -> int:
         points, notices = spend_ledger.read_history(events, args.run)
         interruptions = run_report.read_interruptions(events, args.run)
     checkpoints, head_step, epochs = None, 0, []
-    regions = environment(args.environment).region_names if args.environment else ()
     if args.catalog_table:
         with aws_errors(
             f"the catalog table {args.catalog_table} cannot be read", CATALOG_TABLE_FIX
         ):
             catalog = dynamodb.Table(args.catalog_table)
-            checkpoints, head_step = run_report.read_checkpoints(catalog, args.run)
-            epochs = run_epochs.read_chain(catalog, args.run)
+            epochs = run_epochs.read_chain(catalog, args.run)  # its moves, read once
+            checkpoints, head_step = run_report.read_checkpoints(catalog, args.run, epochs)
     if ledger.as_of is None and not interruptions and not checkpoints:
         raise CostInputError(
             f"run {args.run!r} left nothing in {args.events_table}"

@@ -429,11 +429,14 @@ def read_interruptions(events: Any, run: str) -> list[Interruption]:
     ]  # fmt: skip
 
 
-def read_checkpoints(catalog: Any, run: str) -> tuple[list[Checkpoint], int]:
+def read_checkpoints(
+    catalog: Any, run: str, chain: list[run_epochs.Epoch] | None = None
+) -> tuple[list[Checkpoint], int]:
     """The run's checkpoint records and its head's step (0: nothing published); one that is
-    not part of the run's history (a stale writer's, after a move) is FENCED."""
+    not part of the run's history (a stale writer's, after a move) is FENCED. `chain`: its
+    epochs, when the caller has read them already."""
     head = read_head(catalog, run)
-    chain = run_epochs.read_chain(catalog, run)
+    chain = run_epochs.read_chain(catalog, run) if chain is None else chain
     counted = run_epochs.in_history(chain)
     found = []
     for item in query_items(catalog, run_key(run), CHECKPOINT_PREFIX):
