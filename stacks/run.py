@@ -58,7 +58,7 @@ def run_declaration(config: EnvironmentConfig, run: RunConfig) -> RunDeclaration
     return RunDeclaration(
         run=run.name, groups=capacity_groups(config, run), max_spend_usd=run.max_spend_usd,
         run_deadline=run.deadline, team=run.team, priority=run.priority, gpus=gpus, vcpus=vcpus,
-        instance_types=tuple(run.instance_types),
+        instance_types=tuple(run.instance_types), gang_timeout_minutes=run.gang_timeout_minutes,
     )  # fmt: skip
 
 

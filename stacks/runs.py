@@ -25,6 +25,7 @@ from types import MappingProxyType
 from typing import Any
 
 from spotrain.core import resource_names as names
+from spotrain.core.capacity import gang_timeout_problem
 from spotrain.core.catalog_schema import RUN_TAG, run_name_problem
 from spotrain.core.deadline_policy import RunDeadline
 from spotrain.core.entry_point import EntryPoint
@@ -157,6 +158,11 @@ class RunConfig:
     priority: int = 0
     """Its place in the queue when runs wait for GPUs: higher first, then the earlier
     submitted."""
+    gang_timeout_minutes: float | None = None
+    """How long the machines its rendezvous needs (`min_size`) may take to come together
+    before the ones that came are released rather than kept idle, billed (the run then waits
+    and asks again). A gang of many large machines may need longer. None: the handler's, 15
+    minutes."""
     tags: Mapping[str, str] = field(default_factory=dict)
     """More cost-allocation tags on the run's resources (the environment's come too)."""
     source: str = ""
@@ -240,6 +246,8 @@ class RunConfig:
                 f"max_spend_usd is {self.max_spend_usd!r}: give the run's cap as a positive "
                 "amount in USD, or leave it out for no cap"
             )
+        if problem := gang_timeout_problem(self.gang_timeout_minutes):
+            problems.append(problem)
         if self.deadline is not None:
             problems += [
                 p.replace("run_deadline.", "deadline.", 1) for p in self.deadline.problems()

@@ -331,7 +331,8 @@ def test_a_gang_asked_for_is_released_only_when_it_has_not_come_whole_in_time() 
     kept, released = gang(partial, asked, 1900.0)
     assert kept is None and released.action == "gang-released"
     assert (released.desired, released.min_sizes) == ({"east-spot": 0}, {"east-spot": 0})
-    assert "1 of the 2 machines its rendezvous needs came in 15 min (limit 15)" in released.reason
+    said = "1 of the 2 machines its rendezvous needs came in 15 min (limit 15 min)"
+    assert said in released.reason
     assert "the wait cost $0.50" in released.reason
     assert gang(partial, None, 1100.0) == (None, None)  # lost one while training: rule 7's
     lost_all = [replace(PRIMARY, in_service=0), ON_DEMAND]
@@ -342,3 +343,26 @@ def test_a_gang_asked_for_is_released_only_when_it_has_not_come_whole_in_time() 
     assert policy.gang_minimum([PRIMARY.declared]) == 1  # a declaration without a minimum
     two = replace(PRIMARY.declared, min_size=2)
     assert policy.gang_minimum([two, ON_DEMAND.declared]) == 2
+
+
+def test_a_released_gang_waits_longer_each_release_in_a_row_before_asking_again() -> None:
+    """Rule 8's wait after a release: one timeout, doubling with each release in a row, at
+    most `GANG_RETRY_MAX_TIMEOUTS`; the release's reason says when it asks again."""
+    waits = [policy.gang_retry_at(1000.0, n, 900) - 1000.0 for n in range(1, 6)]  # type: ignore[operator]
+    assert waits == [900, 1800, 3600, 3600, 3600]
+    assert policy.GANG_RETRY_MAX_TIMEOUTS * 900 == 3600
+    assert (
+        policy.gang_retry_at(None, 2, 900) is None and policy.gang_retry_at(1000.0, 0, 900) is None
+    )
+    partial = [replace(PRIMARY, in_service=1), ON_DEMAND]
+    _, released = policy.whole_gang(partial, minimum=2, asked=policy.GangAsked(0.0), now=7200.0,
+                                    timeout_s=15, spend_usd=0.0, releases=1)  # fmt: skip
+    assert released is not None
+    assert (
+        "came in 7200 s" not in released.reason
+        and "came in 120 min (limit 15 s)" in released.reason
+    )
+    assert released.reason.endswith(
+        "its gang did not come whole in time (2 times in a row): it asks again at 02:00:30 UTC, "
+        "in 30 s, then waits its turn behind the runs queued before its release"
+    ), released.reason

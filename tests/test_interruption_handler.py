@@ -1165,20 +1165,29 @@ def test_a_gang_that_does_not_come_whole_in_time_is_released_and_asked_for_again
         assert released["decision"] == "gang-released", released
         assert sizes() == (0, 0, 0)
         said = released["reason"]
-        assert "1 of the 2 machines its rendezvous needs came in 16 min (limit 15)" in said
+        assert "1 of the 2 machines its rendezvous needs came in 16 min (limit 15 min)" in said
         cost = float(re.search(r"the wait cost \$([\d.]+)", said)[1])  # type: ignore[index]
         assert cost > 0, said  # the coordinator's time while it waited
         assert [n["action"] for n in http_cloud.notices()] == ["gang-released"]
         assert fleet_state.run_state(http_cloud.table, RUN).gang_asked is None
     finally:
         control.set_faults(spot_capacity_gone=[])
+    # Spot is back, but the run waits a timeout after its release before asking again.
     clock[0] = started + 21 * 60
+    waits = check_run(check)
+    assert sizes() == (0, 0, 0) and "it asks again at " in waits["reason"], waits
+    assert fleet_state.run_state(http_cloud.table, RUN).queued.startswith(  # type: ignore[union-attr]
+        "its gang did not come whole in time (once): it asks again at "
+    )
+    clock[0] = started + 31 * 60
     again = check_run(check)
     assert again["decision"] == "release" and sizes() == (2, 2, 2), again
-    assert fleet_state.run_state(http_cloud.table, RUN).gang_asked.since == clock[0]
-    clock[0] = started + 26 * 60
+    state = fleet_state.run_state(http_cloud.table, RUN)
+    assert (state.gang_asked.since, state.queued, state.gang_releases) == (clock[0], None, 1)
+    clock[0] = started + 36 * 60
     assert check_run(check)["decision"] == "none"
-    assert fleet_state.run_state(http_cloud.table, RUN).gang_asked is None  # whole: rule 7's now
+    state = fleet_state.run_state(http_cloud.table, RUN)
+    assert (state.gang_asked, state.gang_releases) == (None, 0)  # whole: rule 7's now
 
 
 @pytest.mark.integration
@@ -1224,18 +1233,24 @@ def test_a_released_gang_gives_its_place_in_the_queue_to_the_run_behind_it(
         runs = decided()
         assert [runs[r]["decision"] for r in (first, second)] == ["gang-released", "wait"], runs
         state = fleet_state.run_state(http_cloud.table, first)
-        assert (state.queued, state.gang_released_at) == (fleet_state.GANG_REQUEUED, clock[0])
-        # Back in the queue as if submitted at its release: the run behind it goes first.
+        assert state.gang_released_at == clock[0] and state.gang_releases == 1
+        assert (state.queued or "").startswith("its gang did not come whole in time"), state
+        # Out of the queue while it waits to ask again: the run behind it starts.
         clock[0] = started + 21 * 60
         runs = decided()
         assert [runs[r]["decision"] for r in (first, second)] == ["wait", "start"], runs
+        assert "it asks again at " in runs[first]["reason"], runs[first]
+        assert _sizes(f"{first}-spot")[:2] == (0, 0) and _sizes(f"{second}-on-demand")[2] == 1
+        # Past its wait it is back in the queue as if submitted at its release: behind the
+        # run that started meanwhile.
+        clock[0] = started + 31 * 60
+        runs = decided()
         assert runs[first]["reason"].startswith(
             "queued: #1 in the queue: needs 96 vCPUs of spot/G and VT in us-east-1, 48 of its "
             "ceiling 96 free"), runs[first]  # fmt: skip
-        assert _sizes(f"{first}-spot")[:2] == (0, 0) and _sizes(f"{second}-on-demand")[2] == 1
         # The second finishes: the first is admitted again and asks for its gang anew.
         run_lifecycle.mark_finished(http_cloud.table, second, 10, clock[0])
-        clock[0] = started + 26 * 60
+        clock[0] = started + 36 * 60
         runs = decided()
         assert runs[first]["decision"] == "release", runs
         assert _sizes(f"{first}-spot")[:2] == (2, 2)

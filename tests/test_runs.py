@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from spotrain import cli
+from spotrain.core.capacity import RunDeclaration
 from spotrain.core.errors import ConfigError
 from spotrain.stacks.runs import RunConfig, load_runs, read_run
 
@@ -108,6 +109,8 @@ def test_the_training_configuration_may_be_a_json_file_beside_the_run_file(tmp_p
         (GOOD.replace("min_size = 1", "min_size = 0"), "raise min_size"),
         (GOOD.replace("max_size = 4", "max_size = 4.5"), "max_size is 4.5: it must be an integer"),
         (GOOD.replace("max_spend_usd = 100", "max_spend_usd = 0"), "max_spend_usd is 0"),
+        ("gang_timeout_minutes = 0\n" + GOOD, "gang_timeout_minutes is 0: give minutes above 0"),
+        ('gang_timeout_minutes = "15"\n' + GOOD, "gang_timeout_minutes is '15': it must be a finite number"),
         (GOOD.replace("max_spend_usd = 100", 'max_spend_usd = "100"'), "it must be a finite"),
         ("colour = 'red'\n" + GOOD, "colour is not a field of a run: use owner, instance_types"),
         (GOOD.replace("[training]", "[trainig]"), "training is missing"),
@@ -252,10 +255,12 @@ def test_a_run_declares_its_team_priority_and_machines_and_must_name_a_team_of_i
     from spotrain.stacks import environments
     from spotrain.stacks.run import run_declaration
 
-    run = read_run(write(tmp_path / "dev", "sweep-a", 'team = "vision"\npriority = 5\n' + GOOD),
-                   "dev")  # fmt: skip
+    run = read_run(write(tmp_path / "dev", "sweep-a", 'team = "vision"\npriority = 5\n'
+                         "gang_timeout_minutes = 0.5\n" + GOOD), "dev")  # fmt: skip
     dev = dataclasses.replace(environments.dev(), teams=(Team(name="vision", gpus=8),))
     declared = run_declaration(dev, run)
+    assert declared.gang_timeout_minutes == 0.5
+    assert RunDeclaration.from_json(declared.to_json(), run="sweep-a") == declared
     # Two machines: the on-demand coordinator and one spot, g5.2xlarge's 8 vCPUs the most.
     assert (declared.team, declared.priority, declared.gpus) == ("vision", 5, 2)
     assert declared.vcpus == {"spot/G and VT": 8, "on-demand/G and VT": 8}

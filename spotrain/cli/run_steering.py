@@ -85,7 +85,7 @@ def resume(where: Where, args: argparse.Namespace) -> int:
     fleet_state.set_held_sizes(where.events, args.run, None)
     if decision.desired:  # raised from none: it asks for its gang (the policy's rule 8)
         asked = capacity_policy.GangAsked(time.time(), ledger.spend_usd)
-        fleet_state.set_gang_asked(where.events, args.run, asked)
+        fleet_state.set_gang_asked(where.events, args.run, asked, anew=True)
     back = ", ".join(f"{name} {decision.min_sizes[name]}..{desired}"
                      for name, desired in sorted(decision.desired.items()))  # fmt: skip
     say(f"run {args.run} resumed: {back or 'its groups start at the next check'}; it "

@@ -51,6 +51,20 @@ class CapacityGroup:
         return found
 
 
+MAX_GANG_TIMEOUT_MINUTES = 24 * 60
+"""The longest a run's gang may take to come whole: a day."""
+
+
+def gang_timeout_problem(minutes: object) -> str | None:
+    """What is wrong with a run's `gang_timeout_minutes` (None: nothing, or not given)."""
+    if minutes is None or (isinstance(minutes, int | float) and not isinstance(minutes, bool)
+                           and 0 < minutes <= MAX_GANG_TIMEOUT_MINUTES):  # fmt: skip
+        return None
+    return (f"gang_timeout_minutes is {minutes!r}: give minutes above 0 and at most "
+            f"{MAX_GANG_TIMEOUT_MINUTES} (fractions allowed), or leave it out for the "
+            "handler's 15")  # fmt: skip
+
+
 @dataclass(frozen=True, kw_only=True)
 class RunDeclaration:
     """A run as its stack declares it to the environment's handler: the groups the handler
@@ -73,9 +87,14 @@ class RunDeclaration:
     instance_types: tuple[str, ...] = ()
     """The types its machines may be, in its order of preference: what spot placement scores
     are asked for and a move between regions is priced with."""
+    gang_timeout_minutes: float | None = None
+    """How long its gang may take to come whole before the machines that came are released
+    (`capacity_policy` rule 8); None: the handler's (`GANG_TIMEOUT_MINUTES`)."""
 
     def problems(self) -> list[str]:
         found = []
+        if problem := gang_timeout_problem(self.gang_timeout_minutes):
+            found.append(problem)
         if SPOT not in [g.lifecycle for g in self.groups]:
             found.append("capacity_groups needs at least one spot group")
         for group in self.groups:
@@ -114,7 +133,9 @@ class RunDeclaration:
             gpus=int(document.get("gpus", 0)),
             vcpus={str(q): int(n) for q, n in (document.get("vcpus") or {}).items()},
             instance_types=tuple(str(t) for t in document.get("instance_types") or ()),
-        )
+            gang_timeout_minutes=float(timeout) if (timeout := document.get(
+                "gang_timeout_minutes")) is not None else None,
+        )  # fmt: skip
 
     @property
     def regions(self) -> list[str]:

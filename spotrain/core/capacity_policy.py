@@ -40,9 +40,13 @@ And whatever the market, a run's gang starts whole or not at all (`whole_gang`):
    the machines its rendezvous waits for (its groups' minimum there), before any trains. If
    they have not all come `gang_timeout_s` after it asked, the ones that came are released
    (its groups to 0, their sizes remembered), not kept idle and billed, with what the wait
-   cost; the next check asks again from none. While none has come it keeps asking (nothing
-   is billed, and a run with a deadline waits for spot this way). A run that lost some
-   machines while training is rule 7's; one that lost all of them asks from none.
+   cost. It then waits before asking again from none (`gang_retry_at`): the timeout after
+   its first release, twice that after its second in a row, and so on, at most
+   `GANG_RETRY_MAX_TIMEOUTS` timeouts; its gang coming whole starts the count again. While it
+   waits the queue does not count it, so the runs behind it go first. While none has come it
+   keeps asking (nothing is billed, and a run with a deadline waits for spot this way). A run
+   that lost some machines while training is rule 7's; one that lost all of them asks from
+   none.
 
 A run with a deadline replaces rule 7's fixed wait, and the scheduled check's return to spot,
 with the deadline policy (`spotrain.core.outage_fill`, the one the cost simulator replays):
@@ -57,6 +61,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Protocol, TypeVar
 
 from spotrain.core import deadline_policy
@@ -416,15 +421,21 @@ def gang_minimum(declared: Sequence[CapacityGroup]) -> int:
     return max(1, sum(g.min_size for g in declared))
 
 
+def gang_whole(groups: Sequence[Group], minimum: int) -> bool:
+    """The run's gang is in service: as many machines as its rendezvous needs."""
+    return sum(g.in_service for g in groups) >= minimum
+
+
 def whole_gang(
     groups: Sequence[Group], *, minimum: int, asked: GangAsked | None, now: float,
-    timeout_s: float, spend_usd: float,
+    timeout_s: float, spend_usd: float, releases: int = 0,
 ) -> tuple[GangAsked | None, Decision | None]:  # fmt: skip
     """Rule 8 at a scheduled check of a run that may have machines, on its groups in the region
     it trains in: whether it still asks for its gang (to keep), and the release of a gang that
-    did not come in time (None: nothing to do)."""
+    did not come in time (None: nothing to do). `releases`: its gang's releases in a row
+    before this check (how long it then waits to ask again)."""
     wanted, came = sum(g.desired for g in groups), sum(g.in_service for g in groups)
-    if wanted == 0 or came >= minimum:
+    if wanted == 0 or gang_whole(groups, minimum):
         return None, None  # nothing asked for, or the gang is whole
     if asked is None:  # short while training (rule 7's), or every machine lost: asks anew
         return (GangAsked(now, spend_usd) if came == 0 else None), None
@@ -433,14 +444,47 @@ def whole_gang(
         return asked, None  # none came: nothing is billed, and it keeps its place in the pools
     sized = [g for g in groups if g.desired or g.min_size]
     cost = max(0.0, spend_usd - asked.spend_usd)
+    retry_at = gang_retry_at(now, releases + 1, timeout_s)
+    assert retry_at is not None
     return None, Decision(
         "gang-released",
         f"whole-gang start: {came} of the {minimum} machines its rendezvous needs came in "
-        f"{waited / 60:.0f} min (limit {timeout_s / 60:.0f}): released rather than kept idle "
-        f"(the wait cost ${cost:,.2f}); the next check asks for the gang again",
+        f"{_span(waited)} (limit {_span(timeout_s)}): released rather than kept idle (the "
+        f"wait cost ${cost:,.2f}); {gang_retry_said(retry_at, releases + 1, now=now)}",
         {g.name: 0 for g in sized},
         min_sizes={g.name: 0 for g in sized},
     )
+
+
+GANG_RETRY_MAX_TIMEOUTS = 4
+"""The longest a run whose gang was released waits before asking again, in gang timeouts
+(an hour at the default 15 minutes). Asking again at the next check instead would bill the
+part of the gang that comes for three quarters of a long outage (15 minutes of every 20);
+waiting doubles from one timeout, so a pool that stays dry bills it a fifth of the time at
+most, and a deadline run's policy is back within the hour."""
+
+
+def gang_retry_at(released_at: float | None, releases: int, timeout_s: float) -> float | None:
+    """When a run whose gang was released `releases` times in a row, the last at
+    `released_at`, may ask for it again (None: it was not released since it last came)."""
+    if released_at is None or releases < 1:
+        return None
+    return released_at + timeout_s * min(2 ** (releases - 1), GANG_RETRY_MAX_TIMEOUTS)
+
+
+def gang_retry_said(retry_at: float, releases: int, *, now: float) -> str:
+    """What a run waiting to ask for its gang again is told (`run list`, the notice)."""
+    at = datetime.fromtimestamp(retry_at, UTC).strftime("%H:%M:%S UTC")
+    times = "once" if releases == 1 else f"{releases} times in a row"
+    return (f"its gang did not come whole in time ({times}): it asks again at {at}, in "
+            f"{_span(retry_at - now)}, then waits its turn behind the runs queued before "
+            "its release")  # fmt: skip
+
+
+def _span(seconds: float) -> str:
+    """A wait as people read it: whole minutes, or seconds under two minutes."""
+    seconds = max(0.0, seconds)
+    return f"{seconds:.0f} s" if seconds < 120 else f"{seconds / 60:.0f} min"
 
 
 class Sized(Protocol):

@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from spotrain.core.capacity_policy import GangAsked
+from spotrain.core.capacity_policy import GangAsked, gang_retry_at
 from spotrain.core.catalog_schema import (
     COORDINATOR_SORT_KEY,
     FOREIGN_EVENTS_KEY,
@@ -68,6 +68,13 @@ class RunState:
     """When the run's gang was last released for not coming whole in time (rule 8): the queue
     takes it as the run's submission, so the run waits behind those queued before it
     (`admission` rule 2; Kueue requeues a workload by its eviction time alike)."""
+    gang_releases: int = 0
+    """Its gang's releases in a row, since it last came whole: how long the run waits before
+    asking again (`capacity_policy.gang_retry_at`)."""
+
+    def gang_retry_at(self, timeout_s: float) -> float | None:
+        """When the run may ask for its gang again (None: it need not wait)."""
+        return gang_retry_at(self.gang_released_at, self.gang_releases, timeout_s)
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,7 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
         gang_released_at=float(item["gang_released_at"]) if item.get("gang_released_at")
         else None,
         spot_records=dict(item["spot_records"]) if item.get("spot_records") else None,
+        gang_releases=int(item.get("gang_releases", 0)),
     )  # fmt: skip
 
 
@@ -192,30 +200,35 @@ def set_queued(table: Any, run: str, queued: str | None) -> None:
                           ExpressionAttributeValues={":queued": queued})  # fmt: skip
 
 
-GANG_REQUEUED = ("its gang did not come whole in time: it waits for its turn again, behind "
-                 "the runs queued before its release")  # fmt: skip
-"""What a run whose gang was released is told until the next check judges the queue."""
-
-
-def release_gang(table: Any, run: str, sizes: dict[str, dict[str, int]], at: float) -> None:
+def release_gang(
+    table: Any, run: str, sizes: dict[str, dict[str, int]], at: float, said: str
+) -> None:
     """Rule 8 released the part of the run's gang that came: remember its groups' sizes (as a
-    hold does) and put the run back in the queue as if submitted `at` (`gang_released_at`)."""
+    hold does), count the release, and put the run back in the queue as if submitted `at`
+    (`gang_released_at`), telling it `said` (when it asks again) until a check judges it."""
     table.update_item(  # one write: the held sizes as `set_held_sizes` keeps them (first wins)
         Key=_state_key(run),
         UpdateExpression="SET held_sizes = if_not_exists(held_sizes, :sizes), queued = :queued, "
-                         "gang_released_at = :at",
-        ExpressionAttributeValues={":sizes": sizes, ":queued": GANG_REQUEUED,
+                         "gang_released_at = :at ADD gang_releases :one",
+        ExpressionAttributeValues={":sizes": sizes, ":queued": said, ":one": 1,
                                    ":at": Decimal(str(round(at, 3)))},
     )  # fmt: skip
 
 
-def set_gang_asked(table: Any, run: str, asked: GangAsked | None) -> None:
-    """Keep when the run asked for its gang (None once it came, or was released)."""
+def gang_came_whole(table: Any, run: str) -> None:
+    """The run's gang is in service: it no longer asks, and its releases' count starts again."""
+    table.update_item(Key=_state_key(run), UpdateExpression="REMOVE gang_asked, gang_releases")
+
+
+def set_gang_asked(table: Any, run: str, asked: GangAsked | None, *, anew: bool = False) -> None:
+    """Keep when the run asked for its gang (None once it came, or was released). `anew`: an
+    operator asks for it now (`spotrain run resume`), so its releases' count starts again."""
     if asked is None:
         table.update_item(Key=_state_key(run), UpdateExpression="REMOVE gang_asked")
     else:
         table.update_item(
-            Key=_state_key(run), UpdateExpression="SET gang_asked = :asked",
+            Key=_state_key(run),
+            UpdateExpression="SET gang_asked = :asked" + (" REMOVE gang_releases" if anew else ""),
             ExpressionAttributeValues={":asked": _stored(
                 {"since": asked.since, "spend_usd": asked.spend_usd})},
         )  # fmt: skip

@@ -99,6 +99,9 @@ def check_run(
     stored = lifecycle.started_at is not None or aws.configuration_stored(run_settings)
     if lifecycle.started_at is not None and not preempted and state.queued is None:
         queued = None  # it holds its machines: only a preemption takes them
+    retry_at = state.gang_retry_at(run_settings.gang_timeout_s)
+    if queued is None and retry_at is not None and now < retry_at:  # rule 8: out of the queue
+        queued = capacity_policy.gang_retry_said(retry_at, state.gang_releases, now=now)
     held = capacity_policy.hold_for(capacity_policy.Standing(
         run=run, lifecycle=lifecycle, configuration_stored=stored, crashed=state.failed,
         spend_usd=ledger.spend_usd if ledger else 0.0,
@@ -170,21 +173,28 @@ def whole_gang(
     sizes remembered, the run back in the queue: the next check asks again, or the queue's
     next run first). Keeps when it asked; `decision`, or the release, or None."""
     assert run_settings.declaration is not None
-    asked = state.gang_asked
+    asked, run = state.gang_asked, run_settings.run
     if decision is not None:
         raises = decision.action in capacity_policy.ASKS_FROM_NONE and decision.desired
         asked = capacity_policy.GangAsked(now, spend_usd) if raises else None
     else:
         declared = capacity_policy.groups_in(aws.own_region(), run_settings.declaration.groups)
+        minimum, timeout_s = capacity_policy.gang_minimum(declared), run_settings.gang_timeout_s
         asked, decision = capacity_policy.whole_gang(
-            groups, minimum=capacity_policy.gang_minimum(declared), asked=asked, now=now,
-            timeout_s=60 * run_settings.handler.gang_timeout_minutes, spend_usd=spend_usd,
+            groups, minimum=minimum, asked=asked, now=now, timeout_s=timeout_s,
+            spend_usd=spend_usd, releases=state.gang_releases,
         )  # fmt: skip
-        if decision is not None:  # back in the queue, behind those queued before it
+        if decision is not None:  # it waits, then goes back in the queue behind those before it
             sizes = capacity_policy.sizes_to_remember(groups, decision)
-            fleet_state.release_gang(table, run_settings.run, sizes, now)
+            retry_at = capacity_policy.gang_retry_at(now, state.gang_releases + 1, timeout_s)
+            assert retry_at is not None
+            fleet_state.release_gang(table, run, sizes, now, capacity_policy.gang_retry_said(
+                retry_at, state.gang_releases + 1, now=now))  # fmt: skip
+        elif state.gang_asked is not None and capacity_policy.gang_whole(groups, minimum):
+            fleet_state.gang_came_whole(table, run)
+            return decision
     if asked != state.gang_asked:
-        fleet_state.set_gang_asked(table, run_settings.run, asked)
+        fleet_state.set_gang_asked(table, run, asked)
     return decision
 
 

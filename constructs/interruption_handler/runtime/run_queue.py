@@ -6,7 +6,8 @@ In the queue: every run that is submitted (its training configuration stored: th
 its first is its submission), not finished or cancelled, and not held after crashes or at its
 spend cap. A run holds its machines once the handler started it, until it is preempted (then
 it waits like the others until admitted again) or its gang is released for not coming whole
-(then it waits behind the runs queued before the release); one that announced its final
+(then it is out of the queue until it may ask again, `capacity_policy` rule 8, and then waits
+behind the runs queued before the release); one that announced its final
 checkpoint is finishing, and the next runs start on its machines. A team's spend is its runs'
 this calendar month (their ledgers). Where the environment asks, each region's ceilings are
 also what its AWS quotas leave free (`account_quotas`). An environment without teams, ceilings
@@ -47,6 +48,9 @@ def verdicts(environment: Settings, runs: Mapping[str, Settings]) -> dict[str, a
         state = fleet_state.run_state(table, run)
         if state.failed or ledger.held:
             continue  # held with its groups at 0 until an operator releases it
+        retry_at = state.gang_retry_at(run_settings.gang_timeout_s)
+        if retry_at is not None and now < retry_at:
+            continue  # its gang was released: it waits to ask again, taking no one's turn
         submitted = max(submitted, state.gang_released_at or submitted)  # behind those before
         holding = lifecycle.started_at is not None and state.queued is None
         demands.append(admission.Demand(

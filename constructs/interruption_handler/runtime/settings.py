@@ -29,6 +29,12 @@ class Settings:
         """The run handled ('' while it is not known)."""
         return self.declaration.run if self.declaration is not None else ""
 
+    @property
+    def gang_timeout_s(self) -> float:
+        """How long the run's gang may take to come whole (rule 8): its own, or the handler's."""
+        own = self.declaration.gang_timeout_minutes if self.declaration is not None else None
+        return 60 * (own if own is not None else self.handler.gang_timeout_minutes)
+
     def of_run(self, declaration: RunDeclaration) -> Settings:
         return replace(self, declaration=declaration)
 
