@@ -323,11 +323,15 @@ def test_deployed_user_data_runs_and_writes_the_deployed_names(
             assert [(g["MinSize"], g["DesiredCapacity"]) for g in groups] == [(0, 0), (0, 0)]
 
 
-def _declare_own_run(local: Local, declaration: Any, regions: tuple[str, ...]) -> None:
+def _declare_own_run(
+    local: Local, declaration: Any, regions: tuple[str, ...],
+    markets: dict[str, int] | None = None,
+) -> None:  # fmt: skip
     """A story's own run, as a run's stack makes it: each group with its own launch template
     (of the run's first instance type, tagged with the environment and the run, so its
     machines are its and no other run's) and the declaration in every region of `regions`, to
-    that region's handler."""
+    that region's handler. `markets`: the groups' `InstancesDistribution`, as a run's spot
+    group has (its on-demand base the coordinator); None: a plain group."""
     from spotrain.core import catalog_schema as schema
     from spotrain.core.handler_settings import run_parameter_name
 
@@ -341,10 +345,23 @@ def _declare_own_run(local: Local, declaration: Any, regions: tuple[str, ...]) -
             LaunchTemplateName=group.name, LaunchTemplateData={
                 "ImageId": image, "InstanceType": declaration.instance_types[0],
                 "TagSpecifications": [{"ResourceType": "instance", "Tags": tags}]})  # fmt: skip
+        template = {"LaunchTemplateName": group.name, "Version": "$Latest"}
+        launch: dict[str, Any] = (
+            {"LaunchTemplate": template}
+            if markets is None
+            else {
+                "MixedInstancesPolicy": {
+                    "InstancesDistribution": markets,
+                    "LaunchTemplate": {
+                        "LaunchTemplateSpecification": template,
+                        "Overrides": [{"InstanceType": t} for t in declaration.instance_types],
+                    },
+                }
+            }
+        )
         local.client("autoscaling", group.region).create_auto_scaling_group(
             AutoScalingGroupName=group.name, MinSize=0, MaxSize=2, DesiredCapacity=0,
-            LaunchTemplate={"LaunchTemplateName": group.name, "Version": "$Latest"},
-            AvailabilityZones=[f"{group.region}a"],
+            AvailabilityZones=[f"{group.region}a"], **launch,
             Tags=[{**tag, "PropagateAtLaunch": True} for tag in tags],
         )  # fmt: skip
     for region in regions:
@@ -708,6 +725,104 @@ def test_the_deployed_queue_holds_runs_to_the_ceiling_and_budgets_and_preempts_b
     finally:
         for declaration in declared.values():
             _remove_own_run(local, declaration, ("us-east-1",))
+
+
+def test_a_deployed_gang_that_does_not_come_whole_in_time_holds_no_machine_until_it_asks_again(
+    local: Local, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str], tmp_path: Path,
+) -> None:  # fmt: skip
+    """Whole-gang starts on the deployed handler, its clock real: a run of two machines (its
+    coordinator on-demand, its peer spot) whose spot pool has no capacity (`spot-gone
+    us-east-1/g6e.xlarge`, a type no other run uses) and a gang timeout of 15 s (its run
+    file's `gang_timeout_minutes`). The check starts it and only the coordinator comes; past
+    the timeout a check releases it: no machine is left, on-call hears what the wait cost, and
+    `run list` says when it asks again. Checks within that wait keep it at none, whoever
+    delivers them; past it, with spot back, a check asks again and the gang comes whole."""
+    from spotrain import cli
+    from spotrain.core import fleet_state
+    from spotrain.core.capacity import CapacityGroup, RunDeclaration
+    from spotrain.tools.rehearsal import deliver_capacity_check
+
+    for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
+        monkeypatch.setenv(name, value)
+    config, outputs = local.config, local.outputs
+    store = f"s3://{outputs['checkpoint_bucket']}"
+    events = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
+        outputs["events_table"])  # fmt: skip
+    run = f"gang-{uuid.uuid4().hex[:6]}"
+    group = names.fleet_group(config.name, run)
+    declaration = RunDeclaration(
+        run=run, team="platform", gpus=2, gang_timeout_minutes=0.25,
+        groups=(CapacityGroup(name=group, region="us-east-1", lifecycle="spot",
+                              holds_data=True, min_size=2, desired=2),),
+        vcpus={"spot/G and VT": 4, "on-demand/G and VT": 4}, instance_types=("g6e.xlarge",),
+    )  # fmt: skip
+    notices = _subscribe_a_queue(local, outputs["notice_topic"])
+
+    def machines() -> tuple[int, int]:
+        """The group's desired size and its machines in service."""
+        [found] = local.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[group])["AutoScalingGroups"]  # fmt: skip
+        return int(found["DesiredCapacity"]), sum(
+            i["LifecycleState"] == "InService" for i in found.get("Instances", [])
+        )
+
+    def checked_until(condition: Callable[[], bool], what: str, timeout_s: float = 60) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not condition():
+            if time.monotonic() > deadline:
+                pytest.fail(f"{what}: {machines()} {fleet_state.run_state(events, run)}")
+            deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
+            time.sleep(1)
+
+    control.set_faults(spot_capacity_gone=["us-east-1/g6e.xlarge"])
+    try:
+        _declare_own_run(local, declaration, ("us-east-1",), markets={
+            "OnDemandBaseCapacity": 1, "OnDemandPercentageAboveBaseCapacity": 0})  # fmt: skip
+        document = tmp_path / "gang.json"
+        document.write_text(json.dumps({
+            **TWO_RUNS_TRAINING, "run": run, "store": store, "steps": 20,
+            "data": "/set/by/each/machine/tokens.bin", "work_dir": "/set/by/each/machine",
+        }))  # fmt: skip
+        assert cli.main(["config", "put", str(document), "--store", store]) == 0
+        checked_until(lambda: machines()[0] == 2, "the check did not start the run")
+        assert machines() == (2, 1)  # the coordinator came, its spot peer did not
+        asked = fleet_state.run_state(events, run).gang_asked
+        assert asked is not None
+
+        checked_until(lambda: machines() == (0, 0), "the part that came was not released")
+        state = fleet_state.run_state(events, run)
+        assert state.gang_releases == 1 and state.gang_released_at is not None
+        assert state.gang_released_at - asked.since >= 15  # not before its timeout
+        said = state.queued or ""
+        assert said.startswith("its gang did not come whole in time (once): it asks again at ")
+        capsys.readouterr()
+        assert cli.main(["run", "list", "local"]) == 0
+        [line] = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith(f"{run} ")]
+        assert "its gang did not come whole in time (once)" in line, line
+        [released] = [
+            n
+            for n in _drain_queue(local, notices)
+            if n.get("action") == "gang-released" and group in n.get("desired", {})
+        ]
+        assert re.search(r"1 of the 2 machines its rendezvous needs came in \d+ s \(limit 15 "
+                         r"s\): released rather than kept idle \(the wait cost \$[\d.]+\)",
+                         released["reason"]), released  # fmt: skip
+
+        # Within its wait (15 s after the release) a check keeps it at none.
+        deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
+        held, at = machines(), time.time()
+        if at < state.gang_released_at + 15:  # (on a slow machine the wait may be over)
+            assert held == (0, 0)
+        control.set_faults(spot_capacity_gone=[])
+        checked_until(lambda: machines() == (2, 2), "the run did not ask for its gang again")
+        assert time.time() >= state.gang_released_at + 15
+        checked_until(lambda: fleet_state.run_state(events, run).gang_releases == 0,
+                      "the gang came whole and its releases were not forgotten")  # fmt: skip
+        assert fleet_state.run_state(events, run).queued is None
+    finally:
+        control.set_faults(spot_capacity_gone=[])
+        _remove_own_run(local, declaration, ("us-east-1",))
 
 
 def replicated(arrived: Callable[[], bool], timeout_s: float = 30) -> None:
