@@ -110,7 +110,10 @@ def test_the_training_configuration_may_be_a_json_file_beside_the_run_file(tmp_p
         (GOOD.replace("max_size = 4", "max_size = 4.5"), "max_size is 4.5: it must be an integer"),
         (GOOD.replace("max_spend_usd = 100", "max_spend_usd = 0"), "max_spend_usd is 0"),
         ("gang_timeout_minutes = 0\n" + GOOD, "gang_timeout_minutes is 0: give minutes above 0"),
-        ('gang_timeout_minutes = "15"\n' + GOOD, "gang_timeout_minutes is '15': it must be a finite number"),
+        (
+            'gang_timeout_minutes = "15"\n' + GOOD,
+            "gang_timeout_minutes is '15': it must be a finite number",
+        ),
         (GOOD.replace("max_spend_usd = 100", 'max_spend_usd = "100"'), "it must be a finite"),
         ("colour = 'red'\n" + GOOD, "colour is not a field of a run: use owner, instance_types"),
         (GOOD.replace("[training]", "[trainig]"), "training is missing"),

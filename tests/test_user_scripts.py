@@ -6,6 +6,7 @@ the restart's losses equal an uninterrupted run's at every step."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -176,3 +177,36 @@ def test_a_rank_that_dies_while_stopping_says_in_one_line_why_it_has_no_emergenc
     )
     checkpointer.preemption.reason = None
     assert "with no emergency checkpoint (only a stop takes one)" in checkpointer.last_words(error)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("loader", ["torch", "stateful"])
+def test_spawned_data_loader_workers_ignore_a_stop_sent_to_every_process(loader: str) -> None:
+    """A DataLoader (torch's or torchdata's) whose workers are spawned, not forked: SIGTERM sent
+    to its workers from outside leaves them serving their rank, which reads every batch. The
+    same loader unshielded dies of it (the case this guards against)."""
+    script = ROOT / "tests" / "fixtures" / "spawned_loader.py"
+
+    def stopped_workers(shield: str) -> subprocess.Popen[str]:
+        rank = subprocess.Popen([sys.executable, str(script), loader, shield], text=True,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT)  # fmt: skip
+        assert rank.stdout is not None and rank.stdin is not None
+        said = [rank.stdout.readline()]
+        while not said[-1].startswith("workers"):
+            assert said[-1], "".join(said)[-3000:]
+            said.append(rank.stdout.readline())
+        for pid in said[-1].split()[1:]:
+            os.kill(int(pid), signal.SIGTERM)
+        time.sleep(1)  # delivered, and a worker that dies of it is noticed
+        with contextlib.suppress(BrokenPipeError):  # the rank died of its workers' deaths
+            rank.stdin.write("go\n")
+            rank.stdin.close()
+        return rank
+
+    shielded = stopped_workers("shielded")
+    output = rest_of(shielded, timeout=120)
+    assert shielded.returncode == 0 and "sum 2016.0" in output, output[-3000:]  # 0 + ... + 63
+    bare = stopped_workers("bare")
+    output = rest_of(bare, timeout=120)
+    assert bare.returncode != 0 and "sum" not in output, output[-3000:]

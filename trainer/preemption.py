@@ -15,16 +15,20 @@ next batch first. Three layers keep the stop from them: the machine's boot unit 
 process only (images/spotrain-trainer.service, `KillMode=mixed`), spotrain's torchrun signals
 the rank alone, not its process group (`launch.py`), and, for a stop sent to every process at
 once anyway (a batch scheduler, `kill` on a process group, a service manager's default), the
-DataLoader workers a rank starts ignore SIGTERM and SIGINT (`shield_data_loader_workers`): they
-end with their rank, as torch's workers do when their parent is gone.
+DataLoader workers a rank starts, forked or spawned, ignore SIGTERM and SIGINT
+(`shield_data_loader_workers`): they end with their rank, as torch's workers do when their
+parent is gone.
 """
 
 from __future__ import annotations
 
+import importlib
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
+from typing import Any
 
 import torch
 
@@ -86,13 +90,30 @@ class PreemptionFlag:
 
 
 def shield_data_loader_workers() -> None:
-    """DataLoader worker processes (torch's and torchdata's, forked from this process from now
-    on: Linux's default) ignore SIGTERM and SIGINT. A stop is their rank's to handle; a worker
-    still ends when its rank does (torch's workers watch their parent) and with SIGKILL.
+    """DataLoader worker processes (torch's and torchdata's) the rank starts from now on ignore
+    SIGTERM and SIGINT, forked (Linux's default) or spawned (`multiprocessing_context=
+    "spawn"`). A stop is their rank's to handle; a worker still ends when its rank does
+    (torch's workers watch their parent) and with SIGKILL.
 
     torch sets each worker's SIGTERM handler in C at its start, overriding what the worker
-    inherits; the hook that does so is wrapped so the worker then ignores the stop signals.
-    Idempotent."""
+    inherits; the hook that does so is wrapped so the worker then ignores the stop signals. A
+    spawned worker is a fresh interpreter that inherits no such wrapping: the loaders start
+    their workers in this module's loops instead (the function a worker runs is sent to it by
+    name), which wrap the hook there before torch's loop calls it. A spawned worker is still
+    exposed while its interpreter starts (about a second, at each epoch's start unless the
+    loader keeps `persistent_workers`). Idempotent."""
+    _shield_worker_signal_handlers()
+    for module_name, shielded in _SHIELDED_LOOPS.items():
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:  # torchdata is the user's choice
+            continue
+        if module._worker_loop is not shielded:
+            _ORIGINAL_LOOPS[module_name] = module._worker_loop
+            module._worker_loop = shielded
+
+
+def _shield_worker_signal_handlers() -> None:
     from torch.utils.data._utils import signal_handling
 
     current = signal_handling._set_worker_signal_handlers
@@ -106,3 +127,35 @@ def shield_data_loader_workers() -> None:
 
     set_worker_signal_handlers.shields_stop_signals = True  # type: ignore[attr-defined]
     signal_handling._set_worker_signal_handlers = set_worker_signal_handlers
+
+
+_TORCH_LOADER, _TORCHDATA_LOADER = (
+    "torch.utils.data._utils.worker",  # DataLoader reads `_utils.worker._worker_loop`
+    "torchdata.stateful_dataloader.stateful_dataloader",  # StatefulDataLoader, its own import
+)
+_ORIGINAL_LOOPS: dict[str, Callable[..., None]] = {}
+"""The loaders' own worker loops, in a process that put the shielded ones in their place."""
+
+
+def _original_loop(module_name: str) -> Callable[..., None]:
+    """The loader's own loop: in a spawned worker, the module's (nothing replaced it there)."""
+    current = importlib.import_module(module_name)._worker_loop
+    return _ORIGINAL_LOOPS[module_name] if current is _SHIELDED_LOOPS[module_name] else current
+
+
+def _torch_worker_loop(*args: Any, **kwargs: Any) -> None:
+    """What a DataLoader worker runs: torch's loop, its stop signals ignored."""
+    _shield_worker_signal_handlers()
+    _original_loop(_TORCH_LOADER)(*args, **kwargs)
+
+
+def _torchdata_worker_loop(*args: Any, **kwargs: Any) -> None:
+    """What a StatefulDataLoader worker runs: torchdata's loop, its stop signals ignored."""
+    _shield_worker_signal_handlers()
+    _original_loop(_TORCHDATA_LOADER)(*args, **kwargs)
+
+
+_SHIELDED_LOOPS: dict[str, Callable[..., None]] = {
+    _TORCH_LOADER: _torch_worker_loop,
+    _TORCHDATA_LOADER: _torchdata_worker_loop,
+}
