@@ -1030,6 +1030,75 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
         tables[west].delete()
 
 
+@pytest.mark.integration
+def test_a_run_of_several_regions_that_stays_decides_its_on_demand_by_spot_anywhere(
+    http_cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run with a deadline in two regions, idle at home with spot gone in both: it does not
+    move (no spot elsewhere), and the deadline policy here decides between on-demand and
+    waiting by the record of spot anywhere, as `outage_fill.across` (what `cost simulate`
+    replays) does. Its checks saw spot somewhere 23 of 24 hours, at home never: by spot
+    anywhere it waits (by home's record alone it would take on-demand), and it keeps no
+    second record of home beside its regions' records."""
+    from helpers import create_catalog_table
+
+    from spotrain.core import run_lifecycle
+    from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
+    from spotrain.core.outage_fill import RegionRecords, SpotRecord
+
+    west, suffix = "us-west-2", f"{random.getrandbits(32):08x}"
+    run = f"stayer-{suffix}"
+    declared = [CapacityGroup(name=f"{run}-{r}-{kind}", region=r, lifecycle=kind,
+                              holds_data=r == REGION, min_size=int(kind == "spot"),
+                              desired=int(kind == "spot"))
+                for r in (REGION, west) for kind in ("spot", "on-demand")]  # fmt: skip
+    start, per_hour = 1_800_000_000.0, 3600
+    now = start + 2 * 3600
+    iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
+    catalog_name = f"catalog-{suffix}"
+    create_catalog_table(boto3.client("dynamodb"), catalog_name)
+    catalog = boto3.resource("dynamodb").Table(catalog_name)
+    for step, at in ((0, "2027-01-15T08:00:00Z"), (per_hour, "2027-01-15T09:00:00Z")):
+        catalog.put_item(Item={"pk": run_key(run), "sk": checkpoint_sort_key(step), "step": step,
+                               "created_at": at, "generation": 1})  # fmt: skip
+    catalog.put_item(Item={"pk": run_key(run), "sk": HEAD_SORT_KEY, "step": per_hour})
+    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), catalog_name)
+    monkeypatch.setattr(runtime_settings, "now", lambda: now)
+    # 9 h of work left in 12 h: spot anywhere (23 h of 24) carries it; home's spot (none)
+    # would leave 7 h to on-demand, more than two thirds of the outages to come.
+    deadline = RunDeadline(started_at=iso(start), finish_by=iso(start + 14 * 3600),
+                           total_steps=10 * per_hour, changeover_minutes=15)  # fmt: skip
+    declare_run(declared, run=run, run_deadline=deadline, instance_types=("g6.xlarge",))
+    run_lifecycle.mark_started(http_cloud.table, run, start)
+    day, looked = 24 * 3600.0, now - 300
+    never = SpotRecord(observed_s=day, available_s=0.0, spells=0, last_at=looked)
+    mostly = SpotRecord(observed_s=day, available_s=23 * 3600.0, spells=2, last_at=looked)
+    fleet_state.set_spot_records(
+        http_cloud.table, run, RegionRecords((never, mostly), anywhere=mostly).to_item()
+    )
+    fleet_state.set_spot_record(http_cloud.table, run, never)
+    control.set_faults(spot_capacity_gone=["*/*"])
+    try:
+        for group in declared:
+            create_group(group.name, group.region, f"{group.region}b",
+                         int(group.region == REGION and group.lifecycle == "spot"), run=run,
+                         distribution={"OnDemandBaseCapacity": 0,
+                                       "OnDemandPercentageAboveBaseCapacity": 0}
+                         if group.lifecycle == "spot" else None)  # fmt: skip
+        decided = check_run(event("scheduled-capacity-check"), run)
+        assert decided["decision"] == "wait-for-spot", decided
+        assert "deadline policy: no spot capacity; 9.00 h of work in 12.00 h; spot alone " \
+               "trains 78% of the time as seen" in decided["reason"], decided  # fmt: skip
+        assert desired(f"{run}-{REGION}-on-demand", REGION) == 0
+        state = fleet_state.run_state(http_cloud.table, run)
+        assert state.spot_record == never  # not looked at again: its regions' records are
+        kept = RegionRecords.from_item(state.spot_records, 2).anywhere
+        assert kept.last_at == now and kept.observed_s == day + 300
+    finally:
+        control.set_faults(spot_capacity_gone=[])
+        catalog.delete()
+
+
 # --- a run pays only while it trains ---------------------------------------------------------
 def _lifecycle_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Any:
     """The groups deployed empty with the run's declared sizes, its configuration bucket and

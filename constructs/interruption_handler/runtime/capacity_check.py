@@ -135,26 +135,30 @@ def check_run(
         decision = capacity_policy.release(groups, state.held_sizes)
         fleet_state.set_held_sizes(table, run, None)
     progress, measured = None, ""  # read only for a run no hold, start or release decided
+    anywhere = None  # a run of several regions: its record of spot in any of them
     if decision is None:  # where a run with a deadline should train: it may move for spot
         progress, measured = deadline.deadline_progress(run_settings, now)
-        decision = deadline.for_spot(run_settings, table, groups, state, progress, epoch.number,
-                                     now)  # fmt: skip
+        decision, anywhere = deadline.for_spot(run_settings, table, groups, state, progress,
+                                               epoch.number, now)  # fmt: skip
     if decision is None:
         decision = capacity_policy.follow_the_run(region, here, groups,
                                                   run_settings.declaration.groups)  # fmt: skip
     decision = whole_gang(run_settings, table, groups, state, decision, now,
                           ledger.spend_usd if ledger else 0.0)  # fmt: skip
     if decision is None:
-        record = None
-        if run_settings.declaration.run_deadline is not None:
+        record = kept = None
+        if anywhere is not None:  # it stays: on-demand by spot anywhere (`outage_fill.across`)
+            record = anywhere
+        elif run_settings.declaration.run_deadline is not None:
             every_h = run_settings.handler.capacity_check_minutes / 60
-            record = capacity_policy.looked(state.spot_record, groups, now, interval_h=every_h)
+            record = kept = capacity_policy.looked(state.spot_record, groups, now,
+                                                   interval_h=every_h)  # fmt: skip
         decision = capacity_policy.reconcile(
             groups=groups, short_since=state.short_since, now=now,
             on_demand_deadline_s=60 * run_settings.handler.on_demand_deadline_minutes,
             progress=progress, record=record,
         )  # fmt: skip
-        decision = replace(decision, spot_record=record)
+        decision = replace(decision, spot_record=kept)
         if measured:
             decision = replace(decision, reason=f"{decision.reason} ({measured})")
     aws.apply(decision, groups, table, run, autoscaling)

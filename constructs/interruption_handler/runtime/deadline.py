@@ -26,6 +26,7 @@ from spotrain.core.capacity_policy import Decision
 from spotrain.core.deadline_policy import Progress, RunDeadline
 from spotrain.core.errors import SpotrainError
 from spotrain.core.failover import MoveOrder
+from spotrain.core.outage_fill import SpotRecord
 
 log = logging.getLogger()
 
@@ -67,25 +68,37 @@ def deadline_progress(run_settings: Settings, now: float) -> tuple[Progress | No
                         run_settings.handler.capacity_check_minutes / 60)  # fmt: skip
 
 
+def kept_record(run_settings: Settings, state: fleet_state.RunState) -> SpotRecord | None:
+    """The record of spot an interruption warning decides a run with a deadline's on-demand
+    by, as its checks do: spot anywhere for a run of several regions, else spot here."""
+    assert run_settings.declaration is not None
+    regions = len(run_settings.declaration.regions)
+    if regions > 1 and state.spot_records:
+        return outage_fill.RegionRecords.from_item(state.spot_records, regions).anywhere
+    return state.spot_record
+
+
 def for_spot(
     run_settings: Settings, table: Any, groups: list[Group], state: fleet_state.RunState,
     progress: Progress | None, epoch: int, now: float,
-) -> Decision | None:  # fmt: skip
+) -> tuple[Decision | None, SpotRecord | None]:  # fmt: skip
     """Where a run with a deadline and several regions should train, decided by the handler
     of the region it trains in (`here`): a move for spot (its groups here to 0, the wish
     kept), a wish withdrawn (its groups here start again), or None (it stays: the deadline
-    policy here decides)."""
+    policy here decides). With it, the record of spot anywhere this check's look included:
+    what the deadline policy here decides a staying run's on-demand by, as `outage_fill.across`
+    does (None: one region, or spot elsewhere not known: its record here)."""
     declaration = run_settings.declaration
     assert declaration is not None
     regions, here, run = declaration.regions, aws.own_region(), run_settings.run
     if progress is None or len(regions) < 2 or not declaration.instance_types:
-        return None
+        return None, None
     own = capacity_policy.groups_in(here, groups)
     try:
         available = spot_seen(declaration.instance_types, regions, here, own)
     except Exception as error:  # the deadline policy here decides, as for one region
         log.warning("run %s: spot in its other regions is not known: %s", run, error)
-        return None
+        return None, None
     every_h = run_settings.handler.capacity_check_minutes / 60
     records = outage_fill.RegionRecords.from_item(state.spot_records, len(regions)).seen(
         now, available, longest_gap_s=capacity_policy.longest_gap_s(every_h))  # fmt: skip
@@ -103,13 +116,13 @@ def for_spot(
     to = regions[placement.region]
     if to == here:
         if standing is None:
-            return None
+            return None, records.anywhere
         fleet_state.set_failover_state(table, run, here, fleet_state.FailoverState(wish.silent))
         declared = capacity_policy.groups_in(here, declaration.groups)
         started = capacity_policy.start(own, declared)
         return Decision("stay", f"{placement.reason}: the move to {standing.to_region} "
                         "is withdrawn and the run's groups here start again",
-                        started.desired, min_sizes=started.min_sizes)  # fmt: skip
+                        started.desired, min_sizes=started.min_sizes), records.anywhere  # fmt: skip
     order = MoveOrder(from_epoch=epoch, from_region=here, to_region=to, ordered_at=now,
                       reason=placement.reason)  # fmt: skip
     if standing is None or (standing.to_region, standing.from_epoch) != (to, epoch):
@@ -123,7 +136,7 @@ def for_spot(
         f"whose machines claim it from its newest checkpoint that replicated; here "
         + (", ".join(sorted(g.name for g in away)) + " go to 0" if away else "none runs"),
         {g.name: 0 for g in away}, min_sizes={g.name: 0 for g in away},
-    )  # fmt: skip
+    ), records.anywhere  # fmt: skip
 
 
 def spot_seen(instance_types: tuple[str, ...], regions: list[str], here: str,

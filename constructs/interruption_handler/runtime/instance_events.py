@@ -120,7 +120,7 @@ def _requeue(
                                                         60 * handler.rate_window_minutes),
             hot_threshold=handler.hot_pool_threshold, short_since=state.short_since, now=now,
             on_demand_deadline_s=60 * handler.on_demand_deadline_minutes, progress=progress,
-            record=state.spot_record,
+            record=deadline.kept_record(run_settings, state),
         )  # fmt: skip
     aws.apply(decision, groups, table, run, autoscaling)
     return decision
