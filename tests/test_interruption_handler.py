@@ -900,6 +900,42 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     catalog.delete()
 
 
+DEADLINE_START, STEPS_PER_HOUR = 1_800_000_000.0, 3600
+"""The runs with a deadline below start at 2027-01-15T08:00Z and train 3600 steps an hour."""
+
+
+def _run_of_two_regions(name: str) -> tuple[str, str, list[CapacityGroup]]:
+    """A run of home and us-west-2 (named `name` and a random suffix): its name, the other
+    region, and its spot group (one machine) and on-demand group in each, home holding data."""
+    west, run = "us-west-2", f"{name}-{random.getrandbits(32):08x}"
+    return run, west, [
+        CapacityGroup(name=f"{run}-{r}-{kind}", region=r, lifecycle=kind,
+                      holds_data=r == REGION, min_size=int(kind == "spot"),
+                      desired=int(kind == "spot"))
+        for r in (REGION, west) for kind in ("spot", "on-demand")
+    ]  # fmt: skip
+
+
+def _deadline_catalog(run: str, regions: tuple[str, ...], monkeypatch: pytest.MonkeyPatch) -> str:
+    """The checkpoint catalog the handler reads, a copy in each of `regions` (the run never
+    moved): the run's first two checkpoints an hour apart and its head at the second (an hour
+    of work done at its pace). Its name."""
+    from helpers import create_catalog_table
+
+    from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
+
+    name = f"catalog-{run}"
+    for region in regions:
+        create_catalog_table(boto3.client("dynamodb", region_name=region), name)
+    catalog = boto3.resource("dynamodb").Table(name)
+    for step, at in ((0, "2027-01-15T08:00:00Z"), (STEPS_PER_HOUR, "2027-01-15T09:00:00Z")):
+        catalog.put_item(Item={"pk": run_key(run), "sk": checkpoint_sort_key(step), "step": step,
+                               "created_at": at, "generation": 1})  # fmt: skip
+    catalog.put_item(Item={"pk": run_key(run), "sk": HEAD_SORT_KEY, "step": STEPS_PER_HOUR})
+    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), name)
+    return name
+
+
 @pytest.mark.integration
 def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_spot_returns(
     http_cloud: Cloud, monkeypatch: pytest.MonkeyPatch
@@ -911,28 +947,12 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
     takes home's groups to 0; us-west-2's check reads the wish, orders the move there and
     starts the run's groups, whose machines would claim it. Spot back at home before they do:
     home withdraws the wish and starts its groups again; us-west-2 empties its own."""
-    from helpers import create_catalog_table
-
     from spotrain.core import run_lifecycle
-    from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
 
-    west, suffix = "us-west-2", f"{random.getrandbits(32):08x}"
-    run = f"mover-{suffix}"
-    declared = [CapacityGroup(name=f"{run}-{r}-{kind}", region=r, lifecycle=kind,
-                              holds_data=r == REGION, min_size=int(kind == "spot"),
-                              desired=int(kind == "spot"))
-                for r in (REGION, west) for kind in ("spot", "on-demand")]  # fmt: skip
-    start, per_hour = 1_800_000_000.0, 3600
+    run, west, declared = _run_of_two_regions("mover")
+    start, per_hour = DEADLINE_START, STEPS_PER_HOUR
     iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
-    catalog_name = f"catalog-{suffix}"
-    for region in (REGION, west):  # the catalog's copy in each region (the run never moved)
-        create_catalog_table(boto3.client("dynamodb", region_name=region), catalog_name)
-    catalog = boto3.resource("dynamodb").Table(catalog_name)
-    for step, at in ((0, "2027-01-15T08:00:00Z"), (per_hour, "2027-01-15T09:00:00Z")):
-        catalog.put_item(Item={"pk": run_key(run), "sk": checkpoint_sort_key(step), "step": step,
-                               "created_at": at, "generation": 1})  # fmt: skip
-    catalog.put_item(Item={"pk": run_key(run), "sk": HEAD_SORT_KEY, "step": per_hour})
-    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), catalog_name)
+    catalog_name = _deadline_catalog(run, (REGION, west), monkeypatch)
     monkeypatch.setattr(runtime_settings, "now", lambda: start + 2 * 3600)
     deadline = RunDeadline(started_at=iso(start), finish_by=iso(start + 14 * 3600),
                            total_steps=8 * per_hour, changeover_minutes=15)  # fmt: skip
@@ -958,7 +978,7 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
     check = event("scheduled-capacity-check")
 
     topics = {REGION: os.environ[HandlerSettings.variable("alert_topic_arn")],
-              west: boto3.client("sns", region_name=west).create_topic(Name=f"notices-{suffix}")[
+              west: boto3.client("sns", region_name=west).create_topic(Name=f"notices-{run}")[
                   "TopicArn"]}  # fmt: skip
 
     def in_region(region: str) -> None:  # each region's function: its own copies and topic
@@ -969,7 +989,7 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
         monkeypatch.setattr(runtime_settings, "_declarations", {})
 
     def replicate_the_wish() -> None:  # the events table's replication, item by item
-        key = {"pk": run_key(run), "sk": schema.failover_sort_key(REGION)}
+        key = {"pk": schema.run_key(run), "sk": schema.failover_sort_key(REGION)}
         item = tables[REGION].get_item(Key=key).get("Item")
         if item is None:
             tables[west].delete_item(Key=key)
@@ -1040,29 +1060,14 @@ def test_a_run_of_several_regions_that_stays_decides_its_on_demand_by_spot_anywh
     replays) does. Its checks saw spot somewhere 23 of 24 hours, at home never: by spot
     anywhere it waits (by home's record alone it would take on-demand), and it keeps no
     second record of home beside its regions' records."""
-    from helpers import create_catalog_table
-
     from spotrain.core import run_lifecycle
-    from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
     from spotrain.core.outage_fill import RegionRecords, SpotRecord
 
-    west, suffix = "us-west-2", f"{random.getrandbits(32):08x}"
-    run = f"stayer-{suffix}"
-    declared = [CapacityGroup(name=f"{run}-{r}-{kind}", region=r, lifecycle=kind,
-                              holds_data=r == REGION, min_size=int(kind == "spot"),
-                              desired=int(kind == "spot"))
-                for r in (REGION, west) for kind in ("spot", "on-demand")]  # fmt: skip
-    start, per_hour = 1_800_000_000.0, 3600
+    run, _, declared = _run_of_two_regions("stayer")
+    start, per_hour = DEADLINE_START, STEPS_PER_HOUR
     now = start + 2 * 3600
     iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
-    catalog_name = f"catalog-{suffix}"
-    create_catalog_table(boto3.client("dynamodb"), catalog_name)
-    catalog = boto3.resource("dynamodb").Table(catalog_name)
-    for step, at in ((0, "2027-01-15T08:00:00Z"), (per_hour, "2027-01-15T09:00:00Z")):
-        catalog.put_item(Item={"pk": run_key(run), "sk": checkpoint_sort_key(step), "step": step,
-                               "created_at": at, "generation": 1})  # fmt: skip
-    catalog.put_item(Item={"pk": run_key(run), "sk": HEAD_SORT_KEY, "step": per_hour})
-    monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), catalog_name)
+    catalog_name = _deadline_catalog(run, (REGION,), monkeypatch)
     monkeypatch.setattr(runtime_settings, "now", lambda: now)
     # 9 h of work left in 12 h: spot anywhere (23 h of 24) carries it; home's spot (none)
     # would leave 7 h to on-demand, more than two thirds of the outages to come.
@@ -1096,7 +1101,7 @@ def test_a_run_of_several_regions_that_stays_decides_its_on_demand_by_spot_anywh
         assert kept.last_at == now and kept.observed_s == day + 300
     finally:
         control.set_faults(spot_capacity_gone=[])
-        catalog.delete()
+        boto3.client("dynamodb").delete_table(TableName=catalog_name)
 
 
 # --- a run pays only while it trains ---------------------------------------------------------
