@@ -184,7 +184,7 @@ def test_a_rank_that_dies_while_stopping_says_in_one_line_why_it_has_no_emergenc
 def test_spawned_data_loader_workers_ignore_a_stop_sent_to_every_process(loader: str) -> None:
     """A DataLoader (torch's or torchdata's) whose workers are spawned, not forked: SIGTERM sent
     to its workers from outside leaves them serving their rank, which reads every batch. The
-    same loader unshielded dies of it (the case this guards against)."""
+    same loader unshielded dies of it (the case this guards against; shown once)."""
     script = ROOT / "tests" / "fixtures" / "spawned_loader.py"
 
     def stopped_workers(shield: str) -> subprocess.Popen[str]:
@@ -207,6 +207,7 @@ def test_spawned_data_loader_workers_ignore_a_stop_sent_to_every_process(loader:
     shielded = stopped_workers("shielded")
     output = rest_of(shielded, timeout=120)
     assert shielded.returncode == 0 and "sum 2016.0" in output, output[-3000:]  # 0 + ... + 63
-    bare = stopped_workers("bare")
-    output = rest_of(bare, timeout=120)
-    assert bare.returncode != 0 and "sum" not in output, output[-3000:]
+    if loader == "torch":
+        bare = stopped_workers("bare")
+        output = rest_of(bare, timeout=120)
+        assert bare.returncode != 0 and "sum" not in output, output[-3000:]
