@@ -444,13 +444,11 @@ def whole_gang(
         return asked, None  # none came: nothing is billed, and it keeps its place in the pools
     sized = [g for g in groups if g.desired or g.min_size]
     cost = max(0.0, spend_usd - asked.spend_usd)
-    retry_at = gang_retry_at(now, releases + 1, timeout_s)
-    assert retry_at is not None
     return None, Decision(
         "gang-released",
         f"whole-gang start: {came} of the {minimum} machines its rendezvous needs came in "
         f"{_span(waited)} (limit {_span(timeout_s)}): released rather than kept idle (the "
-        f"wait cost ${cost:,.2f}); {gang_retry_said(retry_at, releases + 1, now=now)}",
+        f"wait cost ${cost:,.2f}); {gang_waiting(now, releases + 1, timeout_s, now=now)}",
         {g.name: 0 for g in sized},
         min_sizes={g.name: 0 for g in sized},
     )
@@ -472,8 +470,15 @@ def gang_retry_at(released_at: float | None, releases: int, timeout_s: float) ->
     return released_at + timeout_s * min(2 ** (releases - 1), GANG_RETRY_MAX_TIMEOUTS)
 
 
-def gang_retry_said(retry_at: float, releases: int, *, now: float) -> str:
-    """What a run waiting to ask for its gang again is told (`run list`, the notice)."""
+def gang_waiting(
+    released_at: float | None, releases: int, timeout_s: float, *, now: float
+) -> str | None:
+    """Why a run whose gang was released `releases` times in a row, the last at
+    `released_at`, still waits at `now` before asking for it again, as it is told (`run
+    list`, the release's notice); None: it need not wait."""
+    retry_at = gang_retry_at(released_at, releases, timeout_s)
+    if retry_at is None or now >= retry_at:
+        return None
     at = datetime.fromtimestamp(retry_at, UTC).strftime("%H:%M:%S UTC")
     times = "once" if releases == 1 else f"{releases} times in a row"
     return (f"its gang did not come whole in time ({times}): it asks again at {at}, in "

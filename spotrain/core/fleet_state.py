@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from spotrain.core.capacity_policy import GangAsked, gang_retry_at
+from spotrain.core.capacity_policy import GangAsked, gang_waiting
 from spotrain.core.catalog_schema import (
     COORDINATOR_SORT_KEY,
     FOREIGN_EVENTS_KEY,
@@ -72,9 +72,9 @@ class RunState:
     """Its gang's releases in a row, since it last came whole: how long the run waits before
     asking again (`capacity_policy.gang_retry_at`)."""
 
-    def gang_retry_at(self, timeout_s: float) -> float | None:
-        """When the run may ask for its gang again (None: it need not wait)."""
-        return gang_retry_at(self.gang_released_at, self.gang_releases, timeout_s)
+    def gang_waiting(self, timeout_s: float, now: float) -> str | None:
+        """Why the run still waits before asking for its gang again (None: it need not)."""
+        return gang_waiting(self.gang_released_at, self.gang_releases, timeout_s, now=now)
 
 
 @dataclass(frozen=True)

@@ -99,9 +99,7 @@ def check_run(
     stored = lifecycle.started_at is not None or aws.configuration_stored(run_settings)
     if lifecycle.started_at is not None and not preempted and state.queued is None:
         queued = None  # it holds its machines: only a preemption takes them
-    retry_at = state.gang_retry_at(run_settings.gang_timeout_s)
-    if queued is None and retry_at is not None and now < retry_at:  # rule 8: out of the queue
-        queued = capacity_policy.gang_retry_said(retry_at, state.gang_releases, now=now)
+    queued = queued or state.gang_waiting(run_settings.gang_timeout_s, now)  # rule 8's wait
     held = capacity_policy.hold_for(capacity_policy.Standing(
         run=run, lifecycle=lifecycle, configuration_stored=stored, crashed=state.failed,
         spend_usd=ledger.spend_usd if ledger else 0.0,
@@ -190,10 +188,8 @@ def whole_gang(
         )  # fmt: skip
         if decision is not None:  # it waits, then goes back in the queue behind those before it
             sizes = capacity_policy.sizes_to_remember(groups, decision)
-            retry_at = capacity_policy.gang_retry_at(now, state.gang_releases + 1, timeout_s)
-            assert retry_at is not None
-            fleet_state.release_gang(table, run, sizes, now, capacity_policy.gang_retry_said(
-                retry_at, state.gang_releases + 1, now=now))  # fmt: skip
+            said = capacity_policy.gang_waiting(now, state.gang_releases + 1, timeout_s, now=now)
+            fleet_state.release_gang(table, run, sizes, now, said or "")
         elif state.gang_asked is not None and capacity_policy.gang_whole(groups, minimum):
             fleet_state.gang_came_whole(table, run)
             return decision

@@ -48,8 +48,7 @@ def verdicts(environment: Settings, runs: Mapping[str, Settings]) -> dict[str, a
         state = fleet_state.run_state(table, run)
         if state.failed or ledger.held:
             continue  # held with its groups at 0 until an operator releases it
-        retry_at = state.gang_retry_at(run_settings.gang_timeout_s)
-        if retry_at is not None and now < retry_at:
+        if state.gang_waiting(run_settings.gang_timeout_s, now):
             continue  # its gang was released: it waits to ask again, taking no one's turn
         submitted = max(submitted, state.gang_released_at or submitted)  # behind those before
         holding = lifecycle.started_at is not None and state.queued is None
