@@ -101,7 +101,8 @@ def shield_data_loader_workers() -> None:
     their workers in this module's loops instead (the function a worker runs is sent to it by
     name), which wrap the hook there before torch's loop calls it. A spawned worker is still
     exposed while its interpreter starts (about a second, at each epoch's start unless the
-    loader keeps `persistent_workers`). Idempotent."""
+    loader keeps `persistent_workers`): one stopped then can leave its rank waiting for its
+    batches. Idempotent."""
     _shield_worker_signal_handlers()
     for module_name, shielded in _SHIELDED_LOOPS.items():
         try:
