@@ -180,15 +180,21 @@ def test_a_rank_that_dies_while_stopping_says_in_one_line_why_it_has_no_emergenc
 
 
 @pytest.mark.integration
-@pytest.mark.parametrize("loader", ["torch", "stateful"])
-def test_spawned_data_loader_workers_ignore_a_stop_sent_to_every_process(loader: str) -> None:
-    """A DataLoader (torch's or torchdata's) whose workers are spawned, not forked: SIGTERM sent
-    to its workers from outside leaves them serving their rank, which reads every batch. The
-    same loader unshielded dies of it (the case this guards against; shown once)."""
-    script = ROOT / "tests" / "fixtures" / "spawned_loader.py"
+@pytest.mark.parametrize(("loader", "start"), [("torch", "spawn"), ("stateful", "spawn"),
+                                               ("torch", "fork")])  # fmt: skip
+def test_data_loader_workers_ignore_a_stop_sent_to_every_process_and_end_with_their_rank(
+    loader: str, start: str
+) -> None:
+    """A DataLoader (torch's or torchdata's) whose workers are spawned (or forked): SIGTERM
+    sent to its workers from outside as they start (spawned, fresh interpreters) leaves them
+    serving their rank, which reads every batch; and the rank still ends when it leaves an
+    epoch unfinished, its workers running (Python's exit stops them by SIGTERM, which they
+    ignore). The same loader unshielded dies of the stop (the case this guards against; shown
+    once)."""
+    script = ROOT / "tests" / "fixtures" / "loader_workers.py"
 
     def stopped_workers(shield: str) -> subprocess.Popen[str]:
-        rank = subprocess.Popen([sys.executable, str(script), loader, shield], text=True,
+        rank = subprocess.Popen([sys.executable, str(script), loader, shield, start], text=True,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT)  # fmt: skip
         assert rank.stdout is not None and rank.stdin is not None
@@ -207,7 +213,8 @@ def test_spawned_data_loader_workers_ignore_a_stop_sent_to_every_process(loader:
     shielded = stopped_workers("shielded")
     output = rest_of(shielded, timeout=120)
     assert shielded.returncode == 0 and "sum 2016.0" in output, output[-3000:]  # 0 + ... + 63
-    if loader == "torch":
+    assert "leaving an epoch unfinished" in output, output[-3000:]
+    if (loader, start) == ("torch", "spawn"):
         bare = stopped_workers("bare")
         output = rest_of(bare, timeout=120)
         assert bare.returncode != 0 and "sum" not in output, output[-3000:]

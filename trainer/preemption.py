@@ -22,9 +22,13 @@ parent is gone.
 
 from __future__ import annotations
 
+import atexit
+import functools
 import importlib
+import multiprocessing.util  # noqa: F401  (its exit hook: below)
 import signal
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import FrameType
@@ -99,10 +103,19 @@ def shield_data_loader_workers() -> None:
     inherits; the hook that does so is wrapped so the worker then ignores the stop signals. A
     spawned worker is a fresh interpreter that inherits no such wrapping: the loaders start
     their workers in this module's loops instead (the function a worker runs is sent to it by
-    name), which wrap the hook there before torch's loop calls it. A spawned worker is still
-    exposed while its interpreter starts (about a second, at each epoch's start unless the
-    loader keeps `persistent_workers`): one stopped then can leave its rank waiting for its
-    batches. Idempotent."""
+    name), which wrap the hook there before torch's loop calls it. Until then a worker is a
+    starting interpreter (a second or more, spawned) that a stop would kill, failing its rank
+    at once (torch's "DataLoader worker ... is killed by signal"), its emergency checkpoint
+    lost: so the loaders start their workers with the stop signals blocked (a blocked signal
+    stays blocked across fork and exec, and waits), and the worker discards what waits once it
+    ignores them. The rank's own stop that arrives meanwhile waits the few milliseconds of the
+    start and is then delivered. (Workers started by a forkserver are forked from that server,
+    not from the rank: their start is not covered.)
+
+    Python ends the workers still running at the rank's exit with SIGTERM (torch relies on it
+    when a loop leaves its iterator unfinished, or an exception keeps it alive), then waits for
+    them: shielded, they would never end. Their iterators shut them down first instead (at
+    exit, as torch does for persistent workers). Idempotent."""
     _shield_worker_signal_handlers()
     for module_name, shielded in _SHIELDED_LOOPS.items():
         try:
@@ -112,6 +125,50 @@ def shield_data_loader_workers() -> None:
         if module._worker_loop is not shielded:
             _ORIGINAL_LOOPS[module_name] = module._worker_loop
             module._worker_loop = shielded
+        starts = _STARTS_WORKERS[module_name]
+        iterator = getattr(importlib.import_module(starts[0]), starts[1])
+        if not getattr(iterator.__init__, "blocks_stop_signals", False):
+            iterator.__init__ = _with_stop_signals_blocked(iterator.__init__)
+
+
+_STOP_SIGNALS = {signal.SIGTERM, signal.SIGINT}
+_STARTED: weakref.WeakSet[Any] = weakref.WeakSet()
+"""The iterators whose workers were started shielded, while they live."""
+
+
+def _shut_down_workers_left_running() -> None:
+    for iterator in list(_STARTED):
+        iterator._shutdown_workers()  # torch's own: its workers end of themselves, then joined
+
+
+# Exit hooks run last registered first: this one before multiprocessing's (imported above),
+# which would SIGTERM the workers, and before torch's, after which `_shutdown_workers` does
+# nothing.
+atexit.register(_shut_down_workers_left_running)
+
+
+def _with_stop_signals_blocked(start: Callable[..., None]) -> Callable[..., None]:
+    """`start` (an iterator's constructor, which starts its workers) run with the stop signals
+    blocked in this thread, and so in every process it starts until that unblocks them."""
+
+    @functools.wraps(start)
+    def blocked(iterator: Any, loader: Any, *args: Any, **kwargs: Any) -> None:
+        context = loader.multiprocessing_context
+        if context is not None and context.get_start_method() != "fork":
+            # Python's resource tracker, started at the first queue, unblocks both signals
+            # after it starts (its own way of ignoring them): started first, it is left be.
+            from multiprocessing import resource_tracker
+
+            resource_tracker.ensure_running()
+        before = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+        try:
+            start(iterator, loader, *args, **kwargs)
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, before)
+        _STARTED.add(iterator)
+
+    blocked.blocks_stop_signals = True  # type: ignore[attr-defined]
+    return blocked
 
 
 def _shield_worker_signal_handlers() -> None:
@@ -125,6 +182,9 @@ def _shield_worker_signal_handlers() -> None:
         current(*args)
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        # Started with them blocked (`_with_stop_signals_blocked`): one sent meanwhile waited,
+        # and is discarded now that they are ignored.
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
     set_worker_signal_handlers.shields_stop_signals = True  # type: ignore[attr-defined]
     signal_handling._set_worker_signal_handlers = set_worker_signal_handlers
@@ -160,3 +220,8 @@ _SHIELDED_LOOPS: dict[str, Callable[..., None]] = {
     _TORCH_LOADER: _torch_worker_loop,
     _TORCHDATA_LOADER: _torchdata_worker_loop,
 }
+_STARTS_WORKERS: dict[str, tuple[str, str]] = {
+    _TORCH_LOADER: ("torch.utils.data.dataloader", "_MultiProcessingDataLoaderIter"),
+    _TORCHDATA_LOADER: (_TORCHDATA_LOADER, "_StatefulMultiProcessingDataLoaderIter"),
+}
+"""Where each loader starts its workers: its multi-process iterator, in its constructor."""
