@@ -49,6 +49,8 @@ IMDS=${SPOTRAIN_IMDS_ENDPOINT:-http://169.254.169.254}
 CONFIG=${SPOTRAIN_CONFIG:-}
 NNODES=${SPOTRAIN_NNODES:-1}
 WORK_DIR=${SPOTRAIN_WORK_DIR:-/mnt/spotrain}
+# The trainer's own: a move checked at boot (fleet may-start) leaves the checkpoint there for it.
+TRAINER_WORK_DIR=$WORK_DIR/work
 RUNTIME=${SPOTRAIN_CONTAINER_RUNTIME:-docker}
 BAKED_IMAGE=spotrain-trainer:baked # core.image_reference.BAKED_IMAGE
 IMAGE=${SPOTRAIN_IMAGE:-$BAKED_IMAGE}
@@ -197,7 +199,7 @@ if [[ -n "${SPOTRAIN_EVENTS_TABLE:-}" ]]; then
   # first: the run's next epoch, from its newest checkpoint whose every piece replicated.
   ((status)) || stoppable "${fleet[@]}" may-start --instance "$instance_id" \
     --store "s3://$SPOTRAIN_BUCKET" --catalog-table "$SPOTRAIN_CATALOG_TABLE" \
-    --kms-key-id "$SPOTRAIN_KMS_KEY_ID" --scratch "$WORK_DIR" || exit 3
+    --kms-key-id "$SPOTRAIN_KMS_KEY_ID" --work-dir "$TRAINER_WORK_DIR" || exit 3
 fi
 # Several machines meet at the run's coordinator: the first on-demand machine claims the role
 # (and renews it while it runs); the others, spot ones included, wait for it.
@@ -234,7 +236,7 @@ train=(spotrain train "$CONFIG"
   --set "store=s3://$SPOTRAIN_BUCKET"
   --set "catalog_table=$SPOTRAIN_CATALOG_TABLE"
   --set "kms_key_id=$SPOTRAIN_KMS_KEY_ID"
-  --set "work_dir=$WORK_DIR/work"
+  --set "work_dir=$TRAINER_WORK_DIR"
   --set "spot_notice_endpoint=$IMDS"
   --nnodes "$NNODES")
 if [[ "$NNODES" != "1" ]]; then

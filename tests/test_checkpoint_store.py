@@ -392,6 +392,7 @@ def test_a_machine_booting_where_the_handler_ordered_the_move_claims_the_run_the
     from spotrain import cli
     from spotrain.core import fleet_state, run_epochs
     from spotrain.core.failover import MoveOrder
+    from spotrain.trainer.run_checkpoints import RESTORE_FOLDER
 
     table, east, west = global_catalog
     storage = LocalStorage(tmp_path / "bucket")  # the destination's copy
@@ -410,7 +411,7 @@ def test_a_machine_booting_where_the_handler_ordered_the_move_claims_the_run_the
         monkeypatch.setenv(name, value)
     boot = ["fleet", "may-start", "--events-table", events, "--run", RUN, "--instance", "i-0a",
             "--store", storage.uri, "--catalog-table", table,
-            "--scratch", str(tmp_path)]  # fmt: skip
+            "--work-dir", str(tmp_path / "work")]  # fmt: skip
     control.set_faults(regions_down=["us-east-1"])
     try:
         assert cli.main(boot) == 0  # no order yet: a machine there moves nothing
@@ -427,6 +428,13 @@ def test_a_machine_booting_where_the_handler_ordered_the_move_claims_the_run_the
         claim = run_epochs.current(away.chain())
         assert claim is not None and (claim.id, claim.base_step) == (EpochId(1, "us-west-2"), 10)
         assert "us-east-1 has not answered for 3 checks" in claim.claimed_by
+        # The move was checked by restoring step 10 where the trainer restores: its start
+        # (as rank 0 restores) fetches none of it again.
+        into = tmp_path / "work" / RESTORE_FOLDER
+        restored = restore_policy.restore(into, storage=storage, catalog=away, run=RUN)
+        size = sum(shard.size for shard in published[10].manifest.shards)
+        assert (restored.manifest.step, restored.fetched_bytes, restored.reused_bytes) == (
+            10, 0, size)  # fmt: skip
         assert cli.main([*boot[:7], "i-0b", *boot[8:]]) == 0  # the next machine
         assert "no move: the run already trains here (epoch 1)" in capsys.readouterr().out
         assert len(away.chain()) == 2
@@ -619,6 +627,16 @@ def test_large_files_are_stored_in_chunks_and_only_changed_chunks_are_sent(
         checkpoint_store.fetch(storage, checkpoint_store.key_of(report.manifest), restored, run=RUN)
         assert (restored / name).read_bytes() == (tmp_path / f"s{report.manifest.step}" / name
                                                   ).read_bytes()  # fmt: skip
+    # Restored over an earlier restore, only what differs is fetched: step 4 over step 3 is
+    # chunk 9, and chunk 0, whose bytes changed on this disk since (each piece is checked).
+    over = tmp_path / "restored-3"
+    with (over / name).open("r+b") as changed_here:
+        changed_here.write(b"bit rot")
+    again = checkpoint_store.fetch(storage, checkpoint_store.key_of(fourth.manifest), over, run=RUN)
+    assert (again.fetched_bytes, again.reused_bytes) == (2 * chunk, len(weights) - 2 * chunk)
+    assert (over / name).read_bytes() == (tmp_path / "s4" / name).read_bytes()
+    same = checkpoint_store.fetch(storage, checkpoint_store.key_of(fourth.manifest), over, run=RUN)
+    assert (same.fetched_bytes, same.reused_bytes) == (0, len(weights))
     # One damaged copy of a shared chunk: the other serves, and the restore says so.
     shared = fourth.manifest.shards[0].chunks[0]
     assert len(shared.keys) == 2

@@ -1458,6 +1458,10 @@ def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(
     assert "handler: recorded=True (redelivery recorded=False)" in told
     assert re.search(r"moved to us-west-2 \(epoch 1\); restored step 20 from s3://\S+-us-west-2",
                      told), told  # fmt: skip
+    # The move's check was the restore: the training start's restore fetched none of it again.
+    once = re.search(r"shards verified, ([\d,]+) bytes taken from the move's check, 0 fetched "
+                     r"again\)", told)  # fmt: skip
+    assert once and int(once[1].replace(",", "")) > 0, told
     # What the move took and sent: its checkpoints were replicated as they were published.
     moved = re.search(r"move\s+restored in us-west-2 ([\d.]+) s after us-east-1 went down .*; "
                       r"([\d,]+) bytes of checkpoints replicated to us-west-2 before it "

@@ -5,6 +5,7 @@ folder and through the local cloud (S3 with a KMS-only bucket policy, DynamoDB c
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +117,9 @@ def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
 ) -> None:
     """Through S3 (a KMS-only bucket) and the DynamoDB catalog: published, listed, rolled
     back by the operator's command, and resumed from the cloud bit for bit; the final
-    checkpoint announced before it is published."""
+    checkpoint announced before it is published. The resume finds the checkpoint already
+    restored into its restore folder, as a machine that moved the run leaves it (beside what
+    a crashed start left): it fetches none of it again."""
     region = "us-east-1"
     s3 = control.client("s3", local_cloud.endpoint, region)
     bucket, table = "trainer-resume-test", "trainer-resume-test-catalog"
@@ -135,8 +138,22 @@ def test_training_publishes_to_the_local_cloud_and_resumes_from_it(
     ).stdout  # fmt: skip
     assert listing.splitlines()[-1].split()[0] == "4" and "<- head" in listing.splitlines()[-1]
     roll_back(f"s3://{bucket}", "cloud", 2, "--catalog-table", table, "--kms-key-id", key, env=env)
-    resumed = torchrun(base, tmp_path, "second", env)
-    assert resumed == uninterrupted[2:]
+    from spotrain.trainer.run_checkpoints import RESTORE_FOLDER
+
+    restored = tmp_path / "work-second" / RESTORE_FOLDER
+    subprocess.run(
+        [sys.executable, "-m", "spotrain.cli", "checkpoints", "restore", "--store",
+         f"s3://{bucket}", "--run", "cloud", "--catalog-table", table, "--to", str(restored)],
+        capture_output=True, text=True, env={**os.environ, **env}, check=True,
+    )  # fmt: skip
+    (restored / "universal").mkdir()  # a crashed start's conversion
+    (restored / "universal" / "left").write_text("over")
+    second = training.train(base, tmp_path, "second", env=env)
+    assert second.losses == uninterrupted[2:]
+    resumed = second.losses
+    took = re.search(r"step 2: ([\d,]+) bytes taken from \S+'s earlier restore \(a move's "
+                     r"check\), 0 fetched", second.output)  # fmt: skip
+    assert took and int(took[1].replace(",", "")) > 0, second.output[-3000:]
     # Each step's loss is on the checkpoint records, for `run status --plot`.
     from spotrain.cost import run_report
 

@@ -123,6 +123,9 @@ class RestoreReport:
     """Damaged copies passed over while another copy of the same bytes served."""
     rolled_back_from: int | None = None
     """The head this restore moved back from (`restore_as_writer` after a fallback)."""
+    fetched_bytes: int = 0
+    reused_bytes: int = 0
+    """Bytes an earlier restore into the same folder already held (`fetch`), not fetched."""
 
     @property
     def fell_back(self) -> bool:
@@ -419,12 +422,29 @@ def read_manifest(storage: Storage, key: str) -> Manifest:
     return check_manifest_bytes(key, storage.get_bytes(key))
 
 
+@dataclass(frozen=True)
+class Fetched:
+    """What `fetch` put into its folder, and how."""
+
+    manifest: Manifest
+    notes: list[str]
+    """Damaged copies passed over while another copy of the same bytes served."""
+    fetched_bytes: int
+    reused_bytes: int
+    """Bytes taken from the folder's earlier restore, which held them (by their digests)."""
+
+
 def _download(
-    storage: Storage, manifest: Manifest, into: Path, *, every_copy: bool = False
-) -> list[str]:
+    storage: Storage, manifest: Manifest, into: Path, *, every_copy: bool = False,
+    earlier: Path | None = None,
+) -> Fetched:  # fmt: skip
     """Download every shard into `into`, each piece checked against its digest, trying its
-    copies in turn; returns notes on damaged copies that another copy stood in for."""
+    copies in turn; a piece whose bytes an earlier restore's file under `earlier` holds at the
+    same place (its digest says) is taken from there instead. Returns notes on damaged copies
+    that another copy stood in for, and the bytes fetched and taken from `earlier`."""
     notes: list[str] = []
+    fetched: list[int] = []
+    reused: list[int] = []
     jobs = []
     for shard in manifest.shards:
         target = into / shard.name
@@ -440,6 +460,9 @@ def _download(
             jobs.append((shard, shard.pieces[0], target, None))
 
     def fetch_one(shard: Shard, piece: Chunk, target: Path, offset: int | None) -> None:
+        if earlier is not None and _take_from_earlier(earlier / shard.name, piece, target, offset):
+            reused.append(piece.size)
+            return
         damage, doubt = [], []
         served = False
         for key in piece.keys:
@@ -466,6 +489,8 @@ def _download(
                 with target.open("r+b") as out:
                     out.seek(offset)
                     out.write(data)
+            if not served:
+                fetched.append(piece.size)
             served = True
         target.with_name(f".{target.name}.check").unlink(missing_ok=True)
         where = shard.name if offset is None else f"{shard.name} (bytes from {offset:,})"
@@ -477,7 +502,32 @@ def _download(
 
     with ThreadPoolExecutor(PIECE_WORKERS) as pool:
         list(pool.map(lambda job: fetch_one(*job), jobs))
-    return notes
+    return Fetched(manifest, notes, sum(fetched), sum(reused))
+
+
+def _take_from_earlier(earlier: Path, piece: Chunk, target: Path, offset: int | None) -> bool:
+    """Put the piece into `target` from the earlier restore's file `earlier`, if that holds its
+    bytes at the same place; False (nothing written) if it does not, or cannot be read. The
+    digest is checked here, as a fetched piece's is: a file that changed on this disk since
+    its restore (or a torn earlier one) only costs the fetch it would have cost anyway."""
+    try:
+        if offset is None:
+            if earlier.stat().st_size != piece.size:
+                return False
+            with earlier.open("rb") as source:
+                if hashlib.file_digest(source, "sha256").hexdigest() != piece.sha256:
+                    return False
+            shutil.copyfile(earlier, target)
+            return True
+        data = _read(earlier, offset, piece.size)
+    except OSError:
+        return False
+    if len(data) != piece.size or hashlib.sha256(data).hexdigest() != piece.sha256:
+        return False
+    with target.open("r+b") as out:
+        out.seek(offset)
+        out.write(data)
+    return True
 
 
 def _claimed_by_earlier_restore(destination: Path, run: str, incoming: set[str]) -> list[str]:
@@ -510,19 +560,39 @@ def _claimed_by_earlier_restore(destination: Path, run: str, incoming: set[str])
     return sorted(present & claimed)
 
 
+def keep_only_a_restore(folder: Path, run: str) -> None:
+    """Empty `folder` of everything but an earlier restore of `run` (what its marker says it
+    put there), whose pieces the next `fetch` into it takes instead of fetching them again;
+    without one, of everything."""
+    if not folder.is_dir():
+        return
+    try:
+        marker = json.loads((folder / RESTORE_MARKER).read_text())
+        kept = set(marker["entries"]) | {RESTORE_MARKER} if marker.get("run") == run else set()
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        kept = set()
+    for entry in folder.iterdir():
+        if entry.name in kept:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+
+
 def _write_marker(destination: Path, run: str, step: int, entries: set[str]) -> None:
     partial = destination / f"{RESTORE_MARKER}.partial"
     partial.write_text(json.dumps({"run": run, "step": step, "entries": sorted(entries)}))
     os.replace(partial, destination / RESTORE_MARKER)
 
 
-def fetch(
-    storage: Storage, manifest_key_: str, destination: Path, *, run: str,
-    notes: list[str] | None = None,
-) -> Manifest:  # fmt: skip
+def fetch(storage: Storage, manifest_key_: str, destination: Path, *, run: str) -> Fetched:
     """Download one checkpoint into `destination` (absent, empty, or an earlier restore of the
-    same run, which it replaces), every shard checked. Nothing else in the folder is touched;
-    until the last step the folder holds either the earlier restore or this one."""
+    same run, which it replaces), every shard checked. Pieces the earlier restore holds (in a
+    file of the same name, at the same place) are taken from there, checked the same way, not
+    fetched again: a move's check (`RunCheckpoints.move_here`) leaves the checkpoint where the
+    trainer's restore then finds it whole. Nothing else in the folder is touched; until the
+    last step the folder holds either the earlier restore or this one."""
     destination = destination.absolute()
     manifest = read_manifest(storage, manifest_key_)
     incoming = {shard.name.split("/", 1)[0] for shard in manifest.shards}
@@ -532,7 +602,8 @@ def fetch(
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
     try:
-        damaged_copies = _download(storage, manifest, staging)
+        downloaded = _download(storage, manifest, staging,
+                               earlier=destination if earlier else None)  # fmt: skip
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         if created:
@@ -551,9 +622,7 @@ def fetch(
         (staging / name).rename(destination / name)
     staging.rmdir()
     _write_marker(destination, run, manifest.step, incoming)
-    if notes is not None:
-        notes.extend(damaged_copies)
-    return manifest
+    return downloaded
 
 
 def entry_at(catalog: Catalog, step: int | None) -> CatalogEntry:
@@ -576,7 +645,7 @@ def verify(storage: Storage, manifest_key_: str, scratch: Path) -> tuple[Manifes
     that are damaged while another serves."""
     manifest = read_manifest(storage, manifest_key_)
     try:
-        notes = _download(storage, manifest, scratch, every_copy=True)
+        notes = _download(storage, manifest, scratch, every_copy=True).notes
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return manifest, notes

@@ -69,7 +69,7 @@ from spotrain.trainer.process import (
     set_rng_state,
 )
 from spotrain.trainer.restore_policy import refuse_changed_definition
-from spotrain.trainer.run_checkpoints import RunCheckpoints
+from spotrain.trainer.run_checkpoints import RESTORE_FOLDER, RunCheckpoints
 from spotrain.trainer.snapshot import (
     Staged,
     make_snapshot_engine,
@@ -328,7 +328,7 @@ class Checkpointer(RunCheckpoints):
             dist.barrier()
             loaded = time.perf_counter()  # every rank has loaded (the clean-up below is not)
             if place.leader:
-                shutil.rmtree(self._work("restore"), ignore_errors=True)
+                shutil.rmtree(self._work(RESTORE_FOLDER), ignore_errors=True)
             self._say(f"resumed {self.run} at step {start}"
                       + (" (light checkpoint)" if restored.from_light else ""))  # fmt: skip
             self.status = f"resumed from {self.parent}"
@@ -404,9 +404,10 @@ class Checkpointer(RunCheckpoints):
         import torch.distributed as dist
 
         place = self.place
-        folder = self._work("restore")
-        if place.leader:  # this machine's own scratch: whatever a crashed start left goes
-            shutil.rmtree(folder, ignore_errors=True)
+        folder = self._work(RESTORE_FOLDER)
+        if place.leader:  # this machine's own scratch: whatever a crashed start left goes, but
+            # a restore of this run (a move's check left it: its pieces are not fetched again)
+            checkpoint_store.keep_only_a_restore(folder, self.run)
         chosen = torch.tensor([-1, 0, 0], dtype=torch.long)  # step, its world size, 1 if light
         manifest_of_chosen: list[str | None] = [None]
         light_root = self._work("light")

@@ -76,10 +76,9 @@ def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) 
     if head is not None:  # never restore past the published head (a newer one may be torn)
         candidates = [e for e in candidates if e.step <= head.step]
     skipped: list[tuple[int, str]] = []
-    notes: list[str] = []
     for entry in sorted(candidates, key=lambda e: e.step, reverse=True):
         try:
-            manifest = fetch(storage, entry.manifest_key, destination, run=run, notes=notes)
+            fetched = fetch(storage, entry.manifest_key, destination, run=run)
         except PROOF_OF_DAMAGE as error:
             skipped.append((entry.step, str(error)))
             continue
@@ -91,11 +90,13 @@ def restore(destination: Path, *, storage: Storage, catalog: Catalog, run: str) 
                 "credentials may read it, then start again"
             ) from error
         return RestoreReport(
-            manifest=manifest,
+            manifest=fetched.manifest,
             skipped=skipped,
             catalog_unavailable=unavailable,
             head_step=head.step if head else None,
-            notes=notes,
+            notes=fetched.notes,
+            fetched_bytes=fetched.fetched_bytes,
+            reused_bytes=fetched.reused_bytes,
         )
     if not skipped:
         raise NothingPublished(f"run {run!r} has no complete checkpoint in {storage.uri}")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from spotrain.core.failover import MoveOrder
-from spotrain.core.manifest import Manifest, ManifestError
+from spotrain.core.manifest import Manifest
 from spotrain.core.run_epochs import Epoch, EpochId
 from spotrain.trainer import checkpoint_store, restore_policy
 from spotrain.trainer.catalog import (
@@ -22,6 +22,11 @@ from spotrain.trainer.catalog import (
 from spotrain.trainer.storage import Storage, open_storage
 
 Say = Callable[[str], None]
+
+RESTORE_FOLDER = "restore"
+"""Where in its work_dir a training start restores the run's checkpoint, and so where a
+machine that moves the run (`fleet may-start`) leaves the checkpoint its move was checked on:
+the restore then takes every piece from there instead of fetching it again."""
 
 
 class RunCheckpoints:
@@ -91,11 +96,14 @@ class RunCheckpoints:
         """Make `step` the head again, fencing any writer still running."""
         return self.catalog.roll_back(step, self.generation, reason)
 
-    def move_here(self, reason: str, scratch: Path) -> tuple[Epoch, list[tuple[int, str]]]:
+    def move_here(self, reason: str, into: Path) -> tuple[Epoch, list[tuple[int, str]]]:
         """Move the run to the region of this catalog's copy: claim the next epoch there from
         the newest checkpoint of the run's history whose every piece is in this store and
         verifies (a partial replica is passed over). Writers in the region the run leaves are
-        fenced from then on. Returns the claim and (step, why) of each newer one passed over."""
+        fenced from then on. The check is a restore into `into` (emptied first of all but an
+        earlier restore of the run, as a training start does), which it leaves there, so that
+        the run's restore from `into` fetches none of it again. Returns the claim and (step,
+        why) of each newer one passed over."""
         from spotrain.core.catalog_schema import STATUS_COMPLETE
 
         catalog = self._mover()
@@ -105,10 +113,11 @@ class RunCheckpoints:
         history = [e for e in newest_first
                    if e.status == STATUS_COMPLETE and (last is None or e.step <= last)]  # fmt: skip
         passed_over: list[tuple[int, str]] = []
+        checkpoint_store.keep_only_a_restore(into, self.run)
         for entry in history:
             try:
-                checkpoint_store.verify(self.storage, entry.manifest_key, scratch)
-            except (checkpoint_store.DamagedCheckpoint, ManifestError) as why:
+                checkpoint_store.fetch(self.storage, entry.manifest_key, into, run=self.run)
+            except checkpoint_store.PROOF_OF_DAMAGE as why:
                 passed_over.append((entry.step, str(why)))
                 continue
             claim = catalog.claim_move(entry, by=f"{self._lease_owner}: {reason}")
@@ -118,10 +127,10 @@ class RunCheckpoints:
             "wait for replication to catch up (`spotrain checkpoints verify`), then move"
         )
 
-    def follow_order(self, order: MoveOrder, scratch: Path) -> str:
+    def follow_order(self, order: MoveOrder, into: Path) -> str:
         """Carry out a handler's move order when it applies to this region (`core.failover`),
-        and say what happened. Several machines boot at once: one claims, the others find it
-        claimed."""
+        and say what happened (`move_here` restores the checkpoint into `into`). Several
+        machines boot at once: one claims, the others find it claimed."""
         from spotrain.core import failover, run_epochs
 
         catalog = self._mover()
@@ -135,7 +144,7 @@ class RunCheckpoints:
         if why_not is not None:
             return f"no move: {why_not}"
         try:
-            claim, passed_over = self.move_here(order.reason, scratch)
+            claim, passed_over = self.move_here(order.reason, into)
         except CatalogError:
             now = current()
             if now is None or now.region != here:
@@ -177,6 +186,10 @@ class RunCheckpoints:
             self._tell(f"skipped checkpoint step {step}: {reason}")
         for note in report.notes:
             self._tell(f"damaged copy passed over (another copy served): {note}")
+        if report.reused_bytes:
+            self._tell(f"step {report.manifest.step}: {report.reused_bytes:,} bytes taken from "
+                       f"{folder}'s earlier restore (a move's check), {report.fetched_bytes:,} "
+                       "fetched")  # fmt: skip
         if report.rolled_back_from is not None:
             self._tell(f"head moved back from step {report.rolled_back_from} to "
                        f"{report.manifest.step}")  # fmt: skip

@@ -102,8 +102,8 @@ def _verify(checkpointer: Any, args: argparse.Namespace) -> int:
 def _move(checkpointer: Any, args: argparse.Namespace) -> int:
     if not (args.reason or "").strip():
         raise SpotrainError("move needs --reason TEXT (kept with the run's new epoch)")
-    with tempfile.TemporaryDirectory() as scratch:
-        claim, passed_over = checkpointer.move_here(args.reason, Path(scratch) / "shards")
+    with tempfile.TemporaryDirectory() as scratch:  # the check's restore, not kept
+        claim, passed_over = checkpointer.move_here(args.reason, Path(scratch) / "restored")
     for step, why in passed_over:
         say(f"passed over step {step}: {why}")
     say(f"run {args.run} moved to {claim.id.region} (epoch {claim.id.number}) from step "

@@ -118,7 +118,8 @@ def _may_start(fleet: _Fleet, args: argparse.Namespace) -> int:
 def _follow_move_order(fleet: _Fleet, args: argparse.Namespace) -> None:
     """The run's region stopped answering and this region's handler ordered the move here
     (`core.failover`): the first machine to boot claims the run here from its newest checkpoint
-    whose every piece replicated and verifies; the others find it claimed. A move that cannot
+    whose every piece replicated and verifies (restored where the trainer restores, in
+    `--work-dir`: it fetches none of it again); the others find it claimed. A move that cannot
     be made yet is said, and the trainer, refused, has the group replace the machine."""
     import tempfile
     from pathlib import Path
@@ -129,15 +130,16 @@ def _follow_move_order(fleet: _Fleet, args: argparse.Namespace) -> None:
     order = fleet_state.failover_state(fleet.table, args.run, here).move_order
     if order is None:
         return
-    from spotrain.trainer.run_checkpoints import RunCheckpoints  # no PyTorch
+    from spotrain.trainer.run_checkpoints import RESTORE_FOLDER, RunCheckpoints  # no PyTorch
 
     checkpoints = RunCheckpoints.open(
         run=args.run, store=args.store, catalog_table=args.catalog_table,
         kms_key_id=args.kms_key_id, lease_owner=f"machine {args.instance}", say=say,
     )  # fmt: skip
     try:
-        with tempfile.TemporaryDirectory(dir=args.scratch) as scratch:
-            say(f"run {args.run}: {checkpoints.follow_order(order, Path(scratch))}")
+        with tempfile.TemporaryDirectory() as passing:  # without --work-dir, checked there
+            into = Path(args.work_dir or passing) / RESTORE_FOLDER
+            say(f"run {args.run}: {checkpoints.follow_order(order, into)}")
     except SpotrainError as error:
         say(f"run {args.run}: the ordered move to {here} did not happen: {error}")
 
@@ -388,7 +390,7 @@ def add_parsers(commands: Any) -> None:
         ("--store", "s3://BUCKET"),
         ("--catalog-table", "the catalog table"),
         ("--kms-key-id", "the bucket's key"),
-        ("--scratch", "a folder"),
+        ("--work-dir", "the trainer's work_dir on this machine (where it restores)"),
     ):
         fleet.add_argument(flag, help=f"may-start: {what}, to carry out a move its region's "
                            "handler ordered (the run's region stopped answering)")  # fmt: skip

@@ -334,8 +334,9 @@ class Rehearsal:
         self, cloud: control.RunningCloud, bucket: str, region: str, run: str, table: str
     ) -> tuple[int, float]:
         """`spotrain checkpoints move` in the replica region (the catalog's copy there claims
-        the run's next epoch from a checkpoint whose every piece replicated), then the restore
-        a training start there makes, timed."""
+        the run's next epoch from a checkpoint whose every piece replicated, checked by
+        restoring it where the training start restores), then the restore that start makes
+        (which fetches none of it again), timed together."""
         from spotrain.trainer import restore_policy
         from spotrain.trainer.catalog import DynamoCatalog
         from spotrain.trainer.run_checkpoints import RunCheckpoints
@@ -346,18 +347,19 @@ class Rehearsal:
         )
         there = control.client("dynamodb", cloud.endpoint, region)
         catalog = DynamoCatalog(table, run, storage, client=there)
-        claim, passed_over = RunCheckpoints(run=run, storage=storage, catalog=catalog).move_here(
-            "the rehearsal's primary region is down", self.work / "move-scratch"
-        )
         target = self.work / "replica-restore"
         began = time.perf_counter()
+        claim, passed_over = RunCheckpoints(run=run, storage=storage, catalog=catalog).move_here(
+            "the rehearsal's primary region is down", target
+        )
         report = restore_policy.restore(target, storage=storage, catalog=catalog, run=run)
         took = time.perf_counter() - began
         shutil.rmtree(target, ignore_errors=True)
         self.say(f"      moved to {region} (epoch {claim.id.number}); restored step "
                  f"{report.manifest.step} from s3://{bucket} in {took:.1f} s "
-                 f"({len(report.manifest.shards)} shards verified); passed over: "
-                 f"{[step for step, _ in passed_over] or 'none'}")  # fmt: skip
+                 f"({len(report.manifest.shards)} shards verified, {report.reused_bytes:,} "
+                 f"bytes taken from the move's check, {report.fetched_bytes:,} fetched again); "
+                 f"passed over: {[step for step, _ in passed_over] or 'none'}")  # fmt: skip
         return report.manifest.step, took
 
     def _config_file(self, phase: Phase, fields: dict[str, Any]) -> Path:
