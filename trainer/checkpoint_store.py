@@ -541,11 +541,7 @@ def _claimed_by_earlier_restore(destination: Path, run: str, incoming: set[str])
     )
     if not present:
         return []
-    try:
-        earlier = json.loads((destination / RESTORE_MARKER).read_text())
-        claimed = set(earlier["entries"]) if earlier.get("run") == run else None
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        claimed = None
+    claimed = _restored_by_marker(destination, run)
     if claimed is None:
         raise DestinationError(
             f"{destination} is not empty and holds no earlier restore of run {run!r}: restore "
@@ -560,17 +556,24 @@ def _claimed_by_earlier_restore(destination: Path, run: str, incoming: set[str])
     return sorted(present & claimed)
 
 
+def _restored_by_marker(folder: Path, run: str) -> set[str] | None:
+    """What an earlier restore of `run` into `folder` put there, as its marker says; None
+    without a readable marker of that run."""
+    try:
+        earlier = json.loads((folder / RESTORE_MARKER).read_text())
+        return set(earlier["entries"]) if earlier.get("run") == run else None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def keep_only_a_restore(folder: Path, run: str) -> None:
     """Empty `folder` of everything but an earlier restore of `run` (what its marker says it
     put there), whose pieces the next `fetch` into it takes instead of fetching them again;
     without one, of everything."""
     if not folder.is_dir():
         return
-    try:
-        marker = json.loads((folder / RESTORE_MARKER).read_text())
-        kept = set(marker["entries"]) | {RESTORE_MARKER} if marker.get("run") == run else set()
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        kept = set()
+    restored = _restored_by_marker(folder, run)
+    kept = set() if restored is None else restored | {RESTORE_MARKER}
     for entry in folder.iterdir():
         if entry.name in kept:
             continue
