@@ -10,6 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cpu_report
 import deployment
 import pytest
 
@@ -34,6 +35,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--update-snapshots", action="store_true",
         help="write the synthesized stacks' snapshots (tests/fixtures/synth) anew",
     )  # fmt: skip
+    cpu_report.pytest_addoption(parser)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    cpu_report.pytest_configure(config)
 
 
 # How `make test` shares the suite between its workers (pytest-xdist): the tests of one group
