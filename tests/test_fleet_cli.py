@@ -513,3 +513,47 @@ def test_run_play_plays_the_machines_of_the_region_the_run_trains_in(aws: None) 
 
     with pytest.raises(Exception, match="AccessDeniedException"):
         trains_in(regions, "demo", home_refuses)
+
+
+def test_destroy_refuses_while_a_run_trains_or_a_run_it_would_leave_is_deployed(
+    aws: None, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`spotrain destroy` reads every region's groups before it synthesizes or changes
+    anything: a run with machines in service (they would stop mid-step) and a run deployed but
+    not among the run files it destroys (its fleet would stay, billed, and block the network's
+    destroy halfway) are each named with the command that clears them, all at once."""
+    from spotrain.stacks.runs import load_runs
+
+    [declared] = [run.name for run in load_runs("dev")]
+    ec2 = boto3.client("ec2", region_name="us-west-2")
+    ec2.create_launch_template(LaunchTemplateName="fleet", LaunchTemplateData={
+        "ImageId": control.stock_image(ec2)})  # fmt: skip
+    autoscaling = boto3.client("autoscaling", region_name="us-west-2")
+
+    def group(name: str, run: str, environment: str, machines: int) -> None:
+        autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=name, MinSize=0, DesiredCapacity=machines, MaxSize=2,
+            AvailabilityZones=["us-west-2a"], LaunchTemplate={"LaunchTemplateName": "fleet"},
+            Tags=[{"Key": "spotrain:run", "Value": run, "PropagateAtLaunch": True},
+                  {"Key": "spotrain:environment", "Value": environment,
+                   "PropagateAtLaunch": True}],
+        )  # fmt: skip
+
+    group("training", declared, "dev", 1)  # in the environment's other region
+    group("stray", "mine", "dev", 0)
+    group("another-environments", "theirs", "local", 1)
+    out = tmp_path / "cdktf.out"
+    assert cli.main(["destroy", "dev", "--out", str(out)]) == 2
+    said = capsys.readouterr().err
+    assert "dev is not destroyed, nothing changed" in said and "Traceback" not in said, said
+    assert f"run {declared} has 1 machine(s) in service: `spotrain run cancel dev {declared}`" in (
+        said)  # fmt: skip
+    assert "run mine is deployed but not declared in" in said
+    assert "`spotrain run retire dev mine` from where it was submitted first" in said
+    assert "theirs" not in said
+    assert not out.exists()  # nothing synthesized, nothing applied
+    autoscaling.update_auto_scaling_group(AutoScalingGroupName="training", DesiredCapacity=0)
+    autoscaling.delete_auto_scaling_group(AutoScalingGroupName="stray", ForceDelete=True)
+    from spotrain.cli.infra import _what_destroy_would_break
+
+    assert _what_destroy_would_break("dev") == []

@@ -34,7 +34,8 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
     mid-epoch: `run play` stops both machines as a scale-in does (their emergency checkpoint)
     and ends; `run resume` and `run play` again: the run ends with the losses and the script's
     own state of a run nothing interrupted, each step's loss on the catalog, its spend counted
-    to the end; `run retire` removes its stack. Beside the stories on the environment's runs
+    to the end; `spotrain destroy local` from the blueprint's checkout refuses while it is
+    deployed; `run retire` removes its stack. Beside the stories on the environment's runs
     (on the other worker), after the one that takes a region down."""
     import shlex
     import shutil as shell_tools
@@ -283,6 +284,19 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
         assert f"FLEET_GROUP={group}" in answered[3].out, answered[3]
         assert f"{steps}" in answered[7].out, answered[7]
         assert plot.code == 2 and "needs the plots extra" in plot.err, plot
+        # Nobody destroys the environment from under it: from the blueprint's checkout, whose
+        # run files do not declare it, destroy refuses before it synthesizes or changes anything.
+        monkeypatch.chdir(ROOT)
+        capsys.readouterr()
+        assert cli.main(["destroy", "local", "--out", str(tmp_path / "cdktf.out")]) == 2
+        refused = capsys.readouterr().err
+        assert "local is not destroyed, nothing changed" in refused, refused
+        assert "run mine is deployed but not declared in" in refused, refused
+        assert "`spotrain run retire local mine` from where it was submitted first" in refused
+        assert not (tmp_path / "cdktf.out").exists()
+        assert local.client("autoscaling").describe_auto_scaling_groups(
+            AutoScalingGroupNames=[group])["AutoScalingGroups"]  # fmt: skip
+        monkeypatch.chdir(repo)
         assert cli.main(["run", "retire", "local", "mine"]) == 0
         retired = capsys.readouterr().out
         assert "run mine retired" in retired and "is counted to its machines' end" in retired

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.cli.output import say
+from spotrain.core.errors import SpotrainError
 from spotrain.localcloud import control
 
 
@@ -67,10 +68,57 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_destroy(args: argparse.Namespace) -> int:
+    problems = _what_destroy_would_break(args.env)
+    if problems:  # every one at once, before anything is synthesized or destroyed
+        raise SpotrainError(f"{args.env} is not destroyed, nothing changed:\n  "
+                            + "\n  ".join(problems))  # fmt: skip
     deployment = _deployment(args.env, Path(args.out), start_local=False, verbose=args.verbose)
     deployment.destroy()
     say(f"{args.env}: destroyed")
     return 0
+
+
+def _what_destroy_would_break(env_name: str) -> list[str]:
+    """Every reason not to destroy the environment now, read from its groups in every region.
+    A run with machines in service: destroying its fleet stops them mid-step, while `run
+    cancel` has them publish and leave. A run deployed but not declared in the run files
+    destroy synthesizes (submitted from an ML engineer's own repository): its stack is not
+    destroyed, so its fleet stays, billed for what it holds, in a network destroy then fails
+    to remove halfway through."""
+    import os
+
+    from spotrain.cli.run_status import in_service, run_groups, where_of
+    from spotrain.stacks.runs import load_runs, runs_dir
+    from spotrain.tools import deploy
+
+    config = deploy.environment(env_name)
+    exports = {}
+    if config.is_local:  # read from the local cloud, whatever this shell points at
+        exports = control.aws_environment(control.require().endpoint, config.primary_region)
+    declared = {run.name for run in load_runs(config.name)}
+    before = {name: os.environ.get(name) for name in exports}
+    os.environ.update(exports)
+    try:
+        deployed = run_groups(where_of(config.name))
+    finally:
+        for name, value in before.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    problems = []
+    for run, groups in sorted(deployed.items()):
+        machines = sum(in_service(group) for group in groups)
+        if machines:
+            problems.append(f"run {run} has {machines} machine(s) in service: `spotrain "
+                            f"run cancel {config.name} {run}` first (they publish and "
+                            "leave)")  # fmt: skip
+        if run not in declared:
+            problems.append(f"run {run} is deployed but not declared in "
+                            f"{runs_dir() / config.name} (submitted from elsewhere): `spotrain "
+                            f"run retire {config.name} {run}` from where it was submitted "
+                            "first")  # fmt: skip
+    return problems
 
 
 def cmd_scan(args: argparse.Namespace) -> int:
