@@ -8,15 +8,16 @@ for spent (the kernel counts a waited-for process's CPU, its own waited-for chil
 included, into its parent's). That is the budget a new test spends.
 
 Not counted for the test that started them: processes nobody waits for until later, the local
-clouds above all (a session's cloud is counted where it is stopped), and those that outlive
-their parent. The report names the setup and teardown of session fixtures with the test they
-ran beside. With xdist, each worker measures its own tests and hands the figures to the
-controller, which reports them all.
+clouds above all (counted apart, as reaped between tests, or for a test that ends them), and
+those that outlive their parent (not counted at all). A session fixture's setup and teardown
+count for the test they ran with. With xdist, each worker measures its own tests and hands
+the figures to the controller, which reports them all.
 """
 
 from __future__ import annotations
 
 import resource
+import subprocess
 from collections import Counter
 from collections.abc import Iterator
 from typing import Any
@@ -24,6 +25,7 @@ from typing import Any
 import pytest
 
 OPTION = "--cpu-durations"
+BETWEEN = "(between tests: processes reaped after the test that started them)"
 _KEY = "cpu_seconds"
 
 
@@ -45,12 +47,21 @@ class CpuReport:
     def __init__(self, config: pytest.Config) -> None:
         self.config = config
         self.seconds: dict[str, float] = {}
+        self._ended: float | None = None
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
+        # A process whose Popen was dropped while it ran (a local cloud started by one test and
+        # stopped from another worker) is reaped when some later Popen is made: its whole CPU
+        # would land on whichever test made it (a test of a few YAML reads once showed 260 s,
+        # the shared deployment's cloud). Reaped here, before the test, it is counted apart.
+        subprocess._cleanup()  # type: ignore[attr-defined]  # the standard library's own reaper
         before = _cpu_seconds()
+        if self._ended is not None:
+            self.seconds[BETWEEN] = self.seconds.get(BETWEEN, 0.0) + before - self._ended
         yield
-        self.seconds[item.nodeid] = self.seconds.get(item.nodeid, 0.0) + _cpu_seconds() - before
+        self._ended = _cpu_seconds()
+        self.seconds[item.nodeid] = self.seconds.get(item.nodeid, 0.0) + self._ended - before
 
     def pytest_sessionfinish(self) -> None:
         output = getattr(self.config, "workeroutput", None)
@@ -70,7 +81,7 @@ class CpuReport:
         terminalreporter.section(f"CPU time: {total:,.0f} s in all, the most first")
         modules: Counter[str] = Counter()
         for nodeid, seconds in self.seconds.items():
-            modules[nodeid.split("::", 1)[0]] += seconds
+            modules[nodeid if nodeid == BETWEEN else nodeid.split("::", 1)[0]] += seconds
         ranked = sorted(self.seconds.items(), key=lambda pair: -pair[1])
         for nodeid, seconds in ranked[:limit] if limit else ranked:
             write(f"{seconds:8.1f} s  {nodeid}")
