@@ -7,9 +7,10 @@ time does not: what its own process spent in it, plus what every process it star
 for spent (the kernel counts a waited-for process's CPU, its own waited-for children's
 included, into its parent's). That is the budget a new test spends.
 
-Not counted for the test that started them: processes nobody waits for until later, the local
-clouds above all (counted apart, as reaped between tests, or for a test that ends them), and
-those that outlive their parent (not counted at all). A session fixture's setup and teardown
+Not counted for the test that started them: processes nobody waits for until later, counted
+where they are reaped (apart, as reaped between tests, if that is before a test starts; else
+for the test running then, whatever it did), and those that outlive their parent (not counted
+at all). A session fixture's setup and teardown
 count for the test they ran with. With xdist, each worker measures its own tests and hands
 the figures to the controller, which reports them all.
 """
@@ -51,10 +52,9 @@ class CpuReport:
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
-        # A process whose Popen was dropped while it ran (a local cloud started by one test and
-        # stopped from another worker) is reaped when some later Popen is made: its whole CPU
-        # would land on whichever test made it (a test of a few YAML reads once showed 260 s,
-        # the shared deployment's cloud). Reaped here, before the test, it is counted apart.
+        # A process whose Popen was dropped while it ran is reaped when some later Popen is
+        # made: its whole CPU would land on whichever test made it. One that has ended by now
+        # is reaped here, before the test, and counted apart.
         subprocess._cleanup()  # type: ignore[attr-defined]  # the standard library's own reaper
         before = _cpu_seconds()
         if self._ended is not None:
