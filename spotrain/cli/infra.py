@@ -86,6 +86,7 @@ def _what_destroy_would_break(env_name: str) -> list[str]:
     destroyed, so its fleet stays, billed for what it holds, in a network destroy then fails
     to remove halfway through."""
     import os
+    from unittest import mock
 
     from spotrain.cli.run_status import in_service, run_groups, where_of
     from spotrain.stacks.runs import load_runs, runs_dir
@@ -96,16 +97,8 @@ def _what_destroy_would_break(env_name: str) -> list[str]:
     if config.is_local:  # read from the local cloud, whatever this shell points at
         exports = control.aws_environment(control.require().endpoint, config.primary_region)
     declared = {run.name for run in load_runs(config.name)}
-    before = {name: os.environ.get(name) for name in exports}
-    os.environ.update(exports)
-    try:
+    with mock.patch.dict(os.environ, exports):  # restored after, as the shell had it
         deployed = run_groups(where_of(config.name))
-    finally:
-        for name, value in before.items():
-            if value is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = value
     problems = []
     for run, groups in sorted(deployed.items()):
         machines = sum(in_service(group) for group in groups)
