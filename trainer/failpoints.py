@@ -10,6 +10,11 @@ is a no-op.
 Points: `after-snapshot` (every rank copied its state to memory, before anything is written),
 `after-shard-upload` (one shard stored), `before-catalog-publish` (manifest written, catalog
 not yet updated), `after-light-seal` (a light checkpoint was sealed on the work disk).
+
+`SPOTRAIN_HOLD_WHILE=<file>` holds a run instead (`hold`): while the file exists, each rank
+waits at the end of its step until it is asked to stop. A rehearsal holds its run while the
+machines it waits for boot, so that how many steps it takes does not depend on how fast this
+host boots them.
 """
 
 from __future__ import annotations
@@ -19,9 +24,12 @@ import os
 import signal
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 ENVIRONMENT_VARIABLE = "SPOTRAIN_FAILPOINTS"
+HOLD_VARIABLE = "SPOTRAIN_HOLD_WHILE"
+HOLD_POLL_S = 0.05
 _fired: set[str] = set()
 _lock = threading.Lock()
 _saving_step: int | None = None
@@ -62,6 +70,14 @@ def hit(name: str, *, step: int | None = None) -> None:
         time.sleep(float(action.removeprefix("sleep:")))
     else:
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: unknown action {action!r} for {name!r}")
+
+
+def hold(asked_to_stop: Callable[[], bool]) -> None:
+    """Wait while the file HOLD_VARIABLE names exists, unless `asked_to_stop` (a signal or a
+    notice arrived: the stop goes on as it would have). Unset, a no-op."""
+    path = os.environ.get(HOLD_VARIABLE)
+    while path and os.path.exists(path) and not asked_to_stop():
+        time.sleep(HOLD_POLL_S)
 
 
 def kill_launcher_and_workers(launcher: int) -> None:

@@ -11,7 +11,8 @@
    event to the deployed handler's code): every rank checkpoints after the same step, the
    machine leaves and marks itself reclaimed, the other two re-form the group and go on;
 4. the Auto Scaling group replaces the reclaimed instance; the replacement boots and joins
-   the running group, which checkpoints and re-forms with three machines again;
+   the running group, which checkpoints and re-forms with three machines again (the run is
+   held after a step while the machines it waits for boot: `failpoints.hold`);
 5. report steps lost, notice to published, time to re-form and to join, every step's loss
    against one process that trained the same run uninterrupted with the same global batch,
    and the fleet's spend (the handler's scheduled check at the start, after the reclaim and
@@ -49,13 +50,14 @@ from spotrain.tools.rehearsal import (
     prices_from,
     spend_line,
 )
+from spotrain.trainer.failpoints import HOLD_VARIABLE
 
 MACHINES = 3
-# Tiny, so three machines share a laptop's cores; enough steps that a replacement booted
-# mid-run arrives well before the end: two machines train about 17 steps a second on a 2-core
-# host, and a replacement takes 20 to 25 s to boot and join.
+# Tiny, so three machines share a laptop's cores. The run is held (failpoints.hold) while the
+# machines it waits for boot, first the three, then the replacement: however fast this host
+# boots them, the replacement joins with steps to go (about 40 of them).
 MODEL = {"context": 32, "layers": 2, "heads": 2, "width": 64}
-STEPS = 800
+STEPS = 80
 GLOBAL_BATCH = 6  # splits over 3 and 2 machines alike
 CHECKPOINT_EVERY = 25
 INTERRUPT_AFTER_STEP = 15
@@ -154,6 +156,8 @@ class FleetRehearsal:
         # price_book: the prices the local cloud answers with (None: the snapshot).
         self.work, self.say, self.price_book = work, say, price_book
         self.machines: list[LocalMachine] = []
+        self._hold = work / "hold"
+        """While this file exists the run's ranks wait after each step (failpoints.hold)."""
 
     def run(self, *, keep_cloud: bool, port: int = control.DEFAULT_PORT) -> FleetReport:
         """Deploy `local` (starting the local cloud if needed), then `story`."""
@@ -241,6 +245,7 @@ class FleetRehearsal:
             raise RehearsalFailed(f"{group} has {len(members)} instances, not {MACHINES}")
         user_data = deployed_user_data(ec2, launch_template)
         port = control.free_port()
+        self._hold.touch()
         self.say(f"[3/5] {MACHINES} instances of the group {group} boot from the launch "
                  f"template {launch_template}: one on-demand (the run's coordinator), the "
                  "others spot")  # fmt: skip
@@ -255,7 +260,10 @@ class FleetRehearsal:
             )
         coordinator, reclaimed = self.machines[0], self.machines[-1]
         # The notice waits for the group of all three: on a busy host a machine may boot after
-        # the first rendezvous closed, and torchrun admits it at the next one.
+        # the first rendezvous closed, and torchrun admits it at the next one. Until then the
+        # run is held (each machine's first group after its first step).
+        self._wait(lambda: _trained_as_one_group(metrics, MACHINES, 0), metrics)
+        self._hold.unlink()
         self._wait(lambda: _trained_as_one_group(metrics, MACHINES, INTERRUPT_AFTER_STEP),
                    metrics)  # fmt: skip
 
@@ -288,11 +296,15 @@ class FleetRehearsal:
         )
         if replacement is None:
             raise RehearsalFailed(f"{group} launched no replacement for the reclaimed instance")
-        self.say(f"[5/5] the group's replacement {replacement['InstanceId']} boots and joins")
+        self.say(f"[5/5] the group's replacement {replacement['InstanceId']} boots and joins "
+                 "(the run is held meanwhile)")  # fmt: skip
+        self._hold.touch()
         joined_at = time.time()
         [(_, market)] = on_demand_first(ec2, [replacement])
         joiner = self._boot(replacement, market, user_data, aws_env, port,
                             outputs["run"].instance_types[0])  # fmt: skip
+        self._wait(lambda: _trained_as_one_group(metrics, MACHINES, 0), metrics)
+        self._hold.unlink()
         codes = {m.instance_id: m.wait(timeout=TIMEOUT_S) for m in self.machines
                  if m is not reclaimed}  # fmt: skip
         codes[reclaimed.instance_id] = reclaimed_code
@@ -323,10 +335,10 @@ class FleetRehearsal:
     ) -> FleetReport:  # fmt: skip
         problems = []
         starts = metrics.events("started")
-        stops = metrics.events("stopped")
+        while starts and int(starts[0]["world"]) < MACHINES:  # formed before the last booted
+            starts.pop(0)
+        stops = [s for s in metrics.events("stopped") if starts and s["at"] >= starts[0]["at"]]
         worlds = [(int(s["step"]), int(s["world"])) for s in starts]
-        while worlds and worlds[0][1] < MACHINES:  # formed before the last machine booted
-            worlds.pop(0)
         if [n for _, n in worlds] != [MACHINES, MACHINES - 1, MACHINES]:
             problems.append(f"the run formed groups of {[n for _, n in worlds]} machines, not "
                             f"{MACHINES}, then {MACHINES - 1}, then {MACHINES}")  # fmt: skip
@@ -460,7 +472,7 @@ class FleetRehearsal:
         machine = LocalMachine.of_member(
             member, lifecycle=lifecycle, root=self.work / "machines", user_data=user_data,
             aws_env=aws_env, rdzv_port=port, default_type=default_type,
-            settings={"SPOTRAIN_RDZV_LAST_CALL": "10"},
+            settings={"SPOTRAIN_RDZV_LAST_CALL": "10", HOLD_VARIABLE: str(self._hold)},
         )  # fmt: skip
         self.machines.append(machine)
         self._indented(f"{machine.instance_id} ({lifecycle}) boots")
