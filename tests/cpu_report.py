@@ -10,9 +10,11 @@ included, into its parent's). That is the budget a new test spends.
 Not counted for the test that started them: processes nobody waits for until later, counted
 where they are reaped (apart, as reaped between tests, if that is before a test starts; else
 for the test running then, whatever it did), and those that outlive their parent (not counted
-at all). A session fixture's setup and teardown
-count for the test they ran with. With xdist, each worker measures its own tests and hands
-the figures to the controller, which reports them all.
+at all). A session fixture's setup counts for the test it ran with; the teardown after a
+worker's last test, where the session's fixtures end, is counted apart: a local cloud's server
+started for the whole session is waited for there, with all the CPU it and the handler runs it
+started spent over the session. With xdist, each worker measures its own tests and hands the
+figures to the controller, which reports them all.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import pytest
 
 OPTION = "--cpu-durations"
 BETWEEN = "(between tests: processes reaped after the test that started them)"
+SESSION_END = "(the session's end: its fixtures torn down, their servers' whole CPU)"
 _KEY = "cpu_seconds"
 
 
@@ -49,6 +52,8 @@ class CpuReport:
         self.config = config
         self.seconds: dict[str, float] = {}
         self._ended: float | None = None
+        self._session_end = 0.0
+        """CPU of the last test's teardown, where the session's fixtures end."""
 
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_protocol(self, item: pytest.Item) -> Iterator[None]:
@@ -61,7 +66,19 @@ class CpuReport:
             self.seconds[BETWEEN] = self.seconds.get(BETWEEN, 0.0) + before - self._ended
         yield
         self._ended = _cpu_seconds()
-        self.seconds[item.nodeid] = self.seconds.get(item.nodeid, 0.0) + self._ended - before
+        spent, self._session_end = self._ended - before - self._session_end, 0.0
+        self.seconds[item.nodeid] = self.seconds.get(item.nodeid, 0.0) + spent
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item, nextitem: pytest.Item | None
+                                ) -> Iterator[None]:  # fmt: skip
+        if nextitem is not None:
+            yield
+            return
+        before = _cpu_seconds()
+        yield
+        self._session_end = _cpu_seconds() - before
+        self.seconds[SESSION_END] = self.seconds.get(SESSION_END, 0.0) + self._session_end
 
     def pytest_sessionfinish(self) -> None:
         output = getattr(self.config, "workeroutput", None)
@@ -81,7 +98,8 @@ class CpuReport:
         terminalreporter.section(f"CPU time: {total:,.0f} s in all, the most first")
         modules: Counter[str] = Counter()
         for nodeid, seconds in self.seconds.items():
-            modules[nodeid if nodeid == BETWEEN else nodeid.split("::", 1)[0]] += seconds
+            modules[nodeid if nodeid in (BETWEEN, SESSION_END) else nodeid.split("::", 1)[0]
+                    ] += seconds  # fmt: skip
         ranked = sorted(self.seconds.items(), key=lambda pair: -pair[1])
         for nodeid, seconds in ranked[:limit] if limit else ranked:
             write(f"{seconds:8.1f} s  {nodeid}")

@@ -16,6 +16,17 @@ HERE = Path(__file__).resolve().parent
 BUSY = """
 import subprocess, sys, time
 
+import pytest
+
+@pytest.fixture(scope="session", autouse=True)
+def a_server():
+    # Busy for the session, and waited for at its end, as a local cloud's server is.
+    server = subprocess.Popen([sys.executable, "-c",
+                               "import time\\nend = time.process_time() + 0.8\\n"
+                               "while time.process_time() < end: pass"])
+    yield
+    server.wait()
+
 def _spin(seconds):
     end = time.process_time() + seconds
     while time.process_time() < end:
@@ -54,7 +65,7 @@ def test_the_report_counts_each_tests_cpu_with_its_waited_for_processes(
     }
     ran = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "cpu_report", "-p", "no:cacheprovider",
-         "--numprocesses", workers, "--cpu-durations=0", str(tmp_path)],
+         "--numprocesses", workers, "--dist", "loadfile", "--cpu-durations=0", str(tmp_path)],
         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=120,
     )  # fmt: skip
     assert ran.returncode == 0, ran.stdout + ran.stderr
@@ -71,6 +82,9 @@ def test_the_report_counts_each_tests_cpu_with_its_waited_for_processes(
     assert seconds["test_after_it_starts_a_process"] < 0.3, ran.stdout
     between = re.search(r"^ +([\d.]+) s  \(between tests", ran.stdout, re.M)
     assert between and float(between[1]) >= 0.8, ran.stdout
+    # The session's server, waited for after the last test: apart, not for that test.
+    end = re.search(r"^ +([\d.]+) s  \(the session's end", ran.stdout, re.M)
+    assert end and float(end[1]) >= 0.8, ran.stdout
     ranked = [m[1] for m in re.finditer(r"^ +[\d.]+ s  \S+::(\w+)$", ran.stdout, re.M)]
     assert ranked[0] == "test_busy_in_a_child"
     assert re.search(r"CPU time: [\d,]+ s in all", ran.stdout)
