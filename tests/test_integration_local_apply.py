@@ -1628,13 +1628,13 @@ def test_fleet_rehearsal_three_machines_from_the_deployed_template_lose_nothing(
 
 
 TWO_RUNS_TRAINING = {
-    "steps": 480, "checkpoint_every": 80, "micro_batch": 4, "seed": 5, "log_every": 100,
+    "steps": 240, "checkpoint_every": 80, "micro_batch": 4, "seed": 5, "log_every": 100,
     "model": {"context": 32, "layers": 2, "heads": 2, "width": 64},
 }  # fmt: skip
 """Both runs of the story below train this: the same losses at every step, unless a cancel
-and resume lost or changed anything. Long enough (about half a minute a run on a 2-core
-machine, 70 ms a step) that the run started first is still training when the other has
-published its first checkpoint, with a few checkpoints a run."""
+and resume lost or changed anything. The run started first is paused at its first checkpoint;
+the other then has two thirds of its steps to go (about 11 s on a 2-core machine, 70 ms a
+step) while both are listed as training, and three checkpoints a run."""
 
 
 class _PlayedFleet:
