@@ -1696,3 +1696,36 @@ def test_the_handlers_settings_own_their_environment_variables() -> None:
         HandlerSettings.from_environment({"ENVIRONMENT": "dev"})
     with pytest.raises(ValueError):
         HandlerSettings.from_environment({**written, "HOT_POOL_THRESHOLD": "two"})
+
+
+def test_a_warning_judges_on_demand_by_spot_anywhere_for_a_run_that_may_move() -> None:
+    """An interruption warning for a run with a deadline decides its on-demand by the record
+    its checks keep (`deadline.kept_record`): spot in any of its regions when it may move (it
+    trains on spot wherever spot is), spot here when it has one region or no such record yet."""
+    from dataclasses import replace
+
+    from spotrain.constructs.interruption_handler.runtime import deadline
+    from spotrain.core.outage_fill import RegionRecords, SpotRecord
+
+    here = SpotRecord(observed_s=3600.0, available_s=600.0, spells=1)
+    there = SpotRecord(observed_s=3600.0, available_s=3000.0, spells=2)
+    anywhere = SpotRecord(observed_s=3600.0, available_s=3300.0, spells=2)
+    state = fleet_state.RunState(
+        spot_record=here, spot_records=RegionRecords((here, there), anywhere).to_item()
+    )
+
+    def settings(*regions: str) -> runtime_settings.Settings:
+        groups = tuple(CapacityGroup(name=f"fleet-{r}", region=r, lifecycle="spot",
+                                     holds_data=i == 0) for i, r in enumerate(regions))  # fmt: skip
+        due = RunDeadline(started_at="2026-11-29T00:00:00Z", finish_by="2026-12-01T00:00:00Z",
+                          total_steps=100)  # fmt: skip
+        return runtime_settings.Settings(
+            HandlerSettings(events_table="t", environment="dev", alert_topic_arn="arn:topic"),
+            RunDeclaration(run=RUN, groups=groups, run_deadline=due),
+        )
+
+    assert deadline.kept_record(settings("us-east-1", "us-west-2"), state) == anywhere
+    assert deadline.kept_record(settings("us-east-1"), state) == here
+    assert deadline.kept_record(
+        settings("us-east-1", "us-west-2"), replace(state, spot_records=None)
+    ) == here  # fmt: skip
