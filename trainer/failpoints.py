@@ -12,9 +12,10 @@ Points: `after-snapshot` (every rank copied its state to memory, before anything
 not yet updated), `after-light-seal` (a light checkpoint was sealed on the work disk).
 
 `SPOTRAIN_HOLD_WHILE=<file>` holds a run instead (`hold`): while the file exists, each rank
-waits at the end of its step until it is asked to stop. A rehearsal holds its run while the
-machines it waits for boot, so that how many steps it takes does not depend on how fast this
-host boots them.
+waits at the end of its step until it is asked to stop (then it goes on to the stop's
+agreement, which the other ranks join once they are asked too or the file goes). A rehearsal
+holds its run while the machines it waits for boot, so that how many steps it takes does not
+depend on how fast this host boots them.
 """
 
 from __future__ import annotations
