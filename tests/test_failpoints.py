@@ -16,13 +16,13 @@ def test_a_held_rank_waits_while_the_file_exists_and_a_stop_ends_the_wait(
 ) -> None:
     hold = tmp_path / "hold"
     monkeypatch.setenv(failpoints.HOLD_VARIABLE, str(hold))
-    failpoints.hold(lambda: False)  # no file: no wait
+    assert failpoints.hold(lambda: False) is None  # no file: no wait
 
     hold.touch()
     threading.Timer(0.5, hold.unlink).start()
     started = time.monotonic()
-    failpoints.hold(lambda: False)
-    assert 0.45 < time.monotonic() - started < 5  # released when the file went
+    held = failpoints.hold(lambda: False)
+    assert held is not None and 0.45 < held <= time.monotonic() - started < 5  # until it went
 
     hold.touch()
     asked = threading.Event()
@@ -35,5 +35,5 @@ def test_a_held_rank_waits_while_the_file_exists_and_a_stop_ends_the_wait(
 def test_without_the_setting_a_rank_never_waits(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(failpoints.HOLD_VARIABLE, raising=False)
     started = time.monotonic()
-    failpoints.hold(lambda: False)
+    assert failpoints.hold(lambda: False) is None
     assert time.monotonic() - started < 0.05

@@ -28,6 +28,7 @@ from spotrain.constructs.interruption_handler.construct import HANDLER_ENTRY
 from spotrain.core import resource_names as names
 from spotrain.core.handler_settings import HandlerSettings
 from spotrain.localcloud import control, faults
+from spotrain.trainer import failpoints
 
 pytestmark = pytest.mark.integration
 
@@ -1308,6 +1309,8 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         "model = { context = 32, layers = 2, heads = 2, width = 64 }", "",
     ]))  # fmt: skip
     monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
+    hold = tmp_path / "hold"  # every machine booted here honours it (they inherit the setting)
+    monkeypatch.setenv(failpoints.HOLD_VARIABLE, str(hold))
     fleet = _PlayedFleet(local, tmp_path / "machines")
     try:
         assert re.search(r"^third\s+declared\s.*`spotrain run submit local third`", listed(),
@@ -1344,7 +1347,8 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         # Both train at the same time, each from its own deployed template, into its own
         # checkpoints. `second` boots first: once it has published a checkpoint its machine is
         # paused (as a slow machine is) until the cancel, so that its lead cannot let it
-        # finish all its steps while `third` catches up and the runs are listed.
+        # finish all its steps while `third` catches up; `third` is then held after its step
+        # until the runs are listed.
         deadline = time.monotonic() + 300
         first_checkpoint = TWO_RUNS_TRAINING["checkpoint_every"]
         machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
@@ -1359,9 +1363,18 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
                 signal_all(machine, signal.SIGSTOP)
                 paused = True
             time.sleep(0.2)
+        hold.touch()
         assert first["second"].running() and player.is_alive()
         assert head("second") < TWO_RUNS_TRAINING["steps"] > head("third")
         now_listed = listed()
+        hold.unlink()
+        # `third` waited after a step past its first checkpoint (said once the hold ended),
+        # and so was listed training.
+        deadline = time.monotonic() + 60
+        while not (held := metrics["third"].events("held")):
+            assert time.monotonic() < deadline, metrics["third"].records()[-5:]
+            time.sleep(0.2)
+        assert first_checkpoint <= held[0]["step"] < TWO_RUNS_TRAINING["steps"], held
         for run in groups:
             assert re.search(rf"^{run}\s+training\s", now_listed, re.M), now_listed
 
@@ -1632,9 +1645,11 @@ TWO_RUNS_TRAINING = {
     "model": {"context": 32, "layers": 2, "heads": 2, "width": 64},
 }  # fmt: skip
 """Both runs of the story below train this: the same losses at every step, unless a cancel
-and resume lost or changed anything. The run started first is paused at its first checkpoint;
-the other then has two thirds of its steps to go (about 11 s on a 2-core machine, 70 ms a
-step) while both are listed as training, and three checkpoints a run."""
+and resume lost or changed anything. Each is held past its first checkpoint (the one started
+first paused, the other held after a step: `failpoints.hold`) while both are listed as
+training: the hold comes about 20 steps after that checkpoint here (its publish, then the
+test's look), and 160 steps leave room for a host several times as fast; three checkpoints a
+run."""
 
 
 class _PlayedFleet:

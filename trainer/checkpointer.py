@@ -473,7 +473,9 @@ class Checkpointer(RunCheckpoints):
         checkpoints that are due, and returns True when the run must stop (SIGTERM or a spot
         notice on any machine): its checkpoint of `step` is then published."""
         self.last_step = step
-        failpoints.hold(lambda: self.preemption.reason is not None)
+        held = failpoints.hold(lambda: self.preemption.reason is not None)
+        if held is not None and self.place.rank == 0:
+            self._on_event("held", step=step, seconds=held)
         if loss is not None and math.isfinite(loss):
             self._step_losses.append((step, float(loss)))
         if not self._trained_a_step and self.place.leader and self.work_dir is not None:

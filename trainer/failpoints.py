@@ -73,12 +73,17 @@ def hit(name: str, *, step: int | None = None) -> None:
         raise ValueError(f"{ENVIRONMENT_VARIABLE}: unknown action {action!r} for {name!r}")
 
 
-def hold(asked_to_stop: Callable[[], bool]) -> None:
+def hold(asked_to_stop: Callable[[], bool]) -> float | None:
     """Wait while the file HOLD_VARIABLE names exists, unless `asked_to_stop` (a signal or a
-    notice arrived: the stop goes on as it would have). Unset, a no-op."""
+    notice arrived: the stop goes on as it would have). The seconds held, or None when the
+    file was not there (or the setting is unset)."""
     path = os.environ.get(HOLD_VARIABLE)
-    while path and os.path.exists(path) and not asked_to_stop():
+    if not path or not os.path.exists(path):
+        return None
+    began = time.monotonic()
+    while os.path.exists(path) and not asked_to_stop():
         time.sleep(HOLD_POLL_S)
+    return time.monotonic() - began
 
 
 def kill_launcher_and_workers(launcher: int) -> None:
