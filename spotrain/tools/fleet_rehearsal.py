@@ -183,6 +183,7 @@ class FleetRehearsal:
             with prices_from(self.price_book):
                 return self._story(cloud, outputs, corpus, reference)
         finally:
+            self._hold.unlink(missing_ok=True)  # a rehearsal that failed holding leaves none
             for machine in self.machines:
                 machine.stop()
             reference[1].stop()
