@@ -54,30 +54,40 @@ MODULES_KEPT_TOGETHER = (*deployment.MODULES, "test_bad_input.py", "test_checkov
 
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """xdist's scope scheduler with the groups above as its scopes: a test of a module kept
-    together is scheduled with its module, any other test on its own."""
+    together is scheduled with its module, any other test on its own. A worker takes the next
+    unit that is not held back for it (`held_back`), or the next if all are."""
     from xdist.scheduler import LoadScopeScheduling
 
-    first, users, _ = deployment.MODULES
+    first, users, last = deployment.MODULES
+    stories = set(deployment.MODULES[:-1])
 
     class Grouped(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
             module = nodeid.split("::", 1)[0]
             return module if Path(module).name in MODULES_KEPT_TOGETHER else nodeid
 
+        def held_back(self, scope: str, node: Any) -> bool:
+            """Whether `node` should take another unit before this one, if there is one:
+            - the user's-repository story is not queued behind the deployment's own stories
+              on the worker that applies it (a worker takes more work while two of its tests
+              are still pending), but runs beside them on the other;
+            - the deployment's end (its second plan and destroy) waits for every story, so it
+              is not taken while one is still to run: its worker would sit idle beside that
+              story instead of running quick tests (it once waited 117 s)."""
+            name = Path(scope).name
+            if name == users:
+                return any(Path(s).name == first for s in self.assigned_work.get(node, {}))
+            if name == last:
+                running = (not all(done.values()) for work in self.assigned_work.values()
+                           for s, done in work.items() if Path(s).name in stories)  # fmt: skip
+                return any(Path(s).name in stories for s in self.workqueue) or any(running)
+            return False
+
         def _assign_work_unit(self, node: Any) -> None:
-            """The next unit, except that the user's-repository story never goes to the
-            worker of the deployment's apply, unless nothing else is left: a worker takes
-            more work while two of its tests are still pending, and that worker would queue
-            the story behind its own stories instead of running it beside them."""
             queue = self.workqueue
-            if (
-                next(iter(queue), None) is not None
-                and Path(next(iter(queue))).name == users
-                and any(Path(s).name == first for s in self.assigned_work.get(node, {}))
-            ):
-                other = next((s for s in queue if Path(s).name != users), None)
-                if other is not None:  # this worker takes the next other unit; the story
-                    queue.move_to_end(other, last=False)  # stays next, for the other worker
+            ready = next((s for s in queue if not self.held_back(s, node)), None)
+            if ready is not None:
+                queue.move_to_end(ready, last=False)
             super()._assign_work_unit(node)
 
     return Grouped(config, log)
@@ -95,8 +105,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     runs (on one worker), then the integration and slow tests, among them a user's own run on
     the same deployment (on the other worker, late enough that the stories it follows are
     over: USERS_STORY_BEFORE), those that step CPU Adam last of them; then the deployment's
-    second plan and destroy, which wait for every story; then the quick tests that fill the
-    gaps at the end. Workers take work in this order (--no-loadscope-reorder)."""
+    second plan and destroy, which wait for every story (handed out once none is left to run:
+    `held_back`); then the quick tests that fill the gaps. Workers take work in this order
+    (--no-loadscope-reorder)."""
     first, users, last = deployment.MODULES
 
     def rank(item: pytest.Item) -> int:
