@@ -325,6 +325,35 @@ def test_run_status_shows_progress_loss_pace_eta_deadline_and_head(
         "i-spot INTERRUPTING, warned at 2026-01-01T12:00:00.000000Z")  # fmt: skip
 
 
+def test_run_status_gives_the_queues_place_only_when_nothing_else_holds_the_run(
+    aws: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run the queue holds says its place and why, as its reason and as `queued`; once it is
+    cancelled the cancel is the reason, and the queue's place is no longer shown as one."""
+    import json
+
+    from spotrain.core import fleet_state, run_lifecycle
+    from spotrain.trainer import run_config
+    from spotrain.trainer.storage import open_storage
+
+    _local_demo_run(machines=0)
+    bucket = "spotrain-local-checkpoints-us-east-1"
+    boto3.client("s3").create_bucket(Bucket=bucket)
+    run_config.put(open_storage(f"s3://{bucket}"), {"run": "demo", "steps": 400})
+    events = boto3.resource("dynamodb").Table("spotrain-local-events")
+    place = "2nd in the queue: team research is at its GPU quota"
+    fleet_state.set_queued(events, "demo", place)
+
+    def status() -> dict[str, object]:
+        assert cli.main(["run", "status", "local", "demo", "--json"]) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    assert (status()["why"], status()["queued"]) == (place, place)
+    run_lifecycle.mark_cancelled(events, "demo", by="research@example.com", at=1.0)
+    cancelled = status()
+    assert cancelled["queued"] is None and "cancel" in str(cancelled["why"]), cancelled
+
+
 def test_run_logs_shows_every_machine_or_one_gone_ones_included(
     aws: None, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -172,8 +172,6 @@ def _why_not_training(
         return "held after repeated crashes (`spotrain fleet reset-crashes`)"
     if held:
         return "held at its spend cap (`spotrain fleet release --max-spend-usd N`)"
-    if state.queued and stored:  # waiting in the queue, or preempted
-        return state.queued
     if phase == run_lifecycle.WAITING:
         return ("submitted: the handler's next capacity check (every 5 minutes) starts its "
                 "groups" if stored else
@@ -284,13 +282,15 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
     # When each machine was warned (a spot notice's own time is the stop, two minutes on).
     marks = sorted(fleet_state.instances(where.events, run), key=_warned_at)
     stored = _stored_configuration(where, run)
-    why = it.lifecycle.why_stopped or _why_not_training(phase, state, ledger.held, stored)
+    holds = it.lifecycle.why_stopped or state.failed or ledger.held  # whatever the queue says
+    queued = state.queued if stored and not holds else None  # waiting in it, or preempted
+    why = it.lifecycle.why_stopped or queued or _why_not_training(phase, state, ledger.held, stored)
     steps = _total_steps(stored)
-    per_hour = read_throughput(where.catalog, run) if head is not None else None
-    epoch = run_epochs.current(run_epochs.read_chain(where.catalog, run))
+    epoch = run_epochs.current(chain := run_epochs.read_chain(where.catalog, run))
+    per_hour = read_throughput(where.catalog, run, chain) if head is not None else None
     return RunStatus(
         run=run, phase=phase, why=why, step=step, final=final, machines=it.machines,
-        queued=why if why and why == state.queued else None,
+        queued=queued,
         sizes={g["AutoScalingGroupName"]: f"{g['MinSize']}..{g['DesiredCapacity']}.."
                f"{g['MaxSize']}" for g in groups},
         spend_usd=round(ledger.spend_usd, 2), on_demand_usd=round(ledger.on_demand_usd, 2),

@@ -385,17 +385,21 @@ def throughput(records: list[dict[str, Any]]) -> float | None:
     return steps / seconds * 3600 if steps else None
 
 
-def read_throughput(table: Any, run: str) -> float | None:
+def read_throughput(
+    table: Any, run: str, chain: list[run_epochs.Epoch] | None = None
+) -> float | None:
     """The run's steps per hour (`throughput`) from the checkpoint catalog (a boto3 Table),
     over the checkpoints of its history: one a stale writer published after the run moved is
-    no progress (and would count steps done twice)."""
+    no progress (and would count steps done twice). `chain`: the run's epochs, when the caller
+    has read them already."""
     records = query_items(table, run_key(run), CHECKPOINT_PREFIX,
                           ProjectionExpression="#sk, step, created_at, generation")  # fmt: skip
-    counted = run_epochs.in_history(run_epochs.read_chain(table, run))
+    counted = run_epochs.in_history(run_epochs.read_chain(table, run) if chain is None else chain)
     return throughput([r for r in records if counted(str(r[SORT_KEY]), int(r["step"]))])
 
 
 def read_pace(table: Any, run: str) -> Pace:
     """The run's head and throughput from the checkpoint catalog (a boto3 Table)."""
-    head = read_head(table, run)
-    return Pace(int(head["step"]) if head else 0, read_throughput(table, run))
+    chain = run_epochs.read_chain(table, run)  # read once, for both
+    head = read_head(table, run, chain)
+    return Pace(int(head["step"]) if head else 0, read_throughput(table, run, chain))

@@ -171,10 +171,11 @@ def read_chain(table: Any, run: str) -> list[Epoch]:
     return [Epoch.from_item(i) for i in claims]
 
 
-def read_head(table: Any, run: str) -> dict[str, Any] | None:
+def read_head(table: Any, run: str, chain: list[Epoch] | None = None) -> dict[str, Any] | None:
     """Run `run`'s head item from a boto3 Table (consistent reads), its current epoch's; while
-    that epoch has published nothing, where it starts from (`{"step", "latest"}`: its base's)."""
-    chain = read_chain(table, run)
+    that epoch has published nothing, where it starts from (`{"step", "latest"}`: its base's).
+    `chain`: the run's epochs, when the caller has read them already."""
+    chain = read_chain(table, run) if chain is None else chain
     item: dict[str, Any] | None = table.get_item(
         Key={PARTITION_KEY: run_key(run), SORT_KEY: head_sort_key(chain)}, ConsistentRead=True
     ).get("Item")

@@ -27,7 +27,7 @@ from spotrain.core.catalog_schema import (
     lifecycle_key,
     run_key,
 )
-from spotrain.core.run_epochs import read_head
+from spotrain.core.run_epochs import Epoch, read_head
 
 WAITING = "waiting"
 """Not started by the handler yet: no configuration stored (`spotrain config put`), or stored
@@ -103,10 +103,12 @@ class PublishedHead:
     """Its manifest's key in the checkpoint bucket."""
 
 
-def published_head(catalog: Any, run: str) -> PublishedHead | None:
+def published_head(
+    catalog: Any, run: str, chain: list[Epoch] | None = None
+) -> PublishedHead | None:
     """The run's head in the checkpoint catalog (a boto3 Table), and whether it is final; None
-    before anything is published."""
-    head = read_head(catalog, run)
+    before anything is published. `chain`: the run's epochs, when the caller has read them."""
+    head = read_head(catalog, run, chain)
     if not head or "latest" not in head:
         return None
     record = catalog.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: head["latest"]},

@@ -435,8 +435,8 @@ def read_checkpoints(
     """The run's checkpoint records and its head's step (0: nothing published); one that is
     not part of the run's history (a stale writer's, after a move) is FENCED. `chain`: its
     epochs, when the caller has read them already."""
-    head = read_head(catalog, run)
     chain = run_epochs.read_chain(catalog, run) if chain is None else chain
+    head = read_head(catalog, run, chain)
     counted = run_epochs.in_history(chain)
     found = []
     for item in query_items(catalog, run_key(run), CHECKPOINT_PREFIX):
