@@ -791,42 +791,87 @@ def test_schedule_periods_and_the_clock_file(tmp_path: Path) -> None:
     assert schedules.read_speedup(clock) == 0
 
 
+def python_function(local_cloud: control.RunningCloud, files: dict[str, str], handler: str,
+                    variables: dict[str, str] | None = None) -> str:  # fmt: skip
+    """A Python function of `files` (path: source), deployed with a role of its own: its name."""
+    import io
+    import zipfile
+
+    code = io.BytesIO()
+    with zipfile.ZipFile(code, "w") as archive:
+        for path, source in files.items():
+            archive.writestr(path, source)
+    name, iam = unique("function"), client(local_cloud, "iam")
+    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps({
+        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
+                                                "Principal": {"Service": "lambda.amazonaws.com"}}],
+    }))["Role"]["Arn"]  # fmt: skip
+    client(local_cloud, "lambda").create_function(
+        FunctionName=name, Runtime="python3.12", Role=role, Handler=handler,
+        Code={"ZipFile": code.getvalue()}, Environment={"Variables": variables or {}}, Timeout=60,
+    )  # fmt: skip
+    return name
+
+
 def test_a_python_function_is_invoked_from_its_zip_as_lambda_runs_it(
     local_cloud: control.RunningCloud,
 ) -> None:
     """Invoke runs the function's zip with its handler and environment (moto alone needs
     Docker): the handler's return is the payload; one that raises is a function error whose
     log tail says why."""
-    import io
-    import zipfile
-
-    code = io.BytesIO()
-    with zipfile.ZipFile(code, "w") as archive:
-        archive.writestr("app/__init__.py", "")
-        archive.writestr("app/entry.py", (
-            "import os\n"
-            "def handle(event, context):\n"
-            "    if event.get('fail'):\n"
-            "        raise RuntimeError('asked to fail')\n"
-            "    return {'got': event, 'colour': os.environ['COLOUR']}\n"
-        ))  # fmt: skip
-    iam, functions = client(local_cloud, "iam"), client(local_cloud, "lambda")
-    name = unique("invoked")
-    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps({
-        "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "sts:AssumeRole",
-                                                "Principal": {"Service": "lambda.amazonaws.com"}}],
-    }))["Role"]["Arn"]  # fmt: skip
-    functions.create_function(
-        FunctionName=name, Runtime="python3.12", Role=role, Handler="app.entry.handle",
-        Code={"ZipFile": code.getvalue()}, Environment={"Variables": {"COLOUR": "teal"}},
-        Timeout=60,
-    )  # fmt: skip
+    name = python_function(local_cloud, {"app/__init__.py": "", "app/entry.py": (
+        "import os\n"
+        "def handle(event, context):\n"
+        "    if event.get('fail'):\n"
+        "        raise RuntimeError('asked to fail')\n"
+        "    return {'got': event, 'colour': os.environ['COLOUR']}\n"
+    )}, "app.entry.handle", {"COLOUR": "teal"})  # fmt: skip
+    functions = client(local_cloud, "lambda")
     answer = functions.invoke(FunctionName=name, Payload=json.dumps({"n": 7}).encode())
     assert "FunctionError" not in answer
     assert json.loads(answer["Payload"].read()) == {"got": {"n": 7}, "colour": "teal"}
     failed = functions.invoke(FunctionName=name, Payload=b'{"fail": true}', LogType="Tail")
     assert failed["FunctionError"] == "Unhandled"
     assert "asked to fail" in json.loads(failed["Payload"].read())["errorMessage"]
+
+
+def test_a_function_keeps_a_warm_environment_between_invocations_as_lambda_does(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """A function's execution environment serves the next invocation (what its module keeps
+    outlives an invocation, as on AWS); invocations at once each get one of their own; one
+    whose invocation failed is not used again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    name = python_function(local_cloud, {"counter.py": (
+        "import os, time\n"
+        "calls = 0\n"
+        "def handle(event, context):\n"
+        "    global calls\n"
+        "    calls += 1\n"
+        "    time.sleep(event.get('hold', 0))\n"
+        "    if event.get('fail'):\n"
+        "        raise RuntimeError(f'asked to fail in process {os.getpid()}.')\n"
+        "    return {'calls': calls, 'process': os.getpid()}\n"
+    )}, "counter.handle")  # fmt: skip
+    functions = client(local_cloud, "lambda")
+
+    def invoke(event: dict[str, Any]) -> dict[str, Any]:
+        answer = functions.invoke(FunctionName=name, Payload=json.dumps(event).encode())
+        return dict(json.loads(answer["Payload"].read()))
+
+    first, second = invoke({}), invoke({})
+    assert (first["calls"], second["calls"]) == (1, 2)  # warm: the same module
+    assert first["process"] == second["process"]
+    with ThreadPoolExecutor(2) as pool:  # at once: the warm one, and a cold one beside it
+        together = list(pool.map(invoke, [{"hold": 1}, {"hold": 1}]))
+    assert sorted(r["calls"] for r in together) == [1, 3]
+    failed = invoke({"fail": True})["errorMessage"]
+    gone = int(failed.split("asked to fail in process ")[-1].split(".")[0])
+    assert gone in {r["process"] for r in together}  # a warm one failed
+    after = [invoke({}) for _ in range(3)]
+    assert gone not in {r["process"] for r in after}  # and is not used again
+    assert [r["calls"] for r in after][1:] == [after[0]["calls"] + 1, after[0]["calls"] + 2]
 
 
 def test_a_client_that_stalls_its_handshake_holds_up_no_other(

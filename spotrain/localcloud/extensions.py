@@ -46,13 +46,10 @@ from __future__ import annotations
 
 import base64
 import datetime
-import io
 import json
 import os
 import queue
 import subprocess
-import sys
-import tempfile
 import threading
 import zipfile
 from typing import Any
@@ -63,6 +60,7 @@ from spotrain.localcloud import (
     authorization,
     faults,
     global_tables,
+    lambda_environments,
     price_list,
     spot_placement,
 )
@@ -355,31 +353,18 @@ def run_python_function(
     timeout_s: float,
 ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """Run a Python Lambda handler (`module.function`) from its zip, as Lambda would, against
-    this local cloud."""
-    module, _, function = handler.rpartition(".")
-    with tempfile.TemporaryDirectory(prefix="spotrain-lambda-") as folder:
-        with zipfile.ZipFile(io.BytesIO(code)) as archive:
-            archive.extractall(folder)
-        script = (
-            "import importlib, json, sys\n"
-            f"sys.path.insert(0, {folder!r})\n"
-            f"result = getattr(importlib.import_module({module!r}), {function!r})"
-            "(json.load(sys.stdin), None)\n"
-            "print(json.dumps(result, default=str))\n"
-        )
-        env = {
-            "PATH": os.environ.get("PATH", ""),
-            **environment,
-            "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
-            "AWS_REGION": region, "AWS_DEFAULT_REGION": region,
-            "AWS_ENDPOINT_URL": os.environ.get(ENDPOINT_VARIABLE, ""),
-            "AWS_CA_BUNDLE": os.environ.get(CA_BUNDLE_VARIABLE, ""),
-            "AWS_EC2_METADATA_DISABLED": "true",
-        }  # fmt: skip
-        return subprocess.run(
-            [sys.executable, "-c", script], input=json.dumps(event, default=str), env=env,
-            capture_output=True, text=True, timeout=timeout_s, cwd=folder, check=False,
-        )  # fmt: skip
+    this local cloud: in a warm execution environment of the function when one is idle
+    (`lambda_environments`)."""
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        **environment,
+        "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+        "AWS_REGION": region, "AWS_DEFAULT_REGION": region,
+        "AWS_ENDPOINT_URL": os.environ.get(ENDPOINT_VARIABLE, ""),
+        "AWS_CA_BUNDLE": os.environ.get(CA_BUNDLE_VARIABLE, ""),
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }  # fmt: skip
+    return lambda_environments.invoke(code, handler, env, event, timeout_s)
 
 
 def _stream_worker(function_arn: str, pending: queue.Queue[dict[str, Any]]) -> None:
