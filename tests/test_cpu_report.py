@@ -14,7 +14,7 @@ import pytest
 HERE = Path(__file__).resolve().parent
 
 BUSY = """
-import subprocess, sys, time
+import os, subprocess, sys, time
 
 import pytest
 
@@ -44,10 +44,11 @@ def test_idle():
     time.sleep(0.5)
 
 def test_leaves_a_busy_process_behind():
-    subprocess.Popen([sys.executable, "-c",  # dropped while it runs: nobody waits for it
-                      "import time\\nend = time.process_time() + 0.8\\n"
-                      "while time.process_time() < end: pass"])
-    time.sleep(2)  # it ends meanwhile, unreaped
+    left = subprocess.Popen([sys.executable, "-c",  # dropped while it runs: nobody reaps it
+                             "import time\\nend = time.process_time() + 0.8\\n"
+                             "while time.process_time() < end: pass"]).pid
+    # It ends meanwhile, however loaded the machine, and is left unreaped (WNOWAIT).
+    os.waitid(os.P_PID, left, os.WEXITED | os.WNOWAIT)
 
 def test_after_it_starts_a_process():
     subprocess.run(["true"], check=True)  # a Popen: the standard library reaps the one left
