@@ -100,6 +100,7 @@ class _Environment:
         return subprocess.CompletedProcess(self.process.args, code or 1, "", log)
 
     def close(self) -> None:
+        """End the process (again, harmlessly, if it has ended) and remove its folder."""
         with contextlib.suppress(OSError):
             self.process.kill()
         self.process.wait()
@@ -123,7 +124,11 @@ def invoke(
         kept = _idle.get(key)
         warm = kept.pop() if kept else None
     environment_ = warm or _Environment(code, handler, environment)
-    done = environment_.invoke(event, timeout_s)
+    try:
+        done = environment_.invoke(event, timeout_s)
+    except BaseException:  # a reply it could not read: the environment is not used again
+        environment_.close()
+        raise
     if done.returncode != 0:
         environment_.close()
         return done
