@@ -208,9 +208,12 @@ def optimum_table() -> list[str]:
 
 
 ACROSS_DEVELOPMENT, ACROSS_HELD_OUT = range(0, 4), range(100, 108)
-MOVES_USD = (0.5, 3.0)
-"""A move's transfer: a 25 GB checkpoint at $0.02/GB, or 150 GB (in spot-hours of this
-bench's prices: a move at $3 costs three hours of spot)."""
+MOVES_USD = (0.0, 0.5, 3.0)
+"""A move's transfer. $0 is spotrain's own: the buckets replicate each checkpoint as it is
+published and the dataset once, so a move sends nothing and pays its changeover alone
+(docs/cost.md), and the handler prices it so. $0.5 and $3 are what a move would cost if it
+sent its checkpoint (25 GB at $0.02/GB, or 150 GB: in spot-hours of this bench's prices, a
+move at $3 costs three hours of spot), as where the checkpoints do not replicate."""
 
 
 def across_table() -> list[str]:
@@ -330,7 +333,9 @@ and at most 1.10x at every deadline.
 
 The same runs over every region of a market at once (`us`: three regions, `scarce`: two; one
 trace each from one seed, so their shared dry spells line up), a move between regions paying
-a changeover and its transfer (`spotrain.cost.across_regions`; the optimum is
+a changeover and its transfer: $0 where the checkpoints replicate as spotrain's do (a move
+then sends nothing), $0.5 and $3 if it had to send its checkpoint
+(`spotrain.cost.across_regions`; the optimum is
 `optimum.cheapest_across`). `outage-fill@home` is the handler's policy confined to home (a run
 that never moves); `spot-anywhere` the plain rule (spot here, else spot wherever there is some
 while a changeover more still fits); `outage-fill` the policy across regions
