@@ -17,7 +17,12 @@
 - Each write is atomic, as in AWS: moto checks a write's condition and then makes it in
   Python, so two requests served at once on the server's threads could both pass their
   conditions on one item, the later overwriting a newer value; every write (and every
-  replicated change applied) is made under one lock (`_writes`).
+  replicated change applied) is made under one lock (`_items`).
+- Each read sees an item as one write left it, as in AWS: moto's UpdateItem makes a new item
+  from its key and then sets its attributes one by one, and changes an existing item in place,
+  so a read served meanwhile saw the key alone, or half an update. Reads take the same lock,
+  and an update changes a copy of the item that takes the stored one's place: a reply being
+  written from the item a read found keeps that version whole.
 
 `install()` patches moto in this process (`extensions.install` calls it).
 """
@@ -57,8 +62,9 @@ class _Change:
 
 
 _lock = threading.Lock()
-_writes = threading.RLock()
-"""Held by every write to any table (a request's or a replicated change's): one at a time."""
+_items = threading.RLock()
+"""Held by every read and write of any table's items (a request's or a replicated change's):
+one at a time."""
 _groups: dict[tuple[str, str], _Group] = {}  # (account, table name) -> members
 _written_at: dict[tuple[str, str, str, tuple[Any, ...]], tuple[float, int]] = {}
 _pending: list[_Change] = []
@@ -140,7 +146,7 @@ def _apply(change: _Change) -> None:
         return  # the replica was deleted meanwhile
     _applying.active = True
     try:
-        with _writes:
+        with _items:
             if change.item is not None:
                 table.put_item(change.item)
             else:
@@ -257,13 +263,15 @@ def install() -> None:
 
     original_update_item = DynamoDBBackend.update_item
 
-    def update_item(self: DynamoDBBackend, table_name: str, *args: Any, **kwargs: Any) -> Any:
+    def update_item(self: DynamoDBBackend, table_name: str, key: dict[str, Any], *args: Any,
+                    **kwargs: Any) -> Any:  # fmt: skip
         # moto creates a new item as its keys alone, then updates it: AWS's update is one
         # write, so only the item it leaves is replicated (a reader elsewhere never sees keys
         # without their attributes).
+        _copy_before_updating(self, table_name, key)
         _updating.active = True
         try:
-            item = original_update_item(self, table_name, *args, **kwargs)
+            item = original_update_item(self, table_name, key, *args, **kwargs)
         finally:
             _updating.active = False
         table = self.get_table(table_name)
@@ -284,13 +292,27 @@ def install() -> None:
     DynamoDBBackend.update_item = update_item  # type: ignore[method-assign]
     DynamoDBBackend.delete_table = delete_table  # type: ignore[method-assign]
     for name in ("put_item", "update_item", "delete_item", "transact_write_items",
-                 "batch_write_item"):  # fmt: skip
+                 "batch_write_item", "get_item", "query", "scan"):  # fmt: skip
         setattr(DynamoDBBackend, name, _one_at_a_time(getattr(DynamoDBBackend, name)))
 
 
-def _one_at_a_time(write: Any) -> Any:
+def _one_at_a_time(operation: Any) -> Any:
     def under_the_lock(self: Any, *args: Any, **kwargs: Any) -> Any:
-        with _writes:
-            return write(self, *args, **kwargs)
+        with _items:
+            return operation(self, *args, **kwargs)
 
     return under_the_lock
+
+
+def _copy_before_updating(backend: Any, table_name: str, key: dict[str, Any]) -> None:
+    """Put a copy of the item `key` names (if there is one) in its place, for moto's update to
+    change: the item a read already found stays as it was."""
+    table = backend.get_table(table_name)
+    hash_value, range_value = backend.get_keys_value(table, key)
+    stored = table.get_item(hash_value, range_value)
+    if stored is None:
+        return
+    if table.range_key_attr:
+        table.items[hash_value][range_value] = copy.deepcopy(stored)
+    else:
+        table.items[hash_value] = copy.deepcopy(stored)
