@@ -213,12 +213,14 @@ if ((status == 0)) && [[ "$NNODES" != "1" && -z "${SPOTRAIN_RDZV_ENDPOINT:-}" ]]
     echo "spotrain bootstrap: $instance_id coordinates run $SPOTRAIN_RUN at $SPOTRAIN_RDZV_ENDPOINT"
     rdzv_host=--rdzv-host
     # Renewed in the background; stopped between renewals (a signal ends `wait` at once but
-    # lets a renewal finish), so none lands after the role is given up.
+    # lets a renewal finish), so none lands after the role is given up. Its pause goes with it:
+    # left behind, the service would not end until the pause did (up to a period, billed).
     (
-      trap 'exit 0' TERM
+      trap 'kill "$pause" 2>/dev/null; exit 0' TERM
       while true; do
         sleep "${SPOTRAIN_COORDINATOR_HEARTBEAT:-60}" &
-        wait $! || true
+        pause=$!
+        wait "$pause" || true
         spotrain_run "${claim[@]}" >/dev/null || exit
       done
     ) &

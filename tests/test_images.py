@@ -174,6 +174,73 @@ def test_bootstrap_names_what_is_missing() -> None:
     assert "redeploy the run's stack" in result.stderr
 
 
+STAND_IN_SPOTRAIN = """#!/bin/bash
+# spotrain's machine-side commands, as far as a coordinator's boot needs them: the claim
+# answers with the rendezvous, training lasts until SIGTERM, everything else succeeds.
+case "$*" in
+  *"coordinator --claim"*) echo 127.0.0.1:29400 ;;
+  train*) trap 'kill "$trains"; exit 143' TERM; echo training; sleep 600 & trains=$!; wait ;;
+esac
+exit 0
+"""
+
+
+def test_a_coordinator_asked_to_stop_leaves_no_process_behind(tmp_path: Path) -> None:
+    """The service ends when its boot script's last process does, and the instance with it:
+    the coordinator's heartbeat pause, orphaned by its stop, once kept a stopped machine
+    (trained out, published) up for the rest of a period, billed. The boot script runs for real
+    (a stand-in for spotrain's own commands on PATH); every process it started is gone once it
+    has exited."""
+    import signal
+    import time
+
+    from spotrain.localcloud.machines import process_tree, signal_all
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "spotrain").write_text(STAND_IN_SPOTRAIN)
+    (bin_dir / "spotrain").chmod(0o755)
+    run_env = tmp_path / "run.env"
+    run_env.write_text("SPOTRAIN_RUN=r\nSPOTRAIN_REGION=us-east-1\nSPOTRAIN_BUCKET=b\n"
+                       "SPOTRAIN_CATALOG_TABLE=t\nSPOTRAIN_KMS_KEY_ID=k\n"
+                       "SPOTRAIN_EVENTS_TABLE=e\nSPOTRAIN_NNODES=2\n")  # fmt: skip
+    with LocalMetadataService(instance_id="i-0c00d", instance_type="g6.xlarge",
+                              lifecycle="on-demand") as imds:  # fmt: skip
+        log = tmp_path / "boot.log"
+        with log.open("w") as output:
+            boot = subprocess.Popen(
+                ["bash", str(BOOTSTRAP)], stdout=output, stderr=subprocess.STDOUT,
+                env={"PATH": f"{bin_dir}:{os.environ['PATH']}", "SPOTRAIN_RUN_ENV": str(run_env),
+                     "SPOTRAIN_IMDS_ENDPOINT": imds.endpoint,
+                     "SPOTRAIN_CONTAINER_RUNTIME": "none",
+                     "SPOTRAIN_WORK_DIR": str(tmp_path / "disk"),
+                     "SPOTRAIN_COORDINATOR_HEARTBEAT": "300"},
+            )  # fmt: skip
+        deadline = time.monotonic() + 60
+        while "training" not in log.read_text():  # until it trains, coordinating the run
+            assert boot.poll() is None and time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert "coordinates run r at 127.0.0.1:29400" in log.read_text()
+        started = process_tree(boot.pid)
+        boot.send_signal(signal.SIGTERM)  # the service is stopped: the instance is leaving
+        assert boot.wait(timeout=60) == 143, log.read_text()
+
+    def left() -> list[int]:
+        return [
+            pid
+            for pid in started
+            if Path(f"/proc/{pid}").exists()
+            and Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        ]
+
+    deadline = time.monotonic() + 10
+    while left() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    behind = {pid: Path(f"/proc/{pid}/cmdline").read_bytes() for pid in left()}
+    signal_all(list(behind), signal.SIGKILL)
+    assert behind == {}
+
+
 @pytest.mark.integration
 def test_bootstrap_starts_training_that_publishes_to_the_environment(
     corpus: str, tmp_path: Path, local_cloud: control.RunningCloud,
