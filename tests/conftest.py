@@ -68,20 +68,32 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
 
         def held_back(self, scope: str, node: Any) -> bool:
             """Whether `node` should take another unit before this one, if there is one:
-            - the user's-repository story is not queued behind the deployment's own stories
-              on the worker that applies it (a worker takes more work while two of its tests
-              are still pending), but runs beside them on the other;
+            - the user's-repository story waits for the story that takes a region down
+              (`deployment.USERS_STORY_AFTER`), so it is handed out when that one is over, not
+              before (its worker would sit waiting) nor long after (it is on the way to the
+              deployment's end: handed out at a fixed place in the queue, it started 270 s
+              after the rehearsal in a clean-clone run); and it is not queued behind the
+              deployment's own stories on the worker that applies it (a worker takes more work
+              while two of its tests are still pending), but runs beside them on the other;
             - the deployment's end (its second plan and destroy) waits for every story, so it
               is not taken while one is still to run: its worker would sit idle beside that
               story instead of running quick tests (it once waited 117 s)."""
             name = Path(scope).name
             if name == users:
-                return any(Path(s).name == first for s in self.assigned_work.get(node, {}))
+                return not self.over(deployment.USERS_STORY_AFTER) or any(
+                    Path(s).name == first for s in self.assigned_work.get(node, {}))  # fmt: skip
             if name == last:
                 running = (not all(done.values()) for work in self.assigned_work.values()
                            for s, done in work.items() if Path(s).name in stories)  # fmt: skip
                 return any(Path(s).name in stories for s in self.workqueue) or any(running)
             return False
+
+        def over(self, test: str) -> bool:
+            """Whether the test named `test` has finished (or was not selected)."""
+            named = f"::{test}"
+            done = [finished for work in self.assigned_work.values() for tests in work.values()
+                    for nodeid, finished in tests.items() if nodeid.endswith(named)]  # fmt: skip
+            return all(done) if done else not any(n.endswith(named) for n in self.collection)
 
         def _assign_work_unit(self, node: Any) -> None:
             queue = self.workqueue
@@ -93,25 +105,18 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     return Grouped(config, log)
 
 
-USERS_STORY_BEFORE = "test_user_scripts.py"
-"""The user's-repository story is handed out just before this module's tests: by then the
-other worker's stories have passed the rehearsal it waits for (about 8 minutes into the tests:
-the apply and the stories before it, the two-runs story among them), so its worker does not
-sit waiting (handed out before `test_trainer_resume.py` instead, it waited 160 s)."""
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """The longest work first: the deployment's apply and its stories on the environment's
-    runs (on one worker), then the integration and slow tests, among them a user's own run on
-    the same deployment (on the other worker, late enough that the stories it follows are
-    over: USERS_STORY_BEFORE), those that step CPU Adam last of them; then the deployment's
-    second plan and destroy, which wait for every story (handed out once none is left to run:
-    `held_back`); then the quick tests that fill the gaps. Workers take work in this order
+    runs (on one worker), a user's own run on the same deployment (on the other worker, handed
+    out once the story it waits for is over: `held_back`), then the integration and slow
+    tests, those that step CPU Adam last of them; then the deployment's second plan and
+    destroy, which wait for every story (handed out once none is left to run: `held_back`);
+    then the quick tests that fill the gaps. Workers take work in this order
     (--no-loadscope-reorder)."""
     first, users, last = deployment.MODULES
 
     def rank(item: pytest.Item) -> int:
-        if item.path.name == first:
+        if item.path.name in (first, users):
             return 0
         if item.get_closest_marker("cpu_adam"):
             return 2  # after the other slow ones: its compile runs meanwhile (below)
@@ -121,14 +126,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             return 1  # in file order: the user's run after a few minutes of others
         return 4
 
-    items.sort(key=rank)  # stable: each module's tests stay in file order
-    story = [item for item in items if item.path.name == users]
-    later = next((i for i, item in enumerate(items) if item.path.name == USERS_STORY_BEFORE
-                  and item not in story), None)  # fmt: skip
-    if story and later is not None:
-        rest = [item for item in items if item.path.name != users]
-        at = rest.index(items[later])
-        items[:] = [*rest[:at], *story, *rest[at:]]
+    items.sort(key=lambda item: (rank(item), item.path.name == users))  # stable otherwise
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

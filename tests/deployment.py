@@ -39,6 +39,10 @@ MODULES = ("test_integration_local_apply.py", "test_integration_local_users_repo
            "test_integration_local_destroy.py")  # fmt: skip
 """The deployment's modules, in the order they are handed out."""
 
+USERS_STORY_AFTER = "test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss"
+"""The story the user's-repository story waits for (it takes a region down, which reaches
+every caller of the cloud): the suite hands the user's story out as soon as it is over."""
+
 ACCOUNT = "123456789012"
 """The local cloud's account, which the deployment is applied to."""
 

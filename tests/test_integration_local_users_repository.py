@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import pytest
-from deployment import ACCOUNT, TRAINING_MACHINES, Local, after, alone
+from deployment import ACCOUNT, TRAINING_MACHINES, USERS_STORY_AFTER, Local, after, alone
 
 from spotrain.localcloud import control
 
@@ -54,7 +54,7 @@ def test_a_run_from_the_users_own_repository_is_reclaimed_and_loses_no_step(
     from spotrain.trainer import run_config
     from spotrain.trainer.storage import open_storage
 
-    after(local, request, "test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss")
+    after(local, request, USERS_STORY_AFTER)
     alone(local, request, TRAINING_MACHINES)
     steps = len(EPOCH_LOOP_LOSSES)
     for name, value in control.aws_environment(local.cloud.endpoint, "us-east-1").items():
