@@ -123,7 +123,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if item.path.name == last:
             return 3
         if item.get_closest_marker("integration") or item.get_closest_marker("slow"):
-            return 1  # in file order: the user's run after a few minutes of others
+            return 1  # in file order
         return 4
 
     items.sort(key=lambda item: (rank(item), item.path.name == users))  # stable otherwise
