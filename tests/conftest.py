@@ -75,7 +75,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
               after the rehearsal in a clean-clone run); and it is not queued behind the
               deployment's own stories on the worker that applies it (a worker takes more work
               while two of its tests are still pending), but runs beside them on the other;
-            - the deployment's end (its second plan and destroy) waits for every story, so it
+            - the deployment's end (its schedule check and destroy) waits for every story, so it
               is not taken while one is still to run: its worker would sit idle beside that
               story instead of running quick tests (it once waited 117 s)."""
             name = Path(scope).name
@@ -109,7 +109,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """The longest work first: the deployment's apply and its stories on the environment's
     runs (on one worker), a user's own run on the same deployment (on the other worker, handed
     out once the story it waits for is over: `held_back`), then the integration and slow
-    tests, those that step CPU Adam last of them; then the deployment's second plan and
+    tests, those that step CPU Adam last of them; then the deployment's schedule check and
     destroy, which wait for every story (handed out once none is left to run: `held_back`);
     then the quick tests that fill the gaps. Workers take work in this order
     (--no-loadscope-reorder)."""

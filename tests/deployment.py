@@ -5,8 +5,8 @@ The first worker that needs the deployment starts a local cloud of its own for i
 worker's: the faults and clocks its stories set must reach no other test) and applies the
 environment; the other attaches to it. Its modules run in this order of hand-out:
 `test_integration_local_apply.py` (the apply's checks, then the stories on the environment's
-own runs), `test_integration_local_users_repository.py` (a user's own run, beside them) and,
-after every other slow test, `test_integration_local_destroy.py`.
+own runs, then the second plan), `test_integration_local_users_repository.py` (a user's own
+run, beside them) and, after every other slow test, `test_integration_local_destroy.py`.
 
 Two stories on two workers run at once, so a story that needs others finished first says so
 with `after` (a region taken down reaches every caller; a run listing counts every run). A

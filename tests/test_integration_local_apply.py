@@ -1,8 +1,8 @@
 """The real path: Terraform applies the `local` environment to the local cloud once for the
 suite (tests/deployment.py); boto3 checks what exists over HTTP; then the stories on the
 environment's own runs, in order. A user's own run: test_integration_local_users_repository.py
-(on the other worker, beside these); the second plan and destroy:
-test_integration_local_destroy.py; the cdktf CLI's own round trip: test_cdktf_cli.py.
+(on the other worker, beside these); the second plan, after these stories, ends this module;
+destroy: test_integration_local_destroy.py; the cdktf CLI's own round trip: test_cdktf_cli.py.
 """
 
 from __future__ import annotations
@@ -1703,3 +1703,12 @@ class _PlayedFleet:
     def stop_all(self) -> None:
         for _, machine in self.machines.values():
             machine.stop()
+
+
+def test_second_plan_shows_no_changes(local: Local) -> None:
+    """Nothing the stories on the environment's runs did (runs submitted and retired, machines
+    started and stopped, holds and releases, a region taken down) is drift. It runs after
+    them, beside the user's-repository story on the other worker: that story changes only its
+    own run's stack, which it deploys and retires itself, and which this plan does not read
+    (destroy, after it, finds nothing of it left)."""
+    assert local.deployment.plan_has_changes() == {name: False for name in local.deployment.stacks}
