@@ -1,5 +1,5 @@
-"""One S3 bucket with secure defaults: versioned, encrypted, private, TLS-only, logged, and
-lifecycle-managed (`BucketRetention`, which a stack applied after the bucket's makes).
+"""One S3 bucket with secure defaults: versioned, encrypted, private, TLS-only, logged,
+lifecycle-managed.
 
 Checkpoint buckets use SSE-KMS with a bucket key and refuse any put that is not SSE-KMS with
 their own key, and any write that could overwrite an object under their write-once prefixes.
@@ -102,12 +102,10 @@ def kms_only_puts(objects_arn: str, kms_key_arn: str) -> list[dict[str, Any]]:
 
 
 class EncryptedBucket(Construct):
-    """The bucket and its settings but its lifecycle rules (`BucketRetention`, in a stack
-    applied after this one); `bucket` and `versioning` are exposed for wiring."""
+    """The bucket and its settings; `bucket` and `versioning` are exposed for wiring."""
 
     def __init__(self, scope: Construct, id_: str, *, props: EncryptedBucketProps) -> None:
         super().__init__(scope, id_)
-        self.props = props
         p = props.provider
         self.bucket = aws.s3_bucket.S3Bucket(
             self, "Bucket", bucket=props.bucket_name, force_destroy=props.force_destroy, provider=p
@@ -166,6 +164,36 @@ class EncryptedBucket(Construct):
             depends_on=[self.public_access_block],
             provider=p,
         )
+        lifecycle = aws.s3_bucket_lifecycle_configuration
+        lifecycle.S3BucketLifecycleConfiguration(
+            self,
+            "Lifecycle",
+            bucket=bucket_id,
+            rule=[
+                lifecycle.S3BucketLifecycleConfigurationRule(
+                    id="abort-incomplete-multipart-uploads",
+                    status="Enabled",
+                    filter=[lifecycle.S3BucketLifecycleConfigurationRuleFilter(prefix="")],
+                    abort_incomplete_multipart_upload=[
+                        lifecycle.S3BucketLifecycleConfigurationRuleAbortIncompleteMultipartUpload(
+                            days_after_initiation=props.abort_incomplete_multipart_days
+                        )
+                    ],
+                ),
+                lifecycle.S3BucketLifecycleConfigurationRule(
+                    id="expire-noncurrent-versions",
+                    status="Enabled",
+                    filter=[lifecycle.S3BucketLifecycleConfigurationRuleFilter(prefix="")],
+                    noncurrent_version_expiration=[
+                        lifecycle.S3BucketLifecycleConfigurationRuleNoncurrentVersionExpiration(
+                            noncurrent_days=props.noncurrent_version_expiration_days
+                        )
+                    ],
+                ),
+            ],
+            depends_on=[self.versioning],
+            provider=p,
+        )
         if props.access_log_bucket is not None:
             aws.s3_bucket_logging.S3BucketLoggingA(
                 self,
@@ -222,45 +250,3 @@ class EncryptedBucket(Construct):
                 )
             )
         return statements
-
-
-class BucketRetention(Construct):
-    """An `EncryptedBucket`'s lifecycle rules: unfinished multipart uploads removed, and
-    superseded versions expired, after the days its props give.
-
-    Made in a stack of its own, applied after the bucket's (`<env>-retention`): when a stack
-    creates rules, the AWS provider reads them back until ten reads five seconds apart agree
-    (about a minute), and no other stack needs them, so none waits for that minute."""
-
-    def __init__(
-        self, scope: Construct, id_: str, *, bucket: EncryptedBucket, provider: Any
-    ) -> None:
-        super().__init__(scope, id_)
-        props = bucket.props
-        lifecycle = aws.s3_bucket_lifecycle_configuration
-
-        def every_object(rule_id: str, **action: Any) -> Any:
-            """A rule over the whole bucket (its filter is the empty prefix)."""
-            return lifecycle.S3BucketLifecycleConfigurationRule(
-                id=rule_id, status="Enabled",
-                filter=[lifecycle.S3BucketLifecycleConfigurationRuleFilter(prefix="")], **action,
-            )  # fmt: skip
-
-        abort = lifecycle.S3BucketLifecycleConfigurationRuleAbortIncompleteMultipartUpload(
-            days_after_initiation=props.abort_incomplete_multipart_days
-        )
-        expire = lifecycle.S3BucketLifecycleConfigurationRuleNoncurrentVersionExpiration(
-            noncurrent_days=props.noncurrent_version_expiration_days
-        )
-        lifecycle.S3BucketLifecycleConfiguration(
-            self,
-            "Lifecycle",
-            bucket=bucket.name,
-            rule=[
-                every_object(
-                    "abort-incomplete-multipart-uploads", abort_incomplete_multipart_upload=[abort]
-                ),
-                every_object("expire-noncurrent-versions", noncurrent_version_expiration=[expire]),
-            ],
-            provider=provider,
-        )

@@ -1,10 +1,8 @@
-"""The CDKTF app: the environment's stacks (six, and two more for each region beyond home)
+"""The CDKTF app: the environment's stacks (five, and two more for each region beyond home)
 and one per run, composed from the constructs.
 
 Stacks per environment (deploy one environment with `cdktf deploy '<env>-*'`):
   <env>-storage        keys, access-log buckets, replicated checkpoint buckets
-  <env>-retention      those buckets' lifecycle rules (apart: creating them takes a minute
-                       that no other stack waits for)
   <env>-catalog        checkpoint catalog and interruption events tables
   <env>-network        private network, gateway and interface endpoints (home region)
   <env>-network-<region>  the same in each other region
@@ -35,12 +33,11 @@ from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
 from spotrain.stacks.interruptions import InterruptionsStack, interruptions_part
 from spotrain.stacks.network import NetworkStack, network_part
-from spotrain.stacks.retention import RetentionStack
 from spotrain.stacks.run import RegionGround, RunStack
 from spotrain.stacks.runs import RunConfig, load_runs
 from spotrain.stacks.storage import StorageStack
 
-STACK_PARTS = ("storage", "retention", "catalog", "network", "budget", "interruptions")
+STACK_PARTS = ("storage", "catalog", "network", "budget", "interruptions")
 """The environment's own stacks (`network` and `interruptions` at home; every other region
 adds `network-<region>` and `interruptions-<region>`); each run adds `run-<run>`."""
 
@@ -52,7 +49,6 @@ def add_environment(
     declares, `runs/<env>/`); returns them by part."""
     runs = load_runs(config.name) if runs is None else runs
     storage = StorageStack(app, config=config)
-    retention = RetentionStack(app, config=config, storage=storage)
     key_arns = {region: key.arn for region, key in storage.keys.items()}
     catalog = CatalogStack(app, config=config, key_arns=key_arns)
     networks = {
@@ -87,7 +83,6 @@ def add_environment(
     }
     stacks: dict[str, object] = {
         "storage": storage,
-        "retention": retention,
         "catalog": catalog,
         **{network_part(config, region): stack for region, stack in networks.items()},
         "budget": budget,

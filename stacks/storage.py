@@ -84,8 +84,6 @@ class StorageStack(EnvironmentStack):
 
         self.keys = keys
         """Each region's data key, by region."""
-        self.log_buckets = log_buckets
-        """Each region's access-log bucket, by region."""
         self.checkpoints = ReplicatedBuckets(
             self,
             "Checkpoints",

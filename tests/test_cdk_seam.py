@@ -59,7 +59,7 @@ def test_lazy_loading_synthesizes_what_a_full_import_does(
     tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     lazy, lazy_modules = _synth(tmp_path, "lazy", "")
-    assert len(lazy) == 28  # 8 stacks for each of 3 environments (2 regions), and 4 runs
+    assert len(lazy) == 25  # 7 stacks for each of 3 environments (2 regions), and 4 runs
     # The point of the seam: a few dozen submodules instead of all ~2,100.
     assert lazy_modules < 100
     if request.config.getoption("--update-snapshots"):

@@ -138,29 +138,14 @@ def test_checkpoint_bucket_policy_refuses_puts_without_its_kms_key(synth_dir: Pa
     }  # fmt: skip
 
 
-@pytest.mark.parametrize("env", ["dev", "prod", "local"])
-def test_every_bucket_has_its_lifecycle_rules_in_the_retention_stack(
-    synth_dir: Path, env: str
-) -> None:
-    """Each bucket of the storage stack (in each of its regions) has its rules in the
-    retention stack, made by that region's provider: unfinished uploads removed after 2 days,
-    superseded versions after the environment's days. Storage makes none (checkov's
-    CKV2_AWS_61 skip says so)."""
-    storage, retention = (
-        load_stack(synth_dir, f"{env}-{part}") for part in ("storage", "retention")
-    )
-    assert resources(storage, "aws_s3_bucket_lifecycle_configuration") == {}
-    buckets = resources(storage, "aws_s3_bucket")
-    covered = {}
-    for lifecycle in resources(retention, "aws_s3_bucket_lifecycle_configuration").values():
-        [name] = [n for n in buckets if lifecycle["bucket"].endswith(f"aws_s3_bucket{n}bucket}}")]
-        covered[name] = lifecycle["provider"]
+def test_lifecycle_aborts_multipart_uploads_and_expires_old_versions(synth_dir: Path) -> None:
+    stack = load_stack(synth_dir, "dev-storage")
+    for lifecycle in resources(stack, "aws_s3_bucket_lifecycle_configuration").values():
         rules = {r["id"]: r for r in lifecycle["rule"]}
         abort = rules["abort-incomplete-multipart-uploads"]["abort_incomplete_multipart_upload"]
         assert abort == [{"days_after_initiation": 2}]
         expire = rules["expire-noncurrent-versions"]["noncurrent_version_expiration"]
         assert expire == [{"noncurrent_days": 30}]
-    assert covered == {name: bucket.get("provider", "aws") for name, bucket in buckets.items()}
 
 
 def test_each_replication_role_reads_only_its_source_and_writes_only_replicas(
@@ -847,11 +832,8 @@ def test_each_stack_waits_for_the_stacks_it_depends_on_and_no_others(synth_dir: 
     assert dependents(waits_for)["local-interruptions"] == frozenset()
     assert dependents(waits_for)["local-storage"] == {
         f"local-{p}" for p in ("catalog", "interruptions", "interruptions-us-west-2", "network",
-                               "network-us-west-2", "retention", "run-demo", "run-second")
+                               "network-us-west-2", "run-demo", "run-second")
     }  # fmt: skip
-    # The buckets' lifecycle rules (a minute to create) hold up nothing.
-    assert waits_for["local-retention"] == {"local-storage"}
-    assert dependents(waits_for)["local-retention"] == frozenset()
     assert stack_dependencies(synth_dir, "local-run-demo") == {"local-run-demo": frozenset()}
 
 

@@ -39,8 +39,8 @@ def test_applies_every_stack_of_the_environment(local: Local) -> None:
     names = [r.name for r in local.results]
     assert names[0] in ("local-budget", "local-storage")
     assert set(names) == {
-        f"local-{p}" for p in ("storage", "retention", "catalog", "network", "network-us-west-2",
-                               "budget", "interruptions", "interruptions-us-west-2", "run-demo",
+        f"local-{p}" for p in ("storage", "catalog", "network", "network-us-west-2", "budget",
+                               "interruptions", "interruptions-us-west-2", "run-demo",
                                "run-second")
     }  # fmt: skip
     assert sum(len(r.resources) for r in local.results) > 60

@@ -11,7 +11,7 @@ import security_rules as rules
 from helpers import load_stack
 
 ENVIRONMENTS = ("local", "dev", "prod")
-PARTS = ("storage", "retention", "catalog", "network", "budget", "interruptions")
+PARTS = ("storage", "catalog", "network", "budget", "interruptions")
 RUNS = ("local-run-demo", "local-run-second", "dev-run-gpt-small", "prod-run-gpt-large")
 STACKS = [f"{env}-{part}" for env in ENVIRONMENTS for part in PARTS] + list(RUNS)
 
