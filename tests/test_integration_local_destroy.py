@@ -73,8 +73,7 @@ def test_destroy_leaves_nothing_behind(local: Local, request: pytest.FixtureRequ
     # Destroy does not read every resource back first (`-refresh=false`, a walk of each stack
     # fewer): what someone deleted by hand is deleted again, which AWS answers "not found"
     # and the provider takes as done.
-    local.client("logs").delete_log_group(
-        logGroupName=local.outputs["runs"]["demo"]["machine_log_group"])  # fmt: skip
+    local.client("logs").delete_log_group(logGroupName=local.outputs["machine_log_group"])
     declaration = handler_settings.run_parameter_name(local.config.name, "second")
     local.client("ssm").delete_parameter(Name=declaration)
 

@@ -59,7 +59,7 @@ def collection() -> list[str]:
     deployment's end, then quick tests."""
     return [f"{FIRST}::test_apply", f"{FIRST}::{USERS_STORY_AFTER}", f"{USERS}::test_users_story",
             *(f"tests/test_slow.py::test_{n}" for n in range(4)),
-            f"{LAST}::test_second_plan", f"{LAST}::test_destroy",
+            f"{LAST}::test_schedule", f"{LAST}::test_destroy",
             *(f"tests/test_quick.py::test_{n}" for n in range(20))]  # fmt: skip
 
 
