@@ -23,11 +23,6 @@ ROOT = Path(__file__).resolve().parents[1]
 # OpenMP threads as there are cores, which then spin waiting on one another (torchrun sets
 # the same for several ranks a machine). Losses agree with the goldens within their tolerance.
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-# Terraform's AWS provider spends most of each start building its schemas, much of it collecting
-# garbage, and every terraform command starts it anew, two or three times: Go collecting at four
-# times the live heap instead of twice takes more than a quarter off (`terraform validate` of
-# one stack: 9.5 s of CPU here, 6.7 s with it), for about 120 MB more a process.
-os.environ.setdefault("GOGC", "400")
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -231,3 +226,6 @@ def _a_cold_interruption_handler() -> None:
     handler = sys.modules.get("spotrain.constructs.interruption_handler.runtime.settings")
     if handler is not None:
         handler._declarations.clear()
+    clients = sys.modules.get("spotrain.constructs.interruption_handler.runtime.clients")
+    if clients is not None:  # nor its clients, made for an earlier test's cloud
+        clients.forget()

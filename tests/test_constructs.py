@@ -911,6 +911,19 @@ def test_terraform_validates_the_efa_runs_stack(synth_dir: Path, tmp_path: Path)
     assert json.loads(checked.stdout)["valid"] is True, checked.stdout
 
 
+def test_terraform_runs_with_spotrains_garbage_collection_unless_the_user_set_their_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Terraform and the provider processes it starts inherit GOGC (bench/terraform.md)."""
+    from spotrain.tools import terraform
+
+    cli_config = terraform.write_cli_config(tmp_path)
+    monkeypatch.delenv("GOGC", raising=False)
+    assert terraform.terraform_env(cli_config)["GOGC"] == terraform.GO_GC_PERCENT == "400"
+    monkeypatch.setenv("GOGC", "150")
+    assert terraform.terraform_env(cli_config)["GOGC"] == "150"
+
+
 def test_handler_props_name_a_name_too_long_for_lambda_or_iam_with_the_fix() -> None:
     from spotrain.constructs.interruption_handler.construct import InterruptionHandlerProps
     from spotrain.core.errors import SpotrainError

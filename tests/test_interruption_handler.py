@@ -23,6 +23,7 @@ import pytest
 from moto import mock_aws
 
 from spotrain.constructs.interruption_handler.runtime import aws as runtime_aws
+from spotrain.constructs.interruption_handler.runtime import clients as runtime_clients
 from spotrain.constructs.interruption_handler.runtime import entry as handler
 from spotrain.constructs.interruption_handler.runtime import settings as runtime_settings
 from spotrain.core import capacity_policy, fleet_state
@@ -721,6 +722,7 @@ def test_each_regions_handler_scales_its_own_groups_for_the_region_the_run_train
         monkeypatch.setenv("AWS_DEFAULT_REGION", region)
         monkeypatch.setenv(HandlerSettings.variable("alert_topic_arn"), topics[region])
         monkeypatch.setattr(runtime_settings, "_declarations", {})
+        runtime_clients.forget()
 
     def sizes() -> dict[str, int]:
         return {g.name: desired(g.name, g.region) for g in declared}
@@ -987,6 +989,7 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
         monkeypatch.setenv(HandlerSettings.variable("alert_topic_arn"), topics[region])
         monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
         monkeypatch.setattr(runtime_settings, "_declarations", {})
+        runtime_clients.forget()
 
     def replicate_the_wish() -> None:  # the events table's replication, item by item
         key = {"pk": schema.run_key(run), "sk": schema.failover_sort_key(REGION)}

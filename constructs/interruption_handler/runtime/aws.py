@@ -4,6 +4,7 @@ final, scaling, tagging and notifying. Decisions are made elsewhere (`capacity_p
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
@@ -11,9 +12,9 @@ from collections.abc import Callable
 from datetime import datetime
 from typing import Any
 
-import boto3
 from botocore.exceptions import ClientError
 
+from spotrain.constructs.interruption_handler.runtime import clients
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import fleet_state, run_epochs, run_lifecycle
 from spotrain.core.capacity import Group
@@ -45,18 +46,11 @@ def parse_time(value: str) -> datetime:
 
 def clients_by_region(service: str) -> Callable[[str], Any]:
     """One client of `service` per region, made when first needed (groups may be anywhere)."""
-    clients: dict[str, Any] = {}
-
-    def client(region: str) -> Any:
-        if region not in clients:
-            clients[region] = boto3.client(service, region_name=region)
-        return clients[region]
-
-    return client
+    return functools.partial(clients.client, service)
 
 
 def events_table(settings: Settings) -> Any:
-    return boto3.resource("dynamodb").Table(settings.handler.events_table)
+    return clients.dynamodb().Table(settings.handler.events_table)
 
 
 # --- reads -------------------------------------------------------------------------------------
@@ -80,7 +74,7 @@ def describe_instance(ec2: Any, instance_id: str) -> dict[str, str]:
 
 def own_region() -> str:
     """The region this handler runs in (the function's): the groups it scales are there."""
-    return str(boto3.session.Session().region_name)
+    return clients.own_region()
 
 
 def capacity_groups(
@@ -130,7 +124,7 @@ def configuration_stored(settings: Settings) -> bool:
     bucket = settings.handler.config_bucket
     if not bucket:
         return True
-    listed = boto3.client("s3").list_objects_v2(
+    listed = clients.client("s3").list_objects_v2(
         Bucket=bucket, Prefix=configs_prefix(settings.run), MaxKeys=1
     )
     return int(listed.get("KeyCount", 0)) > 0
@@ -142,8 +136,8 @@ def submitted_at(settings: Settings) -> float | None:
     bucket = settings.handler.config_bucket
     if not bucket:
         return 0.0
-    listed = boto3.client("s3").list_objects_v2(Bucket=bucket,
-                                                Prefix=configs_prefix(settings.run))  # fmt: skip
+    listed = clients.client("s3").list_objects_v2(Bucket=bucket,
+                                                  Prefix=configs_prefix(settings.run))  # fmt: skip
     times = [item["LastModified"].timestamp() for item in listed.get("Contents", [])]
     return min(times) if times else None
 
@@ -154,7 +148,7 @@ def final_step(settings: Settings) -> int | None:
     copy, the first to know)."""
     if not settings.handler.checkpoints_table or not settings.run:
         return None
-    catalog = boto3.resource("dynamodb").Table(settings.handler.checkpoints_table)
+    catalog = clients.dynamodb().Table(settings.handler.checkpoints_table)
     head = run_lifecycle.published_head(catalog, settings.run)
     return head.step if head is not None and head.final else None
 
@@ -163,7 +157,7 @@ def epoch_chain(settings: Settings, run: str) -> list[run_epochs.Epoch]:
     """Run `run`'s epoch claims in this region's copy of the catalog (none without one)."""
     if not settings.handler.checkpoints_table:
         return []
-    catalog = boto3.resource("dynamodb").Table(settings.handler.checkpoints_table)
+    catalog = clients.dynamodb().Table(settings.handler.checkpoints_table)
     return run_epochs.read_chain(catalog, run)
 
 
@@ -240,6 +234,6 @@ def tag_newest(ec2: Any, table: Any, run: str, instance_id: str, own: str) -> No
 
 def notify(topic: str | None, subject: str, message: dict[str, Any]) -> None:
     if topic:
-        boto3.client("sns").publish(
+        clients.client("sns").publish(
             TopicArn=topic, Subject=subject[:100], Message=json.dumps(message, default=str)
         )

@@ -16,9 +16,7 @@ import functools
 import logging
 from typing import Any
 
-import boto3
-
-from spotrain.constructs.interruption_handler.runtime import aws
+from spotrain.constructs.interruption_handler.runtime import aws, clients
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import capacity_policy, deadline_policy, fleet_state, outage_fill, prices
 from spotrain.core.capacity import Group
@@ -63,7 +61,7 @@ def deadline_progress(run_settings: Settings, now: float) -> tuple[Progress | No
     declaration = run_settings.declaration
     if declaration is None or declaration.run_deadline is None:
         return None, ""
-    table = boto3.resource("dynamodb").Table(run_settings.handler.checkpoints_table)
+    table = clients.dynamodb().Table(run_settings.handler.checkpoints_table)
     return run_progress(table, declaration.run, declaration.run_deadline, now,
                         run_settings.handler.capacity_check_minutes / 60)  # fmt: skip
 
@@ -147,7 +145,7 @@ def spot_seen(instance_types: tuple[str, ...], regions: list[str], here: str,
     out counts as without."""
     spot = [g for g in own if g.lifecycle == capacity_policy.SPOT]
     wanted = sum(g.desired for g in spot)
-    answer = boto3.client("ec2").get_spot_placement_scores(
+    answer = clients.client("ec2").get_spot_placement_scores(
         InstanceTypes=list(instance_types), TargetCapacity=max(1, wanted),
         SingleAvailabilityZone=False, RegionNames=regions,
     )  # fmt: skip

@@ -12,14 +12,12 @@ from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
-import boto3
-
-from spotrain.constructs.interruption_handler.runtime import aws, settings
+from spotrain.constructs.interruption_handler.runtime import aws, clients, settings
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import capacity_policy, failover, fleet_state, run_epochs
 from spotrain.core.capacity import Group
 from spotrain.core.capacity_policy import Decision
-from spotrain.core.errors import does_not_answer, probe_config
+from spotrain.core.errors import does_not_answer
 
 log = logging.getLogger()
 
@@ -83,7 +81,7 @@ def answers(settings: Settings, region: str, asked: dict[str, bool]) -> bool:
     if region not in asked:
         names = [g.name for g in settings.declaration.groups if g.region == region] if (
             settings.declaration) else []  # fmt: skip
-        client = boto3.client("autoscaling", region_name=region, config=probe_config())
+        client = clients.probe("autoscaling", region)
         try:
             client.describe_auto_scaling_groups(AutoScalingGroupNames=names, MaxRecords=1)
             asked[region] = True

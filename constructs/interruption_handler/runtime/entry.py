@@ -32,13 +32,13 @@ import logging
 import os
 from typing import Any
 
-import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from spotrain.constructs.interruption_handler.runtime import (
     aws,
     capacity_check,
     catalog_watch,
+    clients,
     instance_events,
     settings,
 )
@@ -147,7 +147,7 @@ def reject(event: Any, reason: str, queue_url: str | None) -> dict[str, Any]:
     log.error("rejected event: %s", message[:2000])
     if queue_url:
         try:
-            boto3.client("sqs").send_message(
+            clients.client("sqs").send_message(
                 QueueUrl=queue_url,
                 MessageBody=message,
                 MessageAttributes={"reason": {"DataType": "String", "StringValue": reason[:1000]}},

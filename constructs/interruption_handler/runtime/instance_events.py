@@ -13,9 +13,7 @@ import logging
 from datetime import timedelta
 from typing import Any
 
-import boto3
-
-from spotrain.constructs.interruption_handler.runtime import aws, deadline, settings
+from spotrain.constructs.interruption_handler.runtime import aws, clients, deadline, settings
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import capacity_policy, fleet_state, run_lifecycle, spend_ledger
 from spotrain.core.catalog_schema import (
@@ -33,7 +31,7 @@ log = logging.getLogger()
 
 def on_instance_event(environment: Settings, fields: dict[str, str]) -> dict[str, Any]:
     table = aws.events_table(environment)
-    ec2 = boto3.client("ec2")
+    ec2 = clients.client("ec2")
     instance = aws.describe_instance(ec2, fields["instance_id"])
     runs = settings.declared_runs(environment)
     if "run" in instance and instance["run"] not in runs:  # a run declared since the last read?

@@ -9,8 +9,7 @@ import os
 import time
 from dataclasses import dataclass, replace
 
-import boto3
-
+from spotrain.constructs.interruption_handler.runtime import clients
 from spotrain.core.capacity import RunDeclaration
 from spotrain.core.handler_settings import HandlerSettings
 
@@ -72,7 +71,7 @@ def declared_runs(settings: Settings, *, fresh: bool = False) -> dict[str, Setti
 def read_declarations(settings: Settings) -> dict[str, Settings]:
     runs = {}
     pages = (
-        boto3.client("ssm")
+        clients.client("ssm")
         .get_paginator("get_parameters_by_path")
         .paginate(Path=settings.handler.runs_parameter_path, Recursive=False, WithDecryption=True)
     )

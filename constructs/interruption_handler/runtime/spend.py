@@ -6,9 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-import boto3
-
-from spotrain.constructs.interruption_handler.runtime import aws
+from spotrain.constructs.interruption_handler.runtime import aws, clients
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
 from spotrain.core import prices as price_book
 from spotrain.core import spend_ledger
@@ -25,7 +23,7 @@ def update_ledger(
         return {}, None
     counted = spend_ledger.count(
         table, run, regions=declaration.regions, ec2_for=aws.clients_by_region("ec2"),
-        pricing=boto3.client("pricing", region_name=price_book.PRICE_LIST_REGION), now=now,
+        pricing=clients.client("pricing", price_book.PRICE_LIST_REGION), now=now,
         retention_days=settings.handler.event_retention_days,
     )  # fmt: skip
     ledger = counted.ledger
@@ -33,7 +31,7 @@ def update_ledger(
         return {"counted": False, "as_of": ledger.as_of, "why": "already counted"}, ledger
     if not counted.written:
         return {"counted": False, "why": "another check counted this time first"}, ledger
-    boto3.client("cloudwatch").put_metric_data(
+    clients.client("cloudwatch").put_metric_data(
         Namespace=METRIC_NAMESPACE,
         MetricData=[
             {"MetricName": name, "Dimensions": [{"Name": "Run", "Value": run}],

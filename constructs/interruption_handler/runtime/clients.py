@@ -1,0 +1,47 @@
+"""The handler's AWS clients, made once for its execution environment and reused by every
+invocation it serves, as AWS advises for Lambda: making a client (loading its service model,
+resolving its endpoint and credentials) cost more CPU than the calls a check makes with it.
+
+An environment serves one invocation at a time, so no lock is needed; its settings (region,
+credentials, endpoint) do not change while it lives. Tests that change them between
+invocations in one process call `forget` first."""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import boto3
+
+from spotrain.core.errors import probe_config
+
+
+@functools.cache
+def client(service: str, region: str | None = None) -> Any:
+    """`service`'s client in `region` (None: the function's own region)."""
+    return boto3.client(service, region_name=region)
+
+
+@functools.cache
+def probe(service: str, region: str) -> Any:
+    """`service`'s client in `region` for asking whether the region answers: short timeouts,
+    no retries (`errors.probe_config`)."""
+    return boto3.client(service, region_name=region, config=probe_config())
+
+
+@functools.cache
+def dynamodb() -> Any:
+    """DynamoDB's resource in the function's region (its tables: events and catalog)."""
+    return boto3.resource("dynamodb")
+
+
+@functools.cache
+def own_region() -> str:
+    """The region this handler runs in (the function's)."""
+    return str(boto3.session.Session().region_name)
+
+
+def forget() -> None:
+    """Make every client afresh at its next use (another cloud, region or credentials)."""
+    for made in (client, probe, dynamodb, own_region):
+        made.cache_clear()
