@@ -24,7 +24,8 @@ deploy.synth(pathlib.Path(sys.argv[1]))
 """
 
 
-def timed(preload: str) -> float:
+def timed(preload: str) -> tuple[float, int]:
+    """Seconds to synthesize every environment, and how many stacks that made."""
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()
         subprocess.run(
@@ -32,7 +33,8 @@ def timed(preload: str) -> float:
             check=True,
             capture_output=True,
         )
-        return time.perf_counter() - started
+        took = time.perf_counter() - started
+        return took, len(list(Path(out, "cdktf.out", "stacks").iterdir()))
 
 
 def main() -> None:
@@ -41,13 +43,15 @@ def main() -> None:
         "whole provider package": "import cdktf_cdktf_provider_aws",
     }
     times: dict[str, list[float]] = {label: [] for label in kinds}
+    stacks = 0
     for _ in range(RUNS):  # alternate the kinds so machine noise hits both alike
         for label, preload in kinds.items():
-            times[label].append(timed(preload))
+            took, stacks = timed(preload)
+            times[label].append(took)
     rows = [(label, statistics.median(t), min(t), max(t)) for label, t in times.items()]
     lazy = rows[0][1]
     lines = [
-        "# Synthesis time: all environments and their runs (19 stacks), fresh process",
+        f"# Synthesis time: all environments and their runs ({stacks} stacks), fresh process",
         "",
         f"Command: `.venv/bin/python bench/synth.py` ({RUNS} runs of each kind, alternating)",
         f"Machine: {platform.machine()}, {os.cpu_count()} cores, "

@@ -138,6 +138,13 @@ def test_one_on_demand_machine_coordinates_and_another_takes_over_when_it_is_gon
     assert fleet_state.claim_coordinator(table, "r", instance_id="i-second",
                                          address="10.0.1.6", port=29400, now=later + 1)  # fmt: skip
     assert fleet_state.coordinator(table, "r").endpoint == "10.0.1.6:29400"  # type: ignore[union-attr]
+    # An item no machine wrote (by hand, or by another version) is named, with the fix.
+    table.update_item(Key={"pk": "RUN#r", "sk": "COORDINATOR"}, UpdateExpression="REMOVE #p",
+                      ExpressionAttributeNames={"#p": "port"})  # fmt: skip
+    assert cli.main(["fleet", "coordinator", *state]) == 2
+    said = capsys.readouterr().err
+    assert "run r's coordinator item" in said and "needs instance_id, address, port" in said
+    assert "delete the item" in said and "Traceback" not in said
 
 
 def test_run_cancel_takes_the_groups_to_0_and_resume_puts_them_back(

@@ -35,6 +35,7 @@ from spotrain.core.catalog_schema import (
     releases_key,
     run_key,
 )
+from spotrain.core.errors import SpotrainError
 from spotrain.core.failover import MoveOrder, Silence
 from spotrain.core.outage_fill import SpotRecord
 
@@ -519,10 +520,20 @@ def coordinator(table: Any, run: str) -> Coordinator | None:
     item = table.get_item(Key=_coordinator_key(run), ConsistentRead=True).get("Item")
     if not item:
         return None
-    return Coordinator(
-        str(item["instance_id"]), str(item["address"]), int(item["port"]),
-        float(item["heartbeat_at"]),
-    )  # fmt: skip
+    try:
+        return Coordinator(
+            str(item["instance_id"]), str(item["address"]), int(item["port"]),
+            float(item["heartbeat_at"]),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError) as error:
+        fields = ("instance_id", "address", "port", "heartbeat_at")
+        raise SpotrainError(
+            f"run {run}'s coordinator item ({PARTITION_KEY}={run_key(run)}, "
+            f"{SORT_KEY}={COORDINATOR_SORT_KEY}) in table {getattr(table, 'name', '?')} is "
+            f"unreadable ({type(error).__name__}: {error}); it needs {', '.join(fields)}: "
+            "delete the item: the run's on-demand machine claims the role afresh at its next "
+            "renewal, within a minute"
+        ) from None
 
 
 def claim_coordinator(
