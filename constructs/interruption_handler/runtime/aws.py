@@ -142,14 +142,14 @@ def submitted_at(settings: Settings) -> float | None:
     return min(times) if times else None
 
 
-def final_step(settings: Settings) -> int | None:
+def final_step(settings: Settings, chain: list[run_epochs.Epoch] | None = None) -> int | None:
     """The run's published head when it is marked final (the run is done), else None, read
     from this region's copy (the handler of the region the run trains in asks: its writer's
-    copy, the first to know)."""
+    copy, the first to know). `chain`: the run's epochs, when the check has read them."""
     if not settings.handler.checkpoints_table or not settings.run:
         return None
     catalog = clients.dynamodb().Table(settings.handler.checkpoints_table)
-    head = run_lifecycle.published_head(catalog, settings.run)
+    head = run_lifecycle.published_head(catalog, settings.run, chain)
     return head.step if head is not None and head.final else None
 
 
@@ -161,12 +161,15 @@ def epoch_chain(settings: Settings, run: str) -> list[run_epochs.Epoch]:
     return run_epochs.read_chain(catalog, run)
 
 
-def current_epoch(settings: Settings) -> run_epochs.EpochId:
+def current_epoch(
+    settings: Settings, chain: list[run_epochs.Epoch] | None = None
+) -> run_epochs.EpochId:
     """The epoch run `settings.run` trains in, as this region's copy of the catalog knows it:
     its region is where the run trains (home, epoch 0, where the run declares it starts, until
-    it moves)."""
+    it moves). `chain`: the run's epochs, when the caller has read them."""
     assert settings.declaration is not None
-    latest = run_epochs.current(epoch_chain(settings, settings.run))
+    chain = epoch_chain(settings, settings.run) if chain is None else chain
+    latest = run_epochs.current(chain)
     return latest.id if latest is not None else run_epochs.EpochId(
         0, settings.declaration.home_region)  # fmt: skip
 

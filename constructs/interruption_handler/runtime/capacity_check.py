@@ -75,7 +75,8 @@ def check_run(
     run, topic = run_settings.run, run_settings.handler.alert_topic_arn
     table = aws.events_table(run_settings)
     autoscaling = aws.clients_by_region("autoscaling")
-    here, epoch = aws.own_region(), aws.current_epoch(run_settings)
+    chain = aws.epoch_chain(run_settings, run)  # read once: the epoch, then the final head
+    here, epoch = aws.own_region(), aws.current_epoch(run_settings, chain)
     region = epoch.region
     groups = aws.capacity_groups(run_settings, autoscaling, region=here)
     assert run_settings.declaration is not None
@@ -93,7 +94,10 @@ def check_run(
     if ledger is not None:
         ledger = spend.judge_spend(run_settings, table, ledger, now)
     lifecycle = run_lifecycle.read(table, run)
-    if lifecycle.finished_step is None and (step := aws.final_step(run_settings)) is not None:
+    if (
+        lifecycle.finished_step is None
+        and (step := aws.final_step(run_settings, chain)) is not None
+    ):
         # The stream's notice was missed (or is still on its way): the check makes sure.
         lifecycle = finish(run_settings, table, step, now, ledger, stop=False)
     stored = lifecycle.started_at is not None or aws.configuration_stored(run_settings)
