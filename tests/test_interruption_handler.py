@@ -1679,6 +1679,38 @@ def test_a_burst_of_warnings_reads_the_declarations_once_and_a_new_run_at_once(
     assert len(reads) == 4
 
 
+def test_a_warm_handler_makes_no_aws_client_again(
+    cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clients are made once for the execution environment (runtime/clients.py): after a
+    warning and a capacity check, more of each makes none."""
+    made: list[str] = []
+    for factory in ("client", "resource"):
+        original = getattr(boto3, factory)
+
+        def counted(*args: Any, _original: Any = original, **kwargs: Any) -> Any:
+            made.append(args[0] if args else kwargs["service_name"])
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(boto3, factory, counted)
+    monkeypatch.setattr(runtime_settings, "DECLARATIONS_TTL_S", 0.0)  # each reads SSM again
+    create_group("east-spot", "us-east-1", "us-east-1b", 2)
+    instances = [run_instance() for _ in range(3)]  # the test's own clients, before counting
+
+    def warning_and_check(number: int) -> None:
+        warned = handler.handle(for_instance("spot-interruption-warning", instances[number],
+                                             id=f"warm-{number}"))  # fmt: skip
+        assert warned["recorded"] is True, warned
+        assert check_run(event("scheduled-capacity-check"))["decision"]
+
+    warning_and_check(0)
+    assert {"ec2", "ssm", "autoscaling", "dynamodb"} <= set(made), made
+    made.clear()
+    warning_and_check(1)
+    warning_and_check(2)
+    assert made == []
+
+
 def test_the_handlers_settings_own_their_environment_variables() -> None:
     """The construct writes the function's environment from the settings and the handler reads
     it back with them: each variable named once, the defaults filled in, a missing or

@@ -45,7 +45,8 @@ def parse_time(value: str) -> datetime:
 
 
 def clients_by_region(service: str) -> Callable[[str], Any]:
-    """One client of `service` per region, made when first needed (groups may be anywhere)."""
+    """`service`'s client in a region, made when first needed (groups may be anywhere) and
+    kept for the execution environment (`clients`)."""
     return functools.partial(clients.client, service)
 
 
