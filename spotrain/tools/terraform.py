@@ -76,7 +76,7 @@ def write_cli_config(directory: Path) -> Path:
 GO_GC_PERCENT = "400"
 """Go's GOGC for Terraform and the provider processes it starts, unless the caller set one.
 Each walk of a stack starts the aws provider afresh, which builds and validates ~1,500
-resource schemas (a few CPU-seconds, most of it garbage collection at Go's default of 100).
+resource schemas (a few CPU-seconds, a quarter of it collecting garbage at Go's default, 100).
 At 400 a deploy, plan and destroy of the local environment took 22-30% less CPU, each process
 about 100 MB more memory (bench/terraform.md)."""
 
