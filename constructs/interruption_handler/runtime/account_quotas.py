@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from datetime import datetime, timedelta
 from typing import Any
 
-from spotrain.constructs.interruption_handler.runtime import aws
+from spotrain.constructs.interruption_handler.runtime import clients
 from spotrain.core import admission
 from spotrain.core.gpu_types import INSTANCE_QUOTAS
 
@@ -32,8 +32,8 @@ def free_of_quotas(demands: Iterable[admission.Demand], now: datetime) -> admiss
             for quota, vcpus in demand.vcpus.items():
                 held[demand.region, quota] += vcpus
                 leaving[demand.region, quota] += vcpus if demand.finishing else 0
-    quotas_in = aws.clients_by_region("service-quotas")
-    metrics_in = aws.clients_by_region("cloudwatch")
+    quotas_in = clients.by_region("service-quotas")
+    metrics_in = clients.by_region("cloudwatch")
     room: dict[str, dict[str, int]] = {}
     for region, keys in sorted(asked.items()):
         room[region] = {}

@@ -4,7 +4,6 @@ final, scaling, tagging and notifying. Decisions are made elsewhere (`capacity_p
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import time
@@ -42,12 +41,6 @@ log = logging.getLogger()
 
 def parse_time(value: str) -> datetime:
     return datetime.fromisoformat(value.replace("Z", "+00:00"))
-
-
-def clients_by_region(service: str) -> Callable[[str], Any]:
-    """`service`'s client in a region, made when first needed (groups may be anywhere) and
-    kept for the execution environment (`clients`)."""
-    return functools.partial(clients.client, service)
 
 
 def events_table(settings: Settings) -> Any:

@@ -20,6 +20,7 @@ from typing import Any
 
 from spotrain.constructs.interruption_handler.runtime import (
     aws,
+    clients,
     deadline,
     elsewhere,
     run_queue,
@@ -74,7 +75,7 @@ def check_run(
     now = settings.now()
     run, topic = run_settings.run, run_settings.handler.alert_topic_arn
     table = aws.events_table(run_settings)
-    autoscaling = aws.clients_by_region("autoscaling")
+    autoscaling = clients.by_region("autoscaling")
     chain = aws.epoch_chain(run_settings, run)  # read once: the epoch, then the final head
     here, epoch = aws.own_region(), aws.current_epoch(run_settings, chain)
     region = epoch.region
@@ -213,7 +214,7 @@ def finish(
     lifecycle = run_lifecycle.read(table, run)
     held = capacity_policy.hold_for(capacity_policy.Standing(run=run, lifecycle=lifecycle))
     if stop and held is not None:
-        autoscaling = aws.clients_by_region("autoscaling")
+        autoscaling = clients.by_region("autoscaling")
         groups = aws.capacity_groups(run_settings, autoscaling, region=aws.own_region())
         aws.apply(capacity_policy.hold(groups, held), groups, table, run, autoscaling)
     if first:

@@ -9,6 +9,7 @@ invocations in one process call `forget` first."""
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import boto3
@@ -20,6 +21,11 @@ from spotrain.core.errors import probe_config
 def client(service: str, region: str | None = None) -> Any:
     """`service`'s client in `region` (None: the function's own region)."""
     return boto3.client(service, region_name=region)
+
+
+def by_region(service: str) -> Callable[[str], Any]:
+    """`service`'s client for whichever region is asked (a run's groups may be in any)."""
+    return functools.partial(client, service)
 
 
 @functools.cache

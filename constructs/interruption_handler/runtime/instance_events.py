@@ -99,7 +99,7 @@ def _requeue(
         spend_usd=ledger.spend_usd, cap_usd=ledger.cap_usd, at_cap=ledger.held,
         queued=state.queued,  # preempted: its leaving machines are not replaced
     ))  # fmt: skip
-    autoscaling = aws.clients_by_region("autoscaling")
+    autoscaling = clients.by_region("autoscaling")
     here, region = aws.own_region(), aws.current_epoch(run_settings).region
     groups = aws.capacity_groups(run_settings, autoscaling, region=here)
     if held is not None:  # the scheduled check scales a held run's groups

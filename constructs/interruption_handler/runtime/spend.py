@@ -22,7 +22,7 @@ def update_ledger(
     if declaration is None:
         return {}, None
     counted = spend_ledger.count(
-        table, run, regions=declaration.regions, ec2_for=aws.clients_by_region("ec2"),
+        table, run, regions=declaration.regions, ec2_for=clients.by_region("ec2"),
         pricing=clients.client("pricing", price_book.PRICE_LIST_REGION), now=now,
         retention_days=settings.handler.event_retention_days,
     )  # fmt: skip
