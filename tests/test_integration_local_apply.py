@@ -1309,7 +1309,8 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         "model = { context = 32, layers = 2, heads = 2, width = 64 }", "",
     ]))  # fmt: skip
     monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
-    hold = tmp_path / "hold"  # every machine booted here honours it (they inherit the setting)
+    # `third`'s machine honours this hold (it inherits the setting); `second`'s is paused instead.
+    hold = tmp_path / "hold"
     monkeypatch.setenv(failpoints.HOLD_VARIABLE, str(hold))
     fleet = _PlayedFleet(local, tmp_path / "machines")
     try:
@@ -1336,24 +1337,31 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
                 started is not None and started <= asked_at), checked  # fmt: skip
         assert [sizes(group) for group in groups.values()] == [(1, 1), (1, 1)]  # as declared
         assert sizes("spotrain-local-demo-fleet") == demo_before
-        first = {"second": fleet.boot(groups["second"])}
+        first = {"second": fleet.boot(groups["second"], settings={
+            failpoints.HOLD_VARIABLE: str(tmp_path / "second-is-never-held")})}  # fmt: skip
         # `third` is played as a user plays a local run (`spotrain run play`): another check,
         # then its machine boots here and trains it to the end, its lines said as they come.
+        first_checkpoint = TWO_RUNS_TRAINING["checkpoint_every"]
         third_said: list[str] = []
         third_codes: dict[str, int] = {}
+
+        def third_says(line: str) -> None:
+            third_said.append(line)
+            if f"published step {first_checkpoint}:" in line:  # held from then on, wherever
+                hold.touch()  # `second` is: a slow boot of `second` cannot let it finish
+
         player = threading.Thread(target=lambda: third_codes.update(local_fleet.play(
-            "third", work=tmp_path / "played", say=third_said.append)), daemon=True)  # fmt: skip
+            "third", work=tmp_path / "played", say=third_says)), daemon=True)  # fmt: skip
         player.start()
         # Both train at the same time, each from its own deployed template, into its own
         # checkpoints. `second` boots first: once it has published a checkpoint its machine is
         # paused (as a slow machine is) until the cancel, so that its lead cannot let it
-        # finish all its steps while `third` catches up; `third` is then held after its step
-        # until the runs are listed.
+        # finish all its steps while `third` catches up; `third` is held after the step in
+        # which it says its first checkpoint is published, until the runs are listed.
         deadline = time.monotonic() + 300
-        first_checkpoint = TWO_RUNS_TRAINING["checkpoint_every"]
         machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
         paused = False
-        while not (head("second") >= first_checkpoint and head("third") >= first_checkpoint):
+        while not (head("second") >= first_checkpoint and hold.exists()):
             assert first["second"].running() and player.is_alive(), (
                 first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
             assert time.monotonic() < deadline, (
@@ -1363,7 +1371,6 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
                 signal_all(machine, signal.SIGSTOP)
                 paused = True
             time.sleep(0.2)
-        hold.touch()
         assert first["second"].running() and player.is_alive()
         assert head("second") < TWO_RUNS_TRAINING["steps"] > head("third")
         now_listed = listed()
@@ -1648,9 +1655,9 @@ TWO_RUNS_TRAINING = {
 """Both runs of the story below train this: the same losses at every step, unless a cancel
 and resume lost or changed anything. Each is held past its first checkpoint (the one started
 first paused, the other held after a step: `failpoints.hold`) while both are listed as
-training: the hold comes about 20 steps after that checkpoint here (its publish, then the
-test's look), and 160 steps leave room for a host several times as fast; three checkpoints a
-run."""
+training: the hold comes some steps after that checkpoint (its publish, then the player's look
+every half second), and 160 steps leave room for a host several times as fast; three
+checkpoints a run."""
 
 
 class _PlayedFleet:
@@ -1666,9 +1673,11 @@ class _PlayedFleet:
         """One host plays every machine: each run's coordinator hosts its rendezvous on a free
         port of its own."""
 
-    def boot(self, group: str, lifecycle: str = "on-demand") -> Any:
+    def boot(self, group: str, lifecycle: str = "on-demand",
+             settings: dict[str, str] | None = None) -> Any:  # fmt: skip
         """The group's next instance in service on the `lifecycle` market (as EC2 launched
-        it) that is not played yet, booted (by default its run's coordinator: on-demand)."""
+        it) that is not played yet, booted (by default its run's coordinator: on-demand), with
+        `settings` added to its environment."""
         from spotrain.localcloud.machines import (
             LocalMachine,
             deployed_user_data,
@@ -1685,7 +1694,7 @@ class _PlayedFleet:
             aws_env=control.aws_environment(self.local.cloud.endpoint, "us-east-1"),
             rdzv_port=self.rdzv_ports.setdefault(group, control.free_port()),
             default_type="g6.xlarge",
-            settings={"SPOTRAIN_RDZV_LAST_CALL": "1"},
+            settings={"SPOTRAIN_RDZV_LAST_CALL": "1", **(settings or {})},
         )  # fmt: skip
         self.machines[member["InstanceId"]] = (group, machine)
         return machine.start()
