@@ -204,11 +204,13 @@ def _net_facts(progress: Progress, changeovers: int) -> str:
     )
 
 
-def safety_net(progress: Progress, current: str, spot_available: bool) -> Choice | None:
+def safety_net(progress: Progress, current: str, spot_available: bool, *,
+               net: bool = True) -> Choice | None:  # fmt: skip
     """The net (2d, for a job idle or on on-demand) and the guard (1d, for every job): every
-    deadline policy asks it first (`current` as `as_seen` gives it)."""
+    deadline policy asks it first (`current` as `as_seen` gives it). `net=False`: the guard
+    alone, for a policy that prices the deadline itself (`spotrain.cost.markov_policy`)."""
     x = progress.exact
-    if not _out_of_time(x, 2):
+    if not _out_of_time(x, 2 if net else 1):
         return None
     if x.d == 0 and spot_available:
         return Choice(SPOT, f"{_net_facts(progress, 1)}: a move costs nothing, spot")

@@ -12,6 +12,9 @@ Strategies:
   changeovers (the move's and the net's margin); else wait; the deadline's safety net as
   every policy's.
 - `outage-fill`: the handler's policy across regions (`spotrain.core.outage_fill.across`).
+- `markov`: the candidate that plans against a model of each region's market
+  (`spotrain.cost.markov_policy`), its means from `history` (what the environment saw of its
+  regions before the run) or, without, from the run's own checks.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from spotrain.core import capacity_policy, outage_fill
 from spotrain.core.deadline_policy import (
@@ -35,10 +39,14 @@ from spotrain.core.errors import CostInputError
 from spotrain.cost.simulation import Job, tick_ms, versus_optimum
 from spotrain.cost.traces import Trace
 
+if TYPE_CHECKING:
+    from spotrain.cost.markov_policy import RegionRates
+
 HOME_ONLY = "outage-fill@home"
 SPOT_ANYWHERE = "spot-anywhere"
 OUTAGE_FILL = "outage-fill"
-STRATEGIES = (HOME_ONLY, SPOT_ANYWHERE, OUTAGE_FILL)
+MARKOV = "markov"
+STRATEGIES = (HOME_ONLY, SPOT_ANYWHERE, OUTAGE_FILL, MARKOV)
 
 Where = tuple[int, str]
 """(region index, mode)."""
@@ -115,9 +123,32 @@ def _outage_fill(job: Job, move_usd: float) -> DecideWhere:
     return decide
 
 
-def _strategy(name: str | DecideWhere, job: Job, move_usd: float) -> DecideWhere:
+def _markov(job: Job, move_usd: float, regions: int,
+            known: Sequence[RegionRates] | None) -> DecideWhere:  # fmt: skip
+    from spotrain.cost import markov_policy  # numpy: the `cost` extra
+
+    prices = markov_policy.Prices(spot_per_hour=job.spot_price * job.nodes,
+                                  on_demand_per_hour=job.on_demand_price * job.nodes,
+                                  move_usd=move_usd)  # fmt: skip
+    policy = markov_policy.MarkovPolicy(regions, prices, known=known)
+    started = False
+
+    def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
+        nonlocal started
+        decision = policy.decide(progress, region=where[0] if started else None,
+                                 current=where[1], spot_available=available)  # fmt: skip
+        started = started or decision.mode != IDLE
+        return decision.region, decision.mode
+
+    return decide
+
+
+def _strategy(name: str | DecideWhere, job: Job, move_usd: float, regions: int,
+              known: Sequence[RegionRates] | None) -> DecideWhere:  # fmt: skip
     if callable(name):  # a decision function of the caller's
         return name
+    if name == MARKOV:
+        return _markov(job, move_usd, regions, known)
     if name == HOME_ONLY:
         return _home_only(job)
     if name == SPOT_ANYWHERE:
@@ -129,17 +160,18 @@ def _strategy(name: str | DecideWhere, job: Job, move_usd: float) -> DecideWhere
 
 def simulate_across(
     job: Job, sampled: Sequence[Trace], strategy: str | DecideWhere, *, move_usd: float,
-    start_tick: int = 0,
+    start_tick: int = 0, known: Sequence[RegionRates] | None = None,
 ) -> RegionsOutcome:  # fmt: skip
     """One run of `job` from tick `start_tick` of every region's trace under `strategy`; past
-    the traces' end no spot anywhere."""
+    the traces' end no spot anywhere. `known`: the regions' means the environment has seen
+    (for `markov`)."""
     if job.checkpoint_every_h is not None or job.deadline_h is None:
         raise CostInputError(
             "a replay across regions is of a job with a deadline and the study's model: give "
             "a deadline, leave checkpoint_every_h unset"
         )
     tick = tick_ms(sampled[0])
-    decide = _strategy(strategy, job, move_usd)
+    decide = _strategy(strategy, job, move_usd, len(sampled), known)
     work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
                                      whole_ms(job.start_h))  # fmt: skip
     deadline = whole_ms(job.deadline_h)
@@ -193,10 +225,11 @@ def simulate_across(
 
 def replay_across(
     job: Job, sampled: Sequence[Trace], *, move_usd: float, starts: int,
-    strategies: Sequence[str] = STRATEGIES,
+    strategies: Sequence[str] = STRATEGIES, history: Sequence[Trace] | None = None,
 ) -> dict[str, list[RegionsOutcome]]:  # fmt: skip
     """Every strategy from `starts` start ticks spread over those whose deadline fits in
-    every region's trace, each outcome with the optimum across the regions from its start."""
+    every region's trace, each outcome with the optimum across the regions from its start.
+    `history`: a trace per region of what the environment saw before (for `markov`)."""
     from dataclasses import replace
 
     from spotrain.cost import optimum
@@ -205,12 +238,17 @@ def replay_across(
     if len({tick_ms(t) for t in sampled}) > 1:
         raise CostInputError("the regions' traces have different ticks: give traces of one "
                              "tick (--tick coarsens them alike)")  # fmt: skip
+    known = None
+    if history is not None:
+        from spotrain.cost.markov_policy import known_rates
+
+        known = known_rates(history, job.nodes)
     shortest = min(sampled, key=lambda t: len(t.available))
     results: dict[str, list[RegionsOutcome]] = {s: [] for s in strategies}
     for start in start_ticks(job, shortest, starts):
         best = optimum.cheapest_across(sampled, job, move_usd=move_usd, start_tick=start).cost
         for strategy in strategies:
             outcome = simulate_across(job, sampled, strategy, move_usd=move_usd,
-                                      start_tick=start)  # fmt: skip
+                                      start_tick=start, known=known)  # fmt: skip
             results[strategy].append(replace(outcome, optimum_cost=best))
     return results

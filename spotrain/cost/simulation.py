@@ -43,6 +43,9 @@ BLUEPRINT_MIX = "blueprint-mix"
 UNIFORM_PROGRESS = "uniform-progress"
 OUTAGE_FILL = "outage-fill"
 STRATEGIES = (ON_DEMAND_ONLY, SPOT_GREEDY, BLUEPRINT_MIX, UNIFORM_PROGRESS, OUTAGE_FILL)
+MARKOV = "markov"
+"""The candidate policy (`spotrain.cost.markov_policy`), in one region: replayed when named
+(a job with a deadline), not among every strategy's."""
 MAX_HOURS = 10_000
 """The longest work or deadline simulated (over a year): a replay walks every tick of it."""
 DEFAULT_FALLBACK_AFTER_H = handler_settings.ON_DEMAND_DEADLINE_MINUTES / 60
@@ -219,11 +222,34 @@ def _fixed_fallback(after_ms: int, tick_ms: int) -> Decide:
     return decide
 
 
-def _strategy(job: Job, strategy: str | Decide, tick_ms: int) -> tuple[Decide, int, int]:
+def _markov(job: Job, known: Trace | None) -> Decide:
+    """The candidate, its region's means from `known` (what the environment saw before the
+    run) or from the run's own checks."""
+    from spotrain.cost import markov_policy  # numpy: the `cost` extra
+
+    if job.deadline_h is None:
+        raise CostInputError(f"strategy {MARKOV!r} plans to a deadline: give one")
+    prices = markov_policy.Prices(spot_per_hour=job.spot_price * job.nodes,
+                                  on_demand_per_hour=job.on_demand_price * job.nodes,
+                                  move_usd=0.0)  # fmt: skip
+    rates = None if known is None else markov_policy.known_rates([known], job.nodes)
+    policy = markov_policy.MarkovPolicy(1, prices, known=rates)
+
+    def decide(progress: Progress, current: str, available: bool) -> str:
+        return policy.decide(progress, region=0, current=current,
+                             spot_available=[available]).mode  # fmt: skip
+
+    return decide
+
+
+def _strategy(job: Job, strategy: str | Decide, tick_ms: int,
+              known: Trace | None = None) -> tuple[Decide, int, int]:  # fmt: skip
     """The decision function, machines always on on-demand, and machines of the gang (a
     decision function given as the strategy decides for the whole gang)."""
     if callable(strategy):
         return strategy, 0, job.nodes
+    if strategy == MARKOV:
+        return _markov(job, known), 0, job.nodes
     if strategy == ON_DEMAND_ONLY:
         return (lambda *_: ON_DEMAND), 0, job.nodes
     if strategy == SPOT_GREEDY:
@@ -251,13 +277,14 @@ def simulate(
     start_tick: int = 0,
     wrap: bool = False,
     timeline: list[tuple[float, float, bool, str]] | None = None,
+    known: Trace | None = None,
 ) -> Outcome:
     """One run of `job` from tick `start_tick` of `trace` under `strategy`; past the trace's
     end it goes on from the beginning with `wrap`, else it sees no spot. `timeline`, when
     given, receives (hours since the start, compute done, spot available, mode chosen) for
-    every tick."""
+    every tick. `known`: what the environment saw of the market before (for `markov`)."""
     tick = tick_ms(trace)
-    decide, always_on_demand, gang_on_spot = _strategy(job, strategy, tick)
+    decide, always_on_demand, gang_on_spot = _strategy(job, strategy, tick, known)
     work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
                                      whole_ms(job.start_h))  # fmt: skip
     deadline = whole_ms(job.deadline_h) if job.deadline_h is not None else None
@@ -415,10 +442,12 @@ def replay(
     strategies: Sequence[str] = STRATEGIES,
     wrap: bool = False,
     optimum: bool = False,
+    history: Sequence[Trace] | None = None,
 ) -> dict[str, list[Outcome]]:
     """Every strategy from `starts` evenly spaced start ticks of every trace (`start_ticks`),
     each outcome with the optimum from its start when asked (`spotrain.cost.optimum`; a job
-    with a deadline only). The optimum moves the whole gang between markets, as every strategy
+    with a deadline only). `history`: for each trace, what the environment saw of its market
+    before (for `markov`). The optimum moves the whole gang between markets, as every strategy
     does but `blueprint-mix` of several machines (its coordinator stays on on-demand while the
     others follow spot): that one is not measured against it."""
     cheapest: Callable[..., Any] | None = None
@@ -427,12 +456,14 @@ def replay(
 
         cheapest = optimal.cheapest
     results: dict[str, list[Outcome]] = {s: [] for s in strategies}
-    for trace in traces:
+    for index, trace in enumerate(traces):
+        known = None if history is None else history[index]
         for start in start_ticks(job, trace, starts, wrap=wrap):
             best = None if cheapest is None else cheapest(job, trace, start_tick=start,
                                                           wrap=wrap).cost  # fmt: skip
             for strategy in strategies:
-                outcome = simulate(job, trace, strategy, start_tick=start, wrap=wrap)
+                outcome = simulate(job, trace, strategy, start_tick=start, wrap=wrap,
+                                   known=known)  # fmt: skip
                 if strategy != BLUEPRINT_MIX or job.nodes == 1:
                     outcome = replace(outcome, optimum_cost=best)
                 results[strategy].append(outcome)

@@ -1,0 +1,260 @@
+"""Markov: a deadline policy that plans against a model of each region's spot market, for runs
+that may train in several regions (`spotrain cost simulate`'s strategy `markov` across
+regions). The candidate to replace the across-regions rule of `spotrain.core.outage_fill`:
+it is measured beside it in bench/cost.md; the interruption handler still runs outage fill.
+
+The model: each region's spot comes in spells and outages, a two-state Markov chain per
+decision tick (a spell ends with probability tick / mean spell, an outage with tick / mean
+outage), the regions independent of each other. The means are what the run's checks have seen
+(`outage_fill.RegionRecords`: each region's record, with its prior until the evidence is in).
+Against that model the policy is exact: a finite-horizon dynamic programme over the ticks left
+to the deadline, whose state is the work left (whole ticks), which regions have spot now,
+where the run is and on what (idle, on-demand or spot), and the changeover ticks it still has
+to pay. Each tick an action is chosen: idle, go on, on-demand in the region it is in, or spot
+in a region that has some. Starting or switching pays the changeover at the new mode's price;
+a start in another region pays the move (`move_usd`) too. A tick of spot whose region loses
+its capacity leaves the run idle there. Missing the deadline costs `MISSED_USD`.
+
+The programme is solved backwards once for the ticks left and the work left, and looked up at
+each check. The means come from what the environment has seen of its regions before the run
+(`known`: its records of earlier weeks), or else from the run's own checks, with the record's
+prior until the evidence is in; then the programme is solved again whenever a region's means
+have moved by more than `RESOLVE_RATIO`. Only the guard of `spotrain.core.deadline_policy`'s
+safety net goes first (on-demand once a single changeover is all the slack left): the
+programme prices the deadline itself, and the net's 2d margin, which sends a run on on-demand
+to the end, cost 1.076x the optimum where the programme alone cost 1.062x (development traces,
+52 h, no misses). Each decision carries its reason: the work and time left, the expected cost
+to the end, and the action.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from spotrain.core import capacity_policy, outage_fill
+from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress, as_seen, safety_net
+from spotrain.cost.traces import Trace
+
+MISSED_USD = 1e6
+"""The model's price of a missed deadline: more than any schedule that meets it."""
+RESOLVE_RATIO = 1.5
+"""Solve again when a region's mean spell or outage has moved by more than this factor."""
+
+# Actions, by their index in a solved policy.
+_IDLE, _GO_ON, _ON_DEMAND_HERE, _SPOT_IN = 0, 1, 2, 3
+"""`_SPOT_IN + r`: spot in region r."""
+
+
+@dataclass(frozen=True)
+class RegionRates:
+    """A region's spot market as the model sees it (hours)."""
+
+    mean_spell_h: float
+    mean_outage_h: float
+
+    @classmethod
+    def of(cls, record: outage_fill.SpotRecord) -> RegionRates:
+        return cls(record.spell_h(), record.outage_h())
+
+    def moved_from(self, other: RegionRates) -> bool:
+        ratios = (self.mean_spell_h / other.mean_spell_h, self.mean_outage_h / other.mean_outage_h)
+        return any(max(r, 1 / r) > RESOLVE_RATIO for r in ratios)
+
+
+def known_rates(history: Sequence[Trace], nodes: int) -> list[RegionRates]:
+    """Each region's means as its record of `history` (one trace per region, what the
+    environment saw before the run) gives them, for a gang of `nodes` machines."""
+    rates = []
+    for trace in history:
+        record = outage_fill.SpotRecord()
+        for index, capacity in enumerate(trace.available):
+            record = record.seen(index * trace.gap_s, capacity >= nodes,
+                                 longest_gap_s=trace.gap_s)  # fmt: skip
+        rates.append(RegionRates.of(record))
+    return rates
+
+
+@dataclass(frozen=True)
+class Prices:
+    """What an hour of the run's gang costs on each market, and a move between regions (USD)."""
+
+    spot_per_hour: float
+    on_demand_per_hour: float
+    move_usd: float
+
+
+class Plan:
+    """The solved programme: the best action for every state up to `ticks` ticks left and
+    `work` ticks of work left, in `len(rates)` regions."""
+
+    def __init__(self, rates: Sequence[RegionRates], prices: Prices, *, tick_h: float,
+                 ticks: int, work: int, changeover: int) -> None:  # fmt: skip
+        self.rates, self.prices, self.tick_h = tuple(rates), prices, tick_h
+        self.regions = len(self.rates)
+        self.ticks, self.work, self.changeover = ticks, work, changeover
+        self.action, self.first_region, self.idle_value = _solve(self)
+
+    # Modes, by index: idle in region r is r, on-demand R + r, spot 2R + r.
+    def mode_index(self, region: int, mode: str) -> int:
+        return {IDLE: 0, ON_DEMAND: 1, SPOT: 2}[mode] * self.regions + region
+
+    def state(self, progress: Progress, available: Sequence[bool]) -> tuple[int, int, int]:
+        """(ticks left, work ticks left, regions with spot as bits) of a check."""
+        tick = self.tick_h
+        left = max(0, math.floor((progress.deadline_h - progress.elapsed_h) / tick + 1e-9))
+        work = max(0, math.ceil((progress.work_h - progress.done_h) / tick - 1e-9))
+        spot = sum(1 << r for r, there in enumerate(available) if there)
+        return min(left, self.ticks), min(work, self.work), spot
+
+
+def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Backward induction over the ticks left: the action of every state (int8, indexed
+    [ticks left, work left, spot bits, mode, changeover left]), the best region to be idle in
+    for a run that has not started ([ticks left, work left, spot bits]), and the expected cost
+    of idle@that region ([ticks left, work left, spot bits])."""
+    regions, changeover = plan.regions, plan.changeover
+    states = 1 << regions
+    modes = 3 * regions
+    work = plan.work
+    spot_of = np.array([[(bits >> r) & 1 for r in range(regions)] for bits in range(states)],
+                       dtype=bool)  # fmt: skip
+    transition = np.ones((states, states))
+    for r, rates in enumerate(plan.rates):
+        ends = min(1.0, plan.tick_h / rates.mean_spell_h)
+        returns = min(1.0, plan.tick_h / rates.mean_outage_h)
+        chain = np.array([[1 - returns, returns], [ends, 1 - ends]])  # [now][next]: 0 gone
+        transition *= chain[spot_of[:, r].astype(int)][:, spot_of[:, r].astype(int)]
+    price = np.zeros(modes)
+    price[regions : 2 * regions] = plan.prices.on_demand_per_hour * plan.tick_h
+    price[2 * regions :] = plan.prices.spot_per_hour * plan.tick_h
+    region_of = np.arange(modes) % regions
+    move = np.where(region_of[:, None] != np.arange(regions)[None, :], plan.prices.move_usd, 0.0)
+    actions = _SPOT_IN + regions
+    # The value of every state with no ticks left: done, or the deadline missed.
+    value = np.zeros((work + 1, states, modes, changeover + 1))
+    value[1:] = MISSED_USD
+    policy = np.zeros((plan.ticks + 1, work + 1, states, modes, changeover + 1), dtype=np.int8)
+    first_region = np.zeros((plan.ticks + 1, work + 1, states), dtype=np.int8)
+    idle_value = np.zeros((plan.ticks + 1, work + 1, states))
+    idle_value[0] = value[:, :, np.arange(regions), 0].min(axis=2)
+    mode_idx = np.arange(modes)
+    for left in range(1, plan.ticks + 1):
+        # After the tick: spot whose region lost its capacity leaves the run idle there.
+        after = value.copy()
+        for r in range(regions):
+            gone = ~spot_of[:, r]
+            after[:, gone, 2 * regions + r, :] = value[:, gone, r, 0][:, :, None]
+        expected = np.einsum("ab,wbmk->wamk", transition, after)
+        # Running mode m for this tick with c changeover ticks still to pay.
+        running = np.empty_like(expected)
+        running[:, :, :, 1:] = expected[:, :, :, :-1]
+        running[1:, :, :, 0] = expected[:-1, :, :, 0]
+        running[0] = 0.0
+        running += price[None, None, :, None]
+        q = np.full((work + 1, states, modes, changeover + 1, actions), np.inf)
+        q[..., _IDLE] = expected[:, :, region_of, 0][:, :, :, None]
+        go_on = np.where((mode_idx >= regions)[None, None, :, None], running, np.inf)
+        for r in range(regions):  # going on with spot needs spot there
+            go_on[:, ~spot_of[:, r], 2 * regions + r, :] = np.inf
+        q[..., _GO_ON] = go_on
+        q[..., _ON_DEMAND_HERE] = running[:, :, regions + region_of, changeover][:, :, :, None]
+        for r in range(regions):
+            start = running[:, :, 2 * regions + r, changeover][:, :, None] + move[None, None, :, r]
+            start = np.where(spot_of[None, :, r, None], start, np.inf)
+            q[..., _SPOT_IN + r] = start[:, :, :, None]
+        q[0] = 0.0  # done: nothing more to decide
+        policy[left] = q.argmin(axis=4)
+        value = q.min(axis=4)
+        value[0] = 0.0
+        idle = value[:, :, np.arange(regions), 0]
+        first_region[left] = idle.argmin(axis=2)
+        idle_value[left] = idle.min(axis=2)
+    return policy, first_region, idle_value
+
+
+_solved: dict[tuple[object, ...], Plan] = {}
+"""The last plan solved, by what it was solved for: runs of one environment with known means
+(and a replay's runs from several starts) share it, when it reaches as far as they need."""
+
+
+@dataclass(frozen=True)
+class Decision:
+    region: int
+    mode: str
+    reason: str
+
+
+class MarkovPolicy:
+    """The policy for one run: keeps the regions' records and its plan, solving again when
+    the records move (`decide` is called at every check, in order)."""
+
+    def __init__(self, regions: int, prices: Prices, *, names: Sequence[str] = (),
+                 known: Sequence[RegionRates] | None = None) -> None:  # fmt: skip
+        self.records = outage_fill.RegionRecords.empty(regions)
+        self.prices, self.names = prices, tuple(names)
+        self.known = None if known is None else tuple(known)
+        self.plan: Plan | None = None
+        self.solves = 0
+
+    def decide(self, progress: Progress, *, region: int | None, current: str,
+               spot_available: Sequence[bool]) -> Decision:  # fmt: skip
+        """Where and on what the run should be now; `region` None: it has not started."""
+        gap = capacity_policy.longest_gap_s(progress.decision_interval_h)
+        self.records = self.records.seen(progress.elapsed_h * 3600, spot_available,
+                                         longest_gap_s=gap)  # fmt: skip
+        here = region or 0
+        current = as_seen(current, spot_available[here])
+        forced = safety_net(progress, current, spot_available[here], net=False)
+        if forced is not None:
+            return Decision(here, forced.mode, forced.reason)
+        plan = self._plan(progress)
+        left, work, spot = plan.state(progress, spot_available)
+        if work == 0:
+            return Decision(here, current, "the work is done")
+        if region is None and current == IDLE:  # not started: every region is as near
+            here = int(plan.first_region[left, work, spot])
+        changeover = min(plan.changeover, math.ceil(
+            progress.changeover_left_h / plan.tick_h - 1e-9))  # fmt: skip
+        mode = plan.mode_index(here, current)
+        action = int(plan.action[left, work, spot, mode, changeover])
+        return self._decision(plan, action, here, current, left, work, spot)
+
+    def _plan(self, progress: Progress) -> Plan:
+        rates = self.known or [RegionRates.of(r) for r in self.records.regions]
+        plan = self.plan
+        tick = progress.decision_interval_h
+        left = math.floor((progress.deadline_h - progress.elapsed_h) / tick + 1e-9)
+        work = math.ceil((progress.work_h - progress.done_h) / tick - 1e-9)
+        if plan is None or any(new.moved_from(old) for new, old in zip(rates, plan.rates,
+                                                                        strict=True)):  # fmt: skip
+            changeover = max(0, math.ceil(progress.changeover_h / tick - 1e-9))
+            plan = _solved.get((tuple(rates), self.prices, tick, changeover))
+            if plan is None or plan.ticks < left or plan.work < work:
+                plan = Plan(rates, self.prices, tick_h=tick, ticks=max(1, left),
+                            work=max(1, work), changeover=changeover)  # fmt: skip
+                _solved.clear()  # one kept: each is tens of megabytes
+                _solved[(tuple(rates), self.prices, tick, changeover)] = plan
+                self.solves += 1
+            self.plan = plan
+        return plan
+
+    def _decision(self, plan: Plan, action: int, here: int, current: str, left: int,
+                  work: int, spot: int) -> Decision:  # fmt: skip
+        name = self.names[here] if self.names else f"region {here}"
+        facts = (f"{work * plan.tick_h:.1f} h of work in {left * plan.tick_h:.1f} h; "
+                 f"expected cost to the end ${plan.idle_value[left, work, spot]:,.2f}")  # fmt: skip
+        if action == _IDLE:
+            return Decision(here, IDLE, f"{facts}: wait in {name} (the model expects spot "
+                                        "soon enough)")  # fmt: skip
+        if action == _GO_ON:
+            return Decision(here, current, f"{facts}: go on with {current} in {name}")
+        if action == _ON_DEMAND_HERE:
+            return Decision(here, ON_DEMAND, f"{facts}: on-demand in {name}")
+        to = action - _SPOT_IN
+        there = self.names[to] if self.names else f"region {to}"
+        verb = "spot" if to == here else "move to spot"
+        return Decision(to, SPOT, f"{facts}: {verb} in {there}")

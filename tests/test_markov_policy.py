@@ -1,0 +1,168 @@
+"""The Markov policy (`spotrain.cost.markov_policy`): its programme's expected cost equals an
+expectimax written out state by state over the same model, its decisions carry their reasons,
+it meets deadlines on generated traces, and it moves only when a move pays."""
+
+from __future__ import annotations
+
+import functools
+import itertools
+import random
+from dataclasses import replace
+
+import pytest
+
+from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
+from spotrain.core.errors import CostInputError
+from spotrain.core.outage_fill import SpotRecord
+from spotrain.cost import across_regions, markov_policy, simulation, trace_models
+from spotrain.cost.markov_policy import MISSED_USD, Plan, Prices, RegionRates
+
+
+def expectimax(rates: list[RegionRates], prices: Prices, *, tick_h: float, ticks: int,
+               work: int, changeover: int) -> dict[int, float]:  # fmt: skip
+    """The least expected cost of a run not yet started, with `ticks` ticks to its deadline
+    and `work` ticks of work, for each set of regions with spot at its start (as bits),
+    written out one state at a time."""
+    regions = len(rates)
+    ends = [min(1.0, tick_h / r.mean_spell_h) for r in rates]
+    returns = [min(1.0, tick_h / r.mean_outage_h) for r in rates]
+
+    def chance(now: tuple[bool, ...], then: tuple[bool, ...]) -> float:
+        p = 1.0
+        for r in range(regions):
+            stays = 1 - ends[r] if now[r] else 1 - returns[r]
+            p *= stays if then[r] == now[r] else 1 - stays
+        return p
+
+    patterns = list(itertools.product((False, True), repeat=regions))
+
+    @functools.cache
+    def best(left: int, w: int, spot: tuple[bool, ...], region: int, mode: str, k: int) -> float:
+        if w == 0:
+            return 0.0
+        if left == 0:
+            return MISSED_USD
+        options = [after(left, w, spot, region, IDLE, 0, 0.0)]  # idle
+        if mode != IDLE and (mode != SPOT or spot[region]):  # go on
+            options.append(run(left, w, spot, region, mode, k, 0.0))
+        options.append(run(left, w, spot, region, ON_DEMAND, changeover, 0.0))
+        for to in range(regions):
+            if spot[to]:
+                move = prices.move_usd if to != region else 0.0
+                options.append(run(left, w, spot, to, SPOT, changeover, move))
+        return min(options)
+
+    def run(left: int, w: int, spot: tuple[bool, ...], region: int, mode: str, k: int,
+            extra: float) -> float:  # fmt: skip
+        price = prices.spot_per_hour if mode == SPOT else prices.on_demand_per_hour
+        if k > 0:
+            return price * tick_h + after(left, w, spot, region, mode, k - 1, extra)
+        return price * tick_h + after(left, w - 1, spot, region, mode, 0, extra)
+
+    def after(left: int, w: int, spot: tuple[bool, ...], region: int, mode: str, k: int,
+              extra: float) -> float:  # fmt: skip
+        total = extra
+        for then in patterns:
+            if w == 0:
+                continue  # done: nothing more to pay
+            lost = mode == SPOT and not then[region]
+            total += chance(spot, then) * best(
+                left - 1, w, then, region, IDLE if lost else mode, 0 if lost else k
+            )
+        return total
+
+    return {sum(1 << r for r, there in enumerate(spot) if there):
+            min(best(ticks, work, spot, r, IDLE, 0) for r in range(regions))
+            for spot in patterns}  # fmt: skip
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_programme_equals_an_expectimax_over_the_same_model(seed: int) -> None:
+    rng = random.Random(seed)
+    regions = rng.choice([1, 2])
+    rates = [RegionRates(rng.choice([0.5, 1.0, 3.0]), rng.choice([0.5, 1.0, 2.0]))
+             for _ in range(regions)]  # fmt: skip
+    prices = Prices(spot_per_hour=1.0, on_demand_per_hour=rng.choice([2.0, 3.0]),
+                    move_usd=rng.choice([0.0, 0.2, 1.0]))  # fmt: skip
+    tick_h, ticks, work, changeover = 0.5, rng.choice([5, 6, 7]), rng.choice([2, 3]), rng.choice(
+        [0, 1])  # fmt: skip
+    plan = Plan(rates, prices, tick_h=tick_h, ticks=ticks, work=work, changeover=changeover)
+    expected = expectimax(rates, prices, tick_h=tick_h, ticks=ticks, work=work,
+                          changeover=changeover)  # fmt: skip
+    assert len(expected) == 1 << regions
+    for spot, value in expected.items():
+        assert plan.idle_value[ticks, work, spot] == pytest.approx(value, rel=1e-9), (seed, spot)
+
+
+def _progress(**changes: float) -> Progress:
+    fields = {"elapsed_h": 0.0, "deadline_h": 20.0, "work_h": 10.0, "done_h": 0.0,
+              "changeover_h": 0.2, "decision_interval_h": 0.1, **changes}  # fmt: skip
+    return Progress(**fields)  # type: ignore[arg-type]
+
+
+def test_each_decision_says_why_and_a_dear_move_is_not_taken() -> None:
+    known = [RegionRates(1.0, 6.0), RegionRates(12.0, 0.5)]  # home scarce, the other plentiful
+    cheap = markov_policy.MarkovPolicy(2, Prices(1.0, 3.0, move_usd=0.0), known=known,
+                                       names=("eu-west-1", "us-east-2"))  # fmt: skip
+    moved = cheap.decide(_progress(), region=0, current=ON_DEMAND, spot_available=[False, True])
+    assert (moved.region, moved.mode) == (1, SPOT), moved.reason
+    assert "move to spot in us-east-2" in moved.reason and "expected cost" in moved.reason
+    dear = markov_policy.MarkovPolicy(2, Prices(1.0, 3.0, move_usd=1_000.0), known=known)
+    stays = dear.decide(_progress(), region=0, current=ON_DEMAND, spot_available=[False, True])
+    assert stays.region == 0 and stays.mode in (ON_DEMAND, IDLE), stays.reason
+    # Spot in both, the run idle: a start pays a changeover wherever it is, and a free move
+    # buys spells twelve times as long; a dear one does not.
+    start = cheap.decide(_progress(), region=0, current=IDLE, spot_available=[True, True])
+    assert (start.region, start.mode) == (1, SPOT), start.reason
+    here = dear.decide(_progress(), region=0, current=IDLE, spot_available=[True, True])
+    assert (here.region, here.mode) == (0, SPOT), here.reason
+
+
+def test_out_of_slack_it_takes_on_demand_to_the_end() -> None:
+    policy = markov_policy.MarkovPolicy(1, Prices(1.0, 3.0, 0.0), known=[RegionRates(4.0, 1.0)])
+    decision = policy.decide(_progress(done_h=0.0, deadline_h=10.15), region=0, current=IDLE,
+                             spot_available=[False])  # fmt: skip
+    assert decision.mode == ON_DEMAND, decision.reason
+
+
+def test_it_learns_the_means_from_its_checks_and_solves_again_when_they_move() -> None:
+    policy = markov_policy.MarkovPolicy(1, Prices(1.0, 3.0, 0.0))
+    for tick in range(200):  # 20 h of checks that always find spot: the prior's 4 h spell goes
+        policy.decide(_progress(elapsed_h=tick * 0.1, deadline_h=60.0, work_h=48.0,
+                                done_h=tick * 0.1), region=0, current=SPOT,
+                      spot_available=[True])  # fmt: skip
+    assert policy.solves >= 2
+    assert policy.plan is not None and policy.plan.rates[0].mean_spell_h > 4.0 * 1.5
+    assert markov_policy.RegionRates.of(SpotRecord()).mean_spell_h == pytest.approx(4.0)
+
+
+def test_it_meets_every_deadline_and_costs_no_less_than_the_optimum() -> None:
+    sampled = trace_models.sample(trace_models.SCARCE, hours=40, gap_s=600, seed=11)
+    history = trace_models.sample(trace_models.SCARCE, hours=24 * 10, gap_s=600, seed=12)
+    job = simulation.Job(work_h=12, deadline_h=16, changeover_h=0.2, on_demand_price=3.0,
+                         spot_price=1.0)  # fmt: skip
+    for move_usd in (0.0, 3.0):
+        results = across_regions.replay_across(
+            job, sampled, move_usd=move_usd, starts=4, history=history,
+            strategies=(across_regions.MARKOV, across_regions.HOME_ONLY))  # fmt: skip
+        ours, home = results[across_regions.MARKOV], results[across_regions.HOME_ONLY]
+        for outcome in ours:
+            assert outcome.deadline_met
+            assert outcome.cost >= outcome.optimum_cost * (1 - 1e-12)  # type: ignore[operator]
+        assert sum(o.cost for o in ours) < sum(o.cost for o in home)
+
+
+def test_in_one_region_it_meets_every_deadline_and_needs_one() -> None:
+    sampled = trace_models.sample(trace_models.US, hours=40, gap_s=600, seed=3)
+    history = trace_models.sample(trace_models.US, hours=24 * 10, gap_s=600, seed=4)
+    job = simulation.Job(work_h=12, deadline_h=15, changeover_h=0.2, on_demand_price=3.0,
+                         spot_price=1.0)  # fmt: skip
+    compared = (simulation.MARKOV, simulation.ON_DEMAND_ONLY)
+    found = simulation.replay(job, sampled, starts=3, optimum=True, history=history,
+                              strategies=compared)  # fmt: skip
+    for ours, on_demand in zip(found[simulation.MARKOV], found[simulation.ON_DEMAND_ONLY],
+                               strict=True):  # fmt: skip
+        assert ours.deadline_met and ours.cost < on_demand.cost
+        assert ours.cost >= ours.optimum_cost * (1 - 1e-12)  # type: ignore[operator]
+    with pytest.raises(CostInputError, match="plans to a deadline: give one"):
+        simulation.simulate(replace(job, deadline_h=None), sampled[0], simulation.MARKOV)
