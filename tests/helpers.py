@@ -1,8 +1,9 @@
 """Helpers shared by tests: reading synthesized stacks, creating the catalog table and Auto
-Scaling groups."""
+Scaling groups, spot availability built to break a deadline policy."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from pathlib import Path
 from typing import Any
@@ -113,3 +114,15 @@ def rest_of(process: Any, timeout: float) -> str:
     process.stdout.close()
     process.wait(timeout=30)
     return read[0] if read else ""
+
+
+def adversarial_availability(ticks: int) -> list[tuple[str, tuple[int, ...]]]:
+    """Spot that goes for good at every tick (among them the one where the slack runs out);
+    that comes only at each moment; bursts shorter than a changeover (spot that never
+    trains); and a fifth of the patterns of 8 ticks, repeated."""
+    found = [(f"gone at {k}", (1,) * k + (0,) * (ticks - k)) for k in range(ticks)]
+    found += [(f"from {k}", (0,) * k + (1,) * (ticks - k)) for k in range(0, ticks, 3)]
+    found.append(("bursts", (1, 0) * (ticks // 2)))
+    found += [(f"pattern {p}", (p * (ticks // 8 + 1))[:ticks])
+              for p in itertools.product((0, 1), repeat=8)][::5]  # fmt: skip
+    return found

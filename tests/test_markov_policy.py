@@ -10,11 +10,12 @@ import random
 from dataclasses import replace
 
 import pytest
+from helpers import adversarial_availability
 
 from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
 from spotrain.core.errors import CostInputError
 from spotrain.core.outage_fill import SpotRecord
-from spotrain.cost import across_regions, markov_policy, simulation, trace_models
+from spotrain.cost import across_regions, markov_policy, simulation, trace_models, traces
 from spotrain.cost.markov_policy import MISSED_USD, Plan, Prices, RegionRates
 
 
@@ -166,3 +167,20 @@ def test_in_one_region_it_meets_every_deadline_and_needs_one() -> None:
         assert ours.cost >= ours.optimum_cost * (1 - 1e-12)  # type: ignore[operator]
     with pytest.raises(CostInputError, match="plans to a deadline: give one"):
         simulation.simulate(replace(job, deadline_h=None), sampled[0], simulation.MARKOV)
+
+
+@pytest.mark.parametrize("deadline_h", [6.5, 8.0, 12.0])
+@pytest.mark.parametrize("knows", [False, True], ids=["learning", "known"])
+def test_every_deadline_is_met_on_traces_built_to_break_it(deadline_h: float, knows: bool) -> None:
+    # outage fill's adversarial traces (test_outage_fill.py): 6 h of work, 15-minute
+    # changeovers, 10-minute ticks: a burst of one tick never trains. Two things keep these
+    # deadlines, each alone (checked by taking the other out): the programme's price of a miss
+    # and the 1d guard.
+    job = simulation.Job(work_h=6, deadline_h=deadline_h, changeover_h=0.25,
+                         on_demand_price=3.0, spot_price=1.0)  # fmt: skip
+    ticks = int(deadline_h * 6) + 6
+    history = trace_models.sample(trace_models.US, hours=24 * 10, gap_s=600, seed=5)[0]
+    for name, values in adversarial_availability(ticks):
+        outcome = simulation.simulate(job, traces.Trace(name, 600, values), simulation.MARKOV,
+                                      known=history if knows else None)  # fmt: skip
+        assert outcome.deadline_met, (name, outcome)

@@ -3,9 +3,8 @@ met on traces built to break it."""
 
 from __future__ import annotations
 
-import itertools
-
 import pytest
+from helpers import adversarial_availability
 
 from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
 from spotrain.core.outage_fill import FILL_SHARE, SpotRecord, outage_fill
@@ -72,25 +71,13 @@ def test_an_idle_run_fills_an_outage_once_the_deficit_is_most_of_the_outages_to_
     assert went is not None and 0 < went < 10.75  # before the safety net would (20 - 9 - 2d)
 
 
-def _adversarial(ticks: int) -> list[tuple[str, tuple[int, ...]]]:
-    """Spot that goes for good at every tick (among them the one where the slack runs out);
-    that comes only at each moment; bursts shorter than a changeover (spot that never
-    trains); and a fifth of the patterns of 8 ticks, repeated."""
-    found = [(f"gone at {k}", (1,) * k + (0,) * (ticks - k)) for k in range(ticks)]
-    found += [(f"from {k}", (0,) * k + (1,) * (ticks - k)) for k in range(0, ticks, 3)]
-    found.append(("bursts", (1, 0) * (ticks // 2)))
-    found += [(f"pattern {p}", (p * (ticks // 8 + 1))[:ticks])
-              for p in itertools.product((0, 1), repeat=8)][::5]  # fmt: skip
-    return found
-
-
 @pytest.mark.parametrize("deadline_h", [6.5, 8.0, 12.0])
 def test_every_deadline_is_met_on_traces_built_to_break_it(deadline_h: float) -> None:
     # 6 h of work, 15-minute changeovers, 10-minute ticks: a burst of one tick never trains.
     job = simulation.Job(work_h=6, deadline_h=deadline_h, changeover_h=0.25,
                          on_demand_price=3.0, spot_price=1.0)  # fmt: skip
     ticks = int(deadline_h * 6) + 6
-    for name, values in _adversarial(ticks):
+    for name, values in adversarial_availability(ticks):
         outcome = simulation.simulate(job, traces.Trace(name, 600, values),
                                       simulation.OUTAGE_FILL)  # fmt: skip
         assert outcome.deadline_met, (name, outcome)
