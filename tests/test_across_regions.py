@@ -139,24 +139,33 @@ def test_across_regions_meets_every_deadline_and_beats_staying_home() -> None:
 def test_cost_simulate_across_regions_reports_moves_and_the_optimum(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    paths = []
-    for index, trace in enumerate(trace_models.sample(trace_models.US, hours=30, gap_s=600,
-                                                      seed=2)):  # fmt: skip
+    paths, history = [], []
+    for index, (trace, past) in enumerate(zip(
+        trace_models.sample(trace_models.US, hours=30, gap_s=600, seed=2),
+        trace_models.sample(trace_models.US, hours=24 * 7, gap_s=600, seed=3), strict=True,
+    )):  # fmt: skip
         paths += ["--trace", str(tmp_path / f"{index}.json")]
         (tmp_path / f"{index}.json").write_text(json.dumps(trace.to_json()))
+        history += ["--history", str(tmp_path / f"past-{index}.json")]  # the week before
+        (tmp_path / f"past-{index}.json").write_text(json.dumps(past.to_json()))
     flags = ["cost", "simulate", "--across-regions", *paths, "--work-hours", "8",
              "--deadline-hours", "11", "--on-demand-price", "3", "--spot-price", "1",
              "--starts", "3", "--move-usd", "0.5", "--json"]  # fmt: skip
-    assert cli.main(flags) == 0
-    found = json.loads(capsys.readouterr().out)
-    assert len(found["regions"]) == 3 and found["move_usd"] == 0.5
-    for name, strategy in found["strategies"].items():
-        assert all(run["vs_optimum"] >= 1 - 1e-12 for run in strategy["runs"]), name
-    assert found["strategies"]["outage-fill@home"]["summary"]["mean_moves"] == 0
+    for given in ([], history):  # the candidate learns its means, or knows them
+        assert cli.main(flags + given) == 0
+        found = json.loads(capsys.readouterr().out)
+        assert len(found["regions"]) == 3 and found["move_usd"] == 0.5
+        assert set(found["strategies"]) == set(across_regions.STRATEGIES)
+        for name, strategy in found["strategies"].items():
+            assert strategy["summary"]["deadline_met"] == 1.0, name
+            assert all(run["vs_optimum"] >= 1 - 1e-12 for run in strategy["runs"]), name
+        assert found["strategies"]["outage-fill@home"]["summary"]["mean_moves"] == 0
     assert cli.main(["cost", "simulate", "--across-regions", *paths[:2], "--work-hours", "8",
-                     "--on-demand-price", "3", "--spot-price", "1", "--wrap"]) == 2  # fmt: skip
+                     "--on-demand-price", "3", "--spot-price", "1", "--wrap",
+                     *history[:4]]) == 2  # fmt: skip
     error = capsys.readouterr().err
     assert "--trace per region" in error and "--deadline-hours" in error and "--wrap" in error
+    assert "give one --history per --trace, in the same order (2 for 1)" in error
 
 
 def test_traces_of_different_ticks_are_refused_with_the_fix() -> None:

@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import functools
 import itertools
+import json
 import random
 from dataclasses import replace
+from pathlib import Path
 
 import pytest
 from helpers import adversarial_availability
 
+from spotrain import cli
 from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
 from spotrain.core.errors import CostInputError
 from spotrain.core.outage_fill import SpotRecord
@@ -184,3 +187,39 @@ def test_every_deadline_is_met_on_traces_built_to_break_it(deadline_h: float, kn
         outcome = simulation.simulate(job, traces.Trace(name, 600, values), simulation.MARKOV,
                                       known=history if knows else None)  # fmt: skip
         assert outcome.deadline_met, (name, outcome)
+
+
+def test_cost_simulate_replays_the_candidate_with_a_deadline_and_never_recommends_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    trace, past = tmp_path / "trace.json", tmp_path / "past.json"
+    trace.write_text(json.dumps(trace_models.sample(trace_models.SCARCE, hours=30, gap_s=600,
+                                                    seed=8)[0].to_json()))  # fmt: skip
+    past.write_text(json.dumps(trace_models.sample(trace_models.SCARCE, hours=24 * 7, gap_s=600,
+                                                   seed=9)[0].to_json()))  # fmt: skip
+    flags = ["cost", "simulate", "--trace", str(trace), "--work-hours", "8", "--deadline-hours",
+             "11", "--changeover-minutes", "12", "--on-demand-price", "3", "--spot-price", "1",
+             "--starts", "3", "--json", "--history", str(past)]  # fmt: skip
+    assert cli.main(flags) == 0
+    found = json.loads(capsys.readouterr().out)
+    markov = found["strategies"][simulation.MARKOV]
+    assert markov["summary"]["deadline_met"] == 1.0
+    assert all(run["vs_optimum"] >= 1 - 1e-12 for run in markov["runs"])
+    assert found["recommended"]["strategy"] in simulation.STRATEGIES
+    # Without a deadline there is nothing for it to plan to: not replayed.
+    assert cli.main([f for f in flags if f not in ("--deadline-hours", "11")]) == 0
+    assert simulation.MARKOV not in json.loads(capsys.readouterr().out)["strategies"]
+    assert cli.main([*flags, "--history", str(past)]) == 2
+    assert "--history is given 2 times: give one trace" in capsys.readouterr().err
+
+
+def test_the_candidate_is_shown_but_never_recommended() -> None:
+    from spotrain.cost import planner
+
+    def summary(strategy: str, cost: float) -> simulation.Summary:
+        return simulation.Summary(strategy=strategy, runs=10, mean_cost=cost, mean_finish_h=10.0,
+                                  deadline_met=1.0, mean_goodput=1.0, mean_spot_hours=5.0,
+                                  mean_on_demand_hours=5.0, mean_preemptions=0.0)  # fmt: skip
+
+    cheapest = [summary(simulation.MARKOV, 1.0), summary(simulation.OUTAGE_FILL, 2.0)]
+    assert planner.recommend(cheapest, has_deadline=True)[0] == simulation.OUTAGE_FILL

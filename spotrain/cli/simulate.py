@@ -36,6 +36,19 @@ def _traces(args: argparse.Namespace, hours: float) -> list[traces.Trace]:
     return [traces.coarsen(t, args.tick) for t in found] if args.tick else found
 
 
+def _history(args: argparse.Namespace, count: int) -> list[traces.Trace] | None:
+    """What the environment saw of the market before (`--history`, one trace), for each of
+    `count` traces: the Markov candidate's means."""
+    if not args.history:
+        return None
+    if len(args.history) != 1:
+        raise CostInputError(
+            f"--history is given {len(args.history)} times: give one trace of the market's "
+            "past (one per region with --across-regions)"
+        )
+    return [traces.load(args.history[0])] * count
+
+
 def _generated_for(args: argparse.Namespace) -> bool:
     """Traces are generated for each deadline (not given as files, nor of a fixed length)."""
     return not args.trace and not args.trace_hours
@@ -64,7 +77,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     figure_path(args.plot)
     base = _job(args, args.deadline_hours)
     sampled = _traces(args, _length_for(args, args.deadline_hours or 3 * args.work_hours))
-    results = simulation.replay(base, sampled, starts=args.starts, wrap=args.wrap, optimum=True)
+    # The candidate too where a deadline is given (shown, never recommended: `recommend`).
+    strategies = simulation.STRATEGIES + ((simulation.MARKOV,) if args.deadline_hours else ())
+    results = simulation.replay(
+        base,
+        sampled,
+        starts=args.starts,
+        wrap=args.wrap,
+        optimum=True,
+        strategies=strategies,
+        history=_history(args, len(sampled)),
+    )
     if args.json:
         say(json_text(_document(args, sampled, results)))
     else:

@@ -24,6 +24,14 @@ def add_flags(command: argparse.ArgumentParser) -> None:
         default=0.0,
         help="with --across-regions: what a move transfers, in USD (default 0)",
     )
+    command.add_argument(
+        "--history",
+        action="append",
+        metavar="FILE",
+        help="what the environment saw before the runs (a trace, or with --across-regions one "
+        "per region, home first): the Markov candidate's means; without, it learns them from "
+        "each run's checks",
+    )
 
 
 def problems(args: argparse.Namespace) -> list[str]:
@@ -39,6 +47,9 @@ def problems(args: argparse.Namespace) -> list[str]:
         found.append("leave out --plot (the figure is drawn for one region)")
     if args.move_usd < 0:
         found.append(f"--move-usd is {args.move_usd:g}: give the move's transfer in USD, 0 or more")
+    if args.history and len(args.history) != len(args.trace or []):
+        found.append(f"give one --history per --trace, in the same order ({len(args.history)} "
+                     f"for {len(args.trace or [])})")  # fmt: skip
     return found
 
 
@@ -49,8 +60,9 @@ def cmd_across(args: argparse.Namespace, job: simulation.Job) -> int:
     sampled = [traces.load(path) for path in args.trace]
     if args.tick:
         sampled = [traces.coarsen(t, args.tick) for t in sampled]
+    history = [traces.load(path) for path in args.history] if args.history else None
     results = across_regions.replay_across(job, sampled, move_usd=args.move_usd,
-                                           starts=args.starts)  # fmt: skip
+                                           starts=args.starts, history=history)  # fmt: skip
     summary = {name: _summary(outcomes) for name, outcomes in results.items()}
     if args.json:
         say(json_text({

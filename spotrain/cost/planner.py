@@ -196,7 +196,10 @@ def plan(inputs: PlanInputs) -> Plan:
 
 
 def recommend(summaries: Sequence[Summary], *, has_deadline: bool) -> tuple[str, str]:
-    """The cheapest strategy that meets the deadline often enough (or at all, without one)."""
+    """The cheapest strategy that meets the deadline often enough (or at all, without one),
+    among those the blueprint runs (a candidate replayed beside them, `simulation.MARKOV`, is
+    shown, never recommended)."""
+    summaries = [s for s in summaries if s.strategy in simulation.STRATEGIES] or list(summaries)
     if not has_deadline:
         finishing = [s for s in summaries if math.isfinite(s.mean_finish_h)] or list(summaries)
         best = min(finishing, key=lambda s: s.mean_cost)
