@@ -1,30 +1,31 @@
-"""Markov: a deadline policy that plans against a model of each region's spot market, for runs
-that may train in several regions (`spotrain cost simulate`'s strategy `markov` across
-regions). The candidate to replace the across-regions rule of `spotrain.core.outage_fill`:
-it is measured beside it in bench/cost.md; the interruption handler still runs outage fill.
+"""Markov: a deadline policy that plans against a model of each region's spot market, for a run
+in one region or several (`spotrain cost simulate`'s strategy `markov`). The candidate to
+replace `spotrain.core.outage_fill`: it is measured beside it in bench/cost.md; the
+interruption handler still runs outage fill (this solver needs numpy, which the handler's
+Lambda does not have).
 
 The model: each region's spot comes in spells and outages, a two-state Markov chain per
 decision tick (a spell ends with probability tick / mean spell, an outage with tick / mean
-outage), the regions independent of each other. The means are what the run's checks have seen
-(`outage_fill.RegionRecords`: each region's record, with its prior until the evidence is in).
-Against that model the policy is exact: a finite-horizon dynamic programme over the ticks left
-to the deadline, whose state is the work left (whole ticks), which regions have spot now,
-where the run is and on what (idle, on-demand or spot), and the changeover ticks it still has
-to pay. Each tick an action is chosen: idle, go on, on-demand in the region it is in, or spot
-in a region that has some. Starting or switching pays the changeover at the new mode's price;
-a start in another region pays the move (`move_usd`) too. A tick of spot whose region loses
-its capacity leaves the run idle there. Missing the deadline costs `MISSED_USD`.
+outage), the regions independent of each other. Against that model the policy is exact: a
+finite-horizon dynamic programme over the ticks left to the deadline, whose state is the work
+left (whole ticks), which regions have spot now, where the run is and on what (idle, on-demand
+or spot), and the changeover ticks it still has to pay. Each tick an action is chosen: idle, go
+on, on-demand in the region it is in, or spot in a region that has some. Starting or switching
+pays the changeover at the new mode's price; a start in another region pays the move
+(`move_usd`) too. A tick of spot whose region loses its capacity leaves the run idle there.
+Missing the deadline costs `MISSED_USD`.
 
 The programme is solved backwards once for the ticks left and the work left, and looked up at
 each check. The means come from what the environment has seen of its regions before the run
-(`known`: its records of earlier weeks), or else from the run's own checks, with the record's
-prior until the evidence is in; then the programme is solved again whenever a region's means
-have moved by more than `RESOLVE_RATIO`. Only the guard of `spotrain.core.deadline_policy`'s
-safety net goes first (on-demand once a single changeover is all the slack left): the
-programme prices the deadline itself, and the net's 2d margin, which sends a run on on-demand
-to the end, cost 1.076x the optimum where the programme alone cost 1.062x (development traces,
-52 h, no misses). Each decision carries its reason: the work and time left, the expected cost
-to the end, and the action.
+(`known`: its records of earlier weeks), or else from the run's own checks
+(`outage_fill.RegionRecords`, with the record's prior until the evidence is in); then the
+programme is solved again whenever a region's means have moved by more than `RESOLVE_RATIO`.
+Only the guard of `spotrain.core.deadline_policy`'s safety net goes first (on-demand once a
+single changeover is all the slack left): the programme prices the deadline itself, and the
+net's 2d margin, which sends a run on on-demand to the end, cost 1.076x the optimum where the
+programme alone cost 1.062x (across regions, the first two development seeds, 52 h, moves at
+$0; no misses either way). Each decision carries its reason: the work and time left, each
+region's spot now and the means the plan assumed, and the action.
 """
 
 from __future__ import annotations
@@ -245,8 +246,13 @@ class MarkovPolicy:
     def _decision(self, plan: Plan, action: int, here: int, current: str, left: int,
                   work: int, spot: int) -> Decision:  # fmt: skip
         name = self.names[here] if self.names else f"region {here}"
-        facts = (f"{work * plan.tick_h:.1f} h of work in {left * plan.tick_h:.1f} h; "
-                 f"expected cost to the end ${plan.idle_value[left, work, spot]:,.2f}")  # fmt: skip
+        market = ", ".join(
+            f"{self.names[r] if self.names else f'region {r}'} "
+            f"{'has' if spot >> r & 1 else 'lacks'} spot (spells of {rates.mean_spell_h:.1f} h, "
+            f"outages of {rates.mean_outage_h:.1f} h)"
+            for r, rates in enumerate(plan.rates)
+        )  # fmt: skip
+        facts = f"{work * plan.tick_h:.1f} h of work in {left * plan.tick_h:.1f} h; {market}"
         if action == _IDLE:
             return Decision(here, IDLE, f"{facts}: wait in {name} (the model expects spot "
                                         "soon enough)")  # fmt: skip
