@@ -127,10 +127,8 @@ def _markov(job: Job, move_usd: float, regions: int,
             known: Sequence[RegionRates] | None) -> DecideWhere:  # fmt: skip
     from spotrain.cost import markov_policy  # numpy: the `cost` extra
 
-    prices = markov_policy.Prices(spot_per_hour=job.spot_price * job.nodes,
-                                  on_demand_per_hour=job.on_demand_price * job.nodes,
-                                  move_usd=move_usd)  # fmt: skip
-    policy = markov_policy.MarkovPolicy(regions, prices, known=known)
+    policy = markov_policy.MarkovPolicy(regions, markov_policy.Prices.of(job, move_usd),
+                                        known=known)  # fmt: skip
     started = False
 
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:

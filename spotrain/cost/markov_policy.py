@@ -33,12 +33,16 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from spotrain.core import capacity_policy, outage_fill
 from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress, as_seen, safety_net
 from spotrain.cost.traces import Trace
+
+if TYPE_CHECKING:
+    from spotrain.cost.simulation import Job
 
 MISSED_USD = 1e6
 """The model's price of a missed deadline: more than any schedule that meets it."""
@@ -86,6 +90,11 @@ class Prices:
     spot_per_hour: float
     on_demand_per_hour: float
     move_usd: float
+
+    @classmethod
+    def of(cls, job: Job, move_usd: float = 0.0) -> Prices:
+        """The prices of `job`'s whole gang."""
+        return cls(job.spot_price * job.nodes, job.on_demand_price * job.nodes, move_usd)
 
 
 class Plan:

@@ -229,11 +229,8 @@ def _markov(job: Job, known: Trace | None) -> Decide:
 
     if job.deadline_h is None:
         raise CostInputError(f"strategy {MARKOV!r} plans to a deadline: give one")
-    prices = markov_policy.Prices(spot_per_hour=job.spot_price * job.nodes,
-                                  on_demand_per_hour=job.on_demand_price * job.nodes,
-                                  move_usd=0.0)  # fmt: skip
     rates = None if known is None else markov_policy.known_rates([known], job.nodes)
-    policy = markov_policy.MarkovPolicy(1, prices, known=rates)
+    policy = markov_policy.MarkovPolicy(1, markov_policy.Prices.of(job), known=rates)
 
     def decide(progress: Progress, current: str, available: bool) -> str:
         return policy.decide(progress, region=0, current=current,
