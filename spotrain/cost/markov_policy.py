@@ -114,11 +114,16 @@ class Plan:
 
     def state(self, progress: Progress, available: Sequence[bool]) -> tuple[int, int, int]:
         """(ticks left, work ticks left, regions with spot as bits) of a check."""
-        tick = self.tick_h
-        left = max(0, math.floor((progress.deadline_h - progress.elapsed_h) / tick + 1e-9))
-        work = max(0, math.ceil((progress.work_h - progress.done_h) / tick - 1e-9))
+        left, work = _in_ticks(progress, self.tick_h)
         spot = sum(1 << r for r, there in enumerate(available) if there)
         return min(left, self.ticks), min(work, self.work), spot
+
+
+def _in_ticks(progress: Progress, tick_h: float) -> tuple[int, int]:
+    """The whole ticks left to the deadline (down) and of work left (up)."""
+    left = math.floor((progress.deadline_h - progress.elapsed_h) / tick_h + 1e-9)
+    work = math.ceil((progress.work_h - progress.done_h) / tick_h - 1e-9)
+    return max(0, left), max(0, work)
 
 
 def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -153,12 +158,9 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     idle_value[0] = value[:, :, np.arange(regions), 0].min(axis=2)
     mode_idx = np.arange(modes)
     for left in range(1, plan.ticks + 1):
-        # After the tick: spot whose region lost its capacity leaves the run idle there.
-        after = value.copy()
-        for r in range(regions):
-            gone = ~spot_of[:, r]
-            after[:, gone, 2 * regions + r, :] = value[:, gone, r, 0][:, :, None]
-        expected = np.einsum("ab,wbmk->wamk", transition, after)
+        # A run on spot whose region lost its capacity is idle there: that state needs no
+        # remapping, as it has exactly the idle state's choices (going on is barred below).
+        expected = np.einsum("ab,wbmk->wamk", transition, value)
         # Running mode m for this tick with c changeover ticks still to pay.
         running = np.empty_like(expected)
         running[:, :, :, 1:] = expected[:, :, :, :-1]
@@ -213,9 +215,10 @@ class MarkovPolicy:
     def decide(self, progress: Progress, *, region: int | None, current: str,
                spot_available: Sequence[bool]) -> Decision:  # fmt: skip
         """Where and on what the run should be now; `region` None: it has not started."""
-        gap = capacity_policy.longest_gap_s(progress.decision_interval_h)
-        self.records = self.records.seen(progress.elapsed_h * 3600, spot_available,
-                                         longest_gap_s=gap)  # fmt: skip
+        if self.known is None:  # its own checks are all it knows
+            gap = capacity_policy.longest_gap_s(progress.decision_interval_h)
+            self.records = self.records.seen(progress.elapsed_h * 3600, spot_available,
+                                             longest_gap_s=gap)  # fmt: skip
         here = region or 0
         current = as_seen(current, spot_available[here])
         forced = safety_net(progress, current, spot_available[here], net=False)
@@ -237,8 +240,7 @@ class MarkovPolicy:
         rates = self.known or [RegionRates.of(r) for r in self.records.regions]
         plan = self.plan
         tick = progress.decision_interval_h
-        left = math.floor((progress.deadline_h - progress.elapsed_h) / tick + 1e-9)
-        work = math.ceil((progress.work_h - progress.done_h) / tick - 1e-9)
+        left, work = _in_ticks(progress, tick)
         if plan is None or any(new.moved_from(old) for new, old in zip(rates, plan.rates,
                                                                         strict=True)):  # fmt: skip
             changeover = max(0, math.ceil(progress.changeover_h / tick - 1e-9))

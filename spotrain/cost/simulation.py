@@ -30,12 +30,15 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotrain.core import capacity_policy, deadline_policy, handler_settings, outage_fill
 from spotrain.core.deadline_policy import IDLE, MS_PER_HOUR, ON_DEMAND, SPOT, Progress, whole_ms
 from spotrain.core.errors import CostInputError
 from spotrain.cost.traces import Trace
+
+if TYPE_CHECKING:
+    from spotrain.cost.markov_policy import RegionRates
 
 ON_DEMAND_ONLY = "on-demand"
 SPOT_GREEDY = "spot-greedy"
@@ -222,15 +225,15 @@ def _fixed_fallback(after_ms: int, tick_ms: int) -> Decide:
     return decide
 
 
-def _markov(job: Job, known: Trace | None) -> Decide:
-    """The candidate, its region's means from `known` (what the environment saw before the
-    run) or from the run's own checks."""
+def _markov(job: Job, known: RegionRates | None) -> Decide:
+    """The candidate, its region's means `known` (what the environment saw before the run) or
+    learned from the run's own checks."""
     from spotrain.cost import markov_policy  # numpy: the `cost` extra
 
     if job.deadline_h is None:
         raise CostInputError(f"strategy {MARKOV!r} plans to a deadline: give one")
-    rates = None if known is None else markov_policy.known_rates([known], job.nodes)
-    policy = markov_policy.MarkovPolicy(1, markov_policy.Prices.of(job), known=rates)
+    policy = markov_policy.MarkovPolicy(1, markov_policy.Prices.of(job),
+                                        known=None if known is None else [known])  # fmt: skip
 
     def decide(progress: Progress, current: str, available: bool) -> str:
         return policy.decide(progress, region=0, current=current,
@@ -240,7 +243,7 @@ def _markov(job: Job, known: Trace | None) -> Decide:
 
 
 def _strategy(job: Job, strategy: str | Decide, tick_ms: int,
-              known: Trace | None = None) -> tuple[Decide, int, int]:  # fmt: skip
+              known: RegionRates | None = None) -> tuple[Decide, int, int]:  # fmt: skip
     """The decision function, machines always on on-demand, and machines of the gang (a
     decision function given as the strategy decides for the whole gang)."""
     if callable(strategy):
@@ -274,12 +277,13 @@ def simulate(
     start_tick: int = 0,
     wrap: bool = False,
     timeline: list[tuple[float, float, bool, str]] | None = None,
-    known: Trace | None = None,
+    known: RegionRates | None = None,
 ) -> Outcome:
     """One run of `job` from tick `start_tick` of `trace` under `strategy`; past the trace's
     end it goes on from the beginning with `wrap`, else it sees no spot. `timeline`, when
     given, receives (hours since the start, compute done, spot available, mode chosen) for
-    every tick. `known`: what the environment saw of the market before (for `markov`)."""
+        every tick. `known`: the market's means as the environment saw them before (for
+    `markov`; `markov_policy.known_rates` makes them of a trace)."""
     tick = tick_ms(trace)
     decide, always_on_demand, gang_on_spot = _strategy(job, strategy, tick, known)
     work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
@@ -454,7 +458,11 @@ def replay(
         cheapest = optimal.cheapest
     results: dict[str, list[Outcome]] = {s: [] for s in strategies}
     for index, trace in enumerate(traces):
-        known = None if history is None else history[index]
+        known = None  # read once per trace, not per start
+        if history is not None and MARKOV in strategies:
+            from spotrain.cost.markov_policy import known_rates
+
+            known = known_rates([history[index]], job.nodes)[0]
         for start in start_ticks(job, trace, starts, wrap=wrap):
             best = None if cheapest is None else cheapest(job, trace, start_tick=start,
                                                           wrap=wrap).cost  # fmt: skip
