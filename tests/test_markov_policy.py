@@ -209,10 +209,16 @@ def test_cost_simulate_replays_the_candidate_with_a_deadline_and_never_recommend
     assert all(run["vs_optimum"] >= 1 - 1e-12 for run in markov["runs"])
     assert found["recommended"]["strategy"] in simulation.STRATEGIES
     # Without a deadline there is nothing for it to plan to: not replayed.
-    assert cli.main([f for f in flags if f not in ("--deadline-hours", "11")]) == 0
+    no_deadline = [f for f in flags if f not in ("--deadline-hours", "11", "--history", str(past))]
+    assert cli.main(no_deadline) == 0
     assert simulation.MARKOV not in json.loads(capsys.readouterr().out)["strategies"]
     assert cli.main([*flags, "--history", str(past)]) == 2
     assert "--history is given 2 times: give one trace" in capsys.readouterr().err
+    # Nothing to plan with it without a deadline: said, with both fixes, not ignored.
+    without = [f for f in flags if f not in ("--deadline-hours", "11")]
+    assert cli.main([*without, "--history", str(past)]) == 2
+    error = capsys.readouterr().err
+    assert "given 2 times" in error and "give --deadline-hours, or leave out --history" in error
 
 
 def test_the_candidate_is_shown_but_never_recommended() -> None:

@@ -41,11 +41,15 @@ def _history(args: argparse.Namespace, count: int) -> list[traces.Trace] | None:
     `count` traces: the Markov candidate's means."""
     if not args.history:
         return None
+    problems = []
     if len(args.history) != 1:
-        raise CostInputError(
-            f"--history is given {len(args.history)} times: give one trace of the market's "
-            "past (one per region with --across-regions)"
-        )
+        problems.append(f"--history is given {len(args.history)} times: give one trace of the "
+                        "market's past (one per region with --across-regions)")  # fmt: skip
+    if not args.deadline_hours:
+        problems.append("--history is what the Markov candidate plans with, and it plans to a "
+                        "deadline: give --deadline-hours, or leave out --history")  # fmt: skip
+    if problems:
+        raise CostInputError("; ".join(problems))
     return [traces.load(args.history[0])] * count
 
 
