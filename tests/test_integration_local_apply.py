@@ -1359,17 +1359,18 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         # finish all its steps while `third` catches up; `third` is held after the step in
         # which it says its first checkpoint is published, until the runs are listed.
         deadline = time.monotonic() + 300
-        machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
-        paused = False
-        while not (head("second") >= first_checkpoint and hold.exists()):
+        machine: list[int] = []
+        # Both conditions are checked in the loop's body, so that `second` is paused even when
+        # its checkpoint comes after `third`'s hold (a slow boot): unpaused, it would train on
+        # to its end while the runs are listed.
+        while not (machine and hold.exists()):
             assert first["second"].running() and player.is_alive(), (
                 first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
             assert time.monotonic() < deadline, (
                 first["second"].output[-3000:], "\n".join(third_said[-40:]))  # fmt: skip
-            if not paused and head("second") >= first_checkpoint:
+            if not machine and head("second") >= first_checkpoint:
                 machine = process_tree(first["second"].process.pid)  # type: ignore[union-attr]
                 signal_all(machine, signal.SIGSTOP)
-                paused = True
             time.sleep(0.2)
         assert first["second"].running() and player.is_alive()
         assert head("second") < TWO_RUNS_TRAINING["steps"] > head("third")
