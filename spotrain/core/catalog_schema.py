@@ -195,6 +195,15 @@ def failover_sort_key(region: str) -> str:
     return f"{FAILOVER_PREFIX}{region}"
 
 
+DEADLINE_PLAN_PREFIX = "DEADLINE_PLAN#"
+
+
+def deadline_plan_sort_key(first_tick: int) -> str:
+    """A part of the run's deadline plan (`core/deadline_plan.py`): its slices from `first_tick`
+    ticks left up, fixed-width so the part holding a tick is the last key at or below it."""
+    return f"{DEADLINE_PLAN_PREFIX}{first_tick:07d}"
+
+
 COORDINATOR_SORT_KEY = "COORDINATOR"
 """The run's coordinator: `address`, `port`, `instance_id`, `heartbeat_at` (epoch seconds);
 the machines of a run meet at its rendezvous (torchrun c10d)."""

@@ -37,8 +37,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from spotrain.core import capacity_policy, outage_fill
-from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress, as_seen, safety_net
+from spotrain.core import capacity_policy, deadline_plan, outage_fill
+from spotrain.core.deadline_plan import GO_ON, IDLE_THERE, ON_DEMAND_HERE, SPOT_IN
+from spotrain.core.deadline_policy import Progress
+from spotrain.core.outage_fill import Placement
 from spotrain.cost.traces import Trace
 
 if TYPE_CHECKING:
@@ -48,10 +50,6 @@ MISSED_USD = 1e6
 """The model's price of a missed deadline: more than any schedule that meets it."""
 RESOLVE_RATIO = 1.5
 """Solve again when a region's mean spell or outage has moved by more than this factor."""
-
-# Actions, by their index in a solved policy.
-_IDLE, _GO_ON, _ON_DEMAND_HERE, _SPOT_IN = 0, 1, 2, 3
-"""`_SPOT_IN + r`: spot in region r."""
 
 
 @dataclass(frozen=True)
@@ -108,22 +106,28 @@ class Plan:
         self.ticks, self.work, self.changeover = ticks, work, changeover
         self.action, self.first_region, self.idle_value = _solve(self)
 
-    # Modes, by index: idle in region r is r, on-demand R + r, spot 2R + r.
-    def mode_index(self, region: int, mode: str) -> int:
-        return {IDLE: 0, ON_DEMAND: 1, SPOT: 2}[mode] * self.regions + region
+    def header(self, names: Sequence[str] = (), source: str = "") -> deadline_plan.Header:
+        """What the plan was solved for, as `spotrain.core.deadline_plan` reads it."""
+        return deadline_plan.Header(
+            regions=tuple(names) or tuple(f"region {r}" for r in range(self.regions)),
+            means=tuple((r.mean_spell_h, r.mean_outage_h) for r in self.rates),
+            spot_per_hour=self.prices.spot_per_hour,
+            on_demand_per_hour=self.prices.on_demand_per_hour, move_usd=self.prices.move_usd,
+            tick_h=self.tick_h, ticks=self.ticks, work=self.work, changeover=self.changeover,
+            source=source,
+        )  # fmt: skip
 
-    def state(self, progress: Progress, available: Sequence[bool]) -> tuple[int, int, int]:
-        """(ticks left, work ticks left, regions with spot as bits) of a check."""
-        left, work = _in_ticks(progress, self.tick_h)
-        spot = sum(1 << r for r, there in enumerate(available) if there)
-        return min(left, self.ticks), min(work, self.work), spot
+    def at(self, left: int) -> tuple[memoryview, memoryview]:
+        """The slice at `left` ticks left (`deadline_plan.Slices`), without a copy."""
+        return (
+            memoryview(self.action[left].reshape(-1)),
+            memoryview(self.first_region[left].reshape(-1)),
+        )
 
-
-def _in_ticks(progress: Progress, tick_h: float) -> tuple[int, int]:
-    """The whole ticks left to the deadline (down) and of work left (up)."""
-    left = math.floor((progress.deadline_h - progress.elapsed_h) / tick_h + 1e-9)
-    work = math.ceil((progress.work_h - progress.done_h) / tick_h - 1e-9)
-    return max(0, left), max(0, work)
+    def slices(self) -> list[tuple[bytes, bytes]]:
+        """Every slice, by ticks left: what `deadline_plan.store` stores."""
+        return [(self.action[t].tobytes(), self.first_region[t].tobytes())
+                for t in range(self.ticks + 1)]  # fmt: skip
 
 
 def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -148,7 +152,7 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     price[2 * regions :] = plan.prices.spot_per_hour * plan.tick_h
     region_of = np.arange(modes) % regions
     move = np.where(region_of[:, None] != np.arange(regions)[None, :], plan.prices.move_usd, 0.0)
-    actions = _SPOT_IN + regions
+    actions = SPOT_IN + regions
     # The value of every state with no ticks left: done, or the deadline missed.
     value = np.zeros((work + 1, states, modes, changeover + 1))
     value[1:] = MISSED_USD
@@ -168,16 +172,16 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         running[0] = 0.0
         running += price[None, None, :, None]
         q = np.full((work + 1, states, modes, changeover + 1, actions), np.inf)
-        q[..., _IDLE] = expected[:, :, region_of, 0][:, :, :, None]
+        q[..., IDLE_THERE] = expected[:, :, region_of, 0][:, :, :, None]
         go_on = np.where((mode_idx >= regions)[None, None, :, None], running, np.inf)
         for r in range(regions):  # going on with spot needs spot there
             go_on[:, ~spot_of[:, r], 2 * regions + r, :] = np.inf
-        q[..., _GO_ON] = go_on
-        q[..., _ON_DEMAND_HERE] = running[:, :, regions + region_of, changeover][:, :, :, None]
+        q[..., GO_ON] = go_on
+        q[..., ON_DEMAND_HERE] = running[:, :, regions + region_of, changeover][:, :, :, None]
         for r in range(regions):
             start = running[:, :, 2 * regions + r, changeover][:, :, None] + move[None, None, :, r]
             start = np.where(spot_of[None, :, r, None], start, np.inf)
-            q[..., _SPOT_IN + r] = start[:, :, :, None]
+            q[..., SPOT_IN + r] = start[:, :, :, None]
         q[0] = 0.0  # done: nothing more to decide
         policy[left] = q.argmin(axis=4)
         value = q.min(axis=4)
@@ -193,13 +197,6 @@ _solved: dict[tuple[object, ...], Plan] = {}
 (and a replay's runs from several starts) share it, when it reaches as far as they need."""
 
 
-@dataclass(frozen=True)
-class Decision:
-    region: int
-    mode: str
-    reason: str
-
-
 class MarkovPolicy:
     """The policy for one run: keeps the regions' records and its plan, solving again when
     the records move (`decide` is called at every check, in order)."""
@@ -210,37 +207,30 @@ class MarkovPolicy:
         self.prices, self.names = prices, tuple(names)
         self.known = None if known is None else tuple(known)
         self.plan: Plan | None = None
+        self.header: deadline_plan.Header | None = None
+        self._header_of: Plan | None = None
         self.solves = 0
 
     def decide(self, progress: Progress, *, region: int | None, current: str,
-               spot_available: Sequence[bool]) -> Decision:  # fmt: skip
-        """Where and on what the run should be now; `region` None: it has not started."""
+               spot_available: Sequence[bool]) -> Placement:  # fmt: skip
+        """Where and on what the run should be now (`deadline_plan.decide` on its plan);
+        `region` None: it has not started."""
         if self.known is None:  # its own checks are all it knows
             gap = capacity_policy.longest_gap_s(progress.decision_interval_h)
             self.records = self.records.seen(progress.elapsed_h * 3600, spot_available,
                                              longest_gap_s=gap)  # fmt: skip
-        here = region or 0
-        current = as_seen(current, spot_available[here])
-        forced = safety_net(progress, current, spot_available[here], net=False)
-        if forced is not None:
-            return Decision(here, forced.mode, forced.reason)
         plan = self._plan(progress)
-        left, work, spot = plan.state(progress, spot_available)
-        if work == 0:
-            return Decision(here, current, "the work is done")
-        if region is None and current == IDLE:  # not started: every region is as near
-            here = int(plan.first_region[left, work, spot])
-        changeover = min(plan.changeover, math.ceil(
-            progress.changeover_left_h / plan.tick_h - 1e-9))  # fmt: skip
-        mode = plan.mode_index(here, current)
-        action = int(plan.action[left, work, spot, mode, changeover])
-        return self._decision(plan, action, here, current, left, work, spot)
+        if self._header_of is not plan:
+            self.header, self._header_of = plan.header(self.names), plan
+        assert self.header is not None
+        return deadline_plan.decide(self.header, plan, progress, region=region,
+                                    current=current, spot_available=spot_available)  # fmt: skip
 
     def _plan(self, progress: Progress) -> Plan:
         rates = self.known or [RegionRates.of(r) for r in self.records.regions]
         plan = self.plan
         tick = progress.decision_interval_h
-        left, work = _in_ticks(progress, tick)
+        left, work = deadline_plan.in_ticks(progress, tick)
         if plan is None or any(new.moved_from(old) for new, old in zip(rates, plan.rates,
                                                                         strict=True)):  # fmt: skip
             changeover = max(0, math.ceil(progress.changeover_h / tick - 1e-9))
@@ -253,25 +243,3 @@ class MarkovPolicy:
                 self.solves += 1
             self.plan = plan
         return plan
-
-    def _decision(self, plan: Plan, action: int, here: int, current: str, left: int,
-                  work: int, spot: int) -> Decision:  # fmt: skip
-        name = self.names[here] if self.names else f"region {here}"
-        market = ", ".join(
-            f"{self.names[r] if self.names else f'region {r}'} "
-            f"{'has' if spot >> r & 1 else 'lacks'} spot (spells of {rates.mean_spell_h:.1f} h, "
-            f"outages of {rates.mean_outage_h:.1f} h)"
-            for r, rates in enumerate(plan.rates)
-        )  # fmt: skip
-        facts = f"{work * plan.tick_h:.1f} h of work in {left * plan.tick_h:.1f} h; {market}"
-        if action == _IDLE:
-            return Decision(here, IDLE, f"{facts}: wait in {name} (the model expects spot "
-                                        "soon enough)")  # fmt: skip
-        if action == _GO_ON:
-            return Decision(here, current, f"{facts}: go on with {current} in {name}")
-        if action == _ON_DEMAND_HERE:
-            return Decision(here, ON_DEMAND, f"{facts}: on-demand in {name}")
-        to = action - _SPOT_IN
-        there = self.names[to] if self.names else f"region {to}"
-        verb = "spot" if to == here else "move to spot"
-        return Decision(to, SPOT, f"{facts}: {verb} in {there}")

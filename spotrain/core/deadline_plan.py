@@ -1,0 +1,230 @@
+"""A run's deadline plan: the Markov policy's solved programme (`spotrain.cost.markov_policy`)
+as the interruption handler looks it up at each scheduled check, and the cost simulator
+replays it. One decision function, `decide`, serves both.
+
+The plan holds, for every state of the run (ticks left to the deadline, ticks of work left,
+the regions with spot now, where the run is and on what, the changeover it still pays), the
+action the programme chose: idle, go on, on-demand here, or spot in a region. Solving it needs
+numpy, which the handler's Lambda does not carry, so it is solved where numpy is (`spotrain
+run deadline-plan`, which `run submit` calls for a run with a deadline) and stored in the
+events table under the run's key: a header item (what the plan assumed: each region's mean
+spell and outage of spot, the gang's prices, the tick) and the plan in parts, each a run of
+ticks-left slices compressed on their own (the actions change little between neighbouring
+states: 0.6 MB for three regions over 72 h at 6-minute ticks, 75 MB raw). A check reads the
+header and the one part its tick is in, and decompresses one slice (at most a few hundred
+kilobytes). A plan replaced while a check reads it is new parts under a new id, then the
+header, then the old parts deleted: a check sees the old plan or the new one, whole, or, if
+its part went in between, no plan (outage fill decides that check, and says so).
+
+A run with no plan (none solved, or its regions' history unknown) is decided by outage fill
+(`spotrain.core.outage_fill`), as before.
+
+Standard library only: it ships in the interruption handler's Lambda zip.
+"""
+
+from __future__ import annotations
+
+import bisect
+import json
+import math
+import zlib
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any, Protocol
+
+from spotrain.core.catalog_schema import (
+    DEADLINE_PLAN_PREFIX,
+    PARTITION_KEY,
+    SORT_KEY,
+    query_items,
+    run_key,
+)
+from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress, as_seen, safety_net
+from spotrain.core.outage_fill import Placement
+
+# Actions, by their value in a plan's slices.
+IDLE_THERE, GO_ON, ON_DEMAND_HERE, SPOT_IN = 0, 1, 2, 3
+"""`SPOT_IN + r`: spot in region r."""
+
+HEADER_SORT_KEY = f"{DEADLINE_PLAN_PREFIX}HEADER"
+PART_BYTES = 256 * 1024
+"""A part's compressed slices at most (a DynamoDB item holds 400 KB)."""
+
+
+@dataclass(frozen=True)
+class Header:
+    """What a plan was solved for."""
+
+    regions: tuple[str, ...]
+    """The run's regions, home first (the plan's region indices)."""
+    means: tuple[tuple[float, float], ...]
+    """Per region, the mean spell and the mean outage of spot the plan assumed (hours)."""
+    spot_per_hour: float
+    on_demand_per_hour: float
+    """What an hour of the run's gang costs on each market (USD)."""
+    move_usd: float
+    tick_h: float
+    ticks: int
+    """The most ticks left it plans for (the deadline's)."""
+    work: int
+    """The most ticks of work left it plans for."""
+    changeover: int
+    """A start's changeover, in ticks."""
+    source: str = ""
+    """Where the means came from, for the reasons."""
+    plan_id: str = ""
+    """Names its parts; a new plan gets a new one."""
+    parts: tuple[int, ...] = ()
+    """The first tick of each stored part, in order."""
+
+    @property
+    def states(self) -> int:
+        return 1 << len(self.regions)
+
+    @property
+    def modes(self) -> int:
+        return 3 * len(self.regions)
+
+    def mode_index(self, region: int, mode: str) -> int:
+        """Modes, by index: idle in region r is r, on-demand R + r, spot 2R + r."""
+        return {IDLE: 0, ON_DEMAND: 1, SPOT: 2}[mode] * len(self.regions) + region
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def from_json(cls, text: str) -> Header:
+        d = json.loads(text)
+        return cls(**{**d, "regions": tuple(d["regions"]), "parts": tuple(d["parts"]),
+                      "means": tuple(tuple(m) for m in d["means"])})  # fmt: skip
+
+
+class Slices(Protocol):
+    def at(self, left: int) -> tuple[Sequence[int], Sequence[int]]:
+        """The plan's slice at `left` ticks left: its actions, indexed [work left, spot
+        bits, mode, changeover left] flat, and the region to be idle in for a run that has
+        not started, indexed [work left, spot bits] flat."""
+        ...
+
+
+def in_ticks(progress: Progress, tick_h: float) -> tuple[int, int]:
+    """The whole ticks left to the deadline (down) and of work left (up)."""
+    left = math.floor((progress.deadline_h - progress.elapsed_h) / tick_h + 1e-9)
+    work = math.ceil((progress.work_h - progress.done_h) / tick_h - 1e-9)
+    return max(0, left), max(0, work)
+
+
+def decide(header: Header, slices: Slices, progress: Progress, *, region: int | None,
+           current: str, spot_available: Sequence[bool]) -> Placement:  # fmt: skip
+    """Where and on what the run should be now; `region` None: it has not started. Only the
+    safety net's 1d guard goes before the plan (the plan prices the deadline itself)."""
+    here = region or 0
+    current = as_seen(current, spot_available[here])
+    forced = safety_net(progress, current, spot_available[here], net=False)
+    if forced is not None:
+        return Placement(here, forced.mode, forced.reason)
+    left, work = in_ticks(progress, header.tick_h)
+    left, work = min(left, header.ticks), min(work, header.work)
+    spot = sum(1 << r for r, there in enumerate(spot_available) if there)
+    if work == 0:
+        return Placement(here, current, "the work is done")
+    actions, first_region = slices.at(left)
+    if region is None and current == IDLE:  # not started: every region is as near
+        here = first_region[work * header.states + spot]
+    changeover = min(header.changeover,
+                     math.ceil(progress.changeover_left_h / header.tick_h - 1e-9))  # fmt: skip
+    index = (work * header.states + spot) * header.modes + header.mode_index(here, current)
+    action = actions[index * (header.changeover + 1) + changeover]
+    return _placement(header, action, here, current, left, work, spot)
+
+
+def _placement(header: Header, action: int, here: int, current: str, left: int, work: int,
+               spot: int) -> Placement:  # fmt: skip
+    name = header.regions[here]
+    market = ", ".join(
+        f"{r} {'has' if spot >> i & 1 else 'lacks'} spot (spells of {m[0]:.1f} h, outages of "
+        f"{m[1]:.1f} h{', ' + header.source if header.source else ''})"
+        for i, (r, m) in enumerate(zip(header.regions, header.means, strict=True))
+    )
+    facts = f"plan: {work * header.tick_h:.1f} h of work in {left * header.tick_h:.1f} h; {market}"
+    if action == IDLE_THERE:
+        return Placement(here, IDLE, f"{facts}: wait in {name} (spot is expected soon enough)")
+    if action == GO_ON:
+        return Placement(here, current, f"{facts}: go on with {current} in {name}")
+    if action == ON_DEMAND_HERE:
+        return Placement(here, ON_DEMAND, f"{facts}: on-demand in {name}")
+    to = action - SPOT_IN
+    verb = "spot" if to == here else "move to spot"
+    return Placement(to, SPOT, f"{facts}: {verb} in {header.regions[to]}")
+
+
+# --- stored in the events table ------------------------------------------------------------
+def _part_key(plan_id: str, first: int) -> str:
+    return f"{DEADLINE_PLAN_PREFIX}{plan_id}#{first:07d}"
+
+
+def store(table: Any, run: str, header: Header, slices: Sequence[tuple[bytes, bytes]]) -> Header:
+    """Store the plan whose slice at `left` ticks left is `slices[left]` (its actions and its
+    first regions, a byte each) as the run's: its parts first, then its header, then the old
+    plan's parts go. The header stored (with its parts)."""
+    parts: list[dict[str, Any]] = []
+    size = PART_BYTES
+    for left, (actions, first) in enumerate(slices):
+        packed = (zlib.compress(bytes(actions), 6), zlib.compress(bytes(first), 6))
+        if size + len(packed[0]) + len(packed[1]) > PART_BYTES:
+            parts.append({PARTITION_KEY: run_key(run), SORT_KEY: _part_key(header.plan_id, left),
+                          "first": left, "actions": [], "firsts": []})  # fmt: skip
+            size = 0
+        parts[-1]["actions"].append(packed[0])
+        parts[-1]["firsts"].append(packed[1])
+        size += len(packed[0]) + len(packed[1])
+    stored = Header(**{**asdict(header), "parts": tuple(p["first"] for p in parts)})
+    old = [i[SORT_KEY] for i in query_items(table, run_key(run), DEADLINE_PLAN_PREFIX,
+                                            ProjectionExpression="#sk")]  # fmt: skip
+    for part in parts:
+        table.put_item(Item=part)
+    table.put_item(Item={PARTITION_KEY: run_key(run), SORT_KEY: HEADER_SORT_KEY,
+                         "header": stored.to_json()})  # fmt: skip
+    new = {p[SORT_KEY] for p in parts} | {HEADER_SORT_KEY}
+    with table.batch_writer() as batch:
+        for key in old:
+            if key not in new:
+                batch.delete_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: key})
+    return stored
+
+
+def read_header(table: Any, run: str) -> Header | None:
+    item = table.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: HEADER_SORT_KEY}).get("Item")
+    return None if item is None else Header.from_json(str(item["header"]))
+
+
+class StoredPart:
+    """One part of a stored plan, its slices decompressed when asked for (the last kept)."""
+
+    def __init__(self, item: dict[str, Any]) -> None:
+        self.first = int(item["first"])
+        self.actions, self.firsts = list(item["actions"]), list(item["firsts"])
+        self._slice: tuple[int, tuple[bytes, bytes]] | None = None
+
+    def at(self, left: int) -> tuple[Sequence[int], Sequence[int]]:
+        if self._slice is None or self._slice[0] != left:
+            i = left - self.first
+            if not 0 <= i < len(self.actions):
+                raise KeyError(f"tick {left} is not in the part from tick {self.first}")
+            self._slice = left, (zlib.decompress(_bytes(self.actions[i])),
+                                 zlib.decompress(_bytes(self.firsts[i])))  # fmt: skip
+        return self._slice[1]
+
+
+def _bytes(value: Any) -> bytes:
+    return bytes(getattr(value, "value", value))  # boto3 reads Binary values as Binary
+
+
+def read_part(table: Any, run: str, header: Header, progress: Progress) -> StoredPart | None:
+    """The part of the run's plan holding the tick `progress` is at (None: the plan was
+    replaced since its header was read)."""
+    left = min(in_ticks(progress, header.tick_h)[0], header.ticks)
+    first = header.parts[max(0, bisect.bisect_right(header.parts, left) - 1)]
+    key = {PARTITION_KEY: run_key(run), SORT_KEY: _part_key(header.plan_id, first)}
+    item = table.get_item(Key=key).get("Item")
+    return None if item is None else StoredPart(item)
