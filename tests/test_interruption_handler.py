@@ -13,7 +13,7 @@ import random
 import re
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -833,31 +833,43 @@ def test_a_stale_writer_that_is_refused_leaves_its_attempt_and_the_watcher_alarm
 
 
 @pytest.mark.parametrize(
-    "where", ["in-process", pytest.param("local-cloud", marks=pytest.mark.integration)]
-)
+    ("where", "strategy"),
+    [("in-process", "outage-fill"), ("in-process", "markov"),
+     pytest.param("local-cloud", "markov", marks=pytest.mark.integration)],
+)  # fmt: skip
 def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
-    where: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
+    where: str, strategy: str, request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A scripted spot availability sequence, replayed by the cost simulator and by the
     handler's scheduled check on the run's catalog: each check leaves the run on what the
-    simulator's outage-fill chose for that tick (one decision function, used twice, each
-    keeping the record of spot its checks saw: the handler's in the run's fleet state)."""
+    simulator chose for that tick (one decision function, used twice). Outage fill: each
+    keeps the record of spot its checks saw (the handler's in the run's fleet state). Markov:
+    the simulator solves its plan; the same plan, stored as `spotrain run deadline-plan`
+    stores it, is what the handler reads."""
     from helpers import create_catalog_table
 
+    from spotrain.core import deadline_plan
     from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
-    from spotrain.cost import simulation, traces
+    from spotrain.cost import markov_policy, simulation, traces
 
     per_hour, start = 3600, 1_800_000_000.0  # one step a second; the run's time 0
     available = [0, 1, 1, 0, 0, 0, 0, 1, 0, 0, 1, 1, 1, 0, 0, 0, 1, 1, 1, 1]
     job = simulation.Job(work_h=8, deadline_h=14, changeover_h=0.25, on_demand_price=3.0,
                          spot_price=1.0)  # fmt: skip
     timeline: list[tuple[float, float, bool, str]] = []
-    simulation.simulate(job, traces.Trace("scripted", 3600, tuple(available)),
-                        simulation.OUTAGE_FILL, timeline=timeline)  # fmt: skip
+    known = markov_policy.RegionRates(mean_spell_h=3.0, mean_outage_h=2.0)
+    simulation.simulate(job, traces.Trace("scripted", 3600, tuple(available)), strategy,
+                        timeline=timeline, known=known)  # fmt: skip
     modes = [mode for *_, mode in timeline]
     assert {"spot", "on-demand", "idle"} <= set(modes)  # the script exercises every move
 
-    request.getfixturevalue("cloud" if where == "in-process" else "http_cloud")
+    cloud = request.getfixturevalue("cloud" if where == "in-process" else "http_cloud")
+    if strategy == "markov":
+        plan = markov_policy.Plan([known], markov_policy.Prices.of(job), tick_h=1.0, ticks=14,
+                                  work=14, changeover=1)  # fmt: skip
+        plan_id = f"{random.getrandbits(32):08x}"  # a warm handler keeps parts by plan
+        deadline_plan.store(cloud.table, RUN, replace(plan.header((REGION,)), plan_id=plan_id),
+                            plan.slices())  # fmt: skip
     names = {
         kind: f"{kind}-{random.getrandbits(32):08x}" for kind in ("spot", "on-demand", "catalog")
     }
@@ -899,6 +911,7 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
         got = "on-demand" if on_demand else "spot" if spot else "idle"
         assert got == expected, (t, done, spot, result)
         assert "deadline policy" in result["reason"]
+        assert ("plan:" in result["reason"]) == (strategy == "markov")
     catalog.delete()
 
 
@@ -939,17 +952,20 @@ def _deadline_catalog(run: str, regions: tuple[str, ...], monkeypatch: pytest.Mo
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("strategy", ["outage-fill", "markov"])
 def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_spot_returns(
-    http_cloud: Cloud, monkeypatch: pytest.MonkeyPatch
+    http_cloud: Cloud, monkeypatch: pytest.MonkeyPatch, strategy: str
 ) -> None:
     """A run with a deadline, on on-demand at home because spot is gone there (the local
     cloud's fault). While spot is gone in us-west-2 too it stays; once spot placement scores
-    put spot in us-west-2, home's check wishes
-    the move (the policy's saving against on-demand here is more than the move's cost) and
-    takes home's groups to 0; us-west-2's check reads the wish, orders the move there and
-    starts the run's groups, whose machines would claim it. Spot back at home before they do:
-    home withdraws the wish and starts its groups again; us-west-2 empties its own."""
-    from spotrain.core import run_lifecycle
+    put spot in us-west-2, home's check wishes the move (outage fill: the policy's saving
+    against on-demand here is more than the move's cost; markov: the run's stored plan, in
+    each region's copy of the events table, says so) and takes home's groups to 0;
+    us-west-2's check reads the wish, orders the move there and starts the run's groups,
+    whose machines would claim it. Spot back at home before they do: home withdraws the wish
+    and starts its groups again; us-west-2 empties its own."""
+    from spotrain.core import deadline_plan, run_lifecycle
+    from spotrain.cost import markov_policy
 
     run, west, declared = _run_of_two_regions("mover")
     start, per_hour = DEADLINE_START, STEPS_PER_HOUR
@@ -966,6 +982,13 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
         declare_run(declared, run=run, region=region, run_deadline=deadline,
                     instance_types=("g6.xlarge",))  # fmt: skip
         run_lifecycle.mark_started(tables[region], run, start)
+    if strategy == "markov":  # stored in both copies, as the table's replication does
+        plan = markov_policy.Plan([markov_policy.RegionRates(4.0, 2.0)] * 2,
+                                  markov_policy.Prices(1.0, 3.0, 0.0), tick_h=1 / 12,
+                                  ticks=14 * 12, work=14 * 12, changeover=3)  # fmt: skip
+        header = replace(plan.header((REGION, west)), plan_id=f"{random.getrandbits(32):08x}")
+        for table in tables.values():
+            deadline_plan.store(table, run, header, plan.slices())
     control.set_faults(spot_capacity_gone=["*/*"])  # at first in both regions
     all_spot = {"OnDemandBaseCapacity": 0, "OnDemandPercentageAboveBaseCapacity": 0}
     for group in declared:  # home trains on on-demand: spot is gone there
@@ -1023,7 +1046,9 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
         home = check_run(check, run)
         assert home["decision"] == "move-for-spot", home
         said = home["reason"]
-        assert "spot in us-west-2: training there" in said, said
+        moves = ("move to spot in us-west-2" if strategy == "markov"
+                 else "spot in us-west-2: training there")  # fmt: skip
+        assert moves in said and ("plan:" in said) == (strategy == "markov"), said
         assert "us-west-2's handler starts the run's groups there" in said, said
         assert sizes(REGION) == {f"{REGION}-spot": 0, f"{REGION}-on-demand": 0}
         wish = fleet_state.failover_state(tables[REGION], run, REGION).move_order

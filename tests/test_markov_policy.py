@@ -10,6 +10,7 @@ import json
 import random
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import adversarial_availability
@@ -231,3 +232,122 @@ def test_the_candidate_is_shown_but_never_recommended() -> None:
 
     cheapest = [summary(simulation.MARKOV, 1.0), summary(simulation.OUTAGE_FILL, 2.0)]
     assert planner.recommend(cheapest, has_deadline=True)[0] == simulation.OUTAGE_FILL
+
+
+def _events_table() -> Any:
+    """An events table (its keys as the stack makes them), in moto."""
+    import boto3
+
+    return boto3.resource("dynamodb").create_table(
+        TableName="events", BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"},
+                   {"AttributeName": "sk", "KeyType": "RANGE"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"},
+                              {"AttributeName": "sk", "AttributeType": "S"}],
+    )  # fmt: skip
+
+
+def test_a_stored_plan_decides_as_the_solved_one_and_a_new_plan_replaces_it_whole(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The plan `spotrain run deadline-plan` stores in the events table (a header and parts
+    of compressed slices), read back part by part as the handler reads it, decides as the
+    solved plan in every state asked; a plan stored again under a new id leaves none of the
+    old one's parts."""
+    from moto import mock_aws
+
+    from spotrain.core import deadline_plan
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(deadline_plan, "PART_BYTES", 1024)  # several parts
+    rates = [RegionRates(3.0, 1.5), RegionRates(5.0, 2.5)]
+    plan = Plan(rates, Prices(1.0, 3.0, 0.5), tick_h=0.25, ticks=60, work=40, changeover=1)
+    header = replace(plan.header(("us-east-1", "us-west-2")), plan_id="1")
+    rng = random.Random(3)
+    with mock_aws():
+        table = _events_table()
+        stored = deadline_plan.store(table, "demo", header, plan.slices())
+        assert len(stored.parts) > 2
+        read = deadline_plan.read_header(table, "demo")
+        assert read == stored
+        for _ in range(300):
+            progress = Progress(
+                elapsed_h=rng.uniform(0, 14), deadline_h=15.0, work_h=10.0,
+                done_h=rng.uniform(0, 10), changeover_h=0.25, decision_interval_h=0.25,
+                changeover_left_h=rng.choice([0.0, 0.25]),
+            )  # fmt: skip
+            ask = {"region": rng.choice([None, 0, 1]),
+                   "current": rng.choice([IDLE, ON_DEMAND, SPOT]),
+                   "spot_available": [rng.random() < 0.5, rng.random() < 0.5]}  # fmt: skip
+            part = deadline_plan.read_part(table, "demo", read,
+                                           deadline_plan.part_holding(read, progress))  # fmt: skip
+            assert part is not None
+            assert deadline_plan.decide(read, part, progress, **ask) == deadline_plan.decide(
+                header, plan, progress, **ask)  # fmt: skip
+        other = Plan(rates[::-1], Prices(1.0, 3.0, 0.5), tick_h=0.5, ticks=30, work=20,
+                     changeover=1)  # fmt: skip
+        again = deadline_plan.store(table, "demo", replace(other.header(), plan_id="2"),
+                                    other.slices())  # fmt: skip
+        keys = [i["sk"] for i in table.scan()["Items"]]
+        assert sorted(keys) == sorted([deadline_plan.HEADER_SORT_KEY] + [
+            f"DEADLINE_PLAN#2#{first:07d}" for first in again.parts])  # fmt: skip
+        assert deadline_plan.read_header(table, "demo") == again
+        assert deadline_plan.read_part(table, "demo", read, read.parts[-1]) is None  # old: gone
+
+
+def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_handler_reads(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`spotrain run deadline-plan`'s solve: one history trace per region of the environment
+    gives each region's means, the gang's prices come from the price book, the tick is the
+    handler's check (coarser for a far deadline), and the plan stored is the one the handler
+    reads. A run without a deadline and a wrong count of traces are refused together, with
+    their fixes, before anything is stored."""
+    import types
+
+    from moto import mock_aws
+
+    from spotrain.cli import run_plan
+    from spotrain.core import deadline_plan, prices
+    from spotrain.core.deadline_policy import RunDeadline
+    from spotrain.core.errors import SpotrainError
+    from spotrain.stacks.runs import read_run, run_file
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    prod = read_run(run_file("prod", "gpt-large"), "prod")
+    run = replace(prod, deadline=RunDeadline(started_at="2027-01-04T09:00:00Z",
+                                             finish_by="2027-01-05T01:00:00Z",
+                                             total_steps=1000, changeover_minutes=15))  # fmt: skip
+    regions = ("us-east-1", "us-west-2")
+    history = []
+    for r, model in enumerate((trace_models.SCARCE, trace_models.US)):
+        path = tmp_path / f"{regions[r]}.json"
+        path.write_text(json.dumps(trace_models.sample(model, hours=24 * 7, gap_s=600,
+                                                       seed=20 + r)[0].to_json()))  # fmt: skip
+        history.append(str(path))
+    with mock_aws():
+        table = _events_table()
+        where = types.SimpleNamespace(events=table, regions=regions, region=regions[0])
+        said = run_plan.solve_and_store(where, run, history)
+        assert "192 ticks of 5 minutes" in said and "us-west-2: spells of" in said, said
+        header = deadline_plan.read_header(table, run.name)
+        assert header is not None and header.regions == regions and header.tick_h == 5 / 60
+        expected = markov_policy.known_rates([traces.load(p) for p in history], run.desired_size)
+        assert header.means == tuple((r.mean_spell_h, r.mean_outage_h) for r in expected)
+        pool = prices.load().pool(run.instance_types[0], regions[0])
+        assert header.spot_per_hour == pytest.approx(pool.spot_price * run.desired_size)
+        assert header.on_demand_per_hour == pytest.approx(
+            (pool.on_demand.usd_per_hour or 0) * run.desired_size)  # fmt: skip
+        progress = Progress(elapsed_h=1.0, deadline_h=16.0, work_h=10.0, done_h=0.5,
+                            changeover_h=0.25, decision_interval_h=5 / 60)  # fmt: skip
+        part = deadline_plan.read_part(table, run.name, header,
+                                       deadline_plan.part_holding(header, progress))  # fmt: skip
+        assert part is not None
+        decided = deadline_plan.decide(header, part, progress, region=0, current=ON_DEMAND,
+                                       spot_available=[False, True])  # fmt: skip
+        assert decided.reason.startswith("plan: 9.5 h of work in 15.0 h; us-east-1 lacks")
+        with pytest.raises(SpotrainError, match=r"no deadline.*one trace per region") as refused:
+            run_plan.solve_and_store(where, replace(run, deadline=None), history[:1])
+        assert "--spot-history is given 1 time(s)" in str(refused.value)
+    # Three weeks in two regions: a coarser tick keeps the plan to its size.
+    assert run_plan.plan_tick_minutes(5, 504, 2, 20) == 20

@@ -120,6 +120,13 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     from spotrain.trainer.storage import open_storage
 
     run = _declared(args.environment, args.run)
+    planned = run.deadline is not None and bool(args.spot_history)
+    if args.spot_history:  # refused before anything is deployed or stored
+        from spotrain.cli.run_plan import problems
+
+        found = problems(run, where.regions or (where.region,), args.spot_history)
+        if found:
+            raise SpotrainError("; ".join(found))
     with aws_errors(f"environment {args.environment} is not deployed or not reachable",
                     f"`spotrain deploy {args.environment}` deploys it"):  # fmt: skip
         where.events.load()
@@ -152,7 +159,21 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
         f"is deployed empty and its configuration stored as {store}/{stored.key}; the "
         "interruption handler starts it at its next capacity check. `spotrain run status "
         f"{args.environment} {run.name}` follows it")  # fmt: skip
+    if planned:
+        from spotrain.cli.run_plan import solve_and_store
+
+        say(f"run {run.name}: " + solve_and_store(where, run, args.spot_history))
+    elif run.deadline is not None:
+        say(f"run {run.name} has a deadline and no plan: outage fill decides spot or on-demand; "
+            f"`spotrain run deadline-plan {args.environment} {run.name} --spot-history FILE...` "
+            "gives it one (the Markov policy, bench/cost.md)")  # fmt: skip
     return 0
+
+
+def _deadline_plan(where: Where, args: argparse.Namespace) -> int:
+    from spotrain.cli.run_plan import deadline_plan_action
+
+    return deadline_plan_action(where, args, _declared(args.environment, args.run))
 
 
 def _retire(where: Where, args: argparse.Namespace) -> int:
@@ -283,7 +304,7 @@ def _reclaim(where: Where, args: argparse.Namespace) -> int:
 ACTIONS: dict[str, Callable[[Where, argparse.Namespace], int]] = {
     "submit": _submit, "list": _list, "status": _status, "logs": _logs,
     "cancel": run_steering.cancel, "resume": run_steering.resume, "retire": _retire, "env": _env,
-    "play": _play, "reclaim": _reclaim,
+    "play": _play, "reclaim": _reclaim, "deadline-plan": _deadline_plan,
 }  # fmt: skip
 
 
@@ -294,6 +315,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SpotrainError("--machine goes with `spotrain run logs` and `run reclaim`, "
                             "--follow with logs: `spotrain run logs "
                             f"{args.environment} RUN --follow`")  # fmt: skip
+    if args.action not in ("submit", "deadline-plan") and args.spot_history:
+        raise SpotrainError("--spot-history goes with `spotrain run deadline-plan` and `run "
+                            f"submit`: `spotrain run deadline-plan {args.environment} RUN "
+                            "--spot-history FILE...`")  # fmt: skip
     if args.action != "status" and args.plot:
         raise SpotrainError("--plot goes with `spotrain run status`: `spotrain run status "
                             f"{args.environment} RUN --plot FILE.png`")  # fmt: skip
@@ -314,7 +339,7 @@ def add_parsers(commands: Any) -> None:
     run = commands.add_parser(
         "run",
         help="an environment's runs: submit, list, status, logs, cancel, resume, retire, env, "
-        "play, reclaim",
+        "play, reclaim, deadline-plan",
     )
     run.add_argument("action", choices=list(ACTIONS),
                      help="submit: deploy a run the repository declares and store its training "
@@ -327,7 +352,8 @@ def add_parsers(commands: Any) -> None:
                      "exports the runbooks start from "
                      "(eval \"$(spotrain run env ENV RUN)\"); play: the local cloud's run, "
                      "trained on this host by the machines its groups launch; reclaim: EC2's "
-                     "reclaim of a played spot machine, rehearsed")  # fmt: skip
+                     "reclaim of a played spot machine, rehearsed; deadline-plan: solve and store "
+                     "the plan a run with a deadline is decided by")  # fmt: skip
     run.add_argument("environment", help="the environment (stacks/environments.py)")
     run.add_argument("run", nargs="?", help="the run (every action but list); submit: the run "
                      "or its file, runs/ENV/RUN.toml")  # fmt: skip
@@ -343,4 +369,8 @@ def add_parsers(commands: Any) -> None:
         action="store_true",
         help="logs: keep printing new lines until the run stops (or Ctrl-C)",
     )
+    run.add_argument("--spot-history", action="append", metavar="FILE",
+                     help="deadline-plan, submit: what the environment saw of spot before the "
+                     "run, one trace per region (home first; the format `spotrain cost "
+                     "simulate --trace` reads): the deadline plan's means")  # fmt: skip
     run.set_defaults(handler=cmd_run)

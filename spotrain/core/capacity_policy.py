@@ -66,6 +66,7 @@ from typing import Protocol, TypeVar
 
 from spotrain.core import deadline_policy
 from spotrain.core.capacity import ON_DEMAND, SPOT, CapacityGroup, Group
+from spotrain.core.deadline_plan import AtCheck
 from spotrain.core.deadline_policy import Progress
 from spotrain.core.outage_fill import SpotRecord, outage_fill
 from spotrain.core.run_lifecycle import Lifecycle
@@ -199,6 +200,7 @@ def _on_demand(
     deadline_s: float,
     progress: Progress | None = None,
     record: SpotRecord | None = None,
+    plan: AtCheck | None = None,
 ) -> Decision:
     waited = now - short_since
     fallback = next(
@@ -206,8 +208,8 @@ def _on_demand(
     )
     if progress is not None and fallback is not None:
         # Short of spot and not on on-demand: the deadline policy says wait or go.
-        choice = outage_fill(progress, current=deadline_policy.IDLE, spot_available=False,
-                             record=record or SpotRecord())  # fmt: skip
+        choice = deadline_choice(progress, current=deadline_policy.IDLE, spot_available=False,
+                                 record=record, plan=plan)  # fmt: skip
         if choice.mode == deadline_policy.IDLE:
             return Decision("wait-for-spot", f"short of spot capacity by {shortfall}; deadline "
                             f"policy: {choice.reason}", short_since=short_since)  # fmt: skip
@@ -245,10 +247,12 @@ def after_interruption(
     on_demand_deadline_s: float,
     progress: Progress | None = None,
     record: SpotRecord | None = None,
+    plan: AtCheck | None = None,
 ) -> Decision:
     """What to do when an instance of `group` in `pool` of a run that may have machines gets
     an interruption warning. `progress`: the run against its deadline, for runs that have
-    one, and `record` its record of spot as the scheduled checks kept it."""
+    one, and `record` its record of spot as the scheduled checks kept it (or `plan`, its
+    stored deadline plan, which decides instead)."""
     count = pool_interruptions.get(pool, 0)
     hot = hot_pools(pool_interruptions, hot_threshold)
     if pool not in hot:
@@ -272,7 +276,7 @@ def after_interruption(
             short_since=None,
         )
     return _on_demand(groups, 1, short_since if short_since is not None else now, now,
-                      on_demand_deadline_s, progress, record)  # fmt: skip
+                      on_demand_deadline_s, progress, record, plan)  # fmt: skip
 
 
 def reconcile(
@@ -283,17 +287,19 @@ def reconcile(
     on_demand_deadline_s: float,
     progress: Progress | None = None,
     record: SpotRecord | None = None,
+    plan: AtCheck | None = None,
 ) -> Decision:
     """Scheduled check of a run that may have machines: spot groups that cannot fill their
     desired capacity make the run short; past the deadline the on-demand group covers the
-    shortfall. A run with a deadline (`progress`) follows the deadline policy instead, with
-    its record of spot (`record`, this check's look included: `looked`)."""
+    shortfall. A run with a deadline (`progress`) follows the deadline policy instead: its
+    stored plan (`plan`), or outage fill with its record of spot (`record`, this check's look
+    included: `looked`)."""
     shortfall = _spot_shortfall(groups)
     fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
     covering = sum(g.desired for g in fallbacks)
     if progress is not None:
         return _by_deadline(groups, shortfall, covering, progress, short_since, now,
-                            record or SpotRecord())  # fmt: skip
+                            record or SpotRecord(), plan)  # fmt: skip
     if shortfall < covering:
         # Spot came back: give the on-demand capacity up again, it costs several times more.
         desired, excess = {}, covering - shortfall
@@ -353,6 +359,7 @@ def _by_deadline(
     short_since: float | None,
     now: float,
     record: SpotRecord,
+    plan: AtCheck | None = None,
 ) -> Decision:
     """The scheduled check of a run with a deadline, acting on the policy's choice as the
     simulator plays it. What the run is on: on-demand while the fallback covers part of it;
@@ -367,8 +374,8 @@ def _by_deadline(
         current = deadline_policy.IDLE
     else:
         current = deadline_policy.SPOT
-    choice = outage_fill(replace(progress, changeover_left_h=0.0), current=current,
-                         spot_available=shortfall == 0, record=record)  # fmt: skip
+    choice = deadline_choice(replace(progress, changeover_left_h=0.0), current=current,
+                             spot_available=shortfall == 0, record=record, plan=plan)  # fmt: skip
     why = f"deadline policy: {choice.reason}"
     since = None if shortfall == 0 else (short_since if short_since is not None else now)
     fallbacks = [g for g in groups if g.lifecycle == ON_DEMAND]
@@ -392,6 +399,18 @@ def _by_deadline(
     new = min(fallback.max_size, fallback.desired + shortfall - covering)
     return Decision("on-demand", f"{why}: {fallback.name} {fallback.desired} -> {new} on-demand",
                     {fallback.name: new}, short_since=since)  # fmt: skip
+
+
+def deadline_choice(
+    progress: Progress, *, current: str, spot_available: bool, record: SpotRecord | None,
+    plan: AtCheck | None,
+) -> deadline_policy.Choice:  # fmt: skip
+    """The deadline policy's choice for a run in its region: its stored plan's
+    (`deadline_plan`), or else outage fill's by its record of spot."""
+    if plan is not None:
+        return plan.choose(progress, current=current, spot_here=spot_available)
+    return outage_fill(progress, current=current, spot_available=spot_available,
+                       record=record or SpotRecord())  # fmt: skip
 
 
 def _gang_to_on_demand(groups: Sequence[Group], fallback: Group, why: str) -> Decision:

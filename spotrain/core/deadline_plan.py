@@ -39,7 +39,15 @@ from spotrain.core.catalog_schema import (
     query_items,
     run_key,
 )
-from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress, as_seen, safety_net
+from spotrain.core.deadline_policy import (
+    IDLE,
+    ON_DEMAND,
+    SPOT,
+    Choice,
+    Progress,
+    as_seen,
+    safety_net,
+)
 from spotrain.core.outage_fill import Placement
 
 # Actions, by their value in a plan's slices.
@@ -220,11 +228,38 @@ def _bytes(value: Any) -> bytes:
     return bytes(getattr(value, "value", value))  # boto3 reads Binary values as Binary
 
 
-def read_part(table: Any, run: str, header: Header, progress: Progress) -> StoredPart | None:
-    """The part of the run's plan holding the tick `progress` is at (None: the plan was
-    replaced since its header was read)."""
+def part_holding(header: Header, progress: Progress) -> int:
+    """The first tick of the stored part holding the tick `progress` is at."""
     left = min(in_ticks(progress, header.tick_h)[0], header.ticks)
-    first = header.parts[max(0, bisect.bisect_right(header.parts, left) - 1)]
+    return header.parts[max(0, bisect.bisect_right(header.parts, left) - 1)]
+
+
+def read_part(table: Any, run: str, header: Header, first: int) -> StoredPart | None:
+    """The stored part of the run's plan from tick `first` (None: the plan was replaced
+    since its header was read)."""
     key = {PARTITION_KEY: run_key(run), SORT_KEY: _part_key(header.plan_id, first)}
     item = table.get_item(Key=key).get("Item")
     return None if item is None else StoredPart(item)
+
+
+@dataclass(frozen=True)
+class AtCheck:
+    """A run's stored plan as one look at its market sees it: the region the run is in and
+    spot in each of its regions (this region's is set by `choose`, as its groups find it)."""
+
+    header: Header
+    slices: Slices
+    region: int = 0
+    spot_available: tuple[bool, ...] = ()
+
+    def choose(self, progress: Progress, *, current: str, spot_here: bool) -> Choice:
+        """What the run should be on in its region now. A move the plan would make is not
+        made here (the check of the run's region makes it, `runtime/deadline.for_spot`): the
+        run waits for it."""
+        available = list(self.spot_available or [False] * len(self.header.regions))
+        available[self.region] = spot_here
+        placed = decide(self.header, self.slices, progress, region=self.region,
+                        current=current, spot_available=available)  # fmt: skip
+        if placed.region != self.region:
+            return Choice(IDLE, f"{placed.reason}; the move is its region's check's to make")
+        return Choice(placed.mode, placed.reason)

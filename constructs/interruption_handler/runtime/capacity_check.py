@@ -138,11 +138,11 @@ def check_run(
         decision = capacity_policy.release(groups, state.held_sizes)
         fleet_state.set_held_sizes(table, run, None)
     progress, measured = None, ""  # read only for a run no hold, start or release decided
-    anywhere = None  # a run of several regions: its record of spot in any of them
+    anywhere = plan = None  # a run of several regions: its record of spot in any of them
     if decision is None:  # where a run with a deadline should train: it may move for spot
         progress, measured = deadline.deadline_progress(run_settings, now)
-        decision, anywhere = deadline.for_spot(run_settings, table, groups, state, progress,
-                                               epoch.number, now)  # fmt: skip
+        decision, anywhere, plan = deadline.for_spot(run_settings, table, groups, state,
+                                                     progress, epoch.number, now)  # fmt: skip
     if decision is None:
         decision = capacity_policy.follow_the_run(region, here, groups,
                                                   run_settings.declaration.groups)  # fmt: skip
@@ -159,7 +159,7 @@ def check_run(
         decision = capacity_policy.reconcile(
             groups=groups, short_since=state.short_since, now=now,
             on_demand_deadline_s=60 * run_settings.handler.on_demand_deadline_minutes,
-            progress=progress, record=record,
+            progress=progress, record=record, plan=plan,
         )  # fmt: skip
         decision = replace(decision, spot_record=kept)
         if measured:

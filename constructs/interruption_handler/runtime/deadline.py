@@ -18,7 +18,14 @@ from typing import Any
 
 from spotrain.constructs.interruption_handler.runtime import aws, clients
 from spotrain.constructs.interruption_handler.runtime.settings import Settings
-from spotrain.core import capacity_policy, deadline_policy, fleet_state, outage_fill, prices
+from spotrain.core import (
+    capacity_policy,
+    deadline_plan,
+    deadline_policy,
+    fleet_state,
+    outage_fill,
+    prices,
+)
 from spotrain.core.capacity import Group
 from spotrain.core.capacity_policy import Decision
 from spotrain.core.deadline_policy import Progress, RunDeadline
@@ -66,6 +73,42 @@ def deadline_progress(run_settings: Settings, now: float) -> tuple[Progress | No
                         run_settings.handler.capacity_check_minutes / 60)  # fmt: skip
 
 
+_parts: dict[tuple[str, str, int], deadline_plan.StoredPart] = {}
+"""The parts of stored plans a warm handler has read, by run, plan and first tick."""
+
+
+def stored_plan(run_settings: Settings, table: Any, progress: Progress | None,
+                spot_available: tuple[bool, ...] = ()) -> deadline_plan.AtCheck | None:  # fmt: skip
+    """The run's deadline plan as this check sees it (`deadline_plan`, stored by `spotrain run
+    deadline-plan`), or None: no progress yet, no plan, a plan of other regions than the
+    run's, or one replaced while it was read (outage fill decides)."""
+    declaration = run_settings.declaration
+    if progress is None or declaration is None:
+        return None
+    run = declaration.run
+    header = deadline_plan.read_header(table, run)
+    if header is None:
+        return None
+    if header.regions != tuple(declaration.regions):
+        log.warning("run %s: its deadline plan is for %s, it runs in %s: outage fill decides "
+                    "until `spotrain run deadline-plan` solves it again", run,
+                    ", ".join(header.regions), ", ".join(declaration.regions))  # fmt: skip
+        return None
+    first = deadline_plan.part_holding(header, progress)
+    part = _parts.get((run, header.plan_id, first))
+    if part is None:
+        part = deadline_plan.read_part(table, run, header, first)
+        if part is None:
+            log.warning("run %s: its deadline plan was replaced as it was read", run)
+            return None
+        if len(_parts) >= 16:
+            _parts.clear()
+        _parts[(run, header.plan_id, first)] = part
+    regions = declaration.regions
+    here = regions.index(region) if (region := aws.own_region()) in regions else 0
+    return deadline_plan.AtCheck(header, part, here, spot_available)
+
+
 def kept_record(run_settings: Settings, state: fleet_state.RunState) -> SpotRecord | None:
     """The record of spot an interruption warning decides a run with a deadline's on-demand
     by, as its checks do: spot anywhere for a run of several regions, else spot here."""
@@ -79,24 +122,26 @@ def kept_record(run_settings: Settings, state: fleet_state.RunState) -> SpotReco
 def for_spot(
     run_settings: Settings, table: Any, groups: list[Group], state: fleet_state.RunState,
     progress: Progress | None, epoch: int, now: float,
-) -> tuple[Decision | None, SpotRecord | None]:  # fmt: skip
+) -> tuple[Decision | None, SpotRecord | None, deadline_plan.AtCheck | None]:  # fmt: skip
     """Where a run with a deadline and several regions should train, decided by the handler
     of the region it trains in (`here`): a move for spot (its groups here to 0, the wish
     kept), a wish withdrawn (its groups here start again), or None (it stays: the deadline
-    policy here decides). With it, the record of spot anywhere this check's look included:
-    what the deadline policy here decides a staying run's on-demand by, as `outage_fill.across`
-    does (None: one region, or spot elsewhere not known: its record here)."""
+    policy here decides). With it, what the deadline policy here decides a staying run by:
+    the record of spot anywhere this check's look included, as `outage_fill.across` does
+    (None: one region, or spot elsewhere not known: its record here), and its stored plan as
+    this check sees it (`stored_plan`; None: none, and outage fill decides). A stored plan
+    decides the move too."""
     declaration = run_settings.declaration
     assert declaration is not None
     regions, here, run = declaration.regions, aws.own_region(), run_settings.run
     if progress is None or len(regions) < 2 or not declaration.instance_types:
-        return None, None
+        return None, None, stored_plan(run_settings, table, progress)
     own = capacity_policy.groups_in(here, groups)
     try:
         available = spot_seen(declaration.instance_types, regions, here, own)
-    except Exception as error:  # the deadline policy here decides, as for one region
+    except Exception as error:  # the deadline policy here decides, as if alone
         log.warning("run %s: spot in its other regions is not known: %s", run, error)
-        return None, None
+        return None, None, stored_plan(run_settings, table, progress)
     every_h = run_settings.handler.capacity_check_minutes / 60
     records = outage_fill.RegionRecords.from_item(state.spot_records, len(regions)).seen(
         now, available, longest_gap_s=capacity_policy.longest_gap_s(every_h))  # fmt: skip
@@ -105,22 +150,30 @@ def for_spot(
     standing = wish.move_order
     if standing is not None and (standing.from_epoch, standing.from_region) != (epoch, here):
         standing = None  # an earlier epoch's order (a failover to here), carried out long ago
-    placement = outage_fill.across(
-        progress, region=regions.index(here), current=_mode(own, standing),
-        spot_available=available, records=records, move_usd=0.0,
-        saving_per_hour=_saving_per_hour(declaration.instance_types, own, regions, here),
-        names=regions,
-    )  # fmt: skip
+    plan = stored_plan(run_settings, table, progress, tuple(available))
+    if plan is not None:
+        placement = deadline_plan.decide(plan.header, plan.slices, progress,
+                                         region=regions.index(here),
+                                         current=_mode(own, standing),
+                                         spot_available=available)  # fmt: skip
+    else:
+        placement = outage_fill.across(
+            progress, region=regions.index(here), current=_mode(own, standing),
+            spot_available=available, records=records, move_usd=0.0,
+            saving_per_hour=_saving_per_hour(declaration.instance_types, own, regions, here),
+            names=regions,
+        )  # fmt: skip
     to = regions[placement.region]
     if to == here:
         if standing is None:
-            return None, records.anywhere
+            return None, records.anywhere, plan
         fleet_state.set_failover_state(table, run, here, fleet_state.FailoverState(wish.silent))
         declared = capacity_policy.groups_in(here, declaration.groups)
         started = capacity_policy.start(own, declared)
-        return Decision("stay", f"{placement.reason}: the move to {standing.to_region} "
-                        "is withdrawn and the run's groups here start again",
-                        started.desired, min_sizes=started.min_sizes), records.anywhere  # fmt: skip
+        stay = Decision("stay", f"{placement.reason}: the move to {standing.to_region} is "
+                        "withdrawn and the run's groups here start again", started.desired,
+                        min_sizes=started.min_sizes)  # fmt: skip
+        return stay, records.anywhere, plan
     order = MoveOrder(from_epoch=epoch, from_region=here, to_region=to, ordered_at=now,
                       reason=placement.reason)  # fmt: skip
     if standing is None or (standing.to_region, standing.from_epoch) != (to, epoch):
@@ -134,7 +187,7 @@ def for_spot(
         f"whose machines claim it from its newest checkpoint that replicated; here "
         + (", ".join(sorted(g.name for g in away)) + " go to 0" if away else "none runs"),
         {g.name: 0 for g in away}, min_sizes={g.name: 0 for g in away},
-    ), records.anywhere  # fmt: skip
+    ), records.anywhere, plan  # fmt: skip
 
 
 def spot_seen(instance_types: tuple[str, ...], regions: list[str], here: str,

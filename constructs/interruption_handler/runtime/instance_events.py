@@ -119,6 +119,8 @@ def _requeue(
             hot_threshold=handler.hot_pool_threshold, short_since=state.short_since, now=now,
             on_demand_deadline_s=60 * handler.on_demand_deadline_minutes, progress=progress,
             record=deadline.kept_record(run_settings, state),
+            # A warning does not look at the run's other regions: spot there counts as gone.
+            plan=deadline.stored_plan(run_settings, table, progress),
         )  # fmt: skip
     aws.apply(decision, groups, table, run, autoscaling)
     return decision
