@@ -369,7 +369,8 @@ A cell is the mean over the runs of each run's cost over the exact optimum from 
 (`spotrain.cost.optimum`: the cheapest schedule that meets the deadline, the trace known in
 advance), the worst run in brackets, and the runs that missed the deadline. The policies see
 what the handler sees: no history before the run's start (outage fill's record starts empty,
-its prior standing in). `outage-fill` is the one the handler runs. `markov` is the candidate
+its prior standing in). `outage-fill` is the one the handler runs without a plan. `markov` is
+the one it runs with a plan (`spotrain run deadline-plan`)
 (`spotrain.cost.markov_policy`, in one region), its means from what the environment saw of
 the region in the {HISTORY_DAYS} days before (another draw of the same model). Target: every
 deadline met and at most 1.10x at every deadline.
@@ -386,7 +387,8 @@ then sends nothing), $0.5 and $3 if it had to send its checkpoint
 `optimum.cheapest_across`). `outage-fill@home` is the handler's policy confined to home (a run
 that never moves); `spot-anywhere` the plain rule (spot here, else spot wherever there is some
 while a changeover more still fits); `outage-fill` the policy across regions
-(`outage_fill.across`), the one the handler runs; `markov` the candidate that plans against a
+(`outage_fill.across`), the one the handler runs without a plan; `markov`, the one it runs
+with a plan, plans against a
 model of each region's market (`spotrain.cost.markov_policy`: an exact programme over the ticks
 left, each region a two-state Markov chain), its means from what the environment saw of its
 regions in the {HISTORY_DAYS} days before (another draw of the same market), which the other

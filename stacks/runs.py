@@ -147,8 +147,8 @@ class RunConfig:
     goes, until `spotrain fleet release --max-spend-usd N` raises it. None: no cap."""
     deadline: RunDeadline | None = None
     """When the run must be done: the interruption handler then chooses spot or on-demand by
-    its progress and the spot its checks have seen (`spotrain.core.outage_fill`); None keeps
-    the fixed on-demand fallback."""
+    its progress and the spot its checks have seen (`spotrain.core.outage_fill`), or by its
+    plan (`spotrain run deadline-plan`); None keeps the fixed on-demand fallback."""
     planned: PlannedRun | None = None
     """The run's expected work, priced in each pull request's plan comment; None: no
     estimate."""

@@ -4,8 +4,9 @@ by the run tag); what `list` and `status` read is in `run_status`, `logs` in `ru
 
 `submit` does by hand what merging the run's pull request does: it checks the run file, deploys
 the run's stack (its groups start empty) and stores its training configuration, so the
-interruption handler starts the run at its next check. `retire` destroys a run's stack once no
-machine of it is in service; its checkpoints, catalog items and history stay.
+interruption handler starts the run at its next check; with `--spot-history` it also stores a
+run with a deadline's plan, as `deadline-plan` does (`run_plan`). `retire` destroys a run's
+stack once no machine of it is in service; its checkpoints, catalog items and history stay.
 
 A run pays only while it trains: `cancel` takes its groups to nothing at once (each machine
 gets SIGTERM and publishes its emergency checkpoint before it goes) and marks it cancelled, so

@@ -49,7 +49,9 @@ And whatever the market, a run's gang starts whole or not at all (`whole_gang`):
    none.
 
 A run with a deadline replaces rule 7's fixed wait, and the scheduled check's return to spot,
-with the deadline policy (`spotrain.core.outage_fill`, the one the cost simulator replays):
+with the deadline policy (`deadline_choice`): its stored plan where it has one
+(`spotrain.core.deadline_plan`, the Markov policy), else outage fill
+(`spotrain.core.outage_fill`), each the one the cost simulator replays. Outage fill:
 spot whenever it is there; on-demand covers an outage once the on-demand hours the run is
 expected to need take a large enough share of the outages to come, and stays until spot
 returns. Each scheduled check adds what it saw to the run's record of spot (`SpotRecord`, kept

@@ -1,5 +1,6 @@
-"""Outage Fill: the deadline policy the interruption handler runs for a run with a deadline,
-and `spotrain cost simulate` replays (strategy `outage-fill`).
+"""Outage Fill: the deadline policy the interruption handler runs for a run with a deadline and
+no plan (a plan is `spotrain.core.deadline_plan`'s), and `spotrain cost simulate` replays
+(strategy `outage-fill`).
 
 Spot is cheaper than on-demand whenever it is there, so a run takes it whenever it is there;
 an hour of on-demand displaces nothing only while spot is gone. What is left to decide is how

@@ -1,8 +1,9 @@
 """Markov: a deadline policy that plans against a model of each region's spot market, for a run
-in one region or several (`spotrain cost simulate`'s strategy `markov`). The candidate to
-replace `spotrain.core.outage_fill`: it is measured beside it in bench/cost.md; the
-interruption handler still runs outage fill (this solver needs numpy, which the handler's
-Lambda does not have).
+in one region or several (`spotrain cost simulate`'s strategy `markov`), measured beside
+`spotrain.core.outage_fill` in bench/cost.md. The interruption handler runs it for a run given
+a plan: this module solves it (numpy, which the handler's Lambda does not have) where `spotrain
+run deadline-plan` runs, and stores it (`Plan.slices`); the lookup, `deadline_plan.decide`,
+lives in the core, and the simulator calls it on the plan it solves, so both decide alike.
 
 The model: each region's spot comes in spells and outages, a two-state Markov chain per
 decision tick (a spell ends with probability tick / mean spell, an outage with tick / mean
@@ -20,8 +21,9 @@ each check. The means come from what the environment has seen of its regions bef
 (`known`: its records of earlier weeks), or else from the run's own checks
 (`outage_fill.RegionRecords`, with the record's prior until the evidence is in); then the
 programme is solved again whenever a region's means have moved by more than `RESOLVE_RATIO`.
-Only the guard of `spotrain.core.deadline_policy`'s safety net goes first (on-demand once a
-single changeover is all the slack left): the programme prices the deadline itself, and the
+Only the guard of `spotrain.core.deadline_policy`'s safety net goes first, in `decide`
+(on-demand once a single changeover is all the slack left): the programme prices the
+deadline itself, and the
 net's 2d margin, which sends a run on on-demand to the end, cost 1.076x the optimum where the
 programme alone cost 1.062x (across regions, the first two development seeds, 52 h, moves at
 $0; no misses either way). Each decision carries its reason: the work and time left, each

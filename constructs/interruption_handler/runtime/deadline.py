@@ -8,7 +8,8 @@ checkpoint as it leaves). The destination's handler reads the wish at its next c
 the move there and starts the run's groups, whose machines claim the run from its newest
 checkpoint whose every piece replicated (`elsewhere`, as a failover). Until they claim it, a
 check that finds the move no longer pays (spot back here) withdraws the wish and starts the
-groups here again."""
+groups here again. A run given a plan (`stored_plan`, `spotrain.core.deadline_plan`) is
+decided by it, its moves too; else by outage fill."""
 
 from __future__ import annotations
 
