@@ -1,18 +1,21 @@
-"""`spotrain run deadline-plan ENV RUN --spot-history FILE...`: solve a run's deadline plan
-(`spotrain.cost.markov_policy`, the Markov policy) and store it where the interruption
-handler's checks read it (`spotrain.core.deadline_plan`). `run submit` does the same for a
-run with a deadline when given `--spot-history`.
+"""`spotrain run deadline-plan ENV RUN (--spot-history FILE... | --spot-seen-by RUN)`: solve a
+run's deadline plan (`spotrain.cost.markov_policy`, the Markov policy) and store it where the
+interruption handler's checks read it (`spotrain.core.deadline_plan`). `run submit` does the
+same for a run with a deadline when given either.
 
-The plan models each region's spot as spells and outages whose means come from the history
-given: a trace per region of the environment (home first; the public trace format `spotrain
-cost simulate` replays), what the environment saw of its market before the run. bench/cost.md
-measures the policy with a month of it. Without a plan, outage fill decides, as before."""
+The plan models each region's spot as spells and outages whose means are what the environment
+saw of its market before the run: a trace per region of the environment (home first; the
+public trace format `spotrain cost simulate` replays), or the records of spot in each region
+the handler's checks kept for a run with a deadline (an earlier run, or this one, to plan again
+with what it has seen). bench/cost.md measures the policy with a month of history. Without a
+plan, outage fill decides, as before."""
 
 from __future__ import annotations
 
 import dataclasses
 import math
 import time
+import uuid
 from typing import Any
 
 from spotrain.cli.output import say
@@ -39,32 +42,72 @@ def plan_tick_minutes(check_minutes: float, deadline_h: float, regions: int,
         multiple += 1
 
 
-def problems(run: Any, regions: tuple[str, ...], history: list[str]) -> list[str]:
-    """Every reason the run's plan cannot be solved, with its fix."""
+SEEN_ENOUGH_H = 24.0
+"""The hours of checks a run's record of each region needs before its means plan another."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Means:
+    """Each region's mean spell and outage of spot a plan is solved with, and whence."""
+
+    rates: tuple[Any, ...]
+    """`markov_policy.RegionRates`, one per region of the environment, home first."""
+    source: str
+
+
+def means(where: Any, run: Any, history: list[str], seen_by: str | None) -> Means:
+    """The means the run's plan is solved with: of `history` (one trace file per region), or
+    of the records the checks of run `seen_by` kept; every problem at once, with its fix."""
+    from spotrain.core import fleet_state
+    from spotrain.core.outage_fill import RegionRecords
+    from spotrain.cost import markov_policy, traces
+
+    regions = where.regions or (where.region,)
     found = []
     if run.deadline is None:
         found.append(f"run {run.name} has no deadline: a plan is for a run with one (give the "
                      "run's file a [deadline] table)")  # fmt: skip
-    if len(history) != len(regions):
+    if bool(history) == bool(seen_by):
+        found.append("give what the environment saw of spot: --spot-history FILE... (one "
+                     "trace per region) or --spot-seen-by RUN (a run whose checks kept it), "
+                     "one of the two")  # fmt: skip
+    elif history and len(history) != len(regions):
         found.append(f"--spot-history is given {len(history)} time(s): give one trace per "
                      f"region of the environment, in its order ({', '.join(regions)})")  # fmt: skip
-    return found
-
-
-def solve_and_store(where: Any, run: Any, history: list[str]) -> str:
-    """Solve the run's plan from `history` (one trace file per region) and store it in the
-    environment's events table; what was stored, in a sentence."""
-    from spotrain.core import deadline_plan, prices
-    from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
-    from spotrain.cost import markov_policy, traces
-
-    regions = where.regions or (where.region,)
-    found = problems(run, regions, history)
+    records: tuple[Any, ...] = ()
+    if seen_by and not found:
+        state = fleet_state.run_state(where.events, seen_by)
+        if state.spot_records:
+            records = RegionRecords.from_item(state.spot_records, len(regions)).regions
+        elif state.spot_record is not None and len(regions) == 1:
+            records = (state.spot_record,)
+        short = [r for r, record in zip(regions, records, strict=True)
+                 if record.observed_s < SEEN_ENOUGH_H * 3600]  # fmt: skip
+        if not records or short:
+            found.append(f"run {seen_by}'s checks kept less than {SEEN_ENOUGH_H:g} h of spot in "
+                         f"{', '.join(short or regions)}: name a run with a deadline that "
+                         "trained longer in the environment, or give --spot-history")  # fmt: skip
     if found:
         raise SpotrainError("; ".join(found))
-    deadline = run.deadline
+    if records:
+        hours = min(r.observed_s for r in records) / 3600
+        return Means(tuple(markov_policy.RegionRates.of(r) for r in records),
+                     f"as run {seen_by}'s checks saw them over {hours:.0f} h")  # fmt: skip
     seen = [traces.load(path) for path in history]
-    rates = markov_policy.known_rates(seen, run.desired_size)
+    days = sum(len(t.available) * t.gap_s for t in seen) / len(seen) / 86400
+    return Means(tuple(markov_policy.known_rates(seen, run.desired_size)),
+                 f"from {days:.0f} days of history")  # fmt: skip
+
+
+def solve_and_store(where: Any, run: Any, given: Means) -> str:
+    """Solve the run's plan with the means `given` and store it in the environment's events
+    table; what was stored, in a sentence."""
+    from spotrain.core import deadline_plan, prices
+    from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
+    from spotrain.cost import markov_policy
+
+    regions = where.regions or (where.region,)
+    deadline = run.deadline
     book = prices.load()
     pool = book.pool(run.instance_types[0], regions[0], otherwise="refresh the price book")
     gang = markov_policy.Prices(pool.spot_price * run.desired_size,
@@ -75,20 +118,22 @@ def solve_and_store(where: Any, run: Any, history: list[str]) -> str:
     ticks = math.floor(deadline.deadline_h * 60 / tick)
     started = time.monotonic()
     changeover = math.ceil(deadline.changeover_minutes / tick - 1e-9)
-    plan = markov_policy.Plan(rates, gang, tick_h=tick / 60, ticks=ticks, work=ticks,
+    plan = markov_policy.Plan(given.rates, gang, tick_h=tick / 60, ticks=ticks, work=ticks,
                               changeover=changeover)  # fmt: skip
-    days = sum(len(t.available) * t.gap_s for t in seen) / len(seen) / 86400
-    header = plan.header(regions, source=f"from {days:.0f} days of history")
-    header = dataclasses.replace(header, plan_id=str(int(time.time())))
+    header = plan.header(regions, source=given.source)
+    # A new id for every plan: a warm handler keeps the parts it read by it.
+    header = dataclasses.replace(header, plan_id=uuid.uuid4().hex[:12])
     stored = deadline_plan.store(where.events, run.name, header, plan.slices())
-    means = "; ".join(f"{r}: spells of {m[0]:.1f} h, outages of {m[1]:.1f} h"
-                      for r, m in zip(regions, header.means, strict=True))  # fmt: skip
-    return (f"its deadline plan solved in {time.monotonic() - started:.0f} s ({ticks} ticks of "
-            f"{tick:g} minutes, {len(stored.parts)} part(s)) and stored: {means}; the "
+    said = "; ".join(f"{r}: spells of {m[0]:.1f} h, outages of {m[1]:.1f} h"
+                     for r, m in zip(regions, header.means, strict=True))  # fmt: skip
+    took = time.monotonic() - started
+    return (f"its deadline plan solved in {took:.0f} s ({ticks} ticks of {tick:g} minutes, "
+            f"{len(stored.parts)} part(s)) and stored: {said} ({given.source}); the "
             "interruption handler decides by it from its next check")  # fmt: skip
 
 
 def deadline_plan_action(where: Any, args: Any, run: Any) -> int:
     """`spotrain run deadline-plan`: the run's plan, solved and stored."""
-    say(f"run {run.name}: " + solve_and_store(where, run, args.spot_history or []))
+    given = means(where, run, args.spot_history or [], args.spot_seen_by)
+    say(f"run {run.name}: " + solve_and_store(where, run, given))
     return 0

@@ -121,16 +121,14 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     from spotrain.trainer.storage import open_storage
 
     run = _declared(args.environment, args.run)
-    planned = run.deadline is not None and bool(args.spot_history)
-    if args.spot_history:  # refused before anything is deployed or stored
-        from spotrain.cli.run_plan import problems
-
-        found = problems(run, where.regions or (where.region,), args.spot_history)
-        if found:
-            raise SpotrainError("; ".join(found))
     with aws_errors(f"environment {args.environment} is not deployed or not reachable",
                     f"`spotrain deploy {args.environment}` deploys it"):  # fmt: skip
         where.events.load()
+    given = None  # a plan's means: refused before anything is deployed or stored
+    if args.spot_history or args.spot_seen_by:
+        from spotrain.cli.run_plan import means
+
+        given = means(where, run, args.spot_history or [], args.spot_seen_by)
     if run.image is not None:  # its machines must be able to pull it before any is billed
         from spotrain.cli.image import check_pushed
 
@@ -160,14 +158,14 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
         f"is deployed empty and its configuration stored as {store}/{stored.key}; the "
         "interruption handler starts it at its next capacity check. `spotrain run status "
         f"{args.environment} {run.name}` follows it")  # fmt: skip
-    if planned:
+    if given is not None:
         from spotrain.cli.run_plan import solve_and_store
 
-        say(f"run {run.name}: " + solve_and_store(where, run, args.spot_history))
+        say(f"run {run.name}: " + solve_and_store(where, run, given))
     elif run.deadline is not None:
         say(f"run {run.name} has a deadline and no plan: outage fill decides spot or on-demand; "
             f"`spotrain run deadline-plan {args.environment} {run.name} --spot-history FILE...` "
-            "gives it one (the Markov policy, bench/cost.md)")  # fmt: skip
+            "(or --spot-seen-by RUN) gives it one (the Markov policy, bench/cost.md)")  # fmt: skip
     return 0
 
 
@@ -316,10 +314,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise SpotrainError("--machine goes with `spotrain run logs` and `run reclaim`, "
                             "--follow with logs: `spotrain run logs "
                             f"{args.environment} RUN --follow`")  # fmt: skip
-    if args.action not in ("submit", "deadline-plan") and args.spot_history:
-        raise SpotrainError("--spot-history goes with `spotrain run deadline-plan` and `run "
-                            f"submit`: `spotrain run deadline-plan {args.environment} RUN "
-                            "--spot-history FILE...`")  # fmt: skip
+    if args.action not in ("submit", "deadline-plan") and (args.spot_history or
+                                                           args.spot_seen_by):  # fmt: skip
+        raise SpotrainError("--spot-history and --spot-seen-by go with `spotrain run "
+                            f"deadline-plan` and `run submit`: `spotrain run deadline-plan "
+                            f"{args.environment} RUN --spot-history FILE...`")  # fmt: skip
     if args.action != "status" and args.plot:
         raise SpotrainError("--plot goes with `spotrain run status`: `spotrain run status "
                             f"{args.environment} RUN --plot FILE.png`")  # fmt: skip
@@ -374,4 +373,7 @@ def add_parsers(commands: Any) -> None:
                      help="deadline-plan, submit: what the environment saw of spot before the "
                      "run, one trace per region (home first; the format `spotrain cost "
                      "simulate --trace` reads): the deadline plan's means")  # fmt: skip
+    run.add_argument("--spot-seen-by", metavar="RUN",
+                     help="deadline-plan, submit: or the means the checks of this run of the "
+                     "environment saw (a run with a deadline; itself, to plan again)")  # fmt: skip
     run.set_defaults(handler=cmd_run)
