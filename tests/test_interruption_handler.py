@@ -29,7 +29,7 @@ from spotrain.constructs.interruption_handler.runtime import settings as runtime
 from spotrain.core import capacity_policy, fleet_state
 from spotrain.core import catalog_schema as schema
 from spotrain.core.capacity import CapacityGroup, Group, RunDeclaration
-from spotrain.core.deadline_policy import RunDeadline
+from spotrain.core.deadline_policy import Progress, RunDeadline
 from spotrain.core.handler_settings import HandlerSettings, run_parameter_name
 from spotrain.localcloud import control
 
@@ -863,13 +863,18 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     modes = [mode for *_, mode in timeline]
     assert {"spot", "on-demand", "idle"} <= set(modes)  # the script exercises every move
 
+    iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
+    run_deadline = RunDeadline(started_at=iso(start), finish_by=iso(start + 14 * 3600),
+                               total_steps=8 * per_hour, changeover_minutes=15)  # fmt: skip
     cloud = request.getfixturevalue("cloud" if where == "in-process" else "http_cloud")
     if strategy == "markov":
         plan = markov_policy.Plan([known], markov_policy.Prices.of(job), tick_h=1.0, ticks=14,
                                   work=14, changeover=1)  # fmt: skip
         plan_id = f"{random.getrandbits(32):08x}"  # a warm handler keeps parts by plan
-        deadline_plan.store(cloud.table, RUN, replace(plan.header((REGION,)), plan_id=plan_id),
-                            plan.slices())  # fmt: skip
+        header = replace(
+            plan.header((REGION,)), plan_id=plan_id, deadline=deadline_plan.solved_for(run_deadline)
+        )
+        deadline_plan.store(cloud.table, RUN, header, plan.slices())
     names = {
         kind: f"{kind}-{random.getrandbits(32):08x}" for kind in ("spot", "on-demand", "catalog")
     }
@@ -878,14 +883,12 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     for step, at in ((0, "2027-01-15T08:00:00Z"), (per_hour, "2027-01-15T09:00:00Z")):
         catalog.put_item(Item={"pk": run_key(RUN), "sk": checkpoint_sort_key(step), "step": step,
                                "created_at": at, "generation": 1})  # fmt: skip
-    iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
     monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), names["catalog"])
     monkeypatch.setenv("CAPACITY_CHECK_MINUTES", "60")  # a check per tick of the script
     declare_run(
         [CapacityGroup(name=names[kind], region=REGION, lifecycle=kind, holds_data=True)
          for kind in ("spot", "on-demand")],
-        run_deadline=RunDeadline(started_at=iso(start), finish_by=iso(start + 14 * 3600),
-                                 total_steps=8 * per_hour, changeover_minutes=15),
+        run_deadline=run_deadline,
     )  # fmt: skip
     create_group(names["spot"], REGION, "us-east-1b", 1)
     create_group(names["on-demand"], REGION, "us-east-1b", 0)
@@ -986,7 +989,11 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
         plan = markov_policy.Plan([markov_policy.RegionRates(4.0, 2.0)] * 2,
                                   markov_policy.Prices(1.0, 3.0, 0.0), tick_h=1 / 12,
                                   ticks=14 * 12, work=14 * 12, changeover=3)  # fmt: skip
-        header = replace(plan.header((REGION, west)), plan_id=f"{random.getrandbits(32):08x}")
+        header = replace(
+            plan.header((REGION, west)),
+            plan_id=f"{random.getrandbits(32):08x}",
+            deadline=deadline_plan.solved_for(deadline),
+        )
         for table in tables.values():
             deadline_plan.store(table, run, header, plan.slices())
     control.set_faults(spot_capacity_gone=["*/*"])  # at first in both regions
@@ -1789,3 +1796,35 @@ def test_a_warning_judges_on_demand_by_spot_anywhere_for_a_run_that_may_move() -
     assert deadline.kept_record(
         settings("us-east-1", "us-west-2"), replace(state, spot_records=None)
     ) == here  # fmt: skip
+
+
+def test_a_plan_solved_for_another_deadline_or_other_regions_is_not_decided_by(
+    cloud: Cloud,
+) -> None:
+    """A run whose deadline (or changeover) changed since its plan was solved, or whose plan
+    names other regions, is decided by outage fill until it is planned again; the plan it was
+    solved for is used."""
+    from spotrain.constructs.interruption_handler.runtime import deadline
+    from spotrain.core import deadline_plan
+    from spotrain.cost import markov_policy
+
+    run_deadline = RunDeadline(started_at="2027-01-15T08:00:00Z",
+                               finish_by="2027-01-15T22:00:00Z", total_steps=100)  # fmt: skip
+    declare_run([CapacityGroup(name="east-spot", region=REGION, lifecycle="spot", holds_data=True)],
+                run_deadline=run_deadline)  # fmt: skip
+    [settings] = runtime_settings.read_declarations(runtime_settings.from_environment()).values()
+    plan = markov_policy.Plan([markov_policy.RegionRates(3.0, 2.0)],
+                              markov_policy.Prices(1.0, 3.0, 0.0), tick_h=1.0, ticks=14,
+                              work=14, changeover=1)  # fmt: skip
+    progress = Progress(elapsed_h=2.0, deadline_h=14.0, work_h=8.0, done_h=1.0,
+                        changeover_h=0.25, decision_interval_h=1.0)  # fmt: skip
+    later = replace(run_deadline, finish_by="2027-01-16T08:00:00Z")
+    for solved_for, regions, used in (
+        (later, (REGION,), False), (run_deadline, (REGION, "us-west-2"), False),
+        (run_deadline, (REGION,), True),
+    ):  # fmt: skip
+        header = replace(plan.header(regions), plan_id=f"{random.getrandbits(32):08x}",
+                         deadline=deadline_plan.solved_for(solved_for))  # fmt: skip
+        deadline_plan.store(cloud.table, RUN, header, plan.slices())
+        found = deadline.stored_plan(settings, cloud.table, progress)
+        assert (found is not None) == used, (solved_for, regions)

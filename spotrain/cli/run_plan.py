@@ -122,7 +122,8 @@ def solve_and_store(where: Any, run: Any, given: Means) -> str:
                               changeover=changeover)  # fmt: skip
     header = plan.header(regions, source=given.source)
     # A new id for every plan: a warm handler keeps the parts it read by it.
-    header = dataclasses.replace(header, plan_id=uuid.uuid4().hex[:12])
+    header = dataclasses.replace(header, plan_id=uuid.uuid4().hex[:12],
+                                 deadline=deadline_plan.solved_for(deadline))  # fmt: skip
     stored = deadline_plan.store(where.events, run.name, header, plan.slices())
     said = "; ".join(f"{r}: spells of {m[0]:.1f} h, outages of {m[1]:.1f} h"
                      for r, m in zip(regions, header.means, strict=True))  # fmt: skip

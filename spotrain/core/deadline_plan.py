@@ -45,6 +45,7 @@ from spotrain.core.deadline_policy import (
     SPOT,
     Choice,
     Progress,
+    RunDeadline,
     as_seen,
     safety_net,
 )
@@ -82,6 +83,9 @@ class Header:
     """Where the means came from, for the reasons."""
     plan_id: str = ""
     """Names its parts; a new plan gets a new one."""
+    deadline: str = ""
+    """The run's deadline it was solved for (`solved_for`): a run whose deadline changed since
+    is not decided by it."""
     parts: tuple[int, ...] = ()
     """The first tick of each stored part, in order."""
 
@@ -113,6 +117,12 @@ class Slices(Protocol):
         bits, mode, changeover left] flat, and the region to be idle in for a run that has
         not started, indexed [work left, spot bits] flat."""
         ...
+
+
+def solved_for(deadline: RunDeadline) -> str:
+    """A run's deadline as a plan records it: its start, its end and its changeover."""
+    return (f"{deadline.started_at} to {deadline.finish_by}, changeovers of "
+            f"{deadline.changeover_minutes:g} minutes")  # fmt: skip
 
 
 def in_ticks(progress: Progress, tick_h: float) -> tuple[int, int]:

@@ -81,19 +81,21 @@ _parts: dict[tuple[str, str, int], deadline_plan.StoredPart] = {}
 def stored_plan(run_settings: Settings, table: Any, progress: Progress | None,
                 spot_available: tuple[bool, ...] = ()) -> deadline_plan.AtCheck | None:  # fmt: skip
     """The run's deadline plan as this check sees it (`deadline_plan`, stored by `spotrain run
-    deadline-plan`), or None: no progress yet, no plan, a plan of other regions than the
-    run's, or one replaced while it was read (outage fill decides)."""
+    deadline-plan`), or None: no progress yet, no plan, a plan of other regions or another
+    deadline than the run's, or one replaced while it was read (outage fill decides)."""
     declaration = run_settings.declaration
-    if progress is None or declaration is None:
+    if progress is None or declaration is None or declaration.run_deadline is None:
         return None
     run = declaration.run
     header = deadline_plan.read_header(table, run)
     if header is None:
         return None
-    if header.regions != tuple(declaration.regions):
-        log.warning("run %s: its deadline plan is for %s, it runs in %s: outage fill decides "
-                    "until `spotrain run deadline-plan` solves it again", run,
-                    ", ".join(header.regions), ", ".join(declaration.regions))  # fmt: skip
+    declared = deadline_plan.solved_for(declaration.run_deadline)
+    if (header.regions, header.deadline) != (tuple(declaration.regions), declared):
+        log.warning("run %s: its deadline plan is for %s (%s), it runs in %s (%s): outage fill "
+                    "decides until `spotrain run deadline-plan` solves it again", run,
+                    ", ".join(header.regions), header.deadline, ", ".join(declaration.regions),
+                    declared)  # fmt: skip
         return None
     first = deadline_plan.part_holding(header, progress)
     part = _parts.get((run, header.plan_id, first))
