@@ -4,6 +4,7 @@ errors an on-call engineer can hit (in-process moto; the runbook tests run them 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import boto3
@@ -300,10 +301,12 @@ def test_run_status_shows_progress_loss_pace_eta_deadline_and_head(
                            "step": 200, "latest": schema.checkpoint_sort_key(200)})  # fmt: skip
     # Declared to finish within half an hour: an hour of work is left at this pace.
     finish_by = (now + datetime.timedelta(minutes=30)).isoformat(timespec="seconds")
+    deadline = {"started_at": (now - datetime.timedelta(hours=2)).isoformat(timespec="seconds"),
+                "finish_by": finish_by, "total_steps": 400}  # fmt: skip
     boto3.client("ssm").put_parameter(
         Name="/spotrain/local/runs/demo", Type="SecureString",
         Value=json.dumps({"run": "demo", "groups": [], "max_spend_usd": None,
-                          "run_deadline": {"finish_by": finish_by}}),
+                          "run_deadline": deadline}),
     )  # fmt: skip
 
     assert cli.main(["run", "status", "local", "demo", "--json"]) == 0
@@ -319,7 +322,24 @@ def test_run_status_shows_progress_loss_pace_eta_deadline_and_head(
     said = capsys.readouterr().out
     assert said.split()[:6] == ["demo", "training", "step", "200/400", "loss", "2.5000"], said
     assert "200 steps/h; ETA " in said and "(late at this pace)" in said, said
+    assert "(late at this pace), decided by outage fill" in said, said
     assert f"head: step 200, loss 2.5000, published {status['head_at']}" in said
+    # Given a plan solved for its deadline, its status says the plan decides it.
+    from spotrain.core import deadline_plan
+    from spotrain.core.deadline_policy import RunDeadline
+    from spotrain.cost import markov_policy
+
+    plan = markov_policy.Plan([markov_policy.RegionRates(3.0, 2.0)] * 2,
+                              markov_policy.Prices(1.0, 3.0, 0.0), tick_h=0.5, ticks=6,
+                              work=6, changeover=1)  # fmt: skip
+    header = plan.header(("us-east-1", "us-west-2"), source="from 30 days of history")
+    deadline_plan.store(boto3.resource("dynamodb").Table("spotrain-local-events"), "demo",
+                        replace(header, plan_id="p1",
+                                deadline=deadline_plan.solved_for(RunDeadline(**deadline))),
+                        plan.slices())  # fmt: skip
+    assert cli.main(["run", "status", "local", "demo", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["decided_by"] == (
+        "its plan (the means from 30 days of history)")  # fmt: skip
     # A spot notice's time is the stop, two minutes after the warning: the warning is shown.
     from spotrain.core import fleet_state
 

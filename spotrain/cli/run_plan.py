@@ -133,6 +133,36 @@ def solve_and_store(where: Any, run: Any, given: Means) -> str:
             "interruption handler decides by it from its next check")  # fmt: skip
 
 
+def declared_deadline(where: Any, run: str) -> tuple[str | None, str | None]:
+    """The run's deadline as its stack declared it to the handler, and what decides it: its
+    plan (when solved for that deadline and the environment's regions), or outage fill."""
+    import json
+
+    from botocore.exceptions import ClientError
+
+    from spotrain.core import deadline_plan
+    from spotrain.core.deadline_policy import RunDeadline
+    from spotrain.core.handler_settings import run_parameter_name
+
+    try:
+        found = where.ssm.get_parameter(Name=run_parameter_name(where.environment, run),
+                                        WithDecryption=True)  # fmt: skip
+        declared = json.loads(found["Parameter"]["Value"]).get("run_deadline") or {}
+    except (ClientError, ValueError):
+        return None, None
+    if not declared.get("finish_by"):
+        return None, None
+    try:
+        solved_for = deadline_plan.solved_for(RunDeadline(**declared))
+        header = deadline_plan.read_header(where.events, run)
+    except (ClientError, TypeError):
+        header = None
+    regions = tuple(where.regions or (where.region,))
+    if header is None or (header.regions, header.deadline) != (regions, solved_for):
+        return declared["finish_by"], "outage fill"
+    return declared["finish_by"], f"its plan (the means {header.source})"
+
+
 def deadline_plan_action(where: Any, args: Any, run: Any) -> int:
     """`spotrain run deadline-plan`: the run's plan, solved and stored."""
     given = means(where, run, args.spot_history or [], args.spot_seen_by)

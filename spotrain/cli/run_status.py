@@ -82,6 +82,8 @@ class RunStatus:
     """When it finishes at that pace (ISO 8601, UTC), while it trains."""
     finish_by: str | None = None
     """Its declared deadline."""
+    decided_by: str | None = None
+    """With a deadline: the policy the handler decides it by (its plan, or outage fill)."""
     last_crash: str | None = None
     """The newest crash since the run's release: instance, exit and the trainer's reason."""
     leaving: int = 0
@@ -209,23 +211,6 @@ def _total_steps(document: dict[str, Any] | None) -> int | None:
         return None
 
 
-def _finish_by(where: Where, run: str) -> str | None:
-    """The run's deadline, as its stack declared it to the handler."""
-    import json
-
-    from botocore.exceptions import ClientError
-
-    from spotrain.core.handler_settings import run_parameter_name
-
-    try:
-        found = where.ssm.get_parameter(Name=run_parameter_name(where.environment, run),
-                                        WithDecryption=True)  # fmt: skip
-        deadline = json.loads(found["Parameter"]["Value"]).get("run_deadline") or {}
-    except (ClientError, ValueError):
-        return None
-    return deadline.get("finish_by")
-
-
 def _eta(step: int, steps: int | None, per_hour: float | None) -> str | None:
     import datetime
 
@@ -273,6 +258,7 @@ def stopped(where: Where, run: str) -> bool:
 
 
 def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus:
+    from spotrain.cli.run_plan import declared_deadline
     from spotrain.core import fleet_state, run_epochs, run_lifecycle
     from spotrain.core.deadline_policy import read_throughput
 
@@ -288,6 +274,7 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
     steps = _total_steps(stored)
     epoch = run_epochs.current(chain := run_epochs.read_chain(where.catalog, run))
     per_hour = read_throughput(where.catalog, run, chain) if head is not None else None
+    finish_by, decided_by = declared_deadline(where, run)
     return RunStatus(
         run=run, phase=phase, why=why, step=step, final=final, machines=it.machines,
         queued=queued,
@@ -306,7 +293,7 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
                        f"{head.manifest}" if head else None),
         steps_per_hour=round(per_hour, 1) if per_hour else None,
         eta=_eta(step or 0, steps, per_hour) if phase == run_lifecycle.TRAINING else None,
-        finish_by=_finish_by(where, run), leaving=sum(_leaving(g) for g in groups),
+        finish_by=finish_by, decided_by=decided_by, leaving=sum(_leaving(g) for g in groups),
         trains_in=epoch.id.region if epoch else None, epoch=epoch.id.number if epoch else 0,
         moved_from_step=epoch.base_step if epoch else None,
     )  # fmt: skip
@@ -362,8 +349,8 @@ def show(status: RunStatus, args: argparse.Namespace) -> int:
     eta = f"; ETA {status.eta}" if status.eta else ""
     late = status.eta is not None and status.finish_by is not None and (
         instant(status.eta) > instant(status.finish_by))  # fmt: skip
-    deadline = (f"; deadline {status.finish_by}{' (late at this pace)' if late else ''}"
-                if status.finish_by else "")  # fmt: skip
+    deadline = (f"; deadline {status.finish_by}{' (late at this pace)' if late else ''}, "
+                f"decided by {status.decided_by}" if status.finish_by else "")  # fmt: skip
     say(f"  {pace}{eta}{deadline}")
     return 0
 

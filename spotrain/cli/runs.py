@@ -344,7 +344,8 @@ def add_parsers(commands: Any) -> None:
     run.add_argument("action", choices=list(ACTIONS),
                      help="submit: deploy a run the repository declares and store its training "
                      "configuration; list: every run with its phase; status: one run's step "
-                     "of its steps, loss, machines, spend, pace, ETA and deadline, head "
+                     "of its steps, loss, machines, spend, pace, ETA, deadline and policy, "
+                     "head "
                      "checkpoint and last interruption; cancel: its machines checkpoint "
                      "and go, its groups stay at 0; resume: a cancelled run continues from its "
                      "head; logs: what its machines printed, gone ones included; retire: "
