@@ -14,7 +14,7 @@ states: 0.6 MB for three regions over 72 h at 6-minute ticks, 75 MB raw). A chec
 header and the one part its tick is in, and decompresses one slice (at most a few hundred
 kilobytes). A plan replaced while a check reads it is new parts under a new id, then the
 header, then the old parts deleted: a check sees the old plan or the new one, whole, or, if
-its part went in between, no plan (outage fill decides that check, and says so).
+its part went in between, no plan (outage fill decides that check; the handler logs it).
 
 A run with no plan (none solved, or its regions' history unknown) is decided by outage fill
 (`spotrain.core.outage_fill`), as before.
@@ -28,7 +28,7 @@ import bisect
 import json
 import math
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Protocol
 
@@ -161,10 +161,12 @@ def _placement(header: Header, action: int, here: int, current: str, left: int, 
     name = header.regions[here]
     market = ", ".join(
         f"{r} {'has' if spot >> i & 1 else 'lacks'} spot (spells of {m[0]:.1f} h, outages of "
-        f"{m[1]:.1f} h{', ' + header.source if header.source else ''})"
+        f"{m[1]:.1f} h)"
         for i, (r, m) in enumerate(zip(header.regions, header.means, strict=True))
     )
-    facts = f"plan: {work * header.tick_h:.1f} h of work in {left * header.tick_h:.1f} h; {market}"
+    whence = f" (means {header.source})" if header.source else ""
+    facts = (f"plan: {work * header.tick_h:.1f} h of work in {left * header.tick_h:.1f} h; "
+             f"{market}{whence}")  # fmt: skip
     if action == IDLE_THERE:
         return Placement(here, IDLE, f"{facts}: wait in {name} (spot is expected soon enough)")
     if action == GO_ON:
@@ -181,9 +183,9 @@ def _part_key(plan_id: str, first: int) -> str:
     return f"{DEADLINE_PLAN_PREFIX}{plan_id}#{first:07d}"
 
 
-def store(table: Any, run: str, header: Header, slices: Sequence[tuple[bytes, bytes]]) -> Header:
-    """Store the plan whose slice at `left` ticks left is `slices[left]` (its actions and its
-    first regions, a byte each) as the run's: its parts first, then its header, then the old
+def store(table: Any, run: str, header: Header, slices: Iterable[tuple[bytes, bytes]]) -> Header:
+    """Store the plan whose slices, by ticks left from 0, are `slices` (each its actions and
+    its first regions, a byte each) as the run's: its parts first, then its header, then the old
     plan's parts go. The header stored (with its parts)."""
     parts: list[dict[str, Any]] = []
     size = PART_BYTES

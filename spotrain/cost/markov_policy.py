@@ -33,7 +33,7 @@ region's spot now and the means the plan assumed, and the action.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -126,10 +126,11 @@ class Plan:
             memoryview(self.first_region[left].reshape(-1)),
         )
 
-    def slices(self) -> list[tuple[bytes, bytes]]:
-        """Every slice, by ticks left: what `deadline_plan.store` stores."""
-        return [(self.action[t].tobytes(), self.first_region[t].tobytes())
-                for t in range(self.ticks + 1)]  # fmt: skip
+    def slices(self) -> Iterator[tuple[bytes, bytes]]:
+        """Every slice, by ticks left, one at a time (a plan is up to 250 MB raw): what
+        `deadline_plan.store` stores."""
+        for t in range(self.ticks + 1):
+            yield self.action[t].tobytes(), self.first_region[t].tobytes()
 
 
 def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
