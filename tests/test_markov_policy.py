@@ -96,7 +96,7 @@ def test_the_programme_equals_an_expectimax_over_the_same_model(seed: int) -> No
                           changeover=changeover)  # fmt: skip
     assert len(expected) == 1 << regions
     for spot, value in expected.items():
-        assert plan.idle_value[ticks, work, spot] == pytest.approx(value, rel=1e-9), (seed, spot)
+        assert plan.idle_value[work, spot] == pytest.approx(value, rel=1e-9), (seed, spot)
 
 
 def _progress(**changes: float) -> Progress:

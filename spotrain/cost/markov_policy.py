@@ -137,7 +137,8 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Backward induction over the ticks left: the action of every state (int8, indexed
     [ticks left, work left, spot bits, mode, changeover left]), the best region to be idle in
     for a run that has not started ([ticks left, work left, spot bits]), and the expected cost
-    of idle@that region ([ticks left, work left, spot bits])."""
+    of a run not started with every tick of the plan left ([work left, spot bits]: what the
+    expectimax test checks; the earlier ticks' are not kept)."""
     regions, changeover = plan.regions, plan.changeover
     states = 1 << regions
     modes = 3 * regions
@@ -161,8 +162,7 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     value[1:] = MISSED_USD
     policy = np.zeros((plan.ticks + 1, work + 1, states, modes, changeover + 1), dtype=np.int8)
     first_region = np.zeros((plan.ticks + 1, work + 1, states), dtype=np.int8)
-    idle_value = np.zeros((plan.ticks + 1, work + 1, states))
-    idle_value[0] = value[:, :, np.arange(regions), 0].min(axis=2)
+    idle_value = value[:, :, np.arange(regions), 0].min(axis=2)
     mode_idx = np.arange(modes)
     for left in range(1, plan.ticks + 1):
         # A run on spot whose region lost its capacity is idle there: that state needs no
@@ -191,7 +191,7 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         value[0] = 0.0
         idle = value[:, :, np.arange(regions), 0]
         first_region[left] = idle.argmin(axis=2)
-        idle_value[left] = idle.min(axis=2)
+        idle_value = idle.min(axis=2)
     return policy, first_region, idle_value
 
 
