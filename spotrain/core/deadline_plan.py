@@ -10,7 +10,7 @@ run deadline-plan`, which `run submit` calls for a run with a deadline) and stor
 events table under the run's key: a header item (what the plan assumed: each region's mean
 spell and outage of spot, the gang's prices, the tick) and the plan in parts, each a run of
 ticks-left slices compressed on their own (the actions change little between neighbouring
-states: 0.6 MB for three regions over 72 h at 6-minute ticks, 75 MB raw). A check reads the
+states: about 1 MB for three regions over 72 h at 5-minute ticks, 215 MB raw). A check reads the
 header and the one part its tick is in, and decompresses one slice (at most a few hundred
 kilobytes). A plan replaced while a check reads it is new parts under a new id, then the
 header, then the old parts deleted: a check sees the old plan or the new one, whole, or, if
