@@ -301,8 +301,8 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
     """`spotrain run deadline-plan`'s solve: one history trace per region of the environment
     gives each region's means, the gang's prices come from the price book, the tick is the
     handler's check (coarser for a far deadline), and the plan stored is the one the handler
-    reads; or from the records an earlier run's checks kept of each region (a day of them at
-    least). A run without a deadline and a wrong count of traces are refused together, with
+    reads; or from the records earlier runs' checks kept of each region, together (a day of
+    them at least). A run without a deadline and a wrong count of traces are refused together, with
     their fixes, before anything is stored."""
     import types
 
@@ -330,7 +330,7 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
     with mock_aws():
         table = _events_table()
         where = types.SimpleNamespace(events=table, regions=regions, region=regions[0])
-        said = run_plan.solve_and_store(where, run, run_plan.means(where, run, history, None))
+        said = run_plan.solve_and_store(where, run, run_plan.means(where, run, history, []))
         assert "192 ticks of 5 minutes" in said and "us-west-2: spells of" in said, said
         header = deadline_plan.read_header(table, run.name)
         assert header is not None and header.regions == regions and header.tick_h == 5 / 60
@@ -349,29 +349,34 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
                                        spot_available=[False, True])  # fmt: skip
         assert decided.reason.startswith("plan: 9.5 h of work in 15.0 h; us-east-1 lacks")
         with pytest.raises(SpotrainError, match=r"no deadline.*one trace per region") as refused:
-            run_plan.means(where, replace(run, deadline=None), history[:1], None)
+            run_plan.means(where, replace(run, deadline=None), history[:1], [])
         assert "--spot-history is given 1 time(s)" in str(refused.value)
         with pytest.raises(SpotrainError, match=r"--spot-history FILE\.\.\. .* or --spot-seen-by"):
-            run_plan.means(where, run, history, "earlier")
+            run_plan.means(where, run, history, ["earlier"])
 
-        # Or the means the checks of an earlier run kept of each region (its fleet state).
+        # Or the means the checks of earlier runs kept of each region (their fleet state),
+        # together.
         day = 24 * 3600.0
         kept = RegionRecords((SpotRecord(observed_s=2 * day, available_s=day, spells=6),
                               SpotRecord(observed_s=2 * day, available_s=1.5 * day,
                                          spells=3)))  # fmt: skip
         fleet_state.set_spot_records(table, "earlier", kept.to_item())
-        given = run_plan.means(where, run, [], "earlier")
+        given = run_plan.means(where, run, [], ["earlier"])
         assert given.rates == tuple(RegionRates.of(r) for r in kept.regions)
-        assert "as run earlier's checks saw them over 48 h" in run_plan.solve_and_store(
-            where, run, given)  # fmt: skip
+        fleet_state.set_spot_records(table, "brief", RegionRecords(
+            (SpotRecord(observed_s=day, available_s=day, spells=1),
+             SpotRecord(observed_s=3600.0))).to_item())  # fmt: skip
+        both = run_plan.means(where, run, [], ["earlier", "brief"])
+        east = SpotRecord(observed_s=3 * day, available_s=2 * day, spells=7)
+        assert both.rates[0] == RegionRates.of(east)  # their evidence added
+        assert "as the checks of earlier, brief saw them over 49 h" in run_plan.solve_and_store(
+            where, run, both)  # fmt: skip
         again = deadline_plan.read_header(table, run.name)
         assert again is not None and again.plan_id != header.plan_id  # a new plan, a new id
-        assert again.means == tuple((r.mean_spell_h, r.mean_outage_h) for r in given.rates)
-        fleet_state.set_spot_records(table, "brief", RegionRecords(
-            (SpotRecord(observed_s=day), SpotRecord(observed_s=3600.0))).to_item())  # fmt: skip
-        with pytest.raises(SpotrainError, match="run brief's checks kept less than 24 h of spot "
-                           "in us-west-2: name a run"):  # fmt: skip
-            run_plan.means(where, run, [], "brief")
+        assert again.means == tuple((r.mean_spell_h, r.mean_outage_h) for r in both.rates)
+        with pytest.raises(SpotrainError, match="the checks of brief, never kept less than 24 h "
+                           "of spot in us-west-2: name runs"):  # fmt: skip
+            run_plan.means(where, run, [], ["brief", "never"])
     assert cli.main(["run", "list", "local", "--spot-seen-by", "earlier"]) == 2
     assert "--spot-history and --spot-seen-by go with `spotrain run deadline-plan`" in (
         capsys.readouterr().err)  # fmt: skip

@@ -1,4 +1,4 @@
-"""`spotrain run deadline-plan ENV RUN (--spot-history FILE... | --spot-seen-by RUN)`: solve a
+"""`spotrain run deadline-plan ENV RUN (--spot-history FILE... | --spot-seen-by RUN...)`: solve a
 run's deadline plan (`spotrain.cost.markov_policy`, the Markov policy) and store it where the
 interruption handler's checks read it (`spotrain.core.deadline_plan`). `run submit` does the
 same for a run with a deadline when given either.
@@ -6,9 +6,9 @@ same for a run with a deadline when given either.
 The plan models each region's spot as spells and outages whose means are what the environment
 saw of its market before the run: a trace per region of the environment (home first; the
 public trace format `spotrain cost simulate` replays), or the records of spot in each region
-the handler's checks kept for a run with a deadline (an earlier run, or this one, to plan again
-with what it has seen). bench/cost.md measures the policy with a month of history. Without a
-plan, outage fill decides, as before."""
+the handler's checks kept for runs with a deadline (earlier runs, together, or this one, to
+plan again with what it has seen). bench/cost.md measures the policy with a month of
+history. Without a plan, outage fill decides, as before."""
 
 from __future__ import annotations
 
@@ -55,11 +55,12 @@ class Means:
     source: str
 
 
-def means(where: Any, run: Any, history: list[str], seen_by: str | None) -> Means:
+def means(where: Any, run: Any, history: list[str], seen_by: list[str]) -> Means:
     """The means the run's plan is solved with: of `history` (one trace file per region), or
-    of the records the checks of run `seen_by` kept; every problem at once, with its fix."""
+    of the records the checks of the runs `seen_by` kept, together; every problem at once,
+    with its fix."""
     from spotrain.core import fleet_state
-    from spotrain.core.outage_fill import RegionRecords
+    from spotrain.core.outage_fill import RegionRecords, SpotRecord
     from spotrain.cost import markov_policy, traces
 
     regions = where.regions or (where.region,)
@@ -74,25 +75,25 @@ def means(where: Any, run: Any, history: list[str], seen_by: str | None) -> Mean
     elif history and len(history) != len(regions):
         found.append(f"--spot-history is given {len(history)} time(s): give one trace per "
                      f"region of the environment, in its order ({', '.join(regions)})")  # fmt: skip
-    records: tuple[Any, ...] = ()
-    if seen_by and not found:
-        state = fleet_state.run_state(where.events, seen_by)
-        if state.spot_records:
-            records = RegionRecords.from_item(state.spot_records, len(regions)).regions
-        elif state.spot_record is not None and len(regions) == 1:
-            records = (state.spot_record,)
-        short = [r for r, record in zip(regions, records, strict=True)
-                 if record.observed_s < SEEN_ENOUGH_H * 3600]  # fmt: skip
-        if not records or short:
-            found.append(f"run {seen_by}'s checks kept less than {SEEN_ENOUGH_H:g} h of spot in "
-                         f"{', '.join(short or regions)}: name a run with a deadline that "
-                         "trained longer in the environment, or give --spot-history")  # fmt: skip
+    records = [SpotRecord() for _ in regions]
+    for other in seen_by if not found else ():
+        state = fleet_state.run_state(where.events, other)
+        kept = RegionRecords.from_item(state.spot_records, len(regions)).regions
+        if not state.spot_records and state.spot_record is not None and len(regions) == 1:
+            kept = (state.spot_record,)
+        records = [r.and_seen(k) for r, k in zip(records, kept, strict=False)]
+    short = [r for r, record in zip(regions, records, strict=True)
+             if record.observed_s < SEEN_ENOUGH_H * 3600]  # fmt: skip
+    if seen_by and not found and short:
+        found.append(f"the checks of {', '.join(seen_by)} kept less than {SEEN_ENOUGH_H:g} h "
+                     f"of spot in {', '.join(short)}: name runs with a deadline that trained "
+                     "longer in the environment, or give --spot-history")  # fmt: skip
     if found:
         raise SpotrainError("; ".join(found))
-    if records:
+    if seen_by:
         hours = min(r.observed_s for r in records) / 3600
-        return Means(tuple(markov_policy.RegionRates.of(r) for r in records),
-                     f"as run {seen_by}'s checks saw them over {hours:.0f} h")  # fmt: skip
+        whence = f"as the checks of {', '.join(seen_by)} saw them over {hours:.0f} h"
+        return Means(tuple(markov_policy.RegionRates.of(r) for r in records), whence)
     seen = [traces.load(path) for path in history]
     days = sum(len(t.available) * t.gap_s for t in seen) / len(seen) / 86400
     return Means(tuple(markov_policy.known_rates(seen, run.desired_size)),
@@ -165,6 +166,6 @@ def declared_deadline(where: Any, run: str) -> tuple[str | None, str | None]:
 
 def deadline_plan_action(where: Any, args: Any, run: Any) -> int:
     """`spotrain run deadline-plan`: the run's plan, solved and stored."""
-    given = means(where, run, args.spot_history or [], args.spot_seen_by)
+    given = means(where, run, args.spot_history or [], args.spot_seen_by or [])
     say(f"run {run.name}: " + solve_and_store(where, run, given))
     return 0

@@ -128,7 +128,7 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     if args.spot_history or args.spot_seen_by:
         from spotrain.cli.run_plan import means
 
-        given = means(where, run, args.spot_history or [], args.spot_seen_by)
+        given = means(where, run, args.spot_history or [], args.spot_seen_by or [])
     if run.image is not None:  # its machines must be able to pull it before any is billed
         from spotrain.cli.image import check_pushed
 
@@ -374,7 +374,8 @@ def add_parsers(commands: Any) -> None:
                      help="deadline-plan, submit: what the environment saw of spot before the "
                      "run, one trace per region (home first; the format `spotrain cost "
                      "simulate --trace` reads): the deadline plan's means")  # fmt: skip
-    run.add_argument("--spot-seen-by", metavar="RUN",
-                     help="deadline-plan, submit: or the means the checks of this run of the "
-                     "environment saw (a run with a deadline; itself, to plan again)")  # fmt: skip
+    run.add_argument("--spot-seen-by", metavar="RUN", action="append",
+                     help="deadline-plan, submit: or the means the checks of these runs of the "
+                     "environment saw, together (runs with a deadline; the run itself, to "
+                     "plan again)")  # fmt: skip
     run.set_defaults(handler=cmd_run)

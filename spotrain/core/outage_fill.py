@@ -86,6 +86,13 @@ class SpotRecord:
             last_available=available,
         )
 
+    def and_seen(self, other: SpotRecord) -> SpotRecord:
+        """What two records saw of one market, together (runs that looked at the same
+        region): their hours, hours of spot and spells added."""
+        return SpotRecord(observed_s=self.observed_s + other.observed_s,
+                          available_s=self.available_s + other.available_s,
+                          spells=self.spells + other.spells)  # fmt: skip
+
     # The record's totals with the prior's (hours, hours of spot, spells): every estimate
     # below is a ratio of two of them.
     def _hours(self) -> float:
