@@ -31,6 +31,7 @@ from spotrain.core import catalog_schema as schema
 from spotrain.core.capacity import CapacityGroup, Group, RunDeclaration
 from spotrain.core.deadline_policy import Progress, RunDeadline
 from spotrain.core.handler_settings import HandlerSettings, run_parameter_name
+from spotrain.core.outage_fill import SpotRecord
 from spotrain.localcloud import control
 
 ENVIRONMENT_VARIABLE = HandlerSettings.variable("environment")
@@ -1803,7 +1804,8 @@ def test_a_plan_solved_for_another_deadline_or_other_regions_is_not_decided_by(
 ) -> None:
     """A run whose deadline (or changeover) changed since its plan was solved, or whose plan
     names other regions, is decided by outage fill until it is planned again; the plan it was
-    solved for is used."""
+    solved for is used, and its reasons say when the run has seen a day or more of another
+    market than the plan assumed, with the command that plans with it."""
     from spotrain.constructs.interruption_handler.runtime import deadline
     from spotrain.core import deadline_plan
     from spotrain.cost import markov_policy
@@ -1828,3 +1830,22 @@ def test_a_plan_solved_for_another_deadline_or_other_regions_is_not_decided_by(
         deadline_plan.store(cloud.table, RUN, header, plan.slices())
         found = deadline.stored_plan(settings, cloud.table, progress)
         assert (found is not None) == used, (solved_for, regions)
+    # Its reasons say when the run's own checks (a day at least) saw another market.
+    hours = 3600.0
+    for record, says in ((SpotRecord(observed_s=48 * hours, available_s=40 * hours, spells=4),
+                          True),
+                         (SpotRecord(observed_s=12 * hours, available_s=11 * hours, spells=1),
+                          False),
+                         (SpotRecord(observed_s=48 * hours, available_s=28 * hours, spells=9),
+                          False)):  # fmt: skip
+        found = deadline.stored_plan(settings, cloud.table, progress, records=(record,))
+        assert found is not None
+        note = (
+            f"; this run's checks saw another market than the plan's ({REGION}: spells of "
+            f"{record.spell_h():.1f} h, outages of {record.outage_h():.1f} h over 48 h): "
+            f"`spotrain run deadline-plan {settings.handler.environment} {RUN} --spot-seen-by "
+            f"{RUN}` plans with it"
+        )
+        assert found.note == (note if says else ""), (record, found.note)
+        chosen = found.choose(progress, current="idle", spot_here=False)
+        assert chosen.reason.startswith("plan: ") and chosen.reason.endswith(found.note)

@@ -42,10 +42,6 @@ def plan_tick_minutes(check_minutes: float, deadline_h: float, regions: int,
         multiple += 1
 
 
-SEEN_ENOUGH_H = 24.0
-"""The hours of checks a run's record of each region needs before its means plan another."""
-
-
 @dataclasses.dataclass(frozen=True)
 class Means:
     """Each region's mean spell and outage of spot a plan is solved with, and whence."""
@@ -60,6 +56,7 @@ def means(where: Any, run: Any, history: list[str], seen_by: list[str]) -> Means
     of the records the checks of the runs `seen_by` kept, together; every problem at once,
     with its fix."""
     from spotrain.core import fleet_state
+    from spotrain.core.deadline_plan import SEEN_ENOUGH_H
     from spotrain.core.outage_fill import RegionRecords, SpotRecord
     from spotrain.cost import markov_policy, traces
 

@@ -49,11 +49,19 @@ from spotrain.core.deadline_policy import (
     as_seen,
     safety_net,
 )
-from spotrain.core.outage_fill import Placement
+from spotrain.core.outage_fill import Placement, SpotRecord
 
 # Actions, by their value in a plan's slices.
 IDLE_THERE, GO_ON, ON_DEMAND_HERE, SPOT_IN = 0, 1, 2, 3
 """`SPOT_IN + r`: spot in region r."""
+
+MOVED_RATIO = 1.5
+"""A region's mean spell or outage has moved from a plan's when it is more than this factor
+away: the simulator's policy then solves again (`markov_policy`); the handler, which cannot,
+says so in its reasons (`moved_note`)."""
+SEEN_ENOUGH_H = 24.0
+"""The hours of a run's checks of a region before its means count as evidence against a plan's
+(and, for `spotrain run deadline-plan --spot-seen-by`, plan another)."""
 
 HEADER_SORT_KEY = f"{DEADLINE_PLAN_PREFIX}HEADER"
 PART_BYTES = 256 * 1024
@@ -123,6 +131,27 @@ def solved_for(deadline: RunDeadline) -> str:
     """A run's deadline as a plan records it: its start, its end and its changeover."""
     return (f"{deadline.started_at} to {deadline.finish_by}, changeovers of "
             f"{deadline.changeover_minutes:g} minutes")  # fmt: skip
+
+
+def moved(before: tuple[float, float], now: tuple[float, float]) -> bool:
+    """Whether a region's (mean spell, mean outage) has moved past `MOVED_RATIO`."""
+    return any(max(a / b, b / a) > MOVED_RATIO for a, b in zip(now, before, strict=True))
+
+
+def moved_note(header: Header, records: Sequence[SpotRecord], environment: str, run: str) -> str:
+    """'' or, where the run's own checks (a day of them at least) saw a region's means move
+    away from the plan's, what they saw and how to plan with it."""
+    seen = [
+        f"{region}: spells of {r.spell_h():.1f} h, outages of {r.outage_h():.1f} h over "
+        f"{r.observed_s / 3600:.0f} h"
+        for region, means, r in zip(header.regions, header.means, records, strict=False)
+        if r.observed_s >= SEEN_ENOUGH_H * 3600 and moved(means, (r.spell_h(), r.outage_h()))
+    ]
+    if not seen:
+        return ""
+    return (f"; this run's checks saw another market than the plan's ({'; '.join(seen)}): "
+            f"`spotrain run deadline-plan {environment} {run} --spot-seen-by {run}` plans with "
+            "it")  # fmt: skip
 
 
 def in_ticks(progress: Progress, tick_h: float) -> tuple[int, int]:
@@ -263,6 +292,8 @@ class AtCheck:
     slices: Slices
     region: int = 0
     spot_available: tuple[bool, ...] = ()
+    note: str = ""
+    """Said after every reason (`moved_note`)."""
 
     def choose(self, progress: Progress, *, current: str, spot_here: bool) -> Choice:
         """What the run should be on in its region now. A move the plan would make is not
@@ -273,5 +304,6 @@ class AtCheck:
         placed = decide(self.header, self.slices, progress, region=self.region,
                         current=current, spot_available=available)  # fmt: skip
         if placed.region != self.region:
-            return Choice(IDLE, f"{placed.reason}; the move is its region's check's to make")
-        return Choice(placed.mode, placed.reason)
+            return Choice(IDLE, f"{placed.reason}; the move is its region's check's to make"
+                          f"{self.note}")  # fmt: skip
+        return Choice(placed.mode, placed.reason + self.note)

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 MISSED_USD = 1e6
 """The model's price of a missed deadline: more than any schedule that meets it."""
-RESOLVE_RATIO = 1.5
+RESOLVE_RATIO = deadline_plan.MOVED_RATIO
 """Solve again when a region's mean spell or outage has moved by more than this factor."""
 
 
@@ -66,8 +66,8 @@ class RegionRates:
         return cls(record.spell_h(), record.outage_h())
 
     def moved_from(self, other: RegionRates) -> bool:
-        ratios = (self.mean_spell_h / other.mean_spell_h, self.mean_outage_h / other.mean_outage_h)
-        return any(max(r, 1 / r) > RESOLVE_RATIO for r in ratios)
+        return deadline_plan.moved((other.mean_spell_h, other.mean_outage_h),
+                                   (self.mean_spell_h, self.mean_outage_h))  # fmt: skip
 
 
 def known_rates(history: Sequence[Trace], nodes: int) -> list[RegionRates]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from dataclasses import replace
 from typing import Any
 
 from spotrain.constructs.interruption_handler.runtime import aws, clients
@@ -79,10 +80,12 @@ _parts: dict[tuple[str, str, int], deadline_plan.StoredPart] = {}
 
 
 def stored_plan(run_settings: Settings, table: Any, progress: Progress | None,
-                spot_available: tuple[bool, ...] = ()) -> deadline_plan.AtCheck | None:  # fmt: skip
+                spot_available: tuple[bool, ...] = (),
+                records: tuple[SpotRecord, ...] = ()) -> deadline_plan.AtCheck | None:  # fmt: skip
     """The run's deadline plan as this check sees it (`deadline_plan`, stored by `spotrain run
-    deadline-plan`), or None: no progress yet, no plan, a plan of other regions or another
-    deadline than the run's, or one replaced while it was read (outage fill decides)."""
+    deadline-plan`), with a note where the run's `records` of spot (per region) moved away
+    from it; or None: no progress yet, no plan, a plan of other regions or another deadline
+    than the run's, or one replaced while it was read (outage fill decides)."""
     declaration = run_settings.declaration
     if progress is None or declaration is None or declaration.run_deadline is None:
         return None
@@ -92,10 +95,9 @@ def stored_plan(run_settings: Settings, table: Any, progress: Progress | None,
         return None
     declared = deadline_plan.solved_for(declaration.run_deadline)
     if (header.regions, header.deadline) != (tuple(declaration.regions), declared):
-        log.warning("run %s: its deadline plan is for %s (%s), it runs in %s (%s): outage fill "
-                    "decides until `spotrain run deadline-plan` solves it again", run,
-                    ", ".join(header.regions), header.deadline, ", ".join(declaration.regions),
-                    declared)  # fmt: skip
+        log.warning("run %s: its deadline plan is for %s (%s), not %s (%s): outage fill decides "
+                    "until `spotrain run deadline-plan` solves it again", run, header.regions,
+                    header.deadline, declaration.regions, declared)  # fmt: skip
         return None
     first = deadline_plan.part_holding(header, progress)
     part = _parts.get((run, header.plan_id, first))
@@ -109,7 +111,8 @@ def stored_plan(run_settings: Settings, table: Any, progress: Progress | None,
         _parts[(run, header.plan_id, first)] = part
     regions = declaration.regions
     here = regions.index(region) if (region := aws.own_region()) in regions else 0
-    return deadline_plan.AtCheck(header, part, here, spot_available)
+    note = deadline_plan.moved_note(header, records, run_settings.handler.environment, run)
+    return deadline_plan.AtCheck(header, part, here, spot_available, note)
 
 
 def kept_record(run_settings: Settings, state: fleet_state.RunState) -> SpotRecord | None:
@@ -137,14 +140,16 @@ def for_spot(
     declaration = run_settings.declaration
     assert declaration is not None
     regions, here, run = declaration.regions, aws.own_region(), run_settings.run
+    kept = outage_fill.RegionRecords.from_item(state.spot_records, len(regions)).regions
+    kept = (state.spot_record,) if len(regions) < 2 and state.spot_record else kept
     if progress is None or len(regions) < 2 or not declaration.instance_types:
-        return None, None, stored_plan(run_settings, table, progress)
+        return None, None, stored_plan(run_settings, table, progress, records=kept)
     own = capacity_policy.groups_in(here, groups)
     try:
         available = spot_seen(declaration.instance_types, regions, here, own)
     except Exception as error:  # the deadline policy here decides, as if alone
         log.warning("run %s: spot in its other regions is not known: %s", run, error)
-        return None, None, stored_plan(run_settings, table, progress)
+        return None, None, stored_plan(run_settings, table, progress, records=kept)
     every_h = run_settings.handler.capacity_check_minutes / 60
     records = outage_fill.RegionRecords.from_item(state.spot_records, len(regions)).seen(
         now, available, longest_gap_s=capacity_policy.longest_gap_s(every_h))  # fmt: skip
@@ -153,12 +158,13 @@ def for_spot(
     standing = wish.move_order
     if standing is not None and (standing.from_epoch, standing.from_region) != (epoch, here):
         standing = None  # an earlier epoch's order (a failover to here), carried out long ago
-    plan = stored_plan(run_settings, table, progress, tuple(available))
+    plan = stored_plan(run_settings, table, progress, tuple(available), records.regions)
     if plan is not None:
         placement = deadline_plan.decide(plan.header, plan.slices, progress,
                                          region=regions.index(here),
                                          current=_mode(own, standing),
                                          spot_available=available)  # fmt: skip
+        placement = replace(placement, reason=placement.reason + plan.note)
     else:
         placement = outage_fill.across(
             progress, region=regions.index(here), current=_mode(own, standing),
