@@ -377,6 +377,17 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
         with pytest.raises(SpotrainError, match="the checks of brief, never kept less than 24 h "
                            "of spot in us-west-2: name runs"):  # fmt: skip
             run_plan.means(where, run, [], ["brief", "never"])
+        # A book without a usable price is refused, not planned as a free market.
+        unpriced = types.SimpleNamespace(
+            spot_price=pool.spot_price, on_demand=types.SimpleNamespace(usd_per_hour=None)
+        )
+        monkeypatch.setattr(prices.PriceBook, "pool", lambda *_, **__: unpriced)
+        with pytest.raises(
+            SpotrainError,
+            match=r"no usable price of p5en\.48xlarge in "
+            r"us-east-1 .*on-demand \$0 an hour\): run `spotrain prices refresh",
+        ):
+            run_plan.solve_and_store(where, run, both)  # fmt: skip
     assert cli.main(["run", "list", "local", "--spot-seen-by", "earlier"]) == 2
     assert "--spot-history and --spot-seen-by go with `spotrain run deadline-plan`" in (
         capsys.readouterr().err)  # fmt: skip

@@ -107,13 +107,18 @@ def solve_and_store(where: Any, run: Any, given: Means) -> str:
     regions = where.regions or (where.region,)
     deadline = run.deadline
     book = prices.load()
-    pool = book.pool(run.instance_types[0], regions[0], otherwise="refresh the price book")
-    gang = markov_policy.Prices(pool.spot_price * run.desired_size,
-                                (pool.on_demand.usd_per_hour or 0.0) * run.desired_size,
+    kind = run.instance_types[0]
+    pool = book.pool(kind, regions[0], otherwise="refresh the price book")
+    spot, on_demand = pool.spot_price, pool.on_demand.usd_per_hour or 0.0
+    if spot <= 0 or on_demand <= 0:  # a plan would take the unpriced market as free
+        raise SpotrainError(f"the price book has no usable price of {kind} in {regions[0]} (spot "
+                            f"${spot:g}, on-demand ${on_demand:g} an hour): run `spotrain prices "
+                            f"refresh --instance-type {kind} --region {regions[0]}`")  # fmt: skip
+    gang = markov_policy.Prices(spot * run.desired_size, on_demand * run.desired_size,
                                 move_usd=0.0)  # fmt: skip
     tick = plan_tick_minutes(CAPACITY_CHECK_MINUTES, deadline.deadline_h, len(regions),
                              deadline.changeover_minutes)  # fmt: skip
-    ticks = math.floor(deadline.deadline_h * 60 / tick)
+    ticks = max(1, math.floor(deadline.deadline_h * 60 / tick))
     started = time.monotonic()
     changeover = math.ceil(deadline.changeover_minutes / tick - 1e-9)
     plan = markov_policy.Plan(given.rates, gang, tick_h=tick / 60, ticks=ticks, work=ticks,
