@@ -257,6 +257,7 @@ def test_a_stored_plan_decides_as_the_solved_one_and_a_new_plan_replaces_it_whol
     from moto import mock_aws
 
     from spotrain.core import deadline_plan
+    from spotrain.core.catalog_schema import DEADLINE_PLAN_HEADER_SORT_KEY
 
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
     monkeypatch.setattr(deadline_plan, "PART_BYTES", 1024)  # several parts
@@ -289,7 +290,7 @@ def test_a_stored_plan_decides_as_the_solved_one_and_a_new_plan_replaces_it_whol
         again = deadline_plan.store(table, "demo", replace(other.header(), plan_id="2"),
                                     other.slices())  # fmt: skip
         keys = [i["sk"] for i in table.scan()["Items"]]
-        assert sorted(keys) == sorted([deadline_plan.HEADER_SORT_KEY] + [
+        assert sorted(keys) == sorted([DEADLINE_PLAN_HEADER_SORT_KEY] + [
             f"DEADLINE_PLAN#2#{first:07d}" for first in again.parts])  # fmt: skip
         assert deadline_plan.read_header(table, "demo") == again
         assert deadline_plan.read_part(table, "demo", read, read.parts[-1]) is None  # old: gone

@@ -57,7 +57,7 @@ def means(where: Any, run: Any, history: list[str], seen_by: list[str]) -> Means
     with its fix."""
     from spotrain.core import fleet_state
     from spotrain.core.deadline_plan import SEEN_ENOUGH_H
-    from spotrain.core.outage_fill import RegionRecords, SpotRecord
+    from spotrain.core.outage_fill import SpotRecord
     from spotrain.cost import markov_policy, traces
 
     regions = where.regions or (where.region,)
@@ -74,11 +74,8 @@ def means(where: Any, run: Any, history: list[str], seen_by: list[str]) -> Means
                      f"region of the environment, in its order ({', '.join(regions)})")  # fmt: skip
     records = [SpotRecord() for _ in regions]
     for other in seen_by if not found else ():
-        state = fleet_state.run_state(where.events, other)
-        kept = RegionRecords.from_item(state.spot_records, len(regions)).regions
-        if not state.spot_records and state.spot_record is not None and len(regions) == 1:
-            kept = (state.spot_record,)
-        records = [r.and_seen(k) for r, k in zip(records, kept, strict=False)]
+        kept = fleet_state.run_state(where.events, other).region_records(len(regions))
+        records = [r.and_seen(k) for r, k in zip(records, kept, strict=True)]
     short = [r for r, record in zip(regions, records, strict=True)
              if record.observed_s < SEEN_ENOUGH_H * 3600]  # fmt: skip
     if seen_by and not found and short:

@@ -196,12 +196,15 @@ def failover_sort_key(region: str) -> str:
 
 
 DEADLINE_PLAN_PREFIX = "DEADLINE_PLAN#"
+DEADLINE_PLAN_HEADER_SORT_KEY = f"{DEADLINE_PLAN_PREFIX}HEADER"
+"""The run's deadline plan's header (`core/deadline_plan.py`): what it was solved for, its id
+and where each of its parts starts."""
 
 
-def deadline_plan_sort_key(first_tick: int) -> str:
-    """A part of the run's deadline plan (`core/deadline_plan.py`): its slices from `first_tick`
-    ticks left up, fixed-width so the part holding a tick is the last key at or below it."""
-    return f"{DEADLINE_PLAN_PREFIX}{first_tick:07d}"
+def deadline_plan_part_sort_key(plan_id: str, first_tick: int) -> str:
+    """A part of plan `plan_id`: its slices from `first_tick` ticks left up (a new plan's parts
+    never overwrite the old one's, which a check may be reading)."""
+    return f"{DEADLINE_PLAN_PREFIX}{plan_id}#{first_tick:07d}"
 
 
 COORDINATOR_SORT_KEY = "COORDINATOR"

@@ -29,13 +29,15 @@ import json
 import math
 import zlib
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
 from spotrain.core.catalog_schema import (
+    DEADLINE_PLAN_HEADER_SORT_KEY,
     DEADLINE_PLAN_PREFIX,
     PARTITION_KEY,
     SORT_KEY,
+    deadline_plan_part_sort_key,
     query_items,
     run_key,
 )
@@ -63,7 +65,6 @@ SEEN_ENOUGH_H = 24.0
 """The hours of a run's checks of a region before its means count as evidence against a plan's
 (and, for `spotrain run deadline-plan --spot-seen-by`, plan another)."""
 
-HEADER_SORT_KEY = f"{DEADLINE_PLAN_PREFIX}HEADER"
 PART_BYTES = 256 * 1024
 """A part's compressed slices at most (a DynamoDB item holds 400 KB)."""
 
@@ -208,8 +209,8 @@ def _placement(header: Header, action: int, here: int, current: str, left: int, 
 
 
 # --- stored in the events table ------------------------------------------------------------
-def _part_key(plan_id: str, first: int) -> str:
-    return f"{DEADLINE_PLAN_PREFIX}{plan_id}#{first:07d}"
+def _key(run: str, sort_key: str) -> dict[str, str]:
+    return {PARTITION_KEY: run_key(run), SORT_KEY: sort_key}
 
 
 def store(table: Any, run: str, header: Header, slices: Iterable[tuple[bytes, bytes]]) -> Header:
@@ -221,29 +222,28 @@ def store(table: Any, run: str, header: Header, slices: Iterable[tuple[bytes, by
     for left, (actions, first) in enumerate(slices):
         packed = (zlib.compress(bytes(actions), 6), zlib.compress(bytes(first), 6))
         if size + len(packed[0]) + len(packed[1]) > PART_BYTES:
-            parts.append({PARTITION_KEY: run_key(run), SORT_KEY: _part_key(header.plan_id, left),
-                          "first": left, "actions": [], "firsts": []})  # fmt: skip
+            part_key = _key(run, deadline_plan_part_sort_key(header.plan_id, left))
+            parts.append({**part_key, "first": left, "actions": [], "firsts": []})
             size = 0
         parts[-1]["actions"].append(packed[0])
         parts[-1]["firsts"].append(packed[1])
         size += len(packed[0]) + len(packed[1])
-    stored = Header(**{**asdict(header), "parts": tuple(p["first"] for p in parts)})
+    stored = replace(header, parts=tuple(p["first"] for p in parts))
     old = [i[SORT_KEY] for i in query_items(table, run_key(run), DEADLINE_PLAN_PREFIX,
                                             ProjectionExpression="#sk")]  # fmt: skip
     for part in parts:
         table.put_item(Item=part)
-    table.put_item(Item={PARTITION_KEY: run_key(run), SORT_KEY: HEADER_SORT_KEY,
-                         "header": stored.to_json()})  # fmt: skip
-    new = {p[SORT_KEY] for p in parts} | {HEADER_SORT_KEY}
+    table.put_item(Item={**_key(run, DEADLINE_PLAN_HEADER_SORT_KEY), "header": stored.to_json()})
+    new = {p[SORT_KEY] for p in parts} | {DEADLINE_PLAN_HEADER_SORT_KEY}
     with table.batch_writer() as batch:
         for key in old:
             if key not in new:
-                batch.delete_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: key})
+                batch.delete_item(Key=_key(run, key))
     return stored
 
 
 def read_header(table: Any, run: str) -> Header | None:
-    item = table.get_item(Key={PARTITION_KEY: run_key(run), SORT_KEY: HEADER_SORT_KEY}).get("Item")
+    item = table.get_item(Key=_key(run, DEADLINE_PLAN_HEADER_SORT_KEY)).get("Item")
     return None if item is None else Header.from_json(str(item["header"]))
 
 
@@ -278,7 +278,7 @@ def part_holding(header: Header, progress: Progress) -> int:
 def read_part(table: Any, run: str, header: Header, first: int) -> StoredPart | None:
     """The stored part of the run's plan from tick `first` (None: the plan was replaced
     since its header was read)."""
-    key = {PARTITION_KEY: run_key(run), SORT_KEY: _part_key(header.plan_id, first)}
+    key = _key(run, deadline_plan_part_sort_key(header.plan_id, first))
     item = table.get_item(Key=key).get("Item")
     return None if item is None else StoredPart(item)
 

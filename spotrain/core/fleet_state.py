@@ -37,7 +37,7 @@ from spotrain.core.catalog_schema import (
 )
 from spotrain.core.errors import SpotrainError
 from spotrain.core.failover import MoveOrder, Silence
-from spotrain.core.outage_fill import SpotRecord
+from spotrain.core.outage_fill import RegionRecords, SpotRecord
 
 DEFAULT_MAX_CRASHES = 3
 """Crashes since the last release that hold a run (the boot script, the handler)."""
@@ -72,6 +72,14 @@ class RunState:
     gang_releases: int = 0
     """Its gang's releases in a row, since it last came whole: how long the run waits before
     asking again (`capacity_policy.gang_retry_at`)."""
+
+    def region_records(self, regions: int) -> tuple[SpotRecord, ...]:
+        """What the run's checks saw of spot in each of its `regions` (home first): its
+        regions' records, or for a run of one region its own record (empty ones where none
+        was kept)."""
+        if regions == 1 and not self.spot_records and self.spot_record is not None:
+            return (self.spot_record,)
+        return RegionRecords.from_item(self.spot_records, regions).regions
 
     def gang_waiting(self, timeout_s: float, now: float) -> str | None:
         """Why the run still waits before asking for its gang again (None: it need not)."""

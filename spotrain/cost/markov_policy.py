@@ -211,7 +211,7 @@ class MarkovPolicy:
         self.known = None if known is None else tuple(known)
         self.plan: Plan | None = None
         self.header: deadline_plan.Header | None = None
-        self._header_of: Plan | None = None
+        """Its plan's, as `deadline_plan.decide` reads it."""
         self.solves = 0
 
     def decide(self, progress: Progress, *, region: int | None, current: str,
@@ -223,8 +223,6 @@ class MarkovPolicy:
             self.records = self.records.seen(progress.elapsed_h * 3600, spot_available,
                                              longest_gap_s=gap)  # fmt: skip
         plan = self._plan(progress)
-        if self._header_of is not plan:
-            self.header, self._header_of = plan.header(self.names), plan
         assert self.header is not None
         return deadline_plan.decide(self.header, plan, progress, region=region,
                                     current=current, spot_available=spot_available)  # fmt: skip
@@ -244,5 +242,5 @@ class MarkovPolicy:
                 _solved.clear()  # one kept: each is tens of megabytes
                 _solved[(tuple(rates), self.prices, tick, changeover)] = plan
                 self.solves += 1
-            self.plan = plan
+            self.plan, self.header = plan, plan.header(self.names)
         return plan

@@ -282,7 +282,7 @@ def simulate(
     """One run of `job` from tick `start_tick` of `trace` under `strategy`; past the trace's
     end it goes on from the beginning with `wrap`, else it sees no spot. `timeline`, when
     given, receives (hours since the start, compute done, spot available, mode chosen) for
-        every tick. `known`: the market's means as the environment saw them before (for
+    every tick. `known`: the market's means as the environment saw them before (for
     `markov`; `markov_policy.known_rates` makes them of a trace)."""
     tick = tick_ms(trace)
     decide, always_on_demand, gang_on_spot = _strategy(job, strategy, tick, known)

@@ -140,8 +140,7 @@ def for_spot(
     declaration = run_settings.declaration
     assert declaration is not None
     regions, here, run = declaration.regions, aws.own_region(), run_settings.run
-    kept = outage_fill.RegionRecords.from_item(state.spot_records, len(regions)).regions
-    kept = (state.spot_record,) if len(regions) < 2 and state.spot_record else kept
+    kept = state.region_records(len(regions))
     if progress is None or len(regions) < 2 or not declaration.instance_types:
         return None, None, stored_plan(run_settings, table, progress, records=kept)
     own = capacity_policy.groups_in(here, groups)
