@@ -360,10 +360,10 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
         for action in set(writes) & set(grant["actions"]):
             writes[action].update(*keys)
     assert not any(
-        key.startswith(("RELEASES#", "SPEND#", "CAPS#", "LIFECYCLE#"))
+        key.startswith(("RELEASES#", "SPEND#", "CAPS#", "LIFECYCLE#", "DEADLINE_PLAN#"))
         for keys in writes.values()
         for key in keys
-    ), writes  # nor its spend ledger, its cap, or whether it was cancelled or finished
+    ), writes  # nor its spend ledger, its cap, whether it was stopped, or its deadline plan
     reading = by_sid["ReadRunSpendAndLifecycle"]
     assert reading["actions"] == ["dynamodb:GetItem"]
     [leading] = [c for c in reading["condition"] if c["variable"] == "dynamodb:LeadingKeys"]
@@ -502,6 +502,10 @@ def test_handler_role_touches_only_its_environments_runs_its_tag_and_its_service
     assert catalog["values"] == ["RUN#*"]
     [releases] = by_sid["ReadRunCrashesAndReleases"]["condition"]
     assert releases["values"] == ["CRASHES#*", "RELEASES#*", "CAPS#*"]
+    # The runs' deadline plans: reading only, operators store them.
+    plans = by_sid["ReadRunDeadlinePlans"]
+    assert plans["actions"] == ["dynamodb:GetItem"]
+    assert [c["values"] for c in plans["condition"]] == [["DEADLINE_PLAN#*"]]
     # The runs declare themselves under the environment's path; the handler reads only that.
     declarations = by_sid["ReadRunDeclarations"]
     assert declarations["actions"] == ["ssm:GetParametersByPath"]

@@ -999,9 +999,14 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
     request by its caller's policies (conditions included). With a machine's credentials the
     trainer publishes and restores a checkpoint and records a crash; it cannot delete or
     overwrite what it published, touch another run's keys, write datasets, release its run
-    from a crash hold, or use its credentials from outside the VPC. On-call can."""
+    from a crash hold, touch its run's deadline plan, or use its credentials from outside the
+    VPC. On-call can."""
     from spotrain.core import fleet_state
-    from spotrain.core.catalog_schema import run_prefix
+    from spotrain.core.catalog_schema import (
+        DEADLINE_PLAN_HEADER_SORT_KEY,
+        deadline_plan_key,
+        run_prefix,
+    )
     from spotrain.trainer import checkpoint_store, restore_policy
     from spotrain.trainer.catalog import CatalogError, DynamoCatalog
     from spotrain.trainer.storage import AlreadyExists, S3Storage
@@ -1130,6 +1135,11 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
             fleet_state.reset_crashes(machine_events, run)
         with pytest.raises(ClientError, match="AccessDenied"):  # nor rewrite the run's state
             machine_events.put_item(Item={"pk": f"RUN#{run}", "sk": "STATE"})
+        plan = {"pk": deadline_plan_key(run), "sk": DEADLINE_PLAN_HEADER_SORT_KEY}
+        for steer in (lambda: machine_events.put_item(Item={**plan, "header": "{}"}),
+                      lambda: machine_events.get_item(Key=plan)):  # fmt: skip
+            with pytest.raises(ClientError, match="AccessDenied"):  # nor its deadline plan
+                steer()
         on_call_events = events_table("operator")
         assert fleet_state.reset_crashes(on_call_events, run) == fleet_state.DEFAULT_MAX_CRASHES
         assert not fleet_state.run_state(machine_events, run).failed

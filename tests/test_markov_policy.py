@@ -289,9 +289,11 @@ def test_a_stored_plan_decides_as_the_solved_one_and_a_new_plan_replaces_it_whol
                      changeover=1)  # fmt: skip
         again = deadline_plan.store(table, "demo", replace(other.header(), plan_id="2"),
                                     other.slices())  # fmt: skip
-        keys = [i["sk"] for i in table.scan()["Items"]]
-        assert sorted(keys) == sorted([DEADLINE_PLAN_HEADER_SORT_KEY] + [
-            f"DEADLINE_PLAN#2#{first:07d}" for first in again.parts])  # fmt: skip
+        # Under a key of its own, not the run's: the run's machines cannot reach it.
+        keys = sorted((i["pk"], i["sk"]) for i in table.scan()["Items"])
+        parts = [f"PART#2#{first:07d}" for first in again.parts]
+        assert keys == sorted(("DEADLINE_PLAN#demo", sk)
+                              for sk in [DEADLINE_PLAN_HEADER_SORT_KEY, *parts])  # fmt: skip
         assert deadline_plan.read_header(table, "demo") == again
         assert deadline_plan.read_part(table, "demo", read, read.parts[-1]) is None  # old: gone
 

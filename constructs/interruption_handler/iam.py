@@ -18,6 +18,7 @@ from spotrain.core.catalog_schema import (
     FOREIGN_EVENTS_KEY,
     INTERRUPTION_TAG,
     configs_prefix,
+    deadline_plan_key,
     event_key,
     lifecycle_key,
     run_key,
@@ -123,6 +124,14 @@ def handler_statements(
         # A run held after repeated crashes is not requeued; only reading: releases and raised
         # spend caps are the operator's.
         read_run_crashes_and_releases(props.events_table_arn, EVERY_RUN, caps=True),
+        statement(
+            # A run with a deadline follows its plan; operators store it, the handler only
+            # reads it (`core/deadline_plan.py`).
+            "ReadRunDeadlinePlans",
+            actions=["dynamodb:GetItem"],
+            resources=[props.events_table_arn],
+            conditions=[leading_keys(deadline_plan_key(EVERY_RUN))],
+        ),
         statement(
             "CountInterruptionsByPool",
             actions=["dynamodb:Query"],

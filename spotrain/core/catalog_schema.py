@@ -195,16 +195,24 @@ def failover_sort_key(region: str) -> str:
     return f"{FAILOVER_PREFIX}{region}"
 
 
-DEADLINE_PLAN_PREFIX = "DEADLINE_PLAN#"
-DEADLINE_PLAN_HEADER_SORT_KEY = f"{DEADLINE_PLAN_PREFIX}HEADER"
-"""The run's deadline plan's header (`core/deadline_plan.py`): what it was solved for, its id
-and where each of its parts starts."""
+def deadline_plan_key(run_name: str) -> str:
+    """Partition of the run's deadline plan (`core/deadline_plan.py`): operators write it
+    (`spotrain run deadline-plan`), the handler reads it, machines neither. Not under the run's
+    key, which a machine may update: a machine could otherwise steer its own run's choice of
+    spot and on-demand."""
+    return f"DEADLINE_PLAN#{run_name}"
+
+
+DEADLINE_PLAN_HEADER_SORT_KEY = "HEADER"
+"""The run's deadline plan's header: what it was solved for, its id and where each of its
+parts starts."""
+DEADLINE_PLAN_PART_PREFIX = "PART#"
 
 
 def deadline_plan_part_sort_key(plan_id: str, first_tick: int) -> str:
     """A part of plan `plan_id`: its slices from `first_tick` ticks left up (a new plan's parts
     never overwrite the old one's, which a check may be reading)."""
-    return f"{DEADLINE_PLAN_PREFIX}{plan_id}#{first_tick:07d}"
+    return f"{DEADLINE_PLAN_PART_PREFIX}{plan_id}#{first_tick:07d}"
 
 
 COORDINATOR_SORT_KEY = "COORDINATOR"

@@ -2,19 +2,20 @@
 as the interruption handler looks it up at each scheduled check, and the cost simulator
 replays it. One decision function, `decide`, serves both.
 
-The plan holds, for every state of the run (ticks left to the deadline, ticks of work left,
-the regions with spot now, where the run is and on what, the changeover it still pays), the
-action the programme chose: idle, go on, on-demand here, or spot in a region. Solving it needs
-numpy, which the handler's Lambda does not carry, so it is solved where numpy is (`spotrain
-run deadline-plan`, which `run submit` calls for a run with a deadline) and stored in the
-events table under the run's key: a header item (what the plan assumed: each region's mean
-spell and outage of spot, the gang's prices, the tick) and the plan in parts, each a run of
-ticks-left slices compressed on their own (the actions change little between neighbouring
-states: about 1 MB for three regions over 72 h at 5-minute ticks, 215 MB raw). A check reads the
-header and the one part its tick is in, and decompresses one slice (at most a few hundred
-kilobytes). A plan replaced while a check reads it is new parts under a new id, then the
-header, then the old parts deleted: a check sees the old plan or the new one, whole, or, if
-its part went in between, no plan (outage fill decides that check; the handler logs it).
+The plan holds, for every state of the run (ticks left to the deadline, ticks of work left, the
+regions with spot now, where the run is and on what, the changeover it still pays), the action
+the programme chose: idle, go on, on-demand here, or spot in a region. Solving it needs numpy,
+which the handler's Lambda does not carry, so it is solved where numpy is (`spotrain run
+deadline-plan`, which `run submit` calls for a run with a deadline) and stored in the events
+table under a key of its own that the run's machines cannot reach: a header item (what the plan
+assumed: each region's mean spell and outage of spot, the gang's prices, the tick) and the plan
+in parts, each a run of ticks-left slices compressed on their own (the actions change little
+between neighbouring states: about 1 MB for three regions over 72 h at 5-minute ticks, 215 MB
+raw). A check reads the header and the one part its tick is in, and decompresses one slice (at
+most a few hundred kilobytes). A plan replaced while a check reads it is new parts under a new
+id, then the header, then the old parts deleted: a check sees the old plan or the new one,
+whole, or, if its part went in between, no plan (outage fill decides that check; the handler
+logs it).
 
 A run with no plan (none solved, or its regions' history unknown) is decided by outage fill
 (`spotrain.core.outage_fill`), as before.
@@ -34,12 +35,12 @@ from typing import Any, Protocol
 
 from spotrain.core.catalog_schema import (
     DEADLINE_PLAN_HEADER_SORT_KEY,
-    DEADLINE_PLAN_PREFIX,
+    DEADLINE_PLAN_PART_PREFIX,
     PARTITION_KEY,
     SORT_KEY,
+    deadline_plan_key,
     deadline_plan_part_sort_key,
     query_items,
-    run_key,
 )
 from spotrain.core.deadline_policy import (
     IDLE,
@@ -210,7 +211,7 @@ def _placement(header: Header, action: int, here: int, current: str, left: int, 
 
 # --- stored in the events table ------------------------------------------------------------
 def _key(run: str, sort_key: str) -> dict[str, str]:
-    return {PARTITION_KEY: run_key(run), SORT_KEY: sort_key}
+    return {PARTITION_KEY: deadline_plan_key(run), SORT_KEY: sort_key}
 
 
 def store(table: Any, run: str, header: Header, slices: Iterable[tuple[bytes, bytes]]) -> Header:
@@ -229,12 +230,14 @@ def store(table: Any, run: str, header: Header, slices: Iterable[tuple[bytes, by
         parts[-1]["firsts"].append(packed[1])
         size += len(packed[0]) + len(packed[1])
     stored = replace(header, parts=tuple(p["first"] for p in parts))
-    old = [i[SORT_KEY] for i in query_items(table, run_key(run), DEADLINE_PLAN_PREFIX,
-                                            ProjectionExpression="#sk")]  # fmt: skip
+    stored_parts = query_items(
+        table, deadline_plan_key(run), DEADLINE_PLAN_PART_PREFIX, ProjectionExpression="#sk"
+    )
+    old = [item[SORT_KEY] for item in stored_parts]
     for part in parts:
         table.put_item(Item=part)
     table.put_item(Item={**_key(run, DEADLINE_PLAN_HEADER_SORT_KEY), "header": stored.to_json()})
-    new = {p[SORT_KEY] for p in parts} | {DEADLINE_PLAN_HEADER_SORT_KEY}
+    new = {p[SORT_KEY] for p in parts}
     with table.batch_writer() as batch:
         for key in old:
             if key not in new:
