@@ -373,6 +373,52 @@ def _declare_own_run(
         )  # fmt: skip
 
 
+def _redeclare(local: Local, run: str, change: Callable[[Any], Any]) -> dict[str, str]:
+    """The run's declaration (a `RunDeclaration`) changed by `change` in each region whose
+    handler it is declared to: the values its stack wrote, by region, for
+    `_restore_declarations`."""
+    from spotrain.core.capacity import RunDeclaration
+    from spotrain.core.handler_settings import run_parameter_name
+
+    name, before = run_parameter_name(local.config.name, run), {}
+    for region in local.config.region_names:
+        ssm = local.client("ssm", region)
+        with contextlib.suppress(ssm.exceptions.ParameterNotFound):
+            before[region] = ssm.get_parameter(Name=name, WithDecryption=True)["Parameter"][
+                "Value"]  # fmt: skip
+            changed = change(RunDeclaration.from_json(before[region], run=run))
+            ssm.put_parameter(Name=name, Value=changed.to_json(), Overwrite=True)
+    return before
+
+
+def _restore_declarations(local: Local, run: str, before: dict[str, str]) -> None:
+    from spotrain.core.handler_settings import run_parameter_name
+
+    name = run_parameter_name(local.config.name, run)
+    for region, value in before.items():
+        local.client("ssm", region).put_parameter(Name=name, Value=value, Overwrite=True)
+
+
+def _publish_final(local: Local, run: str, folder: Path, *, step: int) -> None:
+    """The run's final checkpoint of `step`, published as its trainer publishes it at its last
+    step (a story's run that trains nothing)."""
+    from spotrain.trainer import checkpoint_store
+    from spotrain.trainer.catalog import DynamoCatalog
+    from spotrain.trainer.storage import open_storage
+
+    outputs = local.outputs
+    key = local.client("kms").describe_key(KeyId=local.primary_key_alias)["KeyMetadata"]["Arn"]
+    storage = open_storage(f"s3://{outputs['checkpoint_bucket']}", kms_key_id=key)
+    catalog = DynamoCatalog(outputs["checkpoint_catalog_table"], run, storage,
+                            client=local.client("dynamodb"))  # fmt: skip
+    folder.mkdir()
+    (folder / "model.pt").write_bytes(b"weights" * 64)
+    checkpoint_store.publish(folder, storage=storage, run=run, catalog=catalog,
+                             generation=catalog.acquire_lease("trainer"), step=step,
+                             world_size=1, zero_stage=2, config_hash="c", code_version="v",
+                             final=True)  # fmt: skip
+
+
 def _remove_own_run(local: Local, declaration: Any, regions: tuple[str, ...]) -> None:
     """What `_declare_own_run` made, gone (the destroy test finds nothing left)."""
     from spotrain.core.handler_settings import run_parameter_name
@@ -571,15 +617,13 @@ def test_the_deployed_queue_holds_runs_to_the_ceiling_and_budgets_and_preempts_b
       them back.
 
     Other stories' runs are on G machines, which have no ceiling, and of other teams: a check
-    they deliver meanwhile reaches the same decisions. That the preempted machines publish
-    before they go is the cancel's scale-in (the two-runs story)."""
+    they deliver meanwhile reaches the same decisions. A preempted run whose machine trains
+    publishes before it goes and resumes with an uninterrupted run's losses: the two-runs
+    story."""
     from spotrain import cli
     from spotrain.core import fleet_state, run_lifecycle, spend_ledger
     from spotrain.core.capacity import CapacityGroup, RunDeclaration
     from spotrain.tools.rehearsal import deliver_capacity_check
-    from spotrain.trainer import checkpoint_store
-    from spotrain.trainer.catalog import DynamoCatalog
-    from spotrain.trainer.storage import open_storage
 
     after(
         local, request, "test_a_run_without_its_configuration_starts_no_machine_and_counts_no_crash"
@@ -588,7 +632,6 @@ def test_the_deployed_queue_holds_runs_to_the_ceiling_and_budgets_and_preempts_b
         monkeypatch.setenv(name, value)
     config, outputs = local.config, local.outputs
     store = f"s3://{outputs['checkpoint_bucket']}"
-    key = local.client("kms").describe_key(KeyId=local.primary_key_alias)["KeyMetadata"]["Arn"]
     events = control.resource("dynamodb", local.cloud.endpoint, "us-east-1").Table(
         outputs["events_table"])  # fmt: skip
     spot_group: dict[str, str] = {}
@@ -626,17 +669,7 @@ def test_the_deployed_queue_holds_runs_to_the_ceiling_and_budgets_and_preempts_b
 
     def finish(name: str) -> None:
         """Its machine publishes its final checkpoint, as the trainer does at its last step."""
-        run = runs[name]
-        storage = open_storage(store, kms_key_id=key)
-        catalog = DynamoCatalog(outputs["checkpoint_catalog_table"], run, storage,
-                                client=local.client("dynamodb"))  # fmt: skip
-        folder = tmp_path / f"{name}-final"
-        folder.mkdir()
-        (folder / "model.pt").write_bytes(b"weights" * 64)
-        checkpoint_store.publish(folder, storage=storage, run=run, catalog=catalog,
-                                 generation=catalog.acquire_lease("trainer"), step=20,
-                                 world_size=1, zero_stage=2, config_hash="c", code_version="v",
-                                 final=True)  # fmt: skip
+        _publish_final(local, runs[name], tmp_path / f"{name}-final", step=20)
 
     def waits_for(condition: Callable[[], bool], what: str, timeout_s: float = 90) -> None:
         deadline = time.monotonic() + timeout_s
@@ -1247,7 +1280,7 @@ def test_the_catalog_stream_runs_the_deployed_handler_which_alarms_on_rewritten_
     assert (alarm["from_step"], alarm["to_step"]) == (7, 2)
 
 
-def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses(
+def test_two_runs_train_at_once_and_a_preempted_one_resumes_with_the_same_losses(
     local: Local, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str], request: pytest.FixtureRequest,
 ) -> None:  # fmt: skip
@@ -1256,21 +1289,26 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     the same training. One capacity check of the deployed handler starts both and leaves the
     finished demo run's groups as they are. Each trains on a machine booted from its own
     deployed launch template, at the same time: `second`'s booted by the test, `third`'s by
-    `run play` (tools/local_fleet.py) as a user plays a local run. `run cancel second`: its
-    groups go to 0, its machine is stopped as EC2 stops one (SIGTERM), publishes its emergency
-    checkpoint and leaves, accounted as stopped, its coordinator role given up; `run resume`
-    boots a new machine that resumes from that checkpoint, and every step's loss equals the
-    third run's, which nothing interrupted. `run logs` shows the stopped machine's last words;
-    `run list` and `status` each state; both runs finish and their groups go to 0; `run retire`
-    destroys the third's stack (its groups and declaration go), its spend counted to its end,
-    and it is listed as retired with that spend."""
+    `run play` (tools/local_fleet.py) as a user plays a local run. A run of higher priority
+    that does not fit beside `second` is submitted: the queue preempts `second` (its groups to
+    0, their sizes kept, its place and reason in its state); its machine is stopped as EC2
+    stops one (SIGTERM), publishes its emergency checkpoint and leaves, accounted as stopped,
+    its coordinator role given up. When the urgent run finishes, the catalog's stream gives
+    `second` its sizes back; a new machine resumes from that checkpoint, and every step's loss
+    equals the third run's, which nothing interrupted. `run logs` shows the stopped machine's
+    last words; `run list` and `status` each state; both runs finish and their groups go to 0;
+    `run retire` destroys the third's stack (its groups and declaration go), its spend counted
+    to its end, and it is listed as retired with that spend. (`run cancel` and `resume` stop
+    and start a training run the same way in the user's-repository story.)"""
     import shutil as shell_tools
     import signal
     import threading
     import time
+    from dataclasses import replace
 
     from spotrain import cli
     from spotrain.core import fleet_state, run_lifecycle
+    from spotrain.core.capacity import CapacityGroup, RunDeclaration
     from spotrain.localcloud.machines import process_tree, signal_all
     from spotrain.tools import local_fleet
     from spotrain.tools.rehearsal import Phase, deliver_capacity_check
@@ -1323,6 +1361,8 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
     hold = tmp_path / "hold"
     monkeypatch.setenv(failpoints.HOLD_VARIABLE, str(hold))
     fleet = _PlayedFleet(local, tmp_path / "machines")
+    as_deployed: dict[str, str] = {}
+    urgent: RunDeclaration | None = None
     try:
         assert re.search(r"^third\s+declared\s.*`spotrain run submit local third`", listed(),
                          re.M)  # fmt: skip
@@ -1396,37 +1436,71 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         for run in groups:
             assert re.search(rf"^{run}\s+training\s", now_listed, re.M), now_listed
 
-        capsys.readouterr()
-        assert cli.main(["run", "cancel", "local", "second"]) == 0
-        assert sizes(groups["second"]) == (0, 0)
+        # A run of higher priority that does not fit takes `second`'s place: the queue holds
+        # `second` (its groups to 0, their sizes kept), its machine is stopped as EC2 stops
+        # one (SIGTERM), publishes its emergency checkpoint and leaves; when the urgent run
+        # finishes, `second` gets its sizes back and a new machine resumes it. For this story
+        # `second` is declared as also holding 96 vCPUs of spot P, the one class the local
+        # environment has a ceiling for (192): room for it, not for the urgent run's 192
+        # beside it. Its machines are still played from its own deployed template.
+        as_deployed = _redeclare(local, "second", lambda declared: replace(
+            declared, vcpus={**declared.vcpus, "spot/P": 96}))  # fmt: skip
+        urgent_run = f"urgent-{uuid.uuid4().hex[:6]}"
+        urgent = RunDeclaration(
+            run=urgent_run, team="platform", priority=5, gpus=16,
+            groups=(CapacityGroup(name=names.fleet_group("local", urgent_run),
+                                  region="us-east-1", lifecycle="spot", holds_data=True,
+                                  min_size=2, desired=2),),
+            vcpus={"spot/P": 192}, instance_types=("p4d.24xlarge",),
+        )  # fmt: skip
+        _declare_own_run(local, urgent, ("us-east-1",))
+        urgent_config = tmp_path / "urgent.json"
+        urgent_config.write_text(json.dumps({**training, "run": urgent.run, "store": store,
+                                             "work_dir": "/set/by/each/machine"}))  # fmt: skip
+        assert cli.main(["config", "put", str(urgent_config), "--store", store]) == 0
+        preempting = deliver_capacity_check(local.cloud, outputs["handler_function"], "us-east-1")
+        assert sizes(groups["second"]) == (0, 0), preempting["runs"].get("second")
+        assert sizes(urgent.groups[0].name) == (2, 2), preempting["runs"].get(urgent.run)
+        held = fleet_state.run_state(table, "second")
+        assert (held.queued or "").startswith(
+            f"#1 in the queue: preempted by run {urgent.run} (priority 5 over its 0)"
+        ), held.queued
         signal_all(machine, signal.SIGCONT)
         codes = fleet.shut_down_the_terminated(groups["second"])
-        cancelled = first["second"]
-        assert list(codes) == [cancelled.instance_id], codes
+        preempted = first["second"]
+        assert list(codes) == [preempted.instance_id], codes
         stops = metrics["second"].events("stopped")  # the machine's last words, should it fail
-        assert len(stops) == 1, (codes, stops, cancelled.output[-4000:])
+        assert len(stops) == 1, (codes, stops, preempted.output[-4000:])
         stopped_at = int(stops[0]["step"])
         assert stopped_at < TWO_RUNS_TRAINING["steps"]
         assert head("second") == stopped_at  # its emergency checkpoint is published
-        said = cancelled.output
-        assert f"{cancelled.instance_id} is asked to stop (SIGTERM)" in said, said[-3000:]
+        said = preempted.output
+        assert f"{preempted.instance_id} is asked to stop (SIGTERM)" in said, said[-3000:]
         assert "spotrain train: stopped by SIGTERM" in said and "Traceback" not in said, said
         assert ": stopped; run second has 0 crash(es)" in said, said[-3000:]
-        assert f"{cancelled.instance_id} no longer coordinates it" in said, said[-3000:]
+        assert f"{preempted.instance_id} no longer coordinates it" in said, said[-3000:]
         assert fleet_state.run_state(table, "second").crashes == 0
         capsys.readouterr()
         assert cli.main(["run", "status", "local", "second", "--json"]) == 0
         status = json.loads(capsys.readouterr().out)
+        # Waiting in the queue for room (its reason now the room it needs; its place first).
         assert (status["phase"], status["step"], sum(status["machines"].values())) == (
-            "cancelled", stopped_at, 0)  # fmt: skip
+            "waiting", stopped_at, 0), status  # fmt: skip
+        assert str(status["why"]).startswith("#1 in the queue: "), status
         # On-call reads the stopped machine's last words after it is gone.
         assert cli.main(["run", "logs", "local", "second", "--machine",
-                         cancelled.instance_id]) == 0  # fmt: skip
+                         preempted.instance_id]) == 0  # fmt: skip
         shipped = capsys.readouterr().out
         assert "is asked to stop (SIGTERM)" in shipped and f"stopped after step {stopped_at}" in (
             shipped), shipped[-3000:]  # fmt: skip
 
-        assert cli.main(["run", "resume", "local", "second"]) == 0
+        # The urgent run finishes: the catalog's stream gives `second` its machines back.
+        _publish_final(local, urgent.run, tmp_path / "urgent-final", step=training["steps"])
+        deadline = time.monotonic() + 90
+        while sizes(groups["second"]) != (1, 1):
+            assert time.monotonic() < deadline, "the urgent run's finish did not release second"
+            time.sleep(0.5)
+        assert fleet_state.run_state(table, "second").queued is None
         resumed = fleet.boot(groups["second"])  # the group's new instance: it coordinates
         assert resumed.wait(timeout=300) == 0, resumed.output[-3000:]
         player.join(timeout=300)
@@ -1452,13 +1526,16 @@ def test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses
         assert local.client("autoscaling").describe_auto_scaling_groups(
             AutoScalingGroupNames=[groups["third"]])["AutoScalingGroups"] == []  # fmt: skip
         declared = local.client("ssm").get_parameters_by_path(Path="/spotrain/local/runs")
-        names = {p["Name"].removeprefix("/spotrain/local/runs/") for p in declared["Parameters"]}
-        assert "third" not in names and {"demo", "second"} <= names, names  # and the user's
+        kept = {p["Name"].removeprefix("/spotrain/local/runs/") for p in declared["Parameters"]}
+        assert "third" not in kept and {"demo", "second"} <= kept, kept  # and the user's
         # Retired, its file kept: listed as retired with what it cost, not as never deployed.
         assert re.search(r"^third\s+retired\s.*\$\d+\.\d\d", listed(), re.M)
     finally:
         hold.unlink(missing_ok=True)  # a run held when an assertion failed goes on
         fleet.stop_all()
+        _restore_declarations(local, "second", as_deployed)  # the second plan finds no drift
+        if urgent is not None:
+            _remove_own_run(local, urgent, ("us-east-1",))
 
 
 def test_rehearsal_loses_no_work_and_ends_on_the_uninterrupted_loss(

@@ -18,7 +18,7 @@ from spotrain.localcloud import control
 pytestmark = pytest.mark.integration
 
 EVERY_STORY = MODULES[:-1]  # every module before this one
-TWO_RUNS = "test_two_runs_train_at_once_and_a_cancelled_one_resumes_with_the_same_losses"
+TWO_RUNS = "test_two_runs_train_at_once_and_a_preempted_one_resumes_with_the_same_losses"
 
 
 def test_the_deployed_schedule_takes_a_machine_started_by_hand_on_a_finished_run_back_to_0(

@@ -244,6 +244,7 @@ def _standing(where: Where, run: str, groups: list[dict[str, Any]]) -> _Standing
         lifecycle, failed=state.failed, over_cap=ledger.held,
         in_service=sum(machines.values()), published=head is not None,
         desired=sum(int(g["DesiredCapacity"]) for g in groups) if groups else None,
+        queued=state.queued is not None,
     )  # fmt: skip
     return _Standing(lifecycle, state, ledger, head, machines, phase)
 

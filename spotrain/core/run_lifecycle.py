@@ -31,7 +31,8 @@ from spotrain.core.run_epochs import Epoch, read_head
 
 WAITING = "waiting"
 """Not started by the handler yet: no configuration stored (`spotrain config put`), or stored
-and waiting for the next capacity check."""
+and waiting for the next capacity check; or kept in the queue with no machine (it waits for
+room, or was preempted by a run of higher priority)."""
 STARTING = "starting"
 """Started: machines are booting or meeting, no step trained by this start yet."""
 IDLE = "idle"
@@ -203,10 +204,11 @@ def phase(
     in_service: int,
     published: bool,
     desired: int | None = None,
+    queued: bool = False,
 ) -> str:
     """One word for where the run stands (see PHASES); `published`: the run has a published
     checkpoint (a started run with machines and one is training); `desired`: its groups'
-    desired capacity together (None: not known)."""
+    desired capacity together (None: not known); `queued`: the queue keeps it waiting."""
     if lifecycle.finished_step is not None:
         return FINISHED
     if lifecycle.cancelled_at is not None:
@@ -215,7 +217,7 @@ def phase(
         return FAILED
     if over_cap:
         return HELD
-    if lifecycle.started_at is None:
+    if lifecycle.started_at is None or (queued and not in_service):
         return WAITING
     if desired == 0 and not in_service:
         return IDLE
