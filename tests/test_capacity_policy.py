@@ -366,3 +366,24 @@ def test_a_released_gang_waits_longer_each_release_in_a_row_before_asking_again(
         "its gang did not come whole in time (2 times in a row): it asks again at 02:00:30 UTC, "
         "in 30 s, then waits its turn behind the runs queued before its release"
     ), released.reason
+
+
+def test_a_run_the_queue_keeps_without_machines_is_waiting_whether_or_not_it_started() -> None:
+    """`run list`'s phase: a run the queue holds (waiting for room, or preempted by a run of
+    higher priority) is waiting, not idle (a started run scaled to 0 by hand); one whose
+    machines are still leaving trains until they are gone; a stop or hold says so first."""
+    from spotrain.core import run_lifecycle as lifecycles
+
+    started = Lifecycle(started_at=1.0)
+
+    def phase(lifecycle: Lifecycle, **facts: Any) -> str:
+        given = {"failed": False, "over_cap": False, "in_service": 0, "published": True,
+                 "desired": 0, **facts}  # fmt: skip
+        return lifecycles.phase(lifecycle, **given)
+
+    assert phase(started, queued=True) == lifecycles.WAITING  # preempted: its groups at 0
+    assert phase(started) == lifecycles.IDLE  # scaled to 0 by hand
+    assert phase(Lifecycle(), queued=True) == lifecycles.WAITING
+    assert phase(started, queued=True, in_service=1, desired=0) == lifecycles.TRAINING
+    assert phase(started, queued=True, over_cap=True) == lifecycles.HELD
+    assert phase(replace(started, cancelled_at=2.0), queued=True) == lifecycles.CANCELLED
