@@ -320,6 +320,29 @@ def test_a_trace_that_is_not_the_format_is_one_clear_message(
     assert "Traceback" not in error and len(error.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("across", [False, True])
+def test_simulate_names_every_problem_of_its_flags_and_files_at_once(
+    tmp_path: Path, across: bool, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A bad run, a trace missing, another not the format and a history missing: one message
+    names them all (the format once), before anything is replayed."""
+    (tmp_path / "bad.json").write_text('{"metadata": {"gap_seconds": 60}, "data": [1, "x"]}')
+    flags = ["cost", "simulate", "--trace", str(tmp_path / "gone.json"), "--trace",
+             str(tmp_path / "bad.json"), "--work-hours", "-1", "--on-demand-price", "3",
+             "--spot-price", "1", "--history", str(tmp_path / "past.json")]  # fmt: skip
+    assert cli.main([*flags, *(["--across-regions"] if across else [])]) == 2
+    error = capsys.readouterr().err
+    said = [
+        "the work is -1.0 hours",
+        "gone.json cannot be read",
+        "data[1] is 'x'",
+        "past.json cannot be read",
+        "give --deadline-hours" if across else "--history is what the Markov candidate",
+    ]
+    assert all(s in error for s in said), error
+    assert error.count("write it as") == 1 and len(error.strip().splitlines()) == 1, error
+
+
 # --- the commands ------------------------------------------------------------------------------
 def test_simulate_prints_each_strategy_as_json_from_public_format_traces(
     capsys: pytest.CaptureFixture[str], tmp_path: Path

@@ -352,8 +352,10 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
                                        spot_available=[False, True])  # fmt: skip
         assert decided.reason.startswith("plan: 9.5 h of work in 15.0 h; us-east-1 lacks")
         with pytest.raises(SpotrainError, match=r"no deadline.*one trace per region") as refused:
-            run_plan.means(where, replace(run, deadline=None), history[:1], [])
+            run_plan.means(where, replace(run, deadline=None), [str(tmp_path / "gone.json")], [])
+        # Every problem at once: the file that cannot be read too.
         assert "--spot-history is given 1 time(s)" in str(refused.value)
+        assert "gone.json cannot be read" in str(refused.value)
         with pytest.raises(SpotrainError, match=r"--spot-history FILE\.\.\. .* or --spot-seen-by"):
             run_plan.means(where, run, history, ["earlier"])
 

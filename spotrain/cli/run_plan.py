@@ -82,13 +82,17 @@ def means(where: Any, run: Any, history: list[str], seen_by: list[str]) -> Means
         found.append(f"the checks of {', '.join(seen_by)} kept less than {SEEN_ENOUGH_H:g} h "
                      f"of spot in {', '.join(short)}: name runs with a deadline that trained "
                      "longer in the environment, or give --spot-history")  # fmt: skip
+    seen: list[traces.Trace] = []
+    try:
+        seen = traces.load_all([] if seen_by else (history or []))
+    except traces.TraceError as error:
+        found.append(str(error))
     if found:
         raise SpotrainError("; ".join(found))
     if seen_by:
         hours = min(r.observed_s for r in records) / 3600
         whence = f"as the checks of {', '.join(seen_by)} saw them over {hours:.0f} h"
         return Means(tuple(markov_policy.RegionRates.of(r) for r in records), whence)
-    seen = [traces.load(path) for path in history]
     days = sum(len(t.available) * t.gap_s for t in seen) / len(seen) / 86400
     return Means(tuple(markov_policy.known_rates(seen, run.desired_size)),
                  f"from {days:.0f} days of history")  # fmt: skip

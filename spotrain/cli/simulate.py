@@ -4,7 +4,8 @@ Be Late" study, or generated from a rate) against every strategy."""
 from __future__ import annotations
 
 import argparse
-from dataclasses import asdict
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,9 +16,14 @@ from spotrain.core.errors import CostInputError
 from spotrain.cost import planner, report, simulation, traces
 
 
-def _traces(args: argparse.Namespace, hours: float) -> list[traces.Trace]:
-    if args.trace:
-        found = [traces.load(path) for path in args.trace]
+def _traces(
+    args: argparse.Namespace, hours: float, given: list[traces.Trace] | None = None
+) -> list[traces.Trace]:
+    """The traces replayed: `given` (the files of --trace, read), or generated for `hours`."""
+    if given is not None:
+        found = given
+    elif args.trace:
+        found = traces.load_all(args.trace)
     elif args.interruptions_per_hour is None:
         raise CostInputError(
             "no traces: give --trace FILE (the Can't Be Late format), or "
@@ -36,21 +42,59 @@ def _traces(args: argparse.Namespace, hours: float) -> list[traces.Trace]:
     return [traces.coarsen(t, args.tick) for t in found] if args.tick else found
 
 
-def _history(args: argparse.Namespace, count: int) -> list[traces.Trace] | None:
-    """What the environment saw of the market before (`--history`, one trace), for each of
-    `count` traces: the Markov candidate's means."""
-    if not args.history:
-        return None
+def _history_problems(args: argparse.Namespace) -> list[str]:
+    """What is wrong with `--history` for a replay in one region (one trace of the market's
+    past: the Markov candidate's means, which plans to a deadline)."""
     problems = []
-    if len(args.history) != 1:
+    if args.history and len(args.history) != 1:
         problems.append(f"--history is given {len(args.history)} times: give one trace of the "
                         "market's past (one per region with --across-regions)")  # fmt: skip
-    if not args.deadline_hours:
+    if args.history and not args.deadline_hours:
         problems.append("--history is what the Markov candidate plans with, and it plans to a "
                         "deadline: give --deadline-hours, or leave out --history")  # fmt: skip
+    return problems
+
+
+@dataclass(frozen=True)
+class _Inputs:
+    job: simulation.Job
+    sampled: list[traces.Trace]
+    history: list[traces.Trace] | None
+    """What the environment saw of the market before (`--history`): the Markov candidate's
+    means; one trace per region across regions."""
+
+
+def _inputs(args: argparse.Namespace) -> _Inputs:
+    """The run, its traces and its history; or one error naming every problem with them (the
+    flags' and each file's), before anything is replayed."""
+    problems: list[str] = []
+
+    def attempt(make: Callable[[], Any]) -> Any:
+        try:
+            return make()
+        except (CostInputError, traces.TraceError) as error:
+            problems.append(str(error))
+            return None
+
+    job = attempt(lambda: _job(args, args.deadline_hours))
+    # Every file at once (the format said once, after them all), whatever else is wrong.
+    trace_files, history_files = args.trace or [], args.history or []
+    files = attempt(lambda: traces.load_all([*trace_files, *history_files])) or []
+    given, history = files[: len(trace_files)], files[len(trace_files) :] or None
+    sampled: list[traces.Trace] | None = given
+    if args.across_regions:
+        problems.extend(f"--across-regions: {p}" for p in simulate_regions.problems(args))
+        if args.tick:
+            sampled = attempt(lambda: [traces.coarsen(t, args.tick) for t in given])
+    else:
+        problems.extend(_history_problems(args))
+        if trace_files or job is not None:  # traces are generated for a run that is one
+            window = args.deadline_hours or 3 * args.work_hours
+            sampled = attempt(lambda: _traces(args, _length_for(args, window),
+                                              given if trace_files else None))  # fmt: skip
     if problems:
         raise CostInputError("; ".join(problems))
-    return [traces.load(args.history[0])] * count
+    return _Inputs(job, sampled, history)
 
 
 def _generated_for(args: argparse.Namespace) -> bool:
@@ -76,28 +120,28 @@ def _job(args: argparse.Namespace, deadline_h: float | None) -> simulation.Job:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
+    given = _inputs(args)
     if args.across_regions:
-        return simulate_regions.cmd_across(args, _job(args, args.deadline_hours))
+        return simulate_regions.cmd_across(args, given.job, given.sampled, given.history)
     figure_path(args.plot)
-    base = _job(args, args.deadline_hours)
-    sampled = _traces(args, _length_for(args, args.deadline_hours or 3 * args.work_hours))
     # The candidate too where a deadline is given (shown, never recommended: `recommend`).
     strategies = simulation.STRATEGIES + ((simulation.MARKOV,) if args.deadline_hours else ())
+    history = given.history[:1] * len(given.sampled) if given.history else None
     results = simulation.replay(
-        base,
-        sampled,
+        given.job,
+        given.sampled,
         starts=args.starts,
         wrap=args.wrap,
         optimum=True,
         strategies=strategies,
-        history=_history(args, len(sampled)),
+        history=history,
     )
     if args.json:
-        say(json_text(_document(args, sampled, results)))
+        say(json_text(_document(args, given.sampled, results)))
     else:
-        _say_results(args, sampled, [simulation.summarise(o) for o in results.values()])
+        _say_results(args, given.sampled, [simulation.summarise(o) for o in results.values()])
     if args.plot:
-        _figure(args, sampled)
+        _figure(args, given.sampled)
     return 0
 
 

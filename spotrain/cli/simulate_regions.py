@@ -8,7 +8,6 @@ import argparse
 from typing import Any
 
 from spotrain.cli.output import json_text, say
-from spotrain.core.errors import CostInputError
 from spotrain.cost import across_regions, report, simulation, traces
 
 
@@ -53,14 +52,11 @@ def problems(args: argparse.Namespace) -> list[str]:
     return found
 
 
-def cmd_across(args: argparse.Namespace, job: simulation.Job) -> int:
-    wrong = problems(args)
-    if wrong:
-        raise CostInputError("--across-regions: " + "; ".join(wrong))
-    sampled = [traces.load(path) for path in args.trace]
-    if args.tick:
-        sampled = [traces.coarsen(t, args.tick) for t in sampled]
-    history = [traces.load(path) for path in args.history] if args.history else None
+def cmd_across(
+    args: argparse.Namespace, job: simulation.Job, sampled: list[traces.Trace],
+    history: list[traces.Trace] | None,
+) -> int:  # fmt: skip
+    """The replay of the traces and history `cost simulate` read (`problems` found none)."""
     results = across_regions.replay_across(job, sampled, move_usd=args.move_usd,
                                            starts=args.starts, history=history)  # fmt: skip
     summary = {name: _summary(outcomes) for name, outcomes in results.items()}

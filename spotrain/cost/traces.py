@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -115,6 +116,22 @@ def coarsen(trace: Trace, tick_s: float) -> Trace:
 def load(path: str | Path) -> Trace:
     document = read_json(path, "trace", f"check the path; {FORMAT_HINT}", TraceError)
     return parse(document, str(path))
+
+
+def load_all(paths: Sequence[str | Path]) -> list[Trace]:
+    """Every trace of `paths`, or one TraceError naming every one that is not the format."""
+    found, problems = [], []
+    for path in paths:
+        try:
+            found.append(load(path))
+        except TraceError as error:
+            problems.append(str(error))
+    if len(problems) > 1:  # the format said once, after them all
+        hint = [p.removesuffix(FORMAT_HINT).rstrip(":; ") for p in problems]
+        raise TraceError("; ".join(hint) + f"; {FORMAT_HINT}")
+    if problems:
+        raise TraceError(problems[0])
+    return found
 
 
 def generate(
