@@ -883,6 +883,10 @@ def test_the_accounts_gpu_quotas_and_their_usage_answer_as_aws_does(
     assert "'spot/Q' is not a GPU quota: use one of" in capsys.readouterr().err
     assert cli.main(["local", "fault", "quota", REGION, "spot/P5", "lots"]) == 2
     assert "give a whole number of vCPUs, 0 or more" in capsys.readouterr().err
+    assert cli.main(["local", "fault", "quota", "mars-1", "spot/Q", "-5"]) == 2  # all at once
+    error = capsys.readouterr().err
+    assert all(said in error for said in ("'mars-1' is not an AWS region", "'spot/Q' is not",
+                                          "VCPUS is '-5'")), error  # fmt: skip
 
 
 def test_schedule_periods_and_the_clock_file(tmp_path: Path) -> None:

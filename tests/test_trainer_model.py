@@ -134,6 +134,14 @@ def test_bad_training_configuration_lists_every_problem(
     path.write_text(json.dumps({"run": "r", "stepz": 3}))
     assert train.main([str(path)]) == 2
     assert "unknown field 'stepz': use one of" in capsys.readouterr().err
+    # Fields missing do not hide the values given that are wrong.
+    path.write_text(json.dumps({"run": "r", "steps": -5, "micro_batch": 0}))
+    assert train.main([str(path)]) == 2
+    error = capsys.readouterr().err
+    assert "has 5 problem(s)" in error, error
+    for fragment in ("store is missing", "data is missing", "work_dir is missing",
+                     "steps is -5", "micro_batch is 0"):  # fmt: skip
+        assert fragment in error, error
 
 
 def test_overrides_and_wrong_types_are_reported_together(

@@ -80,6 +80,14 @@ def load_config(path: Path, overrides: Sequence[str] = ()) -> TrainConfig:
     return _train_config(*read_document(path, overrides), path)
 
 
+_STAND_INS: dict[str, Any] = {
+    "run": "stand-in", "store": "file:///stand-in", "data": "stand-in", "steps": 1,
+    "work_dir": "stand-in",
+}  # fmt: skip
+"""For each field a configuration must give, a value that passes its own checks: a
+configuration missing it is still checked for the rest (`_train_config`), never used."""
+
+
 def _train_config(document: dict[str, Any], problems: list[str], path: Path) -> TrainConfig:
     subject = f"training configuration {path}"
     model_fields = document.get("model", {})
@@ -115,11 +123,13 @@ def _train_config(document: dict[str, Any], problems: list[str], path: Path) -> 
         problems += error.problems
         model = GPTConfig()
     config = None
-    if not missing:
+    if all(name in _STAND_INS for name in missing):
+        # With fields missing, the values given are still checked: each missing one stands in
+        # with a value its own checks pass (none of the checks relates it to another field).
         known_train = {f.name for f in dataclasses.fields(TrainConfig)} - {"model"}
+        given = {k: v for k, v in document.items() if k in known_train}
         try:
-            config = TrainConfig(**{k: v for k, v in document.items() if k in known_train},
-                                 model=model)  # fmt: skip
+            config = TrainConfig(**{**{n: _STAND_INS[n] for n in missing}, **given}, model=model)
         except ConfigError as error:
             problems += error.problems
     raise_if_problems(subject, list(dict.fromkeys(problems)))

@@ -105,19 +105,30 @@ def _fault_changes(words: list[str]) -> dict[str, Any]:
             pool = f"{_region(region)}/{types[0] if types else '*'}"
             return {"spot_capacity_gone": [p for p in current.spot_capacity_gone if p != pool]}
         case ["quota", region, key, vcpus]:
-            if key not in INSTANCE_QUOTAS:
-                raise SpotrainError(f"{key!r} is not a GPU quota: use one of "
-                                    f"{', '.join(sorted(INSTANCE_QUOTAS))}")  # fmt: skip
-            if not vcpus.isdigit():
-                raise SpotrainError(f"VCPUS is {vcpus!r}: give a whole number of vCPUs, 0 or "
-                                    "more")  # fmt: skip
-            value = int(vcpus)
-            return {"vcpu_quotas": {**current.vcpu_quotas, f"{_region(region)}/{key}": value}}
+            return {"vcpu_quotas": {**current.vcpu_quotas, **_quota(region, key, vcpus)}}
         case ["clear"]:  # every fault, and the quotas set back to the account's defaults
             return {"regions_down": [], "regions_partitioned": [],
                     "table_replication_lag_seconds": 0.0, "replication_pending": [],
                     "unavailable": [], "spot_capacity_gone": [], "vcpu_quotas": {}}  # fmt: skip
     raise SpotrainError(f"`spotrain local fault {' '.join(words)}`: {FAULT_USAGE}")
+
+
+def _quota(region: str, key: str, vcpus: str) -> dict[str, int]:
+    """`quota REGION QUOTA-KEY VCPUS` as the faults keep it; every problem of the three at
+    once."""
+    problems = []
+    try:
+        _region(region)
+    except SpotrainError as error:
+        problems.append(str(error))
+    if key not in INSTANCE_QUOTAS:
+        problems.append(f"{key!r} is not a GPU quota: use one of "
+                        f"{', '.join(sorted(INSTANCE_QUOTAS))}")  # fmt: skip
+    if not vcpus.isdigit():
+        problems.append(f"VCPUS is {vcpus!r}: give a whole number of vCPUs, 0 or more")
+    if problems:
+        raise SpotrainError("; ".join(problems))
+    return {f"{region}/{key}": int(vcpus)}
 
 
 def _describe_faults(current: faults.Faults) -> str:
