@@ -1188,6 +1188,33 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
         control.down()
 
 
+def test_the_deployed_handler_reads_the_runs_deadline_plans_and_can_write_none(
+    local: Local,
+) -> None:
+    """The handler's role as deployed, judged as IAM judges it (the local cloud's evaluator):
+    it reads a run's deadline plan, which operators store, and cannot write one; its own items
+    it writes. (A machine's role reaches no plan: the test above, on a cloud enforcing it.)"""
+    from spotrain.core.catalog_schema import deadline_plan_key, run_key
+    from spotrain.localcloud.authorization import PERMITTED, verdict
+
+    role = local.client("lambda").get_function_configuration(
+        FunctionName=local.outputs["handler_function"])["Role"]  # fmt: skip
+    policy = local.client("iam").get_role_policy(
+        RoleName=role.rsplit("/", 1)[-1], PolicyName="record-interruptions"
+    )["PolicyDocument"]
+    table = local.client("dynamodb").describe_table(
+        TableName=local.outputs["events_table"])["Table"]["TableArn"]  # fmt: skip
+
+    def allowed(action: str, partition: str) -> bool:
+        return verdict(policy, action, table, {"dynamodb:LeadingKeys": [partition]}) == PERMITTED
+
+    plan = deadline_plan_key("demo")
+    assert allowed("dynamodb:GetItem", plan)
+    writes = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
+    assert not any(allowed(write, plan) for write in writes)
+    assert allowed("dynamodb:UpdateItem", run_key("demo"))  # its fleet state
+
+
 def test_budget_alerts_at_every_threshold_to_topic_and_email(local: Local) -> None:
     budgets = local.client("budgets")
     budget = budgets.describe_budget(AccountId=ACCOUNT, BudgetName="spotrain-local-budget-monthly")
