@@ -19,11 +19,10 @@ from spotrain.cost import planner, report, simulation, traces
 def _traces(
     args: argparse.Namespace, hours: float, given: list[traces.Trace] | None = None
 ) -> list[traces.Trace]:
-    """The traces replayed: `given` (the files of --trace, read), or generated for `hours`."""
+    """The traces replayed, in --tick's ticks: `given` (the files of --trace, read), or
+    generated for `hours`."""
     if given is not None:
         found = given
-    elif args.trace:
-        found = traces.load_all(args.trace)
     elif args.interruptions_per_hour is None:
         raise CostInputError(
             "no traces: give --trace FILE (the Can't Be Late format), or "
@@ -81,17 +80,16 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
     trace_files, history_files = args.trace or [], args.history or []
     files = attempt(lambda: traces.load_all([*trace_files, *history_files])) or []
     given, history = files[: len(trace_files)], files[len(trace_files) :] or None
-    sampled: list[traces.Trace] | None = given
     if args.across_regions:
         problems.extend(f"--across-regions: {p}" for p in simulate_regions.problems(args))
-        if args.tick:
-            sampled = attempt(lambda: [traces.coarsen(t, args.tick) for t in given])
     else:
         problems.extend(_history_problems(args))
-        if trace_files or job is not None:  # traces are generated for a run that is one
-            window = args.deadline_hours or 3 * args.work_hours
-            sampled = attempt(lambda: _traces(args, _length_for(args, window),
-                                              given if trace_files else None))  # fmt: skip
+    sampled = given
+    # Traces are generated for a run that is one, in one region.
+    if trace_files or (job is not None and not args.across_regions):
+        window = args.deadline_hours or 3 * args.work_hours
+        sampled = attempt(lambda: _traces(args, _length_for(args, window),
+                                          given if trace_files else None))  # fmt: skip
     if problems:
         raise CostInputError("; ".join(problems))
     return _Inputs(job, sampled, history)
