@@ -298,6 +298,66 @@ def test_a_stored_plan_decides_as_the_solved_one_and_a_new_plan_replaces_it_whol
         assert deadline_plan.read_part(table, "demo", read, read.parts[-1]) is None  # old: gone
 
 
+def test_of_two_plans_stored_at_once_one_is_the_runs_whole_and_a_stopped_stores_parts_go(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Never two writers of a run's plan: a store whose header would replace a plan that is no
+    longer the run's (another was stored while it wrote its parts) writes no header, removes
+    its parts and says so; the other plan stays whole. Parts a stopped store left behind go
+    with the next store once they are an hour old."""
+    from moto import mock_aws
+
+    from spotrain.core import deadline_plan
+    from spotrain.core.catalog_schema import deadline_plan_key
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setattr(deadline_plan, "PART_BYTES", 1024)  # several parts
+    plan = Plan([RegionRates(3.0, 1.5)], Prices(1.0, 3.0, 0.0), tick_h=0.25, ticks=40, work=30,
+                changeover=1)  # fmt: skip
+
+    def as_id(plan_id: str) -> deadline_plan.Header:
+        return replace(plan.header(("us-east-1",)), plan_id=plan_id)
+
+    class Interleaved:
+        """The table, with plan "4" stored whole just before plan "3"'s header is written."""
+
+        def __init__(self, table: Any) -> None:
+            self.table = table
+
+        def put_item(self, **request: Any) -> Any:
+            if request["Item"].get("plan_id") == "3":
+                deadline_plan.store(table, "demo", as_id("4"), plan.slices(), now=1000.0)
+            return self.table.put_item(**request)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(self.table, name)
+
+    def stored() -> list[str]:
+        return sorted(i["sk"] for i in table.scan()["Items"]
+                      if i["pk"] == deadline_plan_key("demo"))  # fmt: skip
+
+    with mock_aws():
+        table = _events_table()
+        deadline_plan.store(table, "demo", as_id("1"), plan.slices(), now=1000.0)
+        with pytest.raises(deadline_plan.PlanReplaced, match=r"while this one was \(plan 4\)"):
+            deadline_plan.store(Interleaved(table), "demo", as_id("3"), plan.slices(), now=1000.0)
+        header = deadline_plan.read_header(table, "demo")
+        assert header is not None and header.plan_id == "4"
+        assert stored() == sorted(["HEADER", *(f"PART#4#{f:07d}" for f in header.parts)])
+        # A store stopped after its parts: they go with a later store, once an hour old.
+        for written_at, plan_id in ((1000.0, "old"), (4500.0, "new")):
+            table.put_item(
+                Item={
+                    "pk": deadline_plan_key("demo"),
+                    "sk": f"PART#{plan_id}#0000000",
+                    "written_at": int(written_at),
+                }
+            )
+        again = deadline_plan.store(table, "demo", as_id("5"), plan.slices(), now=5000.0)
+        assert stored() == sorted(["HEADER", "PART#new#0000000",
+                                   *(f"PART#5#{f:07d}" for f in again.parts)])  # fmt: skip
+
+
 def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_handler_reads(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

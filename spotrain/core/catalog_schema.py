@@ -209,10 +209,15 @@ parts starts."""
 DEADLINE_PLAN_PART_PREFIX = "PART#"
 
 
+def deadline_plan_part_prefix(plan_id: str) -> str:
+    """What the sort keys of plan `plan_id`'s parts begin with."""
+    return f"{DEADLINE_PLAN_PART_PREFIX}{plan_id}#"
+
+
 def deadline_plan_part_sort_key(plan_id: str, first_tick: int) -> str:
     """A part of plan `plan_id`: its slices from `first_tick` ticks left up (a new plan's parts
     never overwrite the old one's, which a check may be reading)."""
-    return f"{DEADLINE_PLAN_PART_PREFIX}{plan_id}#{first_tick:07d}"
+    return f"{deadline_plan_part_prefix(plan_id)}{first_tick:07d}"
 
 
 COORDINATOR_SORT_KEY = "COORDINATOR"

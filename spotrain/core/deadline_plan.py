@@ -29,7 +29,7 @@ import bisect
 import json
 import math
 import zlib
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any, Protocol
 
@@ -39,6 +39,7 @@ from spotrain.core.catalog_schema import (
     PARTITION_KEY,
     SORT_KEY,
     deadline_plan_key,
+    deadline_plan_part_prefix,
     deadline_plan_part_sort_key,
     query_items,
 )
@@ -52,6 +53,7 @@ from spotrain.core.deadline_policy import (
     as_seen,
     safety_net,
 )
+from spotrain.core.errors import SpotrainError
 from spotrain.core.outage_fill import Placement, SpotRecord
 
 # Actions, by their value in a plan's slices.
@@ -214,35 +216,85 @@ def _key(run: str, sort_key: str) -> dict[str, str]:
     return {PARTITION_KEY: deadline_plan_key(run), SORT_KEY: sort_key}
 
 
-def store(table: Any, run: str, header: Header, slices: Iterable[tuple[bytes, bytes]]) -> Header:
+ORPHANED_AFTER_S = 3600.0
+"""Parts of a plan whose store never wrote its header (the command was stopped) are removed by
+the next store once this old: a store still writing its parts is never as slow."""
+
+
+class PlanReplaced(SpotrainError):
+    """Another plan was stored for the run while this one was: that one is the run's."""
+
+
+def store(
+    table: Any, run: str, header: Header, slices: Iterable[tuple[bytes, bytes]], *,
+    now: float | None = None,
+) -> Header:  # fmt: skip
     """Store the plan whose slices, by ticks left from 0, are `slices` (each its actions and
-    its first regions, a byte each) as the run's: its parts first, then its header, then the old
-    plan's parts go. The header stored (with its parts)."""
+    its first regions, a byte each) as the run's: its parts first, then its header, written
+    only if the plan it replaces is still the run's (one writer: of two stores at once, one
+    wins; the other removes its parts and raises PlanReplaced), then the replaced plan's parts
+    go. The header stored (with its parts). `now`: epoch seconds (None: the clock's)."""
+    import time
+
+    from botocore.exceptions import ClientError
+
+    now = time.time() if now is None else now
+    replaced = read_header(table, run)
     parts: list[dict[str, Any]] = []
     size = PART_BYTES
     for left, (actions, first) in enumerate(slices):
         packed = (zlib.compress(bytes(actions), 6), zlib.compress(bytes(first), 6))
         if size + len(packed[0]) + len(packed[1]) > PART_BYTES:
             part_key = _key(run, deadline_plan_part_sort_key(header.plan_id, left))
-            parts.append({**part_key, "first": left, "actions": [], "firsts": []})
+            parts.append({**part_key, "first": left, "actions": [], "firsts": [],
+                          "written_at": int(now)})  # fmt: skip
             size = 0
         parts[-1]["actions"].append(packed[0])
         parts[-1]["firsts"].append(packed[1])
         size += len(packed[0]) + len(packed[1])
     stored = replace(header, parts=tuple(p["first"] for p in parts))
-    stored_parts = query_items(
-        table, deadline_plan_key(run), DEADLINE_PLAN_PART_PREFIX, ProjectionExpression="#sk"
-    )
-    old = [item[SORT_KEY] for item in stored_parts]
     for part in parts:
         table.put_item(Item=part)
-    table.put_item(Item={**_key(run, DEADLINE_PLAN_HEADER_SORT_KEY), "header": stored.to_json()})
-    new = {p[SORT_KEY] for p in parts}
-    with table.batch_writer() as batch:
-        for key in old:
-            if key not in new:
-                batch.delete_item(Key=_key(run, key))
+    still = "attribute_not_exists(plan_id)" if replaced is None else "plan_id = :replaced"
+    try:
+        table.put_item(
+            Item={**_key(run, DEADLINE_PLAN_HEADER_SORT_KEY), "header": stored.to_json(),
+                  "plan_id": stored.plan_id},
+            ConditionExpression=still,
+            **({"ExpressionAttributeValues": {":replaced": replaced.plan_id}}
+               if replaced is not None else {}),
+        )  # fmt: skip
+    except ClientError as error:
+        if error.response["Error"]["Code"] != "ConditionalCheckFailedException":
+            raise
+        own = deadline_plan_part_prefix(stored.plan_id)
+        _delete_parts(table, run, lambda key, _: key.startswith(own))
+        now_there = read_header(table, run)
+        raise PlanReplaced(
+            f"another deadline plan was stored for run {run} while this one was (plan "
+            f"{now_there.plan_id if now_there else 'gone'}): it is the run's now; run `spotrain "
+            "run deadline-plan` again to replace it"
+        ) from error
+
+    def gone(key: str, written_at: float) -> bool:  # the replaced plan's; a stopped store's
+        if key.startswith(deadline_plan_part_prefix(stored.plan_id)):
+            return False
+        if replaced is not None and key.startswith(deadline_plan_part_prefix(replaced.plan_id)):
+            return True
+        return now - written_at > ORPHANED_AFTER_S
+
+    _delete_parts(table, run, gone)
     return stored
+
+
+def _delete_parts(table: Any, run: str, which: Callable[[str, float], bool]) -> None:
+    """Delete the run's stored parts for which `which(sort key, written_at)` holds."""
+    items = query_items(table, deadline_plan_key(run), DEADLINE_PLAN_PART_PREFIX,
+                        ProjectionExpression="#sk, written_at")  # fmt: skip
+    with table.batch_writer() as batch:
+        for item in items:
+            if which(str(item[SORT_KEY]), float(item.get("written_at", 0))):
+                batch.delete_item(Key=_key(run, str(item[SORT_KEY])))
 
 
 def read_header(table: Any, run: str) -> Header | None:

@@ -8,6 +8,8 @@ SpotrainError
 ├── CostInputError     inputs to a cost estimate that describe no run, or prices it lacks
 ├── TraceError         a spot availability trace that is not the format (cost/traces.py)
 ├── RehearsalFailed    a rehearsal's story went wrong (tools/rehearsal.py)
+├── PlanReplaced       another deadline plan was stored for the run meanwhile
+│                      (core/deadline_plan.py)
 └── the trainer's own, documented where they are raised:
     ├── StorageError (ObjectMissing, AlreadyExists)                 trainer/storage.py
     ├── CatalogError (StaleWriter)                                  trainer/catalog.py
