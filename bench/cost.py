@@ -240,8 +240,8 @@ def across_table(means: dict[tuple[str, float, float, str], float] | None = None
     cell's mean into `means`, by traces, move, deadline and strategy)."""
     lines = [
         "| traces | move | deadline | " + " | ".join(f"`{s}`" for s in across_regions.STRATEGIES)
-        + " |",
-        "|---|---|---|" + "---|" * len(across_regions.STRATEGIES),
+        + " | best region, known |",
+        "|---|---|---|" + "---|" * (len(across_regions.STRATEGIES) + 1),
     ]  # fmt: skip
     for label, seeds in (("development", ACROSS_DEVELOPMENT), ("held out", ACROSS_HELD_OUT)):
         markets = [(trace_models.sample(market, hours=max(DEADLINES_H) + 24,
@@ -249,6 +249,9 @@ def across_table(means: dict[tuple[str, float, float, str], float] | None = None
                     trace_models.sample(market, hours=HISTORY_DAYS * 24, gap_s=MODEL_TICK_S,
                                         seed=seed + HISTORY_SEED))
                    for market in trace_models.MARKETS for seed in seeds]  # fmt: skip
+        confined = {deadline_h: [best_region(deadline_job(deadline_h), sampled)
+                                 for sampled, _ in markets]
+                    for deadline_h in DEADLINES_H}  # fmt: skip
         for move_usd in MOVES_USD:
             found: dict[float, dict[str, list[across_regions.RegionsOutcome]]] = {}
             # Each market's deadlines longest first: `markov` solves once for all of them.
@@ -260,6 +263,11 @@ def across_table(means: dict[tuple[str, float, float, str], float] | None = None
                     ).items():  # fmt: skip
                         found.setdefault(deadline_h, {}).setdefault(name, []).extend(outcomes)
             for deadline_h in DEADLINES_H:
+                # The optimum across regions from each start, as every strategy's runs have it.
+                bests = [o.optimum_cost for o in found[deadline_h][across_regions.HOME_ONLY]]
+                singles = [c for per_market in confined[deadline_h] for c in per_market]
+                known = [single / best for single, best in zip(singles, bests, strict=True)
+                         if single is not None and best]  # fmt: skip
                 cells = []
                 for name, outcomes in found[deadline_h].items():
                     mean, worst = simulation.mean_and_worst([o.vs_optimum for o in outcomes])
@@ -270,9 +278,26 @@ def across_table(means: dict[tuple[str, float, float, str], float] | None = None
                     cells.append(f"{report.versus(mean, worst)}, {moves:.1f} moves"
                                  + (f", {missed} missed" if missed else ""))  # fmt: skip
                 runs = len(markets) * MODEL_STARTS
+                cells.append(report.versus(*simulation.mean_and_worst(known)))
                 lines.append(f"| {label} ({runs} runs) | ${move_usd:g} | {deadline_h:g} h | "
                              + " | ".join(cells) + " |")  # fmt: skip
     return lines
+
+
+def best_region(job: simulation.Job, sampled: list[traces.Trace]) -> list[float | None]:
+    """From each start the replay takes, the cost of the exact optimum confined to the one
+    region that turns out cheapest from it (known in advance, as the optimum is): what no
+    schedule that stays in one region can beat."""
+    from spotrain.cost import optimum
+
+    shortest = min(sampled, key=lambda t: len(t.available))
+    found = []
+    for start in simulation.start_ticks(job, shortest, MODEL_STARTS):
+        costs = [optimum.cheapest_across([t], job, move_usd=0.0, start_tick=start).cost
+                 for t in sampled]  # fmt: skip
+        usable = [c for c in costs if c is not None]
+        found.append(min(usable) if usable else None)
+    return found
 
 
 def across_reading(means: dict[tuple[str, float, float, str], float]) -> str:
@@ -393,7 +418,10 @@ model of each region's market (`spotrain.cost.markov_policy`: an exact programme
 left, each region a two-state Markov chain), its means from what the environment saw of its
 regions in the {HISTORY_DAYS} days before (another draw of the same market), which the other
 policies do not use. A cell: mean (worst) of cost over the optimum, the mean moves per run,
-misses. Target: at most 1.05x.
+misses. Target: at most 1.05x. `best region, known` is no policy: the exact optimum confined
+to the one region that turned out cheapest from each start, the traces known in advance (what
+no run that stays in one region can beat), over the optimum across regions: the share of the
+optimum's saving that needs moves timed by foresight.
 
 {chr(10).join(across)}
 
