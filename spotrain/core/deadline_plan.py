@@ -239,7 +239,7 @@ def store(
     from botocore.exceptions import ClientError
 
     now = time.time() if now is None else now
-    replaced = read_header(table, run)
+    replaced = read_header(table, run, consistent=True)
     parts: list[dict[str, Any]] = []
     size = PART_BYTES
     for left, (actions, first) in enumerate(slices):
@@ -269,7 +269,7 @@ def store(
             raise
         own = deadline_plan_part_prefix(stored.plan_id)
         _delete_parts(table, run, lambda key, _: key.startswith(own))
-        now_there = read_header(table, run)
+        now_there = read_header(table, run, consistent=True)
         raise PlanReplaced(
             f"another deadline plan was stored for run {run} while this one was (plan "
             f"{now_there.plan_id if now_there else 'gone'}): it is the run's now; run `spotrain "
@@ -297,8 +297,11 @@ def _delete_parts(table: Any, run: str, which: Callable[[str, float], bool]) -> 
                 batch.delete_item(Key=_key(run, str(item[SORT_KEY])))
 
 
-def read_header(table: Any, run: str) -> Header | None:
-    item = table.get_item(Key=_key(run, DEADLINE_PLAN_HEADER_SORT_KEY)).get("Item")
+def read_header(table: Any, run: str, *, consistent: bool = False) -> Header | None:
+    """The run's plan's header (None: no plan); `consistent`: as of every write before (a
+    store compares it with what it replaces), not as a check may see it."""
+    item = table.get_item(Key=_key(run, DEADLINE_PLAN_HEADER_SORT_KEY),
+                          ConsistentRead=consistent).get("Item")  # fmt: skip
     return None if item is None else Header.from_json(str(item["header"]))
 
 
