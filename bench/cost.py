@@ -15,7 +15,15 @@ import sys
 import time
 from pathlib import Path
 
-from spotrain.cost import across_regions, planner, report, simulation, trace_models, traces
+from spotrain.cost import (
+    across_regions,
+    optimum,
+    planner,
+    report,
+    simulation,
+    trace_models,
+    traces,
+)
 
 HERE = Path(__file__).parent
 WORK_H = 24.0
@@ -233,6 +241,8 @@ published and the dataset once, so a move sends nothing and pays its changeover 
 (docs/cost.md), and the handler prices it so. $0.5 and $3 are what a move would cost if it
 sent its checkpoint (25 GB at $0.02/GB, or 150 GB: in spot-hours of this bench's prices, a
 move at $3 costs three hours of spot), as where the checkpoints do not replicate."""
+BEST_REGION_KNOWN = "best region, known"
+"""The across table's reference column (`best_region`): no policy, a bound on staying put."""
 
 
 def across_table(means: dict[tuple[str, float, float, str], float] | None = None) -> list[str]:
@@ -287,20 +297,14 @@ def across_table(means: dict[tuple[str, float, float, str], float] | None = None
     return lines
 
 
-BEST_REGION_KNOWN = "best region, known"
-
-
 def best_region(job: simulation.Job, sampled: list[traces.Trace]) -> list[float | None]:
     """From each start the replay takes, the cost of the exact optimum confined to the one
     region that turns out cheapest from it (known in advance, as the optimum is): what no
     schedule that stays in one region can beat."""
-    from spotrain.cost import optimum
-
     shortest = min(sampled, key=lambda t: len(t.available))
     found = []
     for start in simulation.start_ticks(job, shortest, MODEL_STARTS):
-        costs = [optimum.cheapest_across([t], job, move_usd=0.0, start_tick=start).cost
-                 for t in sampled]  # fmt: skip
+        costs = [optimum.cheapest(job, t, start_tick=start).cost for t in sampled]
         usable = [c for c in costs if c is not None]
         found.append(min(usable) if usable else None)
     return found

@@ -12,7 +12,8 @@ from typing import Any
 from spotrain.cli import simulate_regions
 from spotrain.cli.arguments import MAX_REPLAYS, figure_path, number
 from spotrain.cli.output import json_text, say
-from spotrain.core.errors import CostInputError
+from spotrain.cli.plan_inputs import problems_of
+from spotrain.core.errors import CostInputError, SpotrainError
 from spotrain.cost import planner, report, simulation, traces
 
 
@@ -71,8 +72,8 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
     def attempt(make: Callable[[], Any]) -> Any:
         try:
             return make()
-        except (CostInputError, traces.TraceError) as error:
-            problems.append(str(error))
+        except SpotrainError as error:
+            problems.extend(problems_of(error))
             return None
 
     job = attempt(lambda: _job(args, args.deadline_hours))

@@ -28,6 +28,7 @@ from __future__ import annotations
 import bisect
 import json
 import math
+import time
 import zlib
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
@@ -234,9 +235,7 @@ def store(
     only if the plan it replaces is still the run's (one writer: of two stores at once, one
     wins; the other removes its parts and raises PlanReplaced), then the replaced plan's parts
     go. The header stored (with its parts). `now`: epoch seconds (None: the clock's)."""
-    import time
-
-    from botocore.exceptions import ClientError
+    from botocore.exceptions import ClientError  # the CLI's: the handler only reads plans
 
     now = time.time() if now is None else now
     replaced = read_header(table, run, consistent=True)
