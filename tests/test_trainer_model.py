@@ -134,7 +134,18 @@ def test_bad_training_configuration_lists_every_problem(
     path.write_text(json.dumps({"run": "r", "stepz": 3}))
     assert train.main([str(path)]) == 2
     assert "unknown field 'stepz': use one of" in capsys.readouterr().err
-    # Fields missing do not hide the values given that are wrong.
+    # Fields missing do not hide the values given that are wrong: each required field has a
+    # stand-in that passes its own checks.
+    import dataclasses
+
+    from spotrain.trainer.engine import TrainConfig
+
+    required = {
+        f.name
+        for f in dataclasses.fields(TrainConfig)
+        if f.default is dataclasses.MISSING and f.default_factory is dataclasses.MISSING
+    }
+    assert set(train._STAND_INS) == required
     path.write_text(json.dumps({"run": "r", "steps": -5, "micro_batch": 0}))
     assert train.main([str(path)]) == 2
     error = capsys.readouterr().err
