@@ -12,7 +12,13 @@ from typing import TYPE_CHECKING, Any
 from spotrain.constructs.policy import leading_keys, statement, via_services
 from spotrain.constructs.run_access import read_run_crashes_and_releases
 from spotrain.core import catalog_schema
-from spotrain.core.catalog_schema import crashes_key, lifecycle_key, run_key, spend_key
+from spotrain.core.catalog_schema import (
+    crashes_key,
+    handler_state_key,
+    lifecycle_key,
+    run_key,
+    spend_key,
+)
 from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
 
 if TYPE_CHECKING:
@@ -115,7 +121,7 @@ def machine_statements(
             ],
         ),
         statement(
-            # The coordinator claim, reclaim marks, and reading the run's state.
+            # The coordinator claim and the machines' own marks.
             "RunFleetState",
             actions=["dynamodb:GetItem", "dynamodb:UpdateItem"],
             resources=[props.events_table_arn],
@@ -130,13 +136,19 @@ def machine_statements(
             conditions=[leading_keys(crashes_key(props.run_name))],
         ),
         statement(
-            # Whether the run is held at its spend cap, finished or cancelled
-            # (may-start): reading only, the ledger and lifecycle are the handler's and
-            # operators'.
-            "ReadRunSpendAndLifecycle",
+            # Whether the run is held at its spend cap, finished or cancelled, and where
+            # the handler ordered it (may-start): reading only, the ledger, the lifecycle
+            # and the handler's state of the run are the handler's and operators'.
+            "ReadRunSpendLifecycleAndState",
             actions=["dynamodb:GetItem"],
             resources=[props.events_table_arn],
-            conditions=[leading_keys(spend_key(props.run_name), lifecycle_key(props.run_name))],
+            conditions=[
+                leading_keys(
+                    spend_key(props.run_name),
+                    lifecycle_key(props.run_name),
+                    handler_state_key(props.run_name),
+                )
+            ],
         ),
         read_run_crashes_and_releases(props.events_table_arn, props.run_name),
         statement(

@@ -360,14 +360,14 @@ def test_instance_role_is_scoped_to_the_run(synth_dir: Path) -> None:
         for action in set(writes) & set(grant["actions"]):
             writes[action].update(*keys)
     assert not any(
-        key.startswith(("RELEASES#", "SPEND#", "CAPS#", "LIFECYCLE#", "DEADLINE_PLAN#"))
+        key.startswith(("RELEASES#", "SPEND#", "CAPS#", "LIFECYCLE#", "DEADLINE_PLAN#", "HANDLER#"))
         for keys in writes.values()
         for key in keys
-    ), writes  # nor its spend ledger, its cap, whether it was stopped, or its deadline plan
-    reading = by_sid["ReadRunSpendAndLifecycle"]
+    ), writes  # nor its spend ledger, cap, lifecycle, deadline plan or the handler's state of it
+    reading = by_sid["ReadRunSpendLifecycleAndState"]
     assert reading["actions"] == ["dynamodb:GetItem"]
     [leading] = [c for c in reading["condition"] if c["variable"] == "dynamodb:LeadingKeys"]
-    assert leading["values"] == ["SPEND#gpt-small", "LIFECYCLE#gpt-small"]
+    assert leading["values"] == ["SPEND#gpt-small", "LIFECYCLE#gpt-small", "HANDLER#gpt-small"]
     assert writes["dynamodb:PutItem"] == {"RUN#gpt-small", "CRASHES#gpt-small"}
     assert "CRASHES#gpt-small" not in writes["dynamodb:UpdateItem"]
     # The data keys only through S3 and DynamoDB: a stolen credential cannot call KMS.
@@ -491,7 +491,9 @@ def test_handler_role_touches_only_its_environments_runs_its_tag_and_its_service
     )  # fmt: skip
     # Every run of the environment (its tables are its own), never a machine's crash records
     # or an operator's releases and caps.
-    assert leading["values"] == ["EVENT#*", "RUN#*", "SPEND#*", "LIFECYCLE#*", "FOREIGN#events"]
+    assert leading["values"] == [
+        "EVENT#*", "RUN#*", "HANDLER#*", "SPEND#*", "LIFECYCLE#*", "FOREIGN#events",
+    ]  # fmt: skip
     # Whether a run's configuration is stored (it then starts): run prefixes, listing only.
     listing = by_sid["ListRunConfiguration"]
     assert listing["actions"] == ["s3:ListBucket"]

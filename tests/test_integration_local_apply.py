@@ -1032,8 +1032,8 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
     request by its caller's policies (conditions included). With a machine's credentials the
     trainer publishes and restores a checkpoint and records a crash; it cannot delete or
     overwrite what it published, touch another run's keys, write datasets, release its run
-    from a crash hold, touch its run's deadline plan, or use its credentials from outside the
-    VPC. On-call can."""
+    from a crash hold, touch its run's deadline plan, rewrite what the handler keeps of its run,
+    or use its credentials from outside the VPC. On-call can."""
     from spotrain.core import fleet_state
     from spotrain.core.catalog_schema import (
         DEADLINE_PLAN_HEADER_SORT_KEY,
@@ -1166,8 +1166,16 @@ def test_a_machine_cannot_rewrite_history_reach_other_runs_or_use_its_keys_outsi
         assert verdict.failed
         with pytest.raises(ClientError, match="AccessDenied"):
             fleet_state.reset_crashes(machine_events, run)
-        with pytest.raises(ClientError, match="AccessDenied"):  # nor rewrite the run's state
-            machine_events.put_item(Item={"pk": f"RUN#{run}", "sk": "STATE"})
+        # Nor rewrite what the handler keeps of the run, which may-start reads (below): the
+        # sizes it gets back, its place in the queue, a move order.
+        order = fleet_state.FailoverState(move_order=None)
+        for rewrite in (
+            lambda: fleet_state.set_held_sizes(machine_events, run, {"g": {"min_size": 9}}),
+            lambda: fleet_state.set_queued(machine_events, run, None),
+            lambda: fleet_state.set_failover_state(machine_events, run, "us-east-1", order),
+        ):
+            with pytest.raises(ClientError, match="AccessDenied"):
+                rewrite()
         plan = {"pk": deadline_plan_key(run), "sk": DEADLINE_PLAN_HEADER_SORT_KEY}
         for steer in (lambda: machine_events.put_item(Item={**plan, "header": "{}"}),
                       lambda: machine_events.get_item(Key=plan)):  # fmt: skip
@@ -1194,7 +1202,7 @@ def test_the_deployed_handler_reads_the_runs_deadline_plans_and_can_write_none(
     """The handler's role as deployed, judged as IAM judges it (the local cloud's evaluator):
     it reads a run's deadline plan, which operators store, and cannot write one; its own items
     it writes. (A machine's role reaches no plan: the test above, on a cloud enforcing it.)"""
-    from spotrain.core.catalog_schema import deadline_plan_key, run_key
+    from spotrain.core.catalog_schema import deadline_plan_key, handler_state_key, run_key
     from spotrain.localcloud.authorization import PERMITTED, verdict
 
     role = local.client("lambda").get_function_configuration(
@@ -1212,7 +1220,8 @@ def test_the_deployed_handler_reads_the_runs_deadline_plans_and_can_write_none(
     assert allowed("dynamodb:GetItem", plan)
     writes = ("dynamodb:PutItem", "dynamodb:UpdateItem", "dynamodb:DeleteItem")
     assert not any(allowed(write, plan) for write in writes)
-    assert allowed("dynamodb:UpdateItem", run_key("demo"))  # its fleet state
+    assert allowed("dynamodb:UpdateItem", run_key("demo"))  # the run's machines' marks
+    assert allowed("dynamodb:UpdateItem", handler_state_key("demo"))  # its state of the run
 
 
 def test_budget_alerts_at_every_threshold_to_topic_and_email(local: Local) -> None:

@@ -1574,6 +1574,10 @@ def test_a_higher_priority_run_preempts_a_lower_one_which_resumes_when_it_finish
         "hold", "not requeued: the run waits in the queue")  # fmt: skip
     assert _sizes("east-spot")[:2] == (0, 0)
     assert handler.handle(check)["runs"][RUN]["decision"] == "wait"
+    waiting = fleet_state.run_state(cloud.table, RUN)
+    # It now waits for room, and still says who took its machines (`run list`'s reason).
+    assert "preempted" not in waiting.queued, waiting.queued
+    assert waiting.waiting_reason.startswith(f"{waiting.queued} (preempted by run urgent at ")
     urgent = DynamoCatalog("catalog", "urgent", LocalStorage(tmp_path / "store"),
                            client=boto3.client("dynamodb"))  # fmt: skip
     _publish(urgent, tmp_path, urgent.acquire_lease("trainer"), 20, final=True, run="urgent")
@@ -1582,7 +1586,8 @@ def test_a_higher_priority_run_preempts_a_lower_one_which_resumes_when_it_finish
     assert changed["finished"] == {"urgent": 20}
     assert changed["queue"][RUN]["decision"] == "release", changed
     assert _sizes("east-spot")[:2] == (1, 1)
-    assert fleet_state.run_state(cloud.table, RUN).queued is None
+    released = fleet_state.run_state(cloud.table, RUN)
+    assert (released.queued, released.preempted_by, released.waiting_reason) == (None,) * 3
     # A queue that cannot be judged stops no training run.
     from spotrain.constructs.interruption_handler.runtime import run_queue
 

@@ -20,6 +20,7 @@ from spotrain.core.catalog_schema import (
     configs_prefix,
     deadline_plan_key,
     event_key,
+    handler_state_key,
     lifecycle_key,
     run_key,
     spend_key,
@@ -108,13 +109,14 @@ def handler_statements(
                 "dynamodb:Query",
             ],
             resources=[props.events_table_arn],
-            # Events (EVENT#<id>), the runs' fleet state, spend ledgers and lifecycles, and
-            # the count of foreign events; never a machine's crash records or an operator's
-            # releases and caps.
+            # Events (EVENT#<id>), the runs' machines, its own state of each run, spend
+            # ledgers and lifecycles, and the count of foreign events; never a machine's crash
+            # records or an operator's releases and caps.
             conditions=[
                 leading_keys(
                     event_key("*"),
                     run_key(EVERY_RUN),
+                    handler_state_key(EVERY_RUN),
                     spend_key(EVERY_RUN),
                     lifecycle_key(EVERY_RUN),
                     FOREIGN_EVENTS_KEY,

@@ -270,7 +270,7 @@ def status_of(where: Where, run: str, groups: list[dict[str, Any]]) -> RunStatus
     marks = sorted(fleet_state.instances(where.events, run), key=_warned_at)
     stored = _stored_configuration(where, run)
     holds = it.lifecycle.why_stopped or state.failed or ledger.held  # whatever the queue says
-    queued = state.queued if stored and not holds else None  # waiting in it, or preempted
+    queued = state.waiting_reason if stored and not holds else None  # waiting, or preempted
     why = it.lifecycle.why_stopped or queued or _why_not_training(phase, state, ledger.held, stored)
     steps = _total_steps(stored)
     epoch = run_epochs.current(chain := run_epochs.read_chain(where.catalog, run))

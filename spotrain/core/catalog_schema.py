@@ -180,11 +180,19 @@ def pool_key(instance_type: str, availability_zone: str) -> str:
     return f"{instance_type}#{availability_zone}"
 
 
-# Run state in the events table, under the run's key (`run_key`): what the handler and the
-# fleet's boot service know about a run's machines.
+def handler_state_key(run_name: str) -> str:
+    """Partition of what the interruption handler keeps about a run's capacity
+    (`RUN_STATE_SORT_KEY`, `failover_sort_key`): the handler and operators write it, machines
+    only read it. Not under the run's key, which a machine may update for its coordinator claim
+    and its own marks: a machine could otherwise rewrite its run's held sizes, its place in the
+    queue, its spot record or a move order."""
+    return f"HANDLER#{run_name}"
+
+
 RUN_STATE_SORT_KEY = "STATE"
-"""`short_since` (epoch seconds the run has been short of spot capacity), `held_sizes`,
-`foreign_events`."""
+"""Under `handler_state_key`: `short_since` (epoch seconds the run has been short of spot
+capacity), `held_sizes`, `queued`, `spot_record(s)`, `gang_asked`; under `FOREIGN_EVENTS_KEY`:
+`foreign_events`; under `lifecycle_key`: the run's lifecycle."""
 FAILOVER_PREFIX = "FAILOVER#"
 
 

@@ -30,6 +30,7 @@ from spotrain.core.catalog_schema import (
     crash_sort_key,
     crashes_key,
     failover_sort_key,
+    handler_state_key,
     instance_sort_key,
     release_sort_key,
     releases_key,
@@ -72,6 +73,18 @@ class RunState:
     gang_releases: int = 0
     """Its gang's releases in a row, since it last came whole: how long the run waits before
     asking again (`capacity_policy.gang_retry_at`)."""
+    preempted_by: str | None = None
+    """The run that preempted it, kept until the queue admits it again (`queued` says why it
+    waits now: the room it needs)."""
+    preempted_at: float | None = None
+
+    @property
+    def waiting_reason(self) -> str | None:
+        """`queued`, and who preempted the run and when, if one did since it last trained."""
+        if self.queued is None or self.preempted_by is None or "preempted by" in self.queued:
+            return self.queued
+        at = datetime.fromtimestamp(self.preempted_at or 0, UTC).strftime("%Y-%m-%d %H:%M UTC")
+        return f"{self.queued} (preempted by run {self.preempted_by} at {at})"
 
     def region_records(self, regions: int) -> tuple[SpotRecord, ...]:
         """What the run's checks saw of spot in each of its `regions` (home first): its
@@ -95,7 +108,7 @@ class ExitVerdict:
 
 
 def _state_key(run: str) -> dict[str, str]:
-    return {PARTITION_KEY: run_key(run), SORT_KEY: RUN_STATE_SORT_KEY}
+    return {PARTITION_KEY: handler_state_key(run), SORT_KEY: RUN_STATE_SORT_KEY}
 
 
 def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -> RunState:
@@ -120,6 +133,8 @@ def run_state(table: Any, run: str, *, max_crashes: int = DEFAULT_MAX_CRASHES) -
         else None,
         spot_records=dict(item["spot_records"]) if item.get("spot_records") else None,
         gang_releases=int(item.get("gang_releases", 0)),
+        preempted_by=str(item["preempted_by"]) if item.get("preempted_by") else None,
+        preempted_at=float(item["preempted_at"]) if item.get("preempted_at") else None,
     )  # fmt: skip
 
 
@@ -199,11 +214,23 @@ def set_spot_records(table: Any, run: str, records: dict[str, Any]) -> None:
                       ExpressionAttributeValues={":records": _stored(records)})  # fmt: skip
 
 
-def set_queued(table: Any, run: str, queued: str | None) -> None:
-    """Why the queue keeps the run waiting, as this check judged it (None: it does not): what
-    `run list` shows. Written by the check of the run's region alone, as its other state."""
+def set_queued(table: Any, run: str, queued: str | None, *, preempted_by: str | None = None,
+               at: float | None = None) -> None:  # fmt: skip
+    """Why the queue keeps the run waiting, as this check judged it (None: it does not, which
+    also forgets a preemption): what `run list` shows. `preempted_by`: the run that preempts it
+    now (at `at`), kept while it waits. Written by the check of the run's region alone, as its
+    other state."""
     if queued is None:
-        table.update_item(Key=_state_key(run), UpdateExpression="REMOVE queued")
+        table.update_item(
+            Key=_state_key(run), UpdateExpression="REMOVE queued, preempted_by, preempted_at"
+        )
+    elif preempted_by is not None:
+        table.update_item(
+            Key=_state_key(run), UpdateExpression="SET queued = :queued, preempted_by = :by, "
+            "preempted_at = :at",
+            ExpressionAttributeValues={":queued": queued, ":by": preempted_by,
+                                       ":at": Decimal(str(round(at or time.time(), 3)))},
+        )  # fmt: skip
     else:
         table.update_item(Key=_state_key(run), UpdateExpression="SET queued = :queued",
                           ExpressionAttributeValues={":queued": queued})  # fmt: skip
@@ -254,7 +281,7 @@ class FailoverState:
 
 
 def _failover_key(run: str, region: str) -> dict[str, str]:
-    return {PARTITION_KEY: run_key(run), SORT_KEY: failover_sort_key(region)}
+    return {PARTITION_KEY: handler_state_key(run), SORT_KEY: failover_sort_key(region)}
 
 
 def failover_state(table: Any, run: str, region: str) -> FailoverState:

@@ -52,9 +52,10 @@ def on_capacity_check(environment: Settings) -> dict[str, Any]:
         queue = {run: admission.Verdict(False, said) for run in runs}
     for run, run_settings in sorted(runs.items()):
         verdict = queue.get(run)
+        preempted_by = verdict.preempted_by if verdict else None
         try:
             results[run] = check_run(run_settings, asked, queued=run_queue.said(verdict),
-                                     preempted=bool(verdict and verdict.preempted_by))  # fmt: skip
+                                     preempted_by=preempted_by)  # fmt: skip
         except Exception as error:  # the other runs' checks go on; the next check retries
             log.exception("the capacity check of run %s failed", run)
             results[run] = {"decision": "error", "reason": f"{type(error).__name__}: {error}"}
@@ -66,10 +67,11 @@ def check_run(
     asked: dict[str, bool] | None = None,
     *,
     queued: str | None = None,
-    preempted: bool = False,
+    preempted_by: str | None = None,
 ) -> dict[str, Any]:
     """One run's check. `queued`: why the queue does not admit it (None: it does), which
-    holds a run not started yet, one it preempts (`preempted`), or one waiting since it was;
+    holds a run not started yet, one it preempts (for run `preempted_by`), or one waiting since
+    it was;
     a run that holds its machines keeps them whatever else the queue says (a queue that could
     not be judged stops no training)."""
     now = settings.now()
@@ -102,7 +104,7 @@ def check_run(
         # The stream's notice was missed (or is still on its way): the check makes sure.
         lifecycle = finish(run_settings, table, step, now, ledger, stop=False)
     stored = lifecycle.started_at is not None or aws.configuration_stored(run_settings)
-    if lifecycle.started_at is not None and not preempted and state.queued is None:
+    if lifecycle.started_at is not None and not preempted_by and state.queued is None:
         queued = None  # it holds its machines: only a preemption takes them
     queued = queued or state.gang_waiting(run_settings.gang_timeout_s, now)  # rule 8's wait
     held = capacity_policy.hold_for(capacity_policy.Standing(
@@ -111,8 +113,8 @@ def check_run(
         cap_usd=ledger.cap_usd if ledger else None, at_cap=bool(ledger and ledger.held),
         queued=queued,
     ))  # fmt: skip
-    if queued != state.queued:
-        fleet_state.set_queued(table, run, queued)
+    if queued != state.queued or preempted_by:
+        fleet_state.set_queued(table, run, queued, preempted_by=preempted_by, at=now)
     decision = None
     if held is not None:
         decision = capacity_policy.hold(groups, held)
