@@ -513,3 +513,26 @@ def test_a_missing_program_is_named_with_how_to_get_it(tmp_path: Path) -> None:
     assert done.returncode == 2, done.stderr
     assert done.stderr.count("error:") == 1 and "Traceback" not in done.stderr, done.stderr
     assert "runs `node`, which is not installed here: install Node.js 20" in done.stderr
+
+
+def test_words_after_options_are_the_commands_own_not_unrecognized(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`spotrain data prepare --store S --name N FILE` (the order people type) prepares FILE,
+    as `data prepare FILE --store S --name N` does; a word no command takes is still refused."""
+    text = tmp_path / "corpus.txt"
+    text.write_text("words after options\n" * 50)
+    store = f"file://{tmp_path / 'store'}"
+    assert cli.main(["data", "prepare", "--store", store, "--name", "late", str(text)]) == 0
+    assert cli.main(["data", "show", "--store", store, "--name", "late"]) == 0
+    assert "late" in capsys.readouterr().out
+    put = cli.parse(["config", "put", "--store", store, "--run", "r", "cfg.json"])
+    assert (put.command, put.action, put.config) == ("config", "put", Path("cfg.json"))
+    status = cli.parse(["--debug", "run", "status", "local", "--json", "demo"])
+    assert (status.debug, status.environment, status.run) == (True, "local", "demo")
+    assert status.json
+    fails_clearly(capsys, ["checkpoints", "list", "--run", "r", "--store", store, "extra"],
+                  "unrecognized arguments: extra")  # fmt: skip
+    simulate = ["cost", "simulate", "--work-hours", "1", "--on-demand-price", "3", "--spot-price",
+                "1"]  # fmt: skip
+    fails_clearly(capsys, [*simulate, "stray"], "unrecognized arguments: stray")

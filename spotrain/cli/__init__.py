@@ -67,8 +67,34 @@ def parser() -> argparse.ArgumentParser:
     return root
 
 
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line's arguments, its words in any order around its options: `spotrain data
+    prepare --store S --name N a.txt` as `spotrain data prepare a.txt --store S --name N`
+    (argparse alone gives an optional positional, such as INPUT... or CONFIG, only the words
+    before the first option)."""
+    root = parser()
+    args, extra = root.parse_known_args(argv)
+    if not extra:
+        return args
+    words = list(sys.argv[1:] if argv is None else argv)
+    sub = _subcommands(root)[args.command]
+    if _subcommands(sub):  # argparse cannot intermix through a second level of commands
+        root.error(f"unrecognized arguments: {' '.join(extra)}")
+    again = sub.parse_intermixed_args(words[words.index(args.command) + 1 :])
+    again.debug, again.command = args.debug, args.command
+    return again
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    """The parsers of `parser`'s commands, by name (none: it has none)."""
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            return dict(action.choices)
+    return {}
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = parser().parse_args(argv)
+    args = parse(argv)
     try:
         return int(args.handler(args))
     except SpotrainError as error:
