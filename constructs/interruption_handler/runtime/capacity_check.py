@@ -70,10 +70,9 @@ def check_run(
     preempted_by: str | None = None,
 ) -> dict[str, Any]:
     """One run's check. `queued`: why the queue does not admit it (None: it does), which
-    holds a run not started yet, one it preempts (for run `preempted_by`), or one waiting since
-    it was;
-    a run that holds its machines keeps them whatever else the queue says (a queue that could
-    not be judged stops no training)."""
+    holds a run not started yet, one it preempts (for run `preempted_by`), or one waiting
+    since it was; a run that holds its machines keeps them whatever else the queue says (a
+    queue that could not be judged stops no training)."""
     now = settings.now()
     run, topic = run_settings.run, run_settings.handler.alert_topic_arn
     table = aws.events_table(run_settings)
