@@ -1023,7 +1023,7 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
         runtime_clients.forget()
 
     def replicate_the_wish() -> None:  # the events table's replication, item by item
-        key = {"pk": schema.run_key(run), "sk": schema.failover_sort_key(REGION)}
+        key = {"pk": schema.handler_state_key(run), "sk": schema.failover_sort_key(REGION)}
         item = tables[REGION].get_item(Key=key).get("Item")
         if item is None:
             tables[west].delete_item(Key=key)
