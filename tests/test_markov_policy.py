@@ -411,7 +411,8 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
         decided = deadline_plan.decide(header, part, progress, region=0, current=ON_DEMAND,
                                        spot_available=[False, True])  # fmt: skip
         assert decided.reason.startswith("plan: 9.5 h of work in 15.0 h; us-east-1 lacks")
-        with pytest.raises(SpotrainError, match=r"no deadline.*one trace per region") as refused:
+        listed = r"(?s)no deadline.*one trace per region"  # one problem a line
+        with pytest.raises(SpotrainError, match=listed) as refused:
             run_plan.means(where, replace(run, deadline=None), [str(tmp_path / "gone.json")], [])
         # Every problem at once: the file that cannot be read too.
         assert "--spot-history is given 1 time(s)" in str(refused.value)

@@ -125,16 +125,18 @@ def _rate(
     return None
 
 
-def raise_all(problems: list[str]) -> None:
-    """Every problem of the plan's inputs at once: one line for one, a list for several."""
+def raise_all(problems: list[str], subject: str = "the plan") -> None:
+    """Every problem of `subject`'s inputs at once: one line for one, a list for several."""
     if len(problems) == 1:
         raise CostInputError(problems[0])
     if problems:
-        raise ConfigError("the plan", problems)
+        raise ConfigError(subject, problems)
 
 
 def problems_of(error: SpotrainError) -> list[str]:
-    return list(error.problems) if isinstance(error, ConfigError) else [str(error)]
+    """Each problem `error` names (a configuration's, several trace files'), or its message."""
+    problems = getattr(error, "problems", None)
+    return list(problems) if problems else [str(error)]
 
 
 def _history(table_name: str) -> dict[tuple[str, str], float]:

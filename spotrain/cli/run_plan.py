@@ -19,6 +19,7 @@ import uuid
 from typing import Any
 
 from spotrain.cli.output import say
+from spotrain.cli.plan_inputs import raise_all
 from spotrain.core.errors import SpotrainError
 
 MAX_PLAN_STATES = 250_000_000
@@ -86,9 +87,8 @@ def means(where: Any, run: Any, history: list[str], seen_by: list[str]) -> Means
     try:
         seen = traces.load_all([] if seen_by else (history or []))
     except traces.TraceError as error:
-        found.append(str(error))
-    if found:
-        raise SpotrainError("; ".join(found))
+        found.extend(error.problems)
+    raise_all(found, "the deadline plan's history")
     if seen_by:
         hours = min(r.observed_s for r in records) / 3600
         whence = f"as the checks of {', '.join(seen_by)} saw them over {hours:.0f} h"

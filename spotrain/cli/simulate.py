@@ -12,7 +12,7 @@ from typing import Any
 from spotrain.cli import simulate_regions
 from spotrain.cli.arguments import MAX_REPLAYS, figure_path, number
 from spotrain.cli.output import json_text, say
-from spotrain.cli.plan_inputs import problems_of
+from spotrain.cli.plan_inputs import problems_of, raise_all
 from spotrain.core.errors import CostInputError, SpotrainError
 from spotrain.cost import planner, report, simulation, traces
 
@@ -91,8 +91,7 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
         window = args.deadline_hours or 3 * args.work_hours
         sampled = attempt(lambda: _traces(args, _length_for(args, window),
                                           given if trace_files else None))  # fmt: skip
-    if problems:
-        raise CostInputError("; ".join(problems))
+    raise_all(problems, "the replay")
     return _Inputs(job, sampled, history)
 
 

@@ -31,6 +31,11 @@ FORMAT_HINT = (
 class TraceError(SpotrainError, ValueError):
     """A trace file that is not the format, or generation settings that make no trace."""
 
+    def __init__(self, message: str, problems: Sequence[str] = ()) -> None:
+        super().__init__(message)
+        self.problems = list(problems) or [message]
+        """Each problem on its own (several files'), for a caller that lists them."""
+
 
 MIN_GAP_S, MAX_GAP_S = 1.0, 86_400.0
 """A tick's length: a second (replay walks every tick) to a day."""
@@ -127,8 +132,9 @@ def load_all(paths: Sequence[str | Path]) -> list[Trace]:
         except TraceError as error:
             problems.append(str(error))
     if len(problems) > 1:  # the format said once, after them all
-        hint = [p.removesuffix(FORMAT_HINT).rstrip(":; ") for p in problems]
-        raise TraceError("; ".join(hint) + f"; {FORMAT_HINT}")
+        each = [p.removesuffix(FORMAT_HINT).rstrip(":; ") for p in problems]
+        each[-1] += f"; {FORMAT_HINT}"
+        raise TraceError("; ".join(each), each)
     if problems:
         raise TraceError(problems[0])
     return found
