@@ -203,6 +203,23 @@ def test_no_region_names_the_variable_boto3_reads(
                   "no AWS region: export AWS_DEFAULT_REGION=<region>")  # fmt: skip
 
 
+def test_the_local_environment_from_a_shell_not_pointed_at_the_local_cloud_says_how_to_point_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run list local` from a fresh shell: not "check your credentials" but the one line that
+    points the shell at the local cloud; another environment is told to check its deployment."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY",
+                 "AWS_SESSION_TOKEN", "AWS_PROFILE"):  # fmt: skip
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    for action in (["list", "local"], ["submit", "local", "demo"]):
+        fails_clearly(capsys, ["run", *action], 'eval "$(spotrain local env)"')
+    fails_clearly(capsys, ["run", "list", "dev"], "`spotrain deploy dev`", "credentials")
+
+
 def test_checkpoint_commands_name_the_fix_for_missing_aws_resources(
     dynamo: Any, folder_run: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:

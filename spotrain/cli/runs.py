@@ -122,7 +122,7 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
 
     run = _declared(args.environment, args.run)
     with aws_errors(f"environment {args.environment} is not deployed or not reachable",
-                    f"`spotrain deploy {args.environment}` deploys it"):  # fmt: skip
+                    reach_fix(args.environment)):  # fmt: skip
         where.events.load()
     given = None  # a plan's means: refused before anything is deployed or stored
     if args.spot_history or args.spot_seen_by:
@@ -328,11 +328,23 @@ def cmd_run(args: argparse.Namespace) -> int:
                                 f"`spotrain run {args.action} {args.environment} RUN`")  # fmt: skip
         if args.action != "submit":
             run_name(args.run, "RUN")
-    fix = "check the environment is deployed, AWS_DEFAULT_REGION and your credentials"
-    with aws_errors(f"`spotrain run {args.action}`", fix):
+    with aws_errors(f"`spotrain run {args.action}`", reach_fix(args.environment)):
         where = where_of(args.environment,
                          from_a_region_that_answers=args.action in ("status", "list"))  # fmt: skip
         return ACTIONS[args.action](where, args)
+
+
+def reach_fix(environment: str) -> str:
+    """What to check when environment `environment` does not answer: for `local`, from a shell
+    not pointed at the local cloud, that first."""
+    import os
+
+    if environment == "local" and not os.environ.get("AWS_ENDPOINT_URL"):
+        return ('the local environment is on the local cloud: point this shell at it with '
+                '`eval "$(spotrain local env)"` (`spotrain deploy local` starts it and deploys '
+                "the environment)")  # fmt: skip
+    return (f"check the environment is deployed (`spotrain deploy {environment}`), "
+            "AWS_DEFAULT_REGION and your credentials")  # fmt: skip
 
 
 def add_parsers(commands: Any) -> None:
