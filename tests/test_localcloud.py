@@ -950,6 +950,50 @@ def test_a_python_function_is_invoked_from_its_zip_as_lambda_runs_it(
     assert "asked to fail" in json.loads(failed["Payload"].read())["errorMessage"]
 
 
+def test_a_function_runs_as_its_role_and_is_judged_by_its_policies(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """A function's calls are made with a session of its execution role, as Lambda's are, and
+    its S3 and DynamoDB calls judged by the role's policies (conditions included), while the
+    cloud serves the tests' own keys as before."""
+    table = unique("table")
+    dynamodb = client(local_cloud, "dynamodb")
+    dynamodb.create_table(
+        TableName=table,
+        BillingMode="PAY_PER_REQUEST",
+        KeySchema=[{"AttributeName": "pk", "KeyType": "HASH"}],
+        AttributeDefinitions=[{"AttributeName": "pk", "AttributeType": "S"}],
+    )
+    for pk in ("RUN#a", "RUN#b"):  # the tests' keys: not judged
+        dynamodb.put_item(TableName=table, Item={"pk": {"S": pk}})
+    name = python_function(local_cloud, {"entry.py": (
+        "import boto3\n"
+        "def handle(event, context):\n"
+        "    dynamodb, said = boto3.client('dynamodb'), {}\n"
+        "    for pk in ('RUN#a', 'RUN#b'):\n"
+        "        for action in ('get_item', 'delete_item'):\n"
+        "            try:\n"
+        "                getattr(dynamodb, action)(TableName=event['table'],\n"
+        "                                          Key={'pk': {'S': pk}})\n"
+        "                said[f'{action} {pk}'] = 'done'\n"
+        "            except Exception as error:\n"
+        "                said[f'{action} {pk}'] = error.response['Error']['Code']\n"
+        "    return said\n"
+    )}, "entry.handle")  # fmt: skip
+    arn = f"arn:aws:dynamodb:{REGION}:{ACCOUNT}:table/{table}"
+    only_a = {"ForAllValues:StringLike": {"dynamodb:LeadingKeys": ["RUN#a"]}}
+    grant = {"Effect": "Allow", "Action": "dynamodb:GetItem", "Resource": arn, "Condition": only_a}
+    reads = {"Version": "2012-10-17", "Statement": [grant]}
+    client(local_cloud, "iam").put_role_policy(RoleName=name, PolicyName="reads",
+                                               PolicyDocument=json.dumps(reads))  # fmt: skip
+    answer = client(local_cloud, "lambda").invoke(
+        FunctionName=name, Payload=json.dumps({"table": table}).encode())  # fmt: skip
+    assert json.loads(answer["Payload"].read()) == {
+        "get_item RUN#a": "done", "get_item RUN#b": "AccessDeniedException",
+        "delete_item RUN#a": "AccessDeniedException", "delete_item RUN#b": "AccessDeniedException",
+    }  # fmt: skip
+
+
 def test_a_function_keeps_a_warm_environment_between_invocations_as_lambda_does(
     local_cloud: control.RunningCloud,
 ) -> None:

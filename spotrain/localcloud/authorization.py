@@ -283,3 +283,42 @@ def install() -> None:
             self._raise_access_denied()
 
     IAMRequestBase.check_action_permitted = check_action_permitted  # type: ignore[method-assign]
+    _install_assumed_roles_judged()
+
+
+ROLE_JUDGED_SERVICES = ("s3", "dynamodb")
+"""What an assumed role's requests are judged for while the cloud serves everyone else as it
+does by default: the services whose resources and condition keys `install` models (moto names
+most other services' resources `*`, which no grant scoped to an ARN matches)."""
+
+
+def _install_assumed_roles_judged() -> None:
+    """A request signed with an assumed role's session (a function running as its role) is
+    judged by that role's policies for S3 and DynamoDB even when the cloud does not enforce
+    identity policies (`control.enforce_identity_policies`): the deployed handler then does its
+    work with exactly what its role grants, while operators' and tests' own keys, which are
+    nobody's in the cloud's IAM, are served as before."""
+    from moto import settings
+    from moto.core.authorization import ActionAuthenticatorMixin
+
+    original = ActionAuthenticatorMixin._authenticate_and_authorize_action
+
+    def authenticate_and_authorize(self: Any, iam_request_cls: type, resource: str = "*") -> None:
+        enforcing = ActionAuthenticatorMixin.request_count >= settings.INITIAL_NO_AUTH_ACTION_COUNT
+        session = self.headers.get("X-Amz-Security-Token") or self.headers.get(
+            "x-amz-security-token"
+        )
+        if enforcing or not session:
+            return original(self, iam_request_cls, resource)  # type: ignore[no-any-return]
+        parsed = urlparse(self.uri)
+        request = iam_request_cls(
+            account_id=self.current_account, method=self.method,
+            path=self.raw_path + (f"?{parsed.query}" if parsed.query else ""), data=self.data,
+            body=self.raw_body, headers=self.headers, action=self._get_action(),
+        )  # fmt: skip
+        if request._action.partition(":")[0] in ROLE_JUDGED_SERVICES:
+            request.check_signature()
+            request.check_action_permitted(resource)
+        return None
+
+    ActionAuthenticatorMixin._authenticate_and_authorize_action = authenticate_and_authorize  # type: ignore[method-assign]

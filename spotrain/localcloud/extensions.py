@@ -348,17 +348,44 @@ _workers: dict[str, Any] = {}
 _workers_lock = threading.Lock()
 
 
+_role_sessions: dict[str, dict[str, str]] = {}
+_role_sessions_lock = threading.Lock()
+
+
+def role_credentials(role_arn: str) -> dict[str, str]:
+    """A session of role `role_arn`, as Lambda gives a function its execution role's: made
+    once a role (its requests are judged by the role's policies, `authorization`)."""
+    from moto.sts.models import sts_backends
+
+    with _role_sessions_lock:
+        if role_arn not in _role_sessions:
+            account = role_arn.split(":")[4]
+            session = sts_backends[account]["aws"].assume_role(
+                region_name="us-east-1", role_session_name="local-lambda", role_arn=role_arn,
+                policy="", duration=43200, external_id="",
+            )  # fmt: skip
+            _role_sessions[role_arn] = {
+                "AWS_ACCESS_KEY_ID": session.access_key_id,
+                "AWS_SECRET_ACCESS_KEY": session.secret_access_key,
+                "AWS_SESSION_TOKEN": session.session_token,
+            }
+        return _role_sessions[role_arn]
+
+
 def run_python_function(
     code: bytes, handler: str, environment: dict[str, str], region: str, event: dict[str, Any],
-    timeout_s: float,
+    timeout_s: float, role_arn: str | None = None,
 ) -> subprocess.CompletedProcess[str]:  # fmt: skip
     """Run a Python Lambda handler (`module.function`) from its zip, as Lambda would, against
     this local cloud: in a warm execution environment of the function when one is idle
-    (`lambda_environments`)."""
+    (`lambda_environments`), with a session of its execution role `role_arn` (else the cloud's
+    default keys)."""
+    keys = role_credentials(role_arn) if role_arn else {
+        "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local"}  # fmt: skip
     env = {
         "PATH": os.environ.get("PATH", ""),
         **environment,
-        "AWS_ACCESS_KEY_ID": "local", "AWS_SECRET_ACCESS_KEY": "local",
+        **keys,
         "AWS_REGION": region, "AWS_DEFAULT_REGION": region,
         "AWS_ENDPOINT_URL": os.environ.get(ENDPOINT_VARIABLE, ""),
         "AWS_CA_BUNDLE": os.environ.get(CA_BUNDLE_VARIABLE, ""),
@@ -379,7 +406,7 @@ def _stream_worker(function_arn: str, pending: queue.Queue[dict[str, Any]]) -> N
         try:
             done = run_python_function(
                 function.code_bytes, function.handler, dict(function.environment_vars), region,
-                {"Records": records}, float(function.timeout),
+                {"Records": records}, float(function.timeout), function.role,
             )  # fmt: skip
             outcome = f"exit {done.returncode}: {done.stdout.strip()[-2000:]} {done.stderr[-2000:]}"
         except (subprocess.TimeoutExpired, OSError, zipfile.BadZipFile) as error:
@@ -427,7 +454,7 @@ def _install_python_function_invoke() -> None:
         try:
             done = run_python_function(self.code_bytes, self.handler,
                                        dict(self.environment_vars), self.region, event,
-                                       float(self.timeout))  # fmt: skip
+                                       float(self.timeout), self.role)  # fmt: skip
         except subprocess.TimeoutExpired:
             response_headers["x-amz-function-error"] = "Unhandled"
             return json.dumps({"errorType": "Timeout",

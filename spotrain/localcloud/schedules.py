@@ -110,7 +110,7 @@ def _fire(rule: Any, running: set[str]) -> None:
             try:
                 done = run_python_function(
                     function.code_bytes, function.handler, dict(function.environment_vars),
-                    region, event, float(function.timeout),
+                    region, event, float(function.timeout), function.role,
                 )  # fmt: skip
                 outcome = (
                     f"exit {done.returncode}: {done.stdout.strip()[-1000:]} {done.stderr[-1000:]}"
