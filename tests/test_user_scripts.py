@@ -99,6 +99,41 @@ def _parent(pid: int) -> int | None:
         return None
 
 
+def test_a_stop_as_torchruns_agent_enters_its_monitor_is_its_shutdown_not_a_traceback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The monitor torchrun's agent enters every interval runs without torch's metrics wrapper:
+    a stop signal landing on the wrapper's first line (before it sets its start time) made its
+    `finally` raise UnboundLocalError, a traceback and exit 1 instead of the shutdown."""
+    from types import SimpleNamespace
+
+    from torch.distributed.elastic.agent.server.api import RunResult, WorkerState
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.metrics import api as metrics_api
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.subprocess_handler import SubprocessHandler
+
+    from spotrain.trainer.launch import _repair_torchrun
+
+    monkeypatch.setattr(SubprocessHandler, "close", SubprocessHandler.close)
+    monkeypatch.setattr(LocalElasticAgent, "_stop_workers", LocalElasticAgent._stop_workers)
+    calm = RunResult(state=WorkerState.HEALTHY)
+
+    def monitor(agent: Any, group: Any) -> RunResult:
+        return calm
+
+    # torch's own decoration of the monitor, around a stand-in body.
+    monkeypatch.setattr(LocalElasticAgent, "_monitor_workers",
+                        metrics_api.prof(monitor, group="agent"))  # fmt: skip
+    _repair_torchrun(standalone=True)
+
+    def stop_signal_arrives() -> float:
+        raise SignalException("Process got signal: 15", sigval=signal.SIGTERM)
+
+    monkeypatch.setattr(metrics_api, "time", SimpleNamespace(time=stop_signal_arrives))
+    assert LocalElasticAgent._monitor_workers(object(), None) is calm
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
 def test_spotrains_torchrun_stops_a_rank_alone_and_kills_its_whole_group(
     stop: signal.Signals, tmp_path: Path, monkeypatch: pytest.MonkeyPatch

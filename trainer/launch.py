@@ -1,4 +1,4 @@
-"""torchrun, with two repairs an elastic spot fleet needs (torch 2.13).
+"""torchrun, with the repairs an elastic spot fleet needs (torch 2.13).
 
 `spotrain train` runs this module instead of `torch.distributed.run`; the command line is
 torchrun's.
@@ -29,9 +29,14 @@ torchrun's.
    taken. The stop (SIGTERM, SIGINT) now goes to the rank alone, which publishes and exits;
    its helpers keep serving it until then. SIGKILL, after `--shutdown-timeout`, still takes
    the whole group.
+5. **A stop is a shutdown, not a traceback.** torchrun's agent enters its monitor every
+   interval through torch's metrics wrapper; a stop signal that lands on the wrapper's first
+   line became an UnboundLocalError in its `finally` (a traceback in the machine's log and
+   exit 1, a run's cancel seen as a failure). The monitor now runs without the wrapper, whose
+   metrics go nowhere here.
 
 The first two are checked by the fleet rehearsal, where a replacement machine joins a running
-group; the last two by tests/test_user_scripts.py.
+group; the others by tests/test_user_scripts.py.
 """
 
 from __future__ import annotations
@@ -62,7 +67,10 @@ def _repair_torchrun(*, standalone: bool) -> None:
 
     LocalElasticAgent._stop_workers = stop_workers_as_long_as_a_shutdown
 
-    monitor = LocalElasticAgent._monitor_workers
+    # Repair 5: the monitor's own body, without the metrics wrapper (the one wrapped call
+    # entered every interval, so that is where a stop landed).
+    monitor = getattr(LocalElasticAgent._monitor_workers, "__wrapped__",
+                      LocalElasticAgent._monitor_workers)  # fmt: skip
 
     def no_restart_for_what_cannot_train(self: Any, worker_group: Any) -> Any:
         result = monitor(self, worker_group)
