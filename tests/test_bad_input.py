@@ -215,9 +215,18 @@ def test_the_local_environment_from_a_shell_not_pointed_at_the_local_cloud_says_
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
     monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    import boto3
+
+    from spotrain.cli import run_status
+
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # no keys another test left
     for action in (["list", "local"], ["submit", "local", "demo"]):
         fails_clearly(capsys, ["run", *action], 'eval "$(spotrain local env)"')
     fails_clearly(capsys, ["run", "list", "dev"], "`spotrain deploy dev`", "credentials")
+    # With keys, AWS's regions do not hold the local environment's tables (or do not answer).
+    monkeypatch.setattr(run_status, "region_answers", lambda *_: False)
+    fails_clearly(capsys, ["run", "list", "local"], "no region of environment local answers",
+                  'eval "$(spotrain local env)"')  # fmt: skip
 
 
 def test_checkpoint_commands_name_the_fix_for_missing_aws_resources(

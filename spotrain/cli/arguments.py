@@ -126,3 +126,16 @@ def environment(name: str) -> Any:
     if name not in found:
         raise CostInputError(f"environment {name!r} is unknown: use one of {', '.join(found)}")
     return found[name]
+
+
+def reach_fix(environment: str) -> str:
+    """What to check when environment `environment` does not answer: for `local`, from a shell
+    not pointed at the local cloud, that first."""
+    import os
+
+    if environment == "local" and not os.environ.get("AWS_ENDPOINT_URL"):
+        return ('the local environment is on the local cloud: point this shell at it with '
+                '`eval "$(spotrain local env)"` (`spotrain deploy local` starts it and deploys '
+                "the environment)")  # fmt: skip
+    return (f"check the environment is deployed (`spotrain deploy {environment}`), "
+            "AWS_DEFAULT_REGION and your credentials")  # fmt: skip

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from spotrain.cli.arguments import environment
+from spotrain.cli.arguments import environment, reach_fix
 from spotrain.cli.output import json_text, say
 from spotrain.cli.regions import region_answers
 from spotrain.core.deadline_policy import instant
@@ -114,7 +114,8 @@ def where_of(env_name: str, *, from_a_region_that_answers: bool = False) -> Wher
         if not regions:
             raise SpotrainError(f"no region of environment {env_name} answers "
                                 f"({', '.join(config.region_names)}): an outage, or no "
-                                "connection from here; try again later")  # fmt: skip
+                                f"connection from here; try again later, or "
+                                f"{reach_fix(env_name)}")  # fmt: skip
     region = regions[0]
     dynamodb = boto3.resource("dynamodb", region_name=region)
     clients: dict[str, Any] = {}

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.cli import run_status, run_steering
-from spotrain.cli.arguments import environment, figure_path, run_name
+from spotrain.cli.arguments import environment, figure_path, reach_fix, run_name
 from spotrain.cli.output import json_text, say
 from spotrain.cli.run_status import (
     Where,
@@ -332,19 +332,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         where = where_of(args.environment,
                          from_a_region_that_answers=args.action in ("status", "list"))  # fmt: skip
         return ACTIONS[args.action](where, args)
-
-
-def reach_fix(environment: str) -> str:
-    """What to check when environment `environment` does not answer: for `local`, from a shell
-    not pointed at the local cloud, that first."""
-    import os
-
-    if environment == "local" and not os.environ.get("AWS_ENDPOINT_URL"):
-        return ('the local environment is on the local cloud: point this shell at it with '
-                '`eval "$(spotrain local env)"` (`spotrain deploy local` starts it and deploys '
-                "the environment)")  # fmt: skip
-    return (f"check the environment is deployed (`spotrain deploy {environment}`), "
-            "AWS_DEFAULT_REGION and your credentials")  # fmt: skip
 
 
 def add_parsers(commands: Any) -> None:
