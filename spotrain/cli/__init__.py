@@ -79,7 +79,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     words = list(sys.argv[1:] if argv is None else argv)
     sub = _subcommands(root)[args.command]
     if _subcommands(sub):  # argparse cannot intermix through a second level of commands
-        root.error(f"unrecognized arguments: {' '.join(extra)}")
+        return root.parse_args(argv)  # its own refusal of the words left over
     again = sub.parse_intermixed_args(words[words.index(args.command) + 1 :])
     again.debug, again.command = args.debug, args.command
     return again

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -131,8 +132,6 @@ def environment(name: str) -> Any:
 def reach_fix(environment: str) -> str:
     """What to check when environment `environment` does not answer: for `local`, from a shell
     not pointed at the local cloud, that first."""
-    import os
-
     if environment == "local" and not os.environ.get("AWS_ENDPOINT_URL"):
         return ('the local environment is on the local cloud: point this shell at it with '
                 '`eval "$(spotrain local env)"` (`spotrain deploy local` starts it and deploys '

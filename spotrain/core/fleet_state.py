@@ -81,7 +81,8 @@ class RunState:
     @property
     def waiting_reason(self) -> str | None:
         """`queued`, and who preempted the run and when, if one did since it last trained."""
-        if self.queued is None or self.preempted_by is None or "preempted by" in self.queued:
+        said = f"preempted by run {self.preempted_by} "  # the preempting check's own words
+        if self.queued is None or self.preempted_by is None or said in self.queued:
             return self.queued
         at = datetime.fromtimestamp(self.preempted_at or 0, UTC).strftime("%Y-%m-%d %H:%M UTC")
         return f"{self.queued} (preempted by run {self.preempted_by} at {at})"
