@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from spotrain.cdk import App
 from spotrain.core import resource_names as names
@@ -47,7 +47,7 @@ def add_environment(
 ) -> dict[str, object]:
     """Create the environment's stacks and one per run in `app` (`runs`: those the repository
     declares, `runs/<env>/`); returns them by part."""
-    runs = load_runs(config.name) if runs is None else runs
+    runs = load_runs(config.name, against=config) if runs is None else runs
     storage = StorageStack(app, config=config)
     key_arns = {region: key.arn for region, key in storage.keys.items()}
     catalog = CatalogStack(app, config=config, key_arns=key_arns)
@@ -108,10 +108,16 @@ def add_environment(
     return stacks
 
 
-def build_app(environments: Iterable[EnvironmentConfig], outdir: str | None = None) -> App:
+def build_app(
+    environments: Iterable[EnvironmentConfig],
+    outdir: str | None = None,
+    runs: Mapping[str, tuple[RunConfig, ...]] | None = None,
+) -> App:
+    """Every environment's stacks, with its runs (`runs`, by environment: as checked already;
+    else read from the run files)."""
     app = App(outdir=outdir) if outdir else App()
     for config in environments:
-        add_environment(app, config)
+        add_environment(app, config, (runs or {}).get(config.name))
     return app
 
 

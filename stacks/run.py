@@ -15,13 +15,13 @@ from spotrain.constructs.spot_fleet import SpotFleet, SpotFleetProps
 from spotrain.core import resource_names as names
 from spotrain.core.admission import asked
 from spotrain.core.capacity import ON_DEMAND, SPOT, CapacityGroup, RunDeclaration
-from spotrain.core.errors import ConfigError
+from spotrain.core.errors import raise_if_problems
 from spotrain.core.gpu_types import efa_interfaces
 from spotrain.core.handler_settings import run_parameter_name
 from spotrain.core.image_reference import image_in_region, image_repository_name
 from spotrain.stacks.base import EnvironmentStack, place_in, region_label
 from spotrain.stacks.config import EnvironmentConfig
-from spotrain.stacks.runs import RunConfig
+from spotrain.stacks.runs import RunConfig, environment_problems
 
 
 def capacity_groups(config: EnvironmentConfig, run: RunConfig) -> tuple[CapacityGroup, ...]:
@@ -47,11 +47,7 @@ def run_declaration(config: EnvironmentConfig, run: RunConfig) -> RunDeclaration
     what the queue judges it by (its team, priority, and the GPUs and vCPUs per quota of its
     declared machines: the coordinator on-demand, the rest spot). A team the environment does
     not have is refused before anything is synthesized."""
-    teams = [team.name for team in config.teams]
-    if teams and run.team not in teams:
-        raise ConfigError(f"run {run.source or run.name!r}", [
-            f"team {run.team!r} is not one of environment {config.name}'s teams: set team "
-            f"to one of {', '.join(teams)}"])  # fmt: skip
+    raise_if_problems(f"run {run.source or run.name!r}", environment_problems(config, run))
     gpus, vcpus = asked(run.instance_types, {
         SPOT: run.desired_size - run.on_demand_base_capacity,
         ON_DEMAND: run.on_demand_base_capacity})  # fmt: skip
@@ -90,6 +86,8 @@ class RunStack(EnvironmentStack):
             scope, names.run_stack_part(run.name), config=config, run_tags=run.run_tags
         )
         self.run = run
+        # Checked first: what the run names of its environment (its team, its zone).
+        declaration = run_declaration(config, run).to_json()
         self.fleets = {
             region: self._fleet(config, run, region, grounds, catalog_table_name,
                                 events_table_name)
@@ -100,7 +98,6 @@ class RunStack(EnvironmentStack):
         # region's parameters: one region's outage leaves the others' handlers serving it):
         # its groups and sizes, its cap and its deadline. Retiring the run (destroying this
         # stack) removes it.
-        declaration = run_declaration(config, run).to_json()
         self.declarations = {}
         for region in config.region_names:
             home = region == config.primary_region
@@ -155,11 +152,7 @@ class RunStack(EnvironmentStack):
         mode = run.network_mode
         subnets = network.subnet_ids
         if mode != "tcp":
-            zone = (run.zone if home else None) or zones[0]
-            if zone not in zones:
-                raise ConfigError(f"run {run.source or run.name}", [
-                    f"zone {zone!r} is not one of environment {config.name}'s: use one of "
-                    f"{', '.join(zones)}"])  # fmt: skip
+            zone = (run.zone if home else None) or zones[0]  # home's: checked
             subnets = [subnets[zones.index(zone)]]
 
         def table_arn(table: str) -> str:  # the global table's replica in this region

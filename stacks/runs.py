@@ -17,12 +17,12 @@ import math
 import os
 import re
 import tomllib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field, fields
 from datetime import date, datetime
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotrain.core import resource_names as names
 from spotrain.core.capacity import gang_timeout_problem
@@ -41,6 +41,9 @@ from spotrain.core.global_batch import DEFAULT_MICRO_BATCH, global_batch_problem
 from spotrain.core.gpu_types import MACHINES, efa_everywhere, efa_interfaces, gpu_kind_problems
 from spotrain.core.image_reference import run_image_problems
 from spotrain.core.validation import instance_type_problems, type_problems
+
+if TYPE_CHECKING:
+    from spotrain.stacks.config import EnvironmentConfig
 
 CHECKOUT = Path(__file__).resolve().parent.parent
 """The repository's root: the code folder of the image the runs' machines boot (a run's
@@ -356,23 +359,65 @@ def run_file(environment: str, run: str, directory: Path | None = None) -> Path:
     return (directory or runs_dir()) / environment / f"{run}{RUN_FILE_SUFFIX}"
 
 
-def load_runs(environment: str, directory: Path | None = None) -> tuple[RunConfig, ...]:
+TrainingCheck = Callable[[Mapping[str, Any]], list[str]]
+"""Every problem of a run's built-in training configuration, each named as its field (the
+trainer's own check: `spotrain.trainer.train.training_problems`, which this floor cannot
+import)."""
+
+
+def load_runs(
+    environment: str,
+    directory: Path | None = None,
+    *,
+    against: EnvironmentConfig | None = None,
+    training_problems: TrainingCheck | None = None,
+) -> tuple[RunConfig, ...]:
     """Every run the repository declares for `environment`, by name; every problem of every
-    file at once."""
+    file at once: with `against`, what the environment must have for it (its team, its zone);
+    with `training_problems`, its training configuration's own."""
     folder = (directory or runs_dir()) / environment
     paths = sorted(folder.glob(f"*{RUN_FILE_SUFFIX}")) if folder.is_dir() else []
     runs, problems = [], []
     for path in paths:
         try:
-            runs.append(read_run(path, environment))
+            runs.append(read_run(path, environment, training_problems, against))
         except ConfigError as error:
             problems += [f"{path.name}: {p}" for p in error.problems]
     raise_if_problems(f"the runs of environment {environment!r} ({folder})", problems)
     return tuple(runs)
 
 
-def read_run(path: Path, environment: str) -> RunConfig:
-    """The run declared in `path`, or a ConfigError listing every problem of the file."""
+def environment_problems(config: EnvironmentConfig, run: RunConfig) -> list[str]:
+    """What `run` names that its environment does not have: a team, or the zone an EFA run
+    trains in (one of home's)."""
+    return team_problems(config, run.team) + zone_problems(config, run)
+
+
+def zone_problems(config: EnvironmentConfig, run: RunConfig) -> list[str]:
+    zones = config.region(config.primary_region).availability_zones
+    if run.zone is not None and run.network_mode != "tcp" and run.zone not in zones:
+        return [f"zone {run.zone!r} is not one of environment {config.name}'s: use one of "
+                f"{', '.join(zones)}"]  # fmt: skip
+    return []
+
+
+def team_problems(config: EnvironmentConfig, team: str) -> list[str]:
+    teams = [each.name for each in config.teams]
+    if teams and team not in teams:
+        return [f"team {team!r} is not one of environment {config.name}'s teams: set team to "
+                f"one of {', '.join(teams)}"]  # fmt: skip
+    return []
+
+
+def read_run(
+    path: Path,
+    environment: str,
+    training_problems: TrainingCheck | None = None,
+    against: EnvironmentConfig | None = None,
+) -> RunConfig:
+    """The run declared in `path`, or a ConfigError listing every problem of the file (its
+    training configuration's too, with `training_problems`, and what its environment lacks for
+    it, with `against`)."""
     text = read_text(path, "run file", _FIX)
     subject = f"run file {path}"
     try:
@@ -385,10 +430,13 @@ def read_run(path: Path, environment: str) -> RunConfig:
         if key not in _FILE_FIELDS
     ]
     values: dict[str, Any] = {k: v for k, v in document.items() if k in _FILE_FIELDS}
+    unusable = set()  # fields whose value cannot be checked further: missing or mistyped
     for key in ("owner", "instance_types"):
         if key not in values:
+            unusable.add(key)
             problems.append(f"{key} is missing: every run names its {key.replace('_', ' ')}")
     if "training" not in values and "entry_point" not in values:
+        unusable.add("training")
         problems.append("training is missing: give the run's [training] (the built-in trainer's "
                         "configuration) or its [entry_point] (your own script)")  # fmt: skip
     for key, kind in _TABLES.items():
@@ -396,15 +444,40 @@ def read_run(path: Path, environment: str) -> RunConfig:
             table, found = _table(values[key], kind, key)
             problems += found
             values[key] = table
+            unusable |= {key} if found else set()
     if isinstance(values.get("training"), str):
         values["training"], found = _training_file(path.parent / values["training"])
         problems += found
-    problems += type_problems(RunConfig, values)
-    raise_if_problems(subject, problems)
+        unusable |= {"training"} if found else set()
+    for key, value in values.items():
+        found = type_problems(RunConfig, {key: value})
+        problems += found
+        unusable |= {key} if found else set()
+    if training_problems is not None and isinstance(values.get("training"), Mapping):
+        problems += [f"training.{p}" for p in training_problems(values["training"])]
+    if against is not None and isinstance(values.get("team", ""), str):
+        problems += team_problems(against, values.get("team", ""))
+    # The values that are usable are checked as a whole, each unusable one standing in with a
+    # value its own checks pass; what the checks then say of a stand-in (or through one) is
+    # dropped.
+    stand_ins = {key: _STAND_INS[key] for key in unusable if key in _STAND_INS}
+    kept = {k: v for k, v in values.items() if k not in unusable}
     try:
-        return RunConfig(name=path.stem, environment=environment, source=str(path), **values)
+        run = RunConfig(name=path.stem, environment=environment, source=str(path),
+                        **{**kept, **stand_ins})  # fmt: skip
     except ConfigError as error:
-        raise ConfigError(subject, error.problems) from None
+        said = [*unusable, _STAND_INS["owner"], *_STAND_IN_TYPES]
+        problems += [p for p in error.problems if not any(word in p for word in said)]
+    else:
+        problems += zone_problems(against, run) if against is not None and not unusable else []
+    raise_if_problems(subject, list(dict.fromkeys(problems)))
+    return run
+
+
+_STAND_IN_TYPES = ("standin.one", "standin.two")
+_STAND_INS: dict[str, Any] = {"owner": "stand-in", "instance_types": _STAND_IN_TYPES}
+"""For each field a run must give, a value its own checks pass and no other check can judge
+(types spotrain does not know): a file missing it is still checked for the rest."""
 
 
 def _table(value: Any, kind: type, key: str) -> tuple[Any, list[str]]:

@@ -184,6 +184,47 @@ def test_the_app_refuses_bad_run_files_in_one_message_before_synthesis(
     assert not (tmp_path / "out").exists()
 
 
+def test_a_pull_requests_synth_lists_every_problem_of_every_run_file_at_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What `run submit` would refuse after merging is refused by the pull request's synth, all
+    at once: a mistyped field no longer hides the values that are wrong, the training
+    configuration is checked as the trainer checks it, and what a run names of its environment
+    (a team, a zone) is judged beside the rest, in every environment."""
+    mistyped = (GOOD.replace("min_size = 1", "min_size = 3\npriority = \"high\"")
+                .replace("max_size = 4", 'max_size = 1\nteam = "nobody"')
+                .replace("steps = 40", "steps = 40\ncheckpoint_every = 0"))  # fmt: skip
+    write(tmp_path / "runs" / "local", "mistyped", mistyped)
+    no_owner = GOOD.replace('owner = "ml@example.com"', "").replace(
+        "max_spend_usd = 100", "max_spend_usd = 0"
+    )
+    write(tmp_path / "runs" / "local", "no-owner", no_owner)
+    efa = GOOD.replace('["g5.xlarge", "g5.2xlarge"]', '["p5en.48xlarge", "p5e.48xlarge"]')
+    write(
+        tmp_path / "runs" / "prod",
+        "far",
+        'zone = "us-east-1z"\n'
+        + efa.replace("global_batch = 96", "global_batch = 96\nlog_every = 0"),
+    )
+    monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
+    assert cli.main(["synth", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and not (tmp_path / "out").exists()
+    for said in (
+        "mistyped.toml: priority is 'high': it must be an integer",
+        "mistyped.toml: sizes min_size=3 desired_size=2 max_size=1 are not ordered",
+        "mistyped.toml: team 'nobody' is not one of environment local's teams",
+        "mistyped.toml: training.checkpoint_every is 0: use 1 or more",
+        "no-owner.toml: owner is missing",
+        "no-owner.toml: max_spend_usd is 0",
+        "far.toml: zone 'us-east-1z' is not one of environment prod's",
+        "far.toml: training.log_every is 0",
+    ):
+        assert said in err, (said, err)
+    # What is said of the owner's stand-in, or through it, is not said.
+    assert "stand-in" not in err and "owner 'stand-in'" not in err
+
+
 def test_a_run_that_pins_its_image_boots_and_may_pull_that_image_only(tmp_path: Path) -> None:
     """The image is part of the run's definition: its launch template writes it for the boot
     script (a changed image is a changed template, shown in the run's plan), and its machines

@@ -14,7 +14,7 @@ import dataclasses
 import json
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -88,8 +88,25 @@ _STAND_INS: dict[str, Any] = {
 configuration missing it is still checked for the rest (`_train_config`), never used."""
 
 
-def _train_config(document: dict[str, Any], problems: list[str], path: Path) -> TrainConfig:
-    subject = f"training configuration {path}"
+def training_problems(document: Mapping[str, Any]) -> list[str]:
+    """Every problem of the built-in trainer's configuration as a run file declares it
+    (`[training]`): the fields each machine fills in (`store`, `work_dir`) and the run's name
+    stand in, as `spotrain run submit` gives them."""
+    given = {"run": "stand-in", "store": "s3://stand-in", "work_dir": "stand-in", **document}
+    try:
+        _train_config(given, [], "the run's training", missing_fix="set it in [training]")
+    except ConfigError as error:
+        return error.problems
+    return []
+
+
+def _train_config(
+    document: dict[str, Any],
+    problems: list[str],
+    path: Path | str,
+    missing_fix: str = "set it in the file or with --set {name}=...",
+) -> TrainConfig:
+    subject = f"training configuration {path}" if isinstance(path, Path) else path
     model_fields = document.get("model", {})
     if not isinstance(model_fields, dict):
         problems.append(
@@ -112,9 +129,7 @@ def _train_config(document: dict[str, Any], problems: list[str], path: Path) -> 
         and f.default_factory is dataclasses.MISSING
         and f.name not in document
     ]
-    problems += [
-        f"{name} is missing: set it in the file or with --set {name}=..." for name in missing
-    ]
+    problems += [f"{name} is missing: {missing_fix.format(name=name)}" for name in missing]
     # Each part's own checks too, so one message lists every problem.
     known_model = {f.name for f in dataclasses.fields(GPTConfig)}
     try:

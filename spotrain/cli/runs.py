@@ -75,9 +75,10 @@ def _status(where: Where, args: argparse.Namespace) -> int:
     return shown
 
 
-def _declared(env_name: str, target: str) -> Any:
+def _declared(env_name: str, target: str, *, whole: bool = False) -> Any:
     """The run `target` names (a run of the environment, or its file), as the repository
-    declares it; a file elsewhere is refused with where it belongs."""
+    declares it; a file elsewhere is refused with where it belongs. `whole`: its training
+    configuration and what it names of the environment checked too (the trainer's import)."""
     from pathlib import Path
 
     from spotrain.stacks.runs import RUN_FILE_SUFFIX, read_run, run_file, runs_dir
@@ -91,7 +92,11 @@ def _declared(env_name: str, target: str) -> Any:
     if not path.is_file():
         raise SpotrainError(f"{path} does not exist: declare the run there (see "
                             f"{runs_dir() / 'README.md'})")  # fmt: skip
-    return read_run(path, env_name)
+    if not whole:
+        return read_run(path, env_name)
+    from spotrain.trainer.train import training_problems
+
+    return read_run(path, env_name, training_problems, environment(env_name))
 
 
 def _run_deployment(env_name: str, run: str, out: str) -> Any:
@@ -120,7 +125,7 @@ def _submit(where: Where, args: argparse.Namespace) -> int:
     from spotrain.trainer.entry_point import store_code
     from spotrain.trainer.storage import open_storage
 
-    run = _declared(args.environment, args.run)
+    run = _declared(args.environment, args.run, whole=True)
     with aws_errors(f"environment {args.environment} is not deployed or not reachable",
                     reach_fix(args.environment)):  # fmt: skip
         where.events.load()

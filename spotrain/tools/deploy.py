@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from spotrain.core.errors import ConfigError
+from spotrain.core.errors import ConfigError, SpotrainError
 from spotrain.localcloud import control
 from spotrain.stacks.config import EnvironmentConfig
 from spotrain.stacks.environments import DEFAULT_LOCAL_ENDPOINT, all_environments
@@ -43,17 +43,40 @@ def synth(
     """Synthesize every environment (or the one named `only`, for a command that deploys it)
     into `outdir` (replacing what was there)."""
     from spotrain.stacks.app import build_app
-    from spotrain.stacks.runs import load_runs
 
     configs = [c for c in all_environments(local_endpoint=local_endpoint)
                if only is None or c.name == only]  # fmt: skip
-    for config in configs:  # every run file is checked before anything is written
-        load_runs(config.name)
+    runs = check_runs(configs)  # every run file, before anything is written
     if outdir.exists():
         shutil.rmtree(outdir)
     # Absolute: the synthesizer (a node process) keeps the folder it was started in.
-    build_app(configs, outdir=str(outdir.resolve())).synth()
+    build_app(configs, outdir=str(outdir.resolve()), runs=runs).synth()
     return outdir
+
+
+def check_runs(configs: list[EnvironmentConfig]) -> dict[str, tuple[Any, ...]]:
+    """Every run the repository declares, per environment, each checked as a whole (against
+    its environment, and its built-in training configuration as the trainer checks it where
+    the trainer is installed: a pull request's plan then refuses what `run submit` would):
+    every problem of every environment's files at once."""
+    from spotrain.stacks.runs import load_runs
+
+    try:
+        from spotrain.trainer.train import training_problems
+    except ImportError:  # the infrastructure extra alone: `run submit` checks it
+        training_problems = None
+    runs, errors = {}, []
+    for config in configs:
+        try:
+            runs[config.name] = load_runs(config.name, against=config,
+                                          training_problems=training_problems)  # fmt: skip
+        except ConfigError as error:
+            errors.append(error)
+    if len(errors) == 1:
+        raise errors[0]
+    if errors:
+        raise SpotrainError("\n".join(str(error) for error in errors))
+    return runs
 
 
 PLAN_WORKERS = 4
