@@ -203,6 +203,41 @@ def test_no_region_names_the_variable_boto3_reads(
                   "no AWS region: export AWS_DEFAULT_REGION=<region>")  # fmt: skip
 
 
+def test_a_region_that_does_not_answer_is_told_apart_from_a_refusal(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """During a region outage an operator's command (`checkpoints list`, `cost status`, read
+    from the home region as the shell points) is told to work from another region, as the
+    region-down runbook does; a refusal keeps its own fix (credentials, the table's name)."""
+    from botocore.exceptions import ClientError
+
+    from spotrain.core.errors import SpotrainError, aws_errors
+    from spotrain.trainer.catalog import DynamoCatalog
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+
+    def answer(status: int, code: str) -> ClientError:
+        return ClientError({"Error": {"Code": code, "Message": code},
+                            "ResponseMetadata": {"HTTPStatusCode": status}}, "Query")  # fmt: skip
+
+    down, refused = answer(503, "ServiceUnavailable"), answer(400, "AccessDeniedException")
+    outage = "us-east-1 does not answer: during a region outage point the command at another region"
+    for error, said, unsaid in (
+        (down, outage, "check the table"),
+        (refused, "check the table", outage),
+    ):
+        with (
+            pytest.raises(SpotrainError) as caught,
+            aws_errors("the events table", "check the table"),
+        ):
+            raise error
+        assert said in str(caught.value) and unsaid not in str(caught.value)
+    catalog = DynamoCatalog("catalog", "demo", storage=None, client=object())  # type: ignore[arg-type]
+    assert outage in str(catalog._error("query", down))
+    assert "permissions on the table" in str(catalog._error("query", refused))
+    assert outage not in str(catalog._error("query", refused))
+
+
 def test_the_local_environment_from_a_shell_not_pointed_at_the_local_cloud_says_how_to_point_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 from spotrain.core import catalog_schema as schema
 from spotrain.core import run_epochs
-from spotrain.core.errors import SpotrainError, no_region_fix
+from spotrain.core.errors import SpotrainError, no_region_fix, outage_fix
 from spotrain.core.manifest import (
     Manifest,
     parse_record_key,
@@ -311,10 +311,9 @@ class DynamoCatalog:
                     "catalog stack, or pass the table name that `spotrain deploy` printed "
                     "(and check AWS_DEFAULT_REGION)"
                 )
-            return CatalogError(
-                f"{action} in catalog table {self.table_name!r} failed: {error}; check your "
-                "credentials' permissions on the table, or retry"
-            )
+            fix = outage_fix(error) or "check your credentials' permissions on the table, or retry"
+            return CatalogError(f"{action} in catalog table {self.table_name!r} failed: {error}; "
+                                f"{fix}")  # fmt: skip
         if isinstance(error, NoRegionError):
             return CatalogError(f"catalog table {self.table_name!r}: no AWS region; "
                                 f"{no_region_fix()} (the table's region)")  # fmt: skip

@@ -84,6 +84,20 @@ def does_not_answer(error: BaseException) -> bool:
     return isinstance(error, ConnectionError | ConnectTimeoutError)
 
 
+def outage_fix(error: BaseException) -> str | None:
+    """What to do when `error` says the region asked did not answer (an outage, not a refusal):
+    work from another region of the environment. None for any other error."""
+    import os
+
+    if not does_not_answer(error):
+        return None
+    region = os.environ.get(REGION_VARIABLE) or os.environ.get("AWS_REGION") or "its region"
+    return (f"{region} does not answer: during a region outage point the command at another "
+            "region of the environment (export AWS_DEFAULT_REGION=<region>, with that region's "
+            "store: `spotrain run env ENV RUN` prints REPLICA_REGION and REPLICA_STORE), as "
+            "runbooks/region-down.md does")  # fmt: skip
+
+
 def probe_config() -> Any:
     """The botocore configuration of a call that asks whether a region answers (the failover
     check, on-call's commands in an outage): a region cut off never answers, and whoever asks
@@ -110,7 +124,7 @@ def aws_errors(what: str, fix: str) -> Iterator[None]:
     except NoRegionError as error:
         raise SpotrainError(f"{what}: no AWS region: {no_region_fix()}") from error
     except (ClientError, BotoCoreError) as error:
-        raise SpotrainError(f"{what}: {error}; {fix}") from error
+        raise SpotrainError(f"{what}: {error}; {outage_fix(error) or fix}") from error
 
 
 def read_text(
