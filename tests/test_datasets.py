@@ -91,6 +91,10 @@ def test_prepare_names_what_is_wrong_with_its_input(
     assert "never overwritten; prepare under a new name" in capsys.readouterr().err
     assert cli.main(["data", "prepare", str(sources[0]), *store, "--name", "Fine!"]) == 2
     assert "dataset name 'Fine!' is not valid" in capsys.readouterr().err
+    # Every problem at once: a bad name does not hide the inputs that are not there.
+    assert cli.main(["data", "prepare", str(tmp_path / "absent.txt"), *store, "--name", "F!"]) == 2
+    err = capsys.readouterr().err
+    assert "2 problems" in err and "'F!' is not valid" in err and "absent.txt" in err
     assert not LocalStorage(tmp_path / "store").list("datasets/broken")
 
 

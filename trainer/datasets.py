@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from spotrain.core.catalog_schema import dataset_prefix
+from spotrain.core.catalog_schema import dataset_prefix, run_name_problem
 from spotrain.core.errors import SpotrainError
 from spotrain.trainer.storage import AlreadyExists, Storage, digests_of, open_storage
 
@@ -196,6 +196,8 @@ def prepare(
     """Tokenize `sources` into shards of `shard_tokens` tokens and store them as dataset
     `name`. `progress` is called with the number of sources done so far."""
     problems = []
+    if problem := run_name_problem(name, "dataset"):
+        problems.append(f"--name: {problem}")
     if tokenizer not in TOKENIZERS:
         problems.append(f"tokenizer {tokenizer!r}: use one of {', '.join(TOKENIZERS)}")
     if tokenizer == "bpe" and not 256 < vocab_size <= 1_000_000:
@@ -206,9 +208,13 @@ def prepare(
         problems.append("no input: give text files (.txt, .md, ...) or JSONL files (.jsonl)")
     missing = [str(p) for p in sources if not p.is_file()]
     if missing:
-        problems.append(f"not files: {', '.join(missing)}")
+        problems.append(f"not files: {', '.join(missing)}: give files that exist (a folder's "
+                        "with a wildcard, e.g. corpus/*.txt)")  # fmt: skip
+    if len(problems) == 1:
+        raise DatasetError(f"cannot prepare the dataset: {problems[0]}")
     if problems:
-        raise DatasetError("cannot prepare the dataset: " + "; ".join(problems))
+        raise DatasetError(f"cannot prepare the dataset, {len(problems)} problems:\n"
+                           + "\n".join(f"  - {problem}" for problem in problems))  # fmt: skip
     if storage.exists(manifest_key(name)):
         raise DatasetError(
             f"dataset {name!r} exists in {storage.uri}: datasets are never overwritten; "

@@ -144,7 +144,8 @@ DATA_ACTIONS: dict[str, Callable[[Any, argparse.Namespace], int]] = {
 def cmd_data(args: argparse.Namespace) -> int:
     from spotrain.trainer.storage import open_storage
 
-    run_name(args.name, "--name", kind="dataset")
+    if args.action != "prepare":  # which lists it with the rest of its problems
+        run_name(args.name, "--name", kind="dataset")
     storage = open_storage(args.store, kms_key_id=args.kms_key_id)
     return DATA_ACTIONS[args.action](storage, args)
 

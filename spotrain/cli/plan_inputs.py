@@ -91,8 +91,10 @@ def pools(args: argparse.Namespace) -> tuple[list[Pool], list[str]]:
             )
     if no_rate:
         problems.append(f"no interruption rate for {', '.join(no_rate)}: the price book has "
-                        "no Advisor band for it; give --interruptions-per-hour (per "
-                        "instance)")  # fmt: skip
+                        f"no Advisor band for {'them' if len(no_rate) > 1 else 'it'}; give "
+                        "--interruptions-per-hour (per instance), --events-table (the rates "
+                        "the environment saw), or fill the book's bands with `spotrain prices "
+                        "advisor`")  # fmt: skip
     raise_all(problems)
     return found_pools, left_out
 
