@@ -362,6 +362,33 @@ def test_a_checkpointer_with_bad_settings_lists_every_problem_at_once(tmp_path: 
         Checkpointer(run="fine", store="gs://elsewhere")
 
 
+def test_a_loader_that_keeps_no_position_is_refused_with_the_one_that_does(tmp_path: Path) -> None:
+    """Public scripts hand over torch's DataLoader, or the one deepspeed.initialize(
+    training_data=...) returns: neither can resume mid-epoch, and each is told what to use."""
+    import torch
+    from deepspeed.runtime.dataloader import DeepSpeedDataLoader
+
+    from spotrain.core.errors import ConfigError
+    from spotrain.trainer.checkpointer import Checkpointer
+
+    dataset = torch.utils.data.TensorDataset(torch.zeros(8, 2))
+    state = {
+        "loader": torch.utils.data.DataLoader(dataset, batch_size=2),
+        "ds_loader": DeepSpeedDataLoader(dataset, 2, False, -1, None),
+        "step": 3,
+    }
+    with pytest.raises(ConfigError) as refused:
+        Checkpointer(run="fine", store=f"file://{tmp_path}").restore(None, state=state)
+    message = str(refused.value)
+    assert (
+        "state['loader'] is a DataLoader: torch's DataLoader keeps no position: make it" in message
+    )
+    assert (
+        "state['ds_loader'] is a DeepSpeedDataLoader: the loader deepspeed.initialize(" in message
+    )
+    assert "state['step'] is a int: give an object with state_dict()" in message
+
+
 # --- the surfaces added since: cost, prices, config, fleet -------------------------------------
 FIXTURES = Path(__file__).parent / "fixtures"
 SIMULATE = ["cost", "simulate", "--on-demand-price", "3", "--spot-price", "1"]

@@ -107,10 +107,25 @@ def _state_file(rank: int) -> str:
     return f"script_state_rank{rank}.pt"
 
 
+_POSITIONLESS_LOADERS = {
+    "DataLoader": "torch's DataLoader keeps no position: make it torchdata's StatefulDataLoader, "
+    "a drop-in (`from torchdata.stateful_dataloader import StatefulDataLoader`)",
+    "DeepSpeedDataLoader": "the loader deepspeed.initialize(training_data=...) returns keeps no "
+    "position: build torchdata's StatefulDataLoader over the same dataset instead (its micro "
+    "batch, a DistributedSampler), as docs/training.md shows",
+}
+"""The loaders scripts commonly hand over, and what to give instead (by class name: neither
+class is imported to ask)."""
+
+
 def _state_problems(state: Mapping[str, Any]) -> list[str]:
     return [
-        f"state[{name!r}] is a {type(value).__name__}: give an object with state_dict() and "
-        "load_state_dict() (a StatefulDataLoader, a sampler, a module) or a dict"
+        f"state[{name!r}] is a {type(value).__name__}: "
+        + _POSITIONLESS_LOADERS.get(
+            type(value).__name__,
+            "give an object with state_dict() and load_state_dict() (a StatefulDataLoader, a "
+            "sampler, a module) or a dict",
+        )
         for name, value in state.items()
         if not isinstance(value, dict | Stateful) or not isinstance(name, str)
     ]
