@@ -887,6 +887,7 @@ def test_the_accounts_gpu_quotas_and_their_usage_answer_as_aws_does(
     error = capsys.readouterr().err
     assert all(said in error for said in ("'mars-1' is not an AWS region", "'spot/Q' is not",
                                           "VCPUS is '-5'")), error  # fmt: skip
+    assert "has 3 problem(s):\n  - " in error  # one a line
 
 
 def test_schedule_periods_and_the_clock_file(tmp_path: Path) -> None:

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.core.catalog_schema import run_name_problem
-from spotrain.core.errors import CostInputError, SpotrainError
+from spotrain.core.errors import ConfigError, CostInputError, SpotrainError
 
 MAX_REPLAYS = 10_000
 """The most traces, starts or samples a command replays (each one walks every tick)."""
@@ -138,3 +138,11 @@ def reach_fix(environment: str) -> str:
                 "the environment)")  # fmt: skip
     return (f"check the environment is deployed (`spotrain deploy {environment}`), "
             "AWS_DEFAULT_REGION and your credentials")  # fmt: skip
+
+
+def raise_all(problems: list[str], subject: str = "the plan") -> None:
+    """Every problem of `subject`'s inputs at once: one line for one, a list for several."""
+    if len(problems) == 1:
+        raise CostInputError(problems[0])
+    if problems:
+        raise ConfigError(subject, problems)

@@ -9,7 +9,7 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from spotrain.cli.arguments import whole
+from spotrain.cli.arguments import raise_all, whole
 from spotrain.cli.output import say
 from spotrain.core.errors import SpotrainError
 from spotrain.core.gpu_types import INSTANCE_QUOTAS
@@ -126,8 +126,7 @@ def _quota(region: str, key: str, vcpus: str) -> dict[str, int]:
                         f"{', '.join(sorted(INSTANCE_QUOTAS))}")  # fmt: skip
     if not vcpus.isdigit():
         problems.append(f"VCPUS is {vcpus!r}: give a whole number of vCPUs, 0 or more")
-    if problems:
-        raise SpotrainError("; ".join(problems))
+    raise_all(problems, "`spotrain local fault quota`")
     return {f"{region}/{key}": int(vcpus)}
 
 

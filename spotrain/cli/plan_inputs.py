@@ -10,10 +10,15 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from spotrain.cli.arguments import CATALOG_TABLE_FIX, EVENTS_TABLE_FIX, environment, finite
+from spotrain.cli.arguments import (
+    CATALOG_TABLE_FIX,
+    EVENTS_TABLE_FIX,
+    environment,
+    finite,
+    raise_all,
+)
 from spotrain.core import prices
 from spotrain.core.errors import (
-    ConfigError,
     CostInputError,
     SpotrainError,
     aws_errors,
@@ -90,13 +95,17 @@ def pools(args: argparse.Namespace) -> tuple[list[Pool], list[str]]:
                 Pool(f"{instance_type} {region}", on_demand, spot, rate, source, tuple(notes))
             )
     if no_rate:
+        them = "them" if len(no_rate) > 1 else "it"
         problems.append(f"no interruption rate for {', '.join(no_rate)}: the price book has "
-                        f"no Advisor band for {'them' if len(no_rate) > 1 else 'it'}; give "
-                        "--interruptions-per-hour (per instance), --events-table (the rates "
-                        "the environment saw), or fill the book's bands with `spotrain prices "
-                        "advisor`")  # fmt: skip
+                        f"no Advisor band for {them}; {RATE_FIX}")  # fmt: skip
     raise_all(problems)
     return found_pools, left_out
+
+
+RATE_FIX = (
+    "give --interruptions-per-hour (per instance), --events-table (the rates the "
+    "environment saw), or fill the book's bands with `spotrain prices advisor`"
+)
 
 
 def _given_prices(args: argparse.Namespace) -> tuple[bool, bool]:
@@ -125,14 +134,6 @@ def _rate(
         return (planner.advisor_rate_per_hour(advisor.band),
                 f"Spot Instance Advisor {advisor.band} ({advisor.taken_at})")  # fmt: skip
     return None
-
-
-def raise_all(problems: list[str], subject: str = "the plan") -> None:
-    """Every problem of `subject`'s inputs at once: one line for one, a list for several."""
-    if len(problems) == 1:
-        raise CostInputError(problems[0])
-    if problems:
-        raise ConfigError(subject, problems)
 
 
 def problems_of(error: SpotrainError) -> list[str]:

@@ -18,8 +18,8 @@ import time
 import uuid
 from typing import Any
 
+from spotrain.cli.arguments import raise_all
 from spotrain.cli.output import say
-from spotrain.cli.plan_inputs import raise_all
 from spotrain.core.errors import SpotrainError
 
 MAX_PLAN_STATES = 250_000_000

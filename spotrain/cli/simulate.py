@@ -10,9 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.cli import simulate_regions
-from spotrain.cli.arguments import MAX_REPLAYS, figure_path, number
+from spotrain.cli.arguments import MAX_REPLAYS, figure_path, number, raise_all
 from spotrain.cli.output import json_text, say
-from spotrain.cli.plan_inputs import problems_of, raise_all
+from spotrain.cli.plan_inputs import problems_of
 from spotrain.core.errors import CostInputError, SpotrainError
 from spotrain.cost import planner, report, simulation, traces
 
