@@ -1817,7 +1817,7 @@ class _PlayedFleet:
             user_data=deployed_user_data(self.ec2, template),
             aws_env=control.aws_environment(self.local.cloud.endpoint, "us-east-1"),
             rdzv_port=self.rdzv_ports.setdefault(group, control.free_port()),
-            default_type="g6.xlarge",
+            default_type="g6.xlarge", launch_template=template,
             settings={"SPOTRAIN_RDZV_LAST_CALL": "1", **(settings or {})},
         )  # fmt: skip
         self.machines[member["InstanceId"]] = (group, machine)

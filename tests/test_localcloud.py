@@ -995,6 +995,90 @@ def test_a_function_runs_as_its_role_and_is_judged_by_its_policies(
     }  # fmt: skip
 
 
+def test_a_machine_is_judged_by_its_instance_role_through_its_vpcs_endpoint(
+    local_cloud: control.RunningCloud, tmp_path: Path
+) -> None:
+    """A played machine gets what EC2 gives an instance: a session of its launch template's
+    instance role, named for the instance. Its S3 calls are judged by the role's policies, and
+    come through its VPC's endpoint (aws:SourceVpce); the same role's session
+    named for no instance of the region (a credential used elsewhere) comes through none."""
+    from spotrain.localcloud.machines import instance_role_keys
+
+    ec2, iam, s3 = (client(local_cloud, s) for s in ("ec2", "iam", "s3"))
+    vpc = ec2.create_vpc(CidrBlock="10.9.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.9.1.0/24")["Subnet"]["SubnetId"]
+    endpoint = ec2.create_vpc_endpoint(
+        VpcId=vpc, ServiceName=f"com.amazonaws.{REGION}.s3", VpcEndpointType="Gateway"
+    )["VpcEndpoint"]["VpcEndpointId"]
+    bucket = unique("machine-bucket")
+    s3.create_bucket(Bucket=bucket)
+    name = unique("machine-role")
+    trust = {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Effect": "Allow",
+                "Action": "sts:AssumeRole",
+                "Principal": {"Service": "ec2.amazonaws.com"},
+            }
+        ],
+    }
+    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    mine = f"arn:aws:s3:::{bucket}/mine/*"
+    grant = {
+        "Effect": "Allow",
+        "Action": "s3:PutObject",
+        "Resource": mine,
+        "Condition": {"StringEquals": {"aws:SourceVpce": endpoint}},
+    }
+    policy = json.dumps({"Version": "2012-10-17", "Statement": [grant]})
+    iam.put_role_policy(RoleName=name, PolicyName="writes", PolicyDocument=policy)
+    iam.create_instance_profile(InstanceProfileName=name)
+    iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+    template = unique("machine-template")
+    ec2.create_launch_template(
+        LaunchTemplateName=template,
+        LaunchTemplateData={
+            "ImageId": "ami-12c6146b",
+            "IamInstanceProfile": {"Arn": f"arn:aws:iam::{ACCOUNT}:instance-profile/{name}"},
+        },
+    )
+    [instance] = ec2.run_instances(
+        LaunchTemplate={"LaunchTemplateName": template}, SubnetId=subnet, MinCount=1, MaxCount=1
+    )["Instances"]
+    aws_env = control.aws_environment(local_cloud.endpoint, REGION)
+    keys = instance_role_keys(aws_env, template, instance["InstanceId"])
+
+    def as_machine(keys: dict[str, str]) -> Any:
+        return control.client(
+            "s3",
+            local_cloud.endpoint,
+            REGION,
+            aws_access_key_id=keys["AWS_ACCESS_KEY_ID"],
+            aws_secret_access_key=keys["AWS_SECRET_ACCESS_KEY"],
+            aws_session_token=keys["AWS_SESSION_TOKEN"],
+        )
+
+    def answer(machine: Any, key: str) -> str:
+        try:
+            machine.put_object(Bucket=bucket, Key=key, Body=b"x")
+        except ClientError as error:
+            return str(error.response["Error"]["Code"])
+        return "done"
+
+    machine = as_machine(keys)
+    assert (answer(machine, "mine/a"), answer(machine, "theirs/a")) == ("done", "AccessDenied")
+    sts = client(local_cloud, "sts")
+    elsewhere = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="i-0elsewhere")["Credentials"]
+    stolen = {
+        "AWS_ACCESS_KEY_ID": elsewhere["AccessKeyId"],
+        "AWS_SECRET_ACCESS_KEY": elsewhere["SecretAccessKey"],
+        "AWS_SESSION_TOKEN": elsewhere["SessionToken"],
+    }
+    assert answer(as_machine(stolen), "mine/b") == "AccessDenied"
+    assert answer(client(local_cloud, "s3"), "theirs/b") == "done"  # the tests' keys: not judged
+
+
 def test_a_function_keeps_a_warm_environment_between_invocations_as_lambda_does(
     local_cloud: control.RunningCloud,
 ) -> None:

@@ -132,21 +132,63 @@ def verdict(
 
 
 # --- request contexts -----------------------------------------------------------------------
-def through_endpoint(service: str) -> dict[str, str]:
-    """aws:SourceVpce of a request to `service`, when the local cloud plays callers inside a
-    VPC (`spotrain local` callers are outside any VPC unless a test says otherwise)."""
+def through_endpoint(service: str, headers: Any = None) -> dict[str, str]:
+    """aws:SourceVpce of a request to `service`: every caller's when a test plays all callers
+    inside a VPC (`faults.Faults.through_vpc_endpoints`); else a machine's, when the request
+    (its `headers`) is signed with the session of its instance role (`machine_endpoint`).
+    Operators' and tests' own keys come from outside any VPC."""
     endpoint = faults.current().through_vpc_endpoints.get(service)
+    if not endpoint and headers is not None:
+        endpoint = machine_endpoint(service, headers)
     return {"aws:SourceVpce": endpoint} if endpoint else {}
+
+
+_CREDENTIAL = re.compile(r"Credential=([^/,\s]+)/[^/]+/([a-z0-9-]+)/")
+
+
+def machine_endpoint(service: str, headers: Any) -> str | None:
+    """The VPC endpoint for `service` that a machine's request comes through: a request signed
+    with a role session named for an instance (as EC2 names the sessions of an instance's
+    role) of the request's region, in a VPC with an endpoint for the service, which its route
+    tables and private DNS send the request through. None for any other caller. An instance
+    Auto Scaling has terminated counts too: the emulator ends it at once, while a real one
+    shuts down as its played machine does here, publishing its emergency checkpoint first."""
+    from moto.ec2.models import ec2_backends
+    from moto.sts.models import sts_backends
+
+    signed = {str(k).lower(): v for k, v in dict(headers).items()}
+    found = _CREDENTIAL.search(str(signed.get("authorization", "")))
+    if not found or not signed.get("x-amz-security-token"):
+        return None
+    key, region = found.groups()
+    for account, partitions in list(sts_backends.items()):
+        session = next((role for role in partitions["aws"].assumed_roles
+                        if role.access_key_id == key), None)  # fmt: skip
+        if session is None:
+            continue
+        if not session.session_name.startswith("i-"):
+            return None
+        try:
+            backend = ec2_backends[account][region]
+            instance = backend.get_instance(session.session_name)
+        except Exception:  # not an instance of this region: not inside its VPC
+            return None
+        wanted = f"com.amazonaws.{region}.{service}"
+        return next((endpoint.id for endpoint in backend.vpc_end_points.values()
+                     if endpoint.vpc_id == instance.vpc_id
+                     and endpoint.service_name == wanted), None)  # fmt: skip
+    return None
 
 
 def s3_context(method: str, url: str, headers: Any) -> dict[str, str]:
     """The condition keys an S3 request carries."""
+    given = headers
     headers = {str(name).lower(): value for name, value in dict(headers).items()}
     parsed = urlparse(url)
     query = parse_qs(parsed.query, keep_blank_values=True)
     context = {
         "aws:SecureTransport": "true" if url.startswith("https://") else "false",
-        **through_endpoint("s3"),
+        **through_endpoint("s3", given),
     }
     for header in ("x-amz-server-side-encryption", "x-amz-server-side-encryption-aws-kms-key-id"):
         if headers.get(header):
@@ -258,8 +300,9 @@ def install() -> None:
                 return table.hash_key_attr if table is not None else None
 
             body = json.loads(self._body or b"{}")
+            inside = through_endpoint("dynamodb", self._headers)
             requests = [
-                (item_action, item_resource, {**base, **through_endpoint("dynamodb"), **context})
+                (item_action, item_resource, {**base, **inside, **context})
                 for item_action, item_resource, context in dynamodb_requests(
                     action, body, table_arn, hash_key
                 )

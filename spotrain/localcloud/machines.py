@@ -85,6 +85,31 @@ def on_demand_first(ec2: Any, members: list[dict[str, Any]]) -> list[tuple[dict[
     return sorted(paired, key=lambda pair: pair[1] == SPOT)
 
 
+def instance_role_keys(
+    aws_env: dict[str, str], launch_template: str, instance_id: str
+) -> dict[str, str]:
+    """What EC2 gives an instance of `launch_template` through its metadata service: a session
+    of its instance profile's role, named for the instance. The local cloud judges what the
+    machine does with it by the role's policies (S3 and DynamoDB, `authorization`), its
+    requests coming through its VPC's endpoints."""
+    from spotrain.localcloud import control
+
+    endpoint, region = aws_env["AWS_ENDPOINT_URL"], aws_env["AWS_DEFAULT_REGION"]
+    versions = control.client("ec2", endpoint, region).describe_launch_template_versions(
+        LaunchTemplateName=launch_template, Versions=["$Latest"]
+    )["LaunchTemplateVersions"]
+    profile = versions[0]["LaunchTemplateData"]["IamInstanceProfile"]
+    name = profile.get("Name") or profile["Arn"].rsplit("/", 1)[-1]
+    iam = control.client("iam", endpoint, region)
+    [role] = iam.get_instance_profile(InstanceProfileName=name)["InstanceProfile"]["Roles"]
+    session = control.client("sts", endpoint, region).assume_role(
+        RoleArn=role["Arn"], RoleSessionName=instance_id, DurationSeconds=3600
+    )["Credentials"]
+    return {"AWS_ACCESS_KEY_ID": session["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": session["SecretAccessKey"],
+            "AWS_SESSION_TOKEN": session["SessionToken"]}  # fmt: skip
+
+
 class LocalMachine:
     """One instance: `start()` runs its user data and boots it; `output` is its boot log."""
 
@@ -115,16 +140,19 @@ class LocalMachine:
     @classmethod
     def of_member(
         cls, member: dict[str, Any], *, lifecycle: str, root: Path, user_data: str,
-        aws_env: dict[str, str], rdzv_port: int, default_type: str,
+        aws_env: dict[str, str], rdzv_port: int, default_type: str, launch_template: str,
         settings: dict[str, str] | None = None,
     ) -> LocalMachine:  # fmt: skip
         """The Auto Scaling group's instance `member` (as DescribeAutoScalingGroups lists it),
-        played under `root / its id` (`default_type` where the listing names no type)."""
+        played under `root / its id` (`default_type` where the listing names no type), with
+        its instance role's keys (`launch_template`'s profile) in place of `aws_env`'s."""
+        instance_id = member["InstanceId"]
+        keys = instance_role_keys(aws_env, launch_template, instance_id)
         return cls(
-            instance_id=member["InstanceId"],
+            instance_id=instance_id,
             instance_type=member.get("InstanceType") or default_type,
             zone=member.get("AvailabilityZone") or "us-east-1a", lifecycle=lifecycle,
-            root=root / member["InstanceId"], user_data=user_data, aws_env=aws_env,
+            root=root / instance_id, user_data=user_data, aws_env={**aws_env, **keys},
             rdzv_port=rdzv_port, settings=settings,
         )  # fmt: skip
 

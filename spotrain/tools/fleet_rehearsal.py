@@ -253,7 +253,7 @@ class FleetRehearsal:
         # Each on the market EC2 launched it on: the on-demand one coordinates.
         for member, market in on_demand_first(ec2, members[:MACHINES]):
             self._boot(member, market, user_data, aws_env, port,
-                       outputs["run"].instance_types[0])  # fmt: skip
+                       outputs["run"].instance_types[0], launch_template)  # fmt: skip
         if [m.lifecycle for m in self.machines] != [ON_DEMAND] + [SPOT] * (MACHINES - 1):
             raise RehearsalFailed(
                 f"{group} launched {[m.lifecycle for m in self.machines]}, not one on-demand "
@@ -303,7 +303,7 @@ class FleetRehearsal:
         joined_at = time.time()
         [(_, market)] = on_demand_first(ec2, [replacement])
         joiner = self._boot(replacement, market, user_data, aws_env, port,
-                            outputs["run"].instance_types[0])  # fmt: skip
+                            outputs["run"].instance_types[0], launch_template)  # fmt: skip
         self._wait(lambda: _trained_as_one_group(metrics, MACHINES, 0), metrics)
         self._hold.unlink()
         codes = {m.instance_id: m.wait(timeout=TIMEOUT_S) for m in self.machines
@@ -468,11 +468,12 @@ class FleetRehearsal:
 
     def _boot(
         self, member: dict[str, Any], lifecycle: str, user_data: str, aws_env: dict[str, str],
-        port: int, default_type: str,
+        port: int, default_type: str, launch_template: str,
     ) -> LocalMachine:  # fmt: skip
         machine = LocalMachine.of_member(
             member, lifecycle=lifecycle, root=self.work / "machines", user_data=user_data,
             aws_env=aws_env, rdzv_port=port, default_type=default_type,
+            launch_template=launch_template,
             settings={"SPOTRAIN_RDZV_LAST_CALL": "10", HOLD_VARIABLE: str(self._hold)},
         )  # fmt: skip
         self.machines.append(machine)

@@ -133,7 +133,7 @@ class _Player:
                                 f"({checked['decision']}: {checked['reason']}): submit it with "
                                 f"`spotrain run submit local {run}`, or see `spotrain run "
                                 f"status local {run}`")  # fmt: skip
-        self.user_data = deployed_user_data(self.ec2, template)
+        self.user_data, self.template = deployed_user_data(self.ec2, template), template
         self.port = control.free_port()
         self.machines: dict[str, LocalMachine] = {}
         self.printed: dict[str, int] = {}
@@ -157,6 +157,7 @@ class _Player:
             machine = LocalMachine.of_member(
                 member, lifecycle=market, root=self.work, user_data=self.user_data,
                 aws_env=self.aws_env, rdzv_port=self.port, default_type="g5.xlarge",
+                launch_template=self.template,
                 settings={"SPOTRAIN_RDZV_LAST_CALL": "5",
                           "SPOTRAIN_NPROC_PER_NODE": str(self.ranks)},
             )  # fmt: skip
