@@ -74,6 +74,11 @@ TRAIN_CASES = [
     ("run-with-slash", {"run": "a/b"}, [], ["run name 'a/b' is not valid"]),
     ("steps-float", {"steps": 2.5}, [], ["steps is 2.5: it must be an integer"]),
     ("steps-bool", {"steps": True}, [], ["steps is True: it must be an integer"]),
+    # A mistyped value hides no other: each value that is wrong is named beside it.
+    ("mistyped-and-wrong",
+     {"steps": "4", "checkpoint_every": 0, "model": {"layers": "2", "heads": 0}},
+     [], ["steps is '4': it must be an integer", "checkpoint_every is 0: use 1 or more",
+          "model.layers is '2'", "model.heads is 0: use 1 or more"]),
     ("learning-rate-inf", {"learning_rate": 1e999}, [], ["learning_rate is inf"]),
     ("seed-negative", {"seed": -1}, [], ["seed is -1: use 0 or more"]),
     ("store-scheme", {"store": "gs://bucket/x"}, [], ["not gs://"]),

@@ -13,6 +13,7 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -114,6 +115,7 @@ def _train_config(
             '{"layers": 4, "width": 256, "heads": 4, "context": 128}'
         )
         model_fields = {}
+    mistyped: dict[str, set[str]] = {}  # per prefix: fields whose values are not checked further
     for cls, given, prefix in ((TrainConfig, document, ""), (GPTConfig, model_fields, "model.")):
         known = {f.name for f in dataclasses.fields(cls)}
         problems += [
@@ -121,7 +123,11 @@ def _train_config(
             for name in sorted(set(given) - known)
         ]
         typed = {k: v for k, v in given.items() if k in known and k != "model"}
+        mistyped[prefix] = {k for k in typed if type_problems(cls, {k: typed[k]})}
         problems += type_problems(cls, typed, prefix)
+    # What the checks below say through a mistyped value (left out: its default or stand-in
+    # takes its place) is not said.
+    unsaid = [f"{prefix}{name}" for prefix, names in mistyped.items() for name in names]
     missing = [
         f.name
         for f in dataclasses.fields(TrainConfig)
@@ -133,23 +139,29 @@ def _train_config(
     # Each part's own checks too, so one message lists every problem.
     known_model = {f.name for f in dataclasses.fields(GPTConfig)}
     try:
-        model = GPTConfig(**{k: v for k, v in model_fields.items() if k in known_model})
+        model = GPTConfig(**{k: v for k, v in model_fields.items()
+                             if k in known_model and k not in mistyped["model."]})  # fmt: skip
     except ConfigError as error:
-        problems += error.problems
+        problems += [p for p in error.problems if not _says_any(p, unsaid)]
         model = GPTConfig()
     config = None
+    absent = [*missing, *(n for n in mistyped[""] if n in _STAND_INS)]
     if all(name in _STAND_INS for name in missing):
         # With fields missing, the values given are still checked: each missing one stands in
         # with a value its own checks pass (none of the checks relates it to another field).
         known_train = {f.name for f in dataclasses.fields(TrainConfig)} - {"model"}
-        given = {k: v for k, v in document.items() if k in known_train}
+        given = {k: v for k, v in document.items() if k in known_train and k not in mistyped[""]}
         try:
-            config = TrainConfig(**{**{n: _STAND_INS[n] for n in missing}, **given}, model=model)
+            config = TrainConfig(**{**{n: _STAND_INS[n] for n in absent}, **given}, model=model)
         except ConfigError as error:
-            problems += error.problems
+            problems += [p for p in error.problems if not _says_any(p, unsaid)]
     raise_if_problems(subject, list(dict.fromkeys(problems)))
     assert config is not None  # no problems: every field was there and right
     return config
+
+
+def _says_any(problem: str, names: list[str]) -> bool:
+    return any(re.search(rf"(^|[^\w.]){re.escape(name)}\b", problem) for name in names)
 
 
 def main(argv: list[str] | None = None) -> int:
