@@ -40,7 +40,7 @@ from spotrain.core.errors import (
 from spotrain.core.global_batch import DEFAULT_MICRO_BATCH, global_batch_problems
 from spotrain.core.gpu_types import MACHINES, efa_everywhere, efa_interfaces, gpu_kind_problems
 from spotrain.core.image_reference import run_image_problems
-from spotrain.core.validation import instance_type_problems, type_problems
+from spotrain.core.validation import instance_type_problems, says_any, type_problems
 
 if TYPE_CHECKING:
     from spotrain.stacks.config import EnvironmentConfig
@@ -466,8 +466,9 @@ def read_run(
         run = RunConfig(name=path.stem, environment=environment, source=str(path),
                         **{**kept, **stand_ins})  # fmt: skip
     except ConfigError as error:
-        said = [*unusable, _STAND_INS["owner"], *_STAND_IN_TYPES]
-        problems += [p for p in error.problems if not any(word in p for word in said)]
+        said = [_STAND_INS["owner"], *_STAND_IN_TYPES]
+        problems += [p for p in error.problems
+                     if not says_any(p, unusable) and not any(w in p for w in said)]  # fmt: skip
     else:
         problems += zone_problems(against, run) if against is not None and not unusable else []
     raise_if_problems(subject, list(dict.fromkeys(problems)))
@@ -491,16 +492,24 @@ def _table(value: Any, kind: type, key: str) -> tuple[Any, list[str]]:
     required = [
         f.name for f in fields(kind) if f.default is MISSING and f.default_factory is MISSING
     ]
-    missing = [f"{key}.{k} is missing" for k in required if k not in value]
-    if unknown or missing:
-        return None, unknown + missing
+    absent = [k for k in required if k not in value]
     # TOML has its own times: a deadline's are taken as the ISO 8601 text they are written as.
-    value = {k: v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime | date) else v
-             for k, v in value.items()}  # fmt: skip
-    typed = type_problems(kind, value, prefix=f"{key}.")
-    if typed:
-        return None, typed
-    return kind(**value), []
+    given = {k: v.isoformat().replace("+00:00", "Z") if isinstance(v, datetime | date) else v
+             for k, v in value.items() if k in names}  # fmt: skip
+    mistyped = [k for k in given if type_problems(kind, {k: given[k]})]
+    problems = [*unknown, *(f"{key}.{k} is missing" for k in absent),
+                *type_problems(kind, given, prefix=f"{key}.")]  # fmt: skip
+    if not problems:
+        return kind(**given), []
+    # The fields given and typed right are still checked (the others stand in as None, or
+    # their defaults); what that says of a field absent or mistyped is not said.
+    unusable = [*absent, *mistyped]
+    stand_in = kind(**{**{k: v for k, v in given.items() if k not in unusable},
+                       **{k: None for k in unusable if k in required}})  # fmt: skip
+    said = [p.replace("run_deadline.", f"{key}.", 1) for p in stand_in.problems()]
+    return None, problems + [
+        p for p in said if not says_any(p, [f"{key}.{k}" for k in unusable] + unusable)
+    ]
 
 
 def _training_file(path: Path) -> tuple[dict[str, Any], list[str]]:

@@ -206,11 +206,16 @@ def test_a_pull_requests_synth_lists_every_problem_of_every_run_file_at_once(
         'zone = "us-east-1z"\n'
         + efa.replace("global_batch = 96", "global_batch = 96\nlog_every = 0"),
     )
+    late = '\n[deadline]\nfinish_by = "yesterday"\nchangeover_minutes = -3\n'
+    write(tmp_path / "runs" / "local", "late", GOOD + late)  # a table missing fields
     monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
     assert cli.main(["synth", "--out", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "Traceback" not in err and not (tmp_path / "out").exists()
     for said in (
+        "late.toml: deadline.started_at is missing",
+        "late.toml: deadline.finish_by 'yesterday' is not an ISO 8601 time",
+        "late.toml: deadline.changeover_minutes is -3",
         "mistyped.toml: priority is 'high': it must be an integer",
         "mistyped.toml: sizes min_size=3 desired_size=2 max_size=1 are not ordered",
         "mistyped.toml: team 'nobody' is not one of environment local's teams",

@@ -13,14 +13,13 @@ import argparse
 import dataclasses
 import json
 import os
-import re
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from spotrain.core.errors import ConfigError, SpotrainError, raise_if_problems
-from spotrain.core.validation import type_problems
+from spotrain.core.validation import says_any, type_problems
 from spotrain.trainer import membership
 from spotrain.trainer.engine import TrainConfig, train
 from spotrain.trainer.entry_point import EntryPointConfig
@@ -142,7 +141,7 @@ def _train_config(
         model = GPTConfig(**{k: v for k, v in model_fields.items()
                              if k in known_model and k not in mistyped["model."]})  # fmt: skip
     except ConfigError as error:
-        problems += [p for p in error.problems if not _says_any(p, unsaid)]
+        problems += [p for p in error.problems if not says_any(p, unsaid)]
         model = GPTConfig()
     config = None
     absent = [*missing, *(n for n in mistyped[""] if n in _STAND_INS)]
@@ -154,14 +153,10 @@ def _train_config(
         try:
             config = TrainConfig(**{**{n: _STAND_INS[n] for n in absent}, **given}, model=model)
         except ConfigError as error:
-            problems += [p for p in error.problems if not _says_any(p, unsaid)]
+            problems += [p for p in error.problems if not says_any(p, unsaid)]
     raise_if_problems(subject, list(dict.fromkeys(problems)))
     assert config is not None  # no problems: every field was there and right
     return config
-
-
-def _says_any(problem: str, names: list[str]) -> bool:
-    return any(re.search(rf"(^|[^\w.]){re.escape(name)}\b", problem) for name in names)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 import types
 import typing
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -81,6 +82,12 @@ def type_problems(cls: type, values: Mapping[str, Any], prefix: str = "") -> lis
             continue
         problems.append(f"{prefix}{name} is {value!r}: it must be {_describe(wanted)}")
     return problems
+
+
+def says_any(problem: str, names: Iterable[str]) -> bool:
+    """Whether `problem` speaks of any field of `names` ("steps", "model.width"): a whole name,
+    not part of another ("warmup_steps", "training.steps")."""
+    return any(re.search(rf"(^|[^\w.]){re.escape(name)}\b", problem) for name in names)
 
 
 def instance_type_problems(instance: Any, prefix: str = "") -> list[str]:
