@@ -466,7 +466,7 @@ def read_run(
         run = RunConfig(name=path.stem, environment=environment, source=str(path),
                         **{**kept, **stand_ins})  # fmt: skip
     except ConfigError as error:
-        said = [_STAND_INS["owner"], *_STAND_IN_TYPES]
+        said = [_STAND_INS["owner"], *_STAND_IN_TYPES] if stand_ins else []
         problems += [p for p in error.problems
                      if not says_any(p, unusable) and not any(w in p for w in said)]  # fmt: skip
     else:
@@ -504,8 +504,11 @@ def _table(value: Any, kind: type, key: str) -> tuple[Any, list[str]]:
     # The fields given and typed right are still checked (the others stand in as None, or
     # their defaults); what that says of a field absent or mistyped is not said.
     unusable = [*absent, *mistyped]
-    stand_in = kind(**{**{k: v for k, v in given.items() if k not in unusable},
-                       **{k: None for k in unusable if k in required}})  # fmt: skip
+    try:
+        stand_in = kind(**{**{k: v for k, v in given.items() if k not in unusable},
+                           **{k: None for k in unusable if k in required}})  # fmt: skip
+    except (TypeError, ValueError):  # a table that checks itself as it is made: said above
+        return None, problems
     said = [p.replace("run_deadline.", f"{key}.", 1) for p in stand_in.problems()]
     return None, problems + [
         p for p in said if not says_any(p, [f"{key}.{k}" for k in unusable] + unusable)
