@@ -230,6 +230,21 @@ def test_a_pull_requests_synth_lists_every_problem_of_every_run_file_at_once(
     assert "stand-in" not in err and "owner 'stand-in'" not in err
 
 
+def test_run_submit_refuses_what_synth_refuses_before_it_reaches_the_cloud(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`run submit` reads its file as synth does (its training configuration and its team
+    judged too), before it asks the environment anything: no cloud is needed to be refused."""
+    for name in ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"):
+        monkeypatch.delenv(name, raising=False)
+    bad = GOOD.replace("steps = 40", "steps = 40\ncheckpoint_every = 0")
+    write(tmp_path / "runs" / "local", "bad", 'team = "nobody"\n' + bad)
+    monkeypatch.setenv("SPOTRAIN_RUNS_DIR", str(tmp_path / "runs"))
+    assert cli.main(["run", "submit", "local", "bad"]) == 2
+    err = capsys.readouterr().err
+    assert "training.checkpoint_every is 0" in err and "team 'nobody' is not one of" in err
+
+
 def test_a_run_that_pins_its_image_boots_and_may_pull_that_image_only(tmp_path: Path) -> None:
     """The image is part of the run's definition: its launch template writes it for the boot
     script (a changed image is a changed template, shown in the run's plan), and its machines
