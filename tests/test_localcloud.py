@@ -1079,6 +1079,97 @@ def test_a_machine_is_judged_by_its_instance_role_through_its_vpcs_endpoint(
     assert answer(client(local_cloud, "s3"), "theirs/b") == "done"  # the tests' keys: not judged
 
 
+def test_a_roles_auto_scaling_calls_are_judged_by_group_and_tag_and_a_machines_by_endpoint(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """An assumed role's Auto Scaling calls are judged by its policies against the group they
+    act on (its ARN, its tags), as the handler's scaling is: its own environment's group is
+    scaled, another environment's is refused, and so is one it names by a grant's prefix but
+    whose tag is another's. A machine reports its own health through its VPC's Auto Scaling
+    endpoint (aws:SourceVpce), the group found from the instance it names."""
+    from spotrain.localcloud.machines import instance_role_keys
+
+    ec2, iam, autoscaling = (client(local_cloud, s) for s in ("ec2", "iam", "autoscaling"))
+    vpc = ec2.create_vpc(CidrBlock="10.8.0.0/16")["Vpc"]["VpcId"]
+    subnet = ec2.create_subnet(VpcId=vpc, CidrBlock="10.8.1.0/24")["Subnet"]["SubnetId"]
+    endpoint = ec2.create_vpc_endpoint(
+        VpcId=vpc, ServiceName=f"com.amazonaws.{REGION}.autoscaling",
+        VpcEndpointType="Interface", SubnetIds=[subnet],
+    )["VpcEndpoint"]["VpcEndpointId"]  # fmt: skip
+    prefix = unique("fleet")
+    group_arns = (
+        f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/{prefix}*"
+    )
+    trust = {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Action": "sts:AssumeRole",
+        "Principal": {"Service": "ec2.amazonaws.com", "AWS": f"arn:aws:iam::{ACCOUNT}:root"},
+    }]}  # fmt: skip
+    name = unique("scaler")
+    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    statements = [
+        {"Effect": "Allow", "Action": ["autoscaling:SetDesiredCapacity"], "Resource": group_arns,
+         "Condition": {"StringEquals": {"aws:ResourceTag/env": "mine"}}},
+        {"Effect": "Allow", "Action": "autoscaling:SetInstanceHealth", "Resource": group_arns,
+         "Condition": {"StringEquals": {"aws:SourceVpce": endpoint}}},
+        {"Effect": "Allow", "Action": "autoscaling:DescribeAutoScalingGroups", "Resource": "*"},
+    ]  # fmt: skip
+    iam.put_role_policy(RoleName=name, PolicyName="scale", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": statements}))  # fmt: skip
+    iam.create_instance_profile(InstanceProfileName=name)
+    iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
+    template = unique("scaled-template")
+    ec2.create_launch_template(LaunchTemplateName=template, LaunchTemplateData={
+        "ImageId": "ami-12c6146b",
+        "IamInstanceProfile": {"Arn": f"arn:aws:iam::{ACCOUNT}:instance-profile/{name}"},
+    })  # fmt: skip
+    groups = {"mine": f"{prefix}-mine", "theirs": f"{prefix}-theirs", "other": unique("other")}
+    for env, group in (("mine", groups["mine"]), ("theirs", groups["theirs"]),
+                       ("mine", groups["other"])):  # fmt: skip
+        autoscaling.create_auto_scaling_group(
+            AutoScalingGroupName=group, MinSize=0, MaxSize=2, DesiredCapacity=1,
+            LaunchTemplate={"LaunchTemplateName": template}, VPCZoneIdentifier=subnet,
+            Tags=[{"Key": "env", "Value": env, "PropagateAtLaunch": True}],
+        )  # fmt: skip
+    sts = client(local_cloud, "sts")
+    session = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="handler")["Credentials"]
+
+    def as_role(keys: dict[str, str]) -> Any:
+        return control.client(
+            "autoscaling", local_cloud.endpoint, REGION, aws_access_key_id=keys["AccessKeyId"],
+            aws_secret_access_key=keys["SecretAccessKey"], aws_session_token=keys["SessionToken"],
+        )  # fmt: skip
+
+    def answer(call: Callable[[], Any]) -> str:
+        try:
+            call()
+        except ClientError as error:
+            return str(error.response["Error"]["Code"])
+        return "done"
+
+    handler = as_role(session)
+    assert [answer(lambda g=group: handler.set_desired_capacity(AutoScalingGroupName=g,
+                                                                DesiredCapacity=0))
+            for group in groups.values()] == ["done", "AccessDenied", "AccessDenied"]  # fmt: skip
+    mine = [groups["mine"]]
+    assert (
+        answer(lambda: handler.describe_auto_scaling_groups(AutoScalingGroupNames=mine)) == "done"
+    )
+    [member] = autoscaling.describe_auto_scaling_groups(
+        AutoScalingGroupNames=[groups["theirs"]])["AutoScalingGroups"][0]["Instances"]  # fmt: skip
+    keys = instance_role_keys(control.aws_environment(local_cloud.endpoint, REGION), template,
+                              member["InstanceId"])  # fmt: skip
+    machine = as_role({"AccessKeyId": keys["AWS_ACCESS_KEY_ID"],
+                       "SecretAccessKey": keys["AWS_SECRET_ACCESS_KEY"],
+                       "SessionToken": keys["AWS_SESSION_TOKEN"]})  # fmt: skip
+
+    def unhealthy(reporter: Any) -> str:
+        return answer(lambda: reporter.set_instance_health(
+            InstanceId=member["InstanceId"], HealthStatus="Unhealthy"))  # fmt: skip
+
+    # The handler's session comes from no instance: through no endpoint.
+    assert (unhealthy(machine), unhealthy(handler)) == ("done", "AccessDenied")
+
+
 def test_a_function_keeps_a_warm_environment_between_invocations_as_lambda_does(
     local_cloud: control.RunningCloud,
 ) -> None:

@@ -14,6 +14,8 @@ checks every DynamoDB call against the resource `*` (so every table grant misses
   aws:PrincipalArn/aws:PrincipalAccount, s3:prefix, s3:if-none-match,
   s3:ObjectCreationOperation, the SSE-KMS headers, dynamodb:LeadingKeys. A DynamoDB
   transaction or batch is authorized item by item, as DynamoDB does (PutItem, UpdateItem, ...).
+  `autoscaling_request` gives an Auto Scaling call the group it acts on, by ARN, and the
+  group's tags (aws:ResourceTag/...), where moto names every Auto Scaling resource `*`.
 - `install()` makes moto's identity-policy check use them.
 """
 
@@ -267,6 +269,39 @@ def dynamodb_requests(
     return [one(action, body)]
 
 
+GROUP_ACTIONS = frozenset({
+    "SetDesiredCapacity", "UpdateAutoScalingGroup", "SetInstanceHealth",
+    "TerminateInstanceInAutoScalingGroup", "CompleteLifecycleAction",
+    "RecordLifecycleActionHeartbeat", "DeleteAutoScalingGroup", "AttachInstances",
+    "DetachInstances", "EnterStandby", "ExitStandby", "SuspendProcesses", "ResumeProcesses",
+    "SetInstanceProtection", "StartInstanceRefresh", "CreateOrUpdateTags", "DeleteTags",
+})  # fmt: skip
+"""Auto Scaling actions on one group, which IAM authorizes against that group's ARN and tags
+(the Service Authorization Reference); the rest (Describe...) support no resource: `*`."""
+
+
+def autoscaling_request(action: str, params: Mapping[str, list[str]], groups: Any,
+                        ec2_instance_group: Any) -> tuple[str, dict[str, str]]:  # fmt: skip
+    """(resource, context) of an Auto Scaling call: the group it acts on, named in the call
+    (AutoScalingGroupName) or by one of its instances (InstanceId), with aws:ResourceTag/...
+    for each of the group's tags; `*` for a call on no group, or on none that exists.
+    `groups`: the region's groups by name; `ec2_instance_group(instance_id)`: the name of the
+    group an instance is in, or None."""
+    if action not in GROUP_ACTIONS:
+        return "*", {}
+    name = (params.get("AutoScalingGroupName") or [None])[0]
+    if name is None:
+        instance = (params.get("InstanceId") or params.get("InstanceIds.member.1") or [None])[0]
+        name = ec2_instance_group(instance) if instance else None
+    group = groups.get(name) if name else None
+    if group is None:
+        return "*", {}
+    # Auto Scaling answers to its own key for a resource's tags as well as the global one.
+    context = {f"{prefix}:ResourceTag/{tag['Key']}": str(tag["Value"])
+               for tag in group.tags for prefix in ("aws", "autoscaling")}  # fmt: skip
+    return str(group.arn), context
+
+
 def install() -> None:
     """Make moto's identity-policy check (when it enforces one) evaluate conditions, DynamoDB
     table resources and leading keys, and the VPC endpoint a caller comes through."""
@@ -307,6 +342,22 @@ def install() -> None:
                     action, body, table_arn, hash_key
                 )
             ]
+        elif service == "autoscaling":
+            from moto.autoscaling.models import autoscaling_backends
+
+            groups = autoscaling_backends[self.account_id][self._region].autoscaling_groups
+            # The query protocol's parameters, as the emulator parsed them from the body.
+            params = {str(k): list(v) if isinstance(v, list) else [str(v)]
+                      for k, v in dict(self._data or {}).items()}  # fmt: skip
+
+            def group_of(instance_id: str) -> str | None:
+                return next((name for name, group in groups.items()
+                             if any(state.instance.id == instance_id
+                                    for state in group.instance_states)), None)  # fmt: skip
+
+            group_arn, tags = autoscaling_request(action, params, groups, group_of)
+            inside = through_endpoint("autoscaling", self._headers)
+            requests = [(self._action, group_arn, {**base, **inside, **tags})]
         else:
             requests = [(self._action, resource, base)]
         policies = [IAMPolicy(policy)._policy_json for policy in key.collect_policies()]
@@ -329,10 +380,12 @@ def install() -> None:
     _install_assumed_roles_judged()
 
 
-ROLE_JUDGED_SERVICES = ("s3", "dynamodb")
+ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling")
 """What an assumed role's requests are judged for while the cloud serves everyone else as it
 does by default: the services whose resources and condition keys `install` models (moto names
-most other services' resources `*`, which no grant scoped to an ARN matches)."""
+most other services' resources `*`, which no grant scoped to an ARN matches). Not yet:
+CloudWatch Logs (its documentation gives two ARN forms of a log group, both used), SSM, SNS,
+EC2's tagging."""
 
 
 def _install_assumed_roles_judged() -> None:
