@@ -17,7 +17,7 @@ from spotrain.core.admission import QueuePolicy, Team
 from spotrain.core.catalog_schema import ENVIRONMENT_TAG
 from spotrain.core.errors import raise_if_problems
 from spotrain.core.gpu_types import INSTANCE_QUOTAS
-from spotrain.core.validation import instance_type_problems
+from spotrain.core.validation import instance_type_problems, mistyped_fields
 
 # Commercial regions that offer GPU instances and the services the blueprint uses.
 KNOWN_REGIONS = frozenset(
@@ -99,12 +99,14 @@ class RegionConfig:
     def __post_init__(self) -> None:
         if isinstance(self.availability_zones, list):
             object.__setattr__(self, "availability_zones", tuple(self.availability_zones))
-        object.__setattr__(self, "vcpu_ceilings", MappingProxyType(dict(self.vcpu_ceilings)))
+        if isinstance(self.vcpu_ceilings, Mapping):  # else its type is the problem said
+            object.__setattr__(self, "vcpu_ceilings", MappingProxyType(dict(self.vcpu_ceilings)))
 
     def problems(self) -> list[str]:
         where = f"region {self.name!r}"
         problems = instance_type_problems(self, prefix=f"{where}: ")
-        if problems:
+        mistyped = mistyped_fields(self)
+        if mistyped & {"name", "availability_zones"}:  # the checks below read both
             return problems
         if self.name not in KNOWN_REGIONS:
             return [
@@ -127,7 +129,7 @@ class RegionConfig:
             problems.append(
                 f"{where}: availability_zones names more than 16 zones: the VPC has 16 /20 slices"
             )
-        for quota, ceiling in self.vcpu_ceilings.items():
+        for quota, ceiling in () if "vcpu_ceilings" in mistyped else self.vcpu_ceilings.items():
             if quota not in INSTANCE_QUOTAS:
                 known = ", ".join(INSTANCE_QUOTAS)
                 problems.append(f"{where}: vcpu_ceilings names {quota!r}, not an AWS quota "
@@ -135,7 +137,9 @@ class RegionConfig:
             if isinstance(ceiling, int) and ceiling < 0:  # its type is judged with the others
                 problems.append(f"{where}: vcpu_ceilings gives {quota!r} {ceiling}: give 0 "
                                 "or more vCPUs")  # fmt: skip
-        return problems + [f"{where}: {p}" for p in _vpc_cidr_problems(self.vpc_cidr)]
+        if "vpc_cidr" not in mistyped:
+            problems += [f"{where}: {p}" for p in _vpc_cidr_problems(self.vpc_cidr)]
+        return problems
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -176,13 +180,17 @@ class EnvironmentConfig:
     """Set for the local cloud; None for real AWS environments."""
 
     def __post_init__(self) -> None:
-        # Types first: the value checks below would misread a budget given as a string, or
-        # instance types given as one string (its letters).
-        raise_if_problems(f"environment {self.name!r}", instance_type_problems(self))
+        # Every problem at once: each field's type, and the values of the fields whose type is
+        # right (a budget given as a string, or regions given as one string, would be misread
+        # by the value checks: theirs wait until the type is fixed).
+        mistyped = mistyped_fields(self)
         for name in ("regions", "alert_emails", "teams"):
-            object.__setattr__(self, name, tuple(getattr(self, name)))
-        object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
-        raise_if_problems(f"environment {self.name!r}", self._problems())
+            if name not in mistyped:
+                object.__setattr__(self, name, tuple(getattr(self, name)))
+        if "tags" not in mistyped:
+            object.__setattr__(self, "tags", MappingProxyType(dict(self.tags)))
+        raise_if_problems(f"environment {self.name!r}",
+                          instance_type_problems(self) + self._problems(mistyped))  # fmt: skip
 
     @property
     def is_local(self) -> bool:
@@ -223,13 +231,75 @@ class EnvironmentConfig:
     def stack_name(self, part: str) -> str:
         return f"{self.name}-{part}"
 
-    def _problems(self) -> list[str]:
+    def _problems(self, mistyped: frozenset[str] = frozenset()) -> list[str]:
+        """The values' problems, those of the `mistyped` fields left out."""
         problems: list[str] = []
-        if not _ENV_NAME.match(self.name):
+        if "name" not in mistyped and not _ENV_NAME.match(self.name):
             problems.append(
                 f"name {self.name!r} is not a valid environment name: use 2-15 lowercase "
                 "letters, digits or '-', starting with a letter (e.g. 'dev')"
             )
+        if "regions" not in mistyped:
+            problems += self._region_problems()
+        if "teams" not in mistyped:
+            team_names = [team.name for team in self.teams]
+            for name in sorted({n for n in team_names if team_names.count(n) > 1}):
+                problems.append(f"teams lists {name!r} twice: name each team once")
+            for team in self.teams:
+                problems += team.problems()
+        if "bucket_prefix" not in mistyped and not _BUCKET_PREFIX.match(self.bucket_prefix):
+            problems.append(
+                f"bucket_prefix {self.bucket_prefix!r} is not a valid S3 name prefix: use 4-40 "
+                "lowercase letters, digits or '-', starting and ending with a letter or digit"
+            )
+        if "monthly_budget_usd" not in mistyped and not self.monthly_budget_usd > 0:
+            problems.append(
+                f"monthly_budget_usd is {self.monthly_budget_usd}: set a positive amount in USD"
+            )
+        if "alert_emails" not in mistyped:
+            if not self.alert_emails:
+                problems.append(
+                    "alert_emails is empty: give at least one address for budget alerts"
+                )
+            for email in self.alert_emails:
+                if not _EMAIL.match(email):
+                    problems.append(f"alert e-mail {email!r} is malformed: use name@example.com")
+        for key, value in () if "tags" in mistyped else self.tags.items():
+            if not _TAG_KEY.match(key) or key.lower().startswith("aws:"):
+                problems.append(
+                    f"tag key {key!r} is not allowed: use 1-128 letters, digits, spaces or "
+                    "_.:/=+-@ and do not start with 'aws:'"
+                )
+            if len(value) > 256:
+                problems.append(f"tag {key!r} has a value over 256 characters: shorten it")
+        if "log_retention_days" not in mistyped and (
+            self.log_retention_days not in LOG_RETENTION_DAYS
+        ):
+            problems.append(
+                f"log_retention_days is {self.log_retention_days}: CloudWatch Logs keeps logs for "
+                f"one of {', '.join(map(str, sorted(LOG_RETENTION_DAYS)))} days; pick one"
+            )
+        expiration = self.noncurrent_version_expiration_days
+        if "noncurrent_version_expiration_days" not in mistyped and expiration < 1:
+            problems.append(f"noncurrent_version_expiration_days is {expiration}: use 1 or more")
+        if (
+            "local" not in mistyped
+            and self.local is not None
+            and not _LOOPBACK_ENDPOINT.match(self.local.endpoint)
+        ):
+            problems.append(
+                f"local endpoint {self.local.endpoint!r} is not a loopback HTTPS URL: use "
+                "https://127.0.0.1:<port> (the address `spotrain local up` prints)"
+            )
+        if self.local is None and self.state is None:
+            problems.append(
+                "state is not set for a real environment: give a StateBackend(bucket=..., "
+                "region=...) so state is shared and locked"
+            )
+        return problems
+
+    def _region_problems(self) -> list[str]:
+        problems = []
         names = [region.name for region in self.regions]
         if len(names) < 2:
             problems.append(
@@ -240,53 +310,6 @@ class EnvironmentConfig:
             problems.append(f"regions lists {name!r} twice: list each region once")
         for region in self.regions:
             problems += region.problems()
-        team_names = [team.name for team in self.teams]
-        for name in sorted({n for n in team_names if team_names.count(n) > 1}):
-            problems.append(f"teams lists {name!r} twice: name each team once")
-        for team in self.teams:
-            problems += team.problems()
-        if not _BUCKET_PREFIX.match(self.bucket_prefix):
-            problems.append(
-                f"bucket_prefix {self.bucket_prefix!r} is not a valid S3 name prefix: use 4-40 "
-                "lowercase letters, digits or '-', starting and ending with a letter or digit"
-            )
-        if not self.monthly_budget_usd > 0:
-            problems.append(
-                f"monthly_budget_usd is {self.monthly_budget_usd}: set a positive amount in USD"
-            )
-        if not self.alert_emails:
-            problems.append("alert_emails is empty: give at least one address for budget alerts")
-        for email in self.alert_emails:
-            if not _EMAIL.match(email):
-                problems.append(f"alert e-mail {email!r} is malformed: use name@example.com")
-        for key, value in self.tags.items():
-            if not _TAG_KEY.match(key) or key.lower().startswith("aws:"):
-                problems.append(
-                    f"tag key {key!r} is not allowed: use 1-128 letters, digits, spaces or "
-                    "_.:/=+-@ and do not start with 'aws:'"
-                )
-            if len(value) > 256:
-                problems.append(f"tag {key!r} has a value over 256 characters: shorten it")
-        if self.log_retention_days not in LOG_RETENTION_DAYS:
-            problems.append(
-                f"log_retention_days is {self.log_retention_days}: CloudWatch Logs keeps logs for "
-                f"one of {', '.join(map(str, sorted(LOG_RETENTION_DAYS)))} days; pick one"
-            )
-        if self.noncurrent_version_expiration_days < 1:
-            problems.append(
-                f"noncurrent_version_expiration_days is {self.noncurrent_version_expiration_days}"
-                ": use 1 or more"
-            )
-        if self.local is not None and not _LOOPBACK_ENDPOINT.match(self.local.endpoint):
-            problems.append(
-                f"local endpoint {self.local.endpoint!r} is not a loopback HTTPS URL: use "
-                "https://127.0.0.1:<port> (the address `spotrain local up` prints)"
-            )
-        if self.local is None and self.state is None:
-            problems.append(
-                "state is not set for a real environment: give a StateBackend(bucket=..., "
-                "region=...) so state is shared and locked"
-            )
         return problems
 
 

@@ -124,3 +124,25 @@ def test_teams_and_ceilings_are_judged_with_the_rest_and_reach_the_handler_as_on
     policy = shared.queue_policy
     assert QueuePolicy.from_json(policy.to_json()) == policy and not policy.limits_nothing
     assert policy.ceilings == {"us-east-1": {"spot/P5": 384}}
+
+
+def test_mistyped_fields_and_wrong_values_are_listed_together() -> None:
+    """A field of the wrong type is said once; every well-typed field's value is still judged:
+    one round of fixes, not two."""
+    problems = problems_of(
+        monthly_budget_usd="100",
+        alert_emails="oncall@example.com",
+        bucket_prefix="Bad_Prefix",
+        log_retention_days=10,
+        **with_home(vpc_cidr=42, availability_zones=("us-west-2a",)),
+    )
+    for fragment in (
+        "monthly_budget_usd is '100': it must be",
+        "alert_emails is 'oncall@example.com': it must be",
+        "region 'us-east-1': vpc_cidr is 42: it must be",
+        "'Bad_Prefix' is not a valid S3 name prefix",
+        "log_retention_days is 10",
+        "'us-west-2a' is not a zone of us-east-1",
+    ):
+        assert sum(fragment in p for p in problems) == 1, (fragment, problems)
+    assert len(problems) == 6, problems

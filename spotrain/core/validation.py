@@ -96,6 +96,17 @@ def instance_type_problems(instance: Any, prefix: str = "") -> list[str]:
     return type_problems(type(instance), values, prefix)
 
 
+def mistyped_fields(instance: Any) -> frozenset[str]:
+    """The fields of a dataclass instance whose values are not of their declared types (what
+    `instance_type_problems` speaks of): their values' own checks wait for the type's fix."""
+    hints = typing.get_type_hints(type(instance))
+    return frozenset(
+        f.name
+        for f in dataclasses.fields(instance)
+        if f.name in hints and not matches(getattr(instance, f.name), hints[f.name])
+    )
+
+
 def writable_folder_problem(name: str, value: str, folder: Path) -> str | None:
     """Why the setting `name` (= `value`) cannot be used: its `folder` cannot be made or
     written here (checked with a probe file, removed at once); None if it can."""
