@@ -241,6 +241,20 @@ def test_a_region_that_does_not_answer_is_told_apart_from_a_refusal(
     assert outage in str(catalog._error("query", down))
     assert "permissions on the table" in str(catalog._error("query", refused))
     assert outage not in str(catalog._error("query", refused))
+    # The store's own requests alike; S3's throttling (a 503 from a region that answers) is not
+    # an outage.
+    import boto3
+
+    from spotrain.trainer.storage import S3Storage
+
+    storage = S3Storage("bucket", "", client=boto3.client("s3", region_name="us-east-1"))
+
+    def said(error: ClientError) -> str:
+        return str(storage._error("listing of", "runs/", error, writing=False))
+
+    throttled = said(answer(503, "SlowDown"))
+    assert outage in said(down) and outage not in said(answer(403, "AccessDenied"))
+    assert "slow down" in throttled and outage not in throttled
 
 
 def test_the_local_environment_from_a_shell_not_pointed_at_the_local_cloud_says_how_to_point_it(

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
-from spotrain.core.errors import SpotrainError, no_region_fix
+from spotrain.core.errors import SpotrainError, no_region_fix, outage_fix
 from spotrain.core.manifest import crc32_text
 
 _CHUNK = 8 * 1024 * 1024
@@ -351,8 +351,9 @@ class S3Storage:
             return StorageError(
                 f"{what} {where} failed: no AWS region; {no_region_fix()} (the bucket's region)"
             )
-        if not isinstance(error, ClientError):
-            return StorageError(f"{what} {where} failed: {error}; check the network path to S3")
+        if not isinstance(error, ClientError):  # no answer: the network, or the region
+            fix = outage_fix(error) or "check the network path to S3"
+            return StorageError(f"{what} {where} failed: {error}; {fix}")
         code = str(error.response.get("Error", {}).get("Code", ""))
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
         if code == "NoSuchBucket":
@@ -372,8 +373,10 @@ class S3Storage:
                 "pass the bucket's key (kms_key_id in the training configuration, --kms-key-id "
                 "on the command line)"
             )
+        elif code == "SlowDown":  # S3's throttling, a 503 too: the region answers
+            hint = "S3 asked to slow down, and kept asking after retries: try again later"
         elif isinstance(status, int) and status >= 500:
-            hint = "S3 kept failing after retries: try again later"
+            hint = f"S3 kept failing after retries: {outage_fix(error)}; else try again later"
         return StorageError(f"{what} {where} failed: {error}; {hint}")
 
     def _call(self, what: str, key: str, operation: str, *, writing: bool = False,
