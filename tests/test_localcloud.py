@@ -1170,6 +1170,47 @@ def test_a_roles_auto_scaling_calls_are_judged_by_group_and_tag_and_a_machines_b
     assert (unhealthy(machine), unhealthy(handler)) == ("done", "AccessDenied")
 
 
+def test_a_roles_ssm_reads_are_judged_by_the_parameters_they_name(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """An assumed role's SSM calls are judged against the parameters (or the path) they name,
+    by ARN, as the handler's read of its environment's run declarations is: its own path is
+    read, another environment's is refused, and so is a parameter it was not granted."""
+    iam, ssm = client(local_cloud, "iam"), client(local_cloud, "ssm")
+    mine, theirs = f"/{unique('mine')}/runs", f"/{unique('theirs')}/runs"
+    for path in (mine, theirs):
+        ssm.put_parameter(Name=f"{path}/demo", Value="{}", Type="String")
+    trust = {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Action": "sts:AssumeRole",
+        "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
+    }]}  # fmt: skip
+    name = unique("reader")
+    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    grant = {"Effect": "Allow", "Action": "ssm:GetParametersByPath",
+             "Resource": f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{mine}"}  # fmt: skip
+    iam.put_role_policy(RoleName=name, PolicyName="read", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [grant]}))  # fmt: skip
+    sts = client(local_cloud, "sts")
+    keys = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="handler")["Credentials"]
+    reader = control.client(
+        "ssm", local_cloud.endpoint, REGION, aws_access_key_id=keys["AccessKeyId"],
+        aws_secret_access_key=keys["SecretAccessKey"], aws_session_token=keys["SessionToken"],
+    )  # fmt: skip
+
+    def answer(call: Callable[[], Any]) -> str:
+        try:
+            call()
+        except ClientError as error:
+            return str(error.response["Error"]["Code"])
+        return "done"
+
+    assert [
+        answer(lambda: reader.get_parameters_by_path(Path=mine)),
+        answer(lambda: reader.get_parameters_by_path(Path=theirs)),
+        answer(lambda: reader.get_parameter(Name=f"{mine}/demo")),
+    ] == ["done", "AccessDeniedException", "AccessDeniedException"]
+
+
 def test_a_function_keeps_a_warm_environment_between_invocations_as_lambda_does(
     local_cloud: control.RunningCloud,
 ) -> None:

@@ -15,7 +15,8 @@ checks every DynamoDB call against the resource `*` (so every table grant misses
   s3:ObjectCreationOperation, the SSE-KMS headers, dynamodb:LeadingKeys. A DynamoDB
   transaction or batch is authorized item by item, as DynamoDB does (PutItem, UpdateItem, ...).
   `autoscaling_request` gives an Auto Scaling call the group it acts on, by ARN, and the
-  group's tags (aws:ResourceTag/...), where moto names every Auto Scaling resource `*`.
+  group's tags (aws:ResourceTag/...), where moto names every Auto Scaling resource `*`;
+  `ssm_requests` an SSM call its parameters' (or path's) ARNs.
 - `install()` makes moto's identity-policy check use them.
 """
 
@@ -302,6 +303,21 @@ def autoscaling_request(action: str, params: Mapping[str, list[str]], groups: An
     return str(group.arn), context
 
 
+def ssm_requests(action: str, body: Mapping[str, Any], region: str,
+                 account: str) -> list[tuple[str, str]]:  # fmt: skip
+    """(action, resource) for each authorization an SSM call needs: the parameter (or the
+    path) it names, by ARN, one per name; `*` for a call that names none (Describe...)."""
+
+    def arn(name: str) -> str:
+        return (
+            f"arn:aws:ssm:{region}:{account}:parameter{'' if name.startswith('/') else '/'}{name}"
+        )
+
+    names = [body["Path"]] if action == "GetParametersByPath" and "Path" in body else []
+    names += [body["Name"]] if "Name" in body else list(body.get("Names") or [])
+    return [(f"ssm:{action}", arn(str(n))) for n in names] or [(f"ssm:{action}", "*")]
+
+
 def install() -> None:
     """Make moto's identity-policy check (when it enforces one) evaluate conditions, DynamoDB
     table resources and leading keys, and the VPC endpoint a caller comes through."""
@@ -358,13 +374,18 @@ def install() -> None:
             group_arn, tags = autoscaling_request(action, params, groups, group_of)
             inside = through_endpoint("autoscaling", self._headers)
             requests = [(self._action, group_arn, {**base, **inside, **tags})]
+        elif service == "ssm":
+            body = json.loads(self._body or b"{}")
+            requests = [(ssm_action, parameter, base)
+                        for ssm_action, parameter in ssm_requests(action, body, self._region,
+                                                                  self.account_id)]  # fmt: skip
         else:
             requests = [(self._action, resource, base)]
         policies = [IAMPolicy(policy)._policy_json for policy in key.collect_policies()]
         for request_action, request_resource, context in requests:
             verdicts = {verdict(p, request_action, request_resource, context) for p in policies}
             if DENIED in verdicts or PERMITTED not in verdicts:
-                if service == "dynamodb":  # a JSON service: DynamoDB's own error shape
+                if service in ("dynamodb", "ssm"):  # JSON services: their own error shape
                     raise JsonRESTError(
                         "AccessDeniedException",
                         f"User: {key.arn} is not authorized to perform: {request_action} on "
@@ -380,11 +401,11 @@ def install() -> None:
     _install_assumed_roles_judged()
 
 
-ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling")
+ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling", "ssm")
 """What an assumed role's requests are judged for while the cloud serves everyone else as it
 does by default: the services whose resources and condition keys `install` models (moto names
 most other services' resources `*`, which no grant scoped to an ARN matches). Not yet:
-CloudWatch Logs (its documentation gives two ARN forms of a log group, both used), SSM, SNS,
+CloudWatch Logs (its documentation gives two ARN forms of a log group, both used), SNS,
 EC2's tagging."""
 
 
