@@ -27,6 +27,23 @@ def unique(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
+def as_session(cloud: control.RunningCloud, service: str, keys: dict[str, str]) -> Any:
+    """A client of `service` signed with an assumed role's session (STS's `Credentials`)."""
+    return control.client(
+        service, cloud.endpoint, REGION, aws_access_key_id=keys["AccessKeyId"],
+        aws_secret_access_key=keys["SecretAccessKey"], aws_session_token=keys["SessionToken"],
+    )  # fmt: skip
+
+
+def answer(call: Callable[[], Any]) -> str:
+    """ "done", or the error code the cloud answered `call` with."""
+    try:
+        call()
+    except ClientError as error:
+        return str(error.response["Error"]["Code"])
+    return "done"
+
+
 # --- Budgets --------------------------------------------------------------------------------
 NOTIFICATION = {
     "NotificationType": "ACTUAL",
@@ -1134,17 +1151,7 @@ def test_a_roles_auto_scaling_calls_are_judged_by_group_and_tag_and_a_machines_b
     session = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="handler")["Credentials"]
 
     def as_role(keys: dict[str, str]) -> Any:
-        return control.client(
-            "autoscaling", local_cloud.endpoint, REGION, aws_access_key_id=keys["AccessKeyId"],
-            aws_secret_access_key=keys["SecretAccessKey"], aws_session_token=keys["SessionToken"],
-        )  # fmt: skip
-
-    def answer(call: Callable[[], Any]) -> str:
-        try:
-            call()
-        except ClientError as error:
-            return str(error.response["Error"]["Code"])
-        return "done"
+        return as_session(local_cloud, "autoscaling", keys)
 
     handler = as_role(session)
     assert [answer(lambda g=group: handler.set_desired_capacity(AutoScalingGroupName=g,
@@ -1192,18 +1199,7 @@ def test_a_roles_ssm_reads_are_judged_by_the_parameters_they_name(
         {"Version": "2012-10-17", "Statement": [grant]}))  # fmt: skip
     sts = client(local_cloud, "sts")
     keys = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="handler")["Credentials"]
-    reader = control.client(
-        "ssm", local_cloud.endpoint, REGION, aws_access_key_id=keys["AccessKeyId"],
-        aws_secret_access_key=keys["SecretAccessKey"], aws_session_token=keys["SessionToken"],
-    )  # fmt: skip
-
-    def answer(call: Callable[[], Any]) -> str:
-        try:
-            call()
-        except ClientError as error:
-            return str(error.response["Error"]["Code"])
-        return "done"
-
+    reader = as_session(local_cloud, "ssm", keys)
     assert [
         answer(lambda: reader.get_parameters_by_path(Path=mine)),
         answer(lambda: reader.get_parameters_by_path(Path=theirs)),
