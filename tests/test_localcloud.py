@@ -1207,6 +1207,40 @@ def test_a_roles_ssm_reads_are_judged_by_the_parameters_they_name(
     ] == ["done", "AccessDeniedException", "AccessDeniedException"]
 
 
+def test_a_roles_log_writes_are_judged_by_the_stream_they_write(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """An assumed role's CloudWatch Logs calls are judged against the stream (or group) they
+    name, as a machine's shipped output is: its fleet's group takes its streams and events,
+    another group refuses them."""
+    iam, logs = client(local_cloud, "iam"), client(local_cloud, "logs")
+    mine, theirs = f"/{unique('mine')}/machines", f"/{unique('theirs')}/machines"
+    for group in (mine, theirs):
+        logs.create_log_group(logGroupName=group)
+    trust = {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Action": "sts:AssumeRole",
+        "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
+    }]}  # fmt: skip
+    name = unique("shipper")
+    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    streams = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{mine}:log-stream:*"
+    grant = {"Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+             "Resource": streams}  # fmt: skip
+    iam.put_role_policy(RoleName=name, PolicyName="ship", PolicyDocument=json.dumps(
+        {"Version": "2012-10-17", "Statement": [grant]}))  # fmt: skip
+    sts = client(local_cloud, "sts")
+    keys = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="i-0shipper")["Credentials"]
+    shipper = as_session(local_cloud, "logs", keys)
+    event = [{"timestamp": int(time.time() * 1000), "message": "step 1"}]
+    stream = {"logGroupName": mine, "logStreamName": "i-0a"}
+    assert [
+        answer(lambda: shipper.create_log_stream(logGroupName=mine, logStreamName="i-0a")),
+        answer(lambda: shipper.put_log_events(**stream, logEvents=event)),
+        answer(lambda: shipper.create_log_stream(logGroupName=theirs, logStreamName="i-0a")),
+        answer(lambda: shipper.describe_log_streams(logGroupName=mine)),
+    ] == ["done", "done", "AccessDeniedException", "AccessDeniedException"]
+
+
 def test_a_function_keeps_a_warm_environment_between_invocations_as_lambda_does(
     local_cloud: control.RunningCloud,
 ) -> None:

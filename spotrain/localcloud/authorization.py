@@ -16,7 +16,8 @@ checks every DynamoDB call against the resource `*` (so every table grant misses
   transaction or batch is authorized item by item, as DynamoDB does (PutItem, UpdateItem, ...).
   `autoscaling_request` gives an Auto Scaling call the group it acts on, by ARN, and the
   group's tags (aws:ResourceTag/...), where moto names every Auto Scaling resource `*`;
-  `ssm_requests` an SSM call its parameters' (or path's) ARNs.
+  `ssm_requests` an SSM call its parameters' (or path's) ARNs, `logs_request` a CloudWatch
+  Logs call its stream's or group's.
 - `install()` makes moto's identity-policy check use them.
 """
 
@@ -318,6 +319,25 @@ def ssm_requests(action: str, body: Mapping[str, Any], region: str,
     return [(f"ssm:{action}", arn(str(n))) for n in names] or [(f"ssm:{action}", "*")]
 
 
+_STREAM_ACTIONS = frozenset({"CreateLogStream", "PutLogEvents", "GetLogEvents",
+                             "DeleteLogStream"})  # fmt: skip
+
+
+def logs_request(action: str, body: Mapping[str, Any], region: str, account: str) -> str:
+    """The resource a CloudWatch Logs call is judged against: a stream's ARN for a call on one
+    stream, else its group's in the form with a trailing `:*` (the form the service's
+    documentation says IAM policies use for every call but the tagging ones); `*` for a call
+    that names no group. A grant on `log-group:NAME:*` so covers a group's streams, and one on
+    `log-group:NAME` alone does not."""
+    group = body.get("logGroupName")
+    if not group:
+        return "*"
+    arn = f"arn:aws:logs:{region}:{account}:log-group:{group}"
+    if action in _STREAM_ACTIONS and body.get("logStreamName"):
+        return f"{arn}:log-stream:{body['logStreamName']}"
+    return f"{arn}:*"
+
+
 def install() -> None:
     """Make moto's identity-policy check (when it enforces one) evaluate conditions, DynamoDB
     table resources and leading keys, and the VPC endpoint a caller comes through."""
@@ -374,6 +394,12 @@ def install() -> None:
             group_arn, tags = autoscaling_request(action, params, groups, group_of)
             inside = through_endpoint("autoscaling", self._headers)
             requests = [(self._action, group_arn, {**base, **inside, **tags})]
+        elif service == "logs":
+            body = json.loads(self._body or b"{}")
+            resource = logs_request(action, body, self._region, self.account_id)
+            requests = [
+                (self._action, resource, {**base, **through_endpoint("logs", self._headers)})
+            ]
         elif service == "ssm":
             body = json.loads(self._body or b"{}")
             requests = [(ssm_action, parameter, base)
@@ -385,7 +411,7 @@ def install() -> None:
         for request_action, request_resource, context in requests:
             verdicts = {verdict(p, request_action, request_resource, context) for p in policies}
             if DENIED in verdicts or PERMITTED not in verdicts:
-                if service in ("dynamodb", "ssm"):  # JSON services: their own error shape
+                if service in ("dynamodb", "ssm", "logs"):  # JSON services: their own shape
                     raise JsonRESTError(
                         "AccessDeniedException",
                         f"User: {key.arn} is not authorized to perform: {request_action} on "
@@ -401,12 +427,11 @@ def install() -> None:
     _install_assumed_roles_judged()
 
 
-ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling", "ssm")
+ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling", "ssm", "logs")
 """What an assumed role's requests are judged for while the cloud serves everyone else as it
 does by default: the services whose resources and condition keys `install` models (moto names
-most other services' resources `*`, which no grant scoped to an ARN matches). Not yet:
-CloudWatch Logs (its documentation gives two ARN forms of a log group, both used), SNS,
-EC2's tagging."""
+most other services' resources `*`, which no grant scoped to an ARN matches). Not yet: SNS,
+SQS, CloudWatch metrics, EC2's tagging."""
 
 
 def _install_assumed_roles_judged() -> None:
