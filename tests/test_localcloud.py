@@ -44,6 +44,23 @@ def answer(call: Callable[[], Any]) -> str:
     return "done"
 
 
+def session_of(cloud: control.RunningCloud, statements: list[dict[str, Any]], *,
+               session: str = "handler") -> dict[str, str]:  # fmt: skip
+    """The keys of a session (named `session`) of a new role that the account may assume and
+    whose one policy is `statements`."""
+    iam = client(cloud, "iam")
+    trust = {"Version": "2012-10-17", "Statement": [{
+        "Effect": "Allow", "Action": "sts:AssumeRole",
+        "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
+    }]}  # fmt: skip
+    name = unique("role")
+    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
+    policy = {"Version": "2012-10-17", "Statement": statements}
+    iam.put_role_policy(RoleName=name, PolicyName="grants", PolicyDocument=json.dumps(policy))
+    keys = client(cloud, "sts").assume_role(RoleArn=role["Arn"], RoleSessionName=session)
+    return dict(keys["Credentials"])
+
+
 # --- Budgets --------------------------------------------------------------------------------
 NOTIFICATION = {
     "NotificationType": "ACTUAL",
@@ -1183,22 +1200,14 @@ def test_a_roles_ssm_reads_are_judged_by_the_parameters_they_name(
     """An assumed role's SSM calls are judged against the parameters (or the path) they name,
     by ARN, as the handler's read of its environment's run declarations is: its own path is
     read, another environment's is refused, and so is a parameter it was not granted."""
-    iam, ssm = client(local_cloud, "iam"), client(local_cloud, "ssm")
+    ssm = client(local_cloud, "ssm")
     mine, theirs = f"/{unique('mine')}/runs", f"/{unique('theirs')}/runs"
     for path in (mine, theirs):
         ssm.put_parameter(Name=f"{path}/demo", Value="{}", Type="String")
-    trust = {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Action": "sts:AssumeRole",
-        "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
-    }]}  # fmt: skip
-    name = unique("reader")
-    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
-    grant = {"Effect": "Allow", "Action": "ssm:GetParametersByPath",
-             "Resource": f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{mine}"}  # fmt: skip
-    iam.put_role_policy(RoleName=name, PolicyName="read", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [grant]}))  # fmt: skip
-    sts = client(local_cloud, "sts")
-    keys = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="handler")["Credentials"]
+    keys = session_of(local_cloud, [{
+        "Effect": "Allow", "Action": "ssm:GetParametersByPath",
+        "Resource": f"arn:aws:ssm:{REGION}:{ACCOUNT}:parameter{mine}",
+    }])  # fmt: skip
     reader = as_session(local_cloud, "ssm", keys)
     assert [
         answer(lambda: reader.get_parameters_by_path(Path=mine)),
@@ -1213,23 +1222,14 @@ def test_a_roles_log_writes_are_judged_by_the_stream_they_write(
     """An assumed role's CloudWatch Logs calls are judged against the stream (or group) they
     name, as a machine's shipped output is: its fleet's group takes its streams and events,
     another group refuses them."""
-    iam, logs = client(local_cloud, "iam"), client(local_cloud, "logs")
+    logs = client(local_cloud, "logs")
     mine, theirs = f"/{unique('mine')}/machines", f"/{unique('theirs')}/machines"
     for group in (mine, theirs):
         logs.create_log_group(logGroupName=group)
-    trust = {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Action": "sts:AssumeRole",
-        "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
-    }]}  # fmt: skip
-    name = unique("shipper")
-    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
-    streams = f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{mine}:log-stream:*"
-    grant = {"Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
-             "Resource": streams}  # fmt: skip
-    iam.put_role_policy(RoleName=name, PolicyName="ship", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": [grant]}))  # fmt: skip
-    sts = client(local_cloud, "sts")
-    keys = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="i-0shipper")["Credentials"]
+    keys = session_of(local_cloud, [{
+        "Effect": "Allow", "Action": ["logs:CreateLogStream", "logs:PutLogEvents"],
+        "Resource": f"arn:aws:logs:{REGION}:{ACCOUNT}:log-group:{mine}:log-stream:*",
+    }], session="i-0shipper")  # fmt: skip
     shipper = as_session(local_cloud, "logs", keys)
     event = [{"timestamp": int(time.time() * 1000), "message": "step 1"}]
     stream = {"logGroupName": mine, "logStreamName": "i-0a"}
@@ -1239,6 +1239,44 @@ def test_a_roles_log_writes_are_judged_by_the_stream_they_write(
         answer(lambda: shipper.create_log_stream(logGroupName=theirs, logStreamName="i-0a")),
         answer(lambda: shipper.describe_log_streams(logGroupName=mine)),
     ] == ["done", "done", "AccessDeniedException", "AccessDeniedException"]
+
+
+def test_a_roles_instance_tags_and_notices_are_judged_by_resource_tags_and_topic(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """An assumed role's EC2 tagging is judged against each instance it tags, by ARN, with the
+    instance's tags and the keys it sets, as the handler's interruption mark is: its own mark
+    on its environment's instance is set; on another environment's instance, or any other key,
+    it is refused. Its SNS publish is judged against the topic."""
+    ec2, sns = client(local_cloud, "ec2"), client(local_cloud, "sns")
+
+    def instance(env: str) -> str:
+        [started] = ec2.run_instances(ImageId="ami-12c6146b", MinCount=1, MaxCount=1,
+                                      TagSpecifications=[{"ResourceType": "instance",
+                                                          "Tags": [{"Key": "env", "Value": env}]}],
+                                      )["Instances"]  # fmt: skip
+        return str(started["InstanceId"])
+
+    mine, theirs = instance("mine"), instance("theirs")
+    topic, other = (sns.create_topic(Name=unique(n))["TopicArn"] for n in ("notices", "other"))
+    keys = session_of(local_cloud, [
+        {"Effect": "Allow", "Action": "ec2:CreateTags",
+         "Resource": f"arn:aws:ec2:{REGION}:{ACCOUNT}:instance/*",
+         "Condition": {"StringEquals": {"aws:ResourceTag/env": "mine"},
+                       "ForAllValues:StringEquals": {"aws:TagKeys": ["mark"]}}},
+        {"Effect": "Allow", "Action": "sns:Publish", "Resource": topic},
+    ])  # fmt: skip
+    handler_ec2, handler_sns = (as_session(local_cloud, s, keys) for s in ("ec2", "sns"))
+
+    def tag(instance_id: str, key: str) -> str:
+        tags = [{"Key": key, "Value": "x"}]
+        return answer(lambda: handler_ec2.create_tags(Resources=[instance_id], Tags=tags))
+
+    assert [tag(mine, "mark"), tag(theirs, "mark"), tag(mine, "env")] == [
+        "done", "AccessDenied", "AccessDenied"]  # fmt: skip
+    published = [answer(lambda arn=arn: handler_sns.publish(TopicArn=arn, Message="m"))
+                 for arn in (topic, other)]  # fmt: skip
+    assert published == ["done", "AccessDenied"], published
 
 
 def test_a_function_keeps_a_warm_environment_between_invocations_as_lambda_does(

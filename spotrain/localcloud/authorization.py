@@ -17,7 +17,8 @@ checks every DynamoDB call against the resource `*` (so every table grant misses
   `autoscaling_request` gives an Auto Scaling call the group it acts on, by ARN, and the
   group's tags (aws:ResourceTag/...), where moto names every Auto Scaling resource `*`;
   `ssm_requests` an SSM call its parameters' (or path's) ARNs, `logs_request` a CloudWatch
-  Logs call its stream's or group's.
+  Logs call its stream's or group's, `ec2_requests` an EC2 tagging call each resource's with
+  its tags and the keys it sets (aws:TagKeys), and an SNS publish its topic's.
 - `install()` makes moto's identity-policy check use them.
 """
 
@@ -338,6 +339,36 @@ def logs_request(action: str, body: Mapping[str, Any], region: str, account: str
     return f"{arn}:*"
 
 
+_EC2_RESOURCE_TYPES = {"i": "instance", "vol": "volume", "sg": "security-group",
+                       "subnet": "subnet", "vpc": "vpc", "eni": "network-interface"}  # fmt: skip
+
+
+def ec2_requests(action: str, params: Mapping[str, list[str]], region: str, account: str,
+                 tags_of: Any) -> list[tuple[str, dict[str, Any]]]:  # fmt: skip
+    """(resource, context) for each authorization an EC2 tagging call needs: one per resource
+    it tags, by ARN, with that resource's tags (aws:ResourceTag/...), the keys it sets
+    (aws:TagKeys) and their values (aws:RequestTag/...); `*` for every other call (those the
+    handler makes support no resource). `tags_of(id)`: a resource's tags."""
+    if action not in ("CreateTags", "DeleteTags"):
+        return [("*", {})]
+    tags = {}
+    for name, values in params.items():
+        found = re.fullmatch(r"Tag\.(\d+)\.Key", name)
+        if found:
+            tags[values[0]] = (params.get(f"Tag.{found.group(1)}.Value") or [""])[0]
+    requests = []
+    for name, values in sorted(params.items()):
+        if not re.fullmatch(r"ResourceId\.\d+", name):
+            continue
+        resource_id = values[0]
+        kind = _EC2_RESOURCE_TYPES.get(resource_id.split("-", 1)[0], "*")
+        context: dict[str, Any] = {"aws:TagKeys": sorted(tags)}
+        context.update({f"aws:ResourceTag/{k}": v for k, v in tags_of(resource_id).items()})
+        context.update({f"aws:RequestTag/{k}": v for k, v in tags.items()})
+        requests.append((f"arn:aws:ec2:{region}:{account}:{kind}/{resource_id}", context))
+    return requests or [("*", {})]
+
+
 def install() -> None:
     """Make moto's identity-policy check (when it enforces one) evaluate conditions, DynamoDB
     table resources and leading keys, and the VPC endpoint a caller comes through."""
@@ -382,9 +413,7 @@ def install() -> None:
             from moto.autoscaling.models import autoscaling_backends
 
             groups = autoscaling_backends[self.account_id][self._region].autoscaling_groups
-            # The query protocol's parameters, as the emulator parsed them from the body.
-            params = {str(k): list(v) if isinstance(v, list) else [str(v)]
-                      for k, v in dict(self._data or {}).items()}  # fmt: skip
+            params = _query_params(self._data)
 
             def group_of(instance_id: str) -> str | None:
                 return next((name for name, group in groups.items()
@@ -400,6 +429,21 @@ def install() -> None:
             requests = [
                 (self._action, resource, {**base, **through_endpoint("logs", self._headers)})
             ]
+        elif service == "ec2":
+            from moto.ec2.models import ec2_backends
+
+            backend = ec2_backends[self.account_id][self._region]
+            params = _query_params(self._data)
+            requests = [
+                (self._action, tagged, {**base, **context})
+                for tagged, context in ec2_requests(
+                    action, params, self._region, self.account_id,
+                    lambda resource_id: backend.tags.get(resource_id) or {},
+                )
+            ]  # fmt: skip
+        elif service == "sns":
+            topic = (_query_params(self._data).get("TopicArn") or ["*"])[0]
+            requests = [(self._action, topic if action == "Publish" else "*", base)]
         elif service == "ssm":
             body = json.loads(self._body or b"{}")
             requests = [(ssm_action, parameter, base)
@@ -427,11 +471,18 @@ def install() -> None:
     _install_assumed_roles_judged()
 
 
-ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling", "ssm", "logs")
+def _query_params(data: Any) -> dict[str, list[str]]:
+    """A query-protocol call's parameters, as the emulator parsed them from its body."""
+    return {str(k): list(v) if isinstance(v, list) else [str(v)]
+            for k, v in dict(data or {}).items()}  # fmt: skip
+
+
+ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling", "ssm", "logs", "ec2", "sns")
 """What an assumed role's requests are judged for while the cloud serves everyone else as it
 does by default: the services whose resources and condition keys `install` models (moto names
-most other services' resources `*`, which no grant scoped to an ARN matches). Not yet: SNS,
-SQS, CloudWatch metrics, EC2's tagging."""
+most other services' resources `*`, which no grant scoped to an ARN matches). Not yet: SQS (a
+failed invocation's dead letter), CloudWatch metrics (its namespace condition is in a CBOR
+body)."""
 
 
 def _install_assumed_roles_judged() -> None:
