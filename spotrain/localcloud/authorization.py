@@ -370,8 +370,10 @@ def ec2_requests(action: str, params: Mapping[str, list[str]], region: str, acco
 
 
 def install() -> None:
-    """Make moto's identity-policy check (when it enforces one) evaluate conditions, DynamoDB
-    table resources and leading keys, and the VPC endpoint a caller comes through."""
+    """Make moto's identity-policy check (when it enforces one) evaluate conditions, the
+    resources a call acts on (DynamoDB tables and leading keys, Auto Scaling groups, SSM
+    parameters, log streams, tagged instances, topics) with their condition keys, and the VPC
+    endpoint a caller comes through."""
     from moto.core.exceptions import JsonRESTError
     from moto.dynamodb.models import dynamodb_backends
     from moto.iam.access_control import IAMPolicy, IAMRequestBase
