@@ -17,7 +17,7 @@ from spotrain.core.admission import QueuePolicy, Team
 from spotrain.core.catalog_schema import ENVIRONMENT_TAG
 from spotrain.core.errors import raise_if_problems
 from spotrain.core.gpu_types import INSTANCE_QUOTAS
-from spotrain.core.validation import instance_type_problems, mistyped_fields
+from spotrain.core.validation import field_values, instance_type_problems, mistyped_fields
 
 # Commercial regions that offer GPU instances and the services the blueprint uses.
 KNOWN_REGIONS = frozenset(
@@ -105,7 +105,7 @@ class RegionConfig:
     def problems(self) -> list[str]:
         where = f"region {self.name!r}"
         problems = instance_type_problems(self, prefix=f"{where}: ")
-        mistyped = mistyped_fields(self)
+        mistyped = mistyped_fields(type(self), field_values(self))
         if mistyped & {"name", "availability_zones"}:  # the checks below read both
             return problems
         if self.name not in KNOWN_REGIONS:
@@ -183,7 +183,7 @@ class EnvironmentConfig:
         # Every problem at once: each field's type, and the values of the fields whose type is
         # right (a budget given as a string, or regions given as one string, would be misread
         # by the value checks: theirs wait until the type is fixed).
-        mistyped = mistyped_fields(self)
+        mistyped = mistyped_fields(type(self), field_values(self))
         for name in ("regions", "alert_emails", "teams"):
             if name not in mistyped:
                 object.__setattr__(self, name, tuple(getattr(self, name)))

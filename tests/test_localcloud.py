@@ -44,19 +44,25 @@ def answer(call: Callable[[], Any]) -> str:
     return "done"
 
 
-def session_of(cloud: control.RunningCloud, statements: list[dict[str, Any]], *,
-               session: str = "handler") -> dict[str, str]:  # fmt: skip
-    """The keys of a session (named `session`) of a new role that the account may assume and
-    whose one policy is `statements`."""
+def new_role(cloud: control.RunningCloud, statements: list[dict[str, Any]]) -> dict[str, str]:
+    """A new role whose one policy is `statements`, which the account and EC2 (for an
+    instance profile) may assume: its RoleName and Arn."""
     iam = client(cloud, "iam")
     trust = {"Version": "2012-10-17", "Statement": [{
         "Effect": "Allow", "Action": "sts:AssumeRole",
-        "Principal": {"AWS": f"arn:aws:iam::{ACCOUNT}:root"},
+        "Principal": {"Service": "ec2.amazonaws.com", "AWS": f"arn:aws:iam::{ACCOUNT}:root"},
     }]}  # fmt: skip
     name = unique("role")
     role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
     policy = {"Version": "2012-10-17", "Statement": statements}
     iam.put_role_policy(RoleName=name, PolicyName="grants", PolicyDocument=json.dumps(policy))
+    return {"RoleName": name, "Arn": role["Arn"]}
+
+
+def session_of(cloud: control.RunningCloud, statements: list[dict[str, Any]], *,
+               session: str = "handler") -> dict[str, str]:  # fmt: skip
+    """The keys (STS's `Credentials`) of a session named `session` of a `new_role`."""
+    role = new_role(cloud, statements)
     keys = client(cloud, "sts").assume_role(RoleArn=role["Arn"], RoleSessionName=session)
     return dict(keys["Credentials"])
 
@@ -1134,21 +1140,14 @@ def test_a_roles_auto_scaling_calls_are_judged_by_group_and_tag_and_a_machines_b
     group_arns = (
         f"arn:aws:autoscaling:{REGION}:{ACCOUNT}:autoScalingGroup:*:autoScalingGroupName/{prefix}*"
     )
-    trust = {"Version": "2012-10-17", "Statement": [{
-        "Effect": "Allow", "Action": "sts:AssumeRole",
-        "Principal": {"Service": "ec2.amazonaws.com", "AWS": f"arn:aws:iam::{ACCOUNT}:root"},
-    }]}  # fmt: skip
-    name = unique("scaler")
-    role = iam.create_role(RoleName=name, AssumeRolePolicyDocument=json.dumps(trust))["Role"]
-    statements = [
+    role = new_role(local_cloud, [
         {"Effect": "Allow", "Action": ["autoscaling:SetDesiredCapacity"], "Resource": group_arns,
          "Condition": {"StringEquals": {"aws:ResourceTag/env": "mine"}}},
         {"Effect": "Allow", "Action": "autoscaling:SetInstanceHealth", "Resource": group_arns,
          "Condition": {"StringEquals": {"aws:SourceVpce": endpoint}}},
         {"Effect": "Allow", "Action": "autoscaling:DescribeAutoScalingGroups", "Resource": "*"},
-    ]  # fmt: skip
-    iam.put_role_policy(RoleName=name, PolicyName="scale", PolicyDocument=json.dumps(
-        {"Version": "2012-10-17", "Statement": statements}))  # fmt: skip
+    ])  # fmt: skip
+    name = role["RoleName"]
     iam.create_instance_profile(InstanceProfileName=name)
     iam.add_role_to_instance_profile(InstanceProfileName=name, RoleName=name)
     template = unique("scaled-template")
@@ -1166,11 +1165,7 @@ def test_a_roles_auto_scaling_calls_are_judged_by_group_and_tag_and_a_machines_b
         )  # fmt: skip
     sts = client(local_cloud, "sts")
     session = sts.assume_role(RoleArn=role["Arn"], RoleSessionName="handler")["Credentials"]
-
-    def as_role(keys: dict[str, str]) -> Any:
-        return as_session(local_cloud, "autoscaling", keys)
-
-    handler = as_role(session)
+    handler = as_session(local_cloud, "autoscaling", session)
     assert [answer(lambda g=group: handler.set_desired_capacity(AutoScalingGroupName=g,
                                                                 DesiredCapacity=0))
             for group in groups.values()] == ["done", "AccessDenied", "AccessDenied"]  # fmt: skip
@@ -1182,9 +1177,9 @@ def test_a_roles_auto_scaling_calls_are_judged_by_group_and_tag_and_a_machines_b
         AutoScalingGroupNames=[groups["theirs"]])["AutoScalingGroups"][0]["Instances"]  # fmt: skip
     keys = instance_role_keys(control.aws_environment(local_cloud.endpoint, REGION), template,
                               member["InstanceId"])  # fmt: skip
-    machine = as_role({"AccessKeyId": keys["AWS_ACCESS_KEY_ID"],
-                       "SecretAccessKey": keys["AWS_SECRET_ACCESS_KEY"],
-                       "SessionToken": keys["AWS_SESSION_TOKEN"]})  # fmt: skip
+    machine = as_session(local_cloud, "autoscaling", {
+        "AccessKeyId": keys["AWS_ACCESS_KEY_ID"], "SecretAccessKey": keys["AWS_SECRET_ACCESS_KEY"],
+        "SessionToken": keys["AWS_SESSION_TOKEN"]})  # fmt: skip
 
     def unhealthy(reporter: Any) -> str:
         return answer(lambda: reporter.set_instance_health(

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from spotrain.core.errors import ConfigError, SpotrainError, raise_if_problems
-from spotrain.core.validation import says_any, type_problems
+from spotrain.core.validation import mistyped_fields, says_any, type_problems
 from spotrain.trainer import membership
 from spotrain.trainer.engine import TrainConfig, train
 from spotrain.trainer.entry_point import EntryPointConfig
@@ -122,7 +122,7 @@ def _train_config(
             for name in sorted(set(given) - known)
         ]
         typed = {k: v for k, v in given.items() if k in known and k != "model"}
-        mistyped[prefix] = {k for k in typed if type_problems(cls, {k: typed[k]})}
+        mistyped[prefix] = set(mistyped_fields(cls, typed))
         problems += type_problems(cls, typed, prefix)
     # What the checks below say through a mistyped value (left out: its default or stand-in
     # takes its place) is not said.

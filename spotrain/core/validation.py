@@ -90,21 +90,22 @@ def says_any(problem: str, names: Iterable[str]) -> bool:
     return any(re.search(rf"(^|[^\w.]){re.escape(name)}\b", problem) for name in names)
 
 
+def field_values(instance: Any) -> dict[str, Any]:
+    """A dataclass instance's fields, by name."""
+    return {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)}
+
+
 def instance_type_problems(instance: Any, prefix: str = "") -> list[str]:
     """`type_problems` for every field of a dataclass instance."""
-    values = {f.name: getattr(instance, f.name) for f in dataclasses.fields(instance)}
-    return type_problems(type(instance), values, prefix)
+    return type_problems(type(instance), field_values(instance), prefix)
 
 
-def mistyped_fields(instance: Any) -> frozenset[str]:
-    """The fields of a dataclass instance whose values are not of their declared types (what
-    `instance_type_problems` speaks of): their values' own checks wait for the type's fix."""
-    hints = typing.get_type_hints(type(instance))
-    return frozenset(
-        f.name
-        for f in dataclasses.fields(instance)
-        if f.name in hints and not matches(getattr(instance, f.name), hints[f.name])
-    )
+def mistyped_fields(cls: type, values: Mapping[str, Any]) -> frozenset[str]:
+    """The names in `values` whose values are not of the types `cls` declares for them (those
+    `type_problems` speaks of): their values' own checks wait for the type's fix."""
+    hints = typing.get_type_hints(cls)
+    return frozenset(name for name, value in values.items()
+                     if name in hints and not matches(value, hints[name]))  # fmt: skip
 
 
 def writable_folder_problem(name: str, value: str, folder: Path) -> str | None:

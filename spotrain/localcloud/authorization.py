@@ -284,18 +284,18 @@ GROUP_ACTIONS = frozenset({
 
 
 def autoscaling_request(action: str, params: Mapping[str, list[str]], groups: Any,
-                        ec2_instance_group: Any) -> tuple[str, dict[str, str]]:  # fmt: skip
+                        group_of_instance: Any) -> tuple[str, dict[str, str]]:  # fmt: skip
     """(resource, context) of an Auto Scaling call: the group it acts on, named in the call
     (AutoScalingGroupName) or by one of its instances (InstanceId), with aws:ResourceTag/...
     for each of the group's tags; `*` for a call on no group, or on none that exists.
-    `groups`: the region's groups by name; `ec2_instance_group(instance_id)`: the name of the
+    `groups`: the region's groups by name; `group_of_instance(instance_id)`: the name of the
     group an instance is in, or None."""
     if action not in GROUP_ACTIONS:
         return "*", {}
     name = (params.get("AutoScalingGroupName") or [None])[0]
     if name is None:
         instance = (params.get("InstanceId") or params.get("InstanceIds.member.1") or [None])[0]
-        name = ec2_instance_group(instance) if instance else None
+        name = group_of_instance(instance) if instance else None
     group = groups.get(name) if name else None
     if group is None:
         return "*", {}
