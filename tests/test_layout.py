@@ -261,3 +261,23 @@ def test_no_script_folder_shadows_a_standard_library_module() -> None:
     ]
     assert scripts
     assert [p.name for p in scripts if p.stem in sys.stdlib_module_names] == []
+
+
+def test_checking_a_run_files_training_section_imports_no_pytorch() -> None:
+    """`spotrain deploy`, `plan`, `synth` and `run submit` check each run's `[training]` as the
+    trainer would (`train.training_problems`): PyTorch's import is seconds of CPU they need
+    not pay, and a machine without it still gets the check."""
+    import subprocess
+    import sys
+
+    check = (
+        "import sys\n"
+        "from spotrain.trainer.train import training_problems\n"
+        "problems = training_problems({'steps': 0, 'model': {'width': 10, 'heads': 3}})\n"
+        "assert any('steps is 0' in p for p in problems), problems\n"
+        "assert any('model.width 10' in p for p in problems), problems\n"
+        "print(sorted({'torch', 'deepspeed'} & set(sys.modules)))\n"
+    )  # fmt: skip
+    imported = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                              check=True, cwd=ROOT).stdout.strip()  # fmt: skip
+    assert imported == "[]", f"checking a training section imported {imported}"

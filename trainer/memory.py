@@ -4,9 +4,9 @@
 optimizer step taken by DeepSpeed's CPU Adam).
 
 The training configuration names the options (`activation_checkpointing`, `offload_optimizer`,
-`offload_params`); this module checks them, says what a machine lacks for them before the run
-starts, and turns them into DeepSpeed's configuration, the model's recompute function and the
-optimizer.
+`offload_params`) and checks their values with its others (config.py); this module says what
+a machine lacks for them before the run starts, and turns them into DeepSpeed's configuration,
+the model's recompute function and the optimizer.
 """
 
 from __future__ import annotations
@@ -16,58 +16,16 @@ import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 
+from spotrain.trainer.config import MemoryOptions
 from spotrain.trainer.model import Recompute
-
-
-class MemoryOptions(Protocol):
-    """The training configuration's fields these options are made of."""
-
-    zero_stage: int
-    activation_checkpointing: bool
-    offload_optimizer: str
-    offload_params: str
-    work_dir: str
-
-
-OPTIMIZER_OFFLOAD = ("none", "cpu")
-"""Where ZeRO may keep the optimizer's state: the GPUs, or host memory. Not NVMe: DeepSpeed
-0.19.8 resumes NVMe-swapped optimizer state inexactly (a resumed run's second step already
-differs from an uninterrupted run's), and a run here resumes exactly or not at all."""
-
-PARAMETER_OFFLOAD = ("none", "cpu", "nvme")
-"""Where ZeRO stage 3 may keep the parameters: the GPUs, host memory, or NVMe files."""
 
 ADAMW_WEIGHT_DECAY = 0.01
 """torch.optim.AdamW's default, which DeepSpeed's CPU Adam (default 0) is given too: a run
 means the same optimizer wherever its state lives."""
-
-
-def option_problems(options: MemoryOptions) -> list[str]:
-    """What is wrong with the memory options, each problem with its fix."""
-    offload_optimizer, offload_params = options.offload_optimizer, options.offload_params
-    problems = []
-    if offload_optimizer == "nvme":
-        problems.append(
-            'offload_optimizer = "nvme" is not offered: DeepSpeed does not resume optimizer '
-            'state swapped to NVMe exactly; use "cpu" (host memory: 12 bytes a parameter), '
-            'and offload_params = "nvme" at zero_stage 3 if the parameters must leave too'
-        )
-    elif offload_optimizer not in OPTIMIZER_OFFLOAD:
-        problems.append(f"offload_optimizer is {offload_optimizer!r}: use one of "
-                        f"{', '.join(OPTIMIZER_OFFLOAD)}")  # fmt: skip
-    if offload_params not in PARAMETER_OFFLOAD:
-        problems.append(f"offload_params is {offload_params!r}: use one of "
-                        f"{', '.join(PARAMETER_OFFLOAD)}")  # fmt: skip
-    elif offload_params != "none" and options.zero_stage != 3:
-        problems.append(
-            f"offload_params = {offload_params!r} needs zero_stage 3 (only stage 3 partitions "
-            'the parameters): set zero_stage = 3, or offload_params = "none"'
-        )
-    return problems
 
 
 def machine_problems(options: MemoryOptions) -> list[str]:

@@ -7,49 +7,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from spotrain.core.errors import raise_if_problems
-from spotrain.core.validation import instance_type_problems
-
-
-@dataclass(frozen=True)
-class GPTConfig:
-    vocab_size: int | None = None
-    """Tokens the model knows; None takes the training data's vocabulary (256 for byte
-    tokens, the tokenizer's for a byte-pair dataset)."""
-    context: int = 128
-    """Longest sequence the model reads."""
-    layers: int = 4
-    """Transformer blocks."""
-    heads: int = 4
-    """Attention heads per block."""
-    width: int = 256
-    """Model width; a multiple of `heads`."""
-    dropout: float = 0.0
-    """Dropout on residual branches (attention itself never drops)."""
-
-    def __post_init__(self) -> None:
-        problems = instance_type_problems(self, "model.")
-        if not problems:
-            problems = [
-                f"model.{name} is {getattr(self, name)}: use 1 or more"
-                for name in ("vocab_size", "context", "layers", "heads", "width")
-                if getattr(self, name) is not None and getattr(self, name) < 1
-            ]
-        if not problems and self.width % self.heads:
-            problems.append(
-                f"model.width {self.width} is not a multiple of model.heads {self.heads}: "
-                f"use e.g. width {self.heads * max(1, round(self.width / self.heads))}"
-            )
-        if not problems and not 0 <= self.dropout < 1:
-            problems.append(f"model.dropout is {self.dropout}: use a fraction in [0, 1)")
-        raise_if_problems("model", problems)
-
+from spotrain.trainer.config import GPTConfig
 
 Recompute = Callable[[nn.Module, torch.Tensor], torch.Tensor]
 

@@ -16,14 +16,15 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from spotrain.core.errors import ConfigError, SpotrainError, raise_if_problems
 from spotrain.core.validation import mistyped_fields, says_any, type_problems
 from spotrain.trainer import membership
-from spotrain.trainer.engine import TrainConfig, train
-from spotrain.trainer.entry_point import EntryPointConfig
-from spotrain.trainer.model import GPTConfig
+from spotrain.trainer.config import GPTConfig, TrainConfig
+
+if TYPE_CHECKING:
+    from spotrain.trainer.entry_point import EntryPointConfig
 
 
 def _value(text: str) -> Any:
@@ -166,6 +167,8 @@ def main(argv: list[str] | None = None) -> int:
         "--set", action="append", default=[], metavar="FIELD=VALUE", help="override one field"
     )
     args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    from spotrain.trainer.engine import train  # PyTorch: only where a run trains
+
     config = None
     try:
         config = load_config(args.config, args.set)
