@@ -213,7 +213,9 @@ def test_a_region_that_does_not_answer_is_told_apart_from_a_refusal(
 ) -> None:
     """During a region outage an operator's command (`checkpoints list`, `cost status`, read
     from the home region as the shell points) is told to work from another region, as the
-    region-down runbook does; a refusal keeps its own fix (credentials, the table's name)."""
+    region-down runbook does; a refusal keeps its own fix (credentials, the table's name). The
+    region named is the one the failed call went to, which for a store may not be the shell's."""
+    import boto3
     from botocore.exceptions import ClientError
 
     from spotrain.core.errors import SpotrainError, aws_errors
@@ -237,24 +239,26 @@ def test_a_region_that_does_not_answer_is_told_apart_from_a_refusal(
         ):
             raise error
         assert said in str(caught.value) and unsaid not in str(caught.value)
-    catalog = DynamoCatalog("catalog", "demo", storage=None, client=object())  # type: ignore[arg-type]
+    catalog = DynamoCatalog("catalog", "demo", storage=None,  # type: ignore[arg-type]
+                            client=boto3.client("dynamodb", region_name="us-east-1"))  # fmt: skip
     assert outage in str(catalog._error("query", down))
     assert "permissions on the table" in str(catalog._error("query", refused))
     assert outage not in str(catalog._error("query", refused))
-    # The store's own requests alike; S3's throttling (a 503 from a region that answers) is not
-    # an outage.
-    import boto3
-
+    # The store's own requests alike, naming its bucket's region (the replica's bucket, read
+    # from a shell still pointed at home); S3's throttling (a 503 from a region that answers)
+    # is not an outage.
     from spotrain.trainer.storage import S3Storage
 
-    storage = S3Storage("bucket", "", client=boto3.client("s3", region_name="us-east-1"))
+    storage = S3Storage("bucket", "", client=boto3.client("s3", region_name="eu-west-1"))
 
     def said(error: ClientError) -> str:
         return str(storage._error("listing of", "runs/", error, writing=False))
 
+    bucket_down = outage.replace("us-east-1", "eu-west-1")
     throttled = said(answer(503, "SlowDown"))
-    assert outage in said(down) and outage not in said(answer(403, "AccessDenied"))
-    assert "slow down" in throttled and outage not in throttled
+    assert bucket_down in said(down) and outage not in said(down)
+    assert bucket_down not in said(answer(403, "AccessDenied"))
+    assert "slow down" in throttled and bucket_down not in throttled
 
 
 def test_the_local_environment_from_a_shell_not_pointed_at_the_local_cloud_says_how_to_point_it(

@@ -311,7 +311,9 @@ class DynamoCatalog:
                     "catalog stack, or pass the table name that `spotrain deploy` printed "
                     "(and check AWS_DEFAULT_REGION)"
                 )
-            fix = outage_fix(error) or "check your credentials' permissions on the table, or retry"
+            region = None if self._client is None else self._client.meta.region_name
+            fix = (outage_fix(error, region)
+                   or "check your credentials' permissions on the table, or retry")  # fmt: skip
             return CatalogError(f"{action} in catalog table {self.table_name!r} failed: {error}; "
                                 f"{fix}")  # fmt: skip
         if isinstance(error, NoRegionError):

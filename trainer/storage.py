@@ -280,6 +280,10 @@ class S3Storage:
                 self._adopt(aws_client("s3"))
         return self._client
 
+    def _region(self) -> str | None:
+        """The region the bucket's client calls (what an outage message names)."""
+        return None if self._client is None else self._client.meta.region_name
+
     def _adopt(self, client: Any) -> None:
         # The transfer manager takes no If-None-Match: add it to the requests that create our
         # objects (a single PUT, or the completion of a multipart upload).
@@ -352,7 +356,7 @@ class S3Storage:
                 f"{what} {where} failed: no AWS region; {no_region_fix()} (the bucket's region)"
             )
         if not isinstance(error, ClientError):  # no answer: the network, or the region
-            fix = outage_fix(error) or "check the network path to S3"
+            fix = outage_fix(error, self._region()) or "check the network path to S3"
             return StorageError(f"{what} {where} failed: {error}; {fix}")
         code = str(error.response.get("Error", {}).get("Code", ""))
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -376,7 +380,8 @@ class S3Storage:
         elif code == "SlowDown":  # S3's throttling, a 503 too: the region answers
             hint = "S3 asked to slow down, and kept asking after retries: try again later"
         elif isinstance(status, int) and status >= 500:
-            hint = f"S3 kept failing after retries: {outage_fix(error)}; else try again later"
+            hint = (f"S3 kept failing after retries: {outage_fix(error, self._region())}; "
+                    "else try again later")  # fmt: skip
         return StorageError(f"{what} {where} failed: {error}; {hint}")
 
     def _call(self, what: str, key: str, operation: str, *, writing: bool = False,

@@ -84,14 +84,17 @@ def does_not_answer(error: BaseException) -> bool:
     return isinstance(error, ConnectionError | ConnectTimeoutError)
 
 
-def outage_fix(error: BaseException) -> str | None:
+def outage_fix(error: BaseException, region: str | None = None) -> str | None:
     """What to do when `error` says the region asked did not answer (an outage, not a refusal):
-    work from another region of the environment. None for any other error."""
+    work from another region of the environment. None for any other error. `region`: the one
+    the failed call went to (its client's), which may not be the shell's: a store's bucket is
+    in its own region; without it, the shell's is named."""
     import os
 
     if not does_not_answer(error):
         return None
-    region = os.environ.get(REGION_VARIABLE) or os.environ.get("AWS_REGION") or "its region"
+    region = (region or os.environ.get(REGION_VARIABLE) or os.environ.get("AWS_REGION")
+              or "its region")  # fmt: skip
     return (f"{region} does not answer: during a region outage point the command at another "
             "region of the environment (export AWS_DEFAULT_REGION=<region>, with that region's "
             "store: `spotrain run env ENV RUN` prints REPLICA_REGION and REPLICA_STORE), as "
