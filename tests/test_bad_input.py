@@ -9,6 +9,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -259,6 +260,42 @@ def test_a_region_that_does_not_answer_is_told_apart_from_a_refusal(
     assert bucket_down in said(down) and outage not in said(down)
     assert bucket_down not in said(answer(403, "AccessDenied"))
     assert "slow down" in throttled and bucket_down not in throttled
+
+
+def test_an_operators_read_in_an_outage_gives_up_after_the_machines_tries_and_names_the_region(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`spotrain cost status` (and every command's AWS client) retries as the store and catalog
+    do (botocore's standard mode, 6 tries), not boto3's default (10 tries for DynamoDB, about
+    25 s of waiting), then names the region that did not answer."""
+    import time
+
+    import boto3
+    from botocore.awsrequest import AWSResponse
+
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "eu-west-1")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    for variable in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE", "AWS_ENDPOINT_URL"):
+        monkeypatch.delenv(variable, raising=False)
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)
+    monkeypatch.setattr(time, "sleep", lambda seconds: None)  # the backoff between tries
+    boto3.setup_default_session()
+    sent: list[str] = []
+
+    class NoBody:
+        def stream(self, **_: Any) -> Iterator[bytes]:
+            yield b""
+
+    def region_down(request: Any, **_: Any) -> AWSResponse:
+        sent.append(request.url)
+        return AWSResponse(request.url, 503, {}, NoBody())
+
+    boto3.DEFAULT_SESSION.events.register("before-send.dynamodb", region_down)
+    fails_clearly(capsys, ["cost", "status", "--events-table", "events", "--run", "demo"],
+                  "the events table events cannot be read",
+                  "eu-west-1 does not answer: during a region outage")  # fmt: skip
+    assert len(sent) == 6 and all("eu-west-1" in url for url in sent), sent
 
 
 def test_the_local_environment_from_a_shell_not_pointed_at_the_local_cloud_says_how_to_point_it(

@@ -296,9 +296,9 @@ class DynamoCatalog:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from spotrain.trainer.storage import aws_client
+            from spotrain.core import aws_clients
 
-            self._client = aws_client("dynamodb")
+            self._client = aws_clients.client("dynamodb")
         return self._client
 
     def _error(self, action: str, error: Exception) -> CatalogError:

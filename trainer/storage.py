@@ -29,12 +29,11 @@ from pathlib import Path
 from typing import Any, Protocol
 from urllib.parse import urlparse
 
+from spotrain.core import aws_clients
 from spotrain.core.errors import SpotrainError, no_region_fix, outage_fix
 from spotrain.core.manifest import crc32_text
 
 _CHUNK = 8 * 1024 * 1024
-DEFAULT_MAX_ATTEMPTS = 6
-"""Tries of each AWS request (botocore standard retry mode) unless AWS_MAX_ATTEMPTS says."""
 _BUCKET_NAME = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
@@ -81,19 +80,6 @@ def digests_of(path: Path) -> FileDigests:
 
 def sha256_of(path: Path) -> str:
     return digests_of(path).sha256
-
-
-def aws_client(service: str, region: str | None = None) -> Any:
-    """A boto3 client (of `region`; default: the environment's) with the retry policy every
-    spotrain AWS call uses: botocore's standard mode (5xx, throttling and connection errors
-    retried with jittered backoff)."""
-    import boto3
-    from botocore.config import Config
-
-    retries: dict[str, Any] = {"mode": os.environ.get("AWS_RETRY_MODE", "standard")}
-    if "AWS_MAX_ATTEMPTS" not in os.environ:
-        retries["total_max_attempts"] = DEFAULT_MAX_ATTEMPTS
-    return boto3.client(service, region_name=region, config=Config(retries=retries))
 
 
 class Storage(Protocol):
@@ -277,7 +263,7 @@ class S3Storage:
     def client(self) -> Any:
         with self._client_lock:
             if self._client is None:
-                self._adopt(aws_client("s3"))
+                self._adopt(aws_clients.client("s3"))
         return self._client
 
     def _region(self) -> str | None:

@@ -19,10 +19,10 @@ def cmd_budget(args: argparse.Namespace) -> int:
 
 
 def _budget(args: argparse.Namespace) -> int:
-    import boto3
+    from spotrain.core import aws_clients
 
-    account = boto3.client("sts").get_caller_identity()["Account"]
-    budget = boto3.client("budgets").describe_budget(AccountId=account, BudgetName=args.name)[
+    account = aws_clients.client("sts").get_caller_identity()["Account"]
+    budget = aws_clients.client("budgets").describe_budget(AccountId=account, BudgetName=args.name)[
         "Budget"
     ]
     limit = budget["BudgetLimit"]

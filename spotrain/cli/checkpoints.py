@@ -119,13 +119,13 @@ def _wait(checkpointer: Any, args: argparse.Namespace) -> int:
     """Until the run publishes a checkpoint past `--past` (default: its head now): proof that
     its machines train, not only that they are up. A crash of its machines meanwhile (with
     --events-table) or nothing within `--within` minutes fails at once, saying why."""
-    import boto3
-
-    from spotrain.core import fleet_state
+    from spotrain.core import aws_clients, fleet_state
 
     head = checkpointer.head()
     past = args.past if args.past is not None else (head.step if head else 0)
-    events = boto3.resource("dynamodb").Table(args.events_table) if args.events_table else None
+    events = (
+        aws_clients.resource("dynamodb").Table(args.events_table) if args.events_table else None
+    )
     crashes = fleet_state.run_state(events, args.run).crashes if events is not None else 0
     say(f"waiting for run {args.run} to publish a checkpoint past step {past} "
         f"(within {args.within:g} min)")  # fmt: skip

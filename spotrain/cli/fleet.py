@@ -15,6 +15,7 @@ from typing import Any
 
 from spotrain.cli.arguments import run_name, whole
 from spotrain.cli.output import say
+from spotrain.core import aws_clients
 from spotrain.core.errors import SpotrainError, aws_errors
 from spotrain.core.fleet_state import Coordinator
 
@@ -228,11 +229,10 @@ def _release_spend(fleet: _Fleet, args: argparse.Namespace) -> int:
 
 def caller_arn() -> str:
     """Who is asking, for the audit trail ("" when the identity service cannot say)."""
-    import boto3
     from botocore.exceptions import BotoCoreError, ClientError
 
     try:
-        return str(boto3.client("sts").get_caller_identity()["Arn"])
+        return str(aws_clients.client("sts").get_caller_identity()["Arn"])
     except (BotoCoreError, ClientError):
         return ""
 
@@ -324,8 +324,6 @@ NEEDS_THE_RUN = {"exit", "reset-crashes", "may-start", "coordinator", "release"}
 
 
 def cmd_fleet(args: argparse.Namespace) -> int:
-    import boto3
-
     with aws_errors(
         f"`spotrain fleet {args.action}`",
         "check the --group and --events-table names, AWS_DEFAULT_REGION (the fleet's region) and "
@@ -333,10 +331,11 @@ def cmd_fleet(args: argparse.Namespace) -> int:
     ):
         if args.run is not None:
             run_name(args.run)
-        table = boto3.resource("dynamodb").Table(args.events_table) if args.events_table else None
+        events = args.events_table
+        table = aws_clients.resource("dynamodb").Table(events) if events else None
         if args.action in NEEDS_THE_RUN and (table is None or not args.run):
             raise SpotrainError(f"`spotrain fleet {args.action}` needs --events-table and --run")
-        return ACTIONS[args.action](_Fleet(boto3.client("autoscaling"), table), args)
+        return ACTIONS[args.action](_Fleet(aws_clients.client("autoscaling"), table), args)
 
 
 def add_parsers(commands: Any) -> None:

@@ -72,10 +72,10 @@ def _commit() -> str:
 def _repository(env_name: str, region: str | None = None) -> tuple[Any, str, str]:
     """The environment's registry client, repository name and URI in `region` (home's if
     None), as deployed."""
-    import boto3
+    from spotrain.core import aws_clients
 
     config = environment(env_name)
-    ecr = boto3.client("ecr", region_name=region or config.primary_region)
+    ecr = aws_clients.client("ecr", region or config.primary_region)
     name = image_repository_name(config.name)
     fix = (
         f"deploy environment {env_name} first (`spotrain deploy {env_name}`: its storage "

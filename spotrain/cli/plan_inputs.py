@@ -146,9 +146,9 @@ def _history(table_name: str) -> dict[tuple[str, str], float]:
     """Interruption rates per (type, region) from the environment's events table."""
     import time
 
-    import boto3
+    from spotrain.core import aws_clients
 
-    table = boto3.resource("dynamodb").Table(table_name)
+    table = aws_clients.resource("dynamodb").Table(table_name)
     scan: dict[str, Any] = {
         "ProjectionExpression": "#k, #p, #t",
         "ExpressionAttributeNames": {"#k": "kind", "#p": "pool", "#t": "occurred_at"},
@@ -166,14 +166,13 @@ def _history(table_name: str) -> dict[tuple[str, str], float]:
 
 def _pace(args: argparse.Namespace) -> Any:
     """The run's head and throughput from the checkpoint catalog."""
-    import boto3
-
+    from spotrain.core import aws_clients
     from spotrain.core.deadline_policy import read_pace
 
     if not args.run:
         raise CostInputError("--catalog-table needs --run: the run whose checkpoints to read")
     with aws_errors(f"the catalog table {args.catalog_table} cannot be read", CATALOG_TABLE_FIX):
-        return read_pace(boto3.resource("dynamodb").Table(args.catalog_table), args.run)
+        return read_pace(aws_clients.resource("dynamodb").Table(args.catalog_table), args.run)
 
 
 def _training_config(path: str) -> dict[str, Any]:

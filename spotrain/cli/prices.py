@@ -119,16 +119,16 @@ def _show(
 
 
 def _refresh(book: prices.PriceBook, path: Path, types: list[str], regions: list[str]) -> int:
-    import boto3
+    from spotrain.core import aws_clients
 
     clients: dict[str, Any] = {}
 
     def ec2_for(region: str) -> Any:
         if region not in clients:
-            clients[region] = boto3.client("ec2", region_name=region)
+            clients[region] = aws_clients.client("ec2", region)
         return clients[region]
 
-    pricing = boto3.client("pricing", region_name=prices.PRICE_LIST_REGION)
+    pricing = aws_clients.client("pricing", prices.PRICE_LIST_REGION)
     fresh, missing = prices.refresh(
         book, instance_types=types, regions=regions, ec2_for=ec2_for, pricing=pricing,
         now=datetime.datetime.now(datetime.UTC),

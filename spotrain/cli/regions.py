@@ -12,7 +12,8 @@ def region_answers(table: str, region: str) -> bool:
 
     import boto3
 
-    from spotrain.core.errors import does_not_answer, probe_config
+    from spotrain.core.aws_clients import probe_config
+    from spotrain.core.errors import does_not_answer
 
     client = boto3.client("dynamodb", region_name=region, config=probe_config())
     try:

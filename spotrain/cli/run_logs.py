@@ -56,10 +56,11 @@ def _check_the_stream(client: Any, group: str, machine: str, run: str, env: str)
 def show(where: Any, args: argparse.Namespace,
          stopped: Callable[[], bool] | None = None) -> int:  # fmt: skip
     """Print the run's lines; while following, `stopped()` says whether the run has stopped."""
-    import boto3
     from botocore.exceptions import ClientError
 
-    client = boto3.client("logs", region_name=where.region)
+    from spotrain.core import aws_clients
+
+    client = aws_clients.client("logs", where.region)
     group = machine_log_group(where.environment, args.run)
     try:
         client.describe_log_streams(logGroupName=group, limit=1)

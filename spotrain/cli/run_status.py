@@ -101,8 +101,7 @@ def where_of(env_name: str, *, from_a_region_that_answers: bool = False) -> Wher
     and every region's groups. `from_a_region_that_answers`: while home does not answer, the
     first region that does (its copies of the global tables), and only the regions that
     answer (each one that does not said on stderr): `run status` and `list` in an outage."""
-    import boto3
-
+    from spotrain.core import aws_clients
     from spotrain.core import resource_names as names
     from spotrain.core.catalog_schema import CHECKPOINTS_TABLE_SUFFIX, EVENTS_TABLE_SUFFIX
 
@@ -117,19 +116,19 @@ def where_of(env_name: str, *, from_a_region_that_answers: bool = False) -> Wher
                                 f"connection from here; try again later, or "
                                 f"{reach_fix(env_name)}")  # fmt: skip
     region = regions[0]
-    dynamodb = boto3.resource("dynamodb", region_name=region)
+    dynamodb = aws_clients.resource("dynamodb", region)
     clients: dict[str, Any] = {}
 
     def autoscaling_in(where: str) -> Any:
         if where not in clients:
-            clients[where] = boto3.client("autoscaling", region_name=where)
+            clients[where] = aws_clients.client("autoscaling", where)
         return clients[where]
 
     return Where(
         events=dynamodb.Table(events),
         catalog=dynamodb.Table(names.environment_resource(config.name, CHECKPOINTS_TABLE_SUFFIX)),
         autoscaling=autoscaling_in(region),
-        ssm=boto3.client("ssm", region_name=region),
+        ssm=aws_clients.client("ssm", region),
         bucket=names.checkpoint_bucket(config.bucket_prefix, region),
         environment=config.name,
         region=region,
@@ -190,12 +189,11 @@ def _why_not_training(
 
 def _stored_configuration(where: Where, run: str) -> dict[str, Any] | None:
     """The run's newest stored configuration (None if none is readable)."""
-    import boto3
-
+    from spotrain.core import aws_clients
     from spotrain.trainer import run_config
     from spotrain.trainer.storage import open_storage
 
-    s3 = boto3.client("s3", region_name=where.region)  # the bucket's (home's, or in an outage)
+    s3 = aws_clients.client("s3", where.region)  # the bucket's (home's, or in an outage)
     try:
         return dict(
             run_config.newest(open_storage(f"s3://{where.bucket}", client=s3), run).document
@@ -376,14 +374,12 @@ def undeployed(where: Where, env: str, run: str, cap_usd: float | None) -> RunSt
 def settle_spend(where: Where, run: str) -> Any:
     """The run's machine time since the last capacity check, counted now (terminated machines
     included); its ledger as it then stands."""
-    import boto3
-
-    from spotrain.core import prices, spend_ledger
+    from spotrain.core import aws_clients, prices, spend_ledger
     from spotrain.core.handler_settings import EVENT_RETENTION_DAYS
 
     return spend_ledger.count(
         where.events, run, regions=[where.region],
-        ec2_for=lambda region: boto3.client("ec2", region_name=region),
-        pricing=boto3.client("pricing", region_name=prices.PRICE_LIST_REGION),
+        ec2_for=lambda region: aws_clients.client("ec2", region),
+        pricing=aws_clients.client("pricing", prices.PRICE_LIST_REGION),
         now=time.time(), retention_days=EVENT_RETENTION_DAYS,
     ).ledger  # fmt: skip

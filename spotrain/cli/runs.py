@@ -207,11 +207,10 @@ def _primary_key(env_name: str) -> str:
 
 def _data_key_arn(config: Any, region: str) -> str:
     """The ARN of the environment's data key in `region`, as KMS names it."""
-    import boto3
-
+    from spotrain.core import aws_clients
     from spotrain.core.resource_names import data_key_alias
 
-    kms = boto3.client("kms", region_name=region)
+    kms = aws_clients.client("kms", region)
     alias = f"alias/{data_key_alias(config.name, region)}"
     return str(kms.describe_key(KeyId=alias)["KeyMetadata"]["Arn"])
 

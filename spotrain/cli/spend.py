@@ -23,13 +23,13 @@ from spotrain.core.errors import CostInputError, aws_errors
 def cmd_status(args: argparse.Namespace) -> int:
     import time
 
-    import boto3
-
-    from spotrain.core import spend_ledger
+    from spotrain.core import aws_clients, spend_ledger
 
     run_name(args.run)
     with aws_errors(f"the events table {args.events_table} cannot be read", EVENTS_TABLE_FIX):
-        ledger = spend_ledger.read(boto3.resource("dynamodb").Table(args.events_table), args.run)
+        ledger = spend_ledger.read(
+            aws_clients.resource("dynamodb").Table(args.events_table), args.run
+        )
     if ledger.as_of is None:
         say(
             f"run {args.run}: no spend counted yet (the interruption handler's capacity check "
@@ -76,16 +76,14 @@ def cmd_status(args: argparse.Namespace) -> int:
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    import boto3
-
-    from spotrain.core import run_epochs, spend_ledger
+    from spotrain.core import aws_clients, run_epochs, spend_ledger
     from spotrain.cost import run_report
 
     run_name(args.run)
     figure_path(args.plot)
     # An unknown environment is refused before anything is read.
     regions = environment(args.environment).region_names if args.environment else ()
-    dynamodb = boto3.resource("dynamodb")
+    dynamodb = aws_clients.resource("dynamodb")
     events = dynamodb.Table(args.events_table)
     with aws_errors(f"the events table {args.events_table} cannot be read", EVENTS_TABLE_FIX):
         ledger = spend_ledger.read(events, args.run)

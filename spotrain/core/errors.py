@@ -101,17 +101,6 @@ def outage_fix(error: BaseException, region: str | None = None) -> str | None:
             "runbooks/region-down.md does")  # fmt: skip
 
 
-def probe_config() -> Any:
-    """The botocore configuration of a call that asks whether a region answers (the failover
-    check, on-call's commands in an outage): a region cut off never answers, and whoever asks
-    waits on it, so short timeouts and one retry (the failover rule's checks in a row are the
-    rest)."""
-    from botocore.config import Config
-
-    return Config(connect_timeout=5, read_timeout=10,
-                  retries={"mode": "standard", "max_attempts": 2})  # fmt: skip
-
-
 def raise_if_problems(subject: str, problems: list[str]) -> None:
     if problems:
         raise ConfigError(subject, problems)

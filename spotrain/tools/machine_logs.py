@@ -64,11 +64,12 @@ def create_stream(client: Any, group: str, stream: str) -> None:
 
 def ship(source: IO[str], *, group: str, stream: str, echo: IO[str] | None) -> None:
     """Send each line of `source` to `group`/`stream` (copying it to `echo`)."""
-    import boto3
     import watchtower
 
+    from spotrain.core import aws_clients
+
     check_names(group, stream)  # before a client, which needs a region
-    client = boto3.client("logs")
+    client = aws_clients.client("logs")
     create_stream(client, group, stream)
     handler = watchtower.CloudWatchLogHandler(
         log_group_name=group,
