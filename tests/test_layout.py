@@ -265,8 +265,8 @@ def test_no_script_folder_shadows_a_standard_library_module() -> None:
 
 def test_checking_a_run_files_training_section_imports_no_pytorch() -> None:
     """`spotrain deploy`, `plan`, `synth` and `run submit` check each run's `[training]` as the
-    trainer would (`train.training_problems`): PyTorch's import is seconds of CPU they need
-    not pay, and a machine without it still gets the check."""
+    trainer would (`train.training_problems`), and `run submit` a user's entry point's
+    configuration: PyTorch's import is seconds of CPU they need not pay."""
     import subprocess
     import sys
 
@@ -276,6 +276,14 @@ def test_checking_a_run_files_training_section_imports_no_pytorch() -> None:
         "problems = training_problems({'steps': 0, 'model': {'width': 10, 'heads': 3}})\n"
         "assert any('steps is 0' in p for p in problems), problems\n"
         "assert any('model.width 10' in p for p in problems), problems\n"
+        "from spotrain.trainer import entry_point\n"
+        "document = {'run': 'demo', 'entry_point': {'script': 'train.py', 'steps': 'x'}}\n"
+        "try:\n"
+        "    entry_point.from_document(document, [], 'run.json')\n"
+        "except Exception as error:\n"
+        "    assert 'steps' in str(error), error\n"
+        "else:\n"
+        "    raise AssertionError('a mistyped entry point was taken')\n"
         "print(sorted({'torch', 'deepspeed'} & set(sys.modules)))\n"
     )  # fmt: skip
     imported = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,

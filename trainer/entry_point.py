@@ -39,7 +39,6 @@ from spotrain.core.errors import SpotrainError, json_kind, raise_if_problems
 from spotrain.core.validation import type_problems, writable_folder_problem
 from spotrain.trainer import membership
 from spotrain.trainer.deepspeed_loader import defer_muon_compile
-from spotrain.trainer.preemption import shield_data_loader_workers
 
 ENTRY_POINT_FIELD = "entry_point"
 """A stored configuration with this field runs the user's script, not the built-in trainer."""
@@ -182,6 +181,10 @@ def main(argv: list[str] | None = None) -> int:
         raise SpotrainError("usage: python -m spotrain.trainer.entry_point "
                             "(--script FILE | --module NAME) [-- ARGS...]")  # fmt: skip
     kind, target, args = given[0], given[1], given[2:]
+    # Here, not at the top: the configuration's checks (`run submit`, `spotrain train`'s
+    # preflight) import this module, and the shield imports PyTorch, which only a rank needs.
+    from spotrain.trainer.preemption import shield_data_loader_workers
+
     shield_data_loader_workers()  # before the script starts any: a stop is the rank's alone
     defer_muon_compile()  # the script's `deepspeed.initialize` then loads no compiler for nothing
     if args[:1] == ["--"]:
