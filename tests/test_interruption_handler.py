@@ -7,6 +7,7 @@ Unit tests use in-process moto; the last tests talk to the local cloud over HTTP
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import os
 import random
@@ -108,8 +109,21 @@ class Cloud:
         return [json.loads(json.loads(m["Body"])["Message"]) for m in _drain(self.notices_url)]
 
 
+def aws(service: str, region: str | None = None) -> Any:
+    """`service`'s client in `region` (None: the shell's), made once per cloud the test talks
+    to: making one (an EC2 client under moto: about 50 ms of CPU) cost the handler's tests
+    more than their calls."""
+    endpoint, key = os.environ.get("AWS_ENDPOINT_URL", ""), os.environ["AWS_ACCESS_KEY_ID"]
+    return _client(service, region or os.environ["AWS_DEFAULT_REGION"], endpoint, key)
+
+
+@functools.cache
+def _client(service: str, region: str, endpoint: str, key: str) -> Any:
+    return boto3.client(service, region_name=region)
+
+
 def _drain(url: str) -> list[dict[str, Any]]:
-    sqs, messages = boto3.client("sqs"), []
+    sqs, messages = aws("sqs"), []
     while batch := sqs.receive_message(
         QueueUrl=url, MaxNumberOfMessages=10, MessageAttributeNames=["All"]
     ).get("Messages", []):
@@ -123,12 +137,12 @@ def create_group(name: str, region: str, zone: str, desired: int, run: str = RUN
                  distribution: dict[str, int] | None = None) -> None:  # fmt: skip
     """A group as a run's stack deploys it, tagged with its environment and run
     (`distribution`: its markets, as the stack's `InstancesDistribution`; none: on-demand)."""
-    ec2 = boto3.client("ec2", region_name=region)
+    ec2 = aws("ec2", region)
     image = control.stock_image(ec2)
     template = ec2.create_launch_template(
         LaunchTemplateName=name, LaunchTemplateData={"ImageId": image}
     )["LaunchTemplate"]["LaunchTemplateId"]
-    boto3.client("autoscaling", region_name=region).create_auto_scaling_group(
+    aws("autoscaling", region).create_auto_scaling_group(
         AutoScalingGroupName=name, MinSize=0, MaxSize=4, DesiredCapacity=desired,
         AvailabilityZones=[zone],
         MixedInstancesPolicy={
@@ -145,9 +159,9 @@ def create_group(name: str, region: str, zone: str, desired: int, run: str = RUN
 
 
 def desired(name: str, region: str) -> int:
-    groups = boto3.client("autoscaling", region_name=region).describe_auto_scaling_groups(
-        AutoScalingGroupNames=[name]
-    )["AutoScalingGroups"]
+    groups = aws("autoscaling", region).describe_auto_scaling_groups(AutoScalingGroupNames=[name])[
+        "AutoScalingGroups"
+    ]
     return int(groups[0]["DesiredCapacity"])
 
 
@@ -163,8 +177,9 @@ def cloud(monkeypatch: pytest.MonkeyPatch) -> Iterator[Cloud]:
 def _handler_environment(dynamodb: Any, monkeypatch: pytest.MonkeyPatch) -> Cloud:
     """The events table, dead-letter queue and notice topic (read through a queue), and the
     handler's environment variables as the stack sets them."""
+    _client.cache_clear()  # a cloud of its own: moto's afresh, or another endpoint
     table = create_events_table(dynamodb)
-    sqs, sns = boto3.client("sqs"), boto3.client("sns")
+    sqs, sns = aws("sqs"), aws("sns")
     queue_url = sqs.create_queue(QueueName=f"dlq-{random.getrandbits(32)}")["QueueUrl"]
     notices_url = sqs.create_queue(QueueName=f"notices-{random.getrandbits(32)}")["QueueUrl"]
     topic = sns.create_topic(Name=f"notices-{random.getrandbits(32)}")["TopicArn"]
@@ -192,7 +207,7 @@ def declare_run(
     groups: list[CapacityGroup], run: str = RUN, region: str = REGION, **settings: Any
 ) -> None:
     """What the run's stack writes: its declaration to `region`'s handler."""
-    boto3.client("ssm", region_name=region).put_parameter(
+    aws("ssm", region).put_parameter(
         Name=run_parameter_name(os.environ[ENVIRONMENT_VARIABLE], run), Type="SecureString",
         Overwrite=True,
         Value=RunDeclaration(run=run, groups=tuple(groups), **settings).to_json(),
@@ -224,9 +239,7 @@ def for_instance(name: str, instance_id: str, **changes: str) -> dict[str, Any]:
 
 
 def run_instance(group: str = "east-spot") -> str:
-    return launch_instance(
-        boto3.client("ec2"), {"spotrain:run": RUN, "aws:autoscaling:groupName": group}
-    )
+    return launch_instance(aws("ec2"), {"spotrain:run": RUN, "aws:autoscaling:groupName": group})
 
 
 def test_records_a_spot_warning_with_its_pool_and_marks_tags_and_notifies(cloud: Cloud) -> None:
@@ -241,9 +254,7 @@ def test_records_a_spot_warning_with_its_pool_and_marks_tags_and_notifies(cloud:
         "interruption-warning", instance, HOT_POOL, "2026-11-21T12:00:00Z",
     )  # fmt: skip
     assert fleet_state.instance_status(cloud.table, RUN, instance) == "INTERRUPTING"
-    tags = boto3.client("ec2").describe_tags(
-        Filters=[{"Name": "resource-id", "Values": [instance]}]
-    )["Tags"]
+    tags = aws("ec2").describe_tags(Filters=[{"Name": "resource-id", "Values": [instance]}])["Tags"]
     assert {t["Key"]: t["Value"] for t in tags}["spotrain:interruption"] == (
         "interruption-warning@2026-11-21T12:00:00Z"
     )
@@ -259,7 +270,7 @@ def test_a_machine_of_another_run_is_counted_and_left_alone(
     """The rules see the whole account's spot warnings: another environment's machine, or
     one of no run, is neither recorded, marked, tagged, requeued, notified nor dead-lettered."""
     create_group("east-spot", "us-east-1", "us-east-1b", 2)
-    stranger = launch_instance(boto3.client("ec2"), tags)
+    stranger = launch_instance(aws("ec2"), tags)
     for attempt in range(2):
         result = handler.handle(
             for_instance("spot-interruption-warning", stranger, id=f"stranger-{attempt}")
@@ -269,9 +280,9 @@ def test_a_machine_of_another_run_is_counted_and_left_alone(
     assert cloud.table.scan(FilterExpression="sk = :e",
                             ExpressionAttributeValues={":e": "EVENT"})["Count"] == 0  # fmt: skip
     assert fleet_state.instance_status(cloud.table, RUN, stranger) is None
-    tags_now = boto3.client("ec2").describe_tags(
-        Filters=[{"Name": "resource-id", "Values": [stranger]}]
-    )["Tags"]
+    tags_now = aws("ec2").describe_tags(Filters=[{"Name": "resource-id", "Values": [stranger]}])[
+        "Tags"
+    ]
     assert "spotrain:interruption" not in {t["Key"] for t in tags_now}
     assert desired("east-spot", "us-east-1") == 2
     assert cloud.notices() == [] and cloud.dead_letters() == []
@@ -386,7 +397,7 @@ def test_capacity_check_falls_back_to_on_demand_after_the_deadline(
 ) -> None:
     create_group("east-spot", "us-east-1", "us-east-1b", 2)
     create_group("east-on-demand", "us-east-1", "us-east-1b", 0)
-    boto3.client("autoscaling").update_auto_scaling_group(
+    aws("autoscaling").update_auto_scaling_group(
         AutoScalingGroupName="east-spot", DesiredCapacity=3
     )
     # moto fills desired capacity at once: play a group that spot cannot fill
@@ -537,7 +548,7 @@ def test_a_concurrent_burst_over_http_is_recorded_exactly(http_cloud: Cloud) -> 
 def test_a_large_malformed_event_is_dead_lettered_as_a_summary_and_nothing_raises(
     cloud: Cloud,
 ) -> None:
-    sqs = boto3.client("sqs")
+    sqs = aws("sqs")
     # As Terraform creates the queue (the provider's default maximum message size).
     sqs.set_queue_attributes(QueueUrl=cloud.queue_url, Attributes={"MaximumMessageSize": "262144"})
     bad = event("spot-interruption-warning")
@@ -601,9 +612,7 @@ def test_a_tag_follows_its_mark_however_often_the_mark_moves_while_it_tags() -> 
 
 
 def interruption_tag(instance: str) -> str | None:
-    tags = boto3.client("ec2").describe_tags(
-        Filters=[{"Name": "resource-id", "Values": [instance]}]
-    )["Tags"]
+    tags = aws("ec2").describe_tags(Filters=[{"Name": "resource-id", "Values": [instance]}])["Tags"]
     return {t["Key"]: t["Value"] for t in tags}.get("spotrain:interruption")
 
 
@@ -637,7 +646,7 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
     from spotrain.trainer.catalog import DynamoCatalog
     from spotrain.trainer.storage import LocalStorage
 
-    client = boto3.client("dynamodb")
+    client = aws("dynamodb")
     create_catalog_table(client, "catalog", stream=True)
     storage = LocalStorage(tmp_path / "store")
     catalog = DynamoCatalog("catalog", RUN, storage, client=client)
@@ -646,7 +655,7 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
         publish_checkpoint(catalog, tmp_path / f"step{step}", generation, step)
     catalog.roll_back(2, generation, "step 3 diverged")
     catalog.quarantine(3, "kept for the post-mortem")
-    history = len(stream_records(client, boto3.client("dynamodbstreams"), "catalog"))
+    history = len(stream_records(client, aws("dynamodbstreams"), "catalog"))
 
     def key(sort_key: str) -> dict[str, Any]:
         return {"pk": {"S": schema.run_key(RUN)}, "sk": {"S": sort_key}}
@@ -659,7 +668,7 @@ def test_catalog_changes_that_rewrite_history_are_alarms_and_a_roll_back_a_notic
                        ExpressionAttributeValues={":forged": {"S": "forged.json"}})  # fmt: skip
     client.delete_item(TableName="catalog", Key=key(schema.checkpoint_sort_key(2)))
 
-    records = stream_records(client, boto3.client("dynamodbstreams"), "catalog")
+    records = stream_records(client, aws("dynamodbstreams"), "catalog")
     result = handler.handle({"Records": records})
     assert result["catalog_changes"] == history + 3
     found = [
@@ -705,7 +714,7 @@ def test_each_regions_handler_scales_its_own_groups_for_the_region_the_run_train
     moved = run_epochs.Epoch(id=run_epochs.EpochId(1, west), base=run_epochs.EpochId(0, REGION),
                              base_step=0, claimed_by="test")  # fmt: skip
     for region in (REGION, west):  # each region's copies, as replication leaves them
-        dynamodb = boto3.client("dynamodb", region_name=region)
+        dynamodb = aws("dynamodb", region)
         create_catalog_table(dynamodb, "catalog")
         dynamodb.put_item(TableName="catalog", Item={
             schema.PARTITION_KEY: {"S": schema.run_key(RUN)},
@@ -716,7 +725,7 @@ def test_each_regions_handler_scales_its_own_groups_for_the_region_the_run_train
         declare_run(declared, region=region)
 
     topics = {REGION: os.environ[HandlerSettings.variable("alert_topic_arn")],
-              west: boto3.client("sns", region_name=west).create_topic(Name="notices")[
+              west: aws("sns", west).create_topic(Name="notices")[
                   "TopicArn"]}  # fmt: skip
 
     def in_region(region: str) -> None:  # each region's function: its own process and topic
@@ -756,7 +765,7 @@ def test_a_checkpoint_published_by_an_epoch_the_run_moved_on_from_is_an_alarm(
     from spotrain.trainer.catalog import DynamoCatalog
     from spotrain.trainer.storage import LocalStorage
 
-    client = boto3.client("dynamodb")
+    client = aws("dynamodb")
     create_catalog_table(client, "catalog", stream=True)
     monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), "catalog")
     storage = LocalStorage(tmp_path / "store")
@@ -778,7 +787,7 @@ def test_a_checkpoint_published_by_an_epoch_the_run_moved_on_from_is_an_alarm(
              "generation": {"N": str(lease)}, "bytes": {"N": "1"}}  # fmt: skip
     client.put_item(TableName="catalog", Item=stale)
 
-    result = handler.handle({"Records": stream_records(client, boto3.client("dynamodbstreams"),
+    result = handler.handle({"Records": stream_records(client, aws("dynamodbstreams"),
                                                        "catalog")})  # fmt: skip
     found = [(f["kind"], f.get("step"), f.get("epoch")) for f in result["findings"]]
     assert found == [("stale-writer", 3, 0)]
@@ -801,7 +810,7 @@ def test_a_stale_writer_that_is_refused_leaves_its_attempt_and_the_watcher_alarm
     from spotrain.trainer.catalog import DynamoCatalog, StaleWriter
     from spotrain.trainer.storage import LocalStorage
 
-    client = boto3.client("dynamodb")
+    client = aws("dynamodb")
     create_catalog_table(client, "catalog", stream=True)
     monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), "catalog")
     storage = LocalStorage(tmp_path / "store")
@@ -823,7 +832,7 @@ def test_a_stale_writer_that_is_refused_leaves_its_attempt_and_the_watcher_alarm
         back.acquire_lease("a machine of us-east-1, back")
     assert [e.step for e in old.entries()] == [1]  # nothing published
 
-    result = handler.handle({"Records": stream_records(client, boto3.client("dynamodbstreams"),
+    result = handler.handle({"Records": stream_records(client, aws("dynamodbstreams"),
                                                        "catalog")})  # fmt: skip
     found = [(f["kind"], f.get("refused"), f["epoch"], f["region"]) for f in result["findings"]]
     assert found == [("stale-writer", "publish of step 2", 0, REGION),
@@ -879,7 +888,7 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     names = {
         kind: f"{kind}-{random.getrandbits(32):08x}" for kind in ("spot", "on-demand", "catalog")
     }
-    create_catalog_table(boto3.client("dynamodb"), names["catalog"])
+    create_catalog_table(aws("dynamodb"), names["catalog"])
     catalog = boto3.resource("dynamodb").Table(names["catalog"])
     for step, at in ((0, "2027-01-15T08:00:00Z"), (per_hour, "2027-01-15T09:00:00Z")):
         catalog.put_item(Item={"pk": run_key(RUN), "sk": checkpoint_sort_key(step), "step": step,
@@ -945,7 +954,7 @@ def _deadline_catalog(run: str, regions: tuple[str, ...], monkeypatch: pytest.Mo
 
     name = f"catalog-{run}"
     for region in regions:
-        create_catalog_table(boto3.client("dynamodb", region_name=region), name)
+        create_catalog_table(aws("dynamodb", region), name)
     catalog = boto3.resource("dynamodb").Table(name)
     for step, at in ((0, "2027-01-15T08:00:00Z"), (STEPS_PER_HOUR, "2027-01-15T09:00:00Z")):
         catalog.put_item(Item={"pk": run_key(run), "sk": checkpoint_sort_key(step), "step": step,
@@ -1011,7 +1020,7 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
     check = event("scheduled-capacity-check")
 
     topics = {REGION: os.environ[HandlerSettings.variable("alert_topic_arn")],
-              west: boto3.client("sns", region_name=west).create_topic(Name=f"notices-{run}")[
+              west: aws("sns", west).create_topic(Name=f"notices-{run}")[
                   "TopicArn"]}  # fmt: skip
 
     def in_region(region: str) -> None:  # each region's function: its own copies and topic
@@ -1035,7 +1044,7 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
                 for g in declared if g.region == region}  # fmt: skip
 
     try:
-        autoscaling = boto3.client("autoscaling")
+        autoscaling = aws("autoscaling")
         autoscaling.update_auto_scaling_group(
             AutoScalingGroupName=f"{run}-{REGION}-on-demand", MinSize=0, DesiredCapacity=1
         )
@@ -1082,7 +1091,7 @@ def test_a_run_with_a_deadline_moves_for_spot_to_its_other_region_and_back_if_sp
     finally:
         control.set_faults(spot_capacity_gone=[])
         for region in (REGION, west):
-            boto3.client("dynamodb", region_name=region).delete_table(TableName=catalog_name)
+            aws("dynamodb", region).delete_table(TableName=catalog_name)
         tables[west].delete()
 
 
@@ -1137,7 +1146,7 @@ def test_a_run_of_several_regions_that_stays_decides_its_on_demand_by_spot_anywh
         assert kept.last_at == now and kept.observed_s == day + 300
     finally:
         control.set_faults(spot_capacity_gone=[])
-        boto3.client("dynamodb").delete_table(TableName=catalog_name)
+        aws("dynamodb").delete_table(TableName=catalog_name)
 
 
 # --- a run pays only while it trains ---------------------------------------------------------
@@ -1151,8 +1160,8 @@ def _lifecycle_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> A
 
     create_group("east-spot", "us-east-1", "us-east-1b", 0)
     create_group("east-on-demand", "us-east-1", "us-east-1b", 0)
-    boto3.client("s3").create_bucket(Bucket="configs")
-    create_catalog_table(boto3.client("dynamodb"), "catalog", stream=True)
+    aws("s3").create_bucket(Bucket="configs")
+    create_catalog_table(aws("dynamodb"), "catalog", stream=True)
     monkeypatch.setenv(HandlerSettings.variable("config_bucket"), "configs")
     monkeypatch.setenv(HandlerSettings.variable("checkpoints_table"), "catalog")
     declare_run([
@@ -1162,13 +1171,13 @@ def _lifecycle_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> A
                       holds_data=True),
     ])  # fmt: skip
     return DynamoCatalog("catalog", RUN, LocalStorage(tmp_path / "store"),
-                         client=boto3.client("dynamodb"))  # fmt: skip
+                         client=aws("dynamodb"))  # fmt: skip
 
 
 def _sizes(name: str) -> tuple[int, int, int]:
-    [group] = boto3.client("autoscaling").describe_auto_scaling_groups(
-        AutoScalingGroupNames=[name]
-    )["AutoScalingGroups"]
+    [group] = aws("autoscaling").describe_auto_scaling_groups(AutoScalingGroupNames=[name])[
+        "AutoScalingGroups"
+    ]
     in_service = sum(i["LifecycleState"] == "InService" for i in group["Instances"])
     return int(group["MinSize"]), int(group["DesiredCapacity"]), in_service
 
@@ -1201,7 +1210,7 @@ def test_a_run_waits_for_its_configuration_starts_and_has_no_machine_once_finish
     waiting = check_run(check)
     assert waiting["decision"] == "wait" and "`spotrain config put" in waiting["reason"]
     assert _sizes("east-spot") == (0, 0, 0)
-    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    aws("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
     started = check_run(check)
     assert started["decision"] == "start", started
     assert _sizes("east-spot") == (1, 2, 2) and _sizes("east-on-demand") == (0, 0, 0)
@@ -1211,7 +1220,7 @@ def test_a_run_waits_for_its_configuration_starts_and_has_no_machine_once_finish
     generation = catalog.acquire_lease("trainer")
     _publish(catalog, tmp_path, generation, 10, final=False)
     _publish(catalog, tmp_path, generation, 20, final=True)
-    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    records = stream_records(aws("dynamodb"), aws("dynamodbstreams"), "catalog")
     assert handler.handle({"Records": records})["finished"] == {RUN: 20}
     assert _sizes("east-spot") == (0, 0, 0)
     [finished] = cloud.notices()
@@ -1243,7 +1252,7 @@ def test_a_gang_that_does_not_come_whole_in_time_is_released_and_asked_for_again
         create_group(groups[market], REGION, "us-east-1b", 0, distribution={
             "OnDemandBaseCapacity": int(market == "spot"),
             "OnDemandPercentageAboveBaseCapacity": 100 * (market == "on-demand")})  # fmt: skip
-    boto3.client("s3").create_bucket(Bucket=f"configs-{os.environ[ENVIRONMENT_VARIABLE]}")
+    aws("s3").create_bucket(Bucket=f"configs-{os.environ[ENVIRONMENT_VARIABLE]}")
     bucket = f"configs-{os.environ[ENVIRONMENT_VARIABLE]}"
     monkeypatch.setenv(HandlerSettings.variable("config_bucket"), bucket)
     declare_run([
@@ -1252,7 +1261,7 @@ def test_a_gang_that_does_not_come_whole_in_time_is_released_and_asked_for_again
         CapacityGroup(name=groups["on-demand"], region=REGION, lifecycle="on-demand",
                       holds_data=True),
     ])  # fmt: skip
-    boto3.client("s3").put_object(Bucket=bucket, Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    aws("s3").put_object(Bucket=bucket, Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
     started = float(int(time.time()))  # whole seconds: kept to the millisecond
     clock = [started]
     monkeypatch.setattr(runtime_settings, "now", lambda: clock[0])
@@ -1387,13 +1396,13 @@ def test_the_queue_holds_runs_under_what_the_accounts_quota_leaves_free(
         declare_run([CapacityGroup(name=f"{run}-on-demand", region=REGION, lifecycle="spot",
                                    holds_data=True, min_size=1, desired=1)],
                     run=run, gpus=4, vcpus={"on-demand/G and VT": 48})  # fmt: skip
-    ec2 = boto3.client("ec2")
+    ec2 = aws("ec2")
     [elsewhere] = ec2.run_instances(ImageId=control.stock_image(ec2), MinCount=1, MaxCount=1,
                                     InstanceType="g5.12xlarge")["Instances"]  # fmt: skip
     # The quota leaves room for one run beside what runs (that machine, and this cloud's
     # machines of earlier tests).
     now = datetime.now(UTC)
-    [running] = boto3.client("cloudwatch").get_metric_statistics(
+    [running] = aws("cloudwatch").get_metric_statistics(
         Namespace="AWS/Usage", MetricName="ResourceCount", Period=60, Statistics=["Maximum"],
         Dimensions=[{"Name": k, "Value": v} for k, v in (
             ("Service", "EC2"), ("Type", "Resource"), ("Resource", "vCPU"),
@@ -1418,7 +1427,7 @@ def test_the_capacity_check_finishes_a_run_whose_stream_notice_was_missed(
     cloud: Cloud, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     catalog = _lifecycle_environment(monkeypatch, tmp_path)
-    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    aws("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
     check = event("scheduled-capacity-check")
     assert check_run(check)["decision"] == "start"
     _publish(catalog, tmp_path, catalog.acquire_lease("trainer"), 5, final=True)
@@ -1437,7 +1446,7 @@ def test_a_cancelled_run_is_not_requeued_stays_at_0_and_its_machines_may_not_sta
     from spotrain.core import run_lifecycle
 
     _lifecycle_environment(monkeypatch, tmp_path)
-    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    aws("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
     check = event("scheduled-capacity-check")
     check_run(check)
     run_lifecycle.mark_cancelled(cloud.table, RUN, by="on-call", at=1.0)
@@ -1479,7 +1488,7 @@ def test_runs_that_do_not_fit_wait_in_the_queue_with_their_place_and_start_when_
                                    holds_data=True, min_size=1, desired=1)],
                     run=run, team=team, **asks)  # fmt: skip
     for run in (RUN, "gpt-speech", "gpt-vision"):  # submitted in this order
-        boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{run}/config/1-a.json",
+        aws("s3").put_object(Bucket="configs", Key=f"runs/{run}/config/1-a.json",
                                       Body=b"{}")  # fmt: skip
     check = event("scheduled-capacity-check")
     runs = handler.handle(check)["runs"]
@@ -1499,7 +1508,7 @@ def test_runs_that_do_not_fit_wait_in_the_queue_with_their_place_and_start_when_
     # scheduled check is waited for): the third starts on its machines while it publishes
     # (a warm start), which keep training's last publish going meanwhile.
     catalog.announce_finishing(20)
-    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    records = stream_records(aws("dynamodb"), aws("dynamodbstreams"), "catalog")
     changed = handler.handle({"Records": records})
     assert (changed["finishing"], changed["finished"]) == ({RUN: 20}, {}), changed
     assert changed["queue"]["gpt-vision"]["decision"] == "start", changed
@@ -1508,7 +1517,7 @@ def test_runs_that_do_not_fit_wait_in_the_queue_with_their_place_and_start_when_
     assert handler.handle(check)["runs"][RUN]["decision"] != "preempt"  # nor is it preempted
     # It publishes: its groups go to 0; the third keeps its machines.
     _publish(catalog, tmp_path, catalog.acquire_lease("trainer"), 20, final=True)
-    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    records = stream_records(aws("dynamodb"), aws("dynamodbstreams"), "catalog")
     changed = handler.handle({"Records": records})
     assert changed["finished"] == {RUN: 20}
     assert _sizes("east-spot")[:2] == (0, 0) and _sizes("gpt-vision-spot")[:2] == (1, 1)
@@ -1551,7 +1560,7 @@ def test_a_higher_priority_run_preempts_a_lower_one_which_resumes_when_it_finish
     check = event("scheduled-capacity-check")
 
     def submit(run: str) -> None:
-        boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{run}/config/1-a.json",
+        aws("s3").put_object(Bucket="configs", Key=f"runs/{run}/config/1-a.json",
                                       Body=b"{}")  # fmt: skip
 
     for run in (RUN, "promised"):
@@ -1579,9 +1588,9 @@ def test_a_higher_priority_run_preempts_a_lower_one_which_resumes_when_it_finish
     assert "preempted" not in waiting.queued, waiting.queued
     assert waiting.waiting_reason.startswith(f"{waiting.queued} (preempted by run urgent at ")
     urgent = DynamoCatalog("catalog", "urgent", LocalStorage(tmp_path / "store"),
-                           client=boto3.client("dynamodb"))  # fmt: skip
+                           client=aws("dynamodb"))  # fmt: skip
     _publish(urgent, tmp_path, urgent.acquire_lease("trainer"), 20, final=True, run="urgent")
-    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    records = stream_records(aws("dynamodb"), aws("dynamodbstreams"), "catalog")
     changed = handler.handle({"Records": records})
     assert changed["finished"] == {"urgent": 20}
     assert changed["queue"][RUN]["decision"] == "release", changed
@@ -1617,16 +1626,16 @@ def test_one_handler_serves_each_run_of_its_environment_on_its_own(
     check = event("scheduled-capacity-check")
     runs = handler.handle(check)["runs"]
     assert {r: d["decision"] for r, d in runs.items()} == {RUN: "wait", other: "wait"}
-    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{other}/config/1-a.json",
+    aws("s3").put_object(Bucket="configs", Key=f"runs/{other}/config/1-a.json",
                                   Body=b"{}")  # fmt: skip
     runs = handler.handle(check)["runs"]
     assert (runs[RUN]["decision"], runs[other]["decision"]) == ("wait", "start")
     assert (_sizes("sweep-spot"), _sizes("east-spot")) == ((1, 1, 1), (0, 0, 0))
-    boto3.client("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
+    aws("s3").put_object(Bucket="configs", Key=f"runs/{RUN}/config/1-a.json", Body=b"{}")
     assert check_run(check)["decision"] == "start" and _sizes("east-spot") == (1, 2, 2)
 
     # A warning for the other run's machine is that run's: its group is the one kept.
-    [sweeper] = [i["InstanceId"] for i in boto3.client("autoscaling").describe_auto_scaling_groups(
+    [sweeper] = [i["InstanceId"] for i in aws("autoscaling").describe_auto_scaling_groups(
         AutoScalingGroupNames=["sweep-spot"])["AutoScalingGroups"][0]["Instances"]]  # fmt: skip
     warned = handler.handle(for_instance("spot-interruption-warning", sweeper, id="sweep-1"))
     assert (warned["run"], warned["decision"]) == (other, "replace-in-place"), warned
@@ -1635,13 +1644,13 @@ def test_one_handler_serves_each_run_of_its_environment_on_its_own(
 
     # The first run finishes: its groups go to 0; the other trains on.
     _publish(catalog, tmp_path, catalog.acquire_lease("trainer"), 20, final=True)
-    records = stream_records(boto3.client("dynamodb"), boto3.client("dynamodbstreams"), "catalog")
+    records = stream_records(aws("dynamodb"), aws("dynamodbstreams"), "catalog")
     assert handler.handle({"Records": records})["finished"] == {RUN: 20}
     assert _sizes("east-spot") == (0, 0, 0) and _sizes("sweep-spot")[:2] == (1, 1)
 
     # A group named in a declaration but tagged with another environment is not scaled.
     create_group("foreign-spot", "us-east-1", "us-east-1b", 1, run="intruder")
-    boto3.client("autoscaling").create_or_update_tags(
+    aws("autoscaling").create_or_update_tags(
         Tags=[
             {
                 "ResourceId": "foreign-spot",
@@ -1665,10 +1674,10 @@ def test_one_handler_serves_each_run_of_its_environment_on_its_own(
         ],
         run="intruder",
     )
-    boto3.client("s3").put_object(Bucket="configs", Key="runs/intruder/config/1-a.json",
+    aws("s3").put_object(Bucket="configs", Key="runs/intruder/config/1-a.json",
                                   Body=b"{}")  # fmt: skip
     # And a declaration that is not one: logged, left out; the others are checked.
-    boto3.client("ssm").put_parameter(
+    aws("ssm").put_parameter(
         Name=run_parameter_name(os.environ[ENVIRONMENT_VARIABLE], "broken"), Type="SecureString",
         Value="{not json",
     )  # fmt: skip
@@ -1703,7 +1712,7 @@ def test_a_burst_of_warnings_reads_the_declarations_once_and_a_new_run_at_once(
     declare_run([CapacityGroup(name="sweep-spot", region="us-east-1", lifecycle="spot",
                                holds_data=True)], run="gpt-sweep")  # fmt: skip
     newcomer = launch_instance(
-        boto3.client("ec2"),
+        aws("ec2"),
         {"spotrain:run": "gpt-sweep", "aws:autoscaling:groupName": "sweep-spot"},
     )
     result = handler.handle(for_instance("spot-interruption-warning", newcomer, id="new-run"))
