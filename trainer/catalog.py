@@ -23,8 +23,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+from spotrain.core import aws_clients, run_epochs
 from spotrain.core import catalog_schema as schema
-from spotrain.core import run_epochs
 from spotrain.core.errors import SpotrainError, no_region_fix, outage_fix
 from spotrain.core.manifest import (
     Manifest,
@@ -296,8 +296,6 @@ class DynamoCatalog:
     @property
     def client(self) -> Any:
         if self._client is None:
-            from spotrain.core import aws_clients
-
             self._client = aws_clients.client("dynamodb")
         return self._client
 
@@ -311,8 +309,7 @@ class DynamoCatalog:
                     "catalog stack, or pass the table name that `spotrain deploy` printed "
                     "(and check AWS_DEFAULT_REGION)"
                 )
-            region = None if self._client is None else self._client.meta.region_name
-            fix = (outage_fix(error, region)
+            fix = (outage_fix(error, aws_clients.region_of(self._client))
                    or "check your credentials' permissions on the table, or retry")  # fmt: skip
             return CatalogError(f"{action} in catalog table {self.table_name!r} failed: {error}; "
                                 f"{fix}")  # fmt: skip

@@ -266,10 +266,6 @@ class S3Storage:
                 self._adopt(aws_clients.client("s3"))
         return self._client
 
-    def _region(self) -> str | None:
-        """The region the bucket's client calls (what an outage message names)."""
-        return None if self._client is None else self._client.meta.region_name
-
     def _adopt(self, client: Any) -> None:
         # The transfer manager takes no If-None-Match: add it to the requests that create our
         # objects (a single PUT, or the completion of a multipart upload).
@@ -332,6 +328,7 @@ class S3Storage:
         from botocore.exceptions import ClientError, NoCredentialsError, NoRegionError
 
         where = f"{self.uri}/{key}"
+        outage = outage_fix(error, aws_clients.region_of(self._client))  # None: it answered
         if isinstance(error, NoCredentialsError):
             return StorageError(
                 f"{what} {where} failed: no AWS credentials; configure them (an instance role "
@@ -342,7 +339,7 @@ class S3Storage:
                 f"{what} {where} failed: no AWS region; {no_region_fix()} (the bucket's region)"
             )
         if not isinstance(error, ClientError):  # no answer: the network, or the region
-            fix = outage_fix(error, self._region()) or "check the network path to S3"
+            fix = outage or "check the network path to S3"
             return StorageError(f"{what} {where} failed: {error}; {fix}")
         code = str(error.response.get("Error", {}).get("Code", ""))
         status = error.response.get("ResponseMetadata", {}).get("HTTPStatusCode")
@@ -366,8 +363,7 @@ class S3Storage:
         elif code == "SlowDown":  # S3's throttling, a 503 too: the region answers
             hint = "S3 asked to slow down, and kept asking after retries: try again later"
         elif isinstance(status, int) and status >= 500:
-            hint = (f"S3 kept failing after retries: {outage_fix(error, self._region())}; "
-                    "else try again later")  # fmt: skip
+            hint = f"S3 kept failing after retries: {outage}; else try again later"
         return StorageError(f"{what} {where} failed: {error}; {hint}")
 
     def _call(self, what: str, key: str, operation: str, *, writing: bool = False,

@@ -10,12 +10,10 @@ def region_answers(table: str, region: str) -> bool:
     that fails or 5xx after a retry (`errors.does_not_answer`) is an outage."""
     import sys
 
-    import boto3
-
-    from spotrain.core.aws_clients import probe_config
+    from spotrain.core import aws_clients
     from spotrain.core.errors import does_not_answer
 
-    client = boto3.client("dynamodb", region_name=region, config=probe_config())
+    client = aws_clients.probe("dynamodb", region)
     try:
         client.describe_table(TableName=table)
     except Exception as error:

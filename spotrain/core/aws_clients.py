@@ -42,6 +42,18 @@ def resource(service: str, region: str | None = None) -> Any:
     return boto3.resource(service, region_name=region, config=retry_config())
 
 
+def probe(service: str, region: str) -> Any:
+    """`service`'s client in `region` for asking whether the region answers (`probe_config`)."""
+    import boto3
+
+    return boto3.client(service, region_name=region, config=probe_config())
+
+
+def region_of(client: Any) -> str | None:
+    """The region `client` calls (None: no client yet): what an outage message names."""
+    return None if client is None else client.meta.region_name
+
+
 def probe_config() -> Any:
     """The botocore configuration of a call that asks whether a region answers (the failover
     check, on-call's commands in an outage): a region cut off never answers, and whoever asks

@@ -388,6 +388,8 @@ def install() -> None:
         base = {"aws:PrincipalArn": caller, "aws:PrincipalAccount": self.account_id,
                 "aws:SecureTransport": "true"}  # fmt: skip
         service, _, action = self._action.partition(":")
+        if service != "s3":  # the VPC endpoint it came through; S3's context (below) has its own
+            base.update(through_endpoint(service, self._headers))
         if service == "s3":
             url = f"https://local{self._path}"
             requests = [
@@ -404,9 +406,8 @@ def install() -> None:
                 return table.hash_key_attr if table is not None else None
 
             body = json.loads(self._body or b"{}")
-            inside = through_endpoint("dynamodb", self._headers)
             requests = [
-                (item_action, item_resource, {**base, **inside, **context})
+                (item_action, item_resource, {**base, **context})
                 for item_action, item_resource, context in dynamodb_requests(
                     action, body, table_arn, hash_key
                 )
@@ -423,14 +424,11 @@ def install() -> None:
                                     for state in group.instance_states)), None)  # fmt: skip
 
             group_arn, tags = autoscaling_request(action, params, groups, group_of)
-            inside = through_endpoint("autoscaling", self._headers)
-            requests = [(self._action, group_arn, {**base, **inside, **tags})]
+            requests = [(self._action, group_arn, {**base, **tags})]
         elif service == "logs":
             body = json.loads(self._body or b"{}")
             resource = logs_request(action, body, self._region, self.account_id)
-            requests = [
-                (self._action, resource, {**base, **through_endpoint("logs", self._headers)})
-            ]
+            requests = [(self._action, resource, base)]
         elif service == "ec2":
             from moto.ec2.models import ec2_backends
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import boto3
 
-from spotrain.core.aws_clients import probe_config
+from spotrain.core import aws_clients
 
 
 @functools.cache
@@ -31,8 +31,8 @@ def by_region(service: str) -> Callable[[str], Any]:
 @functools.cache
 def probe(service: str, region: str) -> Any:
     """`service`'s client in `region` for asking whether the region answers: short timeouts,
-    no retries (`aws_clients.probe_config`)."""
-    return boto3.client(service, region_name=region, config=probe_config())
+    no retries (`aws_clients.probe`)."""
+    return aws_clients.probe(service, region)
 
 
 @functools.cache
