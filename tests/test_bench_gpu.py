@@ -78,6 +78,13 @@ def test_smoke_run_takes_every_step_and_reports_figures_that_hang_together(
     for name in ("plain", "activation checkpointing", "optimizer in host memory"):
         assert bare[name]["tokens_per_s"] > 0
     assert trained["tokens_per_s_median"] > 0
+    # Every timed step is kept, each saying whether a checkpoint was publishing as it began:
+    # the first checkpoint's publish overlaps steps (the benchmark waits for it to land).
+    kept = trained["timed_steps"]
+    assert [s["step"] for s in kept] == list(range(kept[0]["step"], kept[-1]["step"] + 1))
+    assert trained["publishing"]["steps"] == sum(s["publishing"] for s in kept) > 0
+    assert trained["quiet"]["steps"] + trained["publishing"]["steps"] == len(kept)
+    assert "begun while one published in the background" in text
     # One state, saved three ways: spotrain's checkpoint and DeepSpeed's hold the same tensors
     # (spotrain's adds each rank's random state and DeepSpeed's recovery scripts).
     assert 0.9 < trained["checkpoint_bytes"] / bare["deepspeed_save"]["bytes"] < 1.2

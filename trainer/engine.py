@@ -228,6 +228,7 @@ def train(config: TrainConfig) -> TrainResult:
         )  # fmt: skip
         for step in range(start_step, config.steps):
             started = time.perf_counter()
+            publishing = checkpointer.uploading_here  # a background publish shares the host
             x, y = sampler.batch(step, rank, world)
             parts = []
             for part_x, part_y in zip(x.split(sequences), y.split(sequences), strict=True):
@@ -239,7 +240,7 @@ def train(config: TrainConfig) -> TrainResult:
             losses.append(_mean_over_ranks(loss, world))
             done = step + 1
             progress.step(done, losses[-1], x.numel() * world, time.perf_counter() - started,
-                          checkpointer.status)  # fmt: skip
+                          checkpointer.status, publishing)  # fmt: skip
             if checkpointer.after_step(done, last=done == config.steps, loss=losses[-1]):
                 break
         checkpointer.close()
@@ -274,9 +275,11 @@ class _Progress:
     def event(self, kind: str, **fields: Any) -> None:
         self._record({"event": kind, "at": time.time(), **fields})
 
-    def step(self, done: int, loss: float, tokens: int, step_s: float, checkpoint: str) -> None:
+    def step(self, done: int, loss: float, tokens: int, step_s: float, checkpoint: str,
+             publishing: bool) -> None:  # fmt: skip
         tokens_per_s = tokens / step_s
-        self._record({"step": done, "loss": loss, "tokens_per_s": tokens_per_s, "step_s": step_s})
+        self._record({"step": done, "loss": loss, "tokens_per_s": tokens_per_s, "step_s": step_s,
+                      "publishing": publishing})  # fmt: skip
         if self.active and (done % self.config.log_every == 0 or done == self.config.steps):
             say(f"step {done}/{self.config.steps}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
                  f"checkpoint: {checkpoint}")  # fmt: skip
