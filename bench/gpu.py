@@ -293,8 +293,10 @@ def trainer_phase(config: dict[str, Any], work: Path, plan: Plan) -> dict[str, A
         "publishing": _harmonic([r["tokens_per_s"] for r in timed_steps if r["publishing"]]),
         "quiet": _harmonic([r["tokens_per_s"] for r in timed_steps if not r["publishing"]]),
         "timed_steps": [
-            {key: r[key] for key in ("step", "tokens_per_s", "publishing")} for r in timed_steps
+            {key: r[key] for key in ("step", "tokens_per_s", "step_s", "publishing", "at")}
+            for r in timed_steps
         ],
+        "first_checkpoint": _checkpoint_window(steps, published[0]["step"]),
         "steps": len(steps),
         "stall_s": published[0]["stall_s"],
         "save_to_published_s": published[0]["save_to_published_s"],
@@ -303,6 +305,27 @@ def trainer_phase(config: dict[str, Any], work: Path, plan: Plan) -> dict[str, A
         "notice_to_published_s": stopped["notice_to_published_s"],
         "stopped_after": stopped["step"],
     }
+
+
+def _checkpoint_window(steps: list[dict[str, Any]], saved: int) -> dict[str, Any]:
+    """What the checkpoint of step `saved` cost the training, in wall time: from the end of
+    its step to the end of the first step begun after it was published (its stall, the steps
+    beside its publish, its commit), against as many steps with no checkpoint about. Each
+    gap between two steps' ends is split into the step's own time and the time outside it."""
+    ends = {r["step"]: r["at"] for r in steps}
+    after = [r for r in steps if r["step"] > saved]
+    last = next((r["step"] for r in after if not r["publishing"]), after[-1]["step"])
+    inside = [r for r in after if r["step"] <= last]
+    quiet = [r for r in steps if not r["publishing"] and r["step"] - 1 in ends
+             and r["step"] - 1 != saved and r["step"] != last]  # fmt: skip
+    quiet_gap = statistics.median(ends[r["step"]] - ends[r["step"] - 1] for r in quiet)
+    wall = ends[last] - ends[saved]
+    return {
+        "saved": saved, "last": last, "steps": len(inside), "wall_s": wall,
+        "in_steps_s": sum(r["step_s"] for r in inside), "quiet_gap_s": quiet_gap,
+        "quiet_step_s": statistics.median(r["step_s"] for r in quiet),
+        "cost_s": wall - len(inside) * quiet_gap,
+    }  # fmt: skip
 
 
 def _harmonic(tokens_per_s: list[float]) -> dict[str, float]:
@@ -652,6 +675,7 @@ def report(results: dict[str, Any], plan: Plan, *, smoke: bool) -> str:
         f"checkpoint was published {trained['save_to_published_s']:.1f} s after its save, "
         "while training went on.",
         "",
+        *_window_lines(trained["first_checkpoint"], ds_save["stall_s"]),
         "## Preemption and restore",
         "",
         f"- Spot notice to the emergency checkpoint published: "
@@ -677,6 +701,25 @@ def report(results: dict[str, Any], plan: Plan, *, smoke: bool) -> str:
                      f"{figures['tokens_per_s'] / plain['tokens_per_s']:.2f}x | "
                      f"{size(figures['peak_bytes'])} |")  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+def _window_lines(window: dict[str, Any], deepspeed_save_s: float) -> list[str]:
+    """The checkpoint's whole cost in training time, beside DeepSpeed's synchronous save."""
+    outside = window["wall_s"] - window["in_steps_s"]
+    quiet_outside = window["quiet_gap_s"] - window["quiet_step_s"]
+    return [
+        f"What the first checkpoint cost the training in all (its stall, the steps beside its "
+        f"publish, its commit): from the end of step {window['saved']} (its save) to the end "
+        f"of step {window['last']} (the first begun after it was published), "
+        f"{window['steps']} steps took {window['wall_s']:.2f} s, where as many steps with no "
+        f"checkpoint take {window['steps'] * window['quiet_gap_s']:.2f} s: **"
+        f"{window['cost_s']:.2f} s**, against DeepSpeed's save's {deepspeed_save_s:.2f} s "
+        f"(**{deepspeed_save_s / max(window['cost_s'], 1e-9):.2f}x**). Of those "
+        f"{window['wall_s']:.2f} s, the steps themselves took {window['in_steps_s']:.2f} s "
+        f"and {outside:.2f} s passed between them ({quiet_outside * window['steps']:.2f} s "
+        "between as many steps with no checkpoint).",
+        "",
+    ]
 
 
 if __name__ == "__main__":

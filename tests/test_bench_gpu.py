@@ -85,6 +85,15 @@ def test_smoke_run_takes_every_step_and_reports_figures_that_hang_together(
     assert trained["publishing"]["steps"] == sum(s["publishing"] for s in kept) > 0
     assert trained["quiet"]["steps"] + trained["publishing"]["steps"] == len(kept)
     assert "begun while one published in the background" in text
+    # The first checkpoint's whole cost in training time: the steps from its save to the first
+    # begun after its publish, their wall time split into the steps' own and the time between.
+    window = trained["first_checkpoint"]
+    assert window["steps"] == window["last"] - window["saved"] > 0
+    assert 0 < window["in_steps_s"] < window["wall_s"]
+    assert window["cost_s"] == pytest.approx(
+        window["wall_s"] - window["steps"] * window["quiet_gap_s"]
+    )
+    assert "What the first checkpoint cost the training in all" in text
     # One state, saved three ways: spotrain's checkpoint and DeepSpeed's hold the same tensors
     # (spotrain's adds each rank's random state and DeepSpeed's recovery scripts).
     assert 0.9 < trained["checkpoint_bytes"] / bare["deepspeed_save"]["bytes"] < 1.2

@@ -279,7 +279,7 @@ class _Progress:
              publishing: bool) -> None:  # fmt: skip
         tokens_per_s = tokens / step_s
         self._record({"step": done, "loss": loss, "tokens_per_s": tokens_per_s, "step_s": step_s,
-                      "publishing": publishing})  # fmt: skip
+                      "publishing": publishing, "at": time.time()})  # fmt: skip
         if self.active and (done % self.config.log_every == 0 or done == self.config.steps):
             say(f"step {done}/{self.config.steps}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
                  f"checkpoint: {checkpoint}")  # fmt: skip
