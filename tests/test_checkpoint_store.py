@@ -687,6 +687,57 @@ def test_the_trainers_chunks_follow_its_tensors_so_an_unchanged_tensor_is_reused
     assert sum(before[digest] for digest in shared - {frozen_digest}) < 1024
 
 
+def test_a_checkpoint_file_is_written_without_the_zips_checksums_and_loads_whole(
+    tmp_path: Path,
+) -> None:
+    """torch.save's CRC32 of every record is most of the serialising thread's time and the
+    checkpoint needs none of it (each chunk has its SHA-256 and CRC32): the checkpointer's files
+    carry none, torch.load reads them whole, and torch's process-wide switch is back as found
+    once the last serialisation under way has ended."""
+    import zipfile
+
+    import torch
+
+    from spotrain.trainer import snapshot
+
+    torch.manual_seed(0)
+    state = {"step": 3, "weights": torch.randn(1_200_000), "bias": torch.ones(3)}
+    staged = [snapshot.Staged(tmp_path / "ckpt" / "model_states.pt", state)]
+    assert torch.serialization.get_crc32_options()
+    [shard] = snapshot.write_staged(staged, tmp_path / "ckpt")
+    written = tmp_path / "ckpt" / "model_states.pt"
+    with zipfile.ZipFile(written) as archive:
+        records = [info for info in archive.infolist() if info.file_size]
+    assert records and all(info.CRC == 0 for info in records)
+    loaded = torch.load(written, weights_only=True)
+    assert loaded["step"] == 3 and torch.equal(loaded["weights"], state["weights"])
+    assert shard.size == written.stat().st_size
+    assert torch.serialization.get_crc32_options()  # put back as found
+
+    # Two serialisations at once (a light checkpoint beside a full one): the switch stays off
+    # until both have ended, and a setting found off stays off.
+    with snapshot._zip_checksums.off():
+        with snapshot._zip_checksums.off():
+            pass
+        assert not torch.serialization.get_crc32_options()
+    assert torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        snapshot.write_staged(staged, tmp_path / "ckpt")
+        assert not torch.serialization.get_crc32_options()
+    finally:
+        torch.serialization.set_crc32_options(True)
+
+
+def test_the_stores_own_client_has_a_connection_for_every_piece_uploader() -> None:
+    """A checkpoint's pieces go up 16 at once: with botocore's default pool of 10, six of them
+    would open and discard a connection (a TLS handshake) for every request."""
+    from spotrain.trainer.storage import S3Storage
+
+    pool = S3Storage("bucket", "").client.meta.config.max_pool_connections
+    assert pool >= checkpoint_store.PIECE_WORKERS + 8  # the pieces, and a transfer's parts
+
+
 def test_the_trainers_uploader_checks_its_parents_pieces_and_finds_older_ones_by_address(
     tmp_path: Path,
 ) -> None:
