@@ -687,6 +687,32 @@ def test_the_trainers_chunks_follow_its_tensors_so_an_unchanged_tensor_is_reused
     assert sum(before[digest] for digest in shared - {frozen_digest}) < 1024
 
 
+def test_chunks_handed_to_uploaders_are_the_chunks_hashed_in_place() -> None:
+    """Streamed to the uploaders (whole chunks taken in one copy, pieces gathered) or hashed
+    where they pass, the same bytes in the same writes make the same chunks."""
+    from concurrent.futures import Future
+
+    from spotrain.core.manifest import Chunk, ChunkHasher, chunk_of
+
+    def taken(data: bytes) -> Future[Chunk]:
+        done: Future[Chunk] = Future()
+        done.set_result(chunk_of(data))
+        return done
+
+    size = 1024
+    stream = os.urandom(7 * size + 300)
+    writes = [(0, 100, False), (100, 2 * size + 100, True), (2 * size + 100, 5 * size, False),
+              (5 * size, 7 * size + 300, True)]  # fmt: skip
+    shards = []
+    for hand_over in (None, taken):
+        hasher = ChunkHasher(chunk_bytes=size, hand_over=hand_over)
+        for start, end, alone in writes:
+            hasher.update(stream[start:end], alone=alone)
+        shards.append(hasher.shard("state.pt"))
+    assert shards[0] == shards[1] and len(shards[0].chunks) > 6
+    assert shards[0].size == len(stream)
+
+
 def test_a_checkpoint_file_is_written_without_the_zips_checksums_and_loads_whole(
     tmp_path: Path,
 ) -> None:

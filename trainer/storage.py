@@ -233,8 +233,8 @@ S3_CONNECTIONS = 32
 """The store's client's connection pool: a checkpoint's 16 piece uploaders at once, with room
 for a transfer's parts beside them. With botocore's default pool of 10, the six requests beyond
 it each open a connection (a TLS handshake) and throw it away after (urllib3's "pool is full").
-On the local cloud's loopback the idle upload measured the same either way (0.77-0.79x the raw
-PUTs' rate, `bench/checkpoint.md`); a handshake to a real region costs round trips."""
+On the local cloud's loopback an idle upload ran at the same rate with either pool; a handshake
+to a real region costs round trips."""
 
 
 class S3Storage:

@@ -131,6 +131,11 @@ class ChunkHasher:
             if self._hand_over is None:
                 self._sha.update(view[:take])
                 self._crc = zlib.crc32(view[:take], self._crc)
+            elif not self._size and take == self.chunk_bytes:
+                # A whole chunk in one piece (most of a large tensor's): one copy, not two.
+                self.done.append(self._hand_over(bytes(view[:take])))
+                view = view[take:]
+                continue
             else:
                 self._bytes += view[:take]
             self._size += take
