@@ -181,9 +181,10 @@ def state_a_first_step_creates(optimizer: Any) -> list[torch.Tensor]:
 
 class _ZipChecksums:
     """torch.save's CRC32 of every record, for the zip's directory, switched off while a
-    checkpoint serialises. It is the serialising thread's critical path: 1.0 s of its 1.5 s
-    per 1.5 GiB on a 2-core x86 machine (the rest is cutting the chunks), and that thread is
-    what a publish waits for where the uploaders have cores to hash in parallel. A checkpoint
+    checkpoint serialises. It was most of the serialising thread's time: about 1.1 s of its
+    1.4 s per 1.5 GiB on a 2-core x86 machine (the rest is cutting the chunks,
+    `bench/checkpoint.md`), and that thread is what a publish waits for where the uploaders
+    have cores to hash in parallel and the training loop leaves the interpreter free. A checkpoint
     needs none of it: each chunk carries its SHA-256, checked on every restore, and its own
     CRC32 for S3's transfer check; torch.load reads a file without the zip's checksums as
     well. torch's switch is process-wide, so while a checkpoint serialises, a torch.save on
