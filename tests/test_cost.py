@@ -489,6 +489,49 @@ def test_plan_reads_step_time_and_checkpoint_cost_from_the_metrics_file(
     assert pool["checkpoint_interval_steps"] == round(expected / 2.1)
 
 
+def test_plan_counts_a_checkpoints_whole_cost_to_training_not_only_its_stall(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A checkpoint stalls the loop 0.3 s, but the three steps beside its background publish
+    take 5 s where a step takes 2, and its commit 0.1 s more: it cost the training 9.4 s, and
+    the checkpoint interval is planned with that. A restart's gap (a new start, its steps
+    counted again) is no checkpoint's, and an emergency checkpoint after the last step costs
+    no step."""
+    metrics = tmp_path / "metrics.jsonl"
+    lines: list[dict[str, Any]] = [{"event": "started", "at": 0.0, "step": 0}]
+    at = 100.0
+
+    def step(n: int, gap: float, publishing: bool) -> None:
+        nonlocal at
+        at += gap
+        lines.append({"step": n, "loss": 1.0, "tokens_per_s": 1e4, "step_s": 2.0,
+                      "publishing": publishing, "at": at})  # fmt: skip
+
+    for n in range(1, 11):
+        step(n, 2.0, False)
+    lines.append({"event": "published", "at": at + 7.0, "step": 10, "stall_s": 0.3})
+    step(11, 5.3, True)  # the stall, then a step beside the publish
+    step(12, 5.0, True)
+    step(13, 5.0, True)
+    step(14, 2.1, False)  # the commit
+    for n in range(15, 21):
+        step(n, 2.0, False)
+    lines.append({"event": "started", "at": at + 60.0, "step": 14})  # a restart from step 14
+    at += 60.0
+    for n in range(15, 21):
+        step(n, 2.0, False)
+    lines.append({"event": "published", "at": at + 3.0, "step": 20, "stall_s": 0.3})
+    metrics.write_text("\n".join(json.dumps(line) for line in lines))
+
+    assert planner.measured(str(metrics)).checkpoint_s == pytest.approx(9.4)
+    plan = ["cost", "plan", "--metrics", str(metrics), "--steps", "3600", "--on-demand-price",
+            "4", "--spot-price", "1.5", "--interruptions-per-hour", "0.05", "--samples", "10",
+            "--json"]  # fmt: skip
+    assert cli.main(plan) == 0
+    [pool] = json.loads(capsys.readouterr().out)["pools"]
+    assert pool["checkpoint_interval_s"] == pytest.approx(planner.daly_interval(9.4, 3600 / 0.05))
+
+
 def test_plan_prices_what_the_other_regions_add_replication_and_a_move(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

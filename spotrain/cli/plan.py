@@ -225,7 +225,8 @@ def _add_work_arguments(actions: Any) -> argparse.ArgumentParser:
     work.add_argument(
         "--checkpoint-seconds",
         type=number(),
-        help="seconds a checkpoint stalls training (delta)",
+        help="seconds of training a checkpoint costs (delta: its stall and the steps slowed "
+        "beside its publish; a --metrics file measures it)",
     )
     work.add_argument(
         "--checkpoint-every",

@@ -232,7 +232,7 @@ def run_inputs(args: argparse.Namespace) -> dict[str, Any]:
     elif not 0 < work_h < math.inf:
         problems.append(f"the work is {work_h} hours: give a positive number of hours")
     if checkpoint_s is None:
-        problems.append("no checkpoint cost: give --checkpoint-seconds (training stalled per "
+        problems.append("no checkpoint cost: give --checkpoint-seconds (training lost per "
                         "checkpoint), or a --metrics file with published checkpoints")  # fmt: skip
     raise_all(problems)
     return {
