@@ -524,6 +524,10 @@ def test_plan_counts_a_checkpoints_whole_cost_to_training_not_only_its_stall(
     metrics.write_text("\n".join(json.dumps(line) for line in lines))
 
     assert planner.measured(str(metrics)).checkpoint_s == pytest.approx(9.4)
+    # Lines no trainer wrote (a step that is no number, an event that is a list) say nothing.
+    odd = [{"at": 1.0, "publishing": False}, {"step": "x", "at": 2.0, "publishing": True},
+           {"event": "published", "step": [1]}, {"event": ["started"]}]  # fmt: skip
+    assert planner.checkpoint_training_cost(odd) is None
     plan = ["cost", "plan", "--metrics", str(metrics), "--steps", "3600", "--on-demand-price",
             "4", "--spot-price", "1.5", "--interruptions-per-hour", "0.05", "--samples", "10",
             "--json"]  # fmt: skip

@@ -319,7 +319,8 @@ def checkpoint_training_cost(records: list[dict[str, Any]]) -> float | None:
             if record["event"] == "started":
                 last = None  # a new start: its first step follows a restart, not a step
             continue
-        if not (_amount(record.get("at")) and isinstance(record.get("publishing"), bool)):
+        if not (_amount(record.get("at")) and isinstance(record.get("publishing"), bool)
+                and isinstance(record.get("step"), int)):  # fmt: skip
             last = None
             continue
         if last is not None and record.get("step") == last["step"] + 1:
@@ -327,7 +328,8 @@ def checkpoint_training_cost(records: list[dict[str, Any]]) -> float | None:
             gaps.append((float(record["at"]) - float(last["at"]), quiet))
             followed.add(last["step"])
         last = record
-    saved = {r.get("step") for r in records if r.get("event") == "published"} & followed
+    published = (r.get("step") for r in records if r.get("event") == "published")
+    saved = {step for step in published if isinstance(step, int)} & followed
     quiet_gaps = [gap for gap, quiet in gaps if quiet]
     if not saved or not quiet_gaps:
         return None
