@@ -116,17 +116,12 @@ def raw_client(endpoint: str) -> Any:
     """The raw comparisons' S3 client: a checksum only where S3 requires one (botocore's
     default adds a CRC32 trailer to every upload, which the endpoint must then decode) and a
     connection for each of the 16 requests in flight: the transport alone, its ceiling."""
-    import boto3
     from botocore.config import Config
 
     from spotrain.localcloud import control
 
-    return boto3.client(
-        "s3", endpoint_url=endpoint, region_name=REGION, verify=str(control.ca_bundle()),
-        aws_access_key_id=control.CREDENTIALS["AWS_ACCESS_KEY_ID"],
-        aws_secret_access_key=control.CREDENTIALS["AWS_SECRET_ACCESS_KEY"],
-        config=Config(request_checksum_calculation="when_required", max_pool_connections=32),
-    )  # fmt: skip
+    bare = Config(request_checksum_calculation="when_required", max_pool_connections=32)
+    return control.client("s3", endpoint, REGION, config=bare)
 
 
 def raw_multipart(path: Path, s3: Any, key_id: str) -> float:

@@ -148,12 +148,18 @@ def enforce_identity_policies(endpoint: str, enforce: bool) -> None:
         response.read()
 
 
-def client(service: str, endpoint: str, region: str, **credentials: str) -> Any:
+def client(
+    service: str, endpoint: str, region: str, *, config: Any = None, **credentials: str
+) -> Any:
     """A client of the local cloud, with its default credentials unless given others
-    (aws_access_key_id, aws_secret_access_key, aws_session_token)."""
+    (aws_access_key_id, aws_secret_access_key, aws_session_token); `config`: botocore settings
+    merged over the local cloud's own (its retries and timeouts)."""
     import boto3
 
-    return boto3.client(service, **{**_connection(endpoint, region), **credentials})
+    connection = _connection(endpoint, region)
+    if config is not None:
+        connection["config"] = connection["config"].merge(config)
+    return boto3.client(service, **{**connection, **credentials})
 
 
 def resource(service: str, endpoint: str, region: str, **credentials: str) -> Any:
