@@ -600,22 +600,6 @@ def test_rules_match_the_two_ec2_events_and_retry_into_a_dead_letter_queue(synth
     assert function["dead_letter_config"]["target_arn"].startswith("${aws_sqs_queue.")
     assert function["tracing_config"] == {"mode": "Active"}
     assert "lifecycle" not in function
-    # EventBridge may put the rules' undelivered events on the queue, nothing else may send to
-    # it, and only over TLS: the queue's own policy (a separate queue policy resource made
-    # every deploy and destroy wait for the queue's attributes to settle twice).
-    queue = only(resources(stack, "aws_sqs_queue"))
-    assert "aws_sqs_queue_policy" not in stack["resource"]
-    document = queue["policy"].removeprefix("${data.aws_iam_policy_document.").split(".")[0]
-    allowed, denied = stack["data"]["aws_iam_policy_document"][document]["statement"]
-    arn = "arn:aws:sqs:us-east-1:${data.aws_caller_identity.Caller.account_id}:" + queue["name"]
-    assert allowed["principals"] == [{"identifiers": ["events.amazonaws.com"], "type": "Service"}]
-    assert (allowed["actions"], allowed["resources"]) == (["sqs:SendMessage"], [arn])
-    [(_, sources)] = [(c["variable"], c["values"]) for c in allowed["condition"]]
-    assert sorted(sources) == sorted(
-        f"${{aws_cloudwatch_event_rule.{name}.arn}}"
-        for name in resources(stack, "aws_cloudwatch_event_rule")
-    )
-    assert (denied["effect"], denied["resources"]) == ("Deny", [arn])
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])

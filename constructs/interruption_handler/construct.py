@@ -99,7 +99,7 @@ class InterruptionHandlerProps:
     kms_key_arn: str
     """Key for the log group, queue and function environment."""
     account_id: str
-    """Account of the role's trust guard and the dead-letter queue's own ARN."""
+    """Account of the role's trust guard."""
     region: str
     """Region of the handler: the groups it scales and the instances it tags are there, and
     its environment's runs declare themselves to it there."""
@@ -175,7 +175,6 @@ class InterruptionHandlerProps:
 class InterruptionHandler(Construct):
     def __init__(self, scope: Construct, id_: str, *, props: InterruptionHandlerProps) -> None:
         super().__init__(scope, id_)
-        self.rules = self._rules(props)
         log_group = self._queue_topic_and_logs(props)
         role = aws.iam_role.IamRole(
             self,
@@ -214,23 +213,11 @@ class InterruptionHandler(Construct):
                 destination_config={"on_failure": {"destination_arn": self.dead_letter_queue.arn}},
                 depends_on=[policy],  # Lambda checks the role's stream access at creation
             )
-        self._targets(props)
-
-    def _queue_topic_and_logs(self, props: InterruptionHandlerProps) -> Any:
-        """The dead-letter queue and notice topic (kept as attributes), and the function's log
-        group."""
-        # The queue's policy is its own attribute, not a queue policy resource: the provider
-        # waits about 26 s for a queue's attributes to settle after each change, so a separate
-        # policy made every deploy and destroy wait twice. Its ARN is written out, as the
-        # queue's own cannot be referenced from its attributes.
-        name = f"{props.name}-dlq"
-        arn = f"arn:aws:sqs:{props.region}:{props.account_id}:{name}"
-        self.dead_letter_queue = aws.sqs_queue.SqsQueue(
+        self.rules = self._rules(props)
+        aws.sqs_queue_policy.SqsQueuePolicy(
             self,
-            "DeadLetterQueue",
-            name=name,
-            kms_master_key_id=props.kms_key_arn,
-            message_retention_seconds=14 * 86400,
+            "DeadLetterQueuePolicy",
+            queue_url=self.dead_letter_queue.url,
             policy=policy_document(
                 self,
                 "DeadLetterQueuePolicyDocument",
@@ -238,15 +225,26 @@ class InterruptionHandler(Construct):
                     statement(
                         "EventBridgeDeadLetters",
                         actions=["sqs:SendMessage"],
-                        resources=[arn],
+                        resources=[self.dead_letter_queue.arn],
                         principals={"Service": ["events.amazonaws.com"]},
                         conditions=[
                             ("ArnEquals", "aws:SourceArn", [r.arn for r in self.rules.values()])
                         ],
                     ),
-                    deny_insecure_transport(["sqs:*"], [arn]),
+                    deny_insecure_transport(["sqs:*"], [self.dead_letter_queue.arn]),
                 ],
             ),
+        )
+
+    def _queue_topic_and_logs(self, props: InterruptionHandlerProps) -> Any:
+        """The dead-letter queue and notice topic (kept as attributes), and the function's log
+        group."""
+        self.dead_letter_queue = aws.sqs_queue.SqsQueue(
+            self,
+            "DeadLetterQueue",
+            name=f"{props.name}-dlq",
+            kms_master_key_id=props.kms_key_arn,
+            message_retention_seconds=14 * 86400,
         )
         log_group = aws.cloudwatch_log_group.CloudwatchLogGroup(
             self,
@@ -323,7 +321,7 @@ class InterruptionHandler(Construct):
         )
 
     def _rules(self, props: InterruptionHandlerProps) -> dict[str, Any]:
-        """The warning, recommendation and schedule rules (their targets: `_targets`)."""
+        """The warning, recommendation and schedule rules, each targeting the function."""
         rules = {}
         rule_settings: dict[str, dict[str, str]] = {
             rule_id: {
@@ -337,14 +335,9 @@ class InterruptionHandler(Construct):
             "schedule_expression": f"rate({props.capacity_check_minutes} minutes)",
         }
         for rule_id, settings in rule_settings.items():
-            rules[rule_id] = aws.cloudwatch_event_rule.CloudwatchEventRule(
+            rule = aws.cloudwatch_event_rule.CloudwatchEventRule(
                 self, f"{rule_id}Rule", name=rule_name(props.name, rule_id), **settings
             )
-        return rules
-
-    def _targets(self, props: InterruptionHandlerProps) -> None:
-        """Each rule targets the function, its undelivered events to the dead-letter queue."""
-        for rule_id, rule in self.rules.items():
             aws.cloudwatch_event_target.CloudwatchEventTarget(
                 self,
                 f"{rule_id}Target",
@@ -362,3 +355,5 @@ class InterruptionHandler(Construct):
                 principal="events.amazonaws.com",
                 source_arn=rule.arn,
             )
+            rules[rule_id] = rule
+        return rules
