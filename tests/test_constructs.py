@@ -917,6 +917,18 @@ def test_terraform_validates_the_efa_runs_stack(synth_dir: Path, tmp_path: Path)
     assert json.loads(checked.stdout)["valid"] is True, checked.stdout
 
 
+def test_without_terraform_the_message_names_the_version_the_state_backend_needs(
+    tmp_path: Path,
+) -> None:
+    """The stacks' S3 state locking (`use_lockfile`) is Terraform 1.10's: an older one fails at
+    init, so the install hint names 1.10."""
+    from spotrain.core.errors import TerraformError
+    from spotrain.tools import terraform
+
+    with pytest.raises(TerraformError, match=r"install Terraform 1\.10 or newer"):
+        terraform.run(tmp_path, ["version"], {"PATH": str(tmp_path)})
+
+
 def test_terraform_runs_with_spotrains_garbage_collection_unless_the_user_set_their_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -128,7 +128,8 @@ def run(
             )  # fmt: skip
     except FileNotFoundError as error:
         raise TerraformError(
-            "terraform is not on PATH: install Terraform 1.6 or newer and try again"
+            "terraform is not on PATH: install Terraform 1.10 or newer (the state backend's S3 "
+            "locking needs it) and try again"
         ) from error
     if result.returncode not in success_codes:
         if log is not None:
