@@ -16,6 +16,7 @@ import importlib.util
 import os
 import sys
 from types import ModuleType
+from typing import Any
 
 # jsii prints a multi-line end-of-life banner on every start under node 20, the node this
 # project runs on; the runtime starts on the first cdktf import below, so this must come first.
@@ -54,6 +55,7 @@ __all__ = [
     "TerraformStack",
     "Testing",
     "aws",
+    "forget_without_destroying",
 ]
 
 
@@ -83,3 +85,17 @@ class _ProviderBindings:
 
 
 aws = _ProviderBindings()
+
+
+def forget_without_destroying(scope: Construct, id_: str, resource_type: str) -> None:
+    """Let Terraform forget the `resource_type` that `scope` once made as `id_`, leaving the
+    real object in place: an environment deployed before a resource left the configuration
+    keeps what it made (a `removed` block with `destroy = false`; Terraform 1.7 and later).
+
+    The address is the one CDKTF gave the old resource, allocated from the same construct path;
+    the empty construct left at that path reserves it, so nothing new takes it."""
+    stack = TerraformStack.of(scope)
+    address = f"{resource_type}.{stack._allocate_logical_id(Construct(scope, id_).node)}"
+    removed: list[dict[str, Any]] = stack.__dict__.setdefault("_forgotten", [])
+    removed.append({"from": address, "lifecycle": {"destroy": False}})
+    stack.add_override("removed", removed)

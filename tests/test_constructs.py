@@ -600,6 +600,132 @@ def test_rules_match_the_two_ec2_events_and_retry_into_a_dead_letter_queue(synth
     assert function["dead_letter_config"]["target_arn"].startswith("${aws_sqs_queue.")
     assert function["tracing_config"] == {"mode": "Active"}
     assert "lifecycle" not in function
+    # EventBridge may put the rules' undelivered events on the queue, nothing else may send to
+    # it, and only over TLS: the queue's own policy (a separate queue policy resource made
+    # every deploy and destroy wait for the queue's attributes to settle twice).
+    queue = only(resources(stack, "aws_sqs_queue"))
+    assert "aws_sqs_queue_policy" not in stack["resource"]
+    document = queue["policy"].removeprefix("${data.aws_iam_policy_document.").split(".")[0]
+    allowed, denied = stack["data"]["aws_iam_policy_document"][document]["statement"]
+    arn = "arn:aws:sqs:us-east-1:${data.aws_caller_identity.Caller.account_id}:" + queue["name"]
+    assert allowed["principals"] == [{"identifiers": ["events.amazonaws.com"], "type": "Service"}]
+    assert (allowed["actions"], allowed["resources"]) == (["sqs:SendMessage"], [arn])
+    [(_, sources)] = [(c["variable"], c["values"]) for c in allowed["condition"]]
+    assert sorted(sources) == sorted(
+        f"${{aws_cloudwatch_event_rule.{name}.arn}}"
+        for name in resources(stack, "aws_cloudwatch_event_rule")
+    )
+    assert (denied["effect"], denied["resources"]) == ("Deny", [arn])
+
+
+def _upgrade_configurations(stack: dict[str, Any], endpoint: str) -> tuple[dict, dict, str]:
+    """The handler stack's dead-letter queue as deployed before (a separate queue policy
+    resource, imported) and now (its own policy, the stack's removed block), its other
+    resources' references made literal; and the queue's name."""
+    [(queue_id, queue)] = resources(stack, "aws_sqs_queue").items()
+    document_id = queue["policy"].removeprefix("${data.aws_iam_policy_document.").split(".")[0]
+    document = json.dumps(stack["data"]["aws_iam_policy_document"][document_id])
+    for rule_id, rule in resources(stack, "aws_cloudwatch_event_rule").items():
+        document = document.replace(
+            f"${{aws_cloudwatch_event_rule.{rule_id}.arn}}",
+            f"arn:aws:events:us-east-1:123456789012:rule/{rule['name']}",
+        )
+    provider = {"region": "us-east-1", "skip_credentials_validation": True,
+                "skip_requesting_account_id": True, "skip_metadata_api_check": "true",
+                "endpoints": [{"sqs": endpoint, "sts": endpoint}]}  # fmt: skip
+    kept = {k: v for k, v in queue.items() if k not in ("//", "kms_master_key_id", "policy")}
+    url = f"{endpoint}/123456789012/{queue['name']}"
+    [removed] = stack["removed"]
+    policy_id = removed["from"].split(".")[1]
+    common = {
+        "provider": {"aws": [provider]},
+        "data": {"aws_caller_identity": {"Caller": {}},
+                 "aws_iam_policy_document": {document_id: json.loads(document)}},
+    }  # fmt: skip
+    before = {
+        **common,
+        "resource": {
+            "aws_sqs_queue": {queue_id: kept},
+            "aws_sqs_queue_policy": {
+                policy_id: {
+                    "queue_url": f"${{aws_sqs_queue.{queue_id}.url}}",
+                    "policy": queue["policy"],
+                }
+            },
+        },
+        "import": [
+            {"to": f"aws_sqs_queue.{queue_id}", "id": url},
+            {"to": removed["from"], "id": url},
+        ],
+    }
+    after = {
+        **common,
+        "resource": {"aws_sqs_queue": {queue_id: {**kept, "policy": queue["policy"]}}},
+        "removed": stack["removed"],
+    }
+    return before, after, queue["name"]
+
+
+def _rendered(configuration: dict[str, Any], account: str) -> str:
+    """The IAM policy JSON of the configuration's one policy document."""
+    [document] = configuration["data"]["aws_iam_policy_document"].values()
+    statements = [
+        {
+            "Sid": s["sid"],
+            "Effect": s["effect"],
+            "Principal": {p["type"]: p["identifiers"] for p in s["principals"]},
+            "Action": s["actions"],
+            "Resource": [
+                r.replace("${data.aws_caller_identity.Caller.account_id}", account)
+                for r in s["resources"]
+            ],
+            "Condition": {c["test"]: {c["variable"]: c["values"]} for c in s["condition"]},
+        }
+        for s in document["statement"]
+    ]
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+@pytest.mark.integration
+def test_an_environment_deployed_with_a_separate_queue_policy_keeps_it_on_upgrade(
+    synth_dir: Path, local_cloud: Any, tmp_path: Path
+) -> None:
+    """Until the dead-letter queue carried its policy itself, a separate queue policy resource
+    set it. Without the stack's removed block, the upgrade's apply would not update the queue
+    (its policy already matches) and would destroy the policy resource, deleting the policy:
+    the queue would take anyone's messages over plain HTTP until a second apply."""
+    from spotrain.localcloud import control
+    from spotrain.tools import terraform
+
+    stack = load_stack(synth_dir, "local-interruptions")
+    before, after, name = _upgrade_configurations(stack, local_cloud.endpoint)
+    environment = control.aws_environment(local_cloud.endpoint, "us-east-1")
+    env = terraform.terraform_env(terraform.write_cli_config(tmp_path), environment)
+    # The queue as the separate resource left it, made here: the provider waits 26 s after
+    # setting a queue's policy, and importing it into the old configuration changes nothing.
+    sqs = control.client("sqs", local_cloud.endpoint, "us-east-1")
+    attributes = {"MessageRetentionPeriod": "1209600", "MaximumMessageSize": "262144",
+                  "Policy": _rendered(before, "123456789012")}  # fmt: skip
+    url = sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
+    folder = tmp_path / "stack"
+    folder.mkdir()
+    applies = []
+    for configuration in (before, after):
+        (folder / "main.tf.json").write_text(json.dumps(configuration))
+        if configuration is before:
+            terraform.run(folder, ["init", "-input=false"], env, capture=True)
+        apply = ["apply", "-auto-approve", "-input=false", "-no-color"]
+        applies.append(terraform.run(folder, apply, env, capture=True).stdout)
+    assert "Resources: 2 imported, 0 added, 0 changed, 0 destroyed." in applies[0], applies[0]
+    assert "Resources: 0 added, 0 changed, 0 destroyed." in applies[1], applies[1]
+    assert f"{after['removed'][0]['from']} will no longer be managed by Terraform" in applies[1]
+    kept = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["Policy"]).get("Attributes", {})
+    assert "Policy" in kept, "the upgrade deleted the dead-letter queue's policy"
+    statements = json.loads(kept["Policy"])["Statement"]
+    assert sorted(s["Sid"] for s in statements) == [
+        "DenyInsecureTransport",
+        "EventBridgeDeadLetters",
+    ]
 
 
 @pytest.mark.parametrize("env", ["dev", "prod"])

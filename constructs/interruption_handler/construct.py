@@ -24,7 +24,14 @@ from pathlib import Path
 from typing import Any
 
 import spotrain.core
-from spotrain.cdk import AssetType, Construct, TerraformAsset, TerraformResourceLifecycle, aws
+from spotrain.cdk import (
+    AssetType,
+    Construct,
+    TerraformAsset,
+    TerraformResourceLifecycle,
+    aws,
+    forget_without_destroying,
+)
 from spotrain.constructs.interruption_handler.iam import handler_statements
 from spotrain.constructs.policy import (
     assume_role_policy,
@@ -99,7 +106,7 @@ class InterruptionHandlerProps:
     kms_key_arn: str
     """Key for the log group, queue and function environment."""
     account_id: str
-    """Account of the role's trust guard."""
+    """Account of the role's trust guard and the dead-letter queue's own ARN."""
     region: str
     """Region of the handler: the groups it scales and the instances it tags are there, and
     its environment's runs declare themselves to it there."""
@@ -175,6 +182,7 @@ class InterruptionHandlerProps:
 class InterruptionHandler(Construct):
     def __init__(self, scope: Construct, id_: str, *, props: InterruptionHandlerProps) -> None:
         super().__init__(scope, id_)
+        self.rules = self._rules(props)
         log_group = self._queue_topic_and_logs(props)
         role = aws.iam_role.IamRole(
             self,
@@ -213,11 +221,26 @@ class InterruptionHandler(Construct):
                 destination_config={"on_failure": {"destination_arn": self.dead_letter_queue.arn}},
                 depends_on=[policy],  # Lambda checks the role's stream access at creation
             )
-        self.rules = self._rules(props)
-        aws.sqs_queue_policy.SqsQueuePolicy(
+        self._targets(props)
+
+    def _queue_topic_and_logs(self, props: InterruptionHandlerProps) -> Any:
+        """The dead-letter queue and notice topic (kept as attributes), and the function's log
+        group."""
+        # The queue's policy is its own attribute, not a queue policy resource: the provider
+        # waits about 26 s for a queue's attributes to settle after each change, so a separate
+        # policy made every deploy and destroy wait twice. Its ARN is written out, as the
+        # queue's own cannot be referenced from its attributes. Environments deployed with the
+        # separate resource keep the policy it set, which the queue's attribute then matches:
+        # destroying that resource on upgrade would delete it.
+        forget_without_destroying(self, "DeadLetterQueuePolicy", "aws_sqs_queue_policy")
+        name = f"{props.name}-dlq"
+        arn = f"arn:aws:sqs:{props.region}:{props.account_id}:{name}"
+        self.dead_letter_queue = aws.sqs_queue.SqsQueue(
             self,
-            "DeadLetterQueuePolicy",
-            queue_url=self.dead_letter_queue.url,
+            "DeadLetterQueue",
+            name=name,
+            kms_master_key_id=props.kms_key_arn,
+            message_retention_seconds=14 * 86400,
             policy=policy_document(
                 self,
                 "DeadLetterQueuePolicyDocument",
@@ -225,26 +248,15 @@ class InterruptionHandler(Construct):
                     statement(
                         "EventBridgeDeadLetters",
                         actions=["sqs:SendMessage"],
-                        resources=[self.dead_letter_queue.arn],
+                        resources=[arn],
                         principals={"Service": ["events.amazonaws.com"]},
                         conditions=[
                             ("ArnEquals", "aws:SourceArn", [r.arn for r in self.rules.values()])
                         ],
                     ),
-                    deny_insecure_transport(["sqs:*"], [self.dead_letter_queue.arn]),
+                    deny_insecure_transport(["sqs:*"], [arn]),
                 ],
             ),
-        )
-
-    def _queue_topic_and_logs(self, props: InterruptionHandlerProps) -> Any:
-        """The dead-letter queue and notice topic (kept as attributes), and the function's log
-        group."""
-        self.dead_letter_queue = aws.sqs_queue.SqsQueue(
-            self,
-            "DeadLetterQueue",
-            name=f"{props.name}-dlq",
-            kms_master_key_id=props.kms_key_arn,
-            message_retention_seconds=14 * 86400,
         )
         log_group = aws.cloudwatch_log_group.CloudwatchLogGroup(
             self,
@@ -321,7 +333,7 @@ class InterruptionHandler(Construct):
         )
 
     def _rules(self, props: InterruptionHandlerProps) -> dict[str, Any]:
-        """The warning, recommendation and schedule rules, each targeting the function."""
+        """The warning, recommendation and schedule rules (their targets: `_targets`)."""
         rules = {}
         rule_settings: dict[str, dict[str, str]] = {
             rule_id: {
@@ -335,9 +347,14 @@ class InterruptionHandler(Construct):
             "schedule_expression": f"rate({props.capacity_check_minutes} minutes)",
         }
         for rule_id, settings in rule_settings.items():
-            rule = aws.cloudwatch_event_rule.CloudwatchEventRule(
+            rules[rule_id] = aws.cloudwatch_event_rule.CloudwatchEventRule(
                 self, f"{rule_id}Rule", name=rule_name(props.name, rule_id), **settings
             )
+        return rules
+
+    def _targets(self, props: InterruptionHandlerProps) -> None:
+        """Each rule targets the function, its undelivered events to the dead-letter queue."""
+        for rule_id, rule in self.rules.items():
             aws.cloudwatch_event_target.CloudwatchEventTarget(
                 self,
                 f"{rule_id}Target",
@@ -355,5 +372,3 @@ class InterruptionHandler(Construct):
                 principal="events.amazonaws.com",
                 source_arn=rule.arn,
             )
-            rules[rule_id] = rule
-        return rules
