@@ -29,7 +29,7 @@ prerequisites:
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info[:2] == (3, 11) else 1)' || \
 	  { echo "spotrain needs Python 3.11: install it or run make PYTHON=python3.11"; exit 1; }
 	@command -v terraform >/dev/null || \
-	  { echo "terraform is not on PATH: install Terraform 1.6+ (https://developer.hashicorp.com/terraform/install)"; exit 1; }
+	  { echo "terraform is not on PATH: install Terraform 1.10+ (https://developer.hashicorp.com/terraform/install)"; exit 1; }
 	@command -v npm >/dev/null || { echo "npm is not on PATH: install Node.js 20+"; exit 1; }
 
 # torch goes first and pinned, with pip and its configuration (a wheel mirror, an index): an

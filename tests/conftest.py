@@ -142,10 +142,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
 
 @pytest.fixture(scope="session")
 def synth_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """Every environment synthesized once, as `spotrain synth` does."""
+    """Every environment synthesized once, as `spotrain synth` does, into a folder whose parent
+    does not exist yet (`spotrain synth --out build/cdktf.out` makes it)."""
     from spotrain.tools import deploy
 
-    return deploy.synth(tmp_path_factory.mktemp("synth") / "cdktf.out")
+    return deploy.synth(tmp_path_factory.mktemp("synth") / "build" / "cdktf.out")
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -1055,6 +1056,34 @@ def test_without_terraform_the_message_names_the_version_the_state_backend_needs
         terraform.run(tmp_path, ["version"], {"PATH": str(tmp_path)})
 
 
+@pytest.mark.parametrize("command", ["apply", "plan_has_changes", "destroy"])
+def test_a_terraform_too_old_for_the_stacks_is_refused_before_any_stack_is_touched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+) -> None:
+    """Terraform 1.9 would fail at every stack's init (S3 state locking is 1.10's): deploy,
+    plan and destroy ask its version first and name the fix, having run nothing else."""
+    import stat
+
+    from spotrain.core.errors import TerraformError
+    from spotrain.tools import deploy
+
+    called = tmp_path / "called"
+    fake = tmp_path / "bin" / "terraform"
+    fake.parent.mkdir()
+    answer = json.dumps({"terraform_version": "1.9.8", "platform": "linux_amd64"})
+    fake.write_text(f"#!/bin/sh\necho \"$@\" >> {called}\necho '{answer}'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
+    monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
+    deployment = deploy.Deployment(deploy.environment("local"), outdir=tmp_path / "out")
+    with pytest.raises(TerraformError) as refused:
+        getattr(deployment, command)()
+    assert str(refused.value) == (
+        "Terraform 1.9.8 is too old for these stacks: install Terraform 1.10 or newer (the "
+        "state backend's S3 locking needs it), and try again"
+    )
+    assert called.read_text().splitlines() == ["version -json"]
+
+
 def test_terraform_runs_with_spotrains_garbage_collection_unless_the_user_set_their_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -1090,6 +1119,7 @@ def test_destroy_reads_nothing_back_and_takes_each_stack_down_after_those_that_n
     """`spotrain destroy` runs `terraform destroy -refresh=false` once per stack (a refresh is
     a whole walk of the stack, a fifth of the local destroy's time: bench/terraform.md), each
     only once every stack that depends on it is gone."""
+    import subprocess
     import threading
 
     from spotrain.tools import deploy, terraform
@@ -1097,9 +1127,10 @@ def test_destroy_reads_nothing_back_and_takes_each_stack_down_after_those_that_n
     calls: list[tuple[str, list[str]]] = []
     lock = threading.Lock()
 
-    def run(stack_dir: Path, args: list[str], *_: object, **__: object) -> None:
+    def run(stack_dir: Path, args: list[str], *_: object, **__: object) -> Any:
         with lock:
             calls.append((Path(stack_dir).name, list(args)))
+        return subprocess.CompletedProcess(args, 0, stdout='{"terraform_version": "1.11.4"}')
 
     monkeypatch.setattr(terraform, "run", run)
     config = deploy.environment("local", local_endpoint="https://127.0.0.1:1")

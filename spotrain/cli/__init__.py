@@ -41,6 +41,7 @@ from spotrain.cli import (
     train,
 )
 from spotrain.core.errors import SpotrainError
+from spotrain.tools.terraform import INSTALL_HINT
 
 
 def parser() -> argparse.ArgumentParser:
@@ -163,7 +164,7 @@ torch, which a training command imports first: the smallest extra that has it is
 PROGRAM_FIX = {
     "node": "install Node.js 20 or newer (CDK for Terraform synthesizes the stacks on it); "
     "watching and steering runs needs neither it nor the infrastructure extra",
-    "terraform": "install Terraform 1.6 or newer",
+    "terraform": INSTALL_HINT,
     "docker": "install Docker (the image build needs it)",
 }
 """The programs a command may start, and how to get each."""

@@ -49,6 +49,8 @@ def synth(
     runs = check_runs(configs)  # every run file, before anything is written
     if outdir.exists():
         shutil.rmtree(outdir)
+    # CDKTF makes the folder but not its parents (`--out build/cdktf.out` on a fresh checkout).
+    outdir.parent.mkdir(parents=True, exist_ok=True)
     # Absolute: the synthesizer (a node process) keeps the folder it was started in.
     build_app(configs, outdir=str(outdir.resolve()), runs=runs).synth()
     return outdir
@@ -147,6 +149,8 @@ class Deployment:
     environment: dict[str, str] = field(init=False, default_factory=dict)
     """Process environment Terraform runs with (CLI configuration, credentials, endpoint)."""
 
+    _version: str | None = field(init=False, default=None)
+
     def __post_init__(self) -> None:
         cli_config = terraform.write_cli_config(self.outdir.parent / ".spotrain" / "terraform")
         extra = {}
@@ -156,6 +160,13 @@ class Deployment:
         if self.config.local is not None:
             # A real profile must never be used against the local cloud, or vice versa.
             self.environment.pop("AWS_PROFILE", None)
+
+    def require_terraform(self) -> str:
+        """The installed Terraform's version, refused before any stack is touched if it is
+        older than the stacks need (asked once)."""
+        if self._version is None:
+            self._version = terraform.require_version(self.environment)
+        return self._version
 
     @property
     def stacks(self) -> list[str]:
@@ -187,6 +198,7 @@ class Deployment:
                      f"{time.monotonic() - started:.0f}s")  # fmt: skip
             return result
 
+        self.require_terraform()
         results = each_when_ready(self._dependencies(), apply_one, before=self.init)
         return [results[name] for name in self.stacks]
 
@@ -199,6 +211,7 @@ class Deployment:
         time, as they share the provider cache."""
         from concurrent.futures import ThreadPoolExecutor
 
+        self.require_terraform()
         names = self.stacks
         for name in names:
             self.init(name)
@@ -222,6 +235,7 @@ class Deployment:
             self._tf(name, ["destroy", "-auto-approve", "-input=false", "-no-color",
                             "-refresh=false"])  # fmt: skip
 
+        self.require_terraform()
         each_when_ready(terraform.dependents(self._dependencies()), destroy_one, before=self.init)
 
     def describe(self, name: str) -> StackResult:

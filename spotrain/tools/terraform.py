@@ -96,6 +96,27 @@ def terraform_env(cli_config: Path, extra: Mapping[str, str] | None = None) -> d
     return env
 
 
+MINIMUM_VERSION = (1, 10)
+"""The oldest Terraform the stacks work with: their state backend locks with S3 itself
+(`use_lockfile`), which an older Terraform refuses at init; the handler stacks' `removed`
+block needs 1.7."""
+
+INSTALL_HINT = "install Terraform 1.10 or newer (the state backend's S3 locking needs it)"
+
+
+def require_version(env: Mapping[str, str]) -> str:
+    """The installed Terraform's version; TerraformError naming the fix if it is too old, asked
+    before any stack is touched (an older one would fail at each stack's init)."""
+    answer = run(Path.cwd(), ["version", "-json"], env, capture=True).stdout
+    version = str(json.loads(answer)["terraform_version"])
+    numbers = tuple(int(part) for part in version.split("-")[0].split(".")[:2])
+    if numbers < MINIMUM_VERSION:
+        raise TerraformError(
+            f"Terraform {version} is too old for these stacks: {INSTALL_HINT}, and try again"
+        )
+    return version
+
+
 def run(
     stack_dir: Path,
     args: Sequence[str],
@@ -127,10 +148,7 @@ def run(
                 check=False,
             )  # fmt: skip
     except FileNotFoundError as error:
-        raise TerraformError(
-            "terraform is not on PATH: install Terraform 1.10 or newer (the state backend's S3 "
-            "locking needs it) and try again"
-        ) from error
+        raise TerraformError(f"terraform is not on PATH: {INSTALL_HINT}, and try again") from error
     if result.returncode not in success_codes:
         if log is not None:
             tail = "\n".join(log.read_text(errors="replace").splitlines()[-40:])
