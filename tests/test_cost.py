@@ -528,6 +528,11 @@ def test_plan_counts_a_checkpoints_whole_cost_to_training_not_only_its_stall(
     odd = [{"at": 1.0, "publishing": False}, {"step": "x", "at": 2.0, "publishing": True},
            {"event": "published", "step": [1]}, {"event": ["started"]}]  # fmt: skip
     assert planner.checkpoint_training_cost(odd) is None
+    # JSON `true` is no step 1 (Python's bools are ints).
+    truthy = [{"step": True, "at": 1.0, "publishing": False},
+              {"step": 2, "at": 3.0, "publishing": False},
+              {"event": "published", "step": True}]  # fmt: skip
+    assert planner.checkpoint_training_cost(truthy) is None
     plan = ["cost", "plan", "--metrics", str(metrics), "--steps", "3600", "--on-demand-price",
             "4", "--spot-price", "1.5", "--interruptions-per-hour", "0.05", "--samples", "10",
             "--json"]  # fmt: skip

@@ -299,6 +299,11 @@ def measured(path: str) -> Measured:
     )
 
 
+def _is_step(value: Any) -> bool:
+    """A step number as trainers write it: JSON `true` is a bool to Python, and bools are ints."""
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 def checkpoint_training_cost(records: list[dict[str, Any]]) -> float | None:
     """Seconds of training each checkpoint cost, from the steps' end times (`at`) and whether
     a publish was in flight as each began (`publishing`): the stall is only the part the loop
@@ -320,7 +325,7 @@ def checkpoint_training_cost(records: list[dict[str, Any]]) -> float | None:
                 last = None  # a new start: its first step follows a restart, not a step
             continue
         if not (_amount(record.get("at")) and isinstance(record.get("publishing"), bool)
-                and isinstance(record.get("step"), int)):  # fmt: skip
+                and _is_step(record.get("step"))):  # fmt: skip
             last = None
             continue
         if last is not None and record.get("step") == last["step"] + 1:
@@ -329,7 +334,7 @@ def checkpoint_training_cost(records: list[dict[str, Any]]) -> float | None:
             followed.add(last["step"])
         last = record
     published = (r.get("step") for r in records if r.get("event") == "published")
-    saved = {step for step in published if isinstance(step, int)} & followed
+    saved = {step for step in published if _is_step(step)} & followed
     quiet_gaps = [gap for gap, quiet in gaps if quiet]
     if not saved or not quiet_gaps:
         return None
