@@ -1235,6 +1235,33 @@ def test_the_deployed_handler_reads_the_runs_deadline_plans_and_can_write_none(
     assert allowed("dynamodb:UpdateItem", handler_state_key("demo"))  # its state of the run
 
 
+def test_an_event_the_deployed_handler_cannot_take_reaches_its_dead_letter_queue(
+    local: Local,
+) -> None:
+    """The deployed handler sends an event it cannot take to its dead-letter queue as its
+    role, judged as IAM judges it (its grant names that queue alone): the event's id and what
+    is wrong with it arrive there, for on-call to read and redrive."""
+    event_id = f"malformed-{uuid.uuid4().hex[:8]}"
+    event = {"id": event_id, "source": "aws.ec2", "detail": {},
+             "detail-type": "EC2 Spot Instance Interruption Warning"}  # fmt: skip
+    answered = local.client("lambda").invoke(
+        FunctionName=local.outputs["handler_function"], Payload=json.dumps(event).encode()
+    )
+    assert "rejected" in json.loads(answered["Payload"].read()), "the handler took the event"
+    sqs, queue = local.client("sqs"), local.outputs["dead_letter_queue"]
+    deadline, found = time.monotonic() + 30, []
+    while not found and time.monotonic() < deadline:
+        batch = sqs.receive_message(QueueUrl=queue, WaitTimeSeconds=1, MaxNumberOfMessages=10,
+                                    MessageAttributeNames=["All"]).get("Messages", [])  # fmt: skip
+        found = [m for m in batch if json.loads(m["Body"])["id"] == event_id]
+    assert found, "no dead letter for the rejected event (see the local cloud's log)"
+    [letter] = found
+    reason = letter["MessageAttributes"]["reason"]["StringValue"]
+    assert reason and json.loads(letter["Body"])["reason"] == reason
+    assert json.loads(letter["Body"])["event"] == event
+    sqs.delete_message(QueueUrl=queue, ReceiptHandle=letter["ReceiptHandle"])
+
+
 def test_budget_alerts_at_every_threshold_to_topic_and_email(local: Local) -> None:
     budgets = local.client("budgets")
     budget = budgets.describe_budget(AccountId=ACCOUNT, BudgetName="spotrain-local-budget-monthly")

@@ -1274,6 +1274,28 @@ def test_a_roles_instance_tags_and_notices_are_judged_by_resource_tags_and_topic
     assert published == ["done", "AccessDenied"], published
 
 
+def test_a_roles_dead_letters_are_judged_by_the_queue_they_go_to(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """An assumed role's SQS sends are judged against the queue they name, by ARN, as the
+    handler's dead letters are: its own queue takes them, another queue refuses them, and so
+    does an action it was not granted."""
+    sqs = client(local_cloud, "sqs")
+    mine, theirs = (sqs.create_queue(QueueName=unique(n))["QueueUrl"] for n in ("dlq", "other"))
+    keys = session_of(local_cloud, [{
+        "Effect": "Allow", "Action": "sqs:SendMessage",
+        "Resource": f"arn:aws:sqs:{REGION}:{ACCOUNT}:{mine.rsplit('/', 1)[-1]}",
+    }])  # fmt: skip
+    handler = as_session(local_cloud, "sqs", keys)
+    assert [
+        answer(lambda: handler.send_message(QueueUrl=mine, MessageBody="rejected")),
+        answer(lambda: handler.send_message(QueueUrl=theirs, MessageBody="rejected")),
+        answer(lambda: handler.receive_message(QueueUrl=mine)),
+    ] == ["done", "AccessDenied", "AccessDenied"]
+    [sent] = sqs.receive_message(QueueUrl=mine)["Messages"]
+    assert sent["Body"] == "rejected"
+
+
 def test_a_function_keeps_a_warm_environment_between_invocations_as_lambda_does(
     local_cloud: control.RunningCloud,
 ) -> None:

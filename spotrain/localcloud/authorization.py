@@ -444,6 +444,9 @@ def install() -> None:
         elif service == "sns":
             topic = (_query_params(self._data).get("TopicArn") or ["*"])[0]
             requests = [(self._action, topic if action == "Publish" else "*", base)]
+        elif service == "sqs":
+            url = _sqs_queue_url(self._data, self._body)
+            requests = [(self._action, sqs_queue_arn(url, self._region), base)]
         elif service == "ssm":
             body = json.loads(self._body or b"{}")
             requests = [(ssm_action, parameter, base)
@@ -455,9 +458,10 @@ def install() -> None:
         for request_action, request_resource, context in requests:
             verdicts = {verdict(p, request_action, request_resource, context) for p in policies}
             if DENIED in verdicts or PERMITTED not in verdicts:
-                if service in ("dynamodb", "ssm", "logs"):  # JSON services: their own shape
+                if service in ("dynamodb", "ssm", "logs", "sqs"):  # JSON: their own shape
                     raise JsonRESTError(
-                        "AccessDeniedException",
+                        # SQS keeps its query protocol's code in JSON (awsQueryCompatible).
+                        "AccessDenied" if service == "sqs" else "AccessDeniedException",
                         f"User: {key.arn} is not authorized to perform: {request_action} on "
                         f"resource: {request_resource}",
                     )
@@ -477,12 +481,29 @@ def _query_params(data: Any) -> dict[str, list[str]]:
             for k, v in dict(data or {}).items()}  # fmt: skip
 
 
-ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling", "ssm", "logs", "ec2", "sns")
+ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling", "ssm", "logs", "ec2", "sns", "sqs")
 """What an assumed role's requests are judged for while the cloud serves everyone else as it
 does by default: the services whose resources and condition keys `install` models (moto names
-most other services' resources `*`, which no grant scoped to an ARN matches). Not yet: SQS (a
-failed invocation's dead letter), CloudWatch metrics (its namespace condition is in a CBOR
-body)."""
+most other services' resources `*`, which no grant scoped to an ARN matches). Not yet:
+CloudWatch metrics (its namespace condition is in a CBOR body)."""
+
+
+def _sqs_queue_url(data: Any, body: Any) -> str | None:
+    """The queue a request names: in its JSON body (boto3's protocol for SQS) or its query
+    parameters (the older one)."""
+    text = body.decode() if isinstance(body, bytes) else str(body or "")
+    if text.lstrip().startswith("{"):
+        return json.loads(text).get("QueueUrl")
+    return (_query_params(data).get("QueueUrl") or [None])[0]
+
+
+def sqs_queue_arn(queue_url: str | None, region: str) -> str:
+    """The ARN of the queue a request names by URL (`.../<account>/<name>`), as IAM judges
+    SQS's actions; `*` for one that names none (ListQueues)."""
+    if not queue_url:
+        return "*"
+    account, name = queue_url.rstrip("/").split("/")[-2:]
+    return f"arn:aws:sqs:{region}:{account}:{name}"
 
 
 def _install_assumed_roles_judged() -> None:
