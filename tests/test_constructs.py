@@ -619,6 +619,10 @@ def test_rules_match_the_two_ec2_events_and_retry_into_a_dead_letter_queue(synth
     assert (denied["effect"], denied["resources"]) == ("Deny", [arn])
 
 
+ACCOUNT = "123456789012"
+"""The local cloud's account (moto's default)."""
+
+
 def _upgrade_configurations(stack: dict[str, Any], endpoint: str) -> tuple[dict, dict, str]:
     """The handler stack's dead-letter queue as deployed before (a separate queue policy
     resource, imported) and now (its own policy, the stack's removed block), its other
@@ -629,13 +633,13 @@ def _upgrade_configurations(stack: dict[str, Any], endpoint: str) -> tuple[dict,
     for rule_id, rule in resources(stack, "aws_cloudwatch_event_rule").items():
         document = document.replace(
             f"${{aws_cloudwatch_event_rule.{rule_id}.arn}}",
-            f"arn:aws:events:us-east-1:123456789012:rule/{rule['name']}",
+            f"arn:aws:events:us-east-1:{ACCOUNT}:rule/{rule['name']}",
         )
     provider = {"region": "us-east-1", "skip_credentials_validation": True,
                 "skip_requesting_account_id": True, "skip_metadata_api_check": "true",
                 "endpoints": [{"sqs": endpoint, "sts": endpoint}]}  # fmt: skip
     kept = {k: v for k, v in queue.items() if k not in ("//", "kms_master_key_id", "policy")}
-    url = f"{endpoint}/123456789012/{queue['name']}"
+    url = f"{endpoint}/{ACCOUNT}/{queue['name']}"
     [removed] = stack["removed"]
     policy_id = removed["from"].split(".")[1]
     common = {
@@ -667,26 +671,6 @@ def _upgrade_configurations(stack: dict[str, Any], endpoint: str) -> tuple[dict,
     return before, after, queue["name"]
 
 
-def _rendered(configuration: dict[str, Any], account: str) -> str:
-    """The IAM policy JSON of the configuration's one policy document."""
-    [document] = configuration["data"]["aws_iam_policy_document"].values()
-    statements = [
-        {
-            "Sid": s["sid"],
-            "Effect": s["effect"],
-            "Principal": {p["type"]: p["identifiers"] for p in s["principals"]},
-            "Action": s["actions"],
-            "Resource": [
-                r.replace("${data.aws_caller_identity.Caller.account_id}", account)
-                for r in s["resources"]
-            ],
-            "Condition": {c["test"]: {c["variable"]: c["values"]} for c in s["condition"]},
-        }
-        for s in document["statement"]
-    ]
-    return json.dumps({"Version": "2012-10-17", "Statement": statements})
-
-
 @pytest.mark.integration
 def test_an_environment_deployed_with_a_separate_queue_policy_keeps_it_on_upgrade(
     synth_dir: Path, local_cloud: Any, tmp_path: Path
@@ -695,6 +679,7 @@ def test_an_environment_deployed_with_a_separate_queue_policy_keeps_it_on_upgrad
     set it. Without the stack's removed block, the upgrade's apply would not update the queue
     (its policy already matches) and would destroy the policy resource, deleting the policy:
     the queue would take anyone's messages over plain HTTP until a second apply."""
+    from spotrain.constructs.policy import policy_json
     from spotrain.localcloud import control
     from spotrain.tools import terraform
 
@@ -704,9 +689,12 @@ def test_an_environment_deployed_with_a_separate_queue_policy_keeps_it_on_upgrad
     env = terraform.terraform_env(terraform.write_cli_config(tmp_path), environment)
     # The queue as the separate resource left it, made here: the provider waits 26 s after
     # setting a queue's policy, and importing it into the old configuration changes nothing.
+    [document] = before["data"]["aws_iam_policy_document"].values()
+    statements = document["statement"]
     sqs = control.client("sqs", local_cloud.endpoint, "us-east-1")
     attributes = {"MessageRetentionPeriod": "1209600", "MaximumMessageSize": "262144",
-                  "Policy": _rendered(before, "123456789012")}  # fmt: skip
+                  "Policy": policy_json(json.loads(json.dumps(statements).replace(
+                      "${data.aws_caller_identity.Caller.account_id}", ACCOUNT)))}  # fmt: skip
     url = sqs.create_queue(QueueName=name, Attributes=attributes)["QueueUrl"]
     folder = tmp_path / "stack"
     folder.mkdir()
