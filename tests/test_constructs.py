@@ -1044,12 +1044,19 @@ def test_without_terraform_the_message_names_the_version_the_state_backend_needs
         terraform.run(tmp_path, ["version"], {"PATH": str(tmp_path)})
 
 
-@pytest.mark.parametrize("command", ["apply", "plan_has_changes", "destroy"])
+@pytest.mark.parametrize(
+    ("command", "answer", "named"),
+    [("apply", '{"terraform_version": "1.9.8", "platform": "linux_amd64"}', "1.9.8"),
+     ("plan_has_changes", '{"terraform_version": "1.9.8"}', "1.9.8"),
+     ("destroy", '{"terraform_version": "1.9.8"}', "1.9.8"),
+     ("apply", "Terraform v0.12.31", "Terraform v0.12.31")],
+)  # fmt: skip
 def test_a_terraform_too_old_for_the_stacks_is_refused_before_any_stack_is_touched(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, command: str, answer: str, named: str
 ) -> None:
     """Terraform 1.9 would fail at every stack's init (S3 state locking is 1.10's): deploy,
-    plan and destroy ask its version first and name the fix, having run nothing else."""
+    plan and destroy ask its version first and name the fix, having run nothing else. One
+    too old to answer in JSON (before 0.13) is refused alike."""
     import stat
 
     from spotrain.core.errors import TerraformError
@@ -1058,7 +1065,6 @@ def test_a_terraform_too_old_for_the_stacks_is_refused_before_any_stack_is_touch
     called = tmp_path / "called"
     fake = tmp_path / "bin" / "terraform"
     fake.parent.mkdir()
-    answer = json.dumps({"terraform_version": "1.9.8", "platform": "linux_amd64"})
     fake.write_text(f"#!/bin/sh\necho \"$@\" >> {called}\necho '{answer}'\n")
     fake.chmod(fake.stat().st_mode | stat.S_IEXEC)
     monkeypatch.setenv("PATH", f"{fake.parent}:{os.environ['PATH']}")
@@ -1066,7 +1072,7 @@ def test_a_terraform_too_old_for_the_stacks_is_refused_before_any_stack_is_touch
     with pytest.raises(TerraformError) as refused:
         getattr(deployment, command)()
     assert str(refused.value) == (
-        "Terraform 1.9.8 is too old for these stacks: install Terraform 1.10 or newer (the "
+        f"Terraform {named} is too old for these stacks: install Terraform 1.10 or newer (the "
         "state backend's S3 locking needs it), and try again"
     )
     assert called.read_text().splitlines() == ["version -json"]

@@ -108,8 +108,11 @@ def require_version(env: Mapping[str, str]) -> str:
     """The installed Terraform's version; TerraformError naming the fix if it is too old, asked
     before any stack is touched (an older one would fail at each stack's init)."""
     answer = run(Path.cwd(), ["version", "-json"], env, capture=True).stdout
-    version = str(json.loads(answer)["terraform_version"])
-    numbers = tuple(int(part) for part in version.split("-")[0].split(".")[:2])
+    try:
+        version = str(json.loads(answer)["terraform_version"])
+        numbers = tuple(int(part) for part in version.split("-")[0].split(".")[:2])
+    except (ValueError, KeyError, TypeError):  # before 0.13, `version` had no JSON form
+        version, numbers = answer.strip().splitlines()[0] if answer.strip() else "?", (0,)
     if numbers < MINIMUM_VERSION:
         raise TerraformError(
             f"Terraform {version} is too old for these stacks: {INSTALL_HINT}, and try again"
