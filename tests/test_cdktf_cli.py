@@ -34,8 +34,11 @@ def test_cdktf_cli_deploys_and_destroys_a_stack(
     (project / "cdktf.json").write_text(
         (ROOT / "cdktf.json").read_text().replace(".venv/bin/python", python)
     )
+    temporary = tmp_path / "tmp"  # the app's own: what a synth leaves behind shows there
+    temporary.mkdir()
     env = {**deployment.environment, "SPOTRAIN_LOCAL_ENDPOINT": local_cloud.endpoint, "CI": "1",
-           "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20"}  # fmt: skip
+           "JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION": "20",
+           "TMPDIR": str(temporary)}  # fmt: skip
     budgets = control.client("budgets", local_cloud.endpoint, config.primary_region)
 
     def cli(*args: str) -> None:
@@ -53,5 +56,7 @@ def test_cdktf_cli_deploys_and_destroys_a_stack(
     before = names()
     cli("deploy")
     assert names() - before == {"spotrain-local-budget-monthly"}
+    # The handlers' packages waited in the app's temporary folder for its synth, and went with it.
+    assert not list(temporary.glob("spotrain-lambda-*")), list(temporary.iterdir())
     cli("destroy", "--skip-synth")  # the app synthesized for the deploy, as the CLI allows
     assert names() == before - {"spotrain-local-budget-monthly"}

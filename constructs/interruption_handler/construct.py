@@ -14,6 +14,7 @@ the code does.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import json
@@ -81,6 +82,14 @@ def build_handler_zip() -> bytes:
             info.compress_type = zipfile.ZIP_DEFLATED
             archive.writestr(info, files[name], compresslevel=9)
     return buffer.getvalue()
+
+
+@functools.cache
+def _staging() -> tempfile.TemporaryDirectory[str]:
+    """Where the package waits for the app's synth, which copies it into each handler stack (the
+    asset is read then, not when the construct is made): one folder a process, removed when the
+    process ends, so that no synth leaves a package behind in the temporary folder."""
+    return tempfile.TemporaryDirectory(prefix="spotrain-lambda-")
 
 
 def rule_name(handler_name: str, rule_id: str) -> str:
@@ -288,7 +297,8 @@ class InterruptionHandler(Construct):
     def _function(self, props: InterruptionHandlerProps, role: Any, log_group: Any) -> Any:
         package = build_handler_zip()
         self.package_sha256 = hashlib.sha256(package).digest()
-        staging = Path(tempfile.mkdtemp(prefix="spotrain-lambda-")) / "interruption_handler.zip"
+        staging = Path(_staging().name) / self.package_sha256.hex() / "interruption_handler.zip"
+        staging.parent.mkdir(exist_ok=True)
         staging.write_bytes(package)
         asset = TerraformAsset(self, "Package", path=str(staging), type=AssetType.FILE)
         return aws.lambda_function.LambdaFunction(
