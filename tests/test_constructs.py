@@ -1091,6 +1091,38 @@ def test_terraform_runs_with_spotrains_garbage_collection_unless_the_user_set_th
     assert terraform.terraform_env(cli_config)["GOGC"] == "150"
 
 
+def test_a_stacks_resources_read_from_its_state_are_what_terraform_lists(tmp_path: Path) -> None:
+    """`Deployment.describe` reads a stack's state once (`state pull`) instead of running `state
+    list` and `output -json`: its addresses are Terraform's own, for every form an address
+    takes (data sources, counted and keyed instances, modules, a resource with none left)."""
+    import subprocess
+
+    from spotrain.tools import terraform
+
+    def resource(name: str, keys: list[object], **more: str) -> dict[str, object]:
+        instances = [{"schema_version": 0, "attributes": {"id": f"{name}{i}"},
+                      **({} if key is None else {"index_key": key})}
+                     for i, key in enumerate(keys)]  # fmt: skip
+        return {"mode": "managed", "type": "aws_sqs_queue", "name": name,
+                "provider": 'provider["registry.terraform.io/hashicorp/aws"]',
+                "instances": instances, **more}  # fmt: skip
+
+    state = {"version": 4, "terraform_version": "1.11.4", "serial": 1, "lineage": "l",
+             "outputs": {"url": {"value": "u", "type": "string"}},
+             "resources": [resource("plain", [None]), resource("counted", [0, 1, 10]),
+                           resource("keyed", ['a "quoted" key', "é", "back\\slash"]),
+                           resource("read", [None], mode="data", type="aws_region"),
+                           resource("inner", [None], module='module.m["k"]'),
+                           resource("gone", [])]}  # fmt: skip
+    (tmp_path / "s.tfstate").write_text(json.dumps(state))
+    listed = subprocess.run(
+        ["terraform", "state", "list", "-state=s.tfstate"], cwd=tmp_path, capture_output=True,
+        text=True, check=True,
+    ).stdout.splitlines()  # fmt: skip
+    assert len(listed) == 9
+    assert sorted(terraform.state_addresses(state)) == sorted(listed)
+
+
 def test_handler_props_name_a_name_too_long_for_lambda_or_iam_with_the_fix() -> None:
     from spotrain.constructs.interruption_handler.construct import InterruptionHandlerProps
     from spotrain.core.errors import SpotrainError

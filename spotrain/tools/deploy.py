@@ -239,11 +239,11 @@ class Deployment:
         each_when_ready(terraform.dependents(self._dependencies()), destroy_one, before=self.init)
 
     def describe(self, name: str) -> StackResult:
-        listed = self._tf(name, ["state", "list"], capture=True).stdout.split()
-        raw = json.loads(self._tf(name, ["output", "-json"], capture=True).stdout or "{}")
+        state = json.loads(self._tf(name, ["state", "pull"], capture=True).stdout or "{}")
+        raw = state.get("outputs", {})
         return StackResult(
             name=name,
-            resources=[r for r in listed if not r.startswith("data.")],
+            resources=[a for a in terraform.state_addresses(state) if not a.startswith("data.")],
             # cdktf's own cross-stack plumbing outputs are not for people.
             outputs={
                 key: value["value"]

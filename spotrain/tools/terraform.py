@@ -13,6 +13,7 @@ import os
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 from spotrain.core.errors import TerraformError
 
@@ -164,6 +165,27 @@ def run(
             f"`{' '.join(command)}` failed in {stack_dir.name} (exit {result.returncode}).{detail}"
         )
     return result
+
+
+def state_addresses(state: Mapping[str, Any]) -> list[str]:
+    """The addresses `terraform state list` prints for a state (`terraform state pull`'s JSON,
+    format 4), managed resources and data sources alike: one command reads a stack's resources
+    and outputs where `state list` and `output -json` took two."""
+    addresses = []
+    for resource in state.get("resources", []):
+        prefix = f"{resource['module']}." if resource.get("module") else ""
+        if resource["mode"] == "data":
+            prefix += "data."
+        base = f"{prefix}{resource['type']}.{resource['name']}"
+        for instance in resource.get("instances", []):
+            key = instance.get("index_key")
+            if key is None:
+                addresses.append(base)
+            elif isinstance(key, int):
+                addresses.append(f"{base}[{key}]")
+            else:
+                addresses.append(f"{base}[{json.dumps(key, ensure_ascii=False)}]")
+    return addresses
 
 
 def stack_dependencies(outdir: Path, selector: str | None = None) -> dict[str, frozenset[str]]:
