@@ -1758,6 +1758,43 @@ def test_a_warm_handler_makes_no_aws_client_again(
     assert made == []
 
 
+def test_the_handlers_clients_retry_in_standard_mode_within_its_timeout(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A call that keeps failing is tried 5 times in standard mode (`runtime/clients.py`), by
+    the function's own clients and its tables alike: its backoff stays within half the
+    function's 30 s timeout, where boto3's default tried DynamoDB 10 times (up to 25.6 s)."""
+    import time
+
+    from botocore.awsrequest import AWSResponse
+
+    for variable in ("AWS_MAX_ATTEMPTS", "AWS_RETRY_MODE"):
+        monkeypatch.delenv(variable, raising=False)
+    for variable, value in (("AWS_DEFAULT_REGION", "us-east-1"), ("AWS_ACCESS_KEY_ID", "test"),
+                            ("AWS_SECRET_ACCESS_KEY", "test")):  # fmt: skip
+        monkeypatch.setenv(variable, value)  # the function's own; no request leaves the test
+    monkeypatch.setattr(time, "sleep", lambda _seconds: None)  # the backoff, not the tries
+    runtime_clients.forget()
+    tried: list[str] = []
+
+    def unavailable(request: Any, **_: Any) -> AWSResponse:
+        tried.append(request.url)
+        response = AWSResponse(request.url, 503, {}, None)
+        response._content = b""
+        return response
+
+    events = runtime_clients.dynamodb().Table("events")
+    groups = runtime_clients.client("autoscaling", "us-west-2")
+    for made, call in ((events.meta.client, lambda: events.get_item(Key={"pk": "x", "sk": "y"})),
+                       (groups, groups.describe_auto_scaling_groups)):  # fmt: skip
+        made.meta.events.register("before-send", unavailable)
+        tried.clear()
+        with pytest.raises(Exception, match="reached max retries: 4"):
+            call()
+        assert len(tried) == runtime_clients.ATTEMPTS == 5
+    runtime_clients.forget()
+
+
 def test_the_handlers_settings_own_their_environment_variables() -> None:
     """The construct writes the function's environment from the settings and the handler reads
     it back with them: each variable named once, the defaults filled in, a missing or

@@ -17,32 +17,42 @@ DEFAULT_MAX_ATTEMPTS = 6
 """Tries of each AWS request (botocore standard retry mode) unless AWS_MAX_ATTEMPTS says."""
 
 
-def retry_config(connections: int | None = None) -> Any:
+def retry_config(connections: int | None = None, attempts: int = DEFAULT_MAX_ATTEMPTS) -> Any:
     """The botocore configuration every client here is made with (AWS_RETRY_MODE and
     AWS_MAX_ATTEMPTS, where set, as botocore reads them); `connections`: its pool's size, for
-    a client that has more requests in flight than botocore's default 10."""
+    a client that has more requests in flight than botocore's default 10; `attempts`: the tries
+    of a request, for a caller with a deadline of its own (the interruption handler's)."""
     from botocore.config import Config
 
     retries: dict[str, Any] = {"mode": os.environ.get("AWS_RETRY_MODE", "standard")}
     if "AWS_MAX_ATTEMPTS" not in os.environ:
-        retries["total_max_attempts"] = DEFAULT_MAX_ATTEMPTS
+        retries["total_max_attempts"] = attempts
     pool = {"max_pool_connections": connections} if connections else {}
     return Config(retries=retries, **pool)
 
 
-def client(service: str, region: str | None = None, *, connections: int | None = None) -> Any:
+def client(
+    service: str,
+    region: str | None = None,
+    *,
+    connections: int | None = None,
+    attempts: int = DEFAULT_MAX_ATTEMPTS,
+) -> Any:
     """`service`'s boto3 client in `region` (None: the environment's), with a pool of
-    `connections` (None: botocore's 10)."""
+    `connections` (None: botocore's 10), trying each request `attempts` times."""
     import boto3
 
-    return boto3.client(service, region_name=region, config=retry_config(connections))
+    return boto3.client(service, region_name=region, config=retry_config(connections, attempts))
 
 
-def resource(service: str, region: str | None = None) -> Any:
-    """`service`'s boto3 resource (DynamoDB's tables) in `region` (None: the environment's)."""
+def resource(
+    service: str, region: str | None = None, *, attempts: int = DEFAULT_MAX_ATTEMPTS
+) -> Any:
+    """`service`'s boto3 resource (DynamoDB's tables) in `region` (None: the environment's),
+    trying each request `attempts` times."""
     import boto3
 
-    return boto3.resource(service, region_name=region, config=retry_config())
+    return boto3.resource(service, region_name=region, config=retry_config(attempts=attempts))
 
 
 def probe(service: str, region: str) -> Any:

@@ -4,7 +4,14 @@ resolving its endpoint and credentials) cost more CPU than the calls a check mak
 
 An environment serves one invocation at a time, so no lock is needed; its settings (region,
 credentials, endpoint) do not change while it lives. Tests that change them between
-invocations in one process call `forget` first."""
+invocations in one process call `forget` first.
+
+They retry in botocore's standard mode, as every other spotrain client does
+(`aws_clients.retry_config`), but try a request 5 times, not 6: standard mode's backoff before
+a sixth could reach 31 s, past the function's 30 s timeout, and before a fifth at most 15 s.
+boto3's default (legacy mode: 10 tries for DynamoDB, up to 25.6 s of backoff) left a check
+that met one failing call no time for the rest. An invocation that fails all the same is
+retried by Lambda and then lands in the dead-letter queue."""
 
 from __future__ import annotations
 
@@ -16,11 +23,15 @@ import boto3
 
 from spotrain.core import aws_clients
 
+ATTEMPTS = 5
+"""Tries of each of the handler's requests: standard mode's backoff before the last stays within
+15 s, half the function's timeout."""
+
 
 @functools.cache
 def client(service: str, region: str | None = None) -> Any:
     """`service`'s client in `region` (None: the function's own region)."""
-    return boto3.client(service, region_name=region)
+    return aws_clients.client(service, region, attempts=ATTEMPTS)
 
 
 def by_region(service: str) -> Callable[[str], Any]:
@@ -38,7 +49,7 @@ def probe(service: str, region: str) -> Any:
 @functools.cache
 def dynamodb() -> Any:
     """DynamoDB's resource in the function's region (its tables: events and catalog)."""
-    return boto3.resource("dynamodb")
+    return aws_clients.resource("dynamodb", attempts=ATTEMPTS)
 
 
 @functools.cache
