@@ -337,7 +337,7 @@ def test_simulate_names_every_problem_of_its_flags_and_files_at_once(
         "gone.json cannot be read",
         "data[1] is 'x'",
         "past.json cannot be read",
-        "give --deadline-hours" if across else "--history is what the Markov candidate",
+        "give --deadline-hours" if across else "--history is what the Markov policy",
     ]
     assert all(s in error for s in said), error
     assert error.count("write it as") == 1, error
@@ -377,7 +377,7 @@ def test_simulate_prints_each_strategy_as_json_from_public_format_traces(
     )
     assert code == 0
     document = json.loads(capsys.readouterr().out.split("\nfigure:")[0])
-    # With a deadline the Markov candidate is replayed beside them, never recommended.
+    # With a deadline Markov is replayed beside them (without history, never recommended).
     assert set(document["strategies"]) == {*simulation.STRATEGIES, simulation.MARKOV}
     # It recommends as `cost plan` does: the cheapest that meets the deadline often enough.
     summaries = [simulation.Summary(**found["summary"])

@@ -44,13 +44,13 @@ def _traces(
 
 def _history_problems(args: argparse.Namespace) -> list[str]:
     """What is wrong with `--history` for a replay in one region (one trace of the market's
-    past: the Markov candidate's means, which plans to a deadline)."""
+    past: the Markov policy's means, which plans to a deadline)."""
     problems = []
     if args.history and len(args.history) != 1:
         problems.append(f"--history is given {len(args.history)} times: give one trace of the "
                         "market's past (one per region with --across-regions)")  # fmt: skip
     if args.history and not args.deadline_hours:
-        problems.append("--history is what the Markov candidate plans with, and it plans to a "
+        problems.append("--history is what the Markov policy plans with, and it plans to a "
                         "deadline: give --deadline-hours, or leave out --history")  # fmt: skip
     return problems
 
@@ -60,7 +60,7 @@ class _Inputs:
     job: simulation.Job
     sampled: list[traces.Trace]
     history: list[traces.Trace] | None
-    """What the environment saw of the market before (`--history`): the Markov candidate's
+    """What the environment saw of the market before (`--history`): the Markov policy's
     means; one trace per region across regions."""
 
 
@@ -122,7 +122,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.across_regions:
         return simulate_regions.cmd_across(args, given.job, given.sampled, given.history)
     figure_path(args.plot)
-    # The candidate too where a deadline is given (shown, never recommended: `recommend`).
+    # Markov too where a deadline is given (recommended only on history: `planner.recommend`).
     strategies = simulation.STRATEGIES + ((simulation.MARKOV,) if args.deadline_hours else ())
     history = given.history[:1] * len(given.sampled) if given.history else None
     results = simulation.replay(
@@ -157,7 +157,9 @@ def _document(
         }  # fmt: skip
 
     summaries = [simulation.summarise(outcomes) for outcomes in results.values()]
-    recommended, why = planner.recommend(summaries, has_deadline=bool(args.deadline_hours))
+    recommended, why = planner.recommend(
+        summaries, has_deadline=bool(args.deadline_hours), plannable=bool(args.history)
+    )
     return {
         "recommended": {"strategy": recommended, "why": why},
         "traces": [
@@ -193,11 +195,13 @@ def _say_results(
         f"{args.nodes} machine(s)"
         + (f", deadline {args.deadline_hours:g} h" if args.deadline_hours else "")
     )
-    recommended, why = planner.recommend(summaries, has_deadline=bool(args.deadline_hours))
+    recommended, why = planner.recommend(
+        summaries, has_deadline=bool(args.deadline_hours), plannable=bool(args.history)
+    )
     say(report.table(summaries, recommended=recommended))
     for note in _window_notes(summaries, args.wrap):
         say(note)
-    say(f"\nrecommended: {recommended}: {why} (over these traces)")
+    say(f"\nrecommended over these traces: {recommended}: {why}")
 
 
 def _figure(args: argparse.Namespace, sampled: list[traces.Trace]) -> None:

@@ -28,7 +28,7 @@ def add_flags(command: argparse.ArgumentParser) -> None:
         action="append",
         metavar="FILE",
         help="what the environment saw before the runs (a trace, or with --across-regions one "
-        "per region, home first): the Markov candidate's means; without, it learns them from "
+        "per region, home first): the Markov policy's means; without, it learns them from "
         "each run's checks",
     )
 

@@ -12,7 +12,7 @@ Strategies:
   changeovers (the move's and the net's margin); else wait; the deadline's safety net as
   every policy's.
 - `outage-fill`: the handler's policy across regions (`spotrain.core.outage_fill.across`).
-- `markov`: the candidate that plans against a model of each region's market
+- `markov`: the policy that plans against a model of each region's market
   (`spotrain.cost.markov_policy`), its means from `history` (what the environment saw of its
   regions before the run) or, without, from the run's own checks.
 """

@@ -196,11 +196,26 @@ def plan(inputs: PlanInputs) -> Plan:
     )
 
 
-def recommend(summaries: Sequence[Summary], *, has_deadline: bool) -> tuple[str, str]:
+def recommend(
+    summaries: Sequence[Summary], *, has_deadline: bool, plannable: bool = False
+) -> tuple[str, str]:
     """The cheapest strategy that meets the deadline often enough (or at all, without one),
-    among those the blueprint runs (a candidate replayed beside them, `simulation.MARKOV`, is
-    shown, never recommended)."""
-    summaries = [s for s in summaries if s.strategy in simulation.STRATEGIES] or list(summaries)
+    among those the handler runs. `simulation.MARKOV` is one of them only when `plannable`: it
+    was replayed on what the environment saw before the run, as `run deadline-plan` plans it
+    (learning from scratch, as it does without that history, the handler never decides); then
+    the reason says how to have the handler run it."""
+    runs = simulation.STRATEGIES + ((simulation.MARKOV,) if plannable else ())
+    summaries = [s for s in summaries if s.strategy in runs] or list(summaries)
+    strategy, why = _cheapest_safe(summaries, has_deadline)
+    if strategy == simulation.MARKOV:
+        why += (
+            "; the handler runs it once the run is planned with that history: `spotrain run "
+            "deadline-plan ENV RUN --spot-history FILE...`"
+        )
+    return strategy, why
+
+
+def _cheapest_safe(summaries: Sequence[Summary], has_deadline: bool) -> tuple[str, str]:
     if not has_deadline:
         finishing = [s for s in summaries if math.isfinite(s.mean_finish_h)] or list(summaries)
         best = min(finishing, key=lambda s: s.mean_cost)

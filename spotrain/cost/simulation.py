@@ -47,8 +47,9 @@ UNIFORM_PROGRESS = "uniform-progress"
 OUTAGE_FILL = "outage-fill"
 STRATEGIES = (ON_DEMAND_ONLY, SPOT_GREEDY, BLUEPRINT_MIX, UNIFORM_PROGRESS, OUTAGE_FILL)
 MARKOV = "markov"
-"""The candidate policy (`spotrain.cost.markov_policy`), in one region: replayed when named
-(a job with a deadline), not among every strategy's."""
+"""The policy the handler runs for a run given a plan (`spotrain.cost.markov_policy`), in one
+region: replayed when named (a job with a deadline), not among every strategy's, as it needs
+what the environment saw before the run to be planned."""
 MAX_HOURS = 10_000
 """The longest work or deadline simulated (over a year): a replay walks every tick of it."""
 DEFAULT_FALLBACK_AFTER_H = handler_settings.ON_DEMAND_DEADLINE_MINUTES / 60
@@ -226,7 +227,7 @@ def _fixed_fallback(after_ms: int, tick_ms: int) -> Decide:
 
 
 def _markov(job: Job, known: RegionRates | None) -> Decide:
-    """The candidate, its region's means `known` (what the environment saw before the run) or
+    """The Markov policy, its region's means `known` (what the environment saw before the run) or
     learned from the run's own checks."""
     from spotrain.cost import markov_policy  # numpy: the `cost` extra
 
