@@ -39,16 +39,52 @@ def _env(tmp_path: Path, run: str) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory: pytest.TempPathFactory) -> dict[int, dict[str, Any]]:
-    """The same script run to its end, here: bit-for-bit comparisons hold on one machine (the
-    goldens in training.py are this machine kind's)."""
+def reference_run(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[dict[int, dict[str, Any]], Path]:
+    """The same script run to its end, here (bit-for-bit comparisons hold on one machine: the
+    goldens in training.py are this machine kind's): each step's line, and its metrics file."""
     tmp_path = tmp_path_factory.mktemp("uninterrupted")
-    done = subprocess.run(_command(), capture_output=True, text=True, timeout=300,
-                          env=_env(tmp_path, "reference"))  # fmt: skip
+    metrics = tmp_path / "metrics.jsonl"
+    done = subprocess.run(_command("--metrics-file", str(metrics)), capture_output=True,
+                          text=True, timeout=300, env=_env(tmp_path, "reference"))  # fmt: skip
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     steps = script_steps(done.stdout)
     assert sorted(steps) == list(range(1, STEPS + 1))
-    return steps
+    return steps, metrics
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(
+    reference_run: tuple[dict[int, dict[str, Any]], Path],
+) -> dict[int, dict[str, Any]]:
+    return reference_run[0]
+
+
+@pytest.mark.integration
+def test_a_users_loop_writes_the_metrics_file_cost_plan_plans_with(
+    reference_run: tuple[dict[int, dict[str, Any]], Path],
+) -> None:
+    """Given `metrics_file`, the Checkpointer writes the trainer's lines for a loop of the
+    user's own: every step's end and whether a publish was in flight as it began, and every
+    checkpoint's event, from which `cost plan --metrics` has a checkpoint's whole cost to
+    training, not only its stall."""
+    import json
+
+    from spotrain.cost import planner
+
+    lines = [json.loads(line) for line in reference_run[1].read_text().splitlines()]
+    steps = [line for line in lines if "event" not in line]
+    assert [line["step"] for line in steps] == list(range(1, STEPS + 1))
+    assert all({"loss", "step_s", "publishing", "at"} <= set(line) for line in steps)
+    assert [line["at"] for line in steps] == sorted(line["at"] for line in steps)
+    events = [(line["event"], line.get("step")) for line in lines if "event" in line]
+    assert events == [("started", 0), *(("published", s) for s in (5, 10, 15, 20, STEPS))]
+    found = planner.measured(str(reference_run[1]))
+    assert (found.steps, found.checkpoints) == (STEPS, 5)
+    assert found.step_s is not None and found.checkpoint_bytes
+    whole = planner.checkpoint_training_cost(lines)  # None without the steps' lines
+    assert whole is not None and found.checkpoint_s is not None and found.checkpoint_s >= whole
 
 
 @pytest.mark.integration

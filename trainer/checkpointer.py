@@ -57,6 +57,7 @@ from spotrain.core.errors import SpotrainError, raise_if_problems
 from spotrain.core.manifest import Manifest, Shard
 from spotrain.trainer import checkpoint_store, failpoints, local_tier, membership, restore_policy
 from spotrain.trainer.catalog import open_catalog
+from spotrain.trainer.metrics_file import MetricsFile
 from spotrain.trainer.preemption import Agreement, PreemptionFlag
 from spotrain.trainer.process import (
     OnEvent,
@@ -197,6 +198,10 @@ class Checkpointer(RunCheckpoints):
         interruption notices and rebalance recommendations (on EC2 http://169.254.169.254).
     on_event(kind, **fields): called on rank 0 for "restored" (seconds to choose, fetch and
         verify; seconds DeepSpeed took to load), "published", "light" and "stopped".
+    metrics_file: where rank 0 appends a JSON line for every step `after_step` is told of and
+        every such event, as the trainer's own metrics file (`metrics_file.MetricsFile`):
+        what `spotrain cost plan --metrics` reads to plan the run's checkpoint interval with a
+        checkpoint's whole cost to training. None: no file.
     lease_owner, say: who takes the run's lease; where progress lines go (default: stdout).
     """
 
@@ -219,6 +224,7 @@ class Checkpointer(RunCheckpoints):
         spot_notice_endpoint: str | None = None,
         spot_notice_poll_seconds: float = 5.0,
         on_event: OnEvent | None = None,
+        metrics_file: str | None = None,
         lease_owner: str | None = None,
         say: Say | None = None,
     ) -> None:
@@ -257,7 +263,11 @@ class Checkpointer(RunCheckpoints):
                          catalog=open_catalog(storage, run, table=catalog_table),
                          lease_owner=lease_owner)  # fmt: skip
         self._notice_endpoint, self._notice_poll = spot_notice_endpoint, spot_notice_poll_seconds
-        self._on_event = on_event or (lambda kind, **fields: None)
+        self._metrics_path, self._metrics = metrics_file, MetricsFile(None)
+        self._told = on_event or (lambda kind, **fields: None)
+        self._step_began, self._began_publishing = time.perf_counter(), False
+        """When the step `after_step` is told of next began, and whether a publish was in
+        flight then: its line in the metrics file."""
         self._place: Place | None = None
         self._engine: Any = None
         self._snapshots: Any = None
@@ -284,6 +294,11 @@ class Checkpointer(RunCheckpoints):
         self._step_losses: list[tuple[int, float]] = []
         """The loss the loop gave with each step since the last checkpoint started."""
         self._state: dict[str, Any] = {}
+
+    def _on_event(self, kind: str, **fields: Any) -> None:
+        """An event on rank 0: into the metrics file, and to the script's `on_event`."""
+        self._metrics.event(kind, **fields)
+        self._told(kind, **fields)
 
     @property
     def place(self) -> Place:
@@ -347,10 +362,14 @@ class Checkpointer(RunCheckpoints):
             self._say(f"resumed {self.run} at step {start}"
                       + (" (light checkpoint)" if restored.from_light else ""))  # fmt: skip
             self.status = f"resumed from {self.parent}"
-            if place.rank == 0:
+        if place.rank == 0:
+            self._metrics = MetricsFile(self._metrics_path)
+            if restored is not None:
                 self._on_event("restored", step=start, light=restored.from_light,
                                fetch_s=fetched - began, load_s=loaded - fetched)  # fmt: skip
+            self._metrics.event("started", step=start, world=place.world)
         self._warm_up()
+        self._step_began, self._began_publishing = time.perf_counter(), self.uploading_here
         self.preemption.install()
         if self._notice_endpoint and place.leader:
             from spotrain.trainer.spot_notice import SpotNoticeWatcher
@@ -487,6 +506,15 @@ class Checkpointer(RunCheckpoints):
         Publishes the checkpoint in flight once every rank finished uploading it, takes the
         checkpoints that are due, and returns True when the run must stop (SIGTERM or a spot
         notice on any machine): its checkpoint of `step` is then published."""
+        known = {} if loss is None or not math.isfinite(loss) else {"loss": float(loss)}
+        self._metrics.step(step, step_s=time.perf_counter() - self._step_began,
+                           publishing=self._began_publishing, **known)  # fmt: skip
+        try:
+            return self._after_step(step, last=last, loss=loss)
+        finally:  # the next step begins: what its line says it began beside
+            self._step_began, self._began_publishing = time.perf_counter(), self.uploading_here
+
+    def _after_step(self, step: int, *, last: bool, loss: float | None) -> bool:
         self.last_step = step
         held = failpoints.hold(lambda: self.preemption.reason is not None)
         if held is not None and self.place.rank == 0:
@@ -550,6 +578,7 @@ class Checkpointer(RunCheckpoints):
 
     def abandon(self) -> None:
         """Stop watching and working without publishing (the loop failed)."""
+        self._metrics.close()
         if self._watcher is not None:
             self._watcher.stop()
             self._watcher = None

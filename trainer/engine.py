@@ -10,7 +10,6 @@ same random state, so its losses equal an uninterrupted run's.
 
 from __future__ import annotations
 
-import json
 import math
 import random
 import time
@@ -30,6 +29,7 @@ from spotrain.trainer.config import TrainConfig
 from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
 from spotrain.trainer.deepspeed_loader import load_deepspeed
 from spotrain.trainer.membership import Stop
+from spotrain.trainer.metrics_file import MetricsFile
 from spotrain.trainer.model import GPT
 from spotrain.trainer.process import Place, init_distributed, say
 from spotrain.trainer.restore_policy import ConfigChanged, refuse_changed_definition
@@ -257,33 +257,23 @@ def train(config: TrainConfig) -> TrainResult:
 
 
 class _Progress:
-    """Rank 0's terminal lines and metrics file (one JSON line per step and per checkpoint
-    event; line-buffered, so a killed run leaves every line it finished)."""
+    """Rank 0's terminal lines and metrics file (`metrics_file.MetricsFile`)."""
 
     def __init__(self, config: TrainConfig, place: Place) -> None:
         self.config, self.active = config, place.rank == 0
-        self._metrics = (
-            open(config.metrics_file, "a", buffering=1)  # noqa: SIM115 (open for the run)
-            if self.active and config.metrics_file
-            else None
-        )
-
-    def _record(self, fields: dict[str, Any]) -> None:
-        if self._metrics is not None:
-            self._metrics.write(json.dumps(fields) + "\n")
+        self._metrics = MetricsFile(config.metrics_file if self.active else None)
 
     def event(self, kind: str, **fields: Any) -> None:
-        self._record({"event": kind, "at": time.time(), **fields})
+        self._metrics.event(kind, **fields)
 
     def step(self, done: int, loss: float, tokens: int, step_s: float, checkpoint: str,
              publishing: bool) -> None:  # fmt: skip
         tokens_per_s = tokens / step_s
-        self._record({"step": done, "loss": loss, "tokens_per_s": tokens_per_s, "step_s": step_s,
-                      "publishing": publishing, "at": time.time()})  # fmt: skip
+        self._metrics.step(done, loss=loss, tokens_per_s=tokens_per_s, step_s=step_s,
+                           publishing=publishing)  # fmt: skip
         if self.active and (done % self.config.log_every == 0 or done == self.config.steps):
             say(f"step {done}/{self.config.steps}  loss {loss:.4f}  {tokens_per_s:,.0f} tok/s  "
                  f"checkpoint: {checkpoint}")  # fmt: skip
 
     def close(self) -> None:
-        if self._metrics is not None:
-            self._metrics.close()
+        self._metrics.close()
