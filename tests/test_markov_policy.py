@@ -59,7 +59,12 @@ def expectimax(rates: list[RegionRates], prices: Prices, *, tick_h: float, ticks
 
     def run(left: int, w: int, spot: tuple[bool, ...], region: int, mode: str, k: int,
             extra: float) -> float:  # fmt: skip
-        price = prices.spot_per_hour if mode == SPOT else prices.on_demand_per_hour
+        spot_price, on_demand_price = (
+            prices.regional[region]
+            if prices.regional
+            else (prices.spot_per_hour, prices.on_demand_per_hour)
+        )
+        price = spot_price if mode == SPOT else on_demand_price
         if k > 0:
             return price * tick_h + after(left, w, spot, region, mode, k - 1, extra)
         return price * tick_h + after(left, w - 1, spot, region, mode, 0, extra)
@@ -89,6 +94,9 @@ def test_the_programme_equals_an_expectimax_over_the_same_model(seed: int) -> No
              for _ in range(regions)]  # fmt: skip
     prices = Prices(spot_per_hour=1.0, on_demand_per_hour=rng.choice([2.0, 3.0]),
                     move_usd=rng.choice([0.0, 0.2, 1.0]))  # fmt: skip
+    if seed % 2:  # each region at prices of its own
+        own = tuple((rng.choice([0.6, 1.0, 1.4]), rng.choice([2.0, 3.0])) for _ in rates)
+        prices = replace(prices, regional=own)
     tick_h, ticks, work, changeover = 0.5, rng.choice([5, 6, 7]), rng.choice([2, 3]), rng.choice(
         [0, 1])  # fmt: skip
     plan = Plan(rates, prices, tick_h=tick_h, ticks=ticks, work=work, changeover=changeover)
@@ -122,6 +130,34 @@ def test_each_decision_says_why_and_a_dear_move_is_not_taken() -> None:
     assert (start.region, start.mode) == (1, SPOT), start.reason
     here = dear.decide(_progress(), region=0, current=IDLE, spot_available=[True, True])
     assert (here.region, here.mode) == (0, SPOT), here.reason
+
+
+def test_between_regions_alike_but_for_their_prices_it_trains_where_spot_is_cheaper() -> None:
+    """Each region at its own prices (`run deadline-plan` takes them from the price book): of
+    two regions whose spot comes and goes alike, both with spot now, a run starts where it
+    costs less, home or not; at one price it stays home."""
+    known = [RegionRates(4.0, 1.0), RegionRates(4.0, 1.0)]
+    for regional, where in ((((1.0, 3.0), (0.6, 3.0)), 1), (((0.6, 3.0), (1.0, 3.0)), 0),
+                            ((), 0)):  # fmt: skip
+        policy = markov_policy.MarkovPolicy(2, Prices(1.0, 3.0, 0.0, regional=regional),
+                                            known=known)  # fmt: skip
+        start = policy.decide(_progress(), region=None, current=IDLE, spot_available=[True, True])
+        assert (start.region, start.mode) == (where, SPOT), (regional, start.reason)
+        assert policy.header is not None and policy.header.regional_prices == regional
+
+
+def test_a_plan_stored_before_regions_had_prices_of_their_own_reads_back_at_homes() -> None:
+    """A header as the events table holds it: one written before `regional_prices` reads back
+    with none (each region at home's prices, as it was solved), one written now with its own."""
+    from spotrain.core import deadline_plan
+
+    plan = Plan([RegionRates(4.0, 1.0)] * 2, Prices(1.0, 3.0, 0.0, regional=((1.0, 3.0),
+                (0.7, 2.5))), tick_h=0.5, ticks=4, work=2, changeover=1)  # fmt: skip
+    header = plan.header(("us-east-1", "us-west-2"))
+    assert deadline_plan.Header.from_json(header.to_json()) == header
+    older = json.loads(header.to_json())
+    del older["regional_prices"]
+    assert deadline_plan.Header.from_json(json.dumps(older)).regional_prices == ()
 
 
 def test_out_of_slack_it_takes_on_demand_to_the_end() -> None:
@@ -420,6 +456,12 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
         assert header.spot_per_hour == pytest.approx(pool.spot_price * run.desired_size)
         assert header.on_demand_per_hour == pytest.approx(
             (pool.on_demand.usd_per_hour or 0) * run.desired_size)  # fmt: skip
+        # Each region at its own prices (spot differs between these two by a few percent).
+        book = [prices.load().pool(run.instance_types[0], r) for r in regions]
+        stored = [price for region in header.regional_prices for price in region]
+        listed = [price for p in book for price in (p.spot_price, p.on_demand.usd_per_hour)]
+        assert stored == pytest.approx([price * run.desired_size for price in listed])
+        assert book[0].spot_price != book[1].spot_price
         progress = Progress(elapsed_h=1.0, deadline_h=16.0, work_h=10.0, done_h=0.5,
                             changeover_h=0.25, decision_interval_h=5 / 60)  # fmt: skip
         part = deadline_plan.read_part(table, run.name, header,
@@ -469,8 +511,10 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
             SpotrainError,
             match=r"no usable price of p5en\.48xlarge in "
             r"us-east-1 .*on-demand \$0 an hour\): run `spotrain prices refresh",
-        ):
+        ) as refused:
             run_plan.solve_and_store(where, run, both)  # fmt: skip
+        assert "the deadline plan has 2 problem(s)" in str(refused.value)  # every region's
+        assert "refresh --instance-type p5en.48xlarge --region us-west-2" in str(refused.value)
     assert cli.main(["run", "list", "local", "--spot-seen-by", "earlier"]) == 2
     assert "--spot-history and --spot-seen-by go with `spotrain run deadline-plan`" in (
         capsys.readouterr().err)  # fmt: skip

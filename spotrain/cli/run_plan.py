@@ -16,11 +16,11 @@ import dataclasses
 import math
 import time
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from spotrain.cli.arguments import raise_all
 from spotrain.cli.output import say
-from spotrain.core.errors import SpotrainError
 
 MAX_PLAN_STATES = 250_000_000
 """The most states a plan may hold (a byte each raw, about 1% of that compressed; a solve of
@@ -98,25 +98,42 @@ def means(where: Any, run: Any, history: list[str], seen_by: list[str]) -> Means
                  f"from {days:.0f} days of history")  # fmt: skip
 
 
+def _regions_prices(run: Any, regions: Sequence[str]) -> tuple[tuple[float, float], ...]:
+    """The run's gang's spot and on-demand price an hour in each region (the price book's:
+    spot differs from region to region, and the plan weighs where to train by it); every
+    region without a usable price named at once, with the refresh that gives it."""
+    from spotrain.core import prices
+    from spotrain.core.errors import CostInputError
+
+    book, kind = prices.load(), run.instance_types[0]
+    found, problems = [], []
+    for region in regions:
+        try:
+            pool = book.pool(kind, region, otherwise="refresh the price book")
+        except CostInputError as missing:
+            problems.append(str(missing))
+            continue
+        spot, on_demand = pool.spot_price, pool.on_demand.usd_per_hour or 0.0
+        if spot <= 0 or on_demand <= 0:  # a plan would take the unpriced market as free
+            problems.append(f"the price book has no usable price of {kind} in {region} (spot "
+                            f"${spot:g}, on-demand ${on_demand:g} an hour): run `spotrain prices "
+                            f"refresh --instance-type {kind} --region {region}`")  # fmt: skip
+        found.append((spot * run.desired_size, on_demand * run.desired_size))
+    raise_all(problems, "the deadline plan")
+    return tuple(found)
+
+
 def solve_and_store(where: Any, run: Any, given: Means) -> str:
     """Solve the run's plan with the means `given` and store it in the environment's events
     table; what was stored, in a sentence."""
-    from spotrain.core import deadline_plan, prices
+    from spotrain.core import deadline_plan
     from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
     from spotrain.cost import markov_policy
 
     regions = where.regions or (where.region,)
     deadline = run.deadline
-    book = prices.load()
-    kind = run.instance_types[0]
-    pool = book.pool(kind, regions[0], otherwise="refresh the price book")
-    spot, on_demand = pool.spot_price, pool.on_demand.usd_per_hour or 0.0
-    if spot <= 0 or on_demand <= 0:  # a plan would take the unpriced market as free
-        raise SpotrainError(f"the price book has no usable price of {kind} in {regions[0]} (spot "
-                            f"${spot:g}, on-demand ${on_demand:g} an hour): run `spotrain prices "
-                            f"refresh --instance-type {kind} --region {regions[0]}`")  # fmt: skip
-    gang = markov_policy.Prices(spot * run.desired_size, on_demand * run.desired_size,
-                                move_usd=0.0)  # fmt: skip
+    regional = _regions_prices(run, regions)
+    gang = markov_policy.Prices(*regional[0], move_usd=0.0, regional=regional)
     tick = plan_tick_minutes(CAPACITY_CHECK_MINUTES, deadline.deadline_h, len(regions),
                              deadline.changeover_minutes)  # fmt: skip
     ticks = max(1, math.floor(deadline.deadline_h * 60 / tick))

@@ -83,7 +83,7 @@ class Header:
     """Per region, the mean spell and the mean outage of spot the plan assumed (hours)."""
     spot_per_hour: float
     on_demand_per_hour: float
-    """What an hour of the run's gang costs on each market (USD)."""
+    """What an hour of the run's gang costs on each market (USD), at home."""
     move_usd: float
     tick_h: float
     ticks: int
@@ -101,6 +101,9 @@ class Header:
     is not decided by it."""
     parts: tuple[int, ...] = ()
     """The first tick of each stored part, in order."""
+    regional_prices: tuple[tuple[float, float], ...] = ()
+    """Per region, the spot and on-demand price an hour it was solved with (empty: every region
+    at home's, as plans stored before regions' prices were told apart)."""
 
     @property
     def states(self) -> int:
@@ -120,8 +123,10 @@ class Header:
     @classmethod
     def from_json(cls, text: str) -> Header:
         d = json.loads(text)
+        regional = tuple(tuple(p) for p in d.get("regional_prices", ()))  # none before
         return cls(**{**d, "regions": tuple(d["regions"]), "parts": tuple(d["parts"]),
-                      "means": tuple(tuple(m) for m in d["means"])})  # fmt: skip
+                      "means": tuple(tuple(m) for m in d["means"]),
+                      "regional_prices": regional})  # fmt: skip
 
 
 class Slices(Protocol):

@@ -90,11 +90,23 @@ class Prices:
     spot_per_hour: float
     on_demand_per_hour: float
     move_usd: float
+    regional: tuple[tuple[float, float], ...] = ()
+    """Per region, home first, the gang's spot and on-demand price an hour where regions'
+    prices differ (the price book's; spot often by half from one region to the next); empty:
+    every region at the two above."""
 
     @classmethod
     def of(cls, job: Job, move_usd: float = 0.0) -> Prices:
         """The prices of `job`'s whole gang."""
         return cls(job.spot_price * job.nodes, job.on_demand_price * job.nodes, move_usd)
+
+    def in_region(self, region: int) -> tuple[float, float]:
+        """Spot's and on-demand's price an hour in `region`."""
+        return (
+            self.regional[region]
+            if self.regional
+            else (self.spot_per_hour, self.on_demand_per_hour)
+        )
 
 
 class Plan:
@@ -115,6 +127,7 @@ class Plan:
             means=tuple((r.mean_spell_h, r.mean_outage_h) for r in self.rates),
             spot_per_hour=self.prices.spot_per_hour,
             on_demand_per_hour=self.prices.on_demand_per_hour, move_usd=self.prices.move_usd,
+            regional_prices=self.prices.regional,
             tick_h=self.tick_h, ticks=self.ticks, work=self.work, changeover=self.changeover,
             source=source,
         )  # fmt: skip
@@ -152,8 +165,9 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         chain = np.array([[1 - returns, returns], [ends, 1 - ends]])  # [now][next]: 0 gone
         transition *= chain[spot_of[:, r].astype(int)][:, spot_of[:, r].astype(int)]
     price = np.zeros(modes)
-    price[regions : 2 * regions] = plan.prices.on_demand_per_hour * plan.tick_h
-    price[2 * regions :] = plan.prices.spot_per_hour * plan.tick_h
+    for r in range(regions):
+        spot, on_demand = plan.prices.in_region(r)
+        price[regions + r], price[2 * regions + r] = on_demand * plan.tick_h, spot * plan.tick_h
     region_of = np.arange(modes) % regions
     move = np.where(region_of[:, None] != np.arange(regions)[None, :], plan.prices.move_usd, 0.0)
     actions = SPOT_IN + regions
