@@ -9,11 +9,9 @@ reserved before training (`reserve`), so even the first checkpoint's stall is on
 from __future__ import annotations
 
 import copy
-import threading
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -179,38 +177,26 @@ def state_a_first_step_creates(optimizer: Any) -> list[torch.Tensor]:
     return [like for p in stepped if not inner.state.get(p) for like in (p, p, step_count)]
 
 
-class _ZipChecksums:
-    """torch.save's CRC32 of every record, for the zip's directory, switched off while a
-    checkpoint serialises. It was most of the serialising thread's time: about 1.1 s of its
-    1.4 s per 1.5 GiB on a 2-core x86 machine (the rest is cutting the chunks,
-    `bench/checkpoint.md`), and that thread is what a publish waits for where the uploaders
-    have cores to hash in parallel and the training loop leaves the interpreter free. A checkpoint
-    needs none of it: each chunk carries its SHA-256, checked on every restore, and its own
-    CRC32 for S3's transfer check; torch.load reads a file without the zip's checksums as
-    well. torch's switch is process-wide, so while a checkpoint serialises, a torch.save on
-    another thread of the process skips them too; the setting found is put back when the last
-    serialisation under way ends."""
+def _save_without_zip_checksums(state: Any, target: Any) -> None:
+    """`torch.save(state, target)` without the zip's CRC32 of every record. It was most of the
+    serialising thread's time: about 1.1 s of its 1.4 s per 1.5 GiB on a 2-core x86 machine
+    (the rest is cutting the chunks, `bench/checkpoint.md`), and that thread is what a publish
+    waits for where the uploaders have cores to hash in parallel and the training loop leaves
+    the interpreter free. A checkpoint needs none of it: each chunk carries its SHA-256, checked
+    on every restore, and its own CRC32 for S3's transfer check; torch.load reads a file without
+    the zip's checksums as well. torch's own switch (`set_crc32_options`) is process-wide: a
+    torch.save on another thread of the process (the script's own), or in a DataLoader worker
+    forked meanwhile, wrote files that zip tools call corrupt. So this writer is given the
+    setting itself, as torch.save makes its own (torch 2.13's serialization internals, pinned;
+    tests/test_checkpoint_store.py checks the file and that the process's setting stays)."""
+    import pickle
 
-    def __init__(self) -> None:
-        self._lock, self._writers, self._before = threading.Lock(), 0, True
+    from torch import serialization
 
-    @contextmanager
-    def off(self) -> Iterator[None]:
-        with self._lock:
-            if not self._writers:
-                self._before = torch.serialization.get_crc32_options()
-                torch.serialization.set_crc32_options(False)
-            self._writers += 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._writers -= 1
-                if not self._writers:
-                    torch.serialization.set_crc32_options(self._before)
-
-
-_zip_checksums = _ZipChecksums()
+    writer = torch._C.PyTorchFileWriter(target, False, serialization._get_storage_alignment())
+    serialization._save(state, writer, pickle, serialization.DEFAULT_PROTOCOL, False)
+    writer.write_end_of_file()
+    target.flush()
 
 
 def write_staged(staged: list[Staged], root: Path) -> list[Shard]:
@@ -218,9 +204,9 @@ def write_staged(staged: list[Staged], root: Path) -> list[Shard]:
     shards = []
     for item in staged:
         item.path.parent.mkdir(parents=True, exist_ok=True)
-        with item.path.open("wb") as target, _zip_checksums.off():
+        with item.path.open("wb") as target:
             writer = HashingWriter(target)
-            torch.save(item.state, writer)
+            _save_without_zip_checksums(item.state, writer)
         shards.append(writer.hasher.shard(item.path.relative_to(root).as_posix()))
     return shards
 
@@ -232,7 +218,6 @@ def stream_staged(staged: list[Staged], root: Path, uploader: PieceUploader) -> 
     shards = []
     for item in staged:
         writer = HashingWriter(hand_over=uploader.put_bytes)
-        with _zip_checksums.off():
-            torch.save(item.state, writer)
+        _save_without_zip_checksums(item.state, writer)
         shards.append(writer.hasher.shard(item.path.relative_to(root).as_posix()))
     return shards
