@@ -160,6 +160,15 @@ def test_cost_simulate_across_regions_reports_moves_and_the_optimum(
             assert strategy["summary"]["deadline_met"] == 1.0, name
             assert all(run["vs_optimum"] >= 1 - 1e-12 for run in strategy["runs"]), name
         assert found["strategies"]["outage-fill@home"]["summary"]["mean_moves"] == 0
+        # It recommends among what the handler runs across regions: outage fill, and Markov
+        # only when planned on history (the others are references no run gets).
+        runnable = ["outage-fill", *(["markov"] if given else [])]
+        cheapest = min(runnable, key=lambda n: found["strategies"][n]["summary"]["mean_cost"])
+        assert found["recommended"]["strategy"] == cheapest, found["recommended"]
+        assert ("spotrain run deadline-plan" in found["recommended"]["why"]) == (
+            cheapest == "markov")  # fmt: skip
+    assert cli.main([f for f in flags if f != "--json"] + history) == 0
+    assert "\nrecommended over these traces: " in capsys.readouterr().out
     assert cli.main(["cost", "simulate", "--across-regions", *paths[:2], "--work-hours", "8",
                      "--on-demand-price", "3", "--spot-price", "1", "--wrap",
                      *history[:4]]) == 2  # fmt: skip

@@ -5,10 +5,12 @@ changeover and `--move-usd`. Every strategy against the exact optimum across the
 from __future__ import annotations
 
 import argparse
+import math
+from dataclasses import dataclass
 from typing import Any
 
 from spotrain.cli.output import json_text, say
-from spotrain.cost import across_regions, report, simulation, traces
+from spotrain.cost import across_regions, planner, report, simulation, traces
 
 
 def add_flags(command: argparse.ArgumentParser) -> None:
@@ -60,8 +62,15 @@ def cmd_across(
     results = across_regions.replay_across(job, sampled, move_usd=args.move_usd,
                                            starts=args.starts, history=history)  # fmt: skip
     summary = {name: _summary(outcomes) for name, outcomes in results.items()}
+    # Among what the handler runs across regions: outage fill, and Markov for a run planned
+    # with the history given (`planner.recommend`).
+    recommended, why = planner.recommend(
+        [_Compared(name, s["mean_cost"], s["deadline_met"]) for name, s in summary.items()],
+        has_deadline=True, plannable=history is not None,
+    )  # fmt: skip
     if args.json:
         say(json_text({
+            "recommended": {"strategy": recommended, "why": why},
             "regions": [{"trace": t.name, "availability": t.availability(args.nodes)}
                         for t in sampled],
             "move_usd": args.move_usd,
@@ -84,7 +93,19 @@ def cmd_across(
         "vs optimum: the mean (worst) of each run's cost over the cheapest schedule across the "
         "regions that meets the deadline from the same start, known in advance"
     )
+    say(f"\nrecommended over these traces: {recommended}: {why}")
     return 0
+
+
+@dataclass(frozen=True)
+class _Compared:
+    """A strategy's runs as `planner.recommend` weighs them."""
+
+    strategy: str
+    mean_cost: float
+    deadline_met: float
+    mean_finish_h: float = math.nan
+    """Not weighed: a replay across regions always has a deadline."""
 
 
 def _run(o: across_regions.RegionsOutcome) -> dict[str, Any]:

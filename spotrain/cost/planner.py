@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Protocol
 
 from spotrain.core.catalog_schema import OCCURRED_AT_KEY, POOL_KEY
 from spotrain.core.errors import CostInputError, read_text
@@ -196,8 +196,25 @@ def plan(inputs: PlanInputs) -> Plan:
     )
 
 
+class Compared(Protocol):
+    """What `recommend` weighs of a strategy's runs: a `simulation.Summary`, or a replay
+    across regions' (`cli/simulate_regions.py`)."""
+
+    @property
+    def strategy(self) -> str: ...
+
+    @property
+    def mean_cost(self) -> float: ...
+
+    @property
+    def mean_finish_h(self) -> float: ...
+
+    @property
+    def deadline_met(self) -> float: ...
+
+
 def recommend(
-    summaries: Sequence[Summary], *, has_deadline: bool, plannable: bool = False
+    summaries: Sequence[Compared], *, has_deadline: bool, plannable: bool = False
 ) -> tuple[str, str]:
     """The cheapest strategy that meets the deadline often enough (or at all, without one),
     among those the handler runs. `simulation.MARKOV` is one of them only when `plannable`: it
@@ -215,7 +232,7 @@ def recommend(
     return strategy, why
 
 
-def _cheapest_safe(summaries: Sequence[Summary], has_deadline: bool) -> tuple[str, str]:
+def _cheapest_safe(summaries: Sequence[Compared], has_deadline: bool) -> tuple[str, str]:
     if not has_deadline:
         finishing = [s for s in summaries if math.isfinite(s.mean_finish_h)] or list(summaries)
         best = min(finishing, key=lambda s: s.mean_cost)
