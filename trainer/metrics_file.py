@@ -22,14 +22,16 @@ class MetricsFile:
     def event(self, kind: str, **fields: Any) -> None:
         """A checkpoint's or a start's event: "started" (one per (re)formed group), "restored",
         "published", "light", "held", "stopped"."""
-        self._write({"event": kind, "at": time.time(), **fields})
+        if self._file is not None:
+            self._write({"event": kind, "at": time.time(), **fields})
 
     def step(self, done: int, *, step_s: float, publishing: bool, **more: Any) -> None:
         """Step `done` has just ended: it took `step_s` seconds from the previous one's end (or
         the start), and a publish was in flight as it began or not; `more`: the loss and the
         like."""
-        self._write({"step": done, **more, "step_s": step_s, "publishing": publishing,
-                     "at": time.time()})  # fmt: skip
+        if self._file is not None:  # called at every step: nothing made without a file
+            self._write({"step": done, **more, "step_s": step_s, "publishing": publishing,
+                         "at": time.time()})  # fmt: skip
 
     def close(self) -> None:
         if self._file is not None:
@@ -37,5 +39,5 @@ class MetricsFile:
             self._file = None
 
     def _write(self, fields: dict[str, Any]) -> None:
-        if self._file is not None:
-            self._file.write(json.dumps(fields) + "\n")
+        assert self._file is not None
+        self._file.write(json.dumps(fields) + "\n")
