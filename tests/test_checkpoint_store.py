@@ -757,6 +757,15 @@ def test_a_checkpoint_file_is_written_without_the_zips_checksums_and_loads_whole
         snapshot.write_staged(again, tmp_path / "again")
     assert seen and all(seen)
     assert (tmp_path / "again" / "model_states.pt").read_bytes() == written.read_bytes()
+    # The same bytes as torch.save writes with its process-wide switch off, which it replaced.
+    reference = tmp_path / "reference.pt"
+    torch.serialization.set_crc32_options(False)
+    try:
+        with reference.open("wb") as target:  # a file object, as the checkpointer's writer is
+            torch.save(state, target)
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert reference.read_bytes() == written.read_bytes()
 
 
 def test_the_stores_own_client_has_a_connection_for_every_piece_uploader() -> None:
