@@ -28,6 +28,19 @@ net's 2d margin, which sends a run on on-demand to the end, cost 1.076x the opti
 programme alone cost 1.062x (across regions, the first two development seeds, 52 h, moves at
 $0; no misses either way). Each decision carries its reason: the work and time left, each
 region's spot now and the means the plan assumed, and the action.
+
+Why two means per region and nothing more. Richer models were measured and were not worth their
+size (bench/cost.py's runs across regions; mean cost over the optimum):
+- An outage's age as state (each region's outage in two or three age buckets, their rates
+  counted from the history: a semi-Markov chain, as outages are log-normal) and the regions'
+  joint transitions (their shared dry spells) each moved the mean by at most 0.007. At $3 a
+  move, 56 h, held out: 1.121x became 1.114-1.127x. At $0, 52 h, development: 1.069x became
+  1.064-1.074x. The age buckets would have multiplied the plan by up to 8.
+- The run's own checks added to the history's means (the history weighted as 48 h of checks,
+  solved again when the means move) gained 0.005 at $3.
+- Even each region's means taken from the run's own window, known in advance, cost 1.086x at
+  $3 (56 h, held out) and 1.055x at $0 (52 h, development). Most of what is left is when spot
+  comes and goes, which no model of the regions' means foresees.
 """
 
 from __future__ import annotations
