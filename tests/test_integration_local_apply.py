@@ -636,6 +636,7 @@ def test_the_deployed_queue_holds_runs_to_the_ceiling_and_budgets_and_preempts_b
     from spotrain import cli
     from spotrain.core import fleet_state, run_lifecycle, spend_ledger
     from spotrain.core.capacity import CapacityGroup, RunDeclaration
+    from spotrain.core.resource_names import METRIC_NAMESPACE
     from spotrain.tools.rehearsal import deliver_capacity_check
 
     after(
@@ -744,6 +745,11 @@ def test_the_deployed_queue_holds_runs_to_the_ceiling_and_budgets_and_preempts_b
             return spend_ledger.read(events, runs["speech-a"]).spend_usd >= 0.02
 
         waits_for(over_budget, "speech-a's ledger did not reach its team's budget")
+        # Each count went out as the run's spend metric, put by the handler as its role (the
+        # cloud judges it by the namespace its grant names).
+        assert local.client("cloudwatch").list_metrics(
+            Namespace=METRIC_NAMESPACE, MetricName="RunSpendUSD",
+            Dimensions=[{"Name": "Run", "Value": runs["speech-a"]}])["Metrics"]  # fmt: skip
         for name in ("speech-b", "vision-c"):
             declare(name)
         submit("speech-b", "vision-c")

@@ -1296,6 +1296,29 @@ def test_a_roles_dead_letters_are_judged_by_the_queue_they_go_to(
     assert sent["Body"] == "rejected"
 
 
+def test_a_roles_metric_writes_are_judged_by_the_namespace_they_name(
+    local_cloud: control.RunningCloud,
+) -> None:
+    """An assumed role's CloudWatch metric calls are judged as `cloudwatch:` actions with the
+    namespace they name (`cloudwatch:namespace`), as the handler's spend metrics are: its own
+    namespace takes them, another refuses them, and so does a call it was not granted."""
+    mine, theirs = unique("spend"), unique("other")
+    keys = session_of(local_cloud, [{
+        "Effect": "Allow", "Action": "cloudwatch:PutMetricData", "Resource": "*",
+        "Condition": {"StringEquals": {"cloudwatch:namespace": mine}},
+    }])  # fmt: skip
+    handler = as_session(local_cloud, "cloudwatch", keys)
+
+    def put(namespace: str) -> str:
+        metric = [{"MetricName": "RunSpendUSD", "Value": 1.0}]
+        return answer(lambda: handler.put_metric_data(Namespace=namespace, MetricData=metric))
+
+    assert [put(mine), put(theirs), answer(lambda: handler.list_metrics(Namespace=mine))] == [
+        "done", "AccessDenied", "AccessDenied"]  # fmt: skip
+    found = client(local_cloud, "cloudwatch").list_metrics()["Metrics"]
+    assert {m["Namespace"] for m in found} & {mine, theirs} == {mine}
+
+
 def test_a_function_keeps_a_warm_environment_between_invocations_as_lambda_does(
     local_cloud: control.RunningCloud,
 ) -> None:

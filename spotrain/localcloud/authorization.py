@@ -18,7 +18,8 @@ checks every DynamoDB call against the resource `*` (so every table grant misses
   group's tags (aws:ResourceTag/...), where moto names every Auto Scaling resource `*`;
   `ssm_requests` an SSM call its parameters' (or path's) ARNs, `logs_request` a CloudWatch
   Logs call its stream's or group's, `ec2_requests` an EC2 tagging call each resource's with
-  its tags and the keys it sets (aws:TagKeys), and an SNS publish its topic's.
+  its tags and the keys it sets (aws:TagKeys), an SNS publish its topic's, and
+  `metrics_request` a CloudWatch metrics call the namespace it names (cloudwatch:namespace).
 - `install()` makes moto's identity-policy check use them.
 """
 
@@ -445,8 +446,11 @@ def install() -> None:
             topic = (_query_params(self._data).get("TopicArn") or ["*"])[0]
             requests = [(self._action, topic if action == "Publish" else "*", base)]
         elif service == "sqs":
-            url = _sqs_queue_url(self._data, self._body)
+            url = _parameter(self._data, self._body, "QueueUrl")
             requests = [(self._action, sqs_queue_arn(url, self._region), base)]
+        elif service == METRICS_SIGNING_NAME:
+            namespace = _parameter(self._data, self._body, "Namespace")
+            requests = [metrics_request(action, namespace, base)]
         elif service == "ssm":
             body = json.loads(self._body or b"{}")
             requests = [(ssm_action, parameter, base)
@@ -458,10 +462,12 @@ def install() -> None:
         for request_action, request_resource, context in requests:
             verdicts = {verdict(p, request_action, request_resource, context) for p in policies}
             if DENIED in verdicts or PERMITTED not in verdicts:
-                if service in ("dynamodb", "ssm", "logs", "sqs"):  # JSON: their own shape
+                if service in ("dynamodb", "ssm", "logs", "sqs", METRICS_SIGNING_NAME):  # JSON
+                    query_compatible = service in ("sqs", METRICS_SIGNING_NAME)
                     raise JsonRESTError(
-                        # SQS keeps its query protocol's code in JSON (awsQueryCompatible).
-                        "AccessDenied" if service == "sqs" else "AccessDeniedException",
+                        # These two keep their query protocol's code in JSON
+                        # (awsQueryCompatible).
+                        "AccessDenied" if query_compatible else "AccessDeniedException",
                         f"User: {key.arn} is not authorized to perform: {request_action} on "
                         f"resource: {request_resource}",
                     )
@@ -481,20 +487,34 @@ def _query_params(data: Any) -> dict[str, list[str]]:
             for k, v in dict(data or {}).items()}  # fmt: skip
 
 
-ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling", "ssm", "logs", "ec2", "sns", "sqs")
-"""What an assumed role's requests are judged for while the cloud serves everyone else as it
-does by default: the services whose resources and condition keys `install` models (moto names
-most other services' resources `*`, which no grant scoped to an ARN matches). Not yet:
-CloudWatch metrics (its namespace condition is in a CBOR body)."""
+METRICS_SIGNING_NAME = "monitoring"
+"""CloudWatch metrics' name in a request's signature, where IAM's actions say `cloudwatch`."""
+
+ROLE_JUDGED_SERVICES = ("s3", "dynamodb", "autoscaling", "ssm", "logs", "ec2", "sns", "sqs",
+                        METRICS_SIGNING_NAME)  # fmt: skip
+"""What an assumed role's requests are judged for (by their signing name) while the cloud
+serves everyone else as it does by default: the services whose resources and condition keys
+`install` models (moto names most other services' resources `*`, which no grant scoped to an
+ARN matches)."""
 
 
-def _sqs_queue_url(data: Any, body: Any) -> str | None:
-    """The queue a request names: in its JSON body (boto3's protocol for SQS) or its query
-    parameters (the older one)."""
+def _parameter(data: Any, body: Any, name: str) -> str | None:
+    """A request's top-level parameter `name`: in its JSON body (boto3's protocol for SQS and
+    CloudWatch metrics) or its query parameters (the older one)."""
     text = body.decode() if isinstance(body, bytes) else str(body or "")
     if text.lstrip().startswith("{"):
-        return json.loads(text).get("QueueUrl")
-    return (_query_params(data).get("QueueUrl") or [None])[0]
+        found = json.loads(text).get(name)
+        return None if found is None else str(found)
+    return (_query_params(data).get(name) or [None])[0]
+
+
+def metrics_request(action: str, namespace: str | None,
+                    base: Context) -> tuple[str, str, Context]:  # fmt: skip
+    """A CloudWatch metrics call as IAM judges it: its action under `cloudwatch`, on `*` (no
+    metric has an ARN), with the namespace it names (`cloudwatch:namespace`: the condition
+    that narrows `PutMetricData`), if any."""
+    context = {**base, "cloudwatch:namespace": namespace} if namespace else dict(base)
+    return f"cloudwatch:{action}", "*", context
 
 
 def sqs_queue_arn(queue_url: str | None, region: str) -> str:
