@@ -21,7 +21,8 @@ from spotrain.cost import across_regions, optimum, simulation, trace_models, tra
 HOUR = 3600.0
 
 
-def brute_force(job: simulation.Job, sampled: list[traces.Trace], move_usd: float) -> float | None:
+def brute_force(job: simulation.Job, sampled: list[traces.Trace], move_usd: float,
+                region_prices: list[tuple[float, float]] | None = None) -> float | None:  # fmt: skip
     """The cheapest schedule of (region, mode) per tick that meets the deadline, each replayed
     through the simulator across regions itself."""
     ticks = math.ceil(job.deadline_h * 3600 / sampled[0].gap_s)  # type: ignore[operator]
@@ -33,7 +34,8 @@ def brute_force(job: simulation.Job, sampled: list[traces.Trace], move_usd: floa
             continue
         # Idle keeps the region the run was in: the script says idle as "stay where it is".
         outcome = across_regions.simulate_across(job, sampled, _idle_in_place(schedule),
-                                                 move_usd=move_usd)  # fmt: skip
+                                                 move_usd=move_usd,
+                                                 region_prices=region_prices)  # fmt: skip
         if outcome.deadline_met and (best is None or outcome.cost < best):
             best = outcome.cost
     return best
@@ -65,11 +67,16 @@ def test_the_optimum_across_regions_is_the_cheapest_of_every_schedule() -> None:
         sampled = [traces.Trace(f"r{r}", 1800, tuple(rng.choice([0, 1]) for _ in range(5)))
                    for r in range(2)]  # fmt: skip
         move_usd = rng.choice([0.0, 0.3, 2.0])
-        expected = brute_force(job, sampled, move_usd)
-        found = optimum.cheapest_across(sampled, job, move_usd=move_usd).cost
+        # Half the cases price each region on its own (spot by up to half, as the price book's
+        # regions differ), the other region's on-demand cheaper than home's spot at times.
+        prices = None if compared % 2 else [(job.spot_price, 3.0), (rng.choice([0.4, 1.2]),
+                                                                    rng.choice([0.9, 2.5]))]
+        expected = brute_force(job, sampled, move_usd, prices)
+        found = optimum.cheapest_across(sampled, job, move_usd=move_usd,
+                                        region_prices=prices).cost  # fmt: skip
         assert (found is None) == (expected is None)
         if expected is not None:
-            assert found == pytest.approx(expected, rel=1e-12), (job, sampled, move_usd)
+            assert found == pytest.approx(expected, rel=1e-12), (job, sampled, move_usd, prices)
         compared += 1
 
 
@@ -123,6 +130,40 @@ def test_a_run_moves_for_spot_that_saves_more_than_the_move_and_stays_for_spot_h
                                          SCARCE_HOME.anywhere),
                    move_usd=1.0, saving_per_hour=2.0)  # fmt: skip
     assert (ample.region, ample.mode) == (0, IDLE), ample.reason
+
+
+def test_with_regions_at_their_own_prices_no_strategy_beats_the_optimum_and_markov_trains_where_cheaper() -> None:
+    """Two regions with spot alike, the second's at 0.6x home's: every strategy pays each
+    region's price and none beats the optimum across them, which is the cheaper region's;
+    Markov, which plans with the prices, pays less than the best schedule at home."""
+    sampled = trace_models.sample(trace_models.US, hours=40, gap_s=600, seed=4)[:2]
+    sampled = [sampled[0], traces.Trace("cheaper", 600, sampled[0].available)]
+    job = simulation.Job(work_h=12, deadline_h=15, changeover_h=0.2, on_demand_price=3.0,
+                         spot_price=1.0)  # fmt: skip
+    prices = [(1.0, 3.0), (0.6, 3.0)]
+    results = across_regions.replay_across(job, sampled, move_usd=0.5, starts=3,
+                                           history=sampled, region_prices=prices)  # fmt: skip
+    for name, outcomes in results.items():
+        for outcome in outcomes:
+            assert outcome.deadline_met, name
+            assert outcome.cost >= outcome.optimum_cost * (1 - 1e-12), name  # type: ignore[operator]
+    markov = results[across_regions.MARKOV]
+    # The same spot in both, one cheaper in every mode: the optimum is the cheaper region's.
+    def confined(region: int, start: int) -> float | None:
+        return optimum.cheapest_across([sampled[region]], job, move_usd=0.5, start_tick=start,
+                                       region_prices=[prices[region]]).cost  # fmt: skip
+
+    starts = simulation.start_ticks(job, sampled[0], 3)
+    homes = [confined(0, start) for start in starts]
+    for outcome, start, home in zip(markov, starts, homes, strict=True):
+        assert outcome.optimum_cost == pytest.approx(confined(1, start), rel=1e-12)
+        assert outcome.optimum_cost <= home  # type: ignore[operator]
+    assert sum(o.optimum_cost for o in markov) < sum(homes)  # type: ignore[misc,arg-type]
+    # Markov trains where it is cheaper: below what the best schedule at home costs, which a
+    # run blind to the prices (home first of two alike) pays at least.
+    assert sum(o.cost for o in markov) < sum(homes)  # type: ignore[arg-type]
+    with pytest.raises(CostInputError, match="1 regions' prices for 2 regions"):
+        optimum.cheapest_across(sampled, job, move_usd=0.5, region_prices=prices[:1])
 
 
 def test_across_regions_meets_every_deadline_and_beats_staying_home() -> None:

@@ -37,6 +37,7 @@ from spotrain.core.deadline_policy import (
 )
 from spotrain.core.errors import CostInputError
 from spotrain.cost.simulation import Job, tick_ms, versus_optimum
+from spotrain.cost.simulation import region_prices as region_prices_of
 from spotrain.cost.traces import Trace
 
 if TYPE_CHECKING:
@@ -123,12 +124,14 @@ def _outage_fill(job: Job, move_usd: float) -> DecideWhere:
     return decide
 
 
-def _markov(job: Job, move_usd: float, regions: int,
+def _markov(job: Job, move_usd: float, prices: Sequence[tuple[float, float]],
             known: Sequence[RegionRates] | None) -> DecideWhere:  # fmt: skip
     from spotrain.cost import markov_policy  # numpy: the `cost` extra
 
-    policy = markov_policy.MarkovPolicy(regions, markov_policy.Prices.of(job, move_usd),
-                                        known=known)  # fmt: skip
+    regional = tuple((spot * job.nodes, on_demand * job.nodes) for spot, on_demand in prices)
+    home_spot, home_on_demand = regional[0]
+    planned = markov_policy.Prices(home_spot, home_on_demand, move_usd, regional=regional)
+    policy = markov_policy.MarkovPolicy(len(prices), planned, known=known)
     started = False
 
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
@@ -141,12 +144,13 @@ def _markov(job: Job, move_usd: float, regions: int,
     return decide
 
 
-def _strategy(name: str | DecideWhere, job: Job, move_usd: float, regions: int,
+def _strategy(name: str | DecideWhere, job: Job, move_usd: float,
+              prices: Sequence[tuple[float, float]],
               known: Sequence[RegionRates] | None) -> DecideWhere:  # fmt: skip
     if callable(name):  # a decision function of the caller's
         return name
     if name == MARKOV:
-        return _markov(job, move_usd, regions, known)
+        return _markov(job, move_usd, prices, known)
     if name == HOME_ONLY:
         return _home_only(job)
     if name == SPOT_ANYWHERE:
@@ -159,23 +163,28 @@ def _strategy(name: str | DecideWhere, job: Job, move_usd: float, regions: int,
 def simulate_across(
     job: Job, sampled: Sequence[Trace], strategy: str | DecideWhere, *, move_usd: float,
     start_tick: int = 0, known: Sequence[RegionRates] | None = None,
+    region_prices: Sequence[tuple[float, float]] | None = None,
 ) -> RegionsOutcome:  # fmt: skip
     """One run of `job` from tick `start_tick` of every region's trace under `strategy`; past
     the traces' end no spot anywhere. `known`: the regions' means the environment has seen
-    (for `markov`)."""
+    (for `markov`). `region_prices`: each region's spot and on-demand price an instance-hour
+    (`simulation.region_prices`; None: the job's everywhere), which `markov` plans with and
+    the others do not weigh."""
     if job.checkpoint_every_h is not None or job.deadline_h is None:
         raise CostInputError(
             "a replay across regions is of a job with a deadline and the study's model: give "
             "a deadline, leave checkpoint_every_h unset"
         )
     tick = tick_ms(sampled[0])
-    decide = _strategy(strategy, job, move_usd, len(sampled), known)
+    prices = region_prices_of(job, len(sampled), region_prices)
+    decide = _strategy(strategy, job, move_usd, prices, known)
     work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
                                      whole_ms(job.start_h))  # fmt: skip
     deadline = whole_ms(job.deadline_h)
     length = min(len(t.available) for t in sampled)
     horizon = 10 * max(work, deadline) + length * tick
     t = done = changeover_left = spot_ms = on_demand_ms = moves = 0
+    paid = 0.0  # USD for machines, each tick at its region's price
     region: int | None = None
     mode, index = IDLE, start_tick
     while done < work and t < horizon:
@@ -207,12 +216,14 @@ def simulate_across(
                 spot_ms += used * job.nodes
             else:
                 on_demand_ms += used * job.nodes
+            price = prices[region or 0][0 if mode == SPOT else 1]
+            paid += used * job.nodes / MS_PER_HOUR * price
         t += used
     spot_h, on_demand_h = spot_ms / MS_PER_HOUR, on_demand_ms / MS_PER_HOUR
     finished = done >= work
     return RegionsOutcome(
         strategy=strategy if isinstance(strategy, str) else strategy.__name__,
-        cost=spot_h * job.spot_price + on_demand_h * job.on_demand_price + moves * move_usd,
+        cost=paid + moves * move_usd,
         finish_h=t / MS_PER_HOUR if finished else math.inf,
         deadline_met=finished and t <= deadline,
         moves=moves,
@@ -224,10 +235,12 @@ def simulate_across(
 def replay_across(
     job: Job, sampled: Sequence[Trace], *, move_usd: float, starts: int,
     strategies: Sequence[str] = STRATEGIES, history: Sequence[Trace] | None = None,
+    region_prices: Sequence[tuple[float, float]] | None = None,
 ) -> dict[str, list[RegionsOutcome]]:  # fmt: skip
     """Every strategy from `starts` start ticks spread over those whose deadline fits in
     every region's trace, each outcome with the optimum across the regions from its start.
-    `history`: a trace per region of what the environment saw before (for `markov`)."""
+    `history`: a trace per region of what the environment saw before (for `markov`);
+    `region_prices`: as `simulate_across` takes them."""
     from dataclasses import replace
 
     from spotrain.cost import optimum
@@ -244,9 +257,11 @@ def replay_across(
     shortest = min(sampled, key=lambda t: len(t.available))
     results: dict[str, list[RegionsOutcome]] = {s: [] for s in strategies}
     for start in start_ticks(job, shortest, starts):
-        best = optimum.cheapest_across(sampled, job, move_usd=move_usd, start_tick=start).cost
+        best = optimum.cheapest_across(sampled, job, move_usd=move_usd, start_tick=start,
+                                       region_prices=region_prices).cost  # fmt: skip
         for strategy in strategies:
             outcome = simulate_across(job, sampled, strategy, move_usd=move_usd,
-                                      start_tick=start, known=known)  # fmt: skip
+                                      start_tick=start, known=known,
+                                      region_prices=region_prices)  # fmt: skip
             results[strategy].append(replace(outcome, optimum_cost=best))
     return results

@@ -44,7 +44,10 @@ class _Programme:
     """The states after each tick, per region: idle, or mode -> changeover still to pay (ms)
     -> least cost by units of compute done (inf: not reachable, or not worth keeping)."""
 
-    def __init__(self, job: Job, tick: int, regions: int, move_usd: float) -> None:
+    def __init__(self, job: Job, tick: int, prices: Sequence[tuple[float, float]],
+                 move_usd: float) -> None:  # fmt: skip
+        """`prices`: each region's spot and on-demand price an instance-hour."""
+        regions = len(prices)
         self.tick = tick
         self.work = whole_ms(job.work_h)
         self.changeover = whole_ms(job.changeover_h)
@@ -53,8 +56,9 @@ class _Programme:
         self.units = -(-self.work // self.unit)  # states hold unfinished work: done < work
         self.move_usd = move_usd
         per_ms = job.nodes / MS_PER_HOUR
-        self.rate = {SPOT: job.spot_price * per_ms, ON_DEMAND: job.on_demand_price * per_ms}
-        self.cheapest_rate = min(self.rate.values())
+        self.rates = [{SPOT: spot * per_ms, ON_DEMAND: on_demand * per_ms}
+                      for spot, on_demand in prices]  # fmt: skip
+        self.cheapest_rate = min(rate for by in self.rates for rate in by.values())
         self.idle = [self._empty() for _ in range(regions)]
         self.modes: list[dict[str, dict[int, np.ndarray]]] = [
             {SPOT: {}, ON_DEMAND: {}} for _ in range(regions)
@@ -106,7 +110,7 @@ class _Programme:
         waiting = min(self.tick, left)
         useful = self.tick - waiting
         shift = useful // self.unit
-        rate = self.rate[mode]
+        rate = self.rates[region][mode]
         # The states this tick finishes: done + useful >= work, paying the used part only.
         first = max(0, -(-(self.work - useful) // self.unit))
         if first < self.units:
@@ -143,11 +147,13 @@ def cheapest(job: Job, trace: Trace, *, start_tick: int = 0, wrap: bool = False)
 
 def cheapest_across(
     sampled: Sequence[Trace], job: Job, *, move_usd: float, start_tick: int = 0,
-    wrap: bool = False,
+    wrap: bool = False, region_prices: Sequence[tuple[float, float]] | None = None,
 ) -> Optimum:  # fmt: skip
     """The optimum over several regions, one trace each (the same ticks): the run trains in
     one region at a time, and starting in another region than the one it was last in pays
-    `move_usd` besides the changeover (prices are the job's in every region)."""
+    `move_usd` besides the changeover. `region_prices`: each region's spot and on-demand price
+    an instance-hour (`simulation.region_prices`); None: the job's in every region."""
+    from spotrain.cost.simulation import region_prices as priced
     from spotrain.cost.simulation import tick_ms
 
     if job.checkpoint_every_h is not None:
@@ -159,7 +165,7 @@ def cheapest_across(
     if any(tick_ms(t) != tick for t in sampled):
         raise CostInputError("the regions' traces have different ticks: give traces of one tick "
                              "(--tick coarsens them alike)")  # fmt: skip
-    programme = _Programme(job, tick, len(sampled), move_usd)
+    programme = _Programme(job, tick, priced(job, len(sampled), region_prices), move_usd)
     deadline = whole_ms(job.deadline_h) if job.deadline_h is not None else None
     length = min(len(t.available) for t in sampled)
     horizon = deadline if deadline is not None else 10 * programme.work + length * tick

@@ -169,6 +169,27 @@ class Outcome:
         return versus_optimum(self.cost, self.optimum_cost, self.deadline_met)
 
 
+def region_prices(
+    job: Job, regions: int, prices: Sequence[tuple[float, float]] | None
+) -> list[tuple[float, float]]:
+    """Each of `regions` regions' spot and on-demand price an instance-hour: `prices` (one pair
+    a region, home first, as the price book gives each region's), or else the job's in every
+    region. CostInputError names every pair that is not one."""
+    if prices is None:
+        return [(job.spot_price, job.on_demand_price)] * regions
+    problems = [] if len(prices) == regions else [
+        f"{len(prices)} regions' prices for {regions} regions: give one spot and on-demand "
+        "pair a region, home first"]  # fmt: skip
+    problems += [
+        f"region {r}'s prices are {pair}: give a positive spot and on-demand price an hour"
+        for r, pair in enumerate(prices)
+        if len(pair) != 2 or not all(_finite(p, allow_zero=False) for p in pair)
+    ]
+    if problems:
+        raise CostInputError("; ".join(problems))
+    return [(float(spot), float(on_demand)) for spot, on_demand in prices]
+
+
 def versus_optimum(cost: float, optimum: float | None, deadline_met: bool) -> float | None:
     """A run's cost as a multiple of the optimum from its start, when it met its deadline
     (a run that missed it is not comparable: it was not held to the same bound)."""
