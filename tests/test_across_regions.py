@@ -210,6 +210,25 @@ def test_cost_simulate_across_regions_reports_moves_and_the_optimum(
             cheapest == "markov")  # fmt: skip
     assert cli.main([f for f in flags if f != "--json"] + history) == 0
     assert "\nrecommended over these traces: " in capsys.readouterr().out
+    # Each region at its own price (home's the flags'): every run and its optimum pay them.
+    priced = ["--region-price", "0.6,2.5", "--region-price", "1.4,3.5"]
+    assert cli.main(flags + history + priced) == 0
+    found = json.loads(capsys.readouterr().out)
+    assert [(r["spot_price"], r["on_demand_price"]) for r in found["regions"]] == [
+        (1.0, 3.0), (0.6, 2.5), (1.4, 3.5)]  # fmt: skip
+    sampled = traces.load_all(paths[1::2])
+    job = simulation.Job(work_h=8, deadline_h=11, changeover_h=0.25, on_demand_price=3.0,
+                         spot_price=1.0)  # fmt: skip
+    first = simulation.start_ticks(job, sampled[0], 3)[0]
+    expected = optimum.cheapest_across(sampled, job, move_usd=0.5, start_tick=first,
+                                       region_prices=[(1.0, 3.0), (0.6, 2.5), (1.4, 3.5)])  # fmt: skip
+    assert found["strategies"]["markov"]["runs"][0]["optimum_cost"] == pytest.approx(
+        expected.cost, rel=1e-12)  # fmt: skip
+    assert cli.main(flags + priced[:2]) == 2
+    assert "give one --region-price per region after home" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main(flags + ["--region-price", "1,free"])
+    assert "give SPOT,ON_DEMAND, two USD/h above 0" in capsys.readouterr().err
     assert cli.main(["cost", "simulate", "--across-regions", *paths[:2], "--work-hours", "8",
                      "--on-demand-price", "3", "--spot-price", "1", "--wrap",
                      *history[:4]]) == 2  # fmt: skip

@@ -26,6 +26,15 @@ def add_flags(command: argparse.ArgumentParser) -> None:
         help="with --across-regions: what a move transfers, in USD (default 0)",
     )
     command.add_argument(
+        "--region-price",
+        action="append",
+        type=_price_pair,
+        metavar="SPOT,ON_DEMAND",
+        help="with --across-regions: one per region after home, in the order of the --traces: "
+        "its spot and on-demand USD/h per machine (home's are --spot-price and "
+        "--on-demand-price; default: every region at home's)",
+    )
+    command.add_argument(
         "--history",
         action="append",
         metavar="FILE",
@@ -33,6 +42,28 @@ def add_flags(command: argparse.ArgumentParser) -> None:
         "per region, home first): the Markov policy's means; without, it learns them from "
         "each run's checks",
     )
+
+
+def _price_pair(text: str) -> tuple[float, float]:
+    """An argparse type: `SPOT,ON_DEMAND`, two positive finite prices."""
+    parts = text.split(",")
+    try:
+        pair = tuple(float(part) for part in parts)
+    except ValueError:
+        pair = ()
+    if len(pair) != 2 or not all(math.isfinite(p) and p > 0 for p in pair):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a region's prices: give SPOT,ON_DEMAND, two USD/h above 0 "
+            "(e.g. 13.23,21.96)"
+        )
+    return pair[0], pair[1]
+
+
+def region_prices(args: argparse.Namespace) -> list[tuple[float, float]] | None:
+    """Each region's (spot, on-demand) USD/h per machine, home first; None: all at home's."""
+    if not args.region_price:
+        return None
+    return [(args.spot_price, args.on_demand_price), *args.region_price]
 
 
 def problems(args: argparse.Namespace) -> list[str]:
@@ -48,6 +79,10 @@ def problems(args: argparse.Namespace) -> list[str]:
         found.append("leave out --plot (the figure is drawn for one region)")
     if args.move_usd < 0:
         found.append(f"--move-usd is {args.move_usd:g}: give the move's transfer in USD, 0 or more")
+    others = max(0, len(args.trace or []) - 1)
+    if args.region_price and len(args.region_price) != others:
+        found.append(f"give one --region-price per region after home, in the order of the "
+                     f"--traces ({len(args.region_price)} for {others})")  # fmt: skip
     if args.history and len(args.history) != len(args.trace or []):
         found.append(f"give one --history per --trace, in the same order ({len(args.history)} "
                      f"for {len(args.trace or [])})")  # fmt: skip
@@ -59,8 +94,11 @@ def cmd_across(
     history: list[traces.Trace] | None,
 ) -> int:  # fmt: skip
     """The replay of the traces and history `cost simulate` read (`problems` found none)."""
+    prices = region_prices(args)
     results = across_regions.replay_across(job, sampled, move_usd=args.move_usd,
-                                           starts=args.starts, history=history)  # fmt: skip
+                                           starts=args.starts, history=history,
+                                           region_prices=prices)  # fmt: skip
+    priced = simulation.region_prices(job, len(sampled), prices)
     summary = {name: _summary(outcomes) for name, outcomes in results.items()}
     # Among what the handler runs across regions: outage fill, and Markov for a run planned
     # with the history given (`planner.recommend`).
@@ -71,17 +109,19 @@ def cmd_across(
     if args.json:
         say(json_text({
             "recommended": {"strategy": recommended, "why": why},
-            "regions": [{"trace": t.name, "availability": t.availability(args.nodes)}
-                        for t in sampled],
+            "regions": [{"trace": t.name, "availability": t.availability(args.nodes),
+                         "spot_price": spot, "on_demand_price": on_demand}
+                        for t, (spot, on_demand) in zip(sampled, priced, strict=True)],
             "move_usd": args.move_usd,
             "strategies": {name: {"summary": summary[name],
                                   "runs": [_run(o) for o in results[name]]}
                            for name in results},
         }))  # fmt: skip
         return 0
-    for index, t in enumerate(sampled):
+    for index, (t, (spot, on_demand)) in enumerate(zip(sampled, priced, strict=True)):
         say(f"region {index}{' (home)' if index == 0 else ''}: {t.name}, spot for "
-            f"{args.nodes} machine(s) {t.availability(args.nodes):.0%} of the time")  # fmt: skip
+            f"{args.nodes} machine(s) {t.availability(args.nodes):.0%} of the time, "
+            f"${spot:,.2f}/h spot, ${on_demand:,.2f}/h on-demand")  # fmt: skip
     say(f"{args.starts} runs per strategy of {args.work_hours:g} h by {args.deadline_hours:g} h, "
         f"a move ${args.move_usd:,.2f} and a changeover")  # fmt: skip
     say(f"{'strategy':<18} {'cost':>11} {'deadline':>9} {'moves':>6} {'vs optimum':>16}")
