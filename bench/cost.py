@@ -13,6 +13,7 @@ from __future__ import annotations
 import platform
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from spotrain.cost import (
@@ -297,17 +298,120 @@ def across_table(means: dict[tuple[str, float, float, str], float] | None = None
     return lines
 
 
-def best_region(job: simulation.Job, sampled: list[traces.Trace]) -> list[float | None]:
+def best_region(job: simulation.Job, sampled: list[traces.Trace],
+                prices: list[tuple[float, float]] | None = None) -> list[float | None]:  # fmt: skip
     """From each start the replay takes, the cost of the exact optimum confined to the one
     region that turns out cheapest from it (known in advance, as the optimum is): what no
-    schedule that stays in one region can beat."""
+    schedule that stays in one region can beat. `prices`: each region's (spot, on-demand)."""
     shortest = min(sampled, key=lambda t: len(t.available))
+    priced = simulation.region_prices(job, len(sampled), prices)
     found = []
     for start in simulation.start_ticks(job, shortest, MODEL_STARTS):
-        costs = [optimum.cheapest(job, t, start_tick=start).cost for t in sampled]
+        costs = [optimum.cheapest_across([t], job, move_usd=0.0, start_tick=start,
+                                         region_prices=[price]).cost
+                 for t, price in zip(sampled, priced, strict=True)]  # fmt: skip
         usable = [c for c in costs if c is not None]
         found.append(min(usable) if usable else None)
     return found
+
+
+PRICED_TYPE = "p4d.24xlarge"
+"""The instance type whose regions' prices the regional table takes from the price book: spot
+differs by up to 45% between the US regions (home the cheapest), and in the scarce market's
+second region it is near on-demand."""
+REGIONAL = (across_regions.HOME_ONLY, across_regions.OUTAGE_FILL, across_regions.MARKOV)
+
+
+def book_prices(market: trace_models.Market) -> list[tuple[float, float]]:
+    """Each of the market's regions' spot (the mean over its zones) and on-demand price of
+    `PRICED_TYPE`, as the price book gives them and `run deadline-plan` plans with them."""
+    from spotrain.core import prices
+
+    book = prices.load()
+    pools = [book.pool(PRICED_TYPE, region.name) for region in market.regions]
+    return [(pool.spot_price, pool.on_demand.usd_per_hour or 0.0) for pool in pools]
+
+
+def regional_table() -> tuple[list[str], dict[tuple[str, float, str], float]]:
+    """The across table's runs at $0 a move, each region at its own price: the rows, and each
+    cell's mean by traces, deadline and strategy."""
+    lines = [
+        "| traces | deadline | " + " | ".join(f"`{s}`" for s in REGIONAL)
+        + f" | {BEST_REGION_KNOWN} |",
+        "|---|---|" + "---|" * (len(REGIONAL) + 1),
+    ]  # fmt: skip
+    means: dict[tuple[str, float, str], float] = {}
+    for label, seeds in (("development", ACROSS_DEVELOPMENT), ("held out", ACROSS_HELD_OUT)):
+        found: dict[float, dict[str, list[across_regions.RegionsOutcome]]] = {}
+        known: dict[float, list[float | None]] = {}
+        for market in trace_models.MARKETS:
+            priced = book_prices(market)
+            for seed in seeds:
+                sampled, history = (
+                    trace_models.sample(market, hours=hours, gap_s=MODEL_TICK_S, seed=seed + shift)
+                    for hours, shift in ((max(DEADLINES_H) + 24, 0),
+                                         (HISTORY_DAYS * 24, HISTORY_SEED))
+                )  # fmt: skip
+                for deadline_h in sorted(DEADLINES_H, reverse=True):  # `markov` solves once
+                    job = replace(deadline_job(deadline_h), spot_price=priced[0][0],
+                                  on_demand_price=priced[0][1])  # fmt: skip
+                    replayed = across_regions.replay_across(
+                        job, sampled, move_usd=0.0, starts=MODEL_STARTS, history=history,
+                        strategies=REGIONAL, region_prices=priced,
+                    )  # fmt: skip
+                    for name, outcomes in replayed.items():
+                        found.setdefault(deadline_h, {}).setdefault(name, []).extend(outcomes)
+                    bests = [o.optimum_cost for o in replayed[across_regions.HOME_ONLY]]
+                    known.setdefault(deadline_h, []).extend(
+                        single / best if single is not None and best else None
+                        for single, best in zip(best_region(job, sampled, priced), bests,
+                                                strict=True))  # fmt: skip
+        for deadline_h in DEADLINES_H:
+            cells = []
+            for name, outcomes in found[deadline_h].items():
+                mean, worst = simulation.mean_and_worst([o.vs_optimum for o in outcomes])
+                if mean is not None:
+                    means[(label, deadline_h, name)] = mean
+                missed = sum(not o.deadline_met for o in outcomes)
+                moves = sum(o.moves for o in outcomes) / len(outcomes)
+                cells.append(f"{report.versus(mean, worst)}, {moves:.1f} moves"
+                             + (f", {missed} missed" if missed else ""))  # fmt: skip
+            known_mean, known_worst = simulation.mean_and_worst(known[deadline_h])
+            if known_mean is not None:
+                means[(label, deadline_h, BEST_REGION_KNOWN)] = known_mean
+            cells.append(report.versus(known_mean, known_worst))
+            runs = len(known[deadline_h])
+            lines.append(f"| {label} ({runs} runs) | {deadline_h:g} h | " + " | ".join(cells)
+                         + " |")  # fmt: skip
+    return lines, means
+
+
+def book_prices_said() -> str:
+    """Each market's regions' prices of `PRICED_TYPE`, in a phrase."""
+    return "; ".join(
+        f"`{market.name}`: " + ", ".join(
+            f"{region.name} ${spot:.2f}/${on_demand:.2f}"
+            for region, (spot, on_demand) in zip(market.regions, book_prices(market), strict=True)
+        )
+        for market in trace_models.MARKETS
+    )  # fmt: skip
+
+
+def regional_reading(means: dict[tuple[str, float, str], float]) -> str:
+    """What the regional table says of the candidate, counted from it."""
+    sentences = []
+    for label in ("development", "held out"):
+        marks = [means[(label, d, across_regions.MARKOV)] for d in DEADLINES_H]
+        fills = [means[(label, d, across_regions.OUTAGE_FILL)] for d in DEADLINES_H]
+        known = [means[(label, d, BEST_REGION_KNOWN)] for d in DEADLINES_H]
+        sentences.append(
+            f"{label}: `markov` is within 1.05x at {sum(m <= 1.05 for m in marks)} of "
+            f"{len(marks)} deadlines ({min(marks):.3f}-{max(marks):.3f}x), cheaper than "
+            f"`outage-fill` at {sum(m < f for m, f in zip(marks, fills, strict=True))} and "
+            f"than the best region known in advance at "
+            f"{sum(m < k for m, k in zip(marks, known, strict=True))}"
+        )  # fmt: skip
+    return "Reading (counted from the table): " + "; ".join(sentences) + "."
 
 
 def across_reading(means: dict[tuple[str, float, float, str], float]) -> str:
@@ -361,6 +465,7 @@ def main() -> None:
     against_optimum = optimum_table()
     across_means: dict[tuple[str, float, float, str], float] = {}
     across = across_table(across_means)
+    regional, regional_means = regional_table()
     report.plot(curves, HERE / "cost.png",
                 f"4 machines, spot {MARKETS[1][0]}/h per machine, recovery {MARKETS[1][1]:g} h, "
                 f"{WORK_H:g} h of work")  # fmt: skip
@@ -440,6 +545,18 @@ optimum's saving that needs moves timed by foresight.
 {chr(10).join(across)}
 
 {across_reading(across_means)}
+
+## Across regions, each region at its own price
+
+The runs above at $0 a move (spotrain's own), each region at its own spot and on-demand price:
+the price book's {PRICED_TYPE} (`spotrain/core/price_book.json`, spot the mean over each
+region's zones), {book_prices_said()} an hour (spot/on-demand). `markov` plans with each region's
+price, as `spotrain run deadline-plan` does; outage fill does not weigh prices. Every cost,
+and the optimum's, is at each region's price. Target: at most 1.05x.
+
+{chr(10).join(regional)}
+
+{regional_reading(regional_means)}
 
 ## The planner's checkpoint interval against a brute-force search
 
