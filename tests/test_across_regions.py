@@ -15,14 +15,16 @@ import pytest
 from spotrain import cli
 from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
 from spotrain.core.errors import CostInputError
-from spotrain.core.outage_fill import RegionRecords, SpotRecord, across
+from spotrain.core.outage_fill import RegionRecords, SpotRecord, across, saving_per_hour
 from spotrain.cost import across_regions, optimum, simulation, trace_models, traces
 
 HOUR = 3600.0
 
 
-def brute_force(job: simulation.Job, sampled: list[traces.Trace], move_usd: float,
-                region_prices: list[tuple[float, float]] | None = None) -> float | None:  # fmt: skip
+def brute_force(
+    job: simulation.Job, sampled: list[traces.Trace], move_usd: float,
+    region_prices: list[tuple[float, float]] | None = None,
+) -> float | None:  # fmt: skip
     """The cheapest schedule of (region, mode) per tick that meets the deadline, each replayed
     through the simulator across regions itself."""
     ticks = math.ceil(job.deadline_h * 3600 / sampled[0].gap_s)  # type: ignore[operator]
@@ -69,8 +71,8 @@ def test_the_optimum_across_regions_is_the_cheapest_of_every_schedule() -> None:
         move_usd = rng.choice([0.0, 0.3, 2.0])
         # Half the cases price each region on its own (spot by up to half, as the price book's
         # regions differ), the other region's on-demand cheaper than home's spot at times.
-        prices = None if compared % 2 else [(job.spot_price, 3.0), (rng.choice([0.4, 1.2]),
-                                                                    rng.choice([0.9, 2.5]))]
+        other = (rng.choice([0.4, 1.2]), rng.choice([0.9, 2.5]))
+        prices = None if compared % 2 else [(job.spot_price, 3.0), other]
         expected = brute_force(job, sampled, move_usd, prices)
         found = optimum.cheapest_across(sampled, job, move_usd=move_usd,
                                         region_prices=prices).cost  # fmt: skip
@@ -132,7 +134,7 @@ def test_a_run_moves_for_spot_that_saves_more_than_the_move_and_stays_for_spot_h
     assert (ample.region, ample.mode) == (0, IDLE), ample.reason
 
 
-def test_with_regions_at_their_own_prices_no_strategy_beats_the_optimum_and_markov_trains_where_cheaper() -> None:
+def test_regions_priced_apart_no_strategy_beats_the_optimum_and_markov_finds_cheaper() -> None:
     """Two regions with spot alike, the second's at 0.6x home's: every strategy pays each
     region's price and none beats the optimum across them, which is the cheaper region's;
     Markov, which plans with the prices, pays less than the best schedule at home."""
@@ -148,6 +150,7 @@ def test_with_regions_at_their_own_prices_no_strategy_beats_the_optimum_and_mark
             assert outcome.deadline_met, name
             assert outcome.cost >= outcome.optimum_cost * (1 - 1e-12), name  # type: ignore[operator]
     markov = results[across_regions.MARKOV]
+
     # The same spot in both, one cheaper in every mode: the optimum is the cheaper region's.
     def confined(region: int, start: int) -> float | None:
         return optimum.cheapest_across([sampled[region]], job, move_usd=0.5, start_tick=start,
@@ -164,6 +167,15 @@ def test_with_regions_at_their_own_prices_no_strategy_beats_the_optimum_and_mark
     assert sum(o.cost for o in markov) < sum(homes)  # type: ignore[arg-type]
     with pytest.raises(CostInputError, match="1 regions' prices for 2 regions"):
         optimum.cheapest_across(sampled, job, move_usd=0.5, region_prices=prices[:1])
+
+
+def test_a_moves_saving_is_on_demand_here_less_the_cheapest_spot_elsewhere() -> None:
+    """What outage fill weighs a move by, in the handler (the price book's) and the simulator
+    (each region's price) alike: never below 0, where spot elsewhere costs more than
+    on-demand here."""
+    prices = [(10.0, 22.0), (14.5, 22.0), (13.0, 23.5), (25.0, 27.0)]
+    assert [saving_per_hour(prices, r) for r in range(4)] == [9.0, 12.0, 13.5, 17.0]
+    assert saving_per_hour([(1.0, 3.0), (3.5, 4.0)], 0) == 0.0
 
 
 def test_across_regions_meets_every_deadline_and_beats_staying_home() -> None:
@@ -220,14 +232,15 @@ def test_cost_simulate_across_regions_reports_moves_and_the_optimum(
     job = simulation.Job(work_h=8, deadline_h=11, changeover_h=0.25, on_demand_price=3.0,
                          spot_price=1.0)  # fmt: skip
     first = simulation.start_ticks(job, sampled[0], 3)[0]
+    each = [(1.0, 3.0), (0.6, 2.5), (1.4, 3.5)]
     expected = optimum.cheapest_across(sampled, job, move_usd=0.5, start_tick=first,
-                                       region_prices=[(1.0, 3.0), (0.6, 2.5), (1.4, 3.5)])  # fmt: skip
+                                       region_prices=each)  # fmt: skip
     assert found["strategies"]["markov"]["runs"][0]["optimum_cost"] == pytest.approx(
         expected.cost, rel=1e-12)  # fmt: skip
     assert cli.main(flags + priced[:2]) == 2
     assert "give one --region-price per region after home" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        cli.main(flags + ["--region-price", "1,free"])
+        cli.main([*flags, "--region-price", "1,free"])
     assert "give SPOT,ON_DEMAND, two USD/h above 0" in capsys.readouterr().err
     assert cli.main(["cost", "simulate", "--across-regions", *paths[:2], "--work-hours", "8",
                      "--on-demand-price", "3", "--spot-price", "1", "--wrap",

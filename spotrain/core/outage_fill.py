@@ -239,6 +239,15 @@ class Placement:
     reason: str
 
 
+def saving_per_hour(prices: Sequence[tuple[float, float]], region: int) -> float:
+    """What an hour of one machine on spot in another region saves against on-demand in
+    `region` (`prices`: each region's spot and on-demand price an hour): its on-demand less
+    the cheapest spot elsewhere, never below 0. What `across` weighs a move by, in the
+    handler (from the price book) and in the simulator alike."""
+    spot_elsewhere = min(spot for r, (spot, _) in enumerate(prices) if r != region)
+    return max(0.0, prices[region][1] - spot_elsewhere)
+
+
 def across(
     progress: Progress, *, region: int, current: str, spot_available: Sequence[bool],
     records: RegionRecords, move_usd: float, saving_per_hour: float,

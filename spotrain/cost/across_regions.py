@@ -107,7 +107,7 @@ def _spot_anywhere(job: Job) -> DecideWhere:
     return decide
 
 
-def _outage_fill(job: Job, move_usd: float) -> DecideWhere:
+def _outage_fill(job: Job, move_usd: float, prices: Sequence[tuple[float, float]]) -> DecideWhere:
     records = outage_fill.RegionRecords.empty(0)
 
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
@@ -117,7 +117,7 @@ def _outage_fill(job: Job, move_usd: float) -> DecideWhere:
         choice = outage_fill.across(
             progress, region=where[0], current=where[1], spot_available=available,
             records=records, move_usd=move_usd,
-            saving_per_hour=(job.on_demand_price - job.spot_price) * job.nodes,
+            saving_per_hour=outage_fill.saving_per_hour(prices, where[0]) * job.nodes,
         )  # fmt: skip
         return choice.region, choice.mode
 
@@ -156,7 +156,7 @@ def _strategy(name: str | DecideWhere, job: Job, move_usd: float,
     if name == SPOT_ANYWHERE:
         return _spot_anywhere(job)
     if name == OUTAGE_FILL:
-        return _outage_fill(job, move_usd)
+        return _outage_fill(job, move_usd, prices)
     raise CostInputError(f"strategy {name!r} is unknown: use one of {', '.join(STRATEGIES)}")
 
 
@@ -169,7 +169,7 @@ def simulate_across(
     the traces' end no spot anywhere. `known`: the regions' means the environment has seen
     (for `markov`). `region_prices`: each region's spot and on-demand price an instance-hour
     (`simulation.region_prices`; None: the job's everywhere), which `markov` plans with and
-    the others do not weigh."""
+    `outage-fill` weighs a move by (`outage_fill.saving_per_hour`, as the handler does)."""
     if job.checkpoint_every_h is not None or job.deadline_h is None:
         raise CostInputError(
             "a replay across regions is of a job with a deadline and the study's model: give "

@@ -229,18 +229,17 @@ def _mode(own: list[Group], wish: MoveOrder | None) -> str:
 
 def _saving_per_hour(instance_types: tuple[str, ...], own: list[Group], regions: list[str],
                      here: str) -> float:  # fmt: skip
-    """What an hour of the gang on spot elsewhere saves against on-demand here, from the
-    checked-in price book (the first type's; the cheapest spot price of the other regions):
-    0 when the book cannot price it, so that no move is made on a guess."""
+    """What an hour of the gang on spot elsewhere saves against on-demand here
+    (`outage_fill.saving_per_hour`), from the checked-in price book (the first type's): 0 when
+    the book cannot price it, so that no move is made on a guess."""
     machines = max(1, sum(g.declared.desired for g in own))
     try:
-        book = _checked_in_book()
-        on_demand = book.pool(instance_types[0], here).on_demand.usd_per_hour or 0.0
-        spot = min(book.pool(instance_types[0], r).spot_price for r in regions if r != here)
+        pools = [_checked_in_book().pool(instance_types[0], r) for r in regions]
+        priced = [(p.spot_price, p.on_demand.usd_per_hour or 0.0) for p in pools]
     except (SpotrainError, ValueError) as error:
         log.warning("a move cannot be priced: %s", error)
         return 0.0
-    return max(0.0, on_demand - spot) * machines
+    return outage_fill.saving_per_hour(priced, regions.index(here)) * machines
 
 
 @functools.cache
