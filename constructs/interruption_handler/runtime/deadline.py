@@ -168,8 +168,7 @@ def for_spot(
         placement = outage_fill.across(
             progress, region=regions.index(here), current=_mode(own, standing),
             spot_available=available, records=records, move_usd=0.0,
-            saving_per_hour=_saving_per_hour(declaration.instance_types, own, regions, here),
-            names=regions,
+            prices=_gang_prices(declaration.instance_types, own, regions), names=regions,
         )  # fmt: skip
     to = regions[placement.region]
     if to == here:
@@ -227,19 +226,19 @@ def _mode(own: list[Group], wish: MoveOrder | None) -> str:
     return deadline_policy.IDLE
 
 
-def _saving_per_hour(instance_types: tuple[str, ...], own: list[Group], regions: list[str],
-                     here: str) -> float:  # fmt: skip
-    """What an hour of the gang on spot elsewhere saves against on-demand here
-    (`outage_fill.saving_per_hour`), from the checked-in price book (the first type's): 0 when
-    the book cannot price it, so that no move is made on a guess."""
+def _gang_prices(instance_types: tuple[str, ...], own: list[Group],
+                 regions: list[str]) -> list[tuple[float, float]]:  # fmt: skip
+    """Each region's spot and on-demand price an hour for the run's gang, from the checked-in
+    price book (the first type's): none when the book cannot price a region, so that no move
+    is made on a guess."""
     machines = max(1, sum(g.declared.desired for g in own))
     try:
         pools = [_checked_in_book().pool(instance_types[0], r) for r in regions]
-        priced = [(p.spot_price, p.on_demand.usd_per_hour or 0.0) for p in pools]
     except (SpotrainError, ValueError) as error:
         log.warning("a move cannot be priced: %s", error)
-        return 0.0
-    return outage_fill.saving_per_hour(priced, regions.index(here)) * machines
+        return []
+    return [(p.spot_price * machines, (p.on_demand.usd_per_hour or 0.0) * machines)
+            for p in pools]  # fmt: skip
 
 
 @functools.cache
