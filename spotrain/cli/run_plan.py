@@ -133,7 +133,7 @@ def solve_and_store(where: Any, run: Any, given: Means) -> str:
     regions = where.regions or (where.region,)
     deadline = run.deadline
     regional = _regions_prices(run, regions)
-    gang = markov_policy.Prices(*regional[0], move_usd=0.0, regional=regional)
+    gang = markov_policy.Prices.per_region(regional, move_usd=0.0)
     tick = plan_tick_minutes(CAPACITY_CHECK_MINUTES, deadline.deadline_h, len(regions),
                              deadline.changeover_minutes)  # fmt: skip
     ticks = max(1, math.floor(deadline.deadline_h * 60 / tick))

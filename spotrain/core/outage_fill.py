@@ -254,8 +254,9 @@ def across(
     2. Spot here: spot here, unless spot is cheaper in a region that has some and a spell there
        (after its changeover) saves more than twice what the move costs (its changeover at
        spot there, and the transfer): then it moves there. With regions at one price a run
-       never leaves spot for spot. (Measured with the price book's p4d.24xlarge regions: held
-       out, staying on the dearer spot cost 1.08-1.13x the optimum, moving 1.03-1.06x.)
+       never leaves spot for spot. (Measured with the price book's p4d.24xlarge regions, held
+       out: 1.08-1.13x the optimum before this rule and rule 3 weighed each region's price,
+       1.03-1.06x with them.)
     3. Spot elsewhere only: it moves to the region where the on-demand the move is expected to
        save is largest (ties: the longest spells), if that is more than the transfer. An hour
        there saves on-demand here less spot there: over a spell there (after the changeover),

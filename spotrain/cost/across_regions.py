@@ -107,9 +107,8 @@ def _spot_anywhere(job: Job) -> DecideWhere:
     return decide
 
 
-def _outage_fill(job: Job, move_usd: float, prices: Sequence[tuple[float, float]]) -> DecideWhere:
+def _outage_fill(move_usd: float, gang: Sequence[tuple[float, float]]) -> DecideWhere:
     records = outage_fill.RegionRecords.empty(0)
-    gang = [(spot * job.nodes, on_demand * job.nodes) for spot, on_demand in prices]
 
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
         nonlocal records
@@ -124,14 +123,12 @@ def _outage_fill(job: Job, move_usd: float, prices: Sequence[tuple[float, float]
     return decide
 
 
-def _markov(job: Job, move_usd: float, prices: Sequence[tuple[float, float]],
+def _markov(move_usd: float, gang: Sequence[tuple[float, float]],
             known: Sequence[RegionRates] | None) -> DecideWhere:  # fmt: skip
     from spotrain.cost import markov_policy  # numpy: the `cost` extra
 
-    regional = tuple((spot * job.nodes, on_demand * job.nodes) for spot, on_demand in prices)
-    home_spot, home_on_demand = regional[0]
-    planned = markov_policy.Prices(home_spot, home_on_demand, move_usd, regional=regional)
-    policy = markov_policy.MarkovPolicy(len(prices), planned, known=known)
+    planned = markov_policy.Prices.per_region(gang, move_usd)
+    policy = markov_policy.MarkovPolicy(len(gang), planned, known=known)
     started = False
 
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
@@ -145,18 +142,19 @@ def _markov(job: Job, move_usd: float, prices: Sequence[tuple[float, float]],
 
 
 def _strategy(name: str | DecideWhere, job: Job, move_usd: float,
-              prices: Sequence[tuple[float, float]],
+              gang: Sequence[tuple[float, float]],
               known: Sequence[RegionRates] | None) -> DecideWhere:  # fmt: skip
+    """`gang`: each region's spot and on-demand price an hour of the whole gang."""
     if callable(name):  # a decision function of the caller's
         return name
     if name == MARKOV:
-        return _markov(job, move_usd, prices, known)
+        return _markov(move_usd, gang, known)
     if name == HOME_ONLY:
         return _home_only(job)
     if name == SPOT_ANYWHERE:
         return _spot_anywhere(job)
     if name == OUTAGE_FILL:
-        return _outage_fill(job, move_usd, prices)
+        return _outage_fill(move_usd, gang)
     raise CostInputError(f"strategy {name!r} is unknown: use one of {', '.join(STRATEGIES)}")
 
 
@@ -177,7 +175,8 @@ def simulate_across(
         )
     tick = tick_ms(sampled[0])
     prices = region_prices_of(job, len(sampled), region_prices)
-    decide = _strategy(strategy, job, move_usd, prices, known)
+    gang = [(spot * job.nodes, on_demand * job.nodes) for spot, on_demand in prices]
+    decide = _strategy(strategy, job, move_usd, gang, known)
     work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
                                      whole_ms(job.start_h))  # fmt: skip
     deadline = whole_ms(job.deadline_h)

@@ -113,6 +113,12 @@ class Prices:
         """The prices of `job`'s whole gang."""
         return cls(job.spot_price * job.nodes, job.on_demand_price * job.nodes, move_usd)
 
+    @classmethod
+    def per_region(cls, regional: Sequence[tuple[float, float]], move_usd: float) -> Prices:
+        """Each region's spot and on-demand price an hour of the gang, home first."""
+        regional = tuple((spot, on_demand) for spot, on_demand in regional)
+        return cls(*regional[0], move_usd=move_usd, regional=regional)
+
     def in_region(self, region: int) -> tuple[float, float]:
         """Spot's and on-demand's price an hour in `region`."""
         return (
