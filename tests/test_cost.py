@@ -285,6 +285,26 @@ def test_generated_traces_have_the_availability_their_rate_implies() -> None:
     assert again == generated
 
 
+def test_a_trace_may_say_when_it_starts_which_gives_each_tick_its_hour(tmp_path: Path) -> None:
+    """`metadata.start` (ISO 8601 with its zone) is read, written back, kept by a coarser tick
+    and gives each tick its hour of the day (UTC); one that is not a time is refused with the
+    fix, and a trace without it has no hours."""
+    path = tmp_path / "started.json"
+    metadata = {"gap_seconds": 1800, "start": "2026-11-02T23:00:00+02:00"}
+    path.write_text(json.dumps({"metadata": metadata, "data": [1, 0, 1, 1]}))
+    trace = traces.load(path)
+    assert [trace.utc_hour(tick) for tick in range(4)] == [21.0, 21.5, 22.0, 22.5]
+    assert trace.to_json()["metadata"]["start"] == "2026-11-02T21:00:00Z"
+    assert traces.parse(trace.to_json(), str(path)) == trace
+    assert traces.coarsen(trace, 3600).utc_hour(1) == 22.0
+    for start in ("noon", "2026-11-02T05:00:00", 1762059600):
+        path.write_text(json.dumps({"metadata": {"gap_seconds": 60, "start": start},
+                                    "data": [1]}))  # fmt: skip
+        with pytest.raises(traces.TraceError, match=r"metadata.start is .* ISO 8601"):
+            traces.load(path)
+    assert traces.Trace("unsaid", 60, (1,)).utc_hour(0) is None
+
+
 @pytest.mark.parametrize(
     ("text", "message"),
     [

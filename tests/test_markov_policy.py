@@ -7,6 +7,7 @@ from __future__ import annotations
 import functools
 import itertools
 import json
+import math
 import random
 from dataclasses import replace
 from pathlib import Path
@@ -24,18 +25,28 @@ from spotrain.cost.markov_policy import MISSED_USD, Plan, Prices, RegionRates
 
 
 def expectimax(rates: list[RegionRates], prices: Prices, *, tick_h: float, ticks: int,
-               work: int, changeover: int) -> dict[int, float]:  # fmt: skip
+               work: int, changeover: int,
+               deadline_utc_h: float | None = None) -> dict[int, float]:  # fmt: skip
     """The least expected cost of a run not yet started, with `ticks` ticks to its deadline
     and `work` ticks of work, for each set of regions with spot at its start (as bits),
-    written out one state at a time."""
+    written out one state at a time. With the deadline's hour, a spell ends over a tick at
+    its rate at the tick's middle: 1 + swing times the cosine of the hours from its peak, over
+    the mean spell."""
     regions = len(rates)
-    ends = [min(1.0, tick_h / r.mean_spell_h) for r in rates]
     returns = [min(1.0, tick_h / r.mean_outage_h) for r in rates]
 
-    def chance(now: tuple[bool, ...], then: tuple[bool, ...]) -> float:
+    def ends(r: int, left: int) -> float:
+        rate = 1 / rates[r].mean_spell_h
+        if deadline_utc_h is not None:
+            middle = deadline_utc_h - (left - 0.5) * tick_h
+            hours_from_peak = middle - rates[r].spell_peak_utc_h
+            rate *= 1 + rates[r].spell_swing * math.cos(2 * math.pi * hours_from_peak / 24)
+        return min(1.0, tick_h * rate)
+
+    def chance(now: tuple[bool, ...], then: tuple[bool, ...], left: int) -> float:
         p = 1.0
         for r in range(regions):
-            stays = 1 - ends[r] if now[r] else 1 - returns[r]
+            stays = 1 - ends(r, left) if now[r] else 1 - returns[r]
             p *= stays if then[r] == now[r] else 1 - stays
         return p
 
@@ -76,7 +87,7 @@ def expectimax(rates: list[RegionRates], prices: Prices, *, tick_h: float, ticks
             if w == 0:
                 continue  # done: nothing more to pay
             lost = mode == SPOT and not then[region]
-            total += chance(spot, then) * best(
+            total += chance(spot, then, left) * best(
                 left - 1, w, then, region, IDLE if lost else mode, 0 if lost else k
             )
         return total
@@ -86,12 +97,20 @@ def expectimax(rates: list[RegionRates], prices: Prices, *, tick_h: float, ticks
             for spot in patterns}  # fmt: skip
 
 
+@pytest.mark.parametrize("daily", [False, True], ids=["alike-by-the-hour", "daily-swing"])
 @pytest.mark.parametrize("seed", range(6))
-def test_the_programme_equals_an_expectimax_over_the_same_model(seed: int) -> None:
+def test_the_programme_equals_an_expectimax_over_the_same_model(seed: int, daily: bool) -> None:
+    """Also where spells end more often at some hours of the day than at others, each region
+    peaking at an hour of its own, the deadline at any hour: the ticks (5 to 7 of half an
+    hour) cross several hours, so a plan whose hours were a tick out of line fails."""
     rng = random.Random(seed)
     regions = rng.choice([1, 2])
-    rates = [RegionRates(rng.choice([0.5, 1.0, 3.0]), rng.choice([0.5, 1.0, 2.0]))
+    rates = [RegionRates(rng.choice([1.0, 3.0] if daily else [0.5, 1.0, 3.0]),
+                         rng.choice([0.5, 1.0, 2.0]),
+                         spell_swing=rng.choice([0.5, 0.9]) if daily else 0.0,
+                         spell_peak_utc_h=rng.uniform(0, 24))
              for _ in range(regions)]  # fmt: skip
+    deadline_utc_h = rng.uniform(0, 24) if daily else None
     prices = Prices(spot_per_hour=1.0, on_demand_per_hour=rng.choice([2.0, 3.0]),
                     move_usd=rng.choice([0.0, 0.2, 1.0]))  # fmt: skip
     if seed % 2:  # each region at prices of its own
@@ -99,12 +118,39 @@ def test_the_programme_equals_an_expectimax_over_the_same_model(seed: int) -> No
         prices = replace(prices, regional=own)
     tick_h, ticks, work, changeover = 0.5, rng.choice([5, 6, 7]), rng.choice([2, 3]), rng.choice(
         [0, 1])  # fmt: skip
-    plan = Plan(rates, prices, tick_h=tick_h, ticks=ticks, work=work, changeover=changeover)
+    if daily:  # a changeover to pay again after a spell ends: when it ends matters
+        changeover = 1
+    plan = Plan(rates, prices, tick_h=tick_h, ticks=ticks, work=work, changeover=changeover,
+                deadline_utc_h=deadline_utc_h)  # fmt: skip
     expected = expectimax(rates, prices, tick_h=tick_h, ticks=ticks, work=work,
-                          changeover=changeover)  # fmt: skip
+                          changeover=changeover, deadline_utc_h=deadline_utc_h)  # fmt: skip
+    if daily:  # the hours count: a deadline a tick later costs another amount
+        later = expectimax(rates, prices, tick_h=tick_h, ticks=ticks, work=work,
+                           changeover=changeover,
+                           deadline_utc_h=deadline_utc_h + tick_h)  # fmt: skip
+        assert any(later[s] != pytest.approx(v, rel=1e-6) for s, v in expected.items())
     assert len(expected) == 1 << regions
     for spot, value in expected.items():
         assert plan.idle_value[work, spot] == pytest.approx(value, rel=1e-9), (seed, spot)
+
+
+def test_the_days_swing_of_spells_ending_is_read_from_a_history_that_says_when_it_starts() -> None:
+    """Three months of a region whose spells end 60% more often at 15:00 of its day (UTC-5:
+    20:00 UTC) than on average: the swing and its peak hour are read back; the same history
+    without its start, or a week's less a tick, reads as alike at every hour."""
+    region = trace_models.RegionModel("us-east-1", mean_available_h=4.0, outage_median_h=1.0,
+                                      outage_spread=0.8, diurnal=0.6, utc_offset_h=-5)  # fmt: skip
+    history = trace_models.sample(trace_models.Market("one", (region,)), hours=90 * 24,
+                                  gap_s=600, seed=4)[0]  # fmt: skip
+    swing, peak = markov_policy.daily_swing(history, 1)
+    assert swing == pytest.approx(0.6, abs=0.12)
+    assert abs((peak - 20 + 12) % 24 - 12) < 1.5
+    (rates,) = markov_policy.known_rates([history], 1)
+    assert (rates.spell_swing, rates.spell_peak_utc_h) == (swing, peak)
+    assert markov_policy.daily_swing(replace(history, start_s=None), 1) == (0.0, 0.0)
+    week = round(markov_policy.DAILY_EVIDENCE_DAYS * 24 * 6) - 1
+    short = replace(history, available=history.available[:week])
+    assert markov_policy.daily_swing(short, 1) == (0.0, 0.0)
 
 
 def _progress(**changes: float) -> Progress:
@@ -452,6 +498,10 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
         assert header is not None and header.regions == regions and header.tick_h == 5 / 60
         expected = markov_policy.known_rates([traces.load(p) for p in history], run.desired_size)
         assert header.means == tuple((r.mean_spell_h, r.mean_outage_h) for r in expected)
+        # The traces say when they start: each region's spells end by the hour, as the plan
+        # and its reasons say.
+        assert header.daily == tuple((r.spell_swing, r.spell_peak_utc_h) for r in expected)
+        assert all(swing > 0 for swing, _ in header.daily) and "more often near" in said
         pool = prices.load().pool(run.instance_types[0], regions[0])
         assert header.spot_per_hour == pytest.approx(pool.spot_price * run.desired_size)
         assert header.on_demand_per_hour == pytest.approx(
@@ -470,6 +520,7 @@ def test_run_deadline_plan_solves_from_the_history_given_and_stores_what_the_han
         decided = deadline_plan.decide(header, part, progress, region=0, current=ON_DEMAND,
                                        spot_available=[False, True])  # fmt: skip
         assert decided.reason.startswith("plan: 9.5 h of work in 15.0 h; us-east-1 lacks")
+        assert ":00 UTC, outages of" in decided.reason
         listed = r"(?s)no deadline.*one trace per region"  # one problem a line
         with pytest.raises(SpotrainError, match=listed) as refused:
             run_plan.means(where, replace(run, deadline=None), [str(tmp_path / "gone.json")], [])

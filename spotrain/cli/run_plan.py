@@ -5,7 +5,8 @@ same for a run with a deadline when given either.
 
 The plan models each region's spot as spells and outages whose means are what the environment
 saw of its market before the run: a trace per region of the environment (home first; the
-public trace format `spotrain cost simulate` replays), or the records of spot in each region
+public trace format `spotrain cost simulate` replays; one that says when it starts also gives
+the hours of the day at which that region's spells end most), or the records of spot in each region
 the handler's checks kept for runs with a deadline (earlier runs, together, or this one, to
 plan again with what it has seen). bench/cost.md measures the policy with a month of
 history. Without a plan, outage fill decides, as before."""
@@ -127,6 +128,7 @@ def solve_and_store(where: Any, run: Any, given: Means) -> str:
     """Solve the run's plan with the means `given` and store it in the environment's events
     table; what was stored, in a sentence."""
     from spotrain.core import deadline_plan
+    from spotrain.core.deadline_policy import instant
     from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
     from spotrain.cost import markov_policy
 
@@ -139,15 +141,23 @@ def solve_and_store(where: Any, run: Any, given: Means) -> str:
     ticks = max(1, math.floor(deadline.deadline_h * 60 / tick))
     started = time.monotonic()
     changeover = math.ceil(deadline.changeover_minutes / tick - 1e-9)
+    # The deadline's hour of the day lines the plan's ticks up with the hours at which each
+    # region's spells end most (where its history says when it was seen).
+    deadline_utc_h = instant(deadline.finish_by) / 3600 % 24
     plan = markov_policy.Plan(given.rates, gang, tick_h=tick / 60, ticks=ticks, work=ticks,
-                              changeover=changeover)  # fmt: skip
+                              changeover=changeover, deadline_utc_h=deadline_utc_h)  # fmt: skip
     header = plan.header(regions, source=given.source)
     # A new id for every plan: a warm handler keeps the parts it read by it.
     header = dataclasses.replace(header, plan_id=uuid.uuid4().hex[:12],
                                  deadline=deadline_plan.solved_for(deadline))  # fmt: skip
     stored = deadline_plan.store(where.events, run.name, header, plan.slices())
-    said = "; ".join(f"{r}: spells of {m[0]:.1f} h, outages of {m[1]:.1f} h"
-                     for r, m in zip(regions, header.means, strict=True))  # fmt: skip
+    daily = header.daily or ((0.0, 0.0),) * len(regions)
+    said = "; ".join(f"{r}: spells of {m[0]:.1f} h"
+                     + (f" ending {swing:.0%} more often near {round(peak) % 24:02d}:00 UTC"
+                        if swing else "")
+                     + f", outages of {m[1]:.1f} h"
+                     for r, m, (swing, peak) in zip(regions, header.means, daily,
+                                                    strict=True))  # fmt: skip
     took = time.monotonic() - started
     return (f"its deadline plan solved in {took:.0f} s ({ticks} ticks of {tick:g} minutes, "
             f"{len(stored.parts)} part(s)) and stored: {said} ({given.source}); the "

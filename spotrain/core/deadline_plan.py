@@ -8,7 +8,8 @@ the programme chose: idle, go on, on-demand here, or spot in a region. Solving i
 which the handler's Lambda does not carry, so it is solved where numpy is (`spotrain run
 deadline-plan`, which `run submit` calls for a run with a deadline) and stored in the events
 table under a key of its own that the run's machines cannot reach: a header item (what the plan
-assumed: each region's mean spell and outage of spot, the gang's prices, the tick) and the plan
+assumed: each region's mean spell and outage of spot and the hour its spells end most, the
+gang's prices, the tick) and the plan
 in parts, each a run of ticks-left slices compressed on their own (the actions change little
 between neighbouring states: about 1 MB for three regions over 72 h at 5-minute ticks, 215 MB
 raw). A check reads the header and the one part its tick is in, and decompresses one slice (at
@@ -104,6 +105,9 @@ class Header:
     regional_prices: tuple[tuple[float, float], ...] = ()
     """Per region, the spot and on-demand price an hour it was solved with (empty: every region
     at home's, as plans stored before regions' prices were told apart)."""
+    daily: tuple[tuple[float, float], ...] = ()
+    """Per region, how much more often than on average its spells end at their peak hour, and
+    that hour (UTC), as the plan assumed (empty: alike at every hour)."""
 
     @property
     def states(self) -> int:
@@ -126,7 +130,8 @@ class Header:
         regional = tuple(tuple(p) for p in d.get("regional_prices", ()))  # none before
         return cls(**{**d, "regions": tuple(d["regions"]), "parts": tuple(d["parts"]),
                       "means": tuple(tuple(m) for m in d["means"]),
-                      "regional_prices": regional})  # fmt: skip
+                      "regional_prices": regional,
+                      "daily": tuple(tuple(s) for s in d.get("daily", ()))})  # fmt: skip
 
 
 class Slices(Protocol):
@@ -198,11 +203,14 @@ def decide(header: Header, slices: Slices, progress: Progress, *, region: int | 
 def _placement(header: Header, action: int, here: int, current: str, left: int, work: int,
                spot: int) -> Placement:  # fmt: skip
     name = header.regions[here]
+    daily = header.daily or ((0.0, 0.0),) * len(header.regions)
     market = ", ".join(
-        f"{r} {'has' if spot >> i & 1 else 'lacks'} spot (spells of {m[0]:.1f} h, outages of "
-        f"{m[1]:.1f} h)"
-        for i, (r, m) in enumerate(zip(header.regions, header.means, strict=True))
-    )
+        f"{r} {'has' if spot >> i & 1 else 'lacks'} spot (spells of {m[0]:.1f} h"
+        + (f", ending most near {round(peak) % 24:02d}:00 UTC" if swing else "")
+        + f", outages of {m[1]:.1f} h)"
+        for i, (r, m, (swing, peak)) in enumerate(
+            zip(header.regions, header.means, daily, strict=True))
+    )  # fmt: skip
     whence = f" (means {header.source})" if header.source else ""
     facts = (f"plan: {work * header.tick_h:.1f} h of work in {left * header.tick_h:.1f} h; "
              f"{market}{whence}")  # fmt: skip

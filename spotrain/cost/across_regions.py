@@ -124,11 +124,13 @@ def _outage_fill(move_usd: float, gang: Sequence[tuple[float, float]]) -> Decide
 
 
 def _markov(move_usd: float, gang: Sequence[tuple[float, float]],
-            known: Sequence[RegionRates] | None) -> DecideWhere:  # fmt: skip
+            known: Sequence[RegionRates] | None,
+            deadline_utc_h: float | None) -> DecideWhere:  # fmt: skip
     from spotrain.cost import markov_policy  # numpy: the `cost` extra
 
     planned = markov_policy.Prices.per_region(gang, move_usd)
-    policy = markov_policy.MarkovPolicy(len(gang), planned, known=known)
+    policy = markov_policy.MarkovPolicy(len(gang), planned, known=known,
+                                        deadline_utc_h=deadline_utc_h)  # fmt: skip
     started = False
 
     def decide(progress: Progress, where: Where, available: Sequence[bool]) -> Where:
@@ -142,13 +144,14 @@ def _markov(move_usd: float, gang: Sequence[tuple[float, float]],
 
 
 def _strategy(name: str | DecideWhere, job: Job, move_usd: float,
-              gang: Sequence[tuple[float, float]],
-              known: Sequence[RegionRates] | None) -> DecideWhere:  # fmt: skip
-    """`gang`: each region's spot and on-demand price an hour of the whole gang."""
+              gang: Sequence[tuple[float, float]], known: Sequence[RegionRates] | None,
+              deadline_utc_h: float | None) -> DecideWhere:  # fmt: skip
+    """`gang`: each region's spot and on-demand price an hour of the whole gang;
+    `deadline_utc_h`: the deadline's hour of the day, where the traces say when they start."""
     if callable(name):  # a decision function of the caller's
         return name
     if name == MARKOV:
-        return _markov(move_usd, gang, known)
+        return _markov(move_usd, gang, known, deadline_utc_h)
     if name == HOME_ONLY:
         return _home_only(job)
     if name == SPOT_ANYWHERE:
@@ -176,7 +179,9 @@ def simulate_across(
     tick = tick_ms(sampled[0])
     prices = region_prices_of(job, len(sampled), region_prices)
     gang = [(spot * job.nodes, on_demand * job.nodes) for spot, on_demand in prices]
-    decide = _strategy(strategy, job, move_usd, gang, known)
+    start_hour = sampled[0].utc_hour(start_tick)
+    decide = _strategy(strategy, job, move_usd, gang, known,
+                       None if start_hour is None else start_hour + job.deadline_h)  # fmt: skip
     work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
                                      whole_ms(job.start_h))  # fmt: skip
     deadline = whole_ms(job.deadline_h)

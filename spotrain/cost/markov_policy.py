@@ -7,14 +7,17 @@ lives in the core, and the simulator calls it on the plan it solves, so both dec
 
 The model: each region's spot comes in spells and outages, a two-state Markov chain per
 decision tick (a spell ends with probability tick / mean spell, an outage with tick / mean
-outage), the regions independent of each other. Against that model the policy is exact: a
-finite-horizon dynamic programme over the ticks left to the deadline, whose state is the work
-left (whole ticks), which regions have spot now, where the run is and on what (idle, on-demand
-or spot), and the changeover ticks it still has to pay. Each tick an action is chosen: idle, go
-on, on-demand in the region it is in, or spot in a region that has some. Starting or switching
-pays the changeover at the new mode's price; a start in another region pays the move
-(`move_usd`) too. A tick of spot whose region loses its capacity leaves the run idle there.
-Missing the deadline costs `MISSED_USD`.
+outage), the regions independent of each other. Where the history says when it was seen (a
+trace's `start`), a region's spells end more often at some hours of the day than at others
+(`daily_swing`: a cosine's swing and peak hour), and the plan, lined up with the run's deadline,
+takes each tick's chance of a spell ending at that tick's hour. Against that model the policy
+is exact: a finite-horizon dynamic programme over the ticks left to the deadline, whose state is
+the work left (whole ticks), which regions have spot now, where the run is and on what (idle,
+on-demand or spot), and the changeover ticks it still has to pay. Each tick an action is
+chosen: idle, go on, on-demand in the region it is in, or spot in a region that has some.
+Starting or switching pays the changeover at the new mode's price; a start in another region
+pays the move (`move_usd`) too. A tick of spot whose region loses its capacity leaves the run
+idle there. Missing the deadline costs `MISSED_USD`.
 
 The programme is solved backwards once for the ticks left and the work left, and looked up at
 each check. The means come from what the environment has seen of its regions before the run
@@ -47,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -73,10 +76,21 @@ class RegionRates:
 
     mean_spell_h: float
     mean_outage_h: float
+    spell_swing: float = 0.0
+    """0 to 1: how much more often than on average spells end at `spell_peak_utc_h` (and less
+    often twelve hours away), as a cosine over the day; 0: alike at every hour."""
+    spell_peak_utc_h: float = 0.0
 
     @classmethod
     def of(cls, record: outage_fill.SpotRecord) -> RegionRates:
         return cls(record.spell_h(), record.outage_h())
+
+    def spell_end_rate(self, utc_h: float | None) -> float:
+        """Spells ending an hour at `utc_h` (the hour of the day, UTC; None: the mean)."""
+        if utc_h is None or not self.spell_swing:
+            return 1 / self.mean_spell_h
+        swing = self.spell_swing * math.cos(2 * math.pi * (utc_h - self.spell_peak_utc_h) / 24)
+        return (1 + swing) / self.mean_spell_h
 
     def moved_from(self, other: RegionRates) -> bool:
         return deadline_plan.moved((other.mean_spell_h, other.mean_outage_h),
@@ -85,15 +99,53 @@ class RegionRates:
 
 def known_rates(history: Sequence[Trace], nodes: int) -> list[RegionRates]:
     """Each region's means as its record of `history` (one trace per region, what the
-    environment saw before the run) gives them, for a gang of `nodes` machines."""
+    environment saw before the run) gives them, for a gang of `nodes` machines, and the day's
+    swing of its spells' ending (`daily_swing`) where a trace says when it starts."""
     rates = []
     for trace in history:
         record = outage_fill.SpotRecord()
         for index, capacity in enumerate(trace.available):
             record = record.seen(index * trace.gap_s, capacity >= nodes,
                                  longest_gap_s=trace.gap_s)  # fmt: skip
-        rates.append(RegionRates.of(record))
+        swing, peak = daily_swing(trace, nodes)
+        rates.append(replace(RegionRates.of(record), spell_swing=swing, spell_peak_utc_h=peak))
     return rates
+
+
+DAILY_EVIDENCE_DAYS = 7.0
+"""The least history whose spells' ending is read by the hour: a few days' endings, a handful
+an hour, are mostly noise."""
+MOST_SWING = 0.9
+"""A swing read past this is taken as this: spells never stop ending at any hour."""
+
+
+def daily_swing(trace: Trace, nodes: int) -> tuple[float, float]:
+    """How spells of spot for `nodes` machines end over the day in `trace`: (swing, peak UTC
+    hour) as `RegionRates` takes them, fitted by least squares to each hour's endings as the
+    hours of spot in it times a rate of 1 + swing times the cosine of the hours from the peak.
+    (0, 0) where the trace does not say when it starts, covers less than
+    `DAILY_EVIDENCE_DAYS`, or has no ending to read."""
+    if trace.start_s is None or trace.hours < DAILY_EVIDENCE_DAYS * 24:
+        return 0.0, 0.0
+    gap_h = trace.gap_s / 3600
+    up = np.asarray(trace.available) >= nodes
+    # The hour of the day each tick starts at, and each ending's: half a tick before the
+    # first tick without spot.
+    hour = (trace.start_s / 3600 + np.arange(len(up)) * gap_h) % 24
+    ended = np.flatnonzero(up[:-1] & ~up[1:]) + 1
+    endings = np.bincount(((hour[ended] - gap_h / 2) % 24).astype(int), minlength=24)
+    exposure = np.bincount(hour[up].astype(int), minlength=24) * gap_h
+    if not endings.sum():
+        return 0.0, 0.0
+    # An hour without spot in the whole history (a market that dries up every afternoon)
+    # weighs nothing: its exposure is 0.
+    angle = 2 * np.pi * (np.arange(24) + 0.5) / 24
+    terms = np.stack([exposure, exposure * np.cos(angle), exposure * np.sin(angle)], axis=1)
+    (rate, cos, sin), *_ = np.linalg.lstsq(terms, endings.astype(float), rcond=None)
+    if rate <= 0:
+        return 0.0, 0.0
+    peak = (math.atan2(sin, cos) * 24 / (2 * math.pi)) % 24
+    return float(min(MOST_SWING, math.hypot(cos, sin) / rate)), peak
 
 
 @dataclass(frozen=True)
@@ -133,17 +185,46 @@ class Plan:
     `work` ticks of work left, in `len(rates)` regions."""
 
     def __init__(self, rates: Sequence[RegionRates], prices: Prices, *, tick_h: float,
-                 ticks: int, work: int, changeover: int) -> None:  # fmt: skip
+                 ticks: int, work: int, changeover: int,
+                 deadline_utc_h: float | None = None) -> None:  # fmt: skip
         self.rates, self.prices, self.tick_h = tuple(rates), prices, tick_h
         self.regions = len(self.rates)
         self.ticks, self.work, self.changeover = ticks, work, changeover
+        self.deadline_utc_h = (
+            None
+            if deadline_utc_h is None or not any(r.spell_swing for r in self.rates)
+            else deadline_utc_h % 24
+        )
+        """The hour of the day (UTC) of the deadline it plans to, where a region's spells end
+        by the hour: the tick `left` ticks before it is at that hour less `left` ticks."""
+        self._transition: np.ndarray | None = None
         self.action, self.first_region, self.idle_value = _solve(self)
+
+    def transition(self, left: int, spot_of: np.ndarray) -> np.ndarray:
+        """The chance of each set of regions with spot (bits) a tick after each, over the tick
+        that starts `left` ticks before the deadline ([now][next]): the same for every tick
+        unless spells end by the hour (at the tick's middle)."""
+        if self._transition is not None:
+            return self._transition
+        utc_h = None if self.deadline_utc_h is None else self.deadline_utc_h - (
+            left - 0.5) * self.tick_h  # fmt: skip
+        found = np.ones((len(spot_of), len(spot_of)))
+        for r, rates in enumerate(self.rates):
+            ends = min(1.0, self.tick_h * rates.spell_end_rate(utc_h))
+            returns = min(1.0, self.tick_h / rates.mean_outage_h)
+            chain = np.array([[1 - returns, returns], [ends, 1 - ends]])  # [now][next]: 0 gone
+            found *= chain[spot_of[:, r].astype(int)][:, spot_of[:, r].astype(int)]
+        if utc_h is None:
+            self._transition = found
+        return found
 
     def header(self, names: Sequence[str] = (), source: str = "") -> deadline_plan.Header:
         """What the plan was solved for, as `spotrain.core.deadline_plan` reads it."""
         return deadline_plan.Header(
             regions=tuple(names) or tuple(f"region {r}" for r in range(self.regions)),
             means=tuple((r.mean_spell_h, r.mean_outage_h) for r in self.rates),
+            daily=tuple((r.spell_swing, r.spell_peak_utc_h) for r in self.rates)
+            if self.deadline_utc_h is not None else (),
             spot_per_hour=self.prices.spot_per_hour,
             on_demand_per_hour=self.prices.on_demand_per_hour, move_usd=self.prices.move_usd,
             regional_prices=self.prices.regional,
@@ -170,19 +251,15 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     [ticks left, work left, spot bits, mode, changeover left]), the best region to be idle in
     for a run that has not started ([ticks left, work left, spot bits]), and the expected cost
     of a run not started with every tick of the plan left ([work left, spot bits]: what the
-    expectimax test checks; the earlier ticks' are not kept)."""
+    expectimax test checks; the earlier ticks' are not kept). The actions are the first axis
+    of each tick's values: the least of six whole arrays is three times quicker to take than
+    the least along a short last axis."""
     regions, changeover = plan.regions, plan.changeover
     states = 1 << regions
     modes = 3 * regions
     work = plan.work
     spot_of = np.array([[(bits >> r) & 1 for r in range(regions)] for bits in range(states)],
                        dtype=bool)  # fmt: skip
-    transition = np.ones((states, states))
-    for r, rates in enumerate(plan.rates):
-        ends = min(1.0, plan.tick_h / rates.mean_spell_h)
-        returns = min(1.0, plan.tick_h / rates.mean_outage_h)
-        chain = np.array([[1 - returns, returns], [ends, 1 - ends]])  # [now][next]: 0 gone
-        transition *= chain[spot_of[:, r].astype(int)][:, spot_of[:, r].astype(int)]
     price = np.zeros(modes)
     for r in range(regions):
         spot, on_demand = plan.prices.in_region(r)
@@ -196,31 +273,31 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     policy = np.zeros((plan.ticks + 1, work + 1, states, modes, changeover + 1), dtype=np.int8)
     first_region = np.zeros((plan.ticks + 1, work + 1, states), dtype=np.int8)
     idle_value = value[:, :, np.arange(regions), 0].min(axis=2)
-    mode_idx = np.arange(modes)
+    on_spot = (mode_index := np.arange(modes)) >= 2 * regions
+    no_spot_there = ~spot_of[:, region_of]  # [spot bits, mode]: a spot mode's region lacks it
     for left in range(1, plan.ticks + 1):
         # A run on spot whose region lost its capacity is idle there: that state needs no
         # remapping, as it has exactly the idle state's choices (going on is barred below).
-        expected = np.einsum("ab,wbmk->wamk", transition, value)
+        expected = np.einsum("ab,wbmk->wamk", plan.transition(left, spot_of), value)
         # Running mode m for this tick with c changeover ticks still to pay.
         running = np.empty_like(expected)
         running[:, :, :, 1:] = expected[:, :, :, :-1]
         running[1:, :, :, 0] = expected[:-1, :, :, 0]
         running[0] = 0.0
         running += price[None, None, :, None]
-        q = np.full((work + 1, states, modes, changeover + 1, actions), np.inf)
-        q[..., IDLE_THERE] = expected[:, :, region_of, 0][:, :, :, None]
-        go_on = np.where((mode_idx >= regions)[None, None, :, None], running, np.inf)
-        for r in range(regions):  # going on with spot needs spot there
-            go_on[:, ~spot_of[:, r], 2 * regions + r, :] = np.inf
-        q[..., GO_ON] = go_on
-        q[..., ON_DEMAND_HERE] = running[:, :, regions + region_of, changeover][:, :, :, None]
+        q = np.empty((actions, work + 1, states, modes, changeover + 1))
+        q[IDLE_THERE] = expected[:, :, region_of, 0][:, :, :, None]
+        q[GO_ON] = running
+        q[GO_ON][:, :, mode_index < regions] = np.inf  # idle: nothing to go on with
+        q[GO_ON][:, no_spot_there & on_spot[None, :]] = np.inf  # going on with spot needs it
+        q[ON_DEMAND_HERE] = running[:, :, regions + region_of, changeover][:, :, :, None]
         for r in range(regions):
             start = running[:, :, 2 * regions + r, changeover][:, :, None] + move[None, None, :, r]
             start = np.where(spot_of[None, :, r, None], start, np.inf)
-            q[..., SPOT_IN + r] = start[:, :, :, None]
-        q[0] = 0.0  # done: nothing more to decide
-        policy[left] = q.argmin(axis=4)
-        value = q.min(axis=4)
+            q[SPOT_IN + r] = start[:, :, :, None]
+        q[:, 0] = 0.0  # done: nothing more to decide
+        policy[left] = q.argmin(axis=0)
+        value = q.min(axis=0)
         value[0] = 0.0
         idle = value[:, :, np.arange(regions), 0]
         first_region[left] = idle.argmin(axis=2)
@@ -238,10 +315,14 @@ class MarkovPolicy:
     the records move (`decide` is called at every check, in order)."""
 
     def __init__(self, regions: int, prices: Prices, *, names: Sequence[str] = (),
-                 known: Sequence[RegionRates] | None = None) -> None:  # fmt: skip
+                 known: Sequence[RegionRates] | None = None,
+                 deadline_utc_h: float | None = None) -> None:  # fmt: skip
         self.records = outage_fill.RegionRecords.empty(regions)
         self.prices, self.names = prices, tuple(names)
         self.known = None if known is None else tuple(known)
+        self.deadline_utc_h = deadline_utc_h
+        """The hour of the day (UTC) of the run's deadline, where known: plans with the known
+        means' daily swing (`Plan`)."""
         self.plan: Plan | None = None
         self.header: deadline_plan.Header | None = None
         """Its plan's, as `deadline_plan.decide` reads it."""
@@ -268,12 +349,14 @@ class MarkovPolicy:
         if plan is None or any(new.moved_from(old) for new, old in zip(rates, plan.rates,
                                                                         strict=True)):  # fmt: skip
             changeover = max(0, math.ceil(progress.changeover_h / tick - 1e-9))
-            plan = _solved.get((tuple(rates), self.prices, tick, changeover))
+            solved_for = (tuple(rates), self.prices, tick, changeover, self.deadline_utc_h)
+            plan = _solved.get(solved_for)
             if plan is None or plan.ticks < left or plan.work < work:
                 plan = Plan(rates, self.prices, tick_h=tick, ticks=max(1, left),
-                            work=max(1, work), changeover=changeover)  # fmt: skip
+                            work=max(1, work), changeover=changeover,
+                            deadline_utc_h=self.deadline_utc_h)  # fmt: skip
                 _solved.clear()  # one kept: each is tens of megabytes
-                _solved[(tuple(rates), self.prices, tick, changeover)] = plan
+                _solved[solved_for] = plan
                 self.solves += 1
             self.plan, self.header = plan, plan.header(self.names)
         return plan

@@ -247,15 +247,17 @@ def _fixed_fallback(after_ms: int, tick_ms: int) -> Decide:
     return decide
 
 
-def _markov(job: Job, known: RegionRates | None) -> Decide:
+def _markov(job: Job, known: RegionRates | None, deadline_utc_h: float | None) -> Decide:
     """The Markov policy, its region's means `known` (what the environment saw before the run) or
-    learned from the run's own checks."""
+    learned from the run's own checks; `deadline_utc_h`: the deadline's hour of the day, where
+    the trace says when it starts."""
     from spotrain.cost import markov_policy  # numpy: the `cost` extra
 
     if job.deadline_h is None:
         raise CostInputError(f"strategy {MARKOV!r} plans to a deadline: give one")
     policy = markov_policy.MarkovPolicy(1, markov_policy.Prices.of(job),
-                                        known=None if known is None else [known])  # fmt: skip
+                                        known=None if known is None else [known],
+                                        deadline_utc_h=deadline_utc_h)  # fmt: skip
 
     def decide(progress: Progress, current: str, available: bool) -> str:
         return policy.decide(progress, region=0, current=current,
@@ -264,14 +266,14 @@ def _markov(job: Job, known: RegionRates | None) -> Decide:
     return decide
 
 
-def _strategy(job: Job, strategy: str | Decide, tick_ms: int,
-              known: RegionRates | None = None) -> tuple[Decide, int, int]:  # fmt: skip
+def _strategy(job: Job, strategy: str | Decide, tick_ms: int, known: RegionRates | None = None,
+              deadline_utc_h: float | None = None) -> tuple[Decide, int, int]:  # fmt: skip
     """The decision function, machines always on on-demand, and machines of the gang (a
     decision function given as the strategy decides for the whole gang)."""
     if callable(strategy):
         return strategy, 0, job.nodes
     if strategy == MARKOV:
-        return _markov(job, known), 0, job.nodes
+        return _markov(job, known, deadline_utc_h), 0, job.nodes
     if strategy == ON_DEMAND_ONLY:
         return (lambda *_: ON_DEMAND), 0, job.nodes
     if strategy == SPOT_GREEDY:
@@ -307,7 +309,10 @@ def simulate(
     every tick. `known`: the market's means as the environment saw them before (for
     `markov`; `markov_policy.known_rates` makes them of a trace)."""
     tick = tick_ms(trace)
-    decide, always_on_demand, gang_on_spot = _strategy(job, strategy, tick, known)
+    start_hour = trace.utc_hour(start_tick)
+    deadline_hour = (None if start_hour is None or job.deadline_h is None
+                     else start_hour + job.deadline_h)  # fmt: skip
+    decide, always_on_demand, gang_on_spot = _strategy(job, strategy, tick, known, deadline_hour)
     work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
                                      whole_ms(job.start_h))  # fmt: skip
     deadline = whole_ms(job.deadline_h) if job.deadline_h is not None else None

@@ -14,7 +14,7 @@ A region's spot pool alternates between spells with capacity and outages without
 
 The traces are the public format (`spotrain.cost.traces.Trace`): in a spell every tick holds
 the region's `capacity`, in an outage 0. Seeded: one seed gives every region of a market its
-trace over the same hours.
+trace over the same hours, starting at the same hour of `FIRST_DAY_S` (its `start_s`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,9 @@ import random
 from dataclasses import dataclass
 
 from spotrain.cost.traces import Trace
+
+FIRST_DAY_S = 1_767_225_600.0
+"""2026-01-01T00:00:00Z: the day every sampled trace starts in (at its seed's hour)."""
 
 
 @dataclass(frozen=True)
@@ -81,7 +84,12 @@ def sample(market: Market, *, hours: float, gap_s: float, seed: int) -> list[Tra
                     gone_until[index] = now + region.outage_h(rng)
             counts[index].append(region.capacity if now >= gone_until[index] else 0)
     return [
-        Trace(f"{market.name}/{region.name} seed {seed}", float(gap_s), tuple(values))
+        Trace(
+            f"{market.name}/{region.name} seed {seed}",
+            float(gap_s),
+            tuple(values),
+            start_s=FIRST_DAY_S + start_utc * 3600,
+        )
         for region, values in zip(market.regions, counts, strict=True)
     ]
 

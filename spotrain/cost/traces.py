@@ -2,9 +2,12 @@
 
 The file format is the public one of the "Can't Be Late" study (NSDI '24):
 `{"metadata": {"gap_seconds": G}, "data": [n0, n1, ...]}`, each value the number of spot
-instances available during that tick of G seconds (0: none). The authors' own simulator reads
-the values inverted (as "preempted"); here a value is what it says, availability, and a gang of
-N machines can run on spot in a tick only when N are available.
+instances available during that tick of G seconds (0: none). spotrain adds one optional field,
+`metadata.start`: when the first tick starts (ISO 8601, e.g. "2026-11-02T05:00:00Z"), which
+gives every tick its hour of the day (the Markov policy plans with how spells end by the hour).
+The authors' own simulator reads the values inverted (as "preempted"); here a value is what it
+says, availability, and a gang of N machines can run on spot in a tick only when N are
+available.
 
 Traces can also be generated from a per-instance interruption rate: each of `capacity` slots
 alternates between available (exponential, mean 1/rate) and gone (exponential, mean
@@ -17,9 +20,11 @@ import math
 import random
 from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from spotrain.core.deadline_policy import instant
 from spotrain.core.errors import SpotrainError, read_json
 
 FORMAT_HINT = (
@@ -49,20 +54,30 @@ class Trace:
     """Seconds per tick."""
     available: tuple[int, ...]
     """Spot instances available in each tick."""
+    start_s: float | None = None
+    """When the first tick starts (Unix seconds), where the trace says (`metadata.start`)."""
 
     @property
     def hours(self) -> float:
         return len(self.available) * self.gap_s / 3600
+
+    def utc_hour(self, tick: float) -> float | None:
+        """The hour of the day (UTC) at `tick` ticks from the start (None: the trace does not
+        say when it starts)."""
+        if self.start_s is None:
+            return None
+        return ((self.start_s + tick * self.gap_s) / 3600) % 24
 
     def availability(self, nodes: int) -> float:
         """Share of ticks in which a gang of `nodes` could run on spot."""
         return sum(n >= nodes for n in self.available) / len(self.available)
 
     def to_json(self) -> dict[str, Any]:
-        return {
-            "metadata": {"gap_seconds": self.gap_s, "name": self.name},
-            "data": list(self.available),
-        }
+        metadata: dict[str, Any] = {"gap_seconds": self.gap_s, "name": self.name}
+        if self.start_s is not None:
+            when = datetime.fromtimestamp(self.start_s, UTC)
+            metadata["start"] = when.isoformat().replace("+00:00", "Z")
+        return {"metadata": metadata, "data": list(self.available)}
 
 
 def parse(document: Any, name: str) -> Trace:
@@ -85,7 +100,27 @@ def parse(document: Any, name: str) -> Trace:
                 f"{where}: data[{index}] is {value!r}, not a count of available "
                 f"instances (0, 1, 2, ...): {FORMAT_HINT}"
             )
-    return Trace(name=name, gap_s=float(gap), available=tuple(int(v) for v in data))
+    return Trace(
+        name=name,
+        gap_s=float(gap),
+        available=tuple(int(v) for v in data),
+        start_s=_start(document["metadata"].get("start"), where),
+    )
+
+
+def _start(value: Any, where: str) -> float | None:
+    """`metadata.start` in Unix seconds (None when absent), or TraceError with the fix."""
+    if value is None:
+        return None
+    try:
+        if not isinstance(value, str):
+            raise ValueError(value)
+        return instant(value)
+    except ValueError:
+        raise TraceError(
+            f"{where}: metadata.start is {value!r}, not a time with its zone: write it as ISO "
+            '8601, e.g. "2026-11-02T05:00:00Z", or leave it out'
+        ) from None
 
 
 def _number(value: Any) -> bool:
@@ -115,7 +150,9 @@ def coarsen(trace: Trace, tick_s: float) -> Trace:
         first = math.floor(index * tick_s / trace.gap_s)
         last = math.ceil((index + 1) * tick_s / trace.gap_s)  # exclusive
         coarse.append(min(trace.available[first:last]))
-    return Trace(name=trace.name, gap_s=float(tick_s), available=tuple(coarse))
+    return Trace(
+        name=trace.name, gap_s=float(tick_s), available=tuple(coarse), start_s=trace.start_s
+    )
 
 
 def load(path: str | Path) -> Trace:
