@@ -844,7 +844,7 @@ def test_a_stale_writer_that_is_refused_leaves_its_attempt_and_the_watcher_alarm
 
 @pytest.mark.parametrize(
     ("where", "strategy"),
-    [("in-process", "outage-fill"), ("in-process", "markov"),
+    [("in-process", "outage-fill"), ("in-process", "markov"), ("in-process", "markov-daily"),
      pytest.param("local-cloud", "markov", marks=pytest.mark.integration)],
 )  # fmt: skip
 def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
@@ -855,9 +855,13 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     simulator chose for that tick (one decision function, used twice). Outage fill: each
     keeps the record of spot its checks saw (the handler's in the run's fleet state). Markov:
     the simulator solves its plan; the same plan, stored as `spotrain run deadline-plan`
-    stores it, is what the handler reads."""
+    stores it, is what the handler reads. Markov by the hour: spells end most at 10:00 UTC,
+    the trace starts when the run does, and the plan stored is lined up with the run's deadline
+    as `run deadline-plan` lines it up (the hour its `finish_by` is at): the same decisions,
+    which differ from those of a plan blind to the hour."""
     from helpers import create_catalog_table
 
+    from spotrain.cli import run_plan
     from spotrain.core import deadline_plan
     from spotrain.core.catalog_schema import HEAD_SORT_KEY, checkpoint_sort_key, run_key
     from spotrain.cost import markov_policy, simulation, traces
@@ -867,11 +871,23 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     job = simulation.Job(work_h=8, deadline_h=14, changeover_h=0.25, on_demand_price=3.0,
                          spot_price=1.0)  # fmt: skip
     timeline: list[tuple[float, float, bool, str]] = []
-    known = markov_policy.RegionRates(mean_spell_h=3.0, mean_outage_h=2.0)
-    simulation.simulate(job, traces.Trace("scripted", 3600, tuple(available)), strategy,
-                        timeline=timeline, known=known)  # fmt: skip
+    daily = strategy == "markov-daily"
+    strategy = strategy.removesuffix("-daily")
+    known = markov_policy.RegionRates(
+        mean_spell_h=3.0,
+        mean_outage_h=2.0,
+        spell_swing=0.9 if daily else 0.0,
+        spell_peak_utc_h=10.0,
+    )
+    scripted = traces.Trace("scripted", 3600, tuple(available), start_s=start if daily else None)
+    simulation.simulate(job, scripted, strategy, timeline=timeline, known=known)  # fmt: skip
     modes = [mode for *_, mode in timeline]
     assert {"spot", "on-demand", "idle"} <= set(modes)  # the script exercises every move
+    if daily:
+        blind: list[tuple[float, float, bool, str]] = []
+        simulation.simulate(job, replace(scripted, start_s=None), strategy, timeline=blind,
+                            known=known)  # fmt: skip
+        assert modes != [mode for *_, mode in blind]
 
     iso = lambda epoch: datetime.fromtimestamp(epoch, UTC).isoformat()  # noqa: E731
     run_deadline = RunDeadline(started_at=iso(start), finish_by=iso(start + 14 * 3600),
@@ -879,7 +895,8 @@ def test_a_run_with_a_deadline_moves_as_the_simulator_decides(
     cloud = request.getfixturevalue("cloud" if where == "in-process" else "http_cloud")
     if strategy == "markov":
         plan = markov_policy.Plan([known], markov_policy.Prices.of(job), tick_h=1.0, ticks=14,
-                                  work=14, changeover=1)  # fmt: skip
+                                  work=14, changeover=1,
+                                  deadline_utc_h=run_plan.deadline_utc_h(run_deadline))  # fmt: skip
         plan_id = f"{random.getrandbits(32):08x}"  # a warm handler keeps parts by plan
         header = replace(
             plan.header((REGION,)), plan_id=plan_id, deadline=deadline_plan.solved_for(run_deadline)

@@ -124,11 +124,18 @@ def _regions_prices(run: Any, regions: Sequence[str]) -> tuple[tuple[float, floa
     return tuple(found)
 
 
+def deadline_utc_h(deadline: Any) -> float:
+    """The hour of the day (UTC) of a run's `finish_by`: what lines a plan's ticks up with the
+    hours at which each region's spells end most (where its history says when it was seen)."""
+    from spotrain.core.deadline_policy import instant
+
+    return instant(deadline.finish_by) / 3600 % 24
+
+
 def solve_and_store(where: Any, run: Any, given: Means) -> str:
     """Solve the run's plan with the means `given` and store it in the environment's events
     table; what was stored, in a sentence."""
     from spotrain.core import deadline_plan
-    from spotrain.core.deadline_policy import instant
     from spotrain.core.handler_settings import CAPACITY_CHECK_MINUTES
     from spotrain.cost import markov_policy
 
@@ -141,11 +148,9 @@ def solve_and_store(where: Any, run: Any, given: Means) -> str:
     ticks = max(1, math.floor(deadline.deadline_h * 60 / tick))
     started = time.monotonic()
     changeover = math.ceil(deadline.changeover_minutes / tick - 1e-9)
-    # The deadline's hour of the day lines the plan's ticks up with the hours at which each
-    # region's spells end most (where its history says when it was seen).
-    deadline_utc_h = instant(deadline.finish_by) / 3600 % 24
     plan = markov_policy.Plan(given.rates, gang, tick_h=tick / 60, ticks=ticks, work=ticks,
-                              changeover=changeover, deadline_utc_h=deadline_utc_h)  # fmt: skip
+                              changeover=changeover,
+                              deadline_utc_h=deadline_utc_h(deadline))  # fmt: skip
     header = plan.header(regions, source=given.source)
     # A new id for every plan: a warm handler keeps the parts it read by it.
     header = dataclasses.replace(header, plan_id=uuid.uuid4().hex[:12],
