@@ -153,6 +153,42 @@ def test_the_days_swing_of_spells_ending_is_read_from_a_history_that_says_when_i
     assert markov_policy.daily_swing(short, 1) == (0.0, 0.0)
 
 
+def test_the_handlers_record_of_a_week_of_checks_gives_the_same_daily_swing() -> None:
+    """The record the handler's checks keep of a region (a check every tick of a month, at the
+    tick's Unix time) counts spot and spells' endings by the hour: `seen_by` reads the swing
+    and peak the trace itself gives, from a record kept in two halves and added together (two
+    runs) and from one stored and read back; with under a week of checks, or a record kept
+    before the hours were counted, the hours are alike."""
+    from spotrain.core.outage_fill import SpotRecord
+
+    region = trace_models.RegionModel("us-east-1", mean_available_h=4.0, outage_median_h=1.0,
+                                      outage_spread=0.8, diurnal=0.6, utc_offset_h=-5)  # fmt: skip
+    trace = trace_models.sample(trace_models.Market("one", (region,)), hours=30 * 24,
+                                gap_s=300, seed=5)[0]  # fmt: skip
+    assert trace.start_s is not None
+    halves = []
+    for part in (range(len(trace.available) // 2),
+                 range(len(trace.available) // 2, len(trace.available))):  # fmt: skip
+        record = SpotRecord()
+        for tick in part:
+            record = record.seen(trace.start_s + tick * 300, trace.available[tick] >= 1,
+                                 longest_gap_s=600)  # fmt: skip
+        halves.append(record)
+    together = halves[0].and_seen(halves[1])
+    assert sum(together.ends_by_hour) == together.spells - 2  # each half's last spell goes on
+    read = RegionRates.seen_by(together)
+    swing, peak = markov_policy.daily_swing(trace, 1)
+    assert read.spell_swing == pytest.approx(swing, abs=0.02) and swing > 0.3
+    assert read.spell_peak_utc_h == pytest.approx(peak, abs=0.3)
+    stored = SpotRecord.from_item(json.loads(json.dumps(together.to_item())))
+    assert RegionRates.seen_by(stored) == read
+    assert RegionRates.seen_by(halves[0]).spell_swing > 0  # fifteen days: over a week
+    week_less = replace(together, observed_s=markov_policy.DAILY_EVIDENCE_DAYS * 86400 - 1)
+    assert RegionRates.seen_by(week_less) == RegionRates.of(week_less)
+    before = {k: v for k, v in together.to_item().items() if not k.endswith("_by_hour")}
+    assert RegionRates.seen_by(SpotRecord.from_item(before)) == RegionRates.of(together)
+
+
 def _progress(**changes: float) -> Progress:
     fields = {"elapsed_h": 0.0, "deadline_h": 20.0, "work_h": 10.0, "done_h": 0.0,
               "changeover_h": 0.2, "decision_interval_h": 0.1, **changes}  # fmt: skip

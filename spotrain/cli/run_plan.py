@@ -6,10 +6,11 @@ same for a run with a deadline when given either.
 The plan models each region's spot as spells and outages whose means are what the environment
 saw of its market before the run: a trace per region of the environment (home first; the
 public trace format `spotrain cost simulate` replays; one that says when it starts also gives
-the hours of the day at which that region's spells end most), or the records of spot in each region
-the handler's checks kept for runs with a deadline (earlier runs, together, or this one, to
-plan again with what it has seen). bench/cost.md measures the policy with a month of
-history. Without a plan, outage fill decides, as before."""
+the hours of the day at which that region's spells end most), or the records of spot in each
+region the handler's checks kept for runs with a deadline (earlier runs, together, or this
+one, to plan again with what it has seen; a week of them gives those hours too).
+bench/cost.md measures the policy with a month of history. Without a plan, outage fill
+decides, as before."""
 
 from __future__ import annotations
 
@@ -93,7 +94,7 @@ def means(where: Any, run: Any, history: list[str], seen_by: list[str]) -> Means
     if seen_by:
         hours = min(r.observed_s for r in records) / 3600
         whence = f"as the checks of {', '.join(seen_by)} saw them over {hours:.0f} h"
-        return Means(tuple(markov_policy.RegionRates.of(r) for r in records), whence)
+        return Means(tuple(markov_policy.RegionRates.seen_by(r) for r in records), whence)
     days = sum(len(t.available) * t.gap_s for t in seen) / len(seen) / 86400
     return Means(tuple(markov_policy.known_rates(seen, run.desired_size)),
                  f"from {days:.0f} days of history")  # fmt: skip

@@ -68,15 +68,32 @@ class SpotRecord:
     """Spells of spot that began while the checks looked (riding each costs a changeover)."""
     last_at: float | None = None
     last_available: bool = False
+    spot_s_by_hour: tuple[float, ...] = ()
+    """Seconds of spot seen in each hour of the day (UTC; 24 once any), and below the spells
+    seen ending in each: how spells end by the hour, which a plan reads from a week of them
+    (`markov_policy.RegionRates.seen_by`). The hours are those of `now` as the handler gives
+    it, Unix seconds; a simulator's replay counts from its start, and nothing reads its
+    hours."""
+    ends_by_hour: tuple[int, ...] = ()
 
     def seen(self, now: float, available: bool, *, longest_gap_s: float) -> SpotRecord:
         """The record after a check at `now` (seconds) that found spot there or not. The time
         since the previous check counts as that check found it, up to `longest_gap_s` (checks
-        that did not happen are not evidence)."""
+        that did not happen are not evidence), in the hour of the day the previous check was
+        at; a spell that ended between the two ended at their middle."""
         if self.last_at is not None and now < self.last_at:
             return self  # an older check, delivered late: already counted past it
         gap = 0.0 if self.last_at is None else min(now - self.last_at, longest_gap_s)
         begins = available and not (self.last_at is not None and self.last_available)
+        by_hour = {}
+        if self.last_at is not None and self.last_available:
+            spot_s = list(self.spot_s_by_hour or (0.0,) * 24)
+            spot_s[_utc_hour(self.last_at)] += gap
+            by_hour["spot_s_by_hour"] = tuple(spot_s)
+            if not available:
+                ends = list(self.ends_by_hour or (0,) * 24)
+                ends[_utc_hour((self.last_at + now) / 2)] += 1
+                by_hour["ends_by_hour"] = tuple(ends)
         return replace(
             self,
             observed_s=self.observed_s + gap,
@@ -84,14 +101,17 @@ class SpotRecord:
             spells=self.spells + int(begins),
             last_at=now,
             last_available=available,
+            **by_hour,  # type: ignore[arg-type]
         )
 
     def and_seen(self, other: SpotRecord) -> SpotRecord:
         """What two records saw of one market, together (runs that looked at the same
-        region): their hours, hours of spot and spells added."""
+        region): their hours, hours of spot and spells added, hour by hour too."""
         return SpotRecord(observed_s=self.observed_s + other.observed_s,
                           available_s=self.available_s + other.available_s,
-                          spells=self.spells + other.spells)  # fmt: skip
+                          spells=self.spells + other.spells,
+                          spot_s_by_hour=_added(self.spot_s_by_hour, other.spot_s_by_hour),
+                          ends_by_hour=_added(self.ends_by_hour, other.ends_by_hour))  # fmt: skip
 
     # The record's totals with the prior's (hours, hours of spot, spells): every estimate
     # below is a ratio of two of them.
@@ -123,7 +143,9 @@ class SpotRecord:
     def to_item(self) -> dict[str, object]:
         return {"observed_s": self.observed_s, "available_s": self.available_s,
                 "spells": self.spells, "last_at": self.last_at,
-                "last_available": self.last_available}  # fmt: skip
+                "last_available": self.last_available,
+                "spot_s_by_hour": list(self.spot_s_by_hour),
+                "ends_by_hour": list(self.ends_by_hour)}  # fmt: skip
 
     @classmethod
     def from_item(cls, item: dict[str, object] | None) -> SpotRecord:
@@ -136,7 +158,21 @@ class SpotRecord:
             spells=int(item.get("spells", 0)),  # type: ignore[call-overload]
             last_at=None if last_at is None else float(last_at),  # type: ignore[arg-type]
             last_available=bool(item.get("last_available", False)),
+            # Records kept before the hours were counted have none.
+            spot_s_by_hour=tuple(float(v) for v in item.get("spot_s_by_hour") or ()),  # type: ignore[attr-defined]
+            ends_by_hour=tuple(int(v) for v in item.get("ends_by_hour") or ()),  # type: ignore[attr-defined]
         )
+
+
+def _utc_hour(at_s: float) -> int:
+    return int(at_s // 3600 % 24)
+
+
+def _added(one: tuple[float, ...], other: tuple[float, ...]) -> tuple[float, ...]:
+    """Two counts by the hour, added (either may be empty: none counted)."""
+    if not one or not other:
+        return one or other
+    return tuple(a + b for a, b in zip(one, other, strict=True))
 
 
 def outage_fill(

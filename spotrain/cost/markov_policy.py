@@ -85,6 +85,17 @@ class RegionRates:
     def of(cls, record: outage_fill.SpotRecord) -> RegionRates:
         return cls(record.spell_h(), record.outage_h())
 
+    @classmethod
+    def seen_by(cls, record: outage_fill.SpotRecord) -> RegionRates:
+        """The means of the handler's record of a region (its checks' times are Unix
+        seconds), with the day's swing of its spells' ending where it holds a week of them
+        (`DAILY_EVIDENCE_DAYS`)."""
+        rates = cls.of(record)
+        if record.observed_s < DAILY_EVIDENCE_DAYS * 86400 or not record.spot_s_by_hour:
+            return rates
+        swing, peak = swing_of(record.ends_by_hour, [s / 3600 for s in record.spot_s_by_hour])
+        return replace(rates, spell_swing=swing, spell_peak_utc_h=peak)
+
     def spell_end_rate(self, utc_h: float | None) -> float:
         """Spells ending an hour at `utc_h` (the hour of the day, UTC; None: the mean)."""
         if utc_h is None or not self.spell_swing:
@@ -120,11 +131,8 @@ MOST_SWING = 0.9
 
 
 def daily_swing(trace: Trace, nodes: int) -> tuple[float, float]:
-    """How spells of spot for `nodes` machines end over the day in `trace`: (swing, peak UTC
-    hour) as `RegionRates` takes them, fitted by least squares to each hour's endings as the
-    hours of spot in it times a rate of 1 + swing times the cosine of the hours from the peak.
-    (0, 0) where the trace does not say when it starts, covers less than
-    `DAILY_EVIDENCE_DAYS`, or has no ending to read."""
+    """How spells of spot for `nodes` machines end over the day in `trace` (`swing_of`); (0, 0)
+    where the trace does not say when it starts or covers less than `DAILY_EVIDENCE_DAYS`."""
     if trace.start_s is None or trace.hours < DAILY_EVIDENCE_DAYS * 24:
         return 0.0, 0.0
     gap_h = trace.gap_s / 3600
@@ -135,13 +143,22 @@ def daily_swing(trace: Trace, nodes: int) -> tuple[float, float]:
     ended = np.flatnonzero(up[:-1] & ~up[1:]) + 1
     endings = np.bincount(((hour[ended] - gap_h / 2) % 24).astype(int), minlength=24)
     exposure = np.bincount(hour[up].astype(int), minlength=24) * gap_h
+    return swing_of(endings, exposure)
+
+
+def swing_of(endings: Sequence[float], spot_h: Sequence[float]) -> tuple[float, float]:
+    """(swing, peak UTC hour) as `RegionRates` takes them, from the spells seen ending in each
+    hour of the day and the hours of spot seen in it: fitted by least squares to each hour's
+    endings as its hours of spot times a rate of 1 + swing times the cosine of the hours from
+    the peak. (0, 0) without an ending to read."""
+    endings, spot_h = np.asarray(endings, dtype=float), np.asarray(spot_h, dtype=float)
     if not endings.sum():
         return 0.0, 0.0
     # An hour without spot in the whole history (a market that dries up every afternoon)
-    # weighs nothing: its exposure is 0.
+    # weighs nothing: its hours of spot are 0.
     angle = 2 * np.pi * (np.arange(24) + 0.5) / 24
-    terms = np.stack([exposure, exposure * np.cos(angle), exposure * np.sin(angle)], axis=1)
-    (rate, cos, sin), *_ = np.linalg.lstsq(terms, endings.astype(float), rcond=None)
+    terms = np.stack([spot_h, spot_h * np.cos(angle), spot_h * np.sin(angle)], axis=1)
+    (rate, cos, sin), *_ = np.linalg.lstsq(terms, endings, rcond=None)
     if rate <= 0:
         return 0.0, 0.0
     peak = (math.atan2(sin, cos) * 24 / (2 * math.pi)) % 24
