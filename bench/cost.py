@@ -515,8 +515,9 @@ advance), the worst run in brackets, and the runs that missed the deadline. The 
 what the handler sees: no history before the run's start (outage fill's record starts empty,
 its prior standing in). `outage-fill` is the one the handler runs without a plan. `markov` is
 the one it runs with a plan (`spotrain run deadline-plan`)
-(`spotrain.cost.markov_policy`, in one region), its means from what the environment saw of
-the region in the {HISTORY_DAYS} days before (another draw of the same model). Target: every
+(`spotrain.cost.markov_policy`, in one region), its means and the day's swing of its spells'
+ending from what the environment saw of the region in the {HISTORY_DAYS} days before (another
+draw of the same model, which says when it starts). Target: every
 deadline met and at most 1.10x at every deadline.
 
 {chr(10).join(against_optimum)}
@@ -534,8 +535,9 @@ while a changeover more still fits); `outage-fill` the policy across regions
 (`outage_fill.across`), the one the handler runs without a plan; `markov`, the one it runs
 with a plan, plans against a
 model of each region's market (`spotrain.cost.markov_policy`: an exact programme over the ticks
-left, each region a two-state Markov chain), its means from what the environment saw of its
-regions in the {HISTORY_DAYS} days before (another draw of the same market), which the other
+left, each region a two-state Markov chain whose spells end by the hour of the day), its means
+and daily swings from what the environment saw of its regions in the {HISTORY_DAYS} days before
+(another draw of the same market), which the other
 policies do not use. A cell: mean (worst) of cost over the optimum, the mean moves per run,
 misses. Target: at most 1.05x. `best region, known` is no policy: the exact optimum confined
 to the one region that turned out cheapest from each start, the traces known in advance (what

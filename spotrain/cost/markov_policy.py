@@ -32,8 +32,15 @@ programme alone cost 1.062x (across regions, the first two development seeds, 52
 $0; no misses either way). Each decision carries its reason: the work and time left, each
 region's spot now and the means the plan assumed, and the action.
 
-Why two means per region and nothing more. Richer models were measured and were not worth their
-size (bench/cost.py's runs across regions; mean cost over the optimum):
+Why two means and a daily swing per region, and nothing more. Richer models were measured
+(bench/cost.py's runs across regions; mean cost over the optimum):
+- The day's swing of spells' ending (kept): at $3 a move, held out, 1.072-1.130x became
+  1.064-1.122x (56 h: 1.121x to 1.095x); on development at $3 it moved both ways (52 h
+  1.149x to 1.160x, 72 h 1.083x to 1.072x); at $0 within 0.006 either way (held out, 52 h:
+  1.034x to 1.040x); in one region within 0.001. The swing taken from the traces' own model
+  (not read from the history) did no better: 1.103x at $3, 56 h, held out. It costs a solve
+  per run (a plan lined up with one deadline's hour serves no other): bench/cost.py took 50
+  minutes instead of 14.
 - An outage's age as state (each region's outage in two or three age buckets, their rates
   counted from the history: a semi-Markov chain, as outages are log-normal) and the regions'
   joint transitions (their shared dry spells) each moved the mean by at most 0.007. At $3 a
