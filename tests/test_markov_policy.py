@@ -189,6 +189,22 @@ def test_the_handlers_record_of_a_week_of_checks_gives_the_same_daily_swing() ->
     assert RegionRates.seen_by(SpotRecord.from_item(before)) == RegionRates.of(together)
 
 
+def test_a_plan_blind_to_the_hour_serves_a_deadline_at_any_hour() -> None:
+    """Two runs alike but for their deadline's hour share one solve when no region's spells end
+    by the hour; where one does, each run's plan is lined up with its own deadline."""
+    progress = Progress(elapsed_h=0.0, deadline_h=6.0, work_h=4.0, done_h=0.0,
+                        changeover_h=0.2, decision_interval_h=0.5)  # fmt: skip
+    for swing, solves in ((0.0, 0), (0.8, 1)):
+        known = [RegionRates(3.0, 1.0, spell_swing=swing, spell_peak_utc_h=15.0)]
+        policies = [markov_policy.MarkovPolicy(1, Prices(1.0, 3.0, 0.0), known=known,
+                                               deadline_utc_h=hour)
+                    for hour in (2.0, 9.0)]  # fmt: skip
+        for policy in policies:
+            policy.decide(progress, region=None, current=IDLE, spot_available=[True])
+        assert policies[1].solves == solves, swing
+        assert (policies[0].plan is policies[1].plan) == (solves == 0)
+
+
 def _progress(**changes: float) -> Progress:
     fields = {"elapsed_h": 0.0, "deadline_h": 20.0, "work_h": 10.0, "done_h": 0.0,
               "changeover_h": 0.2, "decision_interval_h": 0.1, **changes}  # fmt: skip

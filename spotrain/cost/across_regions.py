@@ -179,9 +179,8 @@ def simulate_across(
     tick = tick_ms(sampled[0])
     prices = region_prices_of(job, len(sampled), region_prices)
     gang = [(spot * job.nodes, on_demand * job.nodes) for spot, on_demand in prices]
-    start_hour = sampled[0].utc_hour(start_tick)
     decide = _strategy(strategy, job, move_usd, gang, known,
-                       None if start_hour is None else start_hour + job.deadline_h)  # fmt: skip
+                       sampled[0].utc_hour(start_tick, after_h=job.deadline_h))  # fmt: skip
     work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
                                      whole_ms(job.start_h))  # fmt: skip
     deadline = whole_ms(job.deadline_h)

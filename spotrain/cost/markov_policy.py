@@ -214,11 +214,7 @@ class Plan:
         self.rates, self.prices, self.tick_h = tuple(rates), prices, tick_h
         self.regions = len(self.rates)
         self.ticks, self.work, self.changeover = ticks, work, changeover
-        self.deadline_utc_h = (
-            None
-            if deadline_utc_h is None or not any(r.spell_swing for r in self.rates)
-            else deadline_utc_h % 24
-        )
+        self.deadline_utc_h = _planned_hour(self.rates, deadline_utc_h)
         """The hour of the day (UTC) of the deadline it plans to, where a region's spells end
         by the hour: the tick `left` ticks before it is at that hour less `left` ticks."""
         self._transition: np.ndarray | None = None
@@ -268,6 +264,14 @@ class Plan:
         `deadline_plan.store` stores."""
         for t in range(self.ticks + 1):
             yield self.action[t].tobytes(), self.first_region[t].tobytes()
+
+
+def _planned_hour(rates: Sequence[RegionRates], deadline_utc_h: float | None) -> float | None:
+    """The deadline's hour of the day a plan of `rates` depends on: None where no region's
+    spells end by the hour (or the hour is not known)."""
+    if deadline_utc_h is None or not any(r.spell_swing for r in rates):
+        return None
+    return deadline_utc_h % 24
 
 
 def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -373,7 +377,8 @@ class MarkovPolicy:
         if plan is None or any(new.moved_from(old) for new, old in zip(rates, plan.rates,
                                                                         strict=True)):  # fmt: skip
             changeover = max(0, math.ceil(progress.changeover_h / tick - 1e-9))
-            solved_for = (tuple(rates), self.prices, tick, changeover, self.deadline_utc_h)
+            hour = _planned_hour(rates, self.deadline_utc_h)  # None: one plan serves every hour
+            solved_for = (tuple(rates), self.prices, tick, changeover, hour)
             plan = _solved.get(solved_for)
             if plan is None or plan.ticks < left or plan.work < work:
                 plan = Plan(rates, self.prices, tick_h=tick, ticks=max(1, left),

@@ -309,9 +309,7 @@ def simulate(
     every tick. `known`: the market's means as the environment saw them before (for
     `markov`; `markov_policy.known_rates` makes them of a trace)."""
     tick = tick_ms(trace)
-    start_hour = trace.utc_hour(start_tick)
-    deadline_hour = (None if start_hour is None or job.deadline_h is None
-                     else start_hour + job.deadline_h)  # fmt: skip
+    deadline_hour = trace.utc_hour(start_tick, after_h=job.deadline_h or 0.0)
     decide, always_on_demand, gang_on_spot = _strategy(job, strategy, tick, known, deadline_hour)
     work, changeover, first_start = (whole_ms(job.work_h), whole_ms(job.changeover_h),
                                      whole_ms(job.start_h))  # fmt: skip

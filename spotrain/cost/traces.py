@@ -61,12 +61,12 @@ class Trace:
     def hours(self) -> float:
         return len(self.available) * self.gap_s / 3600
 
-    def utc_hour(self, tick: float) -> float | None:
-        """The hour of the day (UTC) at `tick` ticks from the start (None: the trace does not
-        say when it starts)."""
+    def utc_hour(self, tick: float, *, after_h: float = 0.0) -> float | None:
+        """The hour of the day (UTC) `after_h` hours after tick `tick` (a run's deadline, from
+        its start tick); None: the trace does not say when it starts."""
         if self.start_s is None:
             return None
-        return ((self.start_s + tick * self.gap_s) / 3600) % 24
+        return ((self.start_s + tick * self.gap_s) / 3600 + after_h) % 24
 
     def availability(self, nodes: int) -> float:
         """Share of ticks in which a gang of `nodes` could run on spot."""
