@@ -10,11 +10,14 @@ Deterministic (seeded traces): the figures change only when the model or the pol
 
 from __future__ import annotations
 
+import os
 import platform
 import sys
 import time
+from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from spotrain.cost import (
     across_regions,
@@ -206,22 +209,37 @@ def model_traces(seeds: range, *, history: bool = False) -> list[traces.Trace]:
     ]
 
 
-def optimum_table() -> list[str]:
+Replayed = dict[float, dict[str, list[Any]]]
+"""Each deadline's outcomes by strategy, as a table's cells take them."""
+
+
+def _extend(into: Replayed, found: Replayed) -> None:
+    for deadline_h, by_name in found.items():
+        for name, outcomes in by_name.items():
+            into.setdefault(deadline_h, {}).setdefault(name, []).extend(outcomes)
+
+
+def _replay_one_region(trace: traces.Trace, history: traces.Trace) -> Replayed:
+    """One trace's runs at every deadline, longest first (`markov` solves once for them all)."""
+    found: Replayed = {}
+    for deadline_h in sorted(DEADLINES_H, reverse=True):
+        replayed = simulation.replay(deadline_job(deadline_h), [trace], starts=MODEL_STARTS,
+                                     strategies=COMPARED, optimum=True,
+                                     history=[history])  # fmt: skip
+        _extend(found, {deadline_h: replayed})
+    return found
+
+
+def optimum_table(pool: Executor) -> list[str]:
     lines = [
         "| traces | deadline | " + " | ".join(f"`{name}`" for name in COMPARED) + " |",
         "|---|---|" + "---|" * len(COMPARED),
     ]
     for label, seeds in (("development", DEVELOPMENT_SEEDS), ("held out", HELD_OUT_SEEDS)):
         sampled, histories = model_traces(seeds), model_traces(seeds, history=True)
-        by_deadline: dict[float, dict[str, list[simulation.Outcome]]] = {}
-        # Each trace's deadlines longest first: `markov` solves once for all of them.
-        for trace, history in zip(sampled, histories, strict=True):
-            for deadline_h in sorted(DEADLINES_H, reverse=True):
-                replayed = simulation.replay(deadline_job(deadline_h), [trace],
-                                             starts=MODEL_STARTS, strategies=COMPARED,
-                                             optimum=True, history=[history])  # fmt: skip
-                for name, outcomes in replayed.items():
-                    by_deadline.setdefault(deadline_h, {}).setdefault(name, []).extend(outcomes)
+        by_deadline: Replayed = {}
+        for found in pool.map(_replay_one_region, sampled, histories):
+            _extend(by_deadline, found)
         for deadline_h in DEADLINES_H:
             found = by_deadline[deadline_h]
             cells = []
@@ -246,56 +264,76 @@ BEST_REGION_KNOWN = "best region, known"
 """The across table's reference column (`best_region`): no policy, a bound on staying put."""
 
 
-def across_table(means: dict[tuple[str, float, float, str], float] | None = None) -> list[str]:
-    """The strategies across each market's regions against the optimum across them (each
-    cell's mean into `means`, by traces, move, deadline and strategy)."""
+def _market_runs(
+    market: trace_models.Market, seed: int
+) -> tuple[list[traces.Trace], list[traces.Trace]]:
+    """A market's regions over a deadline's window and a day more, and what the environment
+    saw of them before (`HISTORY_DAYS`, another seed)."""
+    return (trace_models.sample(market, hours=max(DEADLINES_H) + 24, gap_s=MODEL_TICK_S,
+                                seed=seed),
+            trace_models.sample(market, hours=HISTORY_DAYS * 24, gap_s=MODEL_TICK_S,
+                                seed=seed + HISTORY_SEED))  # fmt: skip
+
+
+def _replay_across_one_market(
+    market: trace_models.Market, seed: int
+) -> tuple[dict[float, list[float | None]], dict[float, Replayed]]:
+    """One market's runs across its regions: the best single region's cost from each start,
+    by deadline, and each move's outcomes by deadline and strategy."""
+    sampled, history = _market_runs(market, seed)
+    confined = {deadline_h: best_region(deadline_job(deadline_h), sampled)
+                for deadline_h in DEADLINES_H}  # fmt: skip
+    by_move: dict[float, Replayed] = {}
+    for move_usd in MOVES_USD:
+        found: Replayed = {}
+        # The deadlines longest first: `markov` solves once for all of them.
+        for deadline_h in sorted(DEADLINES_H, reverse=True):
+            replayed = across_regions.replay_across(deadline_job(deadline_h), sampled,
+                                                    move_usd=move_usd, starts=MODEL_STARTS,
+                                                    history=history)  # fmt: skip
+            _extend(found, {deadline_h: replayed})
+        by_move[move_usd] = found
+    return confined, by_move
+
+
+def across_table(pool: Executor) -> tuple[list[str], dict[tuple[str, float, float, str], float]]:
+    """The strategies across each market's regions against the optimum across them: the rows,
+    and each cell's mean by traces, move, deadline and strategy."""
     lines = [
         "| traces | move | deadline | " + " | ".join(f"`{s}`" for s in across_regions.STRATEGIES)
         + f" | {BEST_REGION_KNOWN} |",
         "|---|---|---|" + "---|" * (len(across_regions.STRATEGIES) + 1),
     ]  # fmt: skip
+    means: dict[tuple[str, float, float, str], float] = {}
     for label, seeds in (("development", ACROSS_DEVELOPMENT), ("held out", ACROSS_HELD_OUT)):
-        markets = [(trace_models.sample(market, hours=max(DEADLINES_H) + 24,
-                                        gap_s=MODEL_TICK_S, seed=seed),
-                    trace_models.sample(market, hours=HISTORY_DAYS * 24, gap_s=MODEL_TICK_S,
-                                        seed=seed + HISTORY_SEED))
-                   for market in trace_models.MARKETS for seed in seeds]  # fmt: skip
-        confined = {deadline_h: [best_region(deadline_job(deadline_h), sampled)
-                                 for sampled, _ in markets]
-                    for deadline_h in DEADLINES_H}  # fmt: skip
+        runs = [(market, seed) for market in trace_models.MARKETS for seed in seeds]
+        replayed = list(pool.map(_replay_across_one_market, *zip(*runs, strict=True)))
         for move_usd in MOVES_USD:
-            found: dict[float, dict[str, list[across_regions.RegionsOutcome]]] = {}
-            # Each market's deadlines longest first: `markov` solves once for all of them.
-            for sampled, history in markets:
-                for deadline_h in sorted(DEADLINES_H, reverse=True):
-                    for name, outcomes in across_regions.replay_across(
-                        deadline_job(deadline_h), sampled, move_usd=move_usd,
-                        starts=MODEL_STARTS, history=history,
-                    ).items():  # fmt: skip
-                        found.setdefault(deadline_h, {}).setdefault(name, []).extend(outcomes)
+            found: Replayed = {}
+            for _, by_move in replayed:
+                _extend(found, by_move[move_usd])
             for deadline_h in DEADLINES_H:
                 # The optimum across regions from each start, as every strategy's runs have it.
                 bests = [o.optimum_cost for o in found[deadline_h][across_regions.HOME_ONLY]]
-                singles = [c for per_market in confined[deadline_h] for c in per_market]
+                singles = [c for confined, _ in replayed for c in confined[deadline_h]]
                 known = [single / best for single, best in zip(singles, bests, strict=True)
                          if single is not None and best]  # fmt: skip
                 cells = []
                 for name, outcomes in found[deadline_h].items():
                     mean, worst = simulation.mean_and_worst([o.vs_optimum for o in outcomes])
-                    if means is not None and mean is not None:
+                    if mean is not None:
                         means[(label, move_usd, deadline_h, name)] = mean
                     missed = sum(not o.deadline_met for o in outcomes)
                     moves = sum(o.moves for o in outcomes) / len(outcomes)
                     cells.append(f"{report.versus(mean, worst)}, {moves:.1f} moves"
                                  + (f", {missed} missed" if missed else ""))  # fmt: skip
-                runs = len(markets) * MODEL_STARTS
                 known_mean, known_worst = simulation.mean_and_worst(known)
-                if means is not None and known_mean is not None:
+                if known_mean is not None:
                     means[(label, move_usd, deadline_h, BEST_REGION_KNOWN)] = known_mean
                 cells.append(report.versus(known_mean, known_worst))
-                lines.append(f"| {label} ({runs} runs) | ${move_usd:g} | {deadline_h:g} h | "
-                             + " | ".join(cells) + " |")  # fmt: skip
-    return lines
+                lines.append(f"| {label} ({len(runs) * MODEL_STARTS} runs) | ${move_usd:g} | "
+                             f"{deadline_h:g} h | " + " | ".join(cells) + " |")  # fmt: skip
+    return lines, means
 
 
 def best_region(job: simulation.Job, sampled: list[traces.Trace],
@@ -332,7 +370,31 @@ def book_prices(market: trace_models.Market) -> list[tuple[float, float]]:
     return [(pool.spot_price, pool.on_demand.usd_per_hour or 0.0) for pool in pools]
 
 
-def regional_table() -> tuple[list[str], dict[tuple[str, float, str], float]]:
+def _replay_regional_one_market(
+    market: trace_models.Market, seed: int
+) -> tuple[Replayed, dict[float, list[float | None]]]:
+    """One market's runs at $0 a move, each region at its own price: each deadline's outcomes
+    by strategy, and the best single region's cost over the optimum from each start."""
+    priced = book_prices(market)
+    sampled, history = _market_runs(market, seed)
+    found: Replayed = {}
+    known: dict[float, list[float | None]] = {}
+    for deadline_h in sorted(DEADLINES_H, reverse=True):  # `markov` solves once
+        job = replace(deadline_job(deadline_h), spot_price=priced[0][0],
+                      on_demand_price=priced[0][1])  # fmt: skip
+        replayed = across_regions.replay_across(
+            job, sampled, move_usd=0.0, starts=MODEL_STARTS, history=history,
+            strategies=REGIONAL, region_prices=priced,
+        )  # fmt: skip
+        _extend(found, {deadline_h: replayed})
+        bests = [o.optimum_cost for o in replayed[across_regions.HOME_ONLY]]
+        known[deadline_h] = [single / best if single is not None and best else None
+                             for single, best in zip(best_region(job, sampled, priced), bests,
+                                                     strict=True)]  # fmt: skip
+    return found, known
+
+
+def regional_table(pool: Executor) -> tuple[list[str], dict[tuple[str, float, str], float]]:
     """The across table's runs at $0 a move, each region at its own price: the rows, and each
     cell's mean by traces, deadline and strategy."""
     lines = [
@@ -342,30 +404,14 @@ def regional_table() -> tuple[list[str], dict[tuple[str, float, str], float]]:
     ]  # fmt: skip
     means: dict[tuple[str, float, str], float] = {}
     for label, seeds in (("development", ACROSS_DEVELOPMENT), ("held out", ACROSS_HELD_OUT)):
-        found: dict[float, dict[str, list[across_regions.RegionsOutcome]]] = {}
+        found: Replayed = {}
         known: dict[float, list[float | None]] = {}
-        for market in trace_models.MARKETS:
-            priced = book_prices(market)
-            for seed in seeds:
-                sampled, history = (
-                    trace_models.sample(market, hours=hours, gap_s=MODEL_TICK_S, seed=seed + shift)
-                    for hours, shift in ((max(DEADLINES_H) + 24, 0),
-                                         (HISTORY_DAYS * 24, HISTORY_SEED))
-                )  # fmt: skip
-                for deadline_h in sorted(DEADLINES_H, reverse=True):  # `markov` solves once
-                    job = replace(deadline_job(deadline_h), spot_price=priced[0][0],
-                                  on_demand_price=priced[0][1])  # fmt: skip
-                    replayed = across_regions.replay_across(
-                        job, sampled, move_usd=0.0, starts=MODEL_STARTS, history=history,
-                        strategies=REGIONAL, region_prices=priced,
-                    )  # fmt: skip
-                    for name, outcomes in replayed.items():
-                        found.setdefault(deadline_h, {}).setdefault(name, []).extend(outcomes)
-                    bests = [o.optimum_cost for o in replayed[across_regions.HOME_ONLY]]
-                    known.setdefault(deadline_h, []).extend(
-                        single / best if single is not None and best else None
-                        for single, best in zip(best_region(job, sampled, priced), bests,
-                                                strict=True))  # fmt: skip
+        runs = [(market, seed) for market in trace_models.MARKETS for seed in seeds]
+        for market_found, market_known in pool.map(_replay_regional_one_market,
+                                                   *zip(*runs, strict=True)):  # fmt: skip
+            _extend(found, market_found)
+            for deadline_h, ratios in market_known.items():
+                known.setdefault(deadline_h, []).extend(ratios)
         for deadline_h in DEADLINES_H:
             cells = []
             for name, outcomes in found[deadline_h].items():
@@ -380,8 +426,8 @@ def regional_table() -> tuple[list[str], dict[tuple[str, float, str], float]]:
             if known_mean is not None:
                 means[(label, deadline_h, BEST_REGION_KNOWN)] = known_mean
             cells.append(report.versus(known_mean, known_worst))
-            runs = len(known[deadline_h])
-            lines.append(f"| {label} ({runs} runs) | {deadline_h:g} h | " + " | ".join(cells)
+            runs_n = len(known[deadline_h])
+            lines.append(f"| {label} ({runs_n} runs) | {deadline_h:g} h | " + " | ".join(cells)
                          + " |")  # fmt: skip
     return lines, means
 
@@ -460,12 +506,16 @@ def model_description() -> str:
 def main() -> None:
     previous = (HERE / "cost.md").read_text() if (HERE / "cost.md").exists() else ""
     started = time.perf_counter()
-    strategies, curves, cells = strategies_table()
-    intervals = interval_table()
-    against_optimum = optimum_table()
-    across_means: dict[tuple[str, float, float, str], float] = {}
-    across = across_table(across_means)
-    regional, regional_means = regional_table()
+    # Every table's runs are independent: a process a core, the first two tables whole, the
+    # others run by run; each table is assembled in its runs' order, so the figures do not
+    # depend on how many cores ran them.
+    with ProcessPoolExecutor(max_workers=os.cpu_count()) as pool:
+        strategies_ran, intervals_ran = pool.submit(strategies_table), pool.submit(interval_table)
+        against_optimum = optimum_table(pool)
+        across, across_means = across_table(pool)
+        regional, regional_means = regional_table(pool)
+        strategies, curves, cells = strategies_ran.result()
+        intervals = intervals_ran.result()
     report.plot(curves, HERE / "cost.png",
                 f"4 machines, spot {MARKETS[1][0]}/h per machine, recovery {MARKETS[1][1]:g} h, "
                 f"{WORK_H:g} h of work")  # fmt: skip
@@ -473,9 +523,9 @@ def main() -> None:
     markets = ", ".join(f"{rate}/h per machine, gone {gone:g} h" for rate, gone in MARKETS)
     text = f"""# Cost: strategies on spot availability traces, and the checkpoint interval
 
-Command: `.venv/bin/python bench/cost.py` ({took:.0f} s; seeded, so the figures are the same
-on every machine). Machine: {platform.machine()}, Python {sys.version.split()[0]},
-{platform.system()} {platform.release()}.
+Command: `.venv/bin/python bench/cost.py` ({took:.0f} s on {os.cpu_count()} cores; seeded, so the
+figures are the same on every machine, with any number of cores). Machine: {platform.machine()},
+Python {sys.version.split()[0]}, {platform.system()} {platform.release()}.
 
 ## Cost as a share of on-demand, and deadline misses
 

@@ -137,28 +137,32 @@ def test_the_programme_equals_an_expectimax_over_the_same_model(seed: int, daily
 def test_the_days_swing_of_spells_ending_is_read_from_a_history_that_says_when_it_starts() -> None:
     """Three months of a region whose spells end 60% more often at 15:00 of its day (UTC-5:
     20:00 UTC) than on average: the swing and its peak hour are read back; the same history
-    without its start, or a week's less a tick, reads as alike at every hour."""
+    without its start, or under a week of checks, reads as alike at every hour (its means the
+    same)."""
     region = trace_models.RegionModel("us-east-1", mean_available_h=4.0, outage_median_h=1.0,
                                       outage_spread=0.8, diurnal=0.6, utc_offset_h=-5)  # fmt: skip
     history = trace_models.sample(trace_models.Market("one", (region,)), hours=90 * 24,
                                   gap_s=600, seed=4)[0]  # fmt: skip
-    swing, peak = markov_policy.daily_swing(history, 1)
-    assert swing == pytest.approx(0.6, abs=0.12)
-    assert abs((peak - 20 + 12) % 24 - 12) < 1.5
     (rates,) = markov_policy.known_rates([history], 1)
-    assert (rates.spell_swing, rates.spell_peak_utc_h) == (swing, peak)
-    assert markov_policy.daily_swing(replace(history, start_s=None), 1) == (0.0, 0.0)
-    week = round(markov_policy.DAILY_EVIDENCE_DAYS * 24 * 6) - 1
-    short = replace(history, available=history.available[:week])
-    assert markov_policy.daily_swing(short, 1) == (0.0, 0.0)
+    assert rates.spell_swing == pytest.approx(0.6, abs=0.12)
+    assert abs((rates.spell_peak_utc_h - 20 + 12) % 24 - 12) < 1.5
+    (startless,) = markov_policy.known_rates([replace(history, start_s=None)], 1)
+    assert (startless.spell_swing, startless.spell_peak_utc_h) == (0.0, 0.0)
+    assert (startless.mean_spell_h, startless.mean_outage_h) == (rates.mean_spell_h,
+                                                                 rates.mean_outage_h)  # fmt: skip
+    week = round(markov_policy.DAILY_EVIDENCE_DAYS * 24 * 6)  # ticks of 10 minutes
+    for ticks, read in ((week, True), (week - 1, False)):
+        short = replace(history, available=history.available[:ticks])
+        (rates,) = markov_policy.known_rates([short], 1)
+        assert (rates.spell_swing > 0) is read, ticks
 
 
 def test_the_handlers_record_of_a_week_of_checks_gives_the_same_daily_swing() -> None:
     """The record the handler's checks keep of a region (a check every tick of a month, at the
     tick's Unix time) counts spot and spells' endings by the hour: `seen_by` reads the swing
-    and peak the trace itself gives, from a record kept in two halves and added together (two
-    runs) and from one stored and read back; with under a week of checks, or a record kept
-    before the hours were counted, the hours are alike."""
+    and peak the whole trace's record gives (`known_rates`), from a record kept in two halves
+    and added together (two runs) and from one stored and read back; with under a week of
+    checks, or a record kept before the hours were counted, the hours are alike."""
     from spotrain.core.outage_fill import SpotRecord
 
     region = trace_models.RegionModel("us-east-1", mean_available_h=4.0, outage_median_h=1.0,
@@ -177,7 +181,8 @@ def test_the_handlers_record_of_a_week_of_checks_gives_the_same_daily_swing() ->
     together = halves[0].and_seen(halves[1])
     assert sum(together.ends_by_hour) == together.spells - 2  # each half's last spell goes on
     read = RegionRates.seen_by(together)
-    swing, peak = markov_policy.daily_swing(trace, 1)
+    (whole,) = markov_policy.known_rates([trace], 1)
+    swing, peak = whole.spell_swing, whole.spell_peak_utc_h
     assert read.spell_swing == pytest.approx(swing, abs=0.02) and swing > 0.3
     assert read.spell_peak_utc_h == pytest.approx(peak, abs=0.3)
     stored = SpotRecord.from_item(json.loads(json.dumps(together.to_item())))

@@ -9,7 +9,7 @@ The model: each region's spot comes in spells and outages, a two-state Markov ch
 decision tick (a spell ends with probability tick / mean spell, an outage with tick / mean
 outage), the regions independent of each other. Where the history says when it was seen (a
 trace's `start`), a region's spells end more often at some hours of the day than at others
-(`daily_swing`: a cosine's swing and peak hour), and the plan, lined up with the run's deadline,
+(`swing_of`: a cosine's swing and peak hour), and the plan, lined up with the run's deadline,
 takes each tick's chance of a spell ending at that tick's hour. Against that model the policy
 is exact: a finite-horizon dynamic programme over the ticks left to the deadline, whose state is
 the work left (whole ticks), which regions have spot now, where the run is and on what (idle,
@@ -117,16 +117,20 @@ class RegionRates:
 
 def known_rates(history: Sequence[Trace], nodes: int) -> list[RegionRates]:
     """Each region's means as its record of `history` (one trace per region, what the
-    environment saw before the run) gives them, for a gang of `nodes` machines, and the day's
-    swing of its spells' ending (`daily_swing`) where a trace says when it starts."""
+    environment saw before the run) gives them, for a gang of `nodes` machines: the handler's
+    record (`outage_fill.SpotRecord`) fed each tick as a check. Where a trace says when it
+    starts, the checks are at its ticks' own times, so the record also counts the day's swing
+    of its spells' ending (`RegionRates.seen_by`); without a start, the hours are alike."""
     rates = []
     for trace in history:
         record = outage_fill.SpotRecord()
-        for index, capacity in enumerate(trace.available):
-            record = record.seen(index * trace.gap_s, capacity >= nodes,
+        begin_s = trace.start_s or 0.0
+        # Each tick lasts its gap, the last too: a check after it sees what it saw.
+        for index, capacity in enumerate([*trace.available, *trace.available[-1:]]):
+            record = record.seen(begin_s + index * trace.gap_s, capacity >= nodes,
                                  longest_gap_s=trace.gap_s)  # fmt: skip
-        swing, peak = daily_swing(trace, nodes)
-        rates.append(replace(RegionRates.of(record), spell_swing=swing, spell_peak_utc_h=peak))
+        known = trace.start_s is not None
+        rates.append(RegionRates.seen_by(record) if known else RegionRates.of(record))
     return rates
 
 
@@ -135,22 +139,6 @@ DAILY_EVIDENCE_DAYS = 7.0
 an hour, are mostly noise."""
 MOST_SWING = 0.9
 """A swing read past this is taken as this: spells never stop ending at any hour."""
-
-
-def daily_swing(trace: Trace, nodes: int) -> tuple[float, float]:
-    """How spells of spot for `nodes` machines end over the day in `trace` (`swing_of`); (0, 0)
-    where the trace does not say when it starts or covers less than `DAILY_EVIDENCE_DAYS`."""
-    if trace.start_s is None or trace.hours < DAILY_EVIDENCE_DAYS * 24:
-        return 0.0, 0.0
-    gap_h = trace.gap_s / 3600
-    up = np.asarray(trace.available) >= nodes
-    # The hour of the day each tick starts at, and each ending's: half a tick before the
-    # first tick without spot.
-    hour = (trace.start_s / 3600 + np.arange(len(up)) * gap_h) % 24
-    ended = np.flatnonzero(up[:-1] & ~up[1:]) + 1
-    endings = np.bincount(((hour[ended] - gap_h / 2) % 24).astype(int), minlength=24)
-    exposure = np.bincount(hour[up].astype(int), minlength=24) * gap_h
-    return swing_of(endings, exposure)
 
 
 def swing_of(endings: Sequence[float], spot_h: Sequence[float]) -> tuple[float, float]:
