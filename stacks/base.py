@@ -15,24 +15,6 @@ from spotrain.cdk import (
 from spotrain.core import resource_names as names
 from spotrain.stacks.config import EnvironmentConfig
 
-# Services the blueprint calls; on the local cloud each is pointed at the emulator.
-LOCAL_ENDPOINT_SERVICES = (
-    "autoscaling",
-    "budgets",
-    "dynamodb",
-    "ec2",
-    "ecr",
-    "events",
-    "iam",
-    "kms",
-    "lambda_",
-    "logs",
-    "s3",
-    "sns",
-    "sqs",
-    "ssm",
-    "sts",
-)
 # Attempts per call to the local cloud: enough to ride out a reply cut off on a machine short of
 # CPU (one such failure twice in a row failed a whole apply), few enough that an API the
 # emulator lacks fails in seconds rather than after the provider's minutes of backoff.
@@ -49,12 +31,15 @@ def provider_settings(
         "default_tags": [{"tags": {**config.all_tags, **(run_tags or {})}}],
     }
     if config.local is not None:
+        # No `endpoints` block: the provider finds the local cloud by AWS_ENDPOINT_URL, which
+        # `spotrain deploy` and `spotrain local env` set. The block costs every start of the
+        # provider seconds of CPU validating its 300-odd services (the plugin framework's
+        # provider configuration check, even for an empty block: 10 CPU-seconds for
+        # `terraform validate` of one data source with it, 5 without), and a plan starts the
+        # provider twice for each region. Without that environment the provider would reach
+        # AWS itself: it refuses any account but the local cloud's.
         settings |= {
-            "endpoints": [
-                aws.provider.AwsProviderEndpoints(
-                    **{service: config.local.endpoint for service in LOCAL_ENDPOINT_SERVICES}
-                )
-            ],
+            "allowed_account_ids": [config.local.account],
             "s3_use_path_style": True,
             "skip_credentials_validation": True,
             "skip_metadata_api_check": "true",

@@ -66,6 +66,10 @@ class LocalCloud:
 
     endpoint: str
     """Loopback HTTPS URL of the local AWS emulator, e.g. https://127.0.0.1:4566."""
+    account: str = "123456789012"
+    """The account the local cloud serves (moto's): the only one the local stacks' provider
+    accepts, so a local stack run without the local cloud's environment stops before it
+    changes a real account."""
 
 
 @dataclass(frozen=True, kw_only=True)

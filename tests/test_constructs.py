@@ -15,10 +15,13 @@ from spotrain.constructs.catalog_table import CatalogTableProps, SecondaryIndex
 from spotrain.constructs.encrypted_bucket import EncryptedBucketProps
 from spotrain.constructs.encryption_key import EncryptionKeyProps
 from spotrain.constructs.replicated_buckets import RegionalBucket, ReplicatedBucketsProps
-from spotrain.core.errors import ConfigError
+from spotrain.core.errors import ConfigError, TerraformError
 from spotrain.core.handler_settings import RUNS_PARAMETER_PATH_VARIABLE, HandlerSettings
 from spotrain.core.image_reference import REGISTRY_PULL_ACTIONS
 from spotrain.stacks.base import LOCAL_MAX_RETRIES
+
+ACCOUNT = "123456789012"
+"""The local cloud's account (moto's default)."""
 
 
 def only(mapping: dict[str, Any]) -> Any:
@@ -563,14 +566,49 @@ def test_every_provider_tags_resources_for_cost_allocation(synth_dir: Path) -> N
             assert tags["spotrain:environment"] == stack_dir.name.split("-")[0]
 
 
-def test_local_provider_points_every_service_at_the_local_cloud(synth_dir: Path) -> None:
-    provider = load_stack(synth_dir, "local-budget")["provider"]["aws"][0]
-    endpoints = provider["endpoints"][0]
-    assert set(endpoints.values()) == {"https://127.0.0.1:4566"}
-    assert {"budgets", "s3", "lambda", "sts"} <= set(endpoints)
-    assert provider["max_retries"] == LOCAL_MAX_RETRIES
-    real = load_stack(synth_dir, "dev-budget")["provider"]["aws"][0]
-    assert "endpoints" not in real and "max_retries" not in real
+def test_the_local_provider_names_no_endpoint_and_accepts_the_local_account_alone(
+    synth_dir: Path,
+) -> None:
+    for stack_dir in (synth_dir / "stacks").iterdir():
+        for provider in load_stack(synth_dir, stack_dir.name)["provider"]["aws"]:
+            assert "endpoints" not in provider, stack_dir.name  # each start would pay for it
+            local = stack_dir.name.startswith("local-")
+            assert provider.get("allowed_account_ids") == ([ACCOUNT] if local else None)
+            assert provider.get("max_retries") == (LOCAL_MAX_RETRIES if local else None)
+
+
+@pytest.mark.integration
+def test_a_local_stack_reaches_the_local_cloud_by_its_environment_and_refuses_another_account(
+    synth_dir: Path, local_cloud: Any, tmp_path: Path
+) -> None:
+    """The local stacks' provider finds the local cloud by AWS_ENDPOINT_URL (`spotrain deploy`
+    and `spotrain local env` set it). Run with another account's credentials, as a shell
+    holding a real account's would run it without that environment, it stops before it reads
+    or changes anything."""
+    from spotrain.localcloud import control
+    from spotrain.tools import terraform
+
+    [provider] = load_stack(synth_dir, "local-budget")["provider"]["aws"]
+    folder = tmp_path / "stack"
+    folder.mkdir()
+    (folder / "main.tf.json").write_text(json.dumps({
+        "provider": {"aws": [provider]},
+        "data": {"aws_caller_identity": {"Caller": {}}},
+        "output": {"account": {"value": "${data.aws_caller_identity.Caller.account_id}"}},
+    }))  # fmt: skip
+    environment = control.aws_environment(local_cloud.endpoint, "us-east-1")
+    env = terraform.terraform_env(terraform.write_cli_config(tmp_path), environment)
+    terraform.run(folder, ["init", "-input=false", "-no-color"], env, capture=True)
+    plan = ["plan", "-input=false", "-no-color"]
+    assert f'account = "{ACCOUNT}"' in terraform.run(folder, plan, env, capture=True).stdout
+    other = control.client("sts", local_cloud.endpoint, "us-east-1").assume_role(
+        RoleArn="arn:aws:iam::210987654321:role/someone", RoleSessionName="elsewhere"
+    )["Credentials"]
+    env |= {"AWS_ACCESS_KEY_ID": other["AccessKeyId"],
+            "AWS_SECRET_ACCESS_KEY": other["SecretAccessKey"],
+            "AWS_SESSION_TOKEN": other["SessionToken"]}  # fmt: skip
+    with pytest.raises(TerraformError, match="AWS account ID not allowed: 210987654321"):
+        terraform.run(folder, plan, env, capture=True)
 
 
 def test_state_backend_is_s3_with_native_locking(synth_dir: Path) -> None:
@@ -619,10 +657,6 @@ def test_rules_match_the_two_ec2_events_and_retry_into_a_dead_letter_queue(synth
     assert (denied["effect"], denied["resources"]) == ("Deny", [arn])
 
 
-ACCOUNT = "123456789012"
-"""The local cloud's account (moto's default)."""
-
-
 def _upgrade_configurations(stack: dict[str, Any], endpoint: str) -> tuple[dict, dict, str]:
     """The handler stack's dead-letter queue as deployed before (a separate queue policy
     resource, imported) and now (its own policy, the stack's removed block), its other
@@ -635,9 +669,13 @@ def _upgrade_configurations(stack: dict[str, Any], endpoint: str) -> tuple[dict,
             f"${{aws_cloudwatch_event_rule.{rule_id}.arn}}",
             f"arn:aws:events:us-east-1:{ACCOUNT}:rule/{rule['name']}",
         )
-    provider = {"region": "us-east-1", "skip_credentials_validation": True,
-                "skip_requesting_account_id": True, "skip_metadata_api_check": "true",
-                "endpoints": [{"sqs": endpoint, "sts": endpoint}]}  # fmt: skip
+    # The endpoint comes from the environment (AWS_ENDPOINT_URL), as for the stacks.
+    provider = {
+        "region": "us-east-1",
+        "skip_credentials_validation": True,
+        "skip_requesting_account_id": True,
+        "skip_metadata_api_check": "true",
+    }
     kept = {k: v for k, v in queue.items() if k not in ("//", "kms_master_key_id", "policy")}
     url = f"{endpoint}/{ACCOUNT}/{queue['name']}"
     [removed] = stack["removed"]
