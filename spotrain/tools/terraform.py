@@ -76,10 +76,10 @@ def write_cli_config(directory: Path) -> Path:
 
 GO_GC_PERCENT = "400"
 """Go's GOGC for Terraform and the provider processes it starts, unless the caller set one.
-Each walk of a stack starts the aws provider afresh, which builds and validates ~1,500
-resource schemas (a few CPU-seconds, a quarter of it collecting garbage at Go's default, 100).
-At 400 a deploy, plan and destroy of the local environment took 18-26% less CPU, the largest
-process 120-170 MB more memory at its peak (bench/terraform.md)."""
+Each walk of a stack starts the aws provider afresh, which builds its schemas and checks its
+configuration (a few CPU-seconds, a fifth of it collecting garbage at Go's default, 100).
+At 400 a deploy, plan and destroy of the local environment took 18-21% less CPU, with no
+larger peak for the largest process (bench/terraform.md)."""
 
 
 def terraform_env(cli_config: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
