@@ -32,15 +32,17 @@ SERVICES = ("autoscaling", "budgets", "dynamodb", "ec2", "ecr", "events", "iam",
 ENDPOINT = "https://127.0.0.1:4566"
 
 
-def with_endpoints(stack: Path) -> Path:
-    """A copy of `stack` whose every provider configuration has the `endpoints` block."""
+def with_endpoints(stack: Path) -> tuple[Path, int]:
+    """A copy of `stack` whose every provider configuration has the `endpoints` block, and
+    how many provider configurations it has."""
     copy = stack.with_name(stack.name + "-with-endpoints")
     copy.mkdir()
     configuration = json.loads((stack / "cdk.tf.json").read_text())
-    for provider in configuration["provider"]["aws"]:
+    providers = configuration["provider"]["aws"]
+    for provider in providers:
         provider["endpoints"] = [{service: ENDPOINT for service in SERVICES}]
     (copy / "cdk.tf.json").write_text(json.dumps(configuration))
-    return copy
+    return copy, len(providers)
 
 
 def rows() -> list[tuple[str, int, list[float]]]:
@@ -51,7 +53,8 @@ def rows() -> list[tuple[str, int, list[float]]]:
         stacks = deploy.synth(Path(scratch) / "cdktf.out", only="local") / "stacks"
         env = terraform.terraform_env(terraform.write_cli_config(Path(scratch) / "terraform"))
         for name in STACKS:
-            folders = (stacks / name, with_endpoints(stacks / name))
+            copy, providers = with_endpoints(stacks / name)
+            folders = (stacks / name, copy)
             for folder in folders:
                 measured(["terraform", "init", "-backend=false", "-input=false", "-no-color"],
                          folder, env)  # fmt: skip
@@ -60,8 +63,6 @@ def rows() -> list[tuple[str, int, list[float]]]:
                 for folder in folders:
                     runs[folder].append(measured(["terraform", "validate", "-no-color"],
                                                  folder, env))  # fmt: skip
-            providers = len(json.loads((stacks / name / "cdk.tf.json").read_text())
-                            ["provider"]["aws"])  # fmt: skip
             medians = [statistics.median(m[i] for m in runs[f]) for f in folders for i in (0, 1)]
             found.append((name, providers, medians))
     return found
