@@ -369,7 +369,7 @@ def _one_rank(config_path: Path) -> Any:
     vocabulary read from the data)."""
     os.environ.update({"RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
                        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port())})  # fmt: skip
-    from spotrain.trainer.engine import preflight
+    from spotrain.trainer.preflight import preflight
     from spotrain.trainer.process import init_distributed
     from spotrain.trainer.train import load_config
 

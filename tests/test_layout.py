@@ -289,3 +289,34 @@ def test_checking_a_run_files_training_section_imports_no_pytorch() -> None:
     imported = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
                               check=True, cwd=ROOT).stdout.strip()  # fmt: skip
     assert imported == "[]", f"checking a training section imported {imported}"
+
+
+def test_spotrain_train_checks_a_run_and_hands_over_to_torchrun_without_pytorch(
+    tmp_path: Path,
+) -> None:
+    """`spotrain train` checks the run (the store, the data, the folders) and then hands its
+    process to torchrun (`os.execv`), which imports PyTorch itself: an import before it was
+    paid twice at every machine's start."""
+    import json
+    import subprocess
+    import sys
+
+    from spotrain.trainer.data import synthetic_corpus, write_token_file
+
+    data = write_token_file(tmp_path / "corpus", synthetic_corpus(5_000))
+    config = tmp_path / "run.json"
+    config.write_text(json.dumps({"run": "r", "data": str(data), "steps": 2,
+                                  "store": f"file://{tmp_path / 'store'}",
+                                  "work_dir": str(tmp_path / "work")}))  # fmt: skip
+    check = (
+        "import os, sys\n"
+        "def handed_over(path, argv):\n"
+        "    print(sorted({'torch', 'deepspeed'} & set(sys.modules)), argv[1:3])\n"
+        "    sys.exit(0)\n"
+        "os.execv = handed_over\n"
+        "from spotrain import cli\n"
+        f"cli.main(['train', {str(config)!r}, '--nproc-per-node', '1'])\n"
+    )  # fmt: skip
+    said = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True,
+                          check=True, cwd=ROOT).stdout  # fmt: skip
+    assert "[] ['-m', 'spotrain.trainer.launch']" in said, said

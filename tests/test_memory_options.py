@@ -17,13 +17,9 @@ import torch
 
 from spotrain.core.errors import ConfigError
 from spotrain.trainer import memory, train
-from spotrain.trainer.engine import (
-    ConfigChanged,
-    TrainConfig,
-    preflight,
-    refuse_unintended_change,
-)
+from spotrain.trainer.engine import ConfigChanged, TrainConfig, refuse_unintended_change
 from spotrain.trainer.model import GPT, GPTConfig
+from spotrain.trainer.preflight import preflight
 
 BASE = {"run": "r", "store": "file:///tmp/x", "data": "d.bin", "work_dir": "w", "steps": 5}
 

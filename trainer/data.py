@@ -13,12 +13,14 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-import torch
 
 from spotrain.core.errors import SpotrainError
+
+if TYPE_CHECKING:  # a rank's batches are tensors; what checks a run before it starts is not
+    import torch
 
 ONES = [
     "zero",
@@ -192,5 +194,7 @@ class Sampler:
         starts = rng.integers(0, limit, size=self.micro_batch * world)
         mine = starts[rank * self.micro_batch : (rank + 1) * self.micro_batch]
         rows = np.stack([self.data.tokens[s : s + self.context + 1] for s in mine]).astype(np.int64)
+        import torch
+
         chunk = torch.from_numpy(rows)
         return chunk[:, :-1], chunk[:, 1:]

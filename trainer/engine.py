@@ -2,7 +2,7 @@
 the `Checkpointer` (checkpointer.py).
 
 Every rank runs `train(config)` (under torchrun): the configuration is checked before anything
-starts (`preflight`), the model and DeepSpeed engine are built, the checkpointer restores the
+starts (`preflight.py`), the model and DeepSpeed engine are built, the checkpointer restores the
 run's newest good checkpoint and then, after every step, takes the checkpoints that are due and
 says when a preemption stops the run. A restored run continues with the same batches and the
 same random state, so its losses equal an uninterrupted run's.
@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -21,21 +21,20 @@ from typing import Any
 import numpy as np
 import torch
 
-from spotrain.core.errors import SpotrainError, raise_if_problems
-from spotrain.core.validation import writable_folder_problem
+from spotrain.core.errors import SpotrainError
 from spotrain.trainer import datasets, memory
 from spotrain.trainer.checkpointer import Checkpointer
 from spotrain.trainer.config import TrainConfig
-from spotrain.trainer.data import Sampler, TokenFile, TokenStream, fit_problems
+from spotrain.trainer.data import Sampler, TokenFile, TokenStream
 from spotrain.trainer.deepspeed_loader import load_deepspeed
 from spotrain.trainer.membership import Stop
 from spotrain.trainer.metrics_file import MetricsFile
 from spotrain.trainer.model import GPT
+from spotrain.trainer.preflight import Prepared, preflight
 from spotrain.trainer.process import Place, init_distributed, say
 from spotrain.trainer.restore_policy import ConfigChanged, refuse_changed_definition
-from spotrain.trainer.storage import Storage, open_storage
 
-__all__ = ["ConfigChanged", "TrainConfig", "TrainResult", "build_engine", "preflight", "train"]
+__all__ = ["ConfigChanged", "TrainConfig", "TrainResult", "build_engine", "train"]
 
 
 def refuse_unintended_change(
@@ -45,53 +44,6 @@ def refuse_unintended_change(
     was not declared intended."""
     if not config.allow_config_change:
         refuse_changed_definition(config.run, trained, config.definition(world_size), step)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A configuration that passed the preflight, and where its data comes from."""
-
-    config: TrainConfig
-    """With the model's vocabulary taken from the data when the configuration left it out."""
-    dataset: tuple[Storage, datasets.DatasetManifest] | None
-    """A dataset in a store, fetched to each machine's work disk; None: a token file here."""
-
-
-def preflight(config: TrainConfig) -> Prepared:
-    """Everything about the run that can be checked before it starts (and before it takes the
-    run's lease): the store's address, the data (a token file here, or a dataset's manifest in
-    its store) and how it fits the model, the work folder. Raises one error listing every
-    problem."""
-    problems = []
-    try:
-        open_storage(config.store, kms_key_id=config.kms_key_id)
-    except SpotrainError as error:
-        problems.append(f"store: {error}")
-    model, dataset = config.model, None
-    try:
-        if datasets.is_dataset(config.data):
-            store, name = datasets.locate(config.data, config.store, kms_key_id=config.kms_key_id)
-            manifest = datasets.read_manifest(store, name)
-            vocab, count, dataset = manifest.vocab_size, manifest.tokens, (store, manifest)
-        else:
-            local = TokenFile(Path(config.data))
-            vocab, count = local.vocab_size, len(local.tokens)
-        if model.vocab_size is None:
-            model = replace(model, vocab_size=vocab)
-        problems += fit_problems(vocab, count, context=model.context,
-                                 vocab_size=int(model.vocab_size or 0))  # fmt: skip
-    except SpotrainError as error:
-        problems.append(f"data: {error}")
-    for name in ("work_dir", "metrics_file"):
-        value = getattr(config, name)
-        if value is None:
-            continue
-        folder = Path(value) if name == "work_dir" else Path(value).parent
-        if problem := writable_folder_problem(name, value, folder):
-            problems.append(problem)
-    problems += memory.machine_problems(config)
-    raise_if_problems("training configuration", problems)
-    return Prepared(replace(config, model=model), dataset)
 
 
 def _open_data(config: TrainConfig, prepared: Prepared, place: Place) -> TokenFile | TokenStream:

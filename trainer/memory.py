@@ -16,12 +16,14 @@ import shutil
 import sys
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
-
-import torch
+from typing import TYPE_CHECKING, Any
 
 from spotrain.trainer.config import MemoryOptions
-from spotrain.trainer.model import Recompute
+
+if TYPE_CHECKING:  # what checks a run before it starts (preflight.py) imports no PyTorch
+    import torch
+
+    from spotrain.trainer.model import Recompute
 
 ADAMW_WEIGHT_DECAY = 0.01
 """torch.optim.AdamW's default, which DeepSpeed's CPU Adam (default 0) is given too: a run
@@ -100,6 +102,8 @@ def make_optimizer(parameters: Iterable[torch.nn.Parameter], options: MemoryOpti
     """AdamW: torch's on the GPUs, DeepSpeed's CPU Adam (AdamW mode, same hyperparameters)
     where ZeRO offloads the optimizer, since ZeRO then steps it on the host, where DeepSpeed's
     vectorised kernel is several times faster than torch's."""
+    import torch
+
     if options.offload_optimizer == "none":
         return torch.optim.AdamW(parameters, lr=learning_rate, weight_decay=ADAMW_WEIGHT_DECAY)
     from deepspeed.ops.adam import DeepSpeedCPUAdam

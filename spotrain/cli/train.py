@@ -81,7 +81,7 @@ def torchrun_command(args: argparse.Namespace, entry_point: EntryPoint | None = 
 
 def cmd_train(args: argparse.Namespace) -> int:
     from spotrain.trainer import entry_point
-    from spotrain.trainer.engine import preflight
+    from spotrain.trainer.preflight import preflight
     from spotrain.trainer.train import load_any
 
     entry = None
