@@ -40,7 +40,7 @@ import math
 from dataclasses import dataclass
 from datetime import datetime
 from itertools import pairwise
-from typing import Any
+from typing import Any, NamedTuple
 
 from spotrain.core import run_epochs
 from spotrain.core.catalog_schema import (
@@ -64,9 +64,9 @@ def whole_ms(hours: float) -> int:
     return round(hours * MS_PER_HOUR)
 
 
-@dataclass(frozen=True)
-class _Exact:
-    """A Progress in whole milliseconds (deadline None: there is none)."""
+class _Exact(NamedTuple):
+    """A Progress in whole milliseconds (deadline None: there is none). A tuple: a replay
+    makes one at every tick."""
 
     t: int
     deadline: int | None
@@ -140,16 +140,18 @@ class Progress:
         """A Progress from whole milliseconds a replay counted (checked there, once, not at
         every tick)."""
         progress = object.__new__(cls)
-        hours = {
-            "elapsed_h": elapsed, "deadline_h": deadline, "work_h": work, "done_h": done,
-            "changeover_h": changeover, "changeover_left_h": changeover_left,
-            "decision_interval_h": decision_interval,
-        }  # fmt: skip
-        for name, ms in hours.items():
-            object.__setattr__(progress, name, math.inf if ms is None else ms / MS_PER_HOUR)
-        exact = _Exact(elapsed, deadline, work, done, changeover, changeover_left,
-                       decision_interval)  # fmt: skip
-        object.__setattr__(progress, "_exact", exact)
+        # Set as one mapping, not field by field through the frozen class's guard: a replay
+        # makes one Progress at every tick (half of `cost estimate`'s time once).
+        progress.__dict__.update(
+            elapsed_h=elapsed / MS_PER_HOUR,
+            deadline_h=math.inf if deadline is None else deadline / MS_PER_HOUR,
+            work_h=work / MS_PER_HOUR, done_h=done / MS_PER_HOUR,
+            changeover_h=changeover / MS_PER_HOUR,
+            changeover_left_h=changeover_left / MS_PER_HOUR,
+            decision_interval_h=decision_interval / MS_PER_HOUR,
+            _exact=_Exact(elapsed, deadline, work, done, changeover, changeover_left,
+                          decision_interval),
+        )  # fmt: skip
         return progress
 
     @property
