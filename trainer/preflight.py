@@ -2,7 +2,9 @@
 runs it before torchrun, and every rank again before it takes the run's lease.
 
 It imports no PyTorch: `spotrain train` hands its process to torchrun (`os.execv`), which
-imports PyTorch itself, so an import here was seconds of CPU paid twice at every start.
+imports PyTorch itself, so an import here was seconds of CPU paid twice at every start. (A
+run with an offload option is the exception: `memory.machine_problems` asks torch's extension
+builder where ninja is, for the DeepSpeed op that run compiles anyway.)
 """
 
 from __future__ import annotations
