@@ -124,7 +124,8 @@ def prepare(
     via_cli: bool = False,
 ) -> Launch:
     """Write `config` (with its own metrics file and work folder) and the command that trains
-    it: torchrun itself, or `spotrain train` (which runs torchrun) when `via_cli`."""
+    it: the torchrun `spotrain train` runs (`spotrain.trainer.launch`), or `spotrain train`
+    itself when `via_cli`."""
     path = tmp_path / f"{name}.json"
     metrics = tmp_path / f"{name}.jsonl"
     work = str(tmp_path / f"work-{name}")
@@ -133,7 +134,7 @@ def prepare(
         command = [sys.executable, "-m", "spotrain.cli", "train", str(path),
                    "--nproc-per-node", str(nproc)]  # fmt: skip
     else:
-        command = [sys.executable, "-m", "torch.distributed.run", "--standalone",
+        command = [sys.executable, "-m", "spotrain.trainer.launch", "--standalone",
                    "--nproc_per_node", str(nproc),
                    "-m", "spotrain.trainer.train", str(path)]  # fmt: skip
     for override in overrides:

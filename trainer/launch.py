@@ -34,6 +34,11 @@ torchrun's.
    line became an UnboundLocalError in its `finally` (a traceback in the machine's log and
    exit 1, a run's cancel seen as a failure). The monitor now runs without the wrapper, whose
    metrics go nowhere here.
+6. **A rank starts from the agent's PyTorch.** torchrun starts every rank, at every
+   membership change too, as a new interpreter that imports PyTorch again; a rank is now a
+   fork of the agent that runs its module as that interpreter would (`forked_rank.py`).
+   `SPOTRAIN_RANKS_AS_NEW_INTERPRETERS=1` in the environment (the image's, on a fleet)
+   starts them as torchrun does.
 
 The first two are checked by the fleet rehearsal, where a replacement machine joins a running
 group; the others by tests/test_user_scripts.py.
@@ -46,10 +51,14 @@ import os
 import signal
 from typing import Any
 
+from spotrain.trainer.forked_rank import ForkedRank, module_of
 from spotrain.trainer.membership import CANNOT_TRAIN_EXIT
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 """What asks a rank to publish and exit; only the rank hears it (repair 4)."""
+
+RANKS_AS_NEW_INTERPRETERS = "SPOTRAIN_RANKS_AS_NEW_INTERPRETERS"
+"""Set to 1, torchrun starts each rank as a new interpreter (its own way, without repair 6)."""
 
 
 def _repair_torchrun(*, standalone: bool) -> None:
@@ -93,6 +102,19 @@ def _repair_torchrun(*, standalone: bool) -> None:
                 stream.close()
 
     SubprocessHandler.close = close
+
+    if os.environ.get(RANKS_AS_NEW_INTERPRETERS) != "1":
+        start_a_new_interpreter = SubprocessHandler._popen
+
+        def start_the_rank(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
+            import torch
+
+            if module_of(args) is None or torch.cuda.is_initialized():
+                return start_a_new_interpreter(self, args, env)
+            return ForkedRank(args, env=env, stdout=self._stdout, stderr=self._stderr,
+                              start_new_session=True)  # fmt: skip
+
+        SubprocessHandler._popen = start_the_rank
 
 
 def _older_torchrun(argv: list[str]) -> list[str]:

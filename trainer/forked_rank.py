@@ -1,0 +1,194 @@
+"""A rank started as a fork of torchrun's agent, not as a new interpreter (launch.py, repair 6).
+
+torchrun starts each rank as `python -u -m MODULE ARGS`: a new interpreter that imports
+PyTorch again, at every start and at every restart a membership change brings, though the
+agent that starts it has imported PyTorch already. That import is most of a rank's start
+(1-3.5 CPU-seconds and some 200 MB on a CPU machine, before the rank reads its first byte).
+Here a rank is a fork of the agent that then does what that interpreter would have done:
+
+- its own session (torchrun's `start_new_session`), its output where torchrun sends it,
+  unbuffered as `-u` makes it, its environment and working folder, and the import path a new
+  interpreter has;
+- its thread count from its own environment, as PyTorch takes it;
+- every signal's handler as a new interpreter has it (the agent's stop handler is not the
+  rank's); the agent's exit work dropped (`multiprocessing`'s finalizers and children) and
+  what must differ between processes drawn anew (`multiprocessing`'s key, numpy's global
+  generator; Python's `random` reseeds itself at a fork);
+- the module run as `__main__` with its arguments (`runpy`, as `-m` does);
+- at its end what an interpreter does at exit: non-daemon threads joined, `atexit` handlers
+  run, output flushed; the status it would give (an exception's 1, `sys.exit`'s code, an
+  interrupt's SIGINT).
+
+Nothing of the agent's state reaches the rank but modules it imported and their own import-time
+state, which a new interpreter importing them would hold too, and the agent's open descriptors,
+as with any fork: Python opens its own close-on-exec, so the rank's own subprocesses do not get
+them, and closing them here would let a stale object's finalizer close a descriptor the rank has
+reused. `python` with other options, or
+an agent that has touched CUDA (a fork cannot use it), starts a new interpreter as before.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+from typing import Any
+
+FRESH_SYS_PATH = list(sys.path)
+"""The import path the agent's interpreter started with (`python -m`: its working folder first,
+then PYTHONPATH's and the installation's), taken before anything could add to it."""
+
+
+def module_of(command: tuple[str, ...]) -> tuple[str, list[str]] | None:
+    """(module, its arguments) when `command` is the `python -u -m MODULE ARGS` torchrun builds,
+    run by this interpreter; None for anything else."""
+    if len(command) >= 4 and command[0] == sys.executable and command[1:3] == ("-u", "-m"):
+        return command[3], list(command[4:])
+    return None
+
+
+class ForkedRank(subprocess.Popen):  # type: ignore[type-arg]
+    """`subprocess.Popen` whose child is this process forked, running `python -u -m` in itself;
+    waiting, polling and signalling it are Popen's own."""
+
+    def __init__(self, command: tuple[str, ...], **popen: Any) -> None:
+        target = module_of(command)
+        assert target is not None, command
+        self._module, self._arguments = target
+        super().__init__(command, **popen)
+
+    def _execute_child(  # Popen's own signature
+        self, args: Any, executable: Any, preexec_fn: Any, close_fds: Any, pass_fds: Any,
+        cwd: Any, env: Any, startupinfo: Any, creationflags: Any, shell: Any,
+        p2cread: int, p2cwrite: int, c2pread: int, c2pwrite: int, errread: int, errwrite: int,
+        *rest: Any,
+    ) -> None:  # fmt: skip
+        start_new_session = rest[5]  # restore_signals, gid, gids, uid, umask, start_new_session
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()  # or the child writes the agent's pending output again
+        pid = os.fork()
+        if pid == 0:
+            status = 1
+            try:
+                status = _become_the_rank(
+                    self._module, self._arguments, env=env, cwd=cwd, stdin=p2cread,
+                    stdout=c2pwrite, stderr=errwrite, new_session=start_new_session,
+                )  # fmt: skip
+            except BaseException:  # before its module ran: say why, as an interpreter would
+                import traceback
+
+                traceback.print_exc()
+            finally:
+                os._exit(status)  # never back into the agent's code
+        self.pid = pid
+        self._child_created = True
+
+
+def _become_the_rank(
+    module: str, arguments: list[str], *, env: dict[str, str] | None, cwd: str | None,
+    stdin: int, stdout: int, stderr: int, new_session: bool,
+) -> int:  # fmt: skip
+    import multiprocessing.process
+    import multiprocessing.util
+
+    if new_session:
+        os.setsid()
+    for fd, target in ((stdin, 0), (stdout, 1), (stderr, 2)):
+        if fd != -1:
+            os.dup2(fd, target)
+    if cwd is not None:
+        os.chdir(cwd)
+    if env is not None:
+        os.environ.clear()
+        os.environ.update(env)
+    _threads_as_a_new_interpreter_takes_them()
+    _default_signal_handlers()
+    multiprocessing.util._finalizer_registry.clear()  # the agent's, as multiprocessing's own fork
+    multiprocessing.process._children.clear()  # start does for its children
+    multiprocessing.current_process().authkey = os.urandom(32)
+    if "numpy.random" in sys.modules:
+        sys.modules["numpy.random"].seed()
+    _unbuffered_stdio()
+    sys.path[:] = [os.getcwd(), *FRESH_SYS_PATH[1:]]  # `-m` puts the working folder first
+    sys.argv = [module, *arguments]
+    return _run_as_main(module)
+
+
+def _run_as_main(module: str) -> int:
+    import atexit
+    import runpy
+    import threading
+    import traceback
+
+    status: int = 0
+    interrupted = False
+    try:
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+    except SystemExit as leaving:
+        status = _exit_status(leaving.code)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        interrupted = True
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        status = 1
+    # What an interpreter does at its end, in its order.
+    threading._shutdown()  # type: ignore[attr-defined]
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):  # a closed or broken stream
+            stream.flush()
+    if interrupted:  # an interpreter ends an unhandled interrupt by SIGINT's own death
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return status
+
+
+def _exit_status(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    print(code, file=sys.stderr)
+    return 1
+
+
+def _threads_as_a_new_interpreter_takes_them() -> None:
+    """PyTorch sizes its thread pool from OMP_NUM_THREADS (or MKL_NUM_THREADS) when it first
+    uses it; the agent's pool was sized before torchrun set the ranks' (1 where a machine has
+    several ranks), so the fork would keep every core a rank."""
+    torch = sys.modules.get("torch")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        value = os.environ.get(name, "")
+        if torch is not None and value.isdigit() and int(value) > 0:
+            torch.set_num_threads(int(value))
+            return
+
+
+def _default_signal_handlers() -> None:
+    signal.set_wakeup_fd(-1)
+    for number in signal.valid_signals():
+        if number in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            handler = signal.getsignal(number)
+        except (OSError, ValueError):
+            continue
+        if callable(handler) and handler is not signal.default_int_handler:
+            signal.signal(number, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _unbuffered_stdio() -> None:
+    import io
+
+    for fd, name, errors in ((1, "stdout", "strict"), (2, "stderr", "backslashreplace")):
+        old = getattr(sys, name)
+        stream = io.TextIOWrapper(
+            io.FileIO(fd, "w", closefd=False), encoding=getattr(old, "encoding", None) or "utf-8",
+            errors=errors, write_through=True,
+        )  # fmt: skip
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
