@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-from spotrain.trainer.forked_rank import ForkedRank
 from spotrain.trainer.launch import RANKS_AS_NEW_INTERPRETERS
 
 REPORTER = """\
@@ -29,49 +28,81 @@ print(json.dumps({
     "sigterm_default": signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
     "sigint_default": signal.getsignal(signal.SIGINT) is signal.default_int_handler,
     "own_session": os.getsid(0) == os.getpid(), "cwd": os.getcwd(),
+    "nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
     "numpy_draw": float(numpy.random.random()), "torch_before_the_script": torch_before_the_script,
 }), flush=True)
 """
 
 ENDINGS = {
-    "return": ("", 0, None),
-    "sys.exit(3)": ("import sys; sys.exit(3)", 3, None),
-    "sys.exit(message)": ("import sys; sys.exit('the data is missing')", 1, "the data is missing"),
-    "exception": ("raise ValueError('bad batch')", 1, "ValueError: bad batch"),
-    "interrupt": ("raise KeyboardInterrupt", -signal.SIGINT, "KeyboardInterrupt"),
-    "SIGTERM": ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM, None),
-}
+    "returns": ("", 0, None),
+    "exits_3": ("import sys; sys.exit(3)", 3, None),
+    "exits_with_a_message": ("import sys; sys.exit('the data is missing')", 1, "data is missing"),
+    "raises": ("raise ValueError('bad batch')", 1, "ValueError: bad batch"),
+    "is_interrupted": ("raise KeyboardInterrupt", -signal.SIGINT, "KeyboardInterrupt"),
+    "gets_sigterm": ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM,
+                     None),
+}  # fmt: skip
+"""How a rank's module ends: (its last line, the status a new interpreter gives, what it says)."""
+
+AGENT = """\
+import json, os, signal, sys
+import torch
+from spotrain.trainer.forked_rank import ForkedRank
+signal.signal(signal.SIGTERM, lambda *_: None)  # the agent's own stop handler is not the rank's
+if sys.argv[1] == "after-cuda":  # PyTorch's mark on a fork made after CUDA was asked anything
+    torch.cuda._is_in_bad_fork = lambda: True
+statuses = {}
+for module in sys.argv[2:]:
+    with open(module + ".out", "w") as out, open(module + ".err", "w") as err:
+        rank = ForkedRank((sys.executable, "-u", "-m", module, "a", "b"), stdout=out, stderr=err,
+                          env={**os.environ, "RANK": "0"}, start_new_session=True)
+        statuses[module] = rank.wait(timeout=60)
+print(json.dumps(statuses))
+"""
+"""An agent as torchrun's is (a new interpreter that has imported PyTorch) forking one rank per
+module named, in turn: the tests' own process holds state a rank must not run at its end."""
 
 
-def _module(tmp_path: Path, name: str, body: str) -> None:
-    (tmp_path / f"{name}.py").write_text(body)
+def _fork_ranks(tmp_path: Path, modules: list[str], *, after_cuda: bool = False) -> dict[str, int]:
+    result = subprocess.run(
+        [sys.executable, "-c", AGENT, "after-cuda" if after_cuda else "-", *modules],
+        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    return dict(json.loads(result.stdout.splitlines()[-1]))
 
 
-@pytest.mark.parametrize("ending", sorted(ENDINGS))
+def _seen(tmp_path: Path, module: str) -> tuple[dict[str, object], list[str]]:
+    printed = (tmp_path / f"{module}.out").read_text().splitlines()
+    return json.loads(printed[0]), printed[1:]
+
+
 def test_a_forked_rank_ends_with_the_status_and_the_exit_work_of_a_new_interpreter(
-    ending: str, tmp_path: Path
+    tmp_path: Path,
 ) -> None:
-    body, status, said = ENDINGS[ending]
-    _module(tmp_path, "ending", REPORTER + body + "\n")
-    # The agent's own stop handler must not be the rank's (SIGTERM's row dies of its default).
-    previous = signal.signal(signal.SIGTERM, lambda *_: None)
-    try:
-        with (tmp_path / "out").open("w") as out, (tmp_path / "err").open("w") as err:
-            rank = ForkedRank((sys.executable, "-u", "-m", "ending", "a", "b"), cwd=tmp_path,
-                              env={**os.environ, "RANK": "0"}, stdout=out, stderr=err,
-                              start_new_session=True)  # fmt: skip
-            assert rank.wait(timeout=60) == status
-    finally:
-        signal.signal(signal.SIGTERM, previous)
-    printed = (tmp_path / "out").read_text().splitlines()
-    seen = json.loads(printed[0])
-    assert seen["name"] == "__main__" and seen["argv"] == ["a", "b"]
-    assert seen["script"] == str(tmp_path / "ending.py") and seen["path0"] == str(tmp_path)
-    assert seen["sigterm_default"] and seen["sigint_default"] and seen["own_session"]
-    if ending != "SIGTERM":  # a signal's death runs nothing of Python's
-        assert printed[1:] == ["thread 0", "atexit 0"]
-    if said:
-        assert said in (tmp_path / "err").read_text()
+    for module, (last_line, _, _) in ENDINGS.items():
+        (tmp_path / f"{module}.py").write_text(REPORTER + last_line + "\n")
+    statuses = _fork_ranks(tmp_path, sorted(ENDINGS))
+    for module, (_, status, said) in ENDINGS.items():
+        assert statuses[module] == status, module
+        seen, then = _seen(tmp_path, module)
+        assert seen["name"] == "__main__" and seen["argv"] == ["a", "b"], module
+        assert seen["script"] == str(tmp_path / f"{module}.py") and seen["path0"] == str(tmp_path)
+        assert seen["sigterm_default"] and seen["sigint_default"] and seen["own_session"], module
+        assert seen["torch_before_the_script"], module  # the agent's, not imported again
+        if module != "gets_sigterm":  # a signal's death runs nothing of Python's
+            assert then == ["thread 0", "atexit 0"], module
+        if said:
+            assert said in (tmp_path / f"{module}.err").read_text(), module
+
+
+def test_a_fork_of_an_agent_that_asked_cuda_becomes_a_new_interpreter(tmp_path: Path) -> None:
+    (tmp_path / "reporter.py").write_text(REPORTER)
+    assert _fork_ranks(tmp_path, ["reporter"], after_cuda=True) == {"reporter": 0}
+    seen, then = _seen(tmp_path, "reporter")
+    assert not seen["torch_before_the_script"]  # a new interpreter, which imported it itself
+    assert seen["argv"] == ["a", "b"] and seen["path0"] == str(tmp_path) and seen["own_session"]
+    assert then == ["thread 0", "atexit 0"]
 
 
 def _launch(tmp_path: Path, *, new_interpreters: bool) -> list[dict[str, object]]:
@@ -93,7 +124,7 @@ def _launch(tmp_path: Path, *, new_interpreters: bool) -> list[dict[str, object]
 def test_ranks_forked_by_the_launcher_see_what_new_interpreters_see_without_importing_pytorch(
     tmp_path: Path,
 ) -> None:
-    _module(tmp_path, "reporter", REPORTER)
+    (tmp_path / "reporter.py").write_text(REPORTER)
     forked = _launch(tmp_path, new_interpreters=False)
     new = _launch(tmp_path, new_interpreters=True)
     assert [seen["torch_before_the_script"] for seen in forked] == [True, True]

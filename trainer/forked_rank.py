@@ -20,11 +20,16 @@ Here a rank is a fork of the agent that then does what that interpreter would ha
   interrupt's SIGINT).
 
 Nothing of the agent's state reaches the rank but modules it imported and their own import-time
-state, which a new interpreter importing them would hold too, and the agent's open descriptors,
+state, which a new interpreter importing them would hold too (their `atexit` handlers run at
+the rank's end: PyTorch's, which the rank's own import would have registered), and the agent's
+open descriptors,
 as with any fork: Python opens its own close-on-exec, so the rank's own subprocesses do not get
 them, and closing them here would let a stale object's finalizer close a descriptor the rank has
-reused. `python` with other options, or
-an agent that has touched CUDA (a fork cannot use it), starts a new interpreter as before.
+reused.
+
+`python` with other options starts a new interpreter as before, and so does a fork of an agent
+that has asked CUDA anything (a fork cannot use CUDA then): it becomes that interpreter at once
+(`exec`), in its own session and with its output, environment and folder already set.
 """
 
 from __future__ import annotations
@@ -103,6 +108,8 @@ def _become_the_rank(
     if env is not None:
         os.environ.clear()
         os.environ.update(env)
+    if _cuda_unusable_in_a_fork():  # the interpreter torchrun would have started, in this process
+        os.execv(sys.executable, [sys.executable, "-u", "-m", module, *arguments])
     _threads_as_a_new_interpreter_takes_them()
     _default_signal_handlers()
     multiprocessing.util._finalizer_registry.clear()  # the agent's, as multiprocessing's own fork
@@ -153,6 +160,13 @@ def _exit_status(code: object) -> int:
         return code & 0xFF
     print(code, file=sys.stderr)
     return 1
+
+
+def _cuda_unusable_in_a_fork() -> bool:
+    """Whether the agent asked CUDA anything before this fork (torchrun asks whether CUDA is
+    available where it starts): a fork cannot use CUDA then, and PyTorch marks the child."""
+    torch = sys.modules.get("torch")
+    return torch is not None and bool(torch.cuda._is_in_bad_fork())
 
 
 def _threads_as_a_new_interpreter_takes_them() -> None:

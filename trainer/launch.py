@@ -60,6 +60,9 @@ STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 RANKS_AS_NEW_INTERPRETERS = "SPOTRAIN_RANKS_AS_NEW_INTERPRETERS"
 """Set to 1, torchrun starts each rank as a new interpreter (its own way, without repair 6)."""
 
+NVML_CHECK = "PYTORCH_NVML_BASED_CUDA_CHECK"
+"""PyTorch's switch: whether CUDA is available is asked of NVML, which leaves forks usable."""
+
 
 def _repair_torchrun(*, standalone: bool) -> None:
     from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
@@ -105,11 +108,17 @@ def _repair_torchrun(*, standalone: bool) -> None:
 
     if os.environ.get(RANKS_AS_NEW_INTERPRETERS) != "1":
         start_a_new_interpreter = SubprocessHandler._popen
+        # torchrun asks whether CUDA is available as it starts; asked the default way, that
+        # initialises the driver, and no fork can use CUDA after it (each rank would then start
+        # as a new interpreter after all). Asked through NVML, it does not; the ranks' own
+        # environment stays as the user set it.
+        ours = NVML_CHECK not in os.environ
+        os.environ.setdefault(NVML_CHECK, "1")
 
         def start_the_rank(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
-            import torch
-
-            if module_of(args) is None or torch.cuda.is_initialized():
+            if ours:
+                env = {name: value for name, value in env.items() if name != NVML_CHECK}
+            if module_of(args) is None:
                 return start_a_new_interpreter(self, args, env)
             return ForkedRank(args, env=env, stdout=self._stdout, stderr=self._stderr,
                               start_new_session=True)  # fmt: skip
