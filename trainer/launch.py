@@ -36,7 +36,9 @@ torchrun's.
    metrics go nowhere here.
 6. **A rank starts from the agent's PyTorch.** torchrun starts every rank, at every
    membership change too, as a new interpreter that imports PyTorch again; a rank is now a
-   fork of the agent that runs its module as that interpreter would (`forked_rank.py`).
+   fork of the agent that runs its module as that interpreter would (`forked_rank.py`);
+   the agent imports torch's compiler front end, which every rank's optimizer imports, once
+   before the first fork.
    `SPOTRAIN_RANKS_AS_NEW_INTERPRETERS=1` in the environment (the image's, on a fleet)
    starts them as torchrun does.
 
@@ -120,6 +122,10 @@ def _repair_torchrun(*, standalone: bool) -> None:
                 env = {name: value for name, value in env.items() if name != NVML_CHECK}
             if module_of(args) is None:
                 return start_a_new_interpreter(self, args, env)
+            # Every rank's first optimizer step imports torch's compiler front end (2 CPU-s or
+            # more; torch's optimizers wrap their methods in it): once here, for every fork.
+            import torch._dynamo  # noqa: F401
+
             return ForkedRank(args, env=env, stdout=self._stdout, stderr=self._stderr,
                               start_new_session=True)  # fmt: skip
 
