@@ -22,10 +22,9 @@ Here a rank is a fork of the agent that then does what that interpreter would ha
 Nothing of the agent's state reaches the rank but modules it imported and their own import-time
 state, which a new interpreter importing them would hold too (their `atexit` handlers run at
 the rank's end: PyTorch's, which the rank's own import would have registered), and the agent's
-open descriptors,
-as with any fork: Python opens its own close-on-exec, so the rank's own subprocesses do not get
-them, and closing them here would let a stale object's finalizer close a descriptor the rank has
-reused.
+open descriptors, as with any fork: Python opens its own close-on-exec, so the rank's own
+subprocesses do not get them, and closing them here would let a stale object's finalizer close
+a descriptor the rank has reused.
 
 `python` with other options starts a new interpreter as before, and so does a fork of an agent
 that has asked CUDA anything (a fork cannot use CUDA then): it becomes that interpreter at once

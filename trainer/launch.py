@@ -38,12 +38,12 @@ torchrun's.
    membership change too, as a new interpreter that imports PyTorch again; a rank is now a
    fork of the agent that runs its module as that interpreter would (`forked_rank.py`);
    the agent imports torch's compiler front end, which every rank's optimizer imports, once
-   before the first fork.
-   `SPOTRAIN_RANKS_AS_NEW_INTERPRETERS=1` in the environment (the image's, on a fleet)
-   starts them as torchrun does.
+   before the first fork. `SPOTRAIN_RANKS_AS_NEW_INTERPRETERS=1` in the environment (the
+   image's, on a fleet) starts them as torchrun does.
 
 The first two are checked by the fleet rehearsal, where a replacement machine joins a running
-group; the others by tests/test_user_scripts.py.
+group; the next three by tests/test_user_scripts.py; the last by tests/test_forked_rank.py and
+by every training test's golden losses.
 """
 
 from __future__ import annotations
