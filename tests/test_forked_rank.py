@@ -20,9 +20,11 @@ import atexit, json, os, signal, sys, threading, time
 torch_before_the_script = "torch" in sys.modules
 import numpy, torch
 rank = os.environ.get("RANK")
-atexit.register(lambda: print("atexit", rank, flush=True))
-threading.Thread(target=lambda: (time.sleep(0.2), print("thread", rank, flush=True))).start()
-print(json.dumps({
+def say(line):  # one write a line: the two ranks share the launcher's output
+    os.write(1, (line + "\\n").encode())
+atexit.register(lambda: say(f"atexit {rank}"))
+threading.Thread(target=lambda: (time.sleep(0.2), say(f"thread {rank}"))).start()
+say(json.dumps({
     "name": __name__, "argv": sys.argv[1:], "script": sys.argv[0], "path0": sys.path[0],
     "rank": os.environ.get("RANK"), "threads": torch.get_num_threads(),
     "sigterm_default": signal.getsignal(signal.SIGTERM) is signal.SIG_DFL,
@@ -30,7 +32,7 @@ print(json.dumps({
     "own_session": os.getsid(0) == os.getpid(), "cwd": os.getcwd(),
     "nvml_check": os.environ.get("PYTORCH_NVML_BASED_CUDA_CHECK"),
     "numpy_draw": float(numpy.random.random()), "torch_before_the_script": torch_before_the_script,
-}), flush=True)
+}))
 """
 
 ENDINGS = {
@@ -39,7 +41,7 @@ ENDINGS = {
     "exits_with_a_message": ("import sys; sys.exit('the data is missing')", 1, "data is missing"),
     "raises": ("raise ValueError('bad batch')", 1, "ValueError: bad batch"),
     "is_interrupted": ("raise KeyboardInterrupt", -signal.SIGINT, "KeyboardInterrupt"),
-    "gets_sigterm": ("import os, signal; os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM,
+    "gets_sigterm": ("print('printed'); os.kill(os.getpid(), signal.SIGTERM)", -signal.SIGTERM,
                      None),
 }  # fmt: skip
 """How a rank's module ends: (its last line, the status a new interpreter gives, what it says)."""
@@ -64,9 +66,10 @@ module named, in turn: the tests' own process holds state a rank must not run at
 
 
 def _fork_ranks(tmp_path: Path, modules: list[str], *, after_cuda: bool = False) -> dict[str, int]:
-    result = subprocess.run(
+    buffered = {name: value for name, value in os.environ.items() if name != "PYTHONUNBUFFERED"}
+    result = subprocess.run(  # the agent's output buffered, as torchrun's is
         [sys.executable, "-c", AGENT, "after-cuda" if after_cuda else "-", *modules],
-        cwd=tmp_path, capture_output=True, text=True, timeout=300,
+        cwd=tmp_path, env=buffered, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     return dict(json.loads(result.stdout.splitlines()[-1]))
@@ -90,7 +93,9 @@ def test_a_forked_rank_ends_with_the_status_and_the_exit_work_of_a_new_interpret
         assert seen["script"] == str(tmp_path / f"{module}.py") and seen["path0"] == str(tmp_path)
         assert seen["sigterm_default"] and seen["sigint_default"] and seen["own_session"], module
         assert seen["torch_before_the_script"], module  # the agent's, not imported again
-        if module != "gets_sigterm":  # a signal's death runs nothing of Python's
+        if module == "gets_sigterm":  # a signal's death runs nothing of Python's, and `-u`
+            assert then == ["printed"]  # left nothing unwritten
+        else:
             assert then == ["thread 0", "atexit 0"], module
         if said:
             assert said in (tmp_path / f"{module}.err").read_text(), module
