@@ -110,11 +110,11 @@ def test_a_fork_of_an_agent_that_asked_cuda_becomes_a_new_interpreter(tmp_path: 
     assert then == ["thread 0", "atexit 0"]
 
 
-def _launch(tmp_path: Path, *, new_interpreters: bool) -> list[dict[str, object]]:
+def _launch(tmp_path: Path, entry: list[str], *, new_interpreters: bool) -> list[dict[str, object]]:
     env = {**os.environ, RANKS_AS_NEW_INTERPRETERS: "1" if new_interpreters else "0"}
     result = subprocess.run(
         [sys.executable, "-m", "spotrain.trainer.launch", "--standalone", "--nproc-per-node", "2",
-         "-m", "reporter", "--flag", "x"],
+         *entry, "--flag", "x"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -126,12 +126,13 @@ def _launch(tmp_path: Path, *, new_interpreters: bool) -> list[dict[str, object]
 
 
 @pytest.mark.integration
+@pytest.mark.parametrize("entry", [["-m", "reporter"], ["reporter.py"]], ids=["module", "script"])
 def test_ranks_forked_by_the_launcher_see_what_new_interpreters_see_without_importing_pytorch(
-    tmp_path: Path,
+    entry: list[str], tmp_path: Path
 ) -> None:
     (tmp_path / "reporter.py").write_text(REPORTER)
-    forked = _launch(tmp_path, new_interpreters=False)
-    new = _launch(tmp_path, new_interpreters=True)
+    forked = _launch(tmp_path, entry, new_interpreters=False)
+    new = _launch(tmp_path, entry, new_interpreters=True)
     assert [seen["torch_before_the_script"] for seen in forked] == [True, True]
     assert [seen["torch_before_the_script"] for seen in new] == [False, False]
     # Each rank draws numpy's global generator anew, as a new interpreter does.

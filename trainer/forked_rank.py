@@ -1,10 +1,10 @@
 """A rank started as a fork of torchrun's agent, not as a new interpreter (launch.py, repair 6).
 
-torchrun starts each rank as `python -u -m MODULE ARGS`: a new interpreter that imports
-PyTorch again, at every start and at every restart a membership change brings, though the
-agent that starts it has imported PyTorch already. That import is most of a rank's start
-(1-3.5 CPU-seconds and some 200 MB on a CPU machine, before the rank reads its first byte).
-Here a rank is a fork of the agent that then does what that interpreter would have done:
+torchrun starts each rank as `python -u -m MODULE ARGS` (or `python -u SCRIPT ARGS`): a new
+interpreter that imports PyTorch again, at every start and at every restart a membership change
+brings, though the agent that starts it has imported PyTorch already. That import is most of
+a rank's start (1-3.5 CPU-seconds and some 200 MB on a CPU machine, before the rank reads its
+first byte). Here a rank is a fork of the agent that then does what that interpreter would:
 
 - its own session (torchrun's `start_new_session`), its output where torchrun sends it,
   unbuffered as `-u` makes it, its environment and working folder, and the import path a new
@@ -14,7 +14,7 @@ Here a rank is a fork of the agent that then does what that interpreter would ha
   rank's); the agent's exit work dropped (`multiprocessing`'s finalizers and children) and
   what must differ between processes drawn anew (`multiprocessing`'s key, numpy's global
   generator; Python's `random` reseeds itself at a fork);
-- the module run as `__main__` with its arguments (`runpy`, as `-m` does);
+- the module or script run as `__main__` with its arguments (`runpy`, as `python` does);
 - at its end what an interpreter does at exit: non-daemon threads joined, `atexit` handlers
   run, output flushed; the status it would give (an exception's 1, `sys.exit`'s code, an
   interrupt's SIGINT).
@@ -38,29 +38,46 @@ import os
 import signal
 import subprocess
 import sys
-from typing import Any
+from typing import Any, NamedTuple
 
 FRESH_SYS_PATH = list(sys.path)
 """The import path the agent's interpreter started with (`python -m`: its working folder first,
 then PYTHONPATH's and the installation's), taken before anything could add to it."""
 
 
-def module_of(command: tuple[str, ...]) -> tuple[str, list[str]] | None:
-    """(module, its arguments) when `command` is the `python -u -m MODULE ARGS` torchrun builds,
-    run by this interpreter; None for anything else."""
-    if len(command) >= 4 and command[0] == sys.executable and command[1:3] == ("-u", "-m"):
-        return command[3], list(command[4:])
-    return None
+class Entry(NamedTuple):
+    """What a rank's `python -u` runs."""
+
+    module: bool
+    """True for `-m MODULE`, False for a script's path."""
+    target: str
+    arguments: list[str]
+
+    def command(self) -> list[str]:
+        return [sys.executable, "-u", *(["-m"] if self.module else []), self.target,
+                *self.arguments]  # fmt: skip
+
+
+def entry_of(command: tuple[str, ...]) -> Entry | None:
+    """What `command` runs when it is the `python -u -m MODULE ARGS` or `python -u SCRIPT ARGS`
+    torchrun builds, with this interpreter; None for anything else."""
+    if len(command) < 3 or command[0] != sys.executable or command[1] != "-u":
+        return None
+    if command[2] == "-m":
+        return Entry(True, command[3], list(command[4:])) if len(command) >= 4 else None
+    if command[2].startswith("-"):
+        return None
+    return Entry(False, command[2], list(command[3:]))
 
 
 class ForkedRank(subprocess.Popen):  # type: ignore[type-arg]
-    """`subprocess.Popen` whose child is this process forked, running `python -u -m` in itself;
+    """`subprocess.Popen` whose child is this process forked, running `python -u` in itself;
     waiting, polling and signalling it are Popen's own."""
 
     def __init__(self, command: tuple[str, ...], **popen: Any) -> None:
-        target = module_of(command)
-        assert target is not None, command
-        self._module, self._arguments = target
+        entry = entry_of(command)
+        assert entry is not None, command
+        self._entry = entry
         super().__init__(command, **popen)
 
     def _execute_child(  # Popen's own signature
@@ -77,7 +94,7 @@ class ForkedRank(subprocess.Popen):  # type: ignore[type-arg]
             status = 1
             try:
                 status = _become_the_rank(
-                    self._module, self._arguments, env=env, cwd=cwd, stdin=p2cread,
+                    self._entry, env=env, cwd=cwd, stdin=p2cread,
                     stdout=c2pwrite, stderr=errwrite, new_session=start_new_session,
                 )  # fmt: skip
             except BaseException:  # before its module ran: say why, as an interpreter would
@@ -91,7 +108,7 @@ class ForkedRank(subprocess.Popen):  # type: ignore[type-arg]
 
 
 def _become_the_rank(
-    module: str, arguments: list[str], *, env: dict[str, str] | None, cwd: str | None,
+    entry: Entry, *, env: dict[str, str] | None, cwd: str | None,
     stdin: int, stdout: int, stderr: int, new_session: bool,
 ) -> int:  # fmt: skip
     import multiprocessing.process
@@ -108,7 +125,7 @@ def _become_the_rank(
         os.environ.clear()
         os.environ.update(env)
     if _cuda_unusable_in_a_fork():  # the interpreter torchrun would have started, in this process
-        os.execv(sys.executable, [sys.executable, "-u", "-m", module, *arguments])
+        os.execv(sys.executable, entry.command())
     _threads_as_a_new_interpreter_takes_them()
     _default_signal_handlers()
     multiprocessing.util._finalizer_registry.clear()  # the agent's, as multiprocessing's own fork
@@ -117,12 +134,14 @@ def _become_the_rank(
     if "numpy.random" in sys.modules:
         sys.modules["numpy.random"].seed()
     _unbuffered_stdio()
-    sys.path[:] = [os.getcwd(), *FRESH_SYS_PATH[1:]]  # `-m` puts the working folder first
-    sys.argv = [module, *arguments]
-    return _run_as_main(module)
+    # First on the path: the working folder for `-m`, the script's own folder for a script.
+    first = os.getcwd() if entry.module else os.path.dirname(os.path.realpath(entry.target))
+    sys.path[:] = [first, *FRESH_SYS_PATH[1:]]
+    sys.argv = [entry.target, *entry.arguments]  # run_module puts the module's file first
+    return _run_as_main(entry)
 
 
-def _run_as_main(module: str) -> int:
+def _run_as_main(entry: Entry) -> int:
     import atexit
     import runpy
     import threading
@@ -131,7 +150,10 @@ def _run_as_main(module: str) -> int:
     status: int = 0
     interrupted = False
     try:
-        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        if entry.module:
+            runpy.run_module(entry.target, run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(entry.target, run_name="__main__")
     except SystemExit as leaving:
         status = _exit_status(leaving.code)
     except KeyboardInterrupt:

@@ -53,7 +53,7 @@ import os
 import signal
 from typing import Any
 
-from spotrain.trainer.forked_rank import ForkedRank, module_of
+from spotrain.trainer.forked_rank import ForkedRank, entry_of
 from spotrain.trainer.membership import CANNOT_TRAIN_EXIT
 
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -120,7 +120,7 @@ def _repair_torchrun(*, standalone: bool) -> None:
         def start_the_rank(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
             if ours:
                 env = {name: value for name, value in env.items() if name != NVML_CHECK}
-            if module_of(args) is None:
+            if entry_of(args) is None:
                 return start_a_new_interpreter(self, args, env)
             # Every rank's first optimizer step imports torch's compiler front end (2 CPU-s or
             # more; torch's optimizers wrap their methods in it): once here, for every fork.
