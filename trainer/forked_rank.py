@@ -41,8 +41,8 @@ import sys
 from typing import Any, NamedTuple
 
 FRESH_SYS_PATH = list(sys.path)
-"""The import path the agent's interpreter started with (`python -m`: its working folder first,
-then PYTHONPATH's and the installation's), taken before anything could add to it."""
+"""The import path the agent's interpreter started with (its own first entry, which a rank's
+replaces, then PYTHONPATH's and the installation's), taken before anything could add to it."""
 
 
 class Entry(NamedTuple):
@@ -97,7 +97,7 @@ class ForkedRank(subprocess.Popen):  # type: ignore[type-arg]
                     self._entry, env=env, cwd=cwd, stdin=p2cread,
                     stdout=c2pwrite, stderr=errwrite, new_session=start_new_session,
                 )  # fmt: skip
-            except BaseException:  # before its module ran: say why, as an interpreter would
+            except BaseException:  # before its code ran: say why, as an interpreter would
                 import traceback
 
                 traceback.print_exc()
