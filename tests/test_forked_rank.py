@@ -1,6 +1,6 @@
 """A rank forked from torchrun's agent (launch.py, repair 6) is the process a new interpreter
-running `python -u -m MODULE` would be: the same facts seen from inside, the same exit status,
-its end's work done; only PyTorch's import is gone."""
+running `python -u -m MODULE` (or `python -u SCRIPT`) would be: the same facts seen from
+inside, the same exit status, its end's work done; only PyTorch's import is gone."""
 
 from __future__ import annotations
 
@@ -49,14 +49,15 @@ ENDINGS = {
 AGENT = """\
 import json, os, signal, sys
 import torch
-from spotrain.trainer.forked_rank import ForkedRank
+from spotrain.trainer.forked_rank import ForkedRank, entry_of
 signal.signal(signal.SIGTERM, lambda *_: None)  # the agent's own stop handler is not the rank's
 if sys.argv[1] == "after-cuda":  # PyTorch's mark on a fork made after CUDA was asked anything
     torch.cuda._is_in_bad_fork = lambda: True
 statuses = {}
-for module in sys.argv[2:]:
+for module in sys.argv[2:]:  # a name ending .py is a script's
+    command = (sys.executable, "-u", *(() if module.endswith(".py") else ("-m",)), module, "a", "b")
     with open(module + ".out", "w") as out, open(module + ".err", "w") as err:
-        rank = ForkedRank((sys.executable, "-u", "-m", module, "a", "b"), stdout=out, stderr=err,
+        rank = ForkedRank(entry_of(command), stdout=out, stderr=err,
                           env={**os.environ, "RANK": "0"}, start_new_session=True)
         statuses[module] = rank.wait(timeout=60)
 print(json.dumps(statuses))
@@ -99,6 +100,19 @@ def test_a_forked_rank_ends_with_the_status_and_the_exit_work_of_a_new_interpret
             assert then == ["thread 0", "atexit 0"], module
         if said:
             assert said in (tmp_path / f"{module}.err").read_text(), module
+
+
+def test_a_forked_rank_whose_module_or_script_is_not_there_says_so_as_python_does(
+    tmp_path: Path,
+) -> None:
+    statuses = _fork_ranks(tmp_path, ["no_such_module", "no_such_script.py"])
+    assert statuses == {"no_such_module": 1, "no_such_script.py": 2}
+    said = {name: (tmp_path / f"{name}.err").read_text() for name in statuses}
+    assert said["no_such_module"] == f"{sys.executable}: No module named no_such_module\n"
+    assert said["no_such_script.py"] == (
+        f"{sys.executable}: can't open file {str(tmp_path / 'no_such_script.py')!r}: "
+        "[Errno 2] No such file or directory\n"
+    )
 
 
 def test_a_fork_of_an_agent_that_asked_cuda_becomes_a_new_interpreter(tmp_path: Path) -> None:

@@ -71,14 +71,12 @@ def entry_of(command: tuple[str, ...]) -> Entry | None:
 
 
 class ForkedRank(subprocess.Popen):  # type: ignore[type-arg]
-    """`subprocess.Popen` whose child is this process forked, running `python -u` in itself;
-    waiting, polling and signalling it are Popen's own."""
+    """`subprocess.Popen` whose child is this process forked, running `entry` as `python -u`
+    would in itself; waiting, polling and signalling it are Popen's own."""
 
-    def __init__(self, command: tuple[str, ...], **popen: Any) -> None:
-        entry = entry_of(command)
-        assert entry is not None, command
+    def __init__(self, entry: Entry, **popen: Any) -> None:
         self._entry = entry
-        super().__init__(command, **popen)
+        super().__init__(entry.command(), **popen)
 
     def _execute_child(  # Popen's own signature
         self, args: Any, executable: Any, preexec_fn: Any, close_fds: Any, pass_fds: Any,
@@ -147,6 +145,10 @@ def _run_as_main(entry: Entry) -> int:
     import threading
     import traceback
 
+    cannot_open = _what_python_cannot_open(entry)
+    if cannot_open is not None:  # python's own one line, not a traceback through this module
+        print(f"{sys.executable}: {cannot_open[0]}", file=sys.stderr)
+        return cannot_open[1]
     status: int = 0
     interrupted = False
     try:
@@ -172,6 +174,22 @@ def _run_as_main(entry: Entry) -> int:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return status
+
+
+def _what_python_cannot_open(entry: Entry) -> tuple[str, int] | None:
+    """(python's message, its exit status) when the module or script is not there."""
+    import importlib.util
+
+    if not entry.module:
+        if os.path.isfile(entry.target):
+            return None
+        path = os.path.abspath(entry.target)
+        return f"can't open file {path!r}: [Errno 2] No such file or directory", 2
+    try:
+        found = importlib.util.find_spec(entry.target) is not None
+    except ImportError:  # its package is not there either
+        found = False
+    return None if found else (f"No module named {entry.target}", 1)
 
 
 def _exit_status(code: object) -> int:

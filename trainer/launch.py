@@ -120,13 +120,14 @@ def _repair_torchrun(*, standalone: bool) -> None:
         def start_the_rank(self: Any, args: tuple[str, ...], env: dict[str, str]) -> Any:
             if ours:
                 env = {name: value for name, value in env.items() if name != NVML_CHECK}
-            if entry_of(args) is None:
+            entry = entry_of(args)
+            if entry is None:
                 return start_a_new_interpreter(self, args, env)
             # Every rank's first optimizer step imports torch's compiler front end (2 CPU-s or
             # more; torch's optimizers wrap their methods in it): once here, for every fork.
             import torch._dynamo  # noqa: F401
 
-            return ForkedRank(args, env=env, stdout=self._stdout, stderr=self._stderr,
+            return ForkedRank(entry, env=env, stdout=self._stdout, stderr=self._stderr,
                               start_new_session=True)  # fmt: skip
 
         SubprocessHandler._popen = start_the_rank
