@@ -54,9 +54,11 @@ signal.signal(signal.SIGTERM, lambda *_: None)  # the agent's own stop handler i
 if sys.argv[1] == "after-cuda":  # PyTorch's mark on a fork made after CUDA was asked anything
     torch.cuda._is_in_bad_fork = lambda: True
 statuses = {}
-for module in sys.argv[2:]:  # a name ending .py is a script's
-    command = (sys.executable, "-u", *(() if module.endswith(".py") else ("-m",)), module, "a", "b")
-    with open(module + ".out", "w") as out, open(module + ".err", "w") as err:
+for module in sys.argv[2:]:  # a name ending .py or / is a script's
+    script = module.endswith((".py", "/"))
+    command = (sys.executable, "-u", *(() if script else ("-m",)), module, "a", "b")
+    named = module.rstrip("/")
+    with open(named + ".out", "w") as out, open(named + ".err", "w") as err:
         rank = ForkedRank(entry_of(command), stdout=out, stderr=err,
                           env={**os.environ, "RANK": "0"}, start_new_session=True)
         statuses[module] = rank.wait(timeout=60)
@@ -105,13 +107,25 @@ def test_a_forked_rank_ends_with_the_status_and_the_exit_work_of_a_new_interpret
 def test_a_forked_rank_whose_module_or_script_is_not_there_says_so_as_python_does(
     tmp_path: Path,
 ) -> None:
-    statuses = _fork_ranks(tmp_path, ["no_such_module", "no_such_script.py"])
-    assert statuses == {"no_such_module": 1, "no_such_script.py": 2}
-    said = {name: (tmp_path / f"{name}.err").read_text() for name in statuses}
+    for without_a_main in ("a_package", "a_folder"):
+        (tmp_path / without_a_main).mkdir()
+        (tmp_path / without_a_main / "__init__.py").write_text("")
+    entries = ["no_such_module", "no_such_script.py", "a_package", "a_folder/"]
+    statuses = _fork_ranks(tmp_path, entries)
+    assert statuses == {"no_such_module": 1, "no_such_script.py": 2, "a_package": 1,
+                        "a_folder/": 1}  # fmt: skip
+    said = {name: (tmp_path / f"{name.rstrip('/')}.err").read_text() for name in statuses}
     assert said["no_such_module"] == f"{sys.executable}: No module named no_such_module\n"
     assert said["no_such_script.py"] == (
         f"{sys.executable}: can't open file {str(tmp_path / 'no_such_script.py')!r}: "
         "[Errno 2] No such file or directory\n"
+    )
+    assert said["a_package"] == (
+        f"{sys.executable}: No module named a_package.__main__; 'a_package' is a package and "
+        "cannot be directly executed\n"
+    )
+    assert said["a_folder/"] == (
+        f"{sys.executable}: can't find '__main__' module in {f'{tmp_path}/a_folder/'!r}\n"
     )
 
 

@@ -177,19 +177,33 @@ def _run_as_main(entry: Entry) -> int:
 
 
 def _what_python_cannot_open(entry: Entry) -> tuple[str, int] | None:
-    """(python's message, its exit status) when the module or script is not there."""
-    import importlib.util
-
+    """(python's message, its exit status) when the module or script is not there, or cannot
+    be run: a package or a folder without a `__main__`."""
     if not entry.module:
+        path = os.path.join(os.getcwd(), entry.target)  # as python names it: joined, not resolved
         if os.path.isfile(entry.target):
             return None
-        path = os.path.abspath(entry.target)
+        if os.path.isdir(entry.target):
+            if os.path.isfile(os.path.join(entry.target, "__main__.py")):
+                return None
+            return f"can't find '__main__' module in {path!r}", 1
         return f"can't open file {path!r}: [Errno 2] No such file or directory", 2
+    spec = _spec_of(entry.target)
+    if spec is None:
+        return f"No module named {entry.target}", 1
+    if spec.submodule_search_locations is not None and _spec_of(f"{entry.target}.__main__") is None:
+        return (f"No module named {entry.target}.__main__; '{entry.target}' is a package and "
+                "cannot be directly executed", 1)  # fmt: skip
+    return None
+
+
+def _spec_of(name: str) -> Any:
+    import importlib.util
+
     try:
-        found = importlib.util.find_spec(entry.target) is not None
+        return importlib.util.find_spec(name)
     except ImportError:  # its package is not there either
-        found = False
-    return None if found else (f"No module named {entry.target}", 1)
+        return None
 
 
 def _exit_status(code: object) -> int:
