@@ -13,10 +13,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from helpers import adversarial_availability
 
 from spotrain import cli
+from spotrain.core.deadline_plan import GO_ON, IDLE_THERE, ON_DEMAND_HERE, SPOT_IN
 from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
 from spotrain.core.errors import CostInputError
 from spotrain.core.outage_fill import SpotRecord
@@ -132,6 +134,70 @@ def test_the_programme_equals_an_expectimax_over_the_same_model(seed: int, daily
     assert len(expected) == 1 << regions
     for spot, value in expected.items():
         assert plan.idle_value[work, spot] == pytest.approx(value, rel=1e-9), (seed, spot)
+
+
+def every_action_chosen(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The programme as its definition reads: each tick, the expected cost of every action in
+    every state (idle there, go on, on-demand here, spot in each region), the least taken,
+    ties to the action listed first; the plan's (action, first region, idle value) so."""
+    regions, states, c_full = plan.regions, 1 << plan.regions, plan.changeover
+    modes, work = 3 * regions, plan.work
+    spot_of = np.array([[(b >> r) & 1 for r in range(regions)] for b in range(states)], dtype=bool)
+    price = np.zeros(modes)
+    for r in range(regions):
+        spot, on_demand = plan.prices.in_region(r)
+        price[regions + r], price[2 * regions + r] = on_demand * plan.tick_h, spot * plan.tick_h
+    region_of = np.arange(modes) % regions
+    value = np.zeros((work + 1, states, modes, c_full + 1))
+    value[1:] = MISSED_USD
+    action = np.zeros((plan.ticks + 1, work + 1, states, modes, c_full + 1), dtype=np.int8)
+    first = np.zeros((plan.ticks + 1, work + 1, states), dtype=np.int8)
+    idle_value = value[:, :, np.arange(regions), 0].min(axis=2)
+    for left in range(1, plan.ticks + 1):
+        expected = np.einsum("ab,wbmk->wamk", plan.transition(left, spot_of), value)
+        running = np.empty_like(expected)  # a tick of mode m with c changeover ticks to pay
+        running[:, :, :, 1:] = expected[:, :, :, :-1]
+        running[1:, :, :, 0] = expected[:-1, :, :, 0]
+        running[0] = 0.0
+        running += price[None, None, :, None]
+        q = np.full((SPOT_IN + regions, *expected.shape), np.inf)
+        for s, m in itertools.product(range(states), range(modes)):
+            here = region_of[m]
+            q[IDLE_THERE, :, s, m] = expected[:, s, here, 0][:, None]
+            if m >= regions and (m < 2 * regions or spot_of[s, here]):
+                q[GO_ON, :, s, m] = running[:, s, m]
+            q[ON_DEMAND_HERE, :, s, m] = running[:, s, regions + here, c_full][:, None]
+            for r in np.flatnonzero(spot_of[s]):
+                moved = plan.prices.move_usd if r != here else 0.0
+                q[SPOT_IN + r, :, s, m] = (running[:, s, 2 * regions + r, c_full] + moved)[:, None]
+        q[:, 0] = 0.0  # done
+        action[left] = q.argmin(axis=0)
+        value = q.min(axis=0)
+        idle = value[:, :, np.arange(regions), 0]
+        first[left], idle_value = idle.argmin(axis=2), idle.min(axis=2)
+    return action, first, idle_value
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_the_plan_takes_in_every_state_the_least_action_listed_first(seed: int) -> None:
+    """The solve chooses the best start once per region and sets it against going on: the
+    same actions, bit for bit, as every action's cost taken in every state, ties included
+    (moves at $0 and regions at one price make many)."""
+    rng = random.Random(seed)
+    regions = rng.choice([1, 2, 3])
+    rates = [RegionRates(rng.choice([0.5, 1.0, 3.0]), rng.choice([0.5, 1.0]),
+                         spell_swing=rng.choice([0.0, 0.5]), spell_peak_utc_h=rng.uniform(0, 24))
+             for _ in range(regions)]  # fmt: skip
+    prices = Prices(spot_per_hour=1.0, on_demand_per_hour=rng.choice([2.0, 3.0]),
+                    move_usd=rng.choice([0.0, 0.5]))  # fmt: skip
+    if seed % 2:
+        prices = replace(prices, regional=tuple((rng.choice([0.6, 1.0]), 3.0) for _ in rates))
+    plan = Plan(rates, prices, tick_h=0.5, ticks=rng.choice([8, 12]), work=rng.choice([3, 6]),
+                changeover=rng.choice([0, 1, 2]), deadline_utc_h=rng.uniform(0, 24))  # fmt: skip
+    action, first, idle_value = every_action_chosen(plan)
+    assert np.array_equal(plan.action, action)
+    assert np.array_equal(plan.first_region, first)
+    assert np.array_equal(plan.idle_value, idle_value)
 
 
 def test_the_days_swing_of_spells_ending_is_read_from_a_history_that_says_when_it_starts() -> None:

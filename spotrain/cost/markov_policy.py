@@ -48,6 +48,12 @@ Why two means and a daily swing per region, and nothing more. Richer models were
   1.064-1.074x. The age buckets would have multiplied the plan by up to 8.
 - The run's own checks added to the history's means (the history weighted as 48 h of checks,
   solved again when the means move) gained 0.005 at $3.
+- A move priced above its cost in the plan (a hedge against a model too hopeful of the region
+  moved to), development: at $3 a move (56 h) planned at 1.5x it, the runs moved 0.06 times
+  instead of 1.4 and cost 1.138x against 1.145x; at $0.5 (52 h) planned at 2x, 1.079x against
+  1.090x; at $0 (52 h) planned at $1, 1.060x against 1.066x. Within the runs' spread, and a
+  factor fitted to the development traces: not kept. At $3, staying in the first region is
+  about as good as moving, and the best single region known in advance is 1.087x there.
 - Even each region's means taken from the run's own window, known in advance, cost 1.086x at
   $3 (56 h, held out) and 1.055x at $0 (52 h, development). Most of what is left is when spot
   comes and goes, which no model of the regions' means foresees.
@@ -267,9 +273,14 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     [ticks left, work left, spot bits, mode, changeover left]), the best region to be idle in
     for a run that has not started ([ticks left, work left, spot bits]), and the expected cost
     of a run not started with every tick of the plan left ([work left, spot bits]: what the
-    expectimax test checks; the earlier ticks' are not kept). The actions are the first axis
-    of each tick's values: the least of six whole arrays is three times quicker to take than
-    the least along a short last axis."""
+    expectimax test checks; the earlier ticks' are not kept).
+
+    Of the actions, only going on depends on the whole state: idling, on-demand and spot in a
+    region are a start (or a stay idle) whose value depends on the region the run is in, not
+    on its mode or changeover. So each tick the best start is chosen once per region
+    ([work left, spot bits, region]) and only then set against going on, state by state, which
+    is the same choice as the least of every action in every state (ties go to the action
+    listed first, as `argmin` gives them) at a fraction of the arrays."""
     regions, changeover = plan.regions, plan.changeover
     states = 1 << regions
     modes = 3 * regions
@@ -281,39 +292,50 @@ def _solve(plan: Plan) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         spot, on_demand = plan.prices.in_region(r)
         price[regions + r], price[2 * regions + r] = on_demand * plan.tick_h, spot * plan.tick_h
     region_of = np.arange(modes) % regions
-    move = np.where(region_of[:, None] != np.arange(regions)[None, :], plan.prices.move_usd, 0.0)
-    actions = SPOT_IN + regions
+    # A start's move: from the region the run is in (rows) to the one it starts in.
+    move = np.where(~np.eye(regions, dtype=bool), plan.prices.move_usd, 0.0)
+    # The starts, in the order of their actions' values (`argmin`'s ties go to the first).
+    starts = np.array([IDLE_THERE, ON_DEMAND_HERE, *(SPOT_IN + r for r in range(regions))],
+                      dtype=np.int8)  # fmt: skip
     # The value of every state with no ticks left: done, or the deadline missed.
     value = np.zeros((work + 1, states, modes, changeover + 1))
     value[1:] = MISSED_USD
     policy = np.zeros((plan.ticks + 1, work + 1, states, modes, changeover + 1), dtype=np.int8)
     first_region = np.zeros((plan.ticks + 1, work + 1, states), dtype=np.int8)
     idle_value = value[:, :, np.arange(regions), 0].min(axis=2)
-    on_spot = (mode_index := np.arange(modes)) >= 2 * regions
-    no_spot_there = ~spot_of[:, region_of]  # [spot bits, mode]: a spot mode's region lacks it
+    # A tick of each mode's price, in each set of regions with spot; going on is barred
+    # (infinite) where there is nothing to go on with: idle, or spot its region lacks.
+    tick_price = np.broadcast_to(price, (states, modes)).copy()
+    tick_price[:, :regions] = np.inf
+    tick_price[:, 2 * regions :][~spot_of] = np.inf
+    start_value = np.empty((len(starts), work + 1, states, regions))
+    expected, going_on = np.empty_like(value), np.empty_like(value)  # each tick's, reused
     for left in range(1, plan.ticks + 1):
         # A run on spot whose region lost its capacity is idle there: that state needs no
-        # remapping, as it has exactly the idle state's choices (going on is barred below).
-        expected = np.einsum("ab,wbmk->wamk", plan.transition(left, spot_of), value)
+        # remapping, as it has exactly the idle state's choices (going on is barred).
+        np.einsum("ab,wbmk->wamk", plan.transition(left, spot_of), value, out=expected)
         # Running mode m for this tick with c changeover ticks still to pay.
-        running = np.empty_like(expected)
-        running[:, :, :, 1:] = expected[:, :, :, :-1]
-        running[1:, :, :, 0] = expected[:-1, :, :, 0]
-        running[0] = 0.0
-        running += price[None, None, :, None]
-        q = np.empty((actions, work + 1, states, modes, changeover + 1))
-        q[IDLE_THERE] = expected[:, :, region_of, 0][:, :, :, None]
-        q[GO_ON] = running
-        q[GO_ON][:, :, mode_index < regions] = np.inf  # idle: nothing to go on with
-        q[GO_ON][:, no_spot_there & on_spot[None, :]] = np.inf  # going on with spot needs it
-        q[ON_DEMAND_HERE] = running[:, :, regions + region_of, changeover][:, :, :, None]
+        going_on[:, :, :, 1:] = expected[:, :, :, :-1]
+        going_on[1:, :, :, 0] = expected[:-1, :, :, 0]
+        going_on[0] = 0.0
+        going_on += tick_price[None, :, :, None]
+        # Each start from each region ([start, work left, spot bits, region in]), from the
+        # running values with the whole changeover to pay (spot's infinite where there is none).
+        start_value[0] = expected[:, :, :regions, 0]  # idle there: idle mode r is region r
+        start_value[1] = going_on[:, :, regions : 2 * regions, changeover]
         for r in range(regions):
-            start = running[:, :, 2 * regions + r, changeover][:, :, None] + move[None, None, :, r]
-            start = np.where(spot_of[None, :, r, None], start, np.inf)
-            q[SPOT_IN + r] = start[:, :, :, None]
-        q[:, 0] = 0.0  # done: nothing more to decide
-        policy[left] = q.argmin(axis=0)
-        value = q.min(axis=0)
+            spot_there = going_on[:, :, 2 * regions + r, changeover]
+            start_value[2 + r] = spot_there[:, :, None] + move[None, None, :, r]
+        best = start_value.argmin(axis=0)
+        best_value = np.take_along_axis(start_value, best[None], axis=0)[0]
+        # Going on is listed after idling and before every other start: it wins a tie with
+        # any start but idling (the least float above the value makes `<` a `<=`).
+        beaten_below = np.where(best == 0, best_value, np.nextafter(best_value, np.inf))
+        go_on = going_on < beaten_below[:, :, region_of, None]
+        started = starts[best][:, :, region_of, None]
+        policy[left] = started + go_on * (np.int8(GO_ON) - started)  # twice where's speed
+        np.minimum(going_on, best_value[:, :, region_of, None], out=value)
+        policy[left, 0] = IDLE_THERE  # done: nothing more to decide
         value[0] = 0.0
         idle = value[:, :, np.arange(regions), 0]
         first_region[left] = idle.argmin(axis=2)
