@@ -35,9 +35,9 @@ Standard library only: it ships in the interruption handler's Lambda zip.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, TypeVar
 
 from spotrain.core.deadline_policy import (
     IDLE,
@@ -148,19 +148,19 @@ class SpotRecord:
                 "ends_by_hour": list(self.ends_by_hour)}  # fmt: skip
 
     @classmethod
-    def from_item(cls, item: dict[str, object] | None) -> SpotRecord:
+    def from_item(cls, item: Mapping[str, Any] | None) -> SpotRecord:
         if not item:
             return cls()
         last_at = item.get("last_at")
         return cls(
-            observed_s=float(item.get("observed_s", 0)),  # type: ignore[arg-type]
-            available_s=float(item.get("available_s", 0)),  # type: ignore[arg-type]
-            spells=int(item.get("spells", 0)),  # type: ignore[call-overload]
-            last_at=None if last_at is None else float(last_at),  # type: ignore[arg-type]
+            observed_s=float(item.get("observed_s", 0)),
+            available_s=float(item.get("available_s", 0)),
+            spells=int(item.get("spells", 0)),
+            last_at=None if last_at is None else float(last_at),
             last_available=bool(item.get("last_available", False)),
             # Records kept before the hours were counted have none.
-            spot_s_by_hour=tuple(float(v) for v in item.get("spot_s_by_hour") or ()),  # type: ignore[attr-defined]
-            ends_by_hour=tuple(int(v) for v in item.get("ends_by_hour") or ()),  # type: ignore[attr-defined]
+            spot_s_by_hour=tuple(float(v) for v in item.get("spot_s_by_hour") or ()),
+            ends_by_hour=tuple(int(v) for v in item.get("ends_by_hour") or ()),
         )
 
 
@@ -168,7 +168,11 @@ def _utc_hour(at_s: float) -> int:
     return int(at_s // 3600 % 24)
 
 
-def _added(one: tuple[float, ...], other: tuple[float, ...]) -> tuple[float, ...]:
+Count = TypeVar("Count", int, float)
+"""Seconds of spot by the hour (float) or spells ended by the hour (int)."""
+
+
+def _added(one: tuple[Count, ...], other: tuple[Count, ...]) -> tuple[Count, ...]:
     """Two counts by the hour, added (either may be empty: none counted)."""
     if not one or not other:
         return one or other
