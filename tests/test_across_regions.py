@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from spotrain import cli
+from spotrain.core import prices
 from spotrain.core.deadline_policy import IDLE, ON_DEMAND, SPOT, Progress
 from spotrain.core.errors import CostInputError
 from spotrain.core.outage_fill import RegionRecords, SpotRecord, across
@@ -268,6 +269,54 @@ def test_cost_simulate_across_regions_reports_moves_and_the_optimum(
     error = capsys.readouterr().err
     assert "--trace per region" in error and "--deadline-hours" in error and "--wrap" in error
     assert "give one --history per --trace, in the same order (2 for 1)" in error
+
+
+def test_cost_simulate_takes_each_regions_prices_from_the_price_book(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    paths = []
+    for index, trace in enumerate(trace_models.sample(trace_models.US, hours=30, gap_s=600,
+                                                      seed=2)):  # fmt: skip
+        paths += ["--trace", str(tmp_path / f"{index}.json")]
+        (tmp_path / f"{index}.json").write_text(json.dumps(trace.to_json()))
+    regions = ["us-east-1", "us-east-2", "us-west-2"]
+    flags = ["cost", "simulate", "--across-regions", *paths, "--work-hours", "8",
+             "--deadline-hours", "11", "--starts", "2", "--json"]  # fmt: skip
+    by_book = ["--instance-type", "p4d.24xlarge", *(f for r in regions for f in ("--region", r))]
+    assert cli.main(flags + by_book) == 0
+    found = json.loads(capsys.readouterr().out)
+    book = prices.load()
+    pools = [book.pool("p4d.24xlarge", region) for region in regions]
+    each = [(pool.spot_price, pool.on_demand.usd_per_hour) for pool in pools]
+    assert [(r["spot_price"], r["on_demand_price"]) for r in found["regions"]] == each
+    assert len(set(each)) == 3  # the regions' prices differ, so each went where it belongs
+    # The same replay as the book's prices given by hand.
+    by_hand = ["--spot-price", str(each[0][0]), "--on-demand-price", str(each[0][1]),
+               *(f for spot, on_demand in each[1:] for f in ("--region-price",
+                                                           f"{spot!r},{on_demand!r}"))]  # fmt: skip
+    assert cli.main(flags + by_hand) == 0
+    assert json.loads(capsys.readouterr().out) == found
+    # One region, its trace generated.
+    assert cli.main(["cost", "simulate", "--interruptions-per-hour", "0.2", "--traces", "2",
+                     "--work-hours", "4", "--starts", "2", "--instance-type", "p4d.24xlarge",
+                     "--region", "us-east-2", "--json"]) == 0  # fmt: skip
+    spot, on_demand = each[1]
+    assert json.loads(capsys.readouterr().out)["prices"] == {"spot": spot, "on_demand": on_demand}
+    # Every problem at once, before anything is replayed.
+    two_regions = ["--region", "us-east-1", "--region", "nowhere-1"]
+    assert cli.main([*flags[:-1], "--work-hours", "0", "--spot-price", "1", "--instance-type",
+                     "p4d.24xlarge", *two_regions]) == 2  # fmt: skip
+    error = capsys.readouterr().err
+    assert "not both" in error
+    assert "give one --region per --trace, in the same order (2 for 3)" in error
+    assert "the work is 0.0 hours" in error
+    assert cli.main([*flags, "--instance-type", "p4d.24xlarge", "--region", "us-east-1",
+                     "--region", "nowhere-1", "--region", "us-west-2"]) == 2  # fmt: skip
+    assert "spotrain prices refresh --instance-type p4d.24xlarge --region nowhere-1" in (
+        capsys.readouterr().err)  # fmt: skip
+    assert cli.main(flags) == 2
+    assert "give --on-demand-price and --spot-price, or --instance-type and --region" in (
+        capsys.readouterr().err)  # fmt: skip
 
 
 def test_traces_of_different_ticks_are_refused_with_the_fix() -> None:
