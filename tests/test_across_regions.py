@@ -314,9 +314,10 @@ def test_cost_simulate_takes_each_regions_prices_from_the_price_book(
                      "--region", "nowhere-1", "--region", "us-west-2"]) == 2  # fmt: skip
     assert "spotrain prices refresh --instance-type p4d.24xlarge --region nowhere-1" in (
         capsys.readouterr().err)  # fmt: skip
-    assert cli.main(flags) == 2
-    assert "give --on-demand-price and --spot-price, or --instance-type and --region" in (
-        capsys.readouterr().err)  # fmt: skip
+    assert cli.main([*flags, "--price-book", str(tmp_path / "book.json")]) == 2
+    error = capsys.readouterr().err
+    assert "give --on-demand-price and --spot-price, or --instance-type and --region" in error
+    assert "--price-book is read for --instance-type and --region" in error
 
 
 def test_traces_of_different_ticks_are_refused_with_the_fix() -> None:

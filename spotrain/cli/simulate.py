@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from spotrain.cli import simulate_regions
+from spotrain.cli import simulate_prices, simulate_regions
 from spotrain.cli.arguments import MAX_REPLAYS, figure_path, number, raise_all
 from spotrain.cli.output import json_text, say
 from spotrain.cli.plan_inputs import problems_of
@@ -76,7 +76,7 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
             problems.extend(problems_of(error))
             return None
 
-    priced = _book_prices(args)
+    priced = simulate_prices.resolve(args)
     problems.extend(priced)
     # The run's other problems too, where its prices are not known yet (stand-ins).
     job = attempt(lambda: _job(args, args.deadline_hours, stand_in_prices=bool(priced)))
@@ -96,51 +96,6 @@ def _inputs(args: argparse.Namespace) -> _Inputs:
                                           given if trace_files else None))  # fmt: skip
     raise_all(problems, "the replay")
     return _Inputs(job, sampled, history)
-
-
-def _book_prices(args: argparse.Namespace) -> list[str]:
-    """With --instance-type and --region, the price book's prices stand in for the price flags
-    (the regions' after home's for --region-price); what is wrong with the prices given, all at
-    once, otherwise."""
-    from spotrain.core import prices
-
-    given = args.on_demand_price is not None or args.spot_price is not None or args.region_price
-    if not args.instance_type and not args.region:
-        if args.on_demand_price is None or args.spot_price is None:
-            return ["give --on-demand-price and --spot-price, or --instance-type and --region "
-                    "to take them from the price book"]  # fmt: skip
-        return []
-    problems = []
-    if given:
-        problems.append("give the prices (--on-demand-price, --spot-price, --region-price) or "
-                        "--instance-type with --region, not both")  # fmt: skip
-    if not args.instance_type or not args.region:
-        problems.append("give --instance-type and --region together (the price book's prices "
-                        "of that type in that region)")  # fmt: skip
-    wanted = len(args.trace or []) if args.across_regions else 1
-    if args.region and len(args.region) != wanted:
-        problems.append(f"give one --region per --trace, in the same order ({len(args.region)} "
-                        f"for {wanted})" if args.across_regions else
-                        f"give one --region (the trace's; {len(args.region)} given: several "
-                        "are for --across-regions)")  # fmt: skip
-    if problems:
-        return problems
-    try:
-        book = prices.load(args.price_book) if args.price_book else prices.load()
-    except SpotrainError as error:
-        return problems_of(error)
-    found = []
-    for region in args.region:
-        try:
-            found.append(book.pool(args.instance_type, region,
-                                   otherwise="give the prices by hand"))  # fmt: skip
-        except SpotrainError as error:
-            problems.extend(problems_of(error))
-    if not problems:
-        (args.spot_price, args.on_demand_price), *others = [
-            (pool.spot_price, pool.on_demand.usd_per_hour) for pool in found]  # fmt: skip
-        args.region_price = others or None
-    return problems
 
 
 def _generated_for(args: argparse.Namespace) -> bool:
@@ -349,7 +304,7 @@ def add_parser(actions: Any) -> None:
         default=15.0,
         help="d: restart + restore + lost work per move (default 15)",
     )
-    _price_flags(simulate)
+    simulate_prices.add_flags(simulate)
     simulate.add_argument("--nodes", type=int, default=1, help="a gang needs this many")
     simulate.add_argument(
         "--starts",
@@ -373,24 +328,6 @@ def add_parser(actions: Any) -> None:
     simulate_regions.add_flags(simulate)
     common_flags(simulate)
     simulate.set_defaults(handler=cmd_simulate)
-
-
-def _price_flags(command: argparse.ArgumentParser) -> None:
-    """The prices by hand, or the price book's for an instance type in the traces' regions."""
-    command.add_argument("--on-demand-price", type=number(), help="USD/h (or --instance-type)")
-    command.add_argument("--spot-price", type=number(), help="USD/h (or --instance-type)")
-    command.add_argument(
-        "--instance-type",
-        help="with --region: take both prices from the price book instead (spot the mean over "
-        "the region's zones)",
-    )
-    command.add_argument(
-        "--region",
-        action="append",
-        help="with --instance-type: the region the trace is of (with --across-regions one per "
-        "--trace, in their order: each region at its own price)",
-    )
-    command.add_argument("--price-book", help="instead of the checked-in snapshot")
 
 
 def common_flags(command: argparse.ArgumentParser) -> None:
