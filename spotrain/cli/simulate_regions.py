@@ -110,8 +110,11 @@ def cmd_across(
         say(json_text({
             "recommended": {"strategy": recommended, "why": why},
             "regions": [{"trace": t.name, "availability": t.availability(args.nodes),
-                         "spot_price": spot, "on_demand_price": on_demand}
-                        for t, (spot, on_demand) in zip(sampled, priced, strict=True)],
+                         "spot_price": spot, "on_demand_price": on_demand,
+                         **({"region": args.region[index], "instance_type": args.instance_type}
+                            if args.instance_type else {})}
+                        for index, (t, (spot, on_demand)) in enumerate(
+                            zip(sampled, priced, strict=True))],
             "move_usd": args.move_usd,
             "strategies": {name: {"summary": summary[name],
                                   "runs": [_run(o) for o in results[name]]}
@@ -121,7 +124,9 @@ def cmd_across(
     for index, (t, (spot, on_demand)) in enumerate(zip(sampled, priced, strict=True)):
         say(f"region {index}{' (home)' if index == 0 else ''}: {t.name}, spot for "
             f"{args.nodes} machine(s) {t.availability(args.nodes):.0%} of the time, "
-            f"${spot:,.2f}/h spot, ${on_demand:,.2f}/h on-demand")  # fmt: skip
+            f"${spot:,.2f}/h spot, ${on_demand:,.2f}/h on-demand"
+            + (f" ({args.instance_type} in {args.region[index]}, the price book's)"
+               if args.instance_type else ""))  # fmt: skip
     say(f"{args.starts} runs per strategy of {args.work_hours:g} h by {args.deadline_hours:g} h, "
         f"a move ${args.move_usd:,.2f} and a changeover")  # fmt: skip
     say(f"{'strategy':<18} {'cost':>11} {'deadline':>9} {'moves':>6} {'vs optimum':>16}")
