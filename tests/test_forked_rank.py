@@ -104,7 +104,7 @@ def test_a_forked_rank_ends_with_the_status_and_the_exit_work_of_a_new_interpret
             assert said in (tmp_path / f"{module}.err").read_text(), module
 
 
-def test_a_forked_rank_whose_module_or_script_is_not_there_says_so_as_python_does(
+def test_a_forked_rank_whose_module_or_script_is_missing_or_has_no_main_says_so_as_python_does(
     tmp_path: Path,
 ) -> None:
     for without_a_main in ("a_package", "a_folder"):
