@@ -315,8 +315,9 @@ def test_cost_simulate_takes_each_regions_prices_from_the_price_book(
     assert "the work is 0.0 hours" in error
     assert cli.main([*flags, "--instance-type", "p4d.24xlarge", "--region", "us-east-1",
                      "--region", "nowhere-1", "--region", "us-west-2"]) == 2  # fmt: skip
-    assert "spotrain prices refresh --instance-type p4d.24xlarge --region nowhere-1" in (
-        capsys.readouterr().err)  # fmt: skip
+    error = capsys.readouterr().err
+    assert "spotrain prices refresh --instance-type p4d.24xlarge --region nowhere-1" in error
+    assert "instead of --instance-type and --region" in error
     assert cli.main([*flags, "--price-book", str(tmp_path / "book.json")]) == 2
     error = capsys.readouterr().err
     assert "give --on-demand-price and --spot-price, or --instance-type and --region" in error

@@ -10,6 +10,10 @@ from spotrain.cli.plan_inputs import problems_of
 from spotrain.core import prices
 from spotrain.core.errors import SpotrainError
 
+BY_HAND = ("give --spot-price and --on-demand-price (and a --region-price for each region "
+           "after home) instead of --instance-type and --region")
+"""The other way to price a replay, said where the book lacks a region."""
+
 
 def add_flags(command: argparse.ArgumentParser) -> None:
     """The prices by hand, or the price book's for an instance type in the traces' regions."""
@@ -64,8 +68,7 @@ def resolve(args: argparse.Namespace) -> list[str]:
     pools = []
     for region in args.region:
         try:
-            pools.append(book.pool(args.instance_type, region,
-                                   otherwise="give the prices by hand"))  # fmt: skip
+            pools.append(book.pool(args.instance_type, region, otherwise=BY_HAND))
         except SpotrainError as error:
             found.extend(problems_of(error))
     if not found:
