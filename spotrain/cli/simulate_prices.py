@@ -10,8 +10,10 @@ from spotrain.cli.plan_inputs import problems_of
 from spotrain.core import prices
 from spotrain.core.errors import SpotrainError
 
-BY_HAND = ("give --spot-price and --on-demand-price (and a --region-price for each region "
-           "after home) instead of --instance-type and --region")
+BY_HAND = (
+    "give --spot-price and --on-demand-price (and a --region-price for each region "
+    "after home) instead of --instance-type and --region"
+)
 """The other way to price a replay, said where the book lacks a region."""
 
 
