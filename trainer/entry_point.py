@@ -38,7 +38,7 @@ from spotrain.core.entry_point import COORDINATES, EntryPoint
 from spotrain.core.errors import SpotrainError, json_kind, raise_if_problems
 from spotrain.core.validation import type_problems, writable_folder_problem
 from spotrain.trainer import membership
-from spotrain.trainer.deepspeed_loader import defer_muon_compile
+from spotrain.trainer.deepspeed_loader import quicken_deepspeed_start
 
 ENTRY_POINT_FIELD = "entry_point"
 """A stored configuration with this field runs the user's script, not the built-in trainer."""
@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
     from spotrain.trainer.preemption import shield_data_loader_workers
 
     shield_data_loader_workers()  # before the script starts any: a stop is the rank's alone
-    defer_muon_compile()  # the script's `deepspeed.initialize` then loads no compiler for nothing
+    quicken_deepspeed_start()  # the script's DeepSpeed then does nothing twice or for nothing
     if args[:1] == ["--"]:
         args = args[1:]
     code = 0
